@@ -1,0 +1,73 @@
+"""The ``hsextract`` command line: one subcommand per job, each defined next to the code it drives.
+
+Subcommand modules are imported lazily, so a subcommand's heavy imports (torch, transformers)
+are paid only when it runs, and ``hsextract --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from hsextract import __version__
+from hsextract.errors import HsextractError
+
+# name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "extract": ("hsextract.client.command", "send a dataset to the server as prefill requests (resumable)"),
+    "drain": ("hsextract.drain.command", "move staged dumps into the training set (daemon)"),
+    "finalize": ("hsextract.drain.finalize_command", "write the dataset-level files of an output directory"),
+    "status": ("hsextract.status", "show the progress of a run"),
+    "selfcheck": ("hsextract.capture.selfcheck_command", "check a staged dump against the model (smoke test)"),
+    "capture-patch": ("hsextract.capture.patch", "render the capture package for SGLang"),
+    "reap-port": ("hsextract.ops.reap_port", "stop the processes that hold a TCP port"),
+    "check-shm": ("hsextract.ops.check_shm", "check /dev/shm has the space a run needs"),
+    "make-tiny-model": ("hsextract.tiny_model", "generate a tiny random-weight model for tests and demos"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hsextract", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hsextract {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_) in COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # Parse the top level only, then hand the rest to the subcommand's own parser.
+    top, rest = parser.parse_known_args(argv)
+    if not top.command:
+        parser.print_help()
+        return 2
+    module_name, help_ = COMMANDS[top.command]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"hsextract {top.command}", description=help_)
+    module.add_arguments(sub)
+    args = sub.parse_args(rest)
+    logging.basicConfig(
+        level=logging.DEBUG if top.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if hasattr(args, "config"):
+            from hsextract.config_file import apply_config
+
+            args = apply_config(sub, args, rest)
+        return int(module.run(args) or 0)
+    except HsextractError as exc:
+        print(f"hsextract {top.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

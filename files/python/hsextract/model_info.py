@@ -1,0 +1,72 @@
+"""Read what the project needs to know about a model from its config.json, without loading it.
+
+Multimodal wrappers (Kimi-K2.5) keep the language model's settings under `text_config`; the
+capture needs the text model's layer count and hidden size, so this module resolves that once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hsextract.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The facts about a model that the capture, drain and client depend on."""
+
+    path: str
+    architecture: str
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    torch_dtype: str
+    config_sha256: str
+
+    @property
+    def state_bytes_per_token(self) -> int:
+        """Bytes of one token of one captured layer in bf16 (2 bytes per element)."""
+        return self.hidden_size * 2
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    text = cfg.get("text_config")
+    if isinstance(text, dict) and "num_hidden_layers" in text:
+        return text
+    return cfg
+
+
+def read_model_info(model_path: str | Path) -> ModelInfo:
+    """Read `config.json` of a model directory; raise ConfigError naming the path if it is unusable."""
+    path = Path(model_path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"model path {path}: no config.json there; point the model path at a Hugging Face model directory")
+    raw = cfg_file.read_bytes()
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{cfg_file}: not valid JSON ({exc})") from exc
+    archs = cfg.get("architectures") or []
+    if not archs:
+        raise ConfigError(f"{cfg_file}: no 'architectures' entry; cannot tell which model class SGLang will use")
+    text = _text_config(cfg)
+    try:
+        layers = int(text["num_hidden_layers"])
+        hidden = int(text["hidden_size"])
+    except KeyError as exc:
+        raise ConfigError(f"{cfg_file}: missing {exc.args[0]!r} (needed to place the capture layers)") from exc
+    dtype = str(text.get("torch_dtype") or text.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    return ModelInfo(
+        path=str(path),
+        architecture=str(archs[0]),
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        vocab_size=int(text.get("vocab_size", cfg.get("vocab_size", 0)) or 0),
+        torch_dtype=dtype,
+        config_sha256=hashlib.sha256(raw).hexdigest(),
+    )

@@ -1,0 +1,136 @@
+"""Sample records and request ids: the contract between the client and the drain.
+
+Before the client sends a sample it writes the sample's record (dataset index, token ids, loss
+mask) to ``<dump_dir>/_records/<rid>.json``. The drain joins each complete dump with its record
+by rid, checks that the server ran exactly those tokens, and writes the loss mask beside the
+states. Records live next to the dumps (in RAM) because they are needed exactly as long as the
+dump is staged; after a reboot both are gone and the client sends the sample again.
+
+A request id is ``<prefix>-<run id>-<index>``: the prefix tells the capture which requests to
+write (never health checks or warmup), the run id tells the drain which dumps belong to this
+output directory, and the index is the sample's stable position in the dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hsextract.errors import ConfigError, StagingError
+from hsextract.staging import RECORDS_DIR
+
+_RID_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.]+)-(?P<run>[0-9a-f]{8,32})-(?P<index>\d+)$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.]+$")
+RUN_FILE = "run.json"
+
+
+def check_prefix(prefix: str) -> str:
+    """Validate a rid prefix: letters, digits, '_' and '.', so rids stay unambiguous file names."""
+    if not _PREFIX_RE.match(prefix or "") or prefix.upper().startswith("HEALTH_CHECK"):
+        raise ConfigError(
+            f"rid prefix {prefix!r}: use letters, digits, '_' or '.', not starting with HEALTH_CHECK (e.g. 'hsx')"
+        )
+    return prefix
+
+
+def make_rid(prefix: str, run_id: str, index: int) -> str:
+    return f"{prefix}-{run_id}-{index}"
+
+
+@dataclass(frozen=True)
+class ParsedRid:
+    prefix: str
+    run_id: str
+    index: int
+
+
+def parse_rid(rid: str) -> ParsedRid | None:
+    """Split a rid made by `make_rid`; None for anything else (health checks, warmup, strangers)."""
+    m = _RID_RE.match(rid)
+    if not m:
+        return None
+    return ParsedRid(m["prefix"], m["run"], int(m["index"]))
+
+
+@dataclass
+class SampleRecord:
+    """What the client knows of a sample before the server runs it."""
+
+    rid: str
+    index: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    run_id: str = ""
+    source: str = ""  # "<dataset file>:<line>" for messages
+
+
+def records_dir(dump_dir: str | Path) -> Path:
+    return Path(dump_dir) / RECORDS_DIR
+
+
+def record_path(dump_dir: str | Path, rid: str) -> Path:
+    return records_dir(dump_dir) / f"{rid}.json"
+
+
+def write_record(dump_dir: str | Path, record: SampleRecord) -> Path:
+    """Write a record atomically (temporary name, then rename); return its path."""
+    if len(record.input_ids) != len(record.loss_mask):
+        raise StagingError(
+            f"record {record.rid}: {len(record.input_ids)} input ids but {len(record.loss_mask)} loss-mask values"
+        )
+    d = records_dir(dump_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    final = d / f"{record.rid}.json"
+    tmp = d / f".{record.rid}.json.tmp"
+    tmp.write_text(json.dumps(asdict(record), separators=(",", ":")))
+    os.replace(tmp, final)
+    return final
+
+
+def read_record(dump_dir: str | Path, rid: str) -> SampleRecord | None:
+    """The record for `rid`, or None if the client never wrote one."""
+    p = record_path(dump_dir, rid)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StagingError(f"{p}: unreadable sample record ({exc})") from exc
+    return SampleRecord(**{k: data[k] for k in SampleRecord.__dataclass_fields__ if k in data})
+
+
+def remove_record(dump_dir: str | Path, rid: str) -> None:
+    try:
+        record_path(dump_dir, rid).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def load_or_create_run_id(output_dir: str | Path) -> str:
+    """The run id of an output directory, created once (O_EXCL) by whichever of client or drain starts first."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RUN_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"run_id": secrets.token_hex(4)}))
+            f.flush()
+            os.fsync(f.fileno())
+    for _ in range(50):
+        try:
+            run_id = json.loads(path.read_text())["run_id"]
+            if re.fullmatch(r"[0-9a-f]{8,32}", run_id):
+                return run_id
+        except (ValueError, KeyError):
+            pass  # being written by the other process right now
+        time.sleep(0.05)
+    raise ConfigError(f"{path}: no valid run id in it; remove the file to start a new run")
