@@ -22,7 +22,7 @@ def test_committed_files_name_no_path_of_a_developer_machine():
     offenders = []
     for name in tracked:
         path = ROOT / name
-        if not path.is_file() or path.suffix in {".safetensors", ".bin", ".png"}:
+        if not path.is_file() or path.suffix in {".safetensors", ".bin", ".png"} or path == Path(__file__).resolve():
             continue
         text = path.read_text(errors="replace")
         for needle in ("/work/main", "/work/shared", "hsextract/boot"):

@@ -66,6 +66,7 @@ def apply_config(
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"config file {path}: {dest}={value!r} is invalid ({exc})") from exc
         if action.choices is not None and value not in action.choices:
-            raise ConfigError(f"config file {path}: {dest}={value!r}; expected one of {', '.join(map(str, action.choices))}")
+            choices = ", ".join(map(str, action.choices))
+            raise ConfigError(f"config file {path}: {dest}={value!r}; expected one of {choices}")
         setattr(args, dest, value)
     return args

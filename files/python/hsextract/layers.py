@@ -58,7 +58,9 @@ def parse_ids(text: str | Sequence[int] | None) -> list[int] | None:
         try:
             return [int(part) for part in text.replace(" ", "").split(",") if part]
         except ValueError:
-            raise LayerConfigError(f"aux layer ids {text!r}: expected comma-separated integers such as 1,29,57") from None
+            raise LayerConfigError(
+                f"aux layer ids {text!r}: expected comma-separated integers such as 1,29,57"
+            ) from None
     return [int(x) for x in text]
 
 
@@ -87,7 +89,7 @@ def resolve(
         raise LayerConfigError("aux layer ids: the list is empty; give at least one layer")
     lo, hi = (0, n - 2) if convention == "eagle" else (1, n - 1)
     given = list(ids) if ids is not None else eagle
-    bad = [g for g, e in zip(given, eagle) if not 0 <= e <= n - 2]
+    bad = [g for g, e in zip(given, eagle, strict=True) if not 0 <= e <= n - 2]
     if bad:
         raise LayerConfigError(
             f"aux layer ids {given} ({convention} convention) out of range for a model with {n} layers: "

@@ -45,7 +45,9 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
     path = Path(model_path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise ConfigError(f"model path {path}: no config.json there; point the model path at a Hugging Face model directory")
+        raise ConfigError(
+            f"model path {path}: no config.json there; point the model path at a Hugging Face model directory"
+        )
     raw = cfg_file.read_bytes()
     try:
         cfg = json.loads(raw)
@@ -60,7 +62,10 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
         hidden = int(text["hidden_size"])
     except KeyError as exc:
         raise ConfigError(f"{cfg_file}: missing {exc.args[0]!r} (needed to place the capture layers)") from exc
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    dtype = next(
+        (str(c[k]) for c in (text, cfg) for k in ("torch_dtype", "dtype") if c.get(k)),
+        "bfloat16",
+    )
     return ModelInfo(
         path=str(path),
         architecture=str(archs[0]),

@@ -105,10 +105,7 @@ def read_record(dump_dir: str | Path, rid: str) -> SampleRecord | None:
 
 
 def remove_record(dump_dir: str | Path, rid: str) -> None:
-    try:
-        record_path(dump_dir, rid).unlink()
-    except FileNotFoundError:
-        pass
+    record_path(dump_dir, rid).unlink(missing_ok=True)
 
 
 def load_or_create_run_id(output_dir: str | Path) -> str:

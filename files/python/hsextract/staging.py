@@ -87,7 +87,11 @@ class StateFileLayout:
                 "shape": [self.prompt_len, self.num_slots, self.hidden_size],
                 "data_offsets": [0, hidden_len],
             },
-            "input_ids": {"dtype": "I64", "shape": [self.prompt_len], "data_offsets": [hidden_len, hidden_len + 8 * self.prompt_len]},
+            "input_ids": {
+                "dtype": "I64",
+                "shape": [self.prompt_len],
+                "data_offsets": [hidden_len, hidden_len + 8 * self.prompt_len],
+            },
             "__metadata__": {"hsextract_staging": str(FORMAT_VERSION)},
         }
         body = json.dumps(meta, separators=(",", ":")).encode()
@@ -195,10 +199,10 @@ class StagedStates:
 
     hidden: torch.Tensor  # [P, K + 1, H]
     input_ids: torch.Tensor  # int64 [P]
-    raw: bytes | None = None  # the whole file, when read for a byte-exact copy
+    raw: bytearray | None = None  # the whole file, for a byte-exact copy
 
 
-def parse_header(buf: bytes, path: str | Path = "?") -> tuple[dict[str, Any], int]:
+def parse_header(buf: bytes | bytearray, path: str | Path = "?") -> tuple[dict[str, Any], int]:
     """Parse a safetensors header; return (header dict, data start offset)."""
     if len(buf) < 8:
         raise StagingError(f"{path}: truncated ({len(buf)} bytes, not even a header length)")
@@ -218,7 +222,10 @@ def read_states(path: str | Path) -> StagedStates:
     if p.is_dir():
         p = p / STATES_FILE
     try:
-        buf = p.read_bytes()
+        # A writable buffer: tensors made from it may be modified by the caller without copying again.
+        with open(p, "rb") as f:
+            buf = bytearray(os.fstat(f.fileno()).st_size)
+            f.readinto(buf)
     except OSError as exc:
         raise StagingError(f"{p}: cannot read ({exc})") from exc
     header, start = parse_header(buf, p)
@@ -233,9 +240,13 @@ def read_states(path: str | Path) -> StagedStates:
     torch_dtype = DTYPES[dtype_name_][0]
     mv = memoryview(buf)
     hs, he = h["data_offsets"]
-    hidden = torch.frombuffer(mv[start + hs : start + he], dtype=torch_dtype).reshape(h["shape"]) if he > hs else (
-        torch.empty(h["shape"], dtype=torch_dtype)
-    )
     is_, ie = ids["data_offsets"]
-    input_ids = torch.frombuffer(mv[start + is_ : start + ie], dtype=torch.int64) if ie > is_ else torch.empty(0, dtype=torch.int64)
+    if he > hs:
+        hidden = torch.frombuffer(mv[start + hs : start + he], dtype=torch_dtype).reshape(h["shape"])
+    else:
+        hidden = torch.empty(h["shape"], dtype=torch_dtype)
+    if ie > is_:
+        input_ids = torch.frombuffer(mv[start + is_ : start + ie], dtype=torch.int64)
+    else:
+        input_ids = torch.empty(0, dtype=torch.int64)
     return StagedStates(hidden=hidden, input_ids=input_ids, raw=buf)

@@ -140,6 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     marker = Path(args.path) / "hsextract-tiny.json"
     existed = marker.exists()
-    out = make_tiny_model(args.kind, args.path, args.seed) if args.force else ensure_tiny_model(args.kind, args.path, args.seed)
+    make = make_tiny_model if args.force else ensure_tiny_model
+    out = make(args.kind, args.path, args.seed)
     print(json.dumps({"path": str(out), "kind": args.kind, "changed": args.force or not existed}))
     return 0

@@ -1,0 +1,62 @@
+"""Request ids and sample records: how the client, capture and drain agree on a sample."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+from hsextract.errors import ConfigError, StagingError
+from hsextract.records import (
+    SampleRecord,
+    check_prefix,
+    load_or_create_run_id,
+    make_rid,
+    parse_rid,
+    read_record,
+    write_record,
+)
+
+
+def test_rid_round_trips_and_foreign_rids_do_not_parse():
+    rid = make_rid("hsx", "0123abcd", 42)
+    parsed = parse_rid(rid)
+    assert parsed is not None and (parsed.prefix, parsed.run_id, parsed.index) == ("hsx", "0123abcd", 42)
+    assert parse_rid("HEALTH_CHECK_9f0e1d2c3b4a") is None
+    assert parse_rid("9cb8f00d2e6b4c1f8a3e") is None
+
+
+def test_health_check_prefix_is_refused():
+    with pytest.raises(ConfigError, match="HEALTH_CHECK"):
+        check_prefix("HEALTH_CHECK")
+    with pytest.raises(ConfigError):
+        check_prefix("bad prefix")
+
+
+def test_record_is_written_atomically_and_read_back(tmp_path):
+    rec = SampleRecord(rid="hsx-0123abcd-7", index=7, input_ids=[1, 2, 3], loss_mask=[0, 1, 1], run_id="0123abcd")
+    write_record(tmp_path, rec)
+    assert read_record(tmp_path, rec.rid) == rec
+    assert read_record(tmp_path, "hsx-0123abcd-8") is None
+    assert [p.name for p in (tmp_path / "_records").iterdir()] == ["hsx-0123abcd-7.json"]
+
+
+def test_record_with_mismatched_mask_is_refused(tmp_path):
+    with pytest.raises(StagingError, match="3 input ids but 2 loss-mask values"):
+        write_record(tmp_path, SampleRecord(rid="hsx-0123abcd-1", index=1, input_ids=[1, 2, 3], loss_mask=[1, 1]))
+
+
+def _run_id(path, queue):
+    queue.put(load_or_create_run_id(path))
+
+
+def test_run_id_is_created_once_even_when_client_and_drain_start_together(tmp_path):
+    queue = multiprocessing.get_context("fork").Queue()
+    procs = [multiprocessing.get_context("fork").Process(target=_run_id, args=(tmp_path, queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    ids = {queue.get(timeout=5) for _ in procs}
+    assert len(ids) == 1
+    assert json.loads((tmp_path / "run.json").read_text())["run_id"] == ids.pop()
