@@ -1,0 +1,18 @@
+"""Training-set formats the drain writes, and the run manifest every output directory carries.
+
+Each format module turns one validated sample (token ids, loss mask, hidden rows ``[T, K + 1, H]``)
+into the bytes of one file of the trainer's layout, and knows the dataset-level files its reader
+needs (``sample_lengths.json``, the Arrow dataset). ``FORMATS`` maps the ``--format`` names to them.
+"""
+
+from __future__ import annotations
+
+FORMAT_NAMES: tuple[str, ...] = ("specforge", "speculators", "speculators-v1")
+
+# Where each format wants the final hidden state (SpecForge stores SGLang's post-norm output;
+# speculators re-applies a frozen verifier norm, so it needs the pre-norm residual).
+FINAL_HIDDEN_FOR_FORMAT: dict[str, str] = {
+    "specforge": "post_norm",
+    "speculators": "pre_norm",
+    "speculators-v1": "pre_norm",
+}
