@@ -1,0 +1,188 @@
+"""``hsextract check-shm``: does the staging filesystem (/dev/shm) have the room a run needs?
+
+The capture stages every request's hidden states in RAM until the drain has written them. If the
+ramdisk fills, the capture's writes fail and samples are lost, so the play checks before starting:
+
+* the estimate: requests in flight (plus dumps allowed to wait for the drain) x tokens per
+  request x bytes per token, where a token costs ``hidden_size x (aux layers + 1) x dtype bytes``
+  plus its 8-byte id, and each request also costs a few pages (header, done marker, record);
+* the watermark: the client pauses while free space is below it (``--shm-min-free``), so with less
+  free space than that the run could never start.
+
+The run needs ``max(estimate, watermark)`` free; otherwise the command fails with the numbers and
+what to change. Output: one JSON object (``ok``, ``free_bytes``, ``need_bytes`` and the parts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+
+from hsextract.config_file import add_config_argument
+from hsextract.errors import ConfigError, HsextractError
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+PAGE = 4096
+PAGES_PER_REQUEST = 3  # states file header page, done.json, the client's record
+DEFAULT_AUX_LAYERS = 3  # EAGLE-3: three aux layers
+
+
+class ShmTooSmall(HsextractError):
+    """The staging filesystem has less free space than the run needs."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class ShmNeed:
+    """What a run needs on the staging filesystem, with the parts that explain the figure."""
+
+    bytes_per_token: int
+    tokens_in_flight: int
+    estimate_bytes: int
+    watermark_bytes: int
+
+    @property
+    def need_bytes(self) -> int:
+        return max(self.estimate_bytes, self.watermark_bytes)
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int | None, total: int) -> int:
+    """Parse "512M", "2GiB", "1073741824" or "10%" (of ``total``) into bytes; None/"" is 0."""
+    if text is None or text == "":
+        return 0
+    if isinstance(text, int):
+        return text
+    s = str(text).strip()
+    if s.endswith("%"):
+        try:
+            pct = float(s[:-1])
+        except ValueError:
+            raise ConfigError(f"size {text!r}: expected a percentage such as 10%") from None
+        if not 0 <= pct <= 100:
+            raise ConfigError(f"size {text!r}: a percentage must lie in 0..100")
+        return int(total * pct / 100)
+    m = _SIZE.match(s)
+    if not m:
+        raise ConfigError(f"size {text!r}: expected bytes, a size such as 512M or 2G, or a percentage such as 10%")
+    factor = 1024 ** " kmgt".index((m.group(2) or " ").lower())
+    return int(float(m.group(1)) * factor)
+
+
+def estimate_need(
+    *,
+    hidden_size: int,
+    aux_layers: int,
+    requests_in_flight: int,
+    tokens_per_request: int,
+    watermark_bytes: int = 0,
+    dtype: str = "bfloat16",
+) -> ShmNeed:
+    """The staging space of ``requests_in_flight`` requests of ``tokens_per_request`` tokens each."""
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
+    for name, value in (("hidden size", hidden_size), ("requests in flight", requests_in_flight),
+                        ("tokens per request", tokens_per_request)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if aux_layers < 1:
+        raise ConfigError(f"aux layers must be >= 1, got {aux_layers}")
+    per_token = hidden_size * (aux_layers + 1) * DTYPE_BYTES[dtype] + 8
+    tokens = requests_in_flight * tokens_per_request
+    estimate = tokens * per_token + requests_in_flight * PAGES_PER_REQUEST * PAGE
+    return ShmNeed(per_token, tokens, estimate, watermark_bytes)
+
+
+def verdict_message(path: str, free: int, total: int, need: ShmNeed, requests: int, per_request: int) -> str:
+    return (
+        f"{path} has {human(free)} free (of {human(total)}), but the run needs {human(need.need_bytes)}: "
+        f"the estimate is {requests} requests (in flight + staged) x {per_request} tokens x "
+        f"{need.bytes_per_token} bytes per token "
+        f"= {human(need.estimate_bytes)}, the client's free-space watermark is {human(need.watermark_bytes)}. "
+        f"Fix one of: enlarge {path} (mount -o remount,size=... {path}, or more RAM), remove stale dumps there, "
+        f"lower the requests in flight (--max-in-flight), the staged limit (--max-staged) or the tokens "
+        f"per request (--max-tokens), "
+        f"or lower the watermark (--shm-min-free)."
+    )
+
+
+def check(path: str, need: ShmNeed, requests: int, per_request: int, *, statvfs=os.statvfs) -> dict:
+    st = statvfs(path)
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    report = {"path": path, "free_bytes": free, "total_bytes": total, "need_bytes": need.need_bytes,
+              "ok": free >= need.need_bytes, "changed": False, **asdict(need)}
+    if not report["ok"]:
+        raise ShmTooSmall(verdict_message(path, free, total, need, requests, per_request))
+    return report
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dump-dir", default="/dev/shm", help="staging dir; its filesystem is checked (default /dev/shm)"
+    )
+    parser.add_argument("--model", help="model dir: the hidden size is read from its config.json")
+    parser.add_argument("--hidden-size", type=int, help="hidden size, instead of --model")
+    parser.add_argument("--aux-layers", help="aux layer ids (e.g. 1,29,57); only their number matters here (default 3)")
+    parser.add_argument("--max-in-flight", type=int, default=8, help="requests the client keeps in flight (default 8)")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="longest request in tokens (default 4096)")
+    parser.add_argument(
+        "--max-staged", type=int, default=0,
+        help="complete dumps the client lets wait for the drain before it pauses; staged on top of those in flight",
+    )
+    parser.add_argument("--shm-min-free", default="", help="the client's free-space watermark: bytes, 512M, 2G or 10%%")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES), help="dtype of the captured states")
+    add_config_argument(parser)
+
+
+def _aux_count(aux: object) -> int:
+    if aux in (None, "", []):
+        return DEFAULT_AUX_LAYERS
+    if isinstance(aux, list):
+        return len(aux)
+    from hsextract.layers import parse_ids
+
+    ids = parse_ids(str(aux))
+    return len(ids) if ids else DEFAULT_AUX_LAYERS
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.hidden_size is None and not args.model:
+        raise ConfigError("check-shm needs --model (to read the hidden size) or --hidden-size")
+    hidden = args.hidden_size
+    if hidden is None:
+        from hsextract.model_info import read_model_info
+
+        hidden = read_model_info(args.model).hidden_size
+    path = args.dump_dir
+    probe = path
+    while not os.path.isdir(probe):  # the dump dir may not exist yet: check the filesystem it will live on
+        parent = os.path.dirname(probe.rstrip("/")) or "/"
+        if parent == probe:
+            break
+        probe = parent
+    st = os.statvfs(probe)
+    watermark = parse_size(args.shm_min_free, st.f_blocks * st.f_frsize)
+    requests = args.max_in_flight + max(0, args.max_staged or 0)
+    need = estimate_need(
+        hidden_size=hidden, aux_layers=_aux_count(args.aux_layers), requests_in_flight=requests,
+        tokens_per_request=args.max_tokens, watermark_bytes=watermark, dtype=args.dtype,
+    )
+    print(json.dumps(check(probe, need, requests, args.max_tokens)))
+    return 0
