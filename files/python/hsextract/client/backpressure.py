@@ -1,0 +1,104 @@
+"""Decide when the client must stop sending because the staging area (/dev/shm) is filling up.
+
+The captured states land in RAM (/dev/shm) and the drain moves them to disk. If the drain lags
+(a slow disk, a crash) or the ramdisk is small, sending more requests would fill it and take the
+host down with it. So before each request the client checks two limits and waits, saying why,
+until both hold again:
+
+* free space on the dump dir's filesystem, minus what the requests already in flight will
+  write, stays above a watermark (bytes, or a percentage of the filesystem);
+* the number of staged dumps (request directories in the dump dir) plus requests in flight stays
+  within a limit, so a stalled drain is noticed before memory is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hsextract.errors import ConfigError
+from hsextract.staging import iter_dump_dirs
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """A free-space floor: absolute bytes, or a fraction of the filesystem's size."""
+
+    bytes: int = 0
+    fraction: float = 0.0
+
+    def floor(self, total_bytes: int) -> int:
+        return self.bytes if not self.fraction else int(total_bytes * self.fraction)
+
+    def __str__(self) -> str:
+        return f"{self.fraction * 100:g}%" if self.fraction else human_bytes(self.bytes)
+
+
+def parse_watermark(value: str | int | float) -> Watermark:
+    """Parse ``"50%"``, ``"2G"``, ``"512MiB"`` or a byte count into a Watermark."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Watermark(bytes=int(value))
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 <= pct < 100:
+            raise ConfigError(f"shm watermark {value!r}: a percentage must be in [0, 100)")
+        return Watermark(fraction=pct / 100)
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ConfigError(
+            f"shm watermark {value!r}: expected bytes (e.g. 2G, 512M, 1048576) or a percentage (e.g. 10%)"
+        )
+    return Watermark(bytes=int(float(m[1]) * _UNITS[m[2].lower()]))
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class Backpressure:
+    """Answers "may I send now?" for one dump dir; `reason()` is None when sending is fine."""
+
+    def __init__(self, dump_dir: str | Path, min_free: Watermark, max_staged: int | None, bytes_per_token: int):
+        self.dump_dir = Path(dump_dir)
+        self.min_free = min_free
+        self.max_staged = max_staged
+        self.bytes_per_token = bytes_per_token
+
+    def free_bytes(self) -> tuple[int, int]:
+        st = os.statvfs(self.dump_dir)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+    def staged(self) -> int:
+        return sum(1 for _ in iter_dump_dirs(self.dump_dir))
+
+    def reason(self, inflight_requests: int = 0, inflight_tokens: int = 0, next_tokens: int = 0) -> str | None:
+        """Why the next request (of `next_tokens`) must wait, or None if it may go now."""
+        free, total = self.free_bytes()
+        floor = self.min_free.floor(total)
+        expected = (inflight_tokens + next_tokens) * self.bytes_per_token
+        if free - expected < floor:
+            return (
+                f"dump dir {self.dump_dir}: {human_bytes(free)} free, {human_bytes(expected)} expected from requests "
+                f"in flight, below the watermark {self.min_free} ({human_bytes(floor)})"
+            )
+        if self.max_staged is not None:
+            staged = self.staged()
+            if staged + inflight_requests >= self.max_staged:
+                return (
+                    f"{staged} staged dumps + {inflight_requests} in flight reach the limit {self.max_staged} "
+                    "(the drain is behind)"
+                )
+        return None

@@ -1,0 +1,155 @@
+"""Tokenize conversations with the model's own chat template and mark the assistant tokens.
+
+The drafter must see exactly the token ids the target model serves, so the template and the
+tokenizer come from the model directory. The loss mask is found without ``{% generation %}``
+tags (few real templates have them): for every assistant turn the conversation is rendered up to
+that turn with ``add_generation_prompt=True`` (where the reply starts) and up to and including
+that turn (where it ends, end-of-turn token included); both renderings must be prefixes of the
+whole conversation's rendering, and the character boundaries they give are mapped onto the
+token boundaries of the whole conversation's tokenization. A token belongs to the reply when it
+starts inside the reply's span, so a token merged across the boundary is assigned by where it
+starts. A template that renders earlier turns differently once later turns exist (one that strips
+the reasoning of old turns, say) cannot be masked this way; such samples are rejected with
+``template_not_incremental`` rather than masked wrongly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample
+from hsextract.errors import HsextractError
+
+TOO_LONG = "too_long"
+CHAT_TEMPLATE_ERROR = "chat_template_error"
+TEMPLATE_NOT_INCREMENTAL = "template_not_incremental"
+OVERLONG_POLICIES = ("truncate", "skip")
+
+
+@dataclass
+class Encoded:
+    """A sample as the server will run it."""
+
+    index: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    truncated_from: int = 0  # original length when truncated, else 0
+
+
+class TemplateMismatch(Exception):
+    """The template's renderings are not prefixes of one another (see module docstring)."""
+
+
+def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> Any:
+    """The model's tokenizer (fast, with offsets) and chat template; HsextractError when unusable."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise HsextractError(f"model directory {path} does not exist; pass --model with the served model's directory")
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # transformers raises many kinds (OSError, ValueError, KeyError...)
+        raise HsextractError(
+            f"model directory {path}: no usable tokenizer ({type(exc).__name__}: {str(exc)[:300]}); "
+            "it needs tokenizer.json or the tokenizer files of the served model"
+        ) from exc
+    if not getattr(tok, "is_fast", False):
+        raise HsextractError(f"model directory {path}: the tokenizer is not a fast tokenizer; loss masks need offsets")
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    if not getattr(tok, "chat_template", None):
+        raise HsextractError(
+            f"model directory {path}: the tokenizer has no chat template; pass --chat-template FILE (a Jinja file)"
+        )
+    return tok
+
+
+def _render(tok: Any, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    text = tok.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages],
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+    )
+    if not isinstance(text, str):  # some versions return a list for batched input
+        raise TemplateMismatch(f"chat template rendered a {type(text).__name__}, expected text")
+    return text
+
+
+def assistant_spans(tok: Any, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character span of every assistant reply in it."""
+    full = _render(tok, messages, add_generation_prompt=False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m.role != "assistant":
+            continue
+        start = _render(tok, messages[:i], add_generation_prompt=True)
+        end = _render(tok, messages[: i + 1], add_generation_prompt=False)
+        if not full.startswith(start) or not full.startswith(end) or len(end) < len(start):
+            raise TemplateMismatch(
+                f"rendering up to turn {i} is not a prefix of the whole conversation's rendering"
+            )
+        spans.append((len(start), len(end)))
+    return full, spans
+
+
+def tokenize_with_mask(tok: Any, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered conversation and its mask: 1 on assistant replies (end-of-turn included)."""
+    text, spans = assistant_spans(tok, messages)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    starts = [s for s, _ in enc["offset_mapping"]]
+    mask = [0] * len(ids)
+    for a, b in spans:
+        # tokens are in text order, so the tokens starting in [a, b) are a contiguous run
+        lo = bisect.bisect_left(starts, a)
+        hi = bisect.bisect_left(starts, b)
+        for t in range(lo, hi):
+            mask[t] = 1
+    return ids, mask
+
+
+class SampleEncoder:
+    """Turns Samples into Encoded samples (or Rejects) under one tokenizer and length policy."""
+
+    def __init__(self, tok: Any, max_tokens: int | None, overlong: str = "truncate", vocab_size: int | None = None):
+        if overlong not in OVERLONG_POLICIES:
+            raise HsextractError(f"overlong policy {overlong!r}; expected one of {', '.join(OVERLONG_POLICIES)}")
+        if max_tokens is not None and max_tokens < 1:
+            raise HsextractError(f"max tokens {max_tokens}: must be at least 1")
+        self.tok = tok
+        self.max_tokens = max_tokens
+        self.overlong = overlong
+        self.vocab_size = vocab_size or len(tok)
+
+    def encode(self, sample: Sample) -> Encoded | Reject:
+        if sample.is_tokenized:
+            ids, mask = list(sample.input_ids or []), list(sample.loss_mask or [])
+            bad = next((t for t in ids if t >= self.vocab_size), None)
+            if bad is not None:
+                detail = f"token id {bad} is outside the vocabulary (size {self.vocab_size})"
+                return Reject(sample.index, BAD_INPUT_IDS, detail)
+        else:
+            try:
+                ids, mask = tokenize_with_mask(self.tok, sample.messages or [])
+            except TemplateMismatch as exc:
+                return Reject(sample.index, TEMPLATE_NOT_INCREMENTAL, str(exc))
+            except Exception as exc:  # jinja2 TemplateError, raise_exception() in templates, tokenizer errors
+                return Reject(sample.index, CHAT_TEMPLATE_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}")
+        return self._fit(sample.index, ids, mask)
+
+    def _fit(self, index: int, ids: list[int], mask: list[int]) -> Encoded | Reject:
+        n = len(ids)
+        if self.max_tokens is None or n <= self.max_tokens:
+            return Encoded(index, ids, mask)
+        extra = {"tokens": n, "max_tokens": self.max_tokens}
+        if self.overlong == "skip":
+            return Reject(index, TOO_LONG, f"{n} tokens > max {self.max_tokens} (overlong=skip)", extra)
+        ids, mask = ids[: self.max_tokens], mask[: self.max_tokens]
+        if not any(mask):
+            return Reject(index, TOO_LONG, f"{n} tokens; no assistant token within the first {self.max_tokens}", extra)
+        return Encoded(index, ids, mask, truncated_from=n)

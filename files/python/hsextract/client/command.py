@@ -1,0 +1,103 @@
+"""``hsextract extract``: the command the extraction client's systemd unit (or a person) runs.
+
+Every flag can also come from the shared run configuration (``--config FILE``, keys = flag names
+with underscores), which is how the Ansible role keeps the client, the server patch and the
+drain in agreement on the dump dir, output directory, model and rid prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from hsextract.client.backpressure import parse_watermark
+from hsextract.client.chat_template import OVERLONG_POLICIES
+from hsextract.client.progress import progress_line
+from hsextract.client.runner import ExtractConfig, ExtractRun, parse_shard
+from hsextract.client.sender import RetryPolicy
+from hsextract.config_file import add_config_argument
+from hsextract.errors import ConfigError
+
+REQUIRED = ("server", "dataset", "model", "dump_dir", "output")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("run")
+    g.add_argument("--server", help="SGLang server base URL, e.g. http://127.0.0.1:30000")
+    g.add_argument("--dataset", help="JSONL dataset (ShareGPT, OpenAI messages or pre-tokenized lines)")
+    g.add_argument("--model", help="the served model's directory (its tokenizer and chat template are used)")
+    g.add_argument("--dump-dir", help="the capture's staging directory (records are written there too)")
+    g.add_argument("--output", help="the training set's output directory (shared with the drain)")
+    g.add_argument("--rid-prefix", default="hsx", help="request id prefix the capture writes (default: hsx)")
+    g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's")
+    g.add_argument("--shard", default="0/1", help="take samples with index %% n == i (i/n; default 0/1)")
+    s = parser.add_argument_group("limits")
+    s.add_argument("--max-in-flight", type=int, default=32, help="requests in flight at once (default 32)")
+    s.add_argument("--max-tokens", type=int, default=None,
+                   help="longest sample in tokens (default: the model's context length - 1)")
+    s.add_argument("--overlong", choices=OVERLONG_POLICIES, default="truncate",
+                   help="what to do with longer samples (default: truncate)")
+    s.add_argument("--shm-min-free", default="10%",
+                   help="pause while the dump dir's filesystem has less free space (bytes like 2G, or 10%%)")
+    s.add_argument("--max-staged", type=int, default=4096,
+                   help="pause while staged dumps + requests in flight reach this many (0: no limit)")
+    r = parser.add_argument_group("retries")
+    r.add_argument("--max-attempts", type=int, default=5, help="tries per sample while the server is up (default 5)")
+    r.add_argument("--server-wait", type=float, default=3600.0,
+                   help="seconds to wait for a down server before giving up (default 3600)")
+    r.add_argument("--request-timeout", type=float, default=600.0, help="seconds to wait for one answer (default 600)")
+    p = parser.add_argument_group("progress")
+    p.add_argument("--log-every", type=float, default=30.0, help="seconds between progress log lines off a terminal")
+    add_config_argument(parser)
+
+
+def config_from_args(args: argparse.Namespace) -> ExtractConfig:
+    missing = [f"--{k.replace('_', '-')}" for k in REQUIRED if not getattr(args, k, None)]
+    if missing:
+        raise ConfigError(f"hsextract extract needs {', '.join(missing)} (as flags or keys of --config)")
+    template = None
+    if args.chat_template:
+        try:
+            template = Path(args.chat_template).read_text()
+        except OSError as exc:
+            raise ConfigError(f"chat template {args.chat_template}: cannot read ({exc})") from exc
+    return ExtractConfig(
+        server=args.server,
+        dataset=Path(args.dataset),
+        model=Path(args.model),
+        dump_dir=Path(args.dump_dir),
+        output=Path(args.output),
+        rid_prefix=args.rid_prefix,
+        max_in_flight=int(args.max_in_flight),
+        max_tokens=args.max_tokens,
+        overlong=args.overlong,
+        shard=parse_shard(args.shard),
+        shm_min_free=parse_watermark(args.shm_min_free),
+        max_staged=int(args.max_staged) or None,
+        chat_template=template,
+        retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
+                          read_timeout_s=float(args.request_timeout)),
+        log_every_s=float(args.log_every),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        # systemd stops the unit with SIGTERM: finish the requests in flight, then exit
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    run_ = ExtractRun(cfg, stop)
+    try:
+        stats = run_.run()
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    snap = stats.snapshot()
+    print(progress_line(snap), file=sys.stderr)
+    print(json.dumps(stats.summary(), sort_keys=True))
+    return 0

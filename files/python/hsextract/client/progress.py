@@ -1,0 +1,210 @@
+"""Counters of a client run, and the ways they are shown: status file, progress bar, log lines, summary.
+
+An operator watches a days-long run through ``hsextract status`` (which reads the status file),
+through the journal (plain log lines every few tens of seconds under systemd) or on a terminal
+(a live bar). The drain's ``--exit-when-done`` waits for the summary file, so the summary is
+written atomically and only by a run that has an answer for every sample.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+log = logging.getLogger("hsextract.client")
+
+STATE_DIR = ".hsextract"
+STATUS_FILE = "client-status.json"
+SUMMARY_FILE = "client-summary.json"
+REJECTS_FILE = "rejects.jsonl"
+FAILURES_FILE = "failures.jsonl"
+
+
+def state_dir(output: str | Path) -> Path:
+    return Path(output) / STATE_DIR
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary name, fsync, rename: readers see the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with tmp.open("w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class RunStats:
+    """Counters shared by the producer and the sender threads (update under `lock`)."""
+
+    samples_total: int = 0  # lines of this shard
+    sent: int = 0
+    ok: int = 0
+    skipped: int = 0  # already in the training set or staged by an earlier run
+    truncated: int = 0
+    tokens: int = 0  # prompt tokens of samples answered ok
+    failed: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)
+    in_flight: int = 0
+    in_flight_tokens: int = 0
+    paused_reason: str | None = None
+    paused_s: float = 0.0
+    state: str = "running"
+    error: str = ""
+    started: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _window: collections.deque = field(default_factory=lambda: collections.deque(maxlen=600), repr=False)
+
+    @property
+    def done(self) -> int:
+        """Samples that need nothing more from this run."""
+        return self.ok + self.skipped + sum(self.failed.values()) + sum(self.rejected.values())
+
+    def record_ok(self, tokens: int) -> None:
+        with self.lock:
+            self.ok += 1
+            self.tokens += tokens
+            self._window.append((time.monotonic(), self.tokens, self.ok))
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens/s, samples/s) over the last ~60 s of answers, or since the start if shorter."""
+        now = time.monotonic()
+        win = [w for w in self._window if now - w[0] <= 60]
+        if len(win) >= 2 and win[-1][0] > win[0][0]:
+            dt = max(now - win[0][0], 1e-6)
+            return (win[-1][1] - win[0][1]) / dt, (win[-1][2] - win[0][2]) / dt
+        elapsed = max(now - self.started, 1e-6)
+        return self.tokens / elapsed, self.ok / elapsed
+
+    def snapshot(self) -> dict[str, Any]:
+        tok_s, smp_s = self.rates()
+        remaining = max(0, self.samples_total - self.done)
+        eta = remaining / smp_s if smp_s > 0 else None
+        state = "paused" if self.state == "running" and self.paused_reason else self.state
+        return {
+            "state": state,
+            "samples_total": self.samples_total,
+            "sent": self.sent,
+            "ok": self.ok,
+            "skipped": self.skipped,
+            "truncated": self.truncated,
+            "failed": sum(self.failed.values()),
+            "rejected": sum(self.rejected.values()),
+            "failed_by_reason": dict(self.failed),
+            "rejected_by_reason": dict(self.rejected),
+            "in_flight": self.in_flight,
+            "tokens": self.tokens,
+            "tokens_per_s": round(tok_s, 1),
+            "eta_s": None if eta is None else round(eta, 1),
+            "paused_reason": self.paused_reason,
+            "paused_s": round(self.paused_s, 1),
+            "error": self.error,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "updated_at": time.time(),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "samples_total": self.samples_total,
+            "ok": self.ok,
+            "skipped": self.skipped,
+            "truncated": self.truncated,
+            "failed": dict(self.failed),
+            "rejected": dict(self.rejected),
+            "tokens": self.tokens,
+            "wall_s": round(time.monotonic() - self.started, 2),
+            "paused_s": round(self.paused_s, 1),
+            "finished_at": time.time(),
+        }
+
+
+def _fmt_eta(eta: float | None) -> str:
+    if eta is None:
+        return "--"
+    eta = int(eta)
+    h, rem = divmod(eta, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def progress_line(snap: dict[str, Any]) -> str:
+    done = snap["ok"] + snap["skipped"] + snap["failed"] + snap["rejected"]
+    line = (
+        f"{done}/{snap['samples_total']} samples | ok {snap['ok']} skipped {snap['skipped']} "
+        f"failed {snap['failed']} rejected {snap['rejected']} | {snap['tokens_per_s']:.0f} tok/s | "
+        f"ETA {_fmt_eta(snap['eta_s'])}"
+    )
+    if snap["paused_reason"]:
+        line += f" | PAUSED: {snap['paused_reason']}"
+    return line
+
+
+class Reporter:
+    """Writes the status file every `status_every` s and shows progress (a bar on a TTY, else log lines)."""
+
+    def __init__(self, stats: RunStats, output: str | Path, stream: TextIO | None = None,
+                 status_every: float = 1.0, log_every: float = 30.0):
+        self.stats = stats
+        self.status_path = state_dir(output) / STATUS_FILE
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.status_every = status_every
+        self.log_every = log_every
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_log = 0.0
+        self._last_paused: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="hsextract-progress", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.status_every):
+            self.tick()
+
+    def tick(self) -> None:
+        snap = self.stats.snapshot()
+        write_json_atomic(self.status_path, snap)
+        if snap["paused_reason"] != self._last_paused:
+            if snap["paused_reason"]:
+                log.warning("paused: %s", snap["paused_reason"])
+            elif self._last_paused:
+                log.info("resumed sending")
+            self._last_paused = snap["paused_reason"]
+        if self.tty:
+            self._bar(snap)
+        elif time.monotonic() - self._last_log >= self.log_every:
+            self._last_log = time.monotonic()
+            log.info("%s", progress_line(snap))
+
+    def _bar(self, snap: dict[str, Any]) -> None:
+        total = max(1, snap["samples_total"])
+        done = snap["ok"] + snap["skipped"] + snap["failed"] + snap["rejected"]
+        width = 24
+        filled = int(width * min(1.0, done / total))
+        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {progress_line(snap)}\x1b[K")
+        self.stream.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        self.tick()
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()

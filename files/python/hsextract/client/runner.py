@@ -1,0 +1,313 @@
+"""One extraction run: read the dataset, tokenize, record, send with bounded concurrency, report.
+
+The flow per sample (the producer is the calling thread, senders are a thread pool):
+
+1. read and validate the line (`dataset`), skip it if it belongs to another shard, reject it
+   (rejects file, counted) if it is bad or a repeat;
+2. skip it if the training set already has it (the manifest) or its dump is staged and complete
+   from an earlier run (the drain will take it): this is what makes a restart lose nothing and
+   duplicate nothing;
+3. tokenize with the model's chat template and loss mask (`chat_template`), apply the length policy;
+4. write the sample's record for the drain (before sending: the dump must never exist without it);
+5. wait for a free in-flight slot and for the backpressure limits, then send (`sender`).
+
+The summary is written only once every sample of the shard has an outcome, because the drain's
+``--exit-when-done`` treats it as "no more dumps will come".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hsextract.client.backpressure import Backpressure, Watermark
+from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
+from hsextract.client.dataset import DatasetReader, Reject, count_lines, iter_file_lines
+from hsextract.client.progress import (
+    FAILURES_FILE,
+    REJECTS_FILE,
+    SUMMARY_FILE,
+    Reporter,
+    RunStats,
+    state_dir,
+    write_json_atomic,
+)
+from hsextract.client.sender import RetryPolicy, Sender, SendResult, ServerUnavailable
+from hsextract.errors import ConfigError, HsextractError
+from hsextract.formats.manifest import completed_indices
+from hsextract.records import (
+    SampleRecord,
+    check_prefix,
+    load_or_create_run_id,
+    make_rid,
+    parse_rid,
+    remove_record,
+    write_record,
+)
+from hsextract.staging import DONE_FILE, iter_dump_dirs
+
+log = logging.getLogger("hsextract.client")
+
+# Bytes a token's captured states take in staging, per hidden unit: K = 3 aux layers (EAGLE-3)
+# plus the final hidden state, 2 bytes each (bf16). Used only to reserve room for requests in flight.
+STAGED_SLOTS = 4
+STAGED_ELEM_BYTES = 2
+
+
+@dataclass
+class ExtractConfig:
+    server: str
+    dataset: Path
+    model: Path
+    dump_dir: Path
+    output: Path
+    rid_prefix: str = "hsx"
+    max_in_flight: int = 32
+    max_tokens: int | None = None
+    overlong: str = "truncate"
+    shard: tuple[int, int] = (0, 1)
+    shm_min_free: Watermark = field(default_factory=lambda: Watermark(fraction=0.10))
+    max_staged: int | None = 4096
+    chat_template: str | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    status_every_s: float = 1.0
+    log_every_s: float = 30.0
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` -> (i, n) with 0 <= i < n."""
+    try:
+        i_s, n_s = str(text).split("/")
+        i, n = int(i_s), int(n_s)
+    except ValueError:
+        raise ConfigError(f"shard {text!r}: expected i/n, e.g. 0/4 for the first of four hosts") from None
+    if n < 1 or not 0 <= i < n:
+        raise ConfigError(f"shard {text!r}: need 0 <= i < n")
+    return i, n
+
+
+def shard_size(lines: int, shard: tuple[int, int]) -> int:
+    i, n = shard
+    return len(range(i, lines, n))
+
+
+def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
+    """Dataset indices of this run whose dump is complete in staging (the drain will write them)."""
+    out = set()
+    for d in iter_dump_dirs(dump_dir):
+        parsed = parse_rid(d.name)
+        if parsed and parsed.prefix == prefix and parsed.run_id == run_id and (d / DONE_FILE).exists():
+            out.add(parsed.index)
+    return out
+
+
+def _model_limits(model: Path) -> tuple[int | None, int | None, int]:
+    """(max context tokens, vocab size, hidden size) from config.json, None where the config says nothing."""
+    try:
+        cfg = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return None, None, 0
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    ctx = text.get("max_position_embeddings") or cfg.get("max_position_embeddings")
+    vocab = text.get("vocab_size") or cfg.get("vocab_size")
+    return (int(ctx) if ctx else None), (int(vocab) if vocab else None), int(text.get("hidden_size") or 0)
+
+
+class _JsonlAppender:
+    """A JSONL file rewritten from scratch by each run (its content is re-derived on restart)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("w", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, obj: dict[str, Any]) -> None:
+        with self._lock:
+            self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class ExtractRun:
+    """A client run; `run()` returns the final stats or raises HsextractError (server gone, bad setup)."""
+
+    def __init__(self, cfg: ExtractConfig, stop: threading.Event | None = None):
+        self.cfg = cfg
+        self.stop = stop or threading.Event()
+        check_prefix(cfg.rid_prefix)
+        if cfg.max_in_flight < 1:
+            raise ConfigError(f"max in flight {cfg.max_in_flight}: must be at least 1")
+        lines = iter_file_lines(cfg.dataset)  # raises now if the dataset is missing
+        lines.close()
+        tok = load_tokenizer(cfg.model, cfg.chat_template)
+        ctx, vocab, hidden = _model_limits(Path(cfg.model))
+        max_tokens = cfg.max_tokens
+        if max_tokens is None and ctx:
+            max_tokens = ctx - 1  # room for the one generated token
+        self.encoder = SampleEncoder(tok, max_tokens, cfg.overlong, vocab)
+        self.bytes_per_token = max(1, STAGED_SLOTS * hidden * STAGED_ELEM_BYTES) + 8
+        self.stats = RunStats()
+        self.sender = Sender(cfg.server, cfg.retry, self.stop)
+        self.fatal: BaseException | None = None
+        self._slots = threading.Semaphore(cfg.max_in_flight)
+
+    # -- outcomes (called from sender threads) -------------------------------------------------
+
+    def _finish(self, rid: str, enc: Encoded, fut: Future) -> None:
+        try:
+            res: SendResult = fut.result()
+        except ServerUnavailable as exc:
+            self.fatal = exc
+            self.stop.set()
+            res = SendResult(False, reason="server_unavailable", detail=str(exc))
+        except BaseException as exc:  # a bug must not hang the run: count it and stop
+            self.fatal = exc
+            self.stop.set()
+            res = SendResult(False, reason="client_error", detail=f"{type(exc).__name__}: {exc}")
+        st = self.stats
+        with st.lock:
+            st.in_flight -= 1
+            st.in_flight_tokens -= len(enc.input_ids)
+        if res.ok:
+            st.record_ok(res.prompt_tokens)
+        elif self.fatal is None or res.reason not in ("server_unavailable", "client_error"):
+            with st.lock:
+                st.failed[res.reason] += 1
+            self._failures.write({"index": enc.index, "line": enc.index + 1, "rid": rid, "reason": res.reason,
+                                  "detail": res.detail, "attempts": res.attempts})
+            if res.reason != "prompt_tokens_mismatch":
+                remove_record(self.cfg.dump_dir, rid)  # no dump will come for it
+        self._slots.release()
+
+    def _reject(self, rej: Reject) -> None:
+        with self.stats.lock:
+            self.stats.rejected[rej.reason] += 1
+        self._rejects.write(rej.to_json())
+
+    # -- the producer -----------------------------------------------------------------------------
+
+    def _wait_to_send(self, bp: Backpressure, n_tokens: int) -> bool:
+        """Block until a slot is free and the staging limits allow one more request; False on stop."""
+        while not self._slots.acquire(timeout=0.5):
+            if self.stop.is_set():
+                return False
+        paused_at = None
+        while not self.stop.is_set():
+            st = self.stats
+            reason = bp.reason(st.in_flight, st.in_flight_tokens, n_tokens)
+            if reason is None:
+                break
+            if paused_at is None:
+                paused_at = time.monotonic()
+            st.paused_reason = reason
+            self.stop.wait(0.5)
+        if paused_at is not None:
+            self.stats.paused_s += time.monotonic() - paused_at
+            self.stats.paused_reason = None
+        if self.stop.is_set():
+            self._slots.release()
+            return False
+        return True
+
+    def run(self) -> RunStats:
+        cfg, st = self.cfg, self.stats
+        out = Path(cfg.output)
+        out.mkdir(parents=True, exist_ok=True)
+        Path(cfg.dump_dir).mkdir(parents=True, exist_ok=True)
+        run_id = load_or_create_run_id(out)
+        sdir = state_dir(out)
+        sdir.mkdir(parents=True, exist_ok=True)
+        (sdir / SUMMARY_FILE).unlink(missing_ok=True)  # a new run is not finished yet
+        self._rejects = _JsonlAppender(sdir / REJECTS_FILE)
+        self._failures = _JsonlAppender(sdir / FAILURES_FILE)
+        st.samples_total = shard_size(count_lines(cfg.dataset), cfg.shard)
+        reporter = Reporter(st, out, status_every=cfg.status_every_s, log_every=cfg.log_every_s)
+        reporter.start()
+        log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
+                 cfg.dataset, cfg.server)
+        try:
+            st.paused_reason = f"waiting for the server {cfg.server} to answer /health"
+            self.sender.gate.wait_healthy(since=time.monotonic())
+            st.paused_reason = None
+            # staging first, then the manifest: a dump drained in between is in the second
+            skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
+            self._produce(run_id, skip)
+        except ServerUnavailable as exc:
+            self.fatal = exc
+            self.stop.set()
+        except BaseException:
+            self.stop.set()  # Ctrl-C or a bug: not done, so no summary
+            raise
+        finally:
+            self._pool_shutdown()
+            if self.fatal is not None:
+                st.state = "failed"
+                st.error = str(self.fatal)
+            elif self.stop.is_set():
+                st.state = "stopped"
+            else:
+                st.state = "done"
+            st.paused_reason = None
+            reporter.stop()
+            self._rejects.close()
+            self._failures.close()
+        if st.state == "done":
+            write_json_atomic(sdir / SUMMARY_FILE, st.summary())
+        if isinstance(self.fatal, HsextractError):
+            raise self.fatal
+        if self.fatal is not None:
+            raise HsextractError(f"client stopped on an internal error: {self.fatal!r}") from self.fatal
+        return st
+
+    def _pool_shutdown(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def _produce(self, run_id: str, skip: set[int]) -> None:
+        cfg, st = self.cfg, self.stats
+        i_shard, n_shard = cfg.shard
+        bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token)
+        self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
+        reader = DatasetReader()
+        source = Path(cfg.dataset).name
+        for index, raw in enumerate(iter_file_lines(cfg.dataset)):
+            if self.stop.is_set():
+                return
+            item = reader.feed(index, raw)  # every line, for shard-independent duplicate detection
+            if index % n_shard != i_shard:
+                continue
+            if isinstance(item, Reject):
+                self._reject(item)
+                continue
+            if index in skip:
+                with st.lock:
+                    st.skipped += 1
+                continue
+            enc = self.encoder.encode(item)
+            if isinstance(enc, Reject):
+                self._reject(enc)
+                continue
+            if enc.truncated_from:
+                with st.lock:
+                    st.truncated += 1
+            rid = make_rid(cfg.rid_prefix, run_id, index)
+            write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
+                                                    f"{source}:{index + 1}"))
+            if not self._wait_to_send(bp, len(enc.input_ids)):
+                remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
+                return
+            with st.lock:
+                st.sent += 1
+                st.in_flight += 1
+                st.in_flight_tokens += len(enc.input_ids)
+            fut = self._pool.submit(self.sender.send, rid, enc.input_ids)
+            fut.add_done_callback(lambda f, rid=rid, enc=enc: self._finish(rid, enc, f))
