@@ -164,3 +164,14 @@ def test_dry_run_reports_the_target_and_signals_nothing(spawn):
 def test_an_invalid_pattern_is_a_config_error_naming_the_flag():
     result = reap(free_port(), "sglang(")
     assert result.returncode == 2 and "--match" in result.stderr
+
+
+def test_a_kept_listener_is_left_running_and_reported_as_kept(spawn):
+    port, marker = free_port(), f"hsx-current-{uuid.uuid4().hex}"
+    server = spawn("-c", LISTENER, str(port), "plain", marker)
+    result = reap(port, marker, "--keep-pid", str(server.pid))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["changed"] is False and report["stopped"] == [] and report["port_free"] is False
+    assert [k["pid"] for k in report["kept"]] == [server.pid]
+    assert server.poll() is None

@@ -55,6 +55,7 @@ class ReapPlan:
 
     targets: tuple[Holder, ...]
     refusals: tuple[Refusal, ...]
+    kept: tuple[Holder, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,17 +65,23 @@ class Stopped:
     signal: str  # the signal that ended it: SIGTERM or SIGKILL ("gone" if it exited on its own)
 
 
-def plan_reap(holders: Iterable[Holder], pattern: re.Pattern[str], protected: set[int]) -> ReapPlan:
+def plan_reap(
+    holders: Iterable[Holder], pattern: re.Pattern[str], protected: set[int], keep: set[int] = frozenset()
+) -> ReapPlan:
     """Decide which holders may be stopped.
 
     One entry per pid (a process with several listening sockets, e.g. IPv4 and IPv6, is one target).
-    A holder is refused when its owner is unknown, it is protected (pid 1, this process and its
-    ancestors), or its command line does not match ``pattern``.
+    Holders in ``keep`` (the running server of the project's own unit, re-run on a converged host)
+    are left alone. A holder is refused when its owner is unknown, it is protected (pid 1, this
+    process and its ancestors), or its command line does not match ``pattern``.
     """
     targets: dict[int, Holder] = {}
     refusals: list[Refusal] = []
+    kept: dict[int, Holder] = {}
     for h in holders:
-        if h.pid is None:
+        if h.pid is not None and h.pid in keep:
+            kept.setdefault(h.pid, h)
+        elif h.pid is None:
             refusals.append(Refusal(h, "the owning process is not visible (another namespace, or not root)"))
         elif h.pid <= 1 or h.pid in protected:
             refusals.append(Refusal(h, "protected process (pid 1, this command or one of its parents)"))
@@ -88,7 +95,7 @@ def plan_reap(holders: Iterable[Holder], pattern: re.Pattern[str], protected: se
         if r.holder.pid is None or r.holder.pid not in seen:
             unique_refusals.append(r)
             seen.add(r.holder.pid)
-    return ReapPlan(tuple(targets.values()), tuple(unique_refusals))
+    return ReapPlan(tuple(targets.values()), tuple(unique_refusals), tuple(kept.values()))
 
 
 def refusal_message(port: int, refusals: Sequence[Refusal]) -> str:
@@ -200,10 +207,23 @@ def stop_processes(targets: Sequence[Holder], term_timeout: float, kill_timeout:
     return [Stopped(pid, by_pid[pid].cmdline, sig) for pid, sig in ended.items()]
 
 
+def with_descendants(pids: Iterable[int]) -> set[int]:
+    """The given pids plus every descendant (a kept server's workers are kept too)."""
+    import psutil
+
+    out = set()
+    for pid in pids:
+        out.add(pid)
+        with contextlib.suppress(psutil.Error):
+            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+    return out
+
+
 def reap_port(
     port: int,
     pattern: re.Pattern[str],
     *,
+    keep: Iterable[int] = (),
     dry_run: bool = False,
     term_timeout: float = 30.0,
     kill_timeout: float = 10.0,
@@ -211,19 +231,25 @@ def reap_port(
     holders_of: Callable[[int], list[Holder]] = find_holders,
 ) -> dict:
     """Free ``port`` of matching listeners; return the JSON-able report. Raise PortHeldError otherwise."""
-    plan = plan_reap(holders_of(port), pattern, protected_pids())
+    keep_set = with_descendants(keep)
+    plan = plan_reap(holders_of(port), pattern, protected_pids(), keep_set)
     if plan.refusals:
         raise PortHeldError(refusal_message(port, plan.refusals))
     report = {"port": port, "pattern": pattern.pattern, "dry_run": dry_run, "changed": bool(plan.targets)}
+    if plan.kept:
+        report["kept"] = [asdict(k) for k in plan.kept]
     if dry_run:
         report["would_stop"] = [asdict(t) for t in plan.targets]
         report["stopped"] = []
-        report["port_free"] = not plan.targets
+        report["port_free"] = not plan.targets and not plan.kept
         return report
     stopped = stop_processes(plan.targets, term_timeout, kill_timeout)
     report["stopped"] = [asdict(s) for s in stopped]
     deadline = time.monotonic() + free_timeout
-    while (left := holders_of(port)) and time.monotonic() < deadline:
+    def others() -> list[Holder]:
+        return [h for h in holders_of(port) if h.pid not in keep_set]
+
+    while (left := others()) and time.monotonic() < deadline:
         time.sleep(0.1)
     if left:
         raise PortHeldError(
@@ -232,7 +258,7 @@ def reap_port(
             + ". Fix: a new server may have started meanwhile (is a service manager restarting it?); "
             "stop that unit first."
         )
-    report["port_free"] = True
+    report["port_free"] = not plan.kept
     return report
 
 
@@ -247,6 +273,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--term-timeout", type=float, default=30.0, help="seconds to wait after SIGTERM (default 30)")
     parser.add_argument("--kill-timeout", type=float, default=10.0, help="seconds to wait after SIGKILL (default 10)")
+    parser.add_argument(
+        "--keep-pid", type=int, action="append", default=[], metavar="PID",
+        help="leave this listener (and its children) alone: the project's own running server unit; repeatable",
+    )
     parser.add_argument("--dry-run", action="store_true", help="report what would be stopped; signal nothing")
     add_config_argument(parser)
 
@@ -259,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
     except re.error as exc:
         raise ConfigError(f"--match {args.match!r}: not a valid regular expression ({exc})") from exc
     report = reap_port(
-        args.port, pattern, dry_run=args.dry_run, term_timeout=args.term_timeout, kill_timeout=args.kill_timeout
+        args.port, pattern, keep=args.keep_pid, dry_run=args.dry_run,
+        term_timeout=args.term_timeout, kill_timeout=args.kill_timeout,
     )
     print(json.dumps(report))
     return 0
