@@ -16,3 +16,22 @@ FINAL_HIDDEN_FOR_FORMAT: dict[str, str] = {
     "speculators": "pre_norm",
     "speculators-v1": "pre_norm",
 }
+
+
+def get_format(name: str):  # -> hsextract.formats.base.OutputFormat
+    """The writer for a ``--format`` name (imported lazily: the writers pull in torch)."""
+    from hsextract.errors import ConfigError
+
+    if name == "specforge":
+        from hsextract.formats.specforge import SpecForgeFormat
+
+        return SpecForgeFormat()
+    if name == "speculators":
+        from hsextract.formats.speculators import SpeculatorsFormat
+
+        return SpeculatorsFormat()
+    if name == "speculators-v1":
+        from hsextract.formats.speculators_v1 import SpeculatorsV1Format
+
+        return SpeculatorsV1Format()
+    raise ConfigError(f"format {name!r}: expected one of {', '.join(FORMAT_NAMES)}")

@@ -1,0 +1,100 @@
+"""``hsextract drain``: the foreground daemon systemd runs beside the server.
+
+SIGTERM (systemctl stop) finishes the samples in hand, commits them and exits 0; a restart
+recovers from any crash (see hsextract.drain.core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from pathlib import Path
+
+from hsextract.config_file import add_config_argument
+from hsextract.errors import ConfigError
+from hsextract.formats import FORMAT_NAMES
+from hsextract.layers import CONVENTIONS, parse_ids, resolve
+
+log = logging.getLogger("hsextract.drain")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dump-dir", required=False, help="staging directory the capture writes (in /dev/shm)")
+    parser.add_argument("--output", required=False, help="training-set directory to write")
+    parser.add_argument("--format", choices=FORMAT_NAMES, help="trainer format of the training set")
+    parser.add_argument("--model", help="model directory: hidden size, layer count and dtype every dump must match")
+    parser.add_argument("--aux-layers", help="aux layer ids every dump must have, e.g. 1,29,57 (default: the model's)")
+    parser.add_argument("--layer-convention", choices=CONVENTIONS, default="eagle", help="convention of --aux-layers")
+    parser.add_argument("--workers", type=int, default=4, help="parallel writers (default 4)")
+    parser.add_argument("--memory-budget", type=int, default=2 << 30, help="bytes of samples held in memory at once")
+    parser.add_argument("--quarantine-dir", help="where invalid dumps go (default <output>/quarantine)")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    parser.add_argument("--exit-when-done", action="store_true",
+                        help="exit 0 once the client has finished and no dump of this run is staged")
+    parser.add_argument("--record-grace", type=float, default=300.0,
+                        help="seconds a complete dump may wait for its client record before it is removed")
+    parser.add_argument("--incomplete-timeout", type=float, default=1800.0,
+                        help="seconds after which a dump without done marker is quarantined")
+    parser.add_argument("--finalize-idle", type=float, default=60.0,
+                        help="rebuild dataset-level files after this many idle seconds")
+    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between staging scans")
+    add_config_argument(parser)
+
+
+def build_config(args: argparse.Namespace):  # -> DrainConfig
+    from hsextract.drain.core import DrainConfig
+    from hsextract.staging import DTYPES
+
+    missing = [f"--{n.replace('_', '-')}" for n in ("dump_dir", "output", "format") if not getattr(args, n, None)]
+    if missing:
+        raise ConfigError(f"drain needs {', '.join(missing)} (on the command line or in --config)")
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: give at least 1")
+    cfg = DrainConfig(
+        dump_dir=Path(args.dump_dir),
+        output=Path(args.output),
+        format=args.format,
+        workers=args.workers,
+        memory_budget_bytes=args.memory_budget,
+        quarantine_dir=Path(args.quarantine_dir) if args.quarantine_dir else None,
+        metrics_port=args.metrics_port,
+        exit_when_done=bool(args.exit_when_done),
+        record_grace_s=args.record_grace,
+        incomplete_timeout_s=args.incomplete_timeout,
+        finalize_idle_s=args.finalize_idle,
+        poll_interval_s=args.poll_interval,
+    )
+    ids = parse_ids(args.aux_layers)
+    if args.model:
+        from hsextract.model_info import read_model_info
+
+        info = read_model_info(args.model)
+        layers = resolve(ids, info.num_hidden_layers, args.layer_convention)
+        cfg.expected_hidden_size = info.hidden_size
+        cfg.expected_dtype = info.torch_dtype if info.torch_dtype in DTYPES else None
+        cfg.eagle_layer_ids = layers.eagle_aux_hidden_state_layer_ids
+        cfg.sglang_layer_ids = layers.sglang_layers_to_capture
+        cfg.num_hidden_layers = info.num_hidden_layers
+        cfg.model_path = str(Path(args.model).resolve())
+        cfg.model_config_sha256 = info.config_sha256
+        cfg.architecture = info.architecture
+    elif ids is not None:
+        eagle = [i - 1 for i in ids] if args.layer_convention == "sglang" else ids
+        cfg.eagle_layer_ids = tuple(eagle)
+        cfg.sglang_layer_ids = tuple(i + 1 for i in eagle)
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    from hsextract.drain.core import Drainer
+
+    drainer = Drainer(build_config(args))
+
+    def _stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: finishing the samples in hand, then stopping", signum)
+        drainer.stop_event.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return drainer.run()

@@ -1,0 +1,654 @@
+"""The drain: staged dumps in, durable training-set files out, nothing lost, nothing twice.
+
+Order of operations for one sample (the crash-safety argument)::
+
+    worker     read + validate the dump, encode it, write <output>/.hsextract/tmp/<rid>.tmp, fsync
+    committer  take the next output index, rename the temporary file to its final name,
+               fsync the directory, append the manifest line, fsync the manifest
+    committer  delete the staged dump and the client's record
+
+* crash before the rename: a temporary file (removed at start) and the dump is still staged;
+* crash after the rename, before the manifest line: a file with an index at or past the
+  manifest's length (an orphan: removed at start) and the dump is still staged;
+* crash after the manifest line: the dump is staged but its rid is in the manifest, so it is
+  removed at start as stale ("already written");
+* a torn manifest line (power cut mid-append) is cut off at start; the sample's file is then an
+  orphan and its dump was not yet deleted.
+
+So after any crash each sample is either written and recorded once, or still staged, and the
+restart finishes the job. Files are renamed and recorded in output-index order by one committer
+thread, so the manifest is always the contiguous prefix 0..n-1 (the Arrow row numbering needs it),
+while reading, checking, encoding and the big fsyncs run in parallel workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from hsextract import __version__
+from hsextract.drain import validate as v
+from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
+from hsextract.errors import ConfigError, StagingError
+from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
+from hsextract.formats.base import OutputFormat, Sample
+from hsextract.formats.durable import free_bytes, fsync_dir, is_no_space, write_file_durably
+from hsextract.formats.manifest import (
+    ManifestAppender,
+    ManifestEntry,
+    ManifestError,
+    ManifestHeader,
+    checksum_chunks,
+    default_checksum_algorithm,
+    iter_entries,
+    read_header,
+    repair_torn_tail,
+    state_dir,
+    write_header,
+)
+from hsextract.records import SampleRecord, load_or_create_run_id, parse_rid, read_record, record_path, remove_record
+from hsextract.staging import DONE_FILE, STATES_FILE, DoneMarker, iter_dump_dirs, read_done_marker, read_states
+
+log = logging.getLogger("hsextract.drain")
+
+CLIENT_SUMMARY = "client-summary.json"
+TMP_DIR = "tmp"
+
+
+@dataclass
+class DrainConfig:
+    dump_dir: Path
+    output: Path
+    format: str
+    # What every dump must look like; None = take it from the manifest header or the first dump.
+    expected_dtype: str | None = None
+    expected_hidden_size: int | None = None
+    eagle_layer_ids: tuple[int, ...] | None = None
+    sglang_layer_ids: tuple[int, ...] | None = None
+    num_hidden_layers: int | None = None
+    model_path: str = ""
+    model_config_sha256: str = ""
+    architecture: str = ""
+    quarantine_dir: Path | None = None
+    workers: int = 4
+    memory_budget_bytes: int = 2 << 30
+    poll_interval_s: float = 0.5
+    record_grace_s: float = 300.0  # a complete dump with no client record is removed after this
+    incomplete_timeout_s: float = 1800.0  # a dump without done marker is quarantined after this
+    enospc_retry_s: float = 5.0
+    status_interval_s: float = 2.0
+    finalize_idle_s: float = 60.0  # rebuild dataset-level files after this long with nothing to do
+    metrics_port: int | None = None
+    exit_when_done: bool = False
+
+    @property
+    def quarantine(self) -> Path:
+        return self.quarantine_dir or (self.output / "quarantine")
+
+
+@dataclass
+class _Prepared:
+    """A sample whose temporary file is durable, waiting for its output index."""
+
+    rid: str
+    dataset_index: int
+    tokens: int
+    tmp: Path
+    nbytes: int
+    checksum: str
+    dump: Path
+
+
+class _ByteBudget:
+    """Bounds the bytes of samples held in memory at once (one oversized sample may go alone)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._cv = threading.Condition()
+
+    def acquire(self, n: int) -> None:
+        with self._cv:
+            while self.used and self.used + n > self.limit:
+                self._cv.wait()
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self._cv:
+            self.used -= n
+            self._cv.notify_all()
+
+
+class Drainer:
+    """One drain daemon over one dump directory and one output directory."""
+
+    def __init__(self, cfg: DrainConfig):
+        self.cfg = cfg
+        self.fmt: OutputFormat = get_format(cfg.format)
+        self.out = Path(cfg.output)
+        self.dump_dir = Path(cfg.dump_dir)
+        self.tmp_dir = state_dir(self.out) / TMP_DIR
+        self.stats = DrainStats(format=cfg.format)
+        self.stop_event = threading.Event()
+        self._budget = _ByteBudget(cfg.memory_budget_bytes)
+        self._commit_q: queue.Queue[_Prepared | None] = queue.Queue()
+        self._inflight: set[str] = set()
+        self._inflight_lock = threading.Lock()
+        self._done_rids: set[str] = set()
+        self._done_indices: set[int] = set()
+        self._entries: list[ManifestEntry] = []
+        self._header: ManifestHeader | None = None
+        self._header_lock = threading.Lock()
+        self._appender: ManifestAppender | None = None
+        self._fatal: BaseException | None = None
+        self._pause_lock = threading.Lock()
+        self._last_activity = time.monotonic()
+        self._finalized_at_count = -1
+        self._last_record_sweep = 0.0
+        self.run_id = ""
+
+    # --- start-up -------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Bring the output directory to a consistent state after whatever happened before."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.run_id = load_or_create_run_id(self.out)
+        self.stats.set(run_id=self.run_id)
+        torn = repair_torn_tail(self.out)
+        if torn:
+            log.warning("manifest: cut off a torn last line (%d bytes) left by a crash", torn)
+        self._entries = list(iter_entries(self.out))
+        for n, e in enumerate(self._entries):
+            if e.output_index != n:
+                raise ManifestError(
+                    f"{self.out}/manifest.jsonl: entry {n} has output index {e.output_index}; "
+                    "the manifest must number samples 0, 1, 2... (was it edited?)"
+                )
+        self._done_rids = {e.rid for e in self._entries}
+        self._done_indices = {e.dataset_index for e in self._entries}
+        self.stats.set(samples_total=len(self._entries))
+        self._header = read_header(self.out)
+        if self._header is not None:
+            self._check_header_matches_config(self._header)
+        elif self._entries:
+            raise ManifestError(f"{self.out}: manifest.jsonl has entries but manifest.json is missing; restore it")
+        if self.tmp_dir.exists():
+            shutil.rmtree(self.tmp_dir)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        removed = self._remove_orphans()
+        if removed:
+            log.warning("removed %d file(s) written but never recorded (crash before the manifest line): %s",
+                        len(removed), ", ".join(removed[:5]))
+
+    def _remove_orphans(self) -> list[str]:
+        """Files at output indices the manifest has not reached (renamed in order, so contiguous)."""
+        removed = []
+        i = len(self._entries)
+        while True:
+            p = self.out / self.fmt.relative_path(i)
+            if not p.exists():
+                break
+            p.unlink()
+            fsync_dir(p.parent)
+            removed.append(str(p.relative_to(self.out)))
+            i += 1
+        return removed
+
+    def _check_header_matches_config(self, h: ManifestHeader) -> None:
+        c = self.cfg
+        problems = []
+        if h.format != c.format:
+            problems.append(f"format {h.format!r} (configured {c.format!r})")
+        if c.expected_dtype and h.dtype != c.expected_dtype:
+            problems.append(f"dtype {h.dtype} (configured {c.expected_dtype})")
+        if c.expected_hidden_size and h.hidden_size != c.expected_hidden_size:
+            problems.append(f"hidden size {h.hidden_size} (configured {c.expected_hidden_size})")
+        if c.eagle_layer_ids and tuple(h.eagle_aux_hidden_state_layer_ids) != tuple(c.eagle_layer_ids):
+            problems.append(
+                f"eagle layer ids {h.eagle_aux_hidden_state_layer_ids} (configured {list(c.eagle_layer_ids)})"
+            )
+        if problems:
+            raise ConfigError(
+                f"output directory {self.out} was written with " + "; ".join(problems)
+                + ". Use the same configuration to resume, or a new output directory."
+            )
+
+    def expected(self) -> v.Expected:
+        h, c = self._header, self.cfg
+        return v.Expected(
+            final_hidden=FINAL_HIDDEN_FOR_FORMAT[c.format],
+            dtype=h.dtype if h else c.expected_dtype,
+            hidden_size=h.hidden_size if h else c.expected_hidden_size,
+            eagle_aux_hidden_state_layer_ids=tuple(h.eagle_aux_hidden_state_layer_ids) if h else c.eagle_layer_ids,
+        )
+
+    def _ensure_header(self, marker: DoneMarker) -> None:
+        """Write the manifest header from the configuration and the first valid dump."""
+        with self._header_lock:
+            if self._header is not None:
+                return
+            c = self.cfg
+            eagle = list(c.eagle_layer_ids or marker.eagle_aux_hidden_state_layer_ids)
+            header = ManifestHeader(
+                format=c.format,
+                final_hidden=marker.final_hidden,
+                dtype=c.expected_dtype or marker.dtype,
+                hidden_size=c.expected_hidden_size or marker.hidden_size,
+                num_aux=len(eagle),
+                eagle_aux_hidden_state_layer_ids=eagle,
+                sglang_layers_to_capture=list(c.sglang_layer_ids or marker.sglang_layers_to_capture),
+                num_hidden_layers=c.num_hidden_layers or marker.num_hidden_layers,
+                model_path=c.model_path or marker.model_path,
+                model_config_sha256=c.model_config_sha256,
+                architecture=c.architecture or marker.architecture,
+                sglang_version=marker.sglang_version,
+                hsextract_version=__version__,
+                run_id=self.run_id,
+                checksum_algorithm=default_checksum_algorithm(),
+                created_at=time.time(),
+            )
+            write_header(self.out, header)
+            self._header = header
+
+    # --- the main loop --------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Drain until stopped (or, with exit_when_done, until the client is finished); return an exit code."""
+        self.recover()
+        self._appender = ManifestAppender(self.out)
+        metrics = None
+        if self.cfg.metrics_port is not None:
+            metrics = MetricsServer(self.stats, self.cfg.metrics_port)
+            metrics.start()
+            log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
+        committer = threading.Thread(target=self._commit_loop, name="drain-commit", daemon=True)
+        committer.start()
+        pool = ThreadPoolExecutor(max_workers=max(1, self.cfg.workers), thread_name_prefix="drain-worker")
+        self.stats.set(state="running")
+        log.info(
+            "draining %s -> %s (%s, run %s, %d samples already written, %d workers)",
+            self.dump_dir, self.out, self.cfg.format, self.run_id, len(self._entries), self.cfg.workers,
+        )
+        last_status = 0.0
+        exit_code = 0
+        try:
+            while not self.stop_event.is_set() and self._fatal is None:
+                submitted = self._scan_and_submit(pool)
+                now = time.monotonic()
+                if now - last_status >= self.cfg.status_interval_s:
+                    self._write_status()
+                    last_status = now
+                if submitted == 0 and self._idle():
+                    if self.cfg.exit_when_done and self._client_finished() and not self._our_dumps_left():
+                        log.info("the client has finished and staging holds no dump of this run: finalizing")
+                        break
+                    if now - self._last_activity >= self.cfg.finalize_idle_s:
+                        self._finalize_if_changed()
+                self.stop_event.wait(self.cfg.poll_interval_s)
+        finally:
+            self.stats.set(state="stopping")
+            # Finish the samples in hand; never start the queued ones.
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._commit_q.put(None)
+            committer.join()
+            if self._fatal is None:
+                with contextlib.suppress(Exception):
+                    self._finalize_if_changed()
+            self._appender.close()
+            if metrics:
+                metrics.stop()
+        if self._fatal is not None:
+            self.stats.set(state="failed")
+            self._write_status(error=str(self._fatal))
+            raise self._fatal
+        self.stats.set(state="done" if not self.stop_event.is_set() else "stopped")
+        self._write_status()
+        log.info("drain stopped: %d samples written by this process, %d in the manifest",
+                 self.stats.samples, self.stats.samples_total)
+        return exit_code
+
+    def _idle(self) -> bool:
+        with self._inflight_lock:
+            return not self._inflight
+
+    def _write_status(self, **extra: object) -> None:
+        try:
+            write_status(self.out, self.stats, pid=os.getpid(), dump_dir=str(self.dump_dir), **extra)
+        except OSError as exc:
+            log.warning("cannot write the status file (%s)", exc)
+
+    def _client_finished(self) -> bool:
+        return (state_dir(self.out) / CLIENT_SUMMARY).exists()
+
+    def _our_dumps_left(self) -> bool:
+        for d in iter_dump_dirs(self.dump_dir):
+            p = parse_rid(d.name)
+            if p is not None and p.run_id == self.run_id:
+                return True
+        return False
+
+    def _finalize_if_changed(self) -> None:
+        n = len(self._entries)
+        if n == self._finalized_at_count or self._header is None:
+            return
+        paths = self.fmt.finalize(self.out, self._header, list(self._entries))
+        self._finalized_at_count = n
+        if paths:
+            log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
+
+    # --- scanning -------------------------------------------------------------------------
+
+    def _scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
+        submitted = 0
+        lag = 0
+        now = time.time()
+        max_queued = max(1, self.cfg.workers) * 2
+        for d in iter_dump_dirs(self.dump_dir):
+            if self.stop_event.is_set():
+                break
+            rid = d.name
+            with self._inflight_lock:
+                if rid in self._inflight:
+                    lag += 1
+                    continue
+            parsed = parse_rid(rid)
+            complete = (d / DONE_FILE).exists()
+            if parsed is None:
+                self._remove_stale(d, rid, "not a client request id")
+                continue
+            if parsed.run_id != self.run_id:
+                if complete or _age(d, now) > self.cfg.incomplete_timeout_s:
+                    self._remove_stale(d, rid, "from another run")
+                continue
+            if rid in self._done_rids or parsed.index in self._done_indices:
+                if complete or _age(d, now) > self.cfg.incomplete_timeout_s:
+                    self._remove_stale(d, rid, "already written")
+                continue
+            if not complete:
+                if _age(d, now) > self.cfg.incomplete_timeout_s:
+                    self._quarantine(
+                        d, rid, v.INCOMPLETE,
+                        f"no {DONE_FILE} {_age(d, now):.0f} s after the dump was last written "
+                        f"(limit {self.cfg.incomplete_timeout_s:.0f} s): the request never finished",
+                    )
+                continue
+            lag += 1
+            try:
+                record = read_record(self.dump_dir, rid)
+            except StagingError as exc:
+                self._quarantine(d, rid, v.RECORD, str(exc))
+                continue
+            if record is None:
+                if _age(d / DONE_FILE, now) > self.cfg.record_grace_s:
+                    self._remove_stale(d, rid, "no client record")
+                continue
+            if record.index != parsed.index:
+                self._quarantine(d, rid, v.RECORD, f"record says dataset index {record.index}, rid says {parsed.index}")
+                continue
+            with self._inflight_lock:
+                if len(self._inflight) >= max_queued:
+                    continue
+                self._inflight.add(rid)
+            fut = pool.submit(self._process, d, record)
+            fut.add_done_callback(self._task_done)
+            submitted += 1
+        with self._inflight_lock:
+            self.stats.set(lag=lag, in_flight=len(self._inflight))
+        if submitted:
+            self._last_activity = time.monotonic()
+        self._sweep_records(now)
+        return submitted
+
+    def _task_done(self, fut: Future) -> None:
+        exc = fut.exception() if not fut.cancelled() else None
+        if exc is not None and self._fatal is None:
+            log.error("drain worker failed: %r", exc)
+            self._fatal = exc
+            self.stop_event.set()
+
+    def _sweep_records(self, now: float) -> None:
+        """Remove records nobody will use: other runs' and written samples' (every 30 s)."""
+        if now - self._last_record_sweep < 30:
+            return
+        self._last_record_sweep = now
+        rdir = self.dump_dir / "_records"
+        try:
+            names = os.listdir(rdir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            rid = name[: -len(".json")]
+            p = parse_rid(rid)
+            if p is None:
+                continue
+            stale = p.run_id != self.run_id or rid in self._done_rids
+            if stale and not (self.dump_dir / rid).exists() and _age(rdir / name, now) > self.cfg.record_grace_s:
+                with contextlib.suppress(FileNotFoundError):
+                    (rdir / name).unlink()
+
+    def _remove_stale(self, d: Path, rid: str, why: str) -> None:
+        if not d.exists():
+            return  # removed meanwhile (committed by another thread)
+        log.warning("stale dump %s removed: %s", rid, why)
+        shutil.rmtree(d, ignore_errors=True)
+        if why != "no client record":
+            remove_record(self.dump_dir, rid)
+        self.stats.add_stale(why)
+
+    def _quarantine(self, d: Path, rid: str, reason: str, detail: str) -> None:
+        """Move a dump (and its record) out of staging with a reason file; never into the training set."""
+        qroot = self.cfg.quarantine
+        target = qroot / rid
+        n = 1
+        while target.exists():
+            target = qroot / f"{rid}.{n}"
+            n += 1
+        while True:
+            try:
+                qroot.mkdir(parents=True, exist_ok=True)
+                tmp = qroot / f".{target.name}.tmp"
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                shutil.copytree(d, tmp)
+                rec = record_path(self.dump_dir, rid)
+                if rec.exists():
+                    shutil.copy2(rec, tmp / "record.json")
+                (tmp / "reason.txt").write_text(f"{reason}\n{detail}\n")
+                os.replace(tmp, target)
+                break
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                self._pause_for_space(qroot, exc)
+        shutil.rmtree(d, ignore_errors=True)
+        remove_record(self.dump_dir, rid)
+        self.stats.add_quarantined(reason)
+        log.error("dump %s quarantined to %s: %s: %s", rid, target, reason, detail)
+
+    # --- workers --------------------------------------------------------------------------
+
+    def _process(self, d: Path, record: SampleRecord) -> None:
+        rid = record.rid
+        try:
+            states_path = d / STATES_FILE
+            try:
+                size = states_path.stat().st_size
+            except FileNotFoundError:
+                size = 0
+            self._budget.acquire(size)
+            try:
+                self._process_in_budget(d, record)
+            finally:
+                self._budget.release(size)
+        except BaseException:
+            with self._inflight_lock:
+                self._inflight.discard(rid)
+            raise
+
+    def _process_in_budget(self, d: Path, record: SampleRecord) -> None:
+        rid = record.rid
+        try:
+            marker = read_done_marker(d)
+            states = read_states(d / STATES_FILE)
+            v.validate(marker, states, record, self.expected())
+        except StagingError as exc:
+            self._quarantine(d, rid, v.UNREADABLE, str(exc))
+            self._forget(rid)
+            return
+        except v.InvalidDump as exc:
+            self._quarantine(d, rid, exc.reason, exc.detail)
+            self._forget(rid)
+            return
+        self._ensure_header(marker)
+        sample = Sample(
+            rid=rid,
+            dataset_index=record.index,
+            input_ids=states.input_ids,
+            loss_mask=_as_int64(record.loss_mask),
+            hidden=states.hidden,
+        )
+        chunks = self.fmt.encode(sample)
+        assert self._header is not None
+        checksum = checksum_chunks(chunks, self._header.checksum_algorithm)
+        tmp = self.tmp_dir / f"{rid}.tmp"
+        while True:
+            try:
+                nbytes = write_file_durably(tmp, chunks)
+                break
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                self._pause_for_space(self.out, exc)
+        del states, sample, chunks
+        self._commit_q.put(_Prepared(rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d))
+
+    def _forget(self, rid: str) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(rid)
+
+    def _pause_for_space(self, path: Path, exc: OSError) -> None:
+        free = free_bytes(path)
+        reason = (
+            f"output volume full: {path} has {free} bytes free ({exc.strerror}); "
+            f"retrying every {self.cfg.enospc_retry_s:g} s"
+        )
+        with self._pause_lock:
+            if self.stats.paused_reason != reason:
+                log.error("%s", reason)
+            self.stats.set(paused_reason=reason, state="paused")
+        self._write_status()
+        time.sleep(self.cfg.enospc_retry_s)
+        with self._pause_lock:
+            self.stats.set(paused_reason="", state="running")
+
+    # --- committing -----------------------------------------------------------------------
+
+    def _commit_loop(self) -> None:
+        try:
+            while True:
+                first = self._commit_q.get()
+                if first is None:
+                    return
+                batch = [first]
+                stop_after = False
+                while True:
+                    try:
+                        nxt = self._commit_q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        stop_after = True
+                        break
+                    batch.append(nxt)
+                self._commit(batch)
+                if stop_after:
+                    return
+        except BaseException as exc:
+            log.exception("drain committer failed")
+            self._fatal = exc
+            self.stop_event.set()
+
+    def _commit(self, batch: list[_Prepared]) -> None:
+        assert self._appender is not None
+        entries: list[ManifestEntry] = []
+        done: list[_Prepared] = []
+        dirs: set[Path] = set()
+        now = time.time()
+        for p in batch:
+            if p.rid in self._done_rids or p.dataset_index in self._done_indices:
+                # A second dump of a written sample (the client resent it): drop it, keep the first.
+                p.tmp.unlink(missing_ok=True)
+                self._remove_stale(p.dump, p.rid, "already written")
+                self._forget(p.rid)
+                continue
+            idx = len(self._entries) + len(entries)
+            rel = self.fmt.relative_path(idx)
+            final = self.out / rel
+            if not final.parent.exists():
+                final.parent.mkdir(parents=True)
+                fsync_dir(final.parent.parent)
+            os.replace(p.tmp, final)
+            dirs.add(final.parent)
+            entries.append(ManifestEntry(idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, now))
+            done.append(p)
+        if not entries:
+            return
+        for d in dirs:
+            fsync_dir(d)
+        fsync_dir(self.tmp_dir)
+        while True:
+            try:
+                self._appender.append(entries)
+                break
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                self._pause_for_space(self.out, exc)
+        self._entries.extend(entries)
+        for e in entries:
+            self._done_rids.add(e.rid)
+            self._done_indices.add(e.dataset_index)
+        # Only now is the sample safe on disk and recorded: the staged copy may go.
+        for p in done:
+            shutil.rmtree(p.dump, ignore_errors=True)
+            remove_record(self.dump_dir, p.rid)
+            self._forget(p.rid)
+        self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
+        self._last_activity = time.monotonic()
+
+
+def _as_int64(values: list[int]):  # -> torch.Tensor
+    import torch
+
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _age(path: Path, now: float) -> float:
+    """Seconds since `path` (or, for a directory, anything directly in it) was last modified."""
+    try:
+        latest = path.stat().st_mtime
+        if path.is_dir():
+            for child in _safe_iterdir(path):
+                with contextlib.suppress(FileNotFoundError):
+                    latest = max(latest, child.stat().st_mtime)
+    except FileNotFoundError:
+        return 0.0
+    return now - latest
+
+
+def _safe_iterdir(path: Path) -> Iterator[Path]:
+    try:
+        yield from path.iterdir()
+    except FileNotFoundError:
+        return

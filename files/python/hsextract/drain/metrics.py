@@ -1,0 +1,178 @@
+"""Progress of the drain: counters, the status file `hsextract status` reads, Prometheus text.
+
+The status file is rewritten atomically every few seconds (``updated_at`` tells a reader whether
+the daemon is alive); the metrics endpoint is optional and binds to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from hsextract.formats.durable import atomic_write_bytes
+from hsextract.formats.manifest import state_dir
+
+log = logging.getLogger(__name__)
+
+STATUS_FILE = "drain-status.json"
+RATE_WINDOW_S = 30.0
+
+
+def status_path(output_dir: str | Path) -> Path:
+    return state_dir(output_dir) / STATUS_FILE
+
+
+@dataclass
+class DrainStats:
+    """Counters shared by the drain's threads (every update under one lock)."""
+
+    format: str = ""
+    run_id: str = ""
+    samples: int = 0  # written by this process
+    tokens: int = 0
+    bytes: int = 0
+    samples_total: int = 0  # in the manifest, including earlier runs of the daemon
+    quarantined: Counter = field(default_factory=Counter)
+    stale_removed: Counter = field(default_factory=Counter)
+    lag: int = 0  # complete dumps of this run waiting in staging
+    in_flight: int = 0
+    paused_reason: str = ""
+    state: str = "starting"
+    started_at: float = field(default_factory=time.time)
+    _recent: deque = field(default_factory=deque)  # (time, samples, tokens, bytes)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add_written(self, samples: int, tokens: int, nbytes: int) -> None:
+        with self._lock:
+            self.samples += samples
+            self.samples_total += samples
+            self.tokens += tokens
+            self.bytes += nbytes
+            now = time.time()
+            self._recent.append((now, samples, tokens, nbytes))
+            while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+                self._recent.popleft()
+
+    def add_quarantined(self, reason: str) -> None:
+        with self._lock:
+            self.quarantined[reason] += 1
+
+    def add_stale(self, why: str) -> None:
+        with self._lock:
+            self.stale_removed[why] += 1
+
+    def set(self, **kwargs: Any) -> None:
+        with self._lock:
+            for k, v in kwargs.items():
+                setattr(self, k, v)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            now = time.time()
+            recent = [r for r in self._recent if r[0] >= now - RATE_WINDOW_S]
+            span = min(RATE_WINDOW_S, max(now - self.started_at, 1e-3))
+            return {
+                "state": self.state,
+                "format": self.format,
+                "run_id": self.run_id,
+                "samples": self.samples,
+                "samples_total": self.samples_total,
+                "tokens": self.tokens,
+                "bytes": self.bytes,
+                "samples_per_s": round(sum(r[1] for r in recent) / span, 3),
+                "tokens_per_s": round(sum(r[2] for r in recent) / span, 1),
+                "mb_per_s": round(sum(r[3] for r in recent) / span / 1e6, 2),
+                "lag": self.lag,
+                "in_flight": self.in_flight,
+                "quarantined": sum(self.quarantined.values()),
+                "quarantined_by_reason": dict(self.quarantined),
+                "stale_removed": sum(self.stale_removed.values()),
+                "stale_removed_by_reason": dict(self.stale_removed),
+                "paused_reason": self.paused_reason,
+                "started_at": self.started_at,
+                "updated_at": now,
+            }
+
+
+def write_status(output_dir: str | Path, stats: DrainStats, **extra: Any) -> None:
+    snap = stats.snapshot()
+    snap.update(extra)
+    # Atomic but not fsynced: the status is rewritten every few seconds and lost nothing if a crash eats it.
+    atomic_write_bytes(status_path(output_dir), (json.dumps(snap, indent=2) + "\n").encode(), durable=False)
+
+
+def prometheus_text(snap: dict[str, Any]) -> str:
+    """The snapshot as Prometheus text exposition (version 0.0.4)."""
+    lines = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP hsextract_drain_{name} {help_}")
+        lines.append(f"# TYPE hsextract_drain_{name} {kind}")
+        for labels, value in samples:
+            lines.append(f"hsextract_drain_{name}{labels} {value}")
+
+    metric("samples_total", "counter", "Samples written by this process.", [("", snap["samples"])])
+    metric("manifest_samples", "gauge", "Samples in the output manifest.", [("", snap["samples_total"])])
+    metric("tokens_total", "counter", "Tokens written by this process.", [("", snap["tokens"])])
+    metric("bytes_total", "counter", "Bytes written by this process.", [("", snap["bytes"])])
+    metric("lag_dumps", "gauge", "Complete dumps waiting in staging.", [("", snap["lag"])])
+    metric("in_flight", "gauge", "Dumps being validated or written.", [("", snap["in_flight"])])
+    metric(
+        "quarantined_total", "counter", "Dumps quarantined, by reason.",
+        [(f'{{reason="{r}"}}', n) for r, n in sorted(snap["quarantined_by_reason"].items())] or [("", 0)],
+    )
+    metric(
+        "stale_removed_total", "counter", "Stale dumps removed, by reason.",
+        [(f'{{reason="{r}"}}', n) for r, n in sorted(snap["stale_removed_by_reason"].items())] or [("", 0)],
+    )
+    paused = int(bool(snap["paused_reason"]))
+    window = f"{RATE_WINDOW_S:.0f} s"
+    metric("paused", "gauge", "1 while the drain waits (e.g. the output volume is full).", [("", paused)])
+    metric("samples_per_second", "gauge", f"Write rate over the last {window}.", [("", snap["samples_per_s"])])
+    metric("tokens_per_second", "gauge", f"Token rate over the last {window}.", [("", snap["tokens_per_s"])])
+    metric("last_update_timestamp_seconds", "gauge", "Time of this snapshot.", [("", snap["updated_at"])])
+    return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """Serves ``GET /metrics`` on 127.0.0.1:`port` from a daemon thread."""
+
+    def __init__(self, stats: DrainStats, port: int, host: str = "127.0.0.1"):
+        stats_ref = stats
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] not in ("/metrics", "/"):
+                    self.send_error(404)
+                    return
+                body = prometheus_text(stats_ref.snapshot()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("metrics: " + format, *args)
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="drain-metrics", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,141 @@
+"""speculators 0.9.0: ``hidden_states/hs_{i}.safetensors`` plus the Arrow dataset beside it.
+
+::
+
+    <output>/                          datasets.save_to_disk (state.json, dataset_info.json, data-*.arrow)
+                                       columns input_ids, loss_mask, seq_len; format "torch"
+    <output>/hidden_states/hs_{i}.safetensors
+        hidden_states  [T, K + 1, H]   aux layers, then the final hidden state PRE-norm
+        token_ids      int64 [T]       must equal row i's input_ids or the reader drops the sample
+        loss_mask      int64 [T]       not read by the trainer; keeps each file self-contained so
+                                       the Arrow dataset can always be rebuilt from the files
+
+``i`` is the Arrow row index, so samples are numbered by a contiguous output sequence (the
+manifest's output index). The staged rows already have the ``[T, K + 1, H]`` layout, so a sample
+is written with a new header and the staged bytes, no tensor copy.
+
+The Arrow dataset is rebuilt from the manifest at finalize (and by the daemon when idle), into a
+fresh directory; its data files get build-unique names and ``state.json`` is replaced last, so a
+reader sees either the old dataset or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from hsextract.formats.base import Chunk, Sample, tensor_bytes
+from hsextract.formats.durable import atomic_write_bytes, fsync_dir
+from hsextract.formats.manifest import ManifestEntry, ManifestHeader, state_dir
+from hsextract.staging import DTYPES
+
+HS_DIR = "hidden_states"
+
+
+def safetensors_header(tensors: Sequence[tuple[str, str, list[int], int]]) -> bytes:
+    """A safetensors header for (name, dtype code, shape, byte length) laid out back to back."""
+    meta: dict[str, object] = {}
+    off = 0
+    for name, dtype, shape, nbytes in tensors:
+        meta[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + nbytes]}
+        off += nbytes
+    body = json.dumps(meta, separators=(",", ":")).encode()
+    body += b" " * ((-(8 + len(body))) % 8)
+    return struct.pack("<Q", len(body)) + body
+
+
+class SpeculatorsFormat:
+    name = "speculators"
+    final_hidden = "pre_norm"
+    file_pattern = re.compile(rf"^{HS_DIR}/hs_(\d+)\.safetensors$")
+
+    def relative_path(self, output_index: int) -> str:
+        return f"{HS_DIR}/hs_{output_index}.safetensors"
+
+    def encode(self, sample: Sample) -> Sequence[Chunk]:
+        hidden = tensor_bytes(sample.hidden)
+        ids = tensor_bytes(sample.input_ids)
+        mask = tensor_bytes(sample.loss_mask)
+        st_dtype = next(code for _, (dt, code, _) in DTYPES.items() if dt == sample.hidden.dtype)
+        t = sample.tokens
+        header = safetensors_header(
+            [
+                ("hidden_states", st_dtype, list(sample.hidden.shape), hidden.nbytes),
+                ("token_ids", "I64", [t], ids.nbytes),
+                ("loss_mask", "I64", [t], mask.nbytes),
+            ]
+        )
+        return [header, hidden, ids, mask]
+
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
+        return [build_arrow_dataset(output_dir, entries)]
+
+
+def _read_row(path: Path) -> tuple[list[int], list[int]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        ids = f.get_tensor("token_ids").tolist()
+        mask = f.get_tensor("loss_mask").tolist() if "loss_mask" in f.keys() else [1] * len(ids)  # noqa: SIM118
+    return ids, mask
+
+
+def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]) -> Path:
+    """(Re)build the Arrow dataset of `output_dir` from its manifest entries; return state.json's path."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    out = Path(output_dir)
+    rows = sorted(entries, key=lambda e: e.output_index)
+    if [e.output_index for e in rows] != list(range(len(rows))):
+        raise ValueError(f"{out}: manifest output indices are not contiguous from 0; cannot number Arrow rows")
+    input_ids: list[list[int]] = []
+    loss_mask: list[list[int]] = []
+    seq_len: list[int] = []
+    for e in rows:
+        ids, mask = _read_row(out / e.file)
+        input_ids.append(ids)
+        loss_mask.append(mask)
+        seq_len.append(len(ids))
+    features = datasets.Features(
+        {
+            "input_ids": datasets.Sequence(datasets.Value("int64")),
+            "loss_mask": datasets.Sequence(datasets.Value("int64")),
+            "seq_len": datasets.Value("int64"),
+        }
+    )
+    ds = datasets.Dataset.from_dict({"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": seq_len}, features)
+    ds.set_format("torch")
+    build_id = f"{time.time_ns():x}"
+    build = state_dir(out) / f"arrow-build-{build_id}"
+    if build.exists():
+        shutil.rmtree(build)
+    build.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_to_disk(str(build))
+    state = json.loads((build / "state.json").read_text())
+    new_files = []
+    for item in state["_data_files"]:
+        src = build / item["filename"]
+        name = f"data-{build_id}-{item['filename'].removeprefix('data-')}"
+        with open(src, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(src, out / name)
+        item["filename"] = name
+        new_files.append(name)
+    fsync_dir(out)
+    atomic_write_bytes(out / "dataset_info.json", (build / "dataset_info.json").read_bytes())
+    # state.json names the data files: replacing it is the atomic switch to the new dataset.
+    atomic_write_bytes(out / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+    shutil.rmtree(build, ignore_errors=True)
+    for old in out.glob("data-*.arrow"):
+        if old.name not in new_files:
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+    return out / "state.json"

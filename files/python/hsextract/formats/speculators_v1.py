@@ -1,0 +1,83 @@
+"""speculators v1 (the original pipeline's format, read by speculators <= 0.7.0.x ``--legacy-data``).
+
+::
+
+    <output>/data_{i}.pt           torch.save dict: input_ids int64 [T], loss_mask int64 [T],
+                                   hidden_states = list of K + 1 tensors [T, H], the last one the
+                                   final hidden state (pre-norm)
+    <output>/sample_lengths.json   {"<i>": T}: the reader's length-grouped batching; on a missing
+                                   key it silently guesses from file sizes, so it must be complete
+    <output>/data_config.json      what produced the data (model, layer ids, norm placement)
+
+The reader takes EVERY file under the tree whose name ends in "pt" (no dot needed), so nothing
+else written here may end that way (temporary files end in ".tmp"). ``i`` is the contiguous
+output index.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from hsextract.formats.base import Chunk, Sample
+from hsextract.formats.durable import atomic_write_bytes
+from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+
+LENGTHS_FILE = "sample_lengths.json"
+CONFIG_FILE = "data_config.json"
+
+
+class SpeculatorsV1Format:
+    name = "speculators-v1"
+    final_hidden = "pre_norm"
+    file_pattern = re.compile(r"^data_(\d+)\.pt$")
+
+    def relative_path(self, output_index: int) -> str:
+        return f"data_{output_index}.pt"
+
+    def encode(self, sample: Sample) -> Sequence[Chunk]:
+        hidden = sample.hidden
+        obj = {
+            "input_ids": sample.input_ids.to(torch.int64).clone(),
+            "loss_mask": sample.loss_mask.to(torch.int64).clone(),
+            # One storage per layer: the reader concatenates the list, and a view into a shared
+            # storage would make torch.save write every layer for each of them.
+            "hidden_states": [hidden[:, j, :].clone() for j in range(hidden.shape[1])],
+        }
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return [buf.getbuffer()]
+
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
+        out = Path(output_dir)
+        lengths = {str(e.output_index): e.tokens for e in sorted(entries, key=lambda e: e.output_index)}
+        atomic_write_bytes(out / LENGTHS_FILE, json.dumps(lengths).encode())
+        config = {
+            "version": "2.0",
+            "generator": "hsextract",
+            "num_samples": len(lengths),
+            "format": {
+                "file_pattern": "data_{i}.pt",
+                "schema": {
+                    "input_ids": "int64 [T]",
+                    "loss_mask": "int64 [T]",
+                    "hidden_states": f"list of {header.num_aux + 1} x {header.dtype} [T, {header.hidden_size}]",
+                },
+                "final_hidden": header.final_hidden,
+            },
+            "model": {"path": header.model_path, "config_sha256": header.model_config_sha256},
+            "layer_ids": {
+                "eagle_aux_hidden_state_layer_ids": header.eagle_aux_hidden_state_layer_ids,
+                "sglang_layers_to_capture": header.sglang_layers_to_capture,
+                "num_hidden_layers": header.num_hidden_layers,
+            },
+            "manifest": asdict(header),
+        }
+        atomic_write_bytes(out / CONFIG_FILE, (json.dumps(config, indent=2) + "\n").encode())
+        return [out / LENGTHS_FILE, out / CONFIG_FILE]

@@ -1,0 +1,121 @@
+"""Load an output directory with a trainer's OWN reader and save what it yields (run in a subprocess).
+
+Usage: python load_with_reader.py FORMAT OUTPUT_DIR RESULT.pt --num-aux K --hidden H
+
+Runs with PYTHONPATH=<the reader's --target dir>, because the three readers conflict as one
+install. The call chains are the trainers' own (see the facts on trainer readers): SpecForge's
+offline reader + feature store + loader + eagle3 normalizer; speculators' ArrowDataset (0.9.0) or
+SampleFileDataset (0.7.0.1, v1), each through `_setup_dataloader` with `shift_batch`.
+
+RESULT.pt gets {"samples": {key: {tensor name: tensor}}, "batches": n, "error_records": n,
+"approx_lengths": [...], "keys": [...]}, where key is the output index read from the file name
+(specforge, v1) or the Arrow row (speculators). The parent test compares it with the captured data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+import torch
+
+
+def _index_of(path: str) -> int:
+    m = re.search(r"_(\d+)\.(ckpt|pt)(\.gz)?$", str(path))
+    assert m, path
+    return int(m.group(1))
+
+
+def load_specforge(root: str, num_aux: int, hidden: int) -> dict:
+    os.environ["SPECFORGE_VALIDATE_OFFLINE_FEATURES"] = "1"
+    from specforge.algorithms.eagle3.providers import create_registration
+    from specforge.runtime.data_plane.feature_dataloader import FeatureDataLoader
+    from specforge.runtime.data_plane.feature_store import LocalFeatureStore
+
+    reg = create_registration()
+    prov = reg.providers.offline_for("text")
+    assert prov.normalizer_id == "eagle3_offline_v1", prov.normalizer_id
+    max_len = 1 << 20
+    refs = prov.build_reader(root, run_id="t", ttt_length=7, max_len=max_len).read()
+    norm = prov.build_normalizer(max_len, ttt_length=7, use_usp_preprocess=False)
+
+    def cat(fs):
+        return {k: torch.cat([f[k] for f in fs]) for k in fs[0]}
+
+    loader = FeatureDataLoader(LocalFeatureStore("t"), refs=refs, batch_size=1, collate_fn=cat,
+                               per_sample_transform=norm, drop_last=False, strategy=reg.name)
+    samples, n = {}, 0
+    uri_of = {r.sample_id: r.feature_store_uri for r in refs}
+    for batch in loader:
+        (sample_id,) = batch.sample_ids
+        samples[_index_of(uri_of[sample_id])] = {k: v.clone() for k, v in batch.tensors.items()}
+        n += 1
+    return {"samples": samples, "batches": n, "error_records": 0, "approx_lengths": [], "keys": sorted(samples)}
+
+
+def _collate_all(ds, num_aux: int, hidden: int) -> tuple[int, int]:
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.dataloader import _setup_dataloader
+
+    total = max(64, 2 * max(ds.approx_lengths))
+    loader = _setup_dataloader(ds, total_seq_len=total, hidden_size=hidden, num_workers=0,
+                               num_target_layers=num_aux, preprocess=shift_batch)
+    batches, errors = 0, 0
+    for batch in loader:
+        batches += 1
+        err = batch.get("error_records", 0)
+        errors += int(err if not torch.is_tensor(err) else err.sum())
+        assert batch["hidden_states"].shape[-1] == num_aux * hidden, batch["hidden_states"].shape
+    return batches, errors
+
+
+def load_speculators(root: str, num_aux: int, hidden: int) -> dict:
+    from speculators.train.data import ArrowDataset
+
+    ds = ArrowDataset(max_len=1 << 20, datapath=root, on_missing="raise")
+    samples = {}
+    for i in range(len(ds)):
+        item = ds[i]
+        assert isinstance(item, dict), f"row {i}: reader returned {item!r} (sample unavailable)"
+        samples[i] = {k: v.clone() for k, v in item.items() if torch.is_tensor(v)}
+    batches, errors = _collate_all(ds, num_aux, hidden)
+    return {"samples": samples, "batches": batches, "error_records": errors,
+            "approx_lengths": list(ds.approx_lengths), "keys": list(range(len(ds)))}
+
+
+def load_speculators_v1(root: str, num_aux: int, hidden: int) -> dict:
+    from speculators.train.data import SampleFileDataset
+
+    ds = SampleFileDataset(max_len=1 << 20, datapath=root)
+    samples = {}
+    keys = [_index_of(p) for p in ds.data]
+    for i, key in enumerate(keys):
+        item = ds[i]
+        samples[key] = {k: v.clone() for k, v in item.items() if torch.is_tensor(v)}
+    batches, errors = _collate_all(ds, num_aux, hidden)
+    return {"samples": samples, "batches": batches, "error_records": errors,
+            "approx_lengths": list(ds.approx_lengths), "keys": keys}
+
+
+LOADERS = {"specforge": load_specforge, "speculators": load_speculators, "speculators-v1": load_speculators_v1}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("format", choices=sorted(LOADERS))
+    ap.add_argument("root")
+    ap.add_argument("result")
+    ap.add_argument("--num-aux", type=int, required=True)
+    ap.add_argument("--hidden", type=int, required=True)
+    a = ap.parse_args()
+    out = LOADERS[a.format](a.root, a.num_aux, a.hidden)
+    out["modules"] = sorted(m for m in ("sglang", "vllm") if m in sys.modules)
+    torch.save(out, a.result)
+    print(f"loaded {len(out['samples'])} samples, {out['batches']} batches, {out['error_records']} error records")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
