@@ -50,7 +50,7 @@ def parse_watermark(value: str | int | float) -> Watermark:
         except ValueError:
             pct = -1.0
         if not 0 <= pct < 100:
-            raise ConfigError(f"shm watermark {value!r}: a percentage must be in [0, 100)")
+            raise ConfigError(f"shm watermark {value!r}: a percentage must be in [0, 100), e.g. 10%")
         return Watermark(fraction=pct / 100)
     m = _SIZE_RE.match(text)
     if not m:

@@ -1,0 +1,62 @@
+"""When staging is short of space or the drain lags, the client must wait, and say why."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark
+from hsextract.errors import ConfigError
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("10%", Watermark(fraction=0.10)),
+    ("0%", Watermark(fraction=0.0)),
+    ("2G", Watermark(bytes=2 << 30)),
+    ("512MiB", Watermark(bytes=512 << 20)),
+    ("1.5k", Watermark(bytes=1536)),
+    ("1048576", Watermark(bytes=1 << 20)),
+    (4096, Watermark(bytes=4096)),
+])
+def test_watermark_accepts_bytes_and_percentages(text, want):
+    assert parse_watermark(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "ten", "100%", "-1%", "5 parsecs"])
+def test_watermark_rejects_nonsense_with_an_example(text):
+    with pytest.raises(ConfigError, match=r"e\.g\."):
+        parse_watermark(text)
+
+
+def _free(path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_sending_is_allowed_above_the_watermark(tmp_path):
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=None, bytes_per_token=512)
+    assert bp.reason(inflight_requests=3, inflight_tokens=100, next_tokens=10) is None
+
+
+def test_free_space_below_the_watermark_pauses_with_the_numbers(tmp_path):
+    bp = Backpressure(tmp_path, Watermark(bytes=_free(tmp_path) + (1 << 30)), max_staged=None, bytes_per_token=512)
+    reason = bp.reason()
+    assert reason and str(tmp_path) in reason and "watermark" in reason
+
+
+def test_requests_in_flight_count_against_the_free_space(tmp_path):
+    free = _free(tmp_path)
+    bp = Backpressure(tmp_path, Watermark(bytes=max(0, free - (64 << 20))), max_staged=None, bytes_per_token=1 << 20)
+    assert bp.reason(inflight_tokens=0) is None
+    assert "in flight" in bp.reason(inflight_tokens=128)
+
+
+def test_staged_dumps_at_the_limit_pause_until_the_drain_catches_up(tmp_path):
+    for i in range(3):
+        (tmp_path / f"hsx-0123abcd-{i}").mkdir()
+    (tmp_path / "_records").mkdir()  # not a dump
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=4, bytes_per_token=1)
+    assert bp.reason(inflight_requests=0) is None
+    assert "drain is behind" in bp.reason(inflight_requests=1)
+    (tmp_path / "hsx-0123abcd-0").rmdir()
+    assert bp.reason(inflight_requests=1) is None

@@ -1,0 +1,175 @@
+"""Loss masks from the model's chat template: exactly the assistant replies (end-of-turn included).
+
+The expected masks are built independently of the implementation: each template's rendering is
+written out by hand as segments (non-reply text, reply text), every segment is tokenized on its
+own, and the mask is 1 exactly on the reply segments' tokens. Segments are cut right after
+special tokens, where the tokenizer splits anyway, so the concatenation equals the whole text's
+tokenization.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hsextract.client.chat_template import (
+    CHAT_TEMPLATE_ERROR,
+    TEMPLATE_NOT_INCREMENTAL,
+    TOO_LONG,
+    Encoded,
+    SampleEncoder,
+    load_tokenizer,
+    tokenize_with_mask,
+)
+from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample
+from hsextract.errors import HsextractError
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# template name -> special tokens the real model's tokenizer has for it
+SPECIAL_TOKENS = {
+    "tiny": [],
+    "llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    "deepseek_v3": ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"],
+    "kimi_k2": ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"],
+}
+
+Q1, A1 = "What is the capital city of France?", "The capital city of France is Paris."
+Q2, A2 = "Hello world", "A quick brown fox jumps over the lazy dog."
+CONV = [Message("system", "Be brief."), Message("user", Q1), Message("assistant", A1),
+        Message("user", Q2), Message("assistant", A2)]
+CONV_NO_SYSTEM = CONV[1:]
+
+# (template, conversation) -> the rendering, as (text, is_reply) segments
+EXPECTED_SEGMENTS = {
+    ("tiny", "system"): [
+        (f"<s><|system|>Be brief.</s><|user|>{Q1}</s><|assistant|>", 0), (f"{A1}</s>", 1),
+        (f"<|user|>{Q2}</s><|assistant|>", 0), (f"{A2}</s>", 1),
+    ],
+    ("llama3", "system"): [
+        ("<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n\nBe brief."
+         f"<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n{Q1}<|eot_id|>"
+         "<|start_header_id|>assistant<|end_header_id|>\n\n", 0),
+        (f"{A1}<|eot_id|>", 1),
+        (f"<|start_header_id|>user<|end_header_id|>\n\n{Q2}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+         0),
+        (f"{A2}<|eot_id|>", 1),
+    ],
+    ("deepseek_v3", "system"): [
+        (f"<s>Be brief.<｜User｜>{Q1}<｜Assistant｜>", 0), (f"{A1}<｜end▁of▁sentence｜>", 1),
+        (f"<｜User｜>{Q2}<｜Assistant｜>", 0), (f"{A2}<｜end▁of▁sentence｜>", 1),
+    ],
+    ("kimi_k2", "system"): [
+        (f"<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>{Q1}<|im_end|>"
+         "<|im_assistant|>assistant<|im_middle|>", 0),
+        (f"{A1}<|im_end|>", 1),
+        (f"<|im_user|>user<|im_middle|>{Q2}<|im_end|><|im_assistant|>assistant<|im_middle|>", 0),
+        (f"{A2}<|im_end|>", 1),
+    ],
+    # Kimi inserts a default system prompt when there is none: the mask must not move
+    ("kimi_k2", "no_system"): [
+        ("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+         f"<|im_user|>user<|im_middle|>{Q1}<|im_end|><|im_assistant|>assistant<|im_middle|>", 0),
+        (f"{A1}<|im_end|>", 1),
+        (f"<|im_user|>user<|im_middle|>{Q2}<|im_end|><|im_assistant|>assistant<|im_middle|>", 0),
+        (f"{A2}<|im_end|>", 1),
+    ],
+}
+
+
+def make_tokenizer(model_dir: Path, template: str):
+    tok = load_tokenizer(model_dir)
+    if template != "tiny":
+        tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[template]})
+        tok.chat_template = (TEMPLATES / f"{template}.jinja").read_text()
+    return tok
+
+
+def expected(tok, segments):
+    ids, mask = [], []
+    for text, is_reply in segments:
+        seg = tok(text, add_special_tokens=False)["input_ids"]
+        ids += seg
+        mask += [is_reply] * len(seg)
+    return ids, mask
+
+
+@pytest.mark.parametrize(("template", "conv"), sorted(EXPECTED_SEGMENTS))
+def test_loss_mask_is_exactly_the_assistant_replies(tiny_llama, template, conv):
+    tok = make_tokenizer(tiny_llama, template)
+    messages = CONV if conv == "system" else CONV_NO_SYSTEM
+    ids, mask = tokenize_with_mask(tok, messages)
+    want_ids, want_mask = expected(tok, EXPECTED_SEGMENTS[(template, conv)])
+    assert ids == want_ids
+    assert mask == want_mask
+    end = SPECIAL_TOKENS[template][-1] if template != "tiny" else "</s>"
+    assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == f"{A1}{end}{A2}{end}"
+
+
+def test_turns_after_the_last_reply_are_not_trained_on(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "tiny")
+    ids, mask = tokenize_with_mask(tok, [*CONV[:3], Message("user", Q2)])
+    tail = tok(f"<|user|>{Q2}</s>", add_special_tokens=False)["input_ids"]
+    assert ids[-len(tail):] == tail and mask[-len(tail):] == [0] * len(tail)
+    assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == f"{A1}</s>"
+
+
+def test_template_that_rewrites_earlier_turns_is_rejected_not_masked_wrongly(tiny_llama):
+    # the DeepSeek-style template hoists every system message to the front, so a system turn
+    # after the first reply changes the text before it
+    tok = make_tokenizer(tiny_llama, "deepseek_v3")
+    conv = [Message("user", Q1), Message("assistant", A1), Message("system", "Be brief."),
+            Message("user", Q2), Message("assistant", A2)]
+    got = SampleEncoder(tok, None).encode(Sample(4, messages=conv))
+    assert isinstance(got, Reject) and got.reason == TEMPLATE_NOT_INCREMENTAL and got.index == 4
+
+
+def test_template_raising_an_error_rejects_the_sample(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "tiny")
+    tok.chat_template = "{{ raise_exception('roles must alternate') }}"
+    got = SampleEncoder(tok, None).encode(Sample(0, messages=CONV))
+    assert isinstance(got, Reject) and got.reason == CHAT_TEMPLATE_ERROR and "alternate" in got.detail
+
+
+def test_overlong_sample_is_skipped_when_configured(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "tiny")
+    n = len(tokenize_with_mask(tok, CONV)[0])
+    got = SampleEncoder(tok, n - 1, "skip").encode(Sample(2, messages=CONV))
+    assert isinstance(got, Reject) and got.reason == TOO_LONG and got.to_json()["tokens"] == n
+
+
+def test_overlong_sample_is_truncated_when_configured(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "tiny")
+    ids, mask = tokenize_with_mask(tok, CONV)
+    got = SampleEncoder(tok, len(ids) - 5, "truncate").encode(Sample(2, messages=CONV))
+    assert isinstance(got, Encoded)
+    assert got.input_ids == ids[:-5] and got.loss_mask == mask[:-5] and got.truncated_from == len(ids)
+
+
+def test_truncation_that_leaves_no_reply_token_rejects_the_sample(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "tiny")
+    got = SampleEncoder(tok, 5, "truncate").encode(Sample(2, messages=CONV))
+    assert isinstance(got, Reject) and got.reason == TOO_LONG
+
+
+def test_pretokenized_sample_passes_through_unchanged(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "tiny")
+    got = SampleEncoder(tok, None, vocab_size=320).encode(Sample(1, input_ids=[1, 300, 319], loss_mask=[0, 1, 1]))
+    assert got == Encoded(1, [1, 300, 319], [0, 1, 1])
+
+
+def test_pretokenized_id_outside_the_vocabulary_is_rejected(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "tiny")
+    got = SampleEncoder(tok, None, vocab_size=320).encode(Sample(1, input_ids=[1, 320], loss_mask=[1, 1]))
+    assert isinstance(got, Reject) and got.reason == BAD_INPUT_IDS and "320" in got.detail
+
+
+def test_model_directory_without_a_tokenizer_stops_at_once(tmp_path, tiny_llama):
+    (tmp_path / "config.json").write_text((tiny_llama / "config.json").read_text())
+    with pytest.raises(HsextractError, match="no usable tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+def test_missing_model_directory_stops_at_once(tmp_path):
+    with pytest.raises(HsextractError, match="does not exist"):
+        load_tokenizer(tmp_path / "absent")
