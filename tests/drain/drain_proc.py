@@ -1,0 +1,44 @@
+"""Run `hsextract drain` (and friends) as the real command, in a subprocess, as systemd would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = REPO / "files" / "python"
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_DIR), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return e
+
+
+def hsextract(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hsextract", *args], env=env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hsextract", *args], env=env(), text=True, **kw)
+
+
+def finish_client(output: Path) -> None:
+    """What the client writes when every sample was sent and answered (the drain's --exit-when-done waits for it)."""
+    d = Path(output) / ".hsextract"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "client-summary.json").write_text(json.dumps({"ok": 0}))
+
+
+def drain_until_done(dump: Path, output: Path, fmt: str, *extra: str,
+                     timeout: float = 180) -> subprocess.CompletedProcess:
+    finish_client(output)
+    r = hsextract("drain", "--dump-dir", str(dump), "--output", str(output), "--format", fmt,
+                  "--exit-when-done", "--poll-interval", "0.1", *extra, timeout=timeout)
+    assert r.returncode == 0, f"drain exited {r.returncode}:\n{r.stderr[-4000:]}"
+    return r
