@@ -1,0 +1,96 @@
+"""The client end to end, on the session's real SGLang server with the capture on, and the real drain.
+
+Both commands run as subprocesses, as their systemd units run them, side by side: the drain
+moves dumps while the client sends, and exits when the client's summary says it has finished.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+
+import pytest
+from client_run import (
+    assert_training_set_matches,
+    client_status,
+    extract_args,
+    start_client,
+    start_drain,
+    stop,
+    tail,
+    wait_exit,
+    wait_for,
+    write_mixed_dataset,
+)
+from hsextract.client.chat_template import load_tokenizer
+
+pytestmark = pytest.mark.server
+
+
+def _summary(output):
+    return json.loads((output / ".hsextract" / "client-summary.json").read_text())
+
+
+def _done(output) -> int:
+    s = client_status(output)
+    return s.get("ok", 0) + s.get("skipped", 0)
+
+
+def test_mixed_dataset_reaches_the_training_set_with_exactly_the_valid_samples(llama_server, tiny_llama, tmp_path):
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=100)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
+    client = start_client(logs / "client.log", *extract_args(
+        llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
+        "--max-tokens", "300", "--overlong", "skip", "--max-in-flight", "4"))
+    try:
+        assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
+        assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
+    finally:
+        stop(client)
+        stop(drain)
+
+    assert_training_set_matches(out, exp)
+    summary = _summary(out)
+    assert summary["ok"] == len(exp.samples) and summary["failed"] == {} and summary["skipped"] == 0
+    assert summary["rejected"] == dict(Counter(exp.rejects.values()))
+    rejects = [json.loads(line) for line in (out / ".hsextract" / "rejects.jsonl").read_text().splitlines()]
+    assert {r["index"]: r["reason"] for r in rejects} == exp.rejects
+    assert all(r["line"] == r["index"] + 1 and r["detail"] for r in rejects)
+    status = client_status(out)
+    assert status["state"] == "done" and status["ok"] == len(exp.samples) and status["eta_s"] == 0
+    assert status["tokens"] == summary["tokens"] == sum(len(ids) for ids, _ in exp.samples.values())
+
+
+def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_server, tiny_llama, tmp_path):
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=70, seed=1)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    args = extract_args(llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
+                        "--max-tokens", "300", "--overlong", "skip", "--max-in-flight", "3")
+    drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
+    client = None
+    try:
+        # kill -9 twice, at different points, with requests in flight and records written
+        for at_least in (12, 30):
+            client = start_client(logs / "client.log", *args)
+            wait_for(lambda n=at_least, pid=client.pid: _done(out) >= n and client_status(out).get("pid") == pid,
+                     240, f"{at_least} samples done", logs / "client.log")
+            assert client.poll() is None, "the client finished before it could be killed"
+            stop(client, signal.SIGKILL)
+        assert not (out / ".hsextract" / "client-summary.json").exists()
+        client = start_client(logs / "client.log", *args)
+        assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
+        assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
+    finally:
+        stop(client)
+        stop(drain)
+
+    assert_training_set_matches(out, exp)
+    summary = _summary(out)
+    assert summary["skipped"] > 0 and summary["ok"] + summary["skipped"] == len(exp.samples)
+    assert summary["failed"] == {}
+    rejects = [json.loads(line) for line in (out / ".hsextract" / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in rejects) == sorted(exp.rejects), "each bad line reported exactly once"
