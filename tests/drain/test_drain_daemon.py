@@ -1,0 +1,251 @@
+"""The drain daemon's behaviour on staged dumps written through the staging contract."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+from drain.drain_proc import finish_client, hsextract, start
+from drain.staged_dumps import stage_sample
+from hsextract.drain.core import DrainConfig, Drainer
+from hsextract.errors import ConfigError
+from hsextract.formats.manifest import entries_path, iter_entries, read_header, verify_entry
+from hsextract.records import load_or_create_run_id
+from safetensors.torch import load_file
+from support.sglang_server import free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _cfg(dump: Path, out: Path, **kw) -> DrainConfig:
+    base = dict(dump_dir=dump, output=out, format="speculators", workers=3, poll_interval_s=0.05,
+                status_interval_s=0.2, finalize_idle_s=0.5, exit_when_done=True)
+    base.update(kw)
+    return DrainConfig(**base)
+
+
+def _drain(dump: Path, out: Path, **kw) -> Drainer:
+    finish_client(out)
+    d = Drainer(_cfg(dump, out, **kw))
+    d.run()
+    return d
+
+
+def _staged_names(dump: Path) -> list[str]:
+    return sorted(p.name for p in dump.iterdir() if p.name != "_records") if dump.exists() else []
+
+
+def test_each_complete_dump_is_written_once_in_order_and_leaves_staging(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    staged = {i: stage_sample(dump, run, i, tokens=3 + i) for i in range(25)}
+    _drain(dump, out)
+    entries = list(iter_entries(out))
+    assert [e.output_index for e in entries] == list(range(25))
+    assert sorted(e.dataset_index for e in entries) == list(range(25))
+    for e in entries:
+        want = staged[e.dataset_index]
+        got = load_file(out / e.file)
+        assert torch.equal(got["hidden_states"], want.hidden)
+        assert got["token_ids"].dtype == torch.int64 and torch.equal(got["token_ids"], want.input_ids)
+        assert verify_entry(out, e) is None
+    assert _staged_names(dump) == [] and list((dump / "_records").iterdir()) == []
+    assert not list((out / ".hsextract" / "tmp").iterdir())
+
+
+def test_stale_dumps_are_removed_and_never_written(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    stage_sample(dump, run, 0)
+    _drain(dump, out)
+    stage_sample(dump, run, 0, seed=99)  # the same sample again: already written
+    stage_sample(dump, "0badc0de", 1)  # another run's dump
+    stage_sample(dump, run, 2, record=False)  # no client record, past the grace period
+    (dump / "HEALTH_CHECK_1").mkdir()  # not a client request at all
+    d = _drain(dump, out, record_grace_s=0.0)
+    assert [e.dataset_index for e in iter_entries(out)] == [0]
+    assert _staged_names(dump) == []
+    assert dict(d.stats.stale_removed) == {
+        "already written": 1, "from another run": 1, "no client record": 1, "not a client request id": 1,
+    }
+
+
+def test_a_torn_manifest_line_and_an_unrecorded_file_are_repaired_at_start(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(3):
+        stage_sample(dump, run, i)
+    _drain(dump, out)
+    # The crash: sample 3's file was renamed into place, its manifest line only half written.
+    last = entries_path(out).read_bytes().splitlines()[-1]
+    with open(entries_path(out), "ab") as f:
+        f.write(last.replace(b'"output_index":2', b'"output_index":3')[:30])
+    (out / "hidden_states" / "hs_3.safetensors").write_bytes(b"half a sample")
+    want = stage_sample(dump, run, 3)  # ...so its dump is still staged
+    _drain(dump, out)
+    entries = list(iter_entries(out))
+    assert sorted(e.dataset_index for e in entries) == [0, 1, 2, 3] and entries[3].dataset_index == 3
+    assert all(verify_entry(out, e) is None for e in entries)
+    assert torch.equal(load_file(out / entries[3].file)["hidden_states"], want.hidden)
+
+
+def test_resuming_an_output_dir_with_other_layers_is_refused(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    stage_sample(dump, load_or_create_run_id(out), 0)
+    _drain(dump, out)
+    with pytest.raises(ConfigError, match="eagle layer ids"):
+        _drain(dump, out, eagle_layer_ids=(1, 2, 5))
+
+
+def test_the_client_summary_is_awaited_before_exit_when_done(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    stage_sample(dump, load_or_create_run_id(out), 0)
+    d = Drainer(_cfg(dump, out))
+    t = threading.Thread(target=d.run)
+    t.start()
+    try:
+        time.sleep(1.5)
+        assert t.is_alive(), "exited before the client said it had finished"
+        assert [e.dataset_index for e in iter_entries(out)] == [0]
+        finish_client(out)
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        d.stop_event.set()
+        t.join(10)
+
+
+@pytest.fixture
+def small_volume(tmp_path):
+    """A 4 MiB tmpfs: a volume the drain can fill."""
+    mnt = tmp_path / "vol"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs root")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_output_volume_pauses_the_drain_until_space_returns(tmp_path, small_volume):
+    dump, out = tmp_path / "dump", small_volume / "out"
+    run = load_or_create_run_id(out)
+    staged = {i: stage_sample(dump, run, i, tokens=200) for i in range(12)}  # ~205 KB each
+    filler = small_volume / "filler"
+    free = os.statvfs(small_volume).f_bavail * os.statvfs(small_volume).f_frsize
+    filler.write_bytes(b"\0" * (free - 700_000))  # room for ~3 samples
+    d = Drainer(_cfg(dump, out, format="speculators", enospc_retry_s=0.2, finalize_idle_s=3600))
+    t = threading.Thread(target=d.run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        status = {}
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                status = json.loads((out / ".hsextract" / "drain-status.json").read_text())
+            if status.get("paused_reason"):
+                break
+            time.sleep(0.1)
+        assert "output volume full" in status.get("paused_reason", ""), status
+        assert str(out) in status["paused_reason"] and "bytes free" in status["paused_reason"]
+        assert len(_staged_names(dump)) > 0  # nothing deleted that is not written
+        filler.unlink()
+        finish_client(out)
+        t.join(60)
+        assert not t.is_alive()
+    finally:
+        d.stop_event.set()
+        t.join(10)
+    entries = list(iter_entries(out))
+    assert sorted(e.dataset_index for e in entries) == sorted(staged)
+    assert all(verify_entry(out, e) is None for e in entries)
+    assert _staged_names(dump) == []
+
+
+def test_sigterm_finishes_the_samples_in_hand_and_exits_zero(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(300):
+        stage_sample(dump, run, i, tokens=300)
+    proc = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "speculators",
+                 "--workers", "2", stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list(iter_entries(out))) < 5:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, proc.stderr.read()[-3000:]
+    entries = list(iter_entries(out))
+    assert 5 <= len(entries) < 300, "SIGTERM should stop the drain before it empties a 300-sample backlog"
+    assert all(verify_entry(out, e) is None for e in entries)
+    written = {e.rid for e in entries}
+    assert written.isdisjoint(_staged_names(dump))
+    assert len(written) + len(_staged_names(dump)) == 300
+    assert json.loads((out / ".hsextract" / "drain-status.json").read_text())["state"] == "stopped"
+
+
+def test_status_command_reports_progress_and_fails_when_the_drain_is_silent(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(4):
+        stage_sample(dump, run, i)
+    _drain(dump, out)
+    (out / ".hsextract" / "client-status.json").write_text(json.dumps({"state": "done", "sent": 4}))
+    r = hsextract("status", "--output", str(out), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "4 samples in the set" in r.stdout and "state=done" in r.stdout
+    status_file = out / ".hsextract" / "drain-status.json"
+    st = json.loads(status_file.read_text())
+    st.update(state="running", updated_at=time.time() - 600)
+    status_file.write_text(json.dumps(st))
+    r = hsextract("status", "--output", str(out), "--stale-after", "60", timeout=60)
+    assert r.returncode == 1 and "stale" in r.stdout
+
+
+def test_metrics_are_served_as_prometheus_text_on_localhost(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(3):
+        stage_sample(dump, run, i, tokens=7)
+    port = free_port(31100, 31199)
+    d = Drainer(_cfg(dump, out, exit_when_done=False, metrics_port=port))
+    t = threading.Thread(target=d.run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        text = ""
+        while time.monotonic() < deadline and "hsextract_drain_samples_total 3" not in text:
+            with contextlib.suppress(requests.RequestException):
+                text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            time.sleep(0.1)
+    finally:
+        d.stop_event.set()
+        t.join(20)
+    assert "hsextract_drain_samples_total 3" in text
+    assert "hsextract_drain_tokens_total 21" in text
+    assert "# TYPE hsextract_drain_lag_dumps gauge" in text
+
+
+def test_an_output_dir_records_its_configuration_in_the_manifest_header(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    stage_sample(dump, load_or_create_run_id(out), 0)
+    _drain(dump, out)
+    h = read_header(out)
+    assert (h.format, h.final_hidden, h.dtype) == ("speculators", "pre_norm", "bfloat16")
+    assert (h.hidden_size, h.num_aux) == (64, 3)
+    assert (h.eagle_aux_hidden_state_layer_ids, h.sglang_layers_to_capture) == ([1, 3, 4], [2, 4, 5])
+    assert h.sglang_version == "0.5.23"
