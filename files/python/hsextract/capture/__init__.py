@@ -1,0 +1,8 @@
+"""Server-side capture of EAGLE-3 hidden states inside SGLang's forward pass.
+
+* `core`: which rows to keep, where they go, when a request is complete (pure logic);
+* `writer`: device -> pinned host buffers -> parallel pwrite into /dev/shm (never blocks on I/O);
+* `sglang_hook`: the adapter to SGLang 0.5.23's model objects (checks, layers, hooks);
+* `patch`: renders the external-model package that wires the hook into SGLang;
+* `selfcheck`: verifies a staged dump against the model (used by the smoke test).
+"""

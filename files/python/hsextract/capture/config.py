@@ -1,0 +1,48 @@
+"""The capture's configuration, as rendered into the patch package and read by the hook."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hsextract.capture.core import FINAL_HIDDEN_CHOICES
+from hsextract.errors import ConfigError
+from hsextract.layers import CONVENTIONS
+from hsextract.records import check_prefix
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """What one server's capture does. Rendered as a literal dict into the patch package."""
+
+    architecture: str
+    model_path: str
+    dump_dir: str
+    aux_layer_ids: list[int] | None = None  # None: the EAGLE-3 default for the model's depth
+    layer_convention: str = "eagle"
+    rid_prefix: str = "hsx"
+    final_hidden: str = "post_norm"
+    writer_threads: int = 0  # 0: 8 on CUDA, 2 on CPU
+    max_bytes_in_flight: int = 0  # 0: 4 GiB on CUDA, 256 MiB on CPU
+    max_tracked_requests: int = 4096
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.final_hidden not in FINAL_HIDDEN_CHOICES:
+            raise ConfigError(f"final_hidden={self.final_hidden!r}: expected one of {', '.join(FINAL_HIDDEN_CHOICES)}")
+        if self.layer_convention not in CONVENTIONS:
+            raise ConfigError(f"layer_convention={self.layer_convention!r}: expected one of {', '.join(CONVENTIONS)}")
+        check_prefix(self.rid_prefix)
+        if not self.dump_dir:
+            raise ConfigError("dump_dir is empty; give the staging directory (e.g. /dev/shm/hsextract)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CaptureConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"capture config: unknown keys {unknown}; known: {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,243 @@
+"""The capture's decisions, free of SGLang, CUDA and file I/O: which rows of a batch to keep,
+where they go in each request's staged file, and when a request's dump is complete.
+
+A prefill batch packs its requests' rows one after another. For each request the batch says
+its rid, how many tokens of it were already in the KV cache (the prefix: earlier chunks, or a
+cached prefix) and how many rows this forward computes (the extend length). The prompt length
+is known only on the device in SGLang (``orig_seq_lens``); the writer reads it after the batch's
+asynchronous copy lands, so the decisions that need it (`CapturePlanner.plan`) run on the
+writer's thread, while the cheap rid filter (`select_requests`) runs inside the forward pass.
+
+Rules, each one a reason a training sample could otherwise be silently wrong:
+
+* only extend rows are kept (never decode steps, never speculative target-verify batches), and
+  only rows inside the prompt: the decode rows of a MIXED batch lie past the prompt and drop out;
+* only rids of the form ``<prefix>-...``: health checks, warmup and other clients' traffic are
+  never written;
+* each chunk is placed at its row offset; the dump is complete only when the covered rows are
+  exactly ``[0, prompt_len)``. A request whose first chunk starts past row 0 (a cached prefix)
+  never completes, so a sample missing its prefix is never handed to the drain;
+* once a request is complete, later forwards of the same rid (a re-prefill after retraction)
+  are ignored, so they cannot overwrite a finished dump;
+* tracking is bounded (LRU): an abandoned request cannot grow memory forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hsextract.layers import CaptureLayers
+from hsextract.staging import DoneMarker, StateFileLayout
+
+log = logging.getLogger("hsextract.capture")
+
+FINAL_HIDDEN_CHOICES = ("post_norm", "pre_norm")
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """What the capture writes and how it describes it in ``done.json``."""
+
+    rid_prefix: str
+    layers: CaptureLayers
+    hidden_size: int
+    dtype: str = "bfloat16"
+    final_hidden: str = "post_norm"
+    architecture: str = ""
+    model_path: str = ""
+    sglang_version: str = ""
+    hsextract_version: str = ""
+    attn_dp_rank: int = 0
+    max_tracked: int = 4096
+
+    @property
+    def num_aux(self) -> int:
+        return len(self.layers.sglang_layers_to_capture)
+
+    @property
+    def num_slots(self) -> int:
+        """Rows per token in the staged file: the aux layers, then the final hidden state."""
+        return self.num_aux + 1
+
+    def wants(self, rid: object) -> bool:
+        """True for rids this run's client sent (``<prefix>-...``); False for everything else."""
+        return isinstance(rid, str) and rid.startswith(self.rid_prefix + "-")
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One request's rows inside a forward batch (known on the CPU during the forward)."""
+
+    rid: str
+    batch_row: int  # first row of this request in the batch
+    prefix_len: int  # tokens already in the KV cache before this forward
+    extend_len: int  # rows this forward computes for the request
+    index: int  # position of the request in the batch (to find its prompt length)
+
+
+def select_requests(
+    rids: Sequence[object] | None,
+    prefix_lens: Sequence[int],
+    extend_lens: Sequence[int],
+    settings: CaptureSettings,
+) -> list[BatchRequest]:
+    """The requests of an extend batch that belong to this run, with their row offsets.
+
+    Called inside the forward pass for every extend batch, so it only touches CPU lists.
+    """
+    if not rids:
+        return []
+    out: list[BatchRequest] = []
+    row = 0
+    for i, rid in enumerate(rids):
+        n = int(extend_lens[i])
+        if n > 0 and settings.wants(rid):
+            out.append(BatchRequest(str(rid), row, int(prefix_lens[i]), n, i))
+        row += n
+    return out
+
+
+@dataclass
+class RequestState:
+    """What the capture knows about one request while (and after) it is staged."""
+
+    rid: str
+    layout: StateFileLayout
+    covered: list[list[int]] = field(default_factory=list)  # sorted, merged [start, end) row ranges
+    chunks: list[list[int]] = field(default_factory=list)  # [[prefix_len, rows], ...] in arrival order
+    complete: bool = False  # all rows planned; no later forward may touch the dump
+    marker: DoneMarker | None = None  # written once every planned row is on disk
+    # Accounting of the writes in flight, updated by the writer threads under `lock`.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    pending: int = 0
+    failed: str = ""  # first write error; a failed dump is never marked done
+    done_written: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        return self.layout.prompt_len
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous run of rows to write: batch rows -> rows of one request's file."""
+
+    state: RequestState
+    batch_row: int
+    dst_row: int
+    rows: int
+    create: bool  # first rows of this request: (re)create the file at full size first
+
+
+def add_range(covered: list[list[int]], start: int, end: int) -> list[list[int]]:
+    """Merge ``[start, end)`` into sorted, disjoint ranges (touching ranges merge)."""
+    merged: list[list[int]] = []
+    placed = False
+    for s, e in covered:
+        if e < start:
+            merged.append([s, e])
+        elif end < s:
+            if not placed:
+                merged.append([start, end])
+                placed = True
+            merged.append([s, e])
+        else:
+            start, end = min(s, start), max(e, end)
+    if not placed:
+        merged.append([start, end])
+    merged.sort()
+    return merged
+
+
+class CapturePlanner:
+    """Turns batches into write segments and decides completion (one thread calls it)."""
+
+    def __init__(self, settings: CaptureSettings):
+        self.settings = settings
+        self._tracked: OrderedDict[str, RequestState] = OrderedDict()
+        self.evicted_incomplete = 0
+
+    def __len__(self) -> int:
+        return len(self._tracked)
+
+    def get(self, rid: str) -> RequestState | None:
+        return self._tracked.get(rid)
+
+    def plan(self, requests: Sequence[BatchRequest], prompt_lens: Sequence[int]) -> list[Segment]:
+        """Segments for the selected requests of one batch; ``prompt_lens`` is indexed by
+        `BatchRequest.index` (SGLang's ``orig_seq_lens``)."""
+        segments: list[Segment] = []
+        for req in requests:
+            seg = self._plan_one(req, int(prompt_lens[req.index]))
+            if seg is not None:
+                segments.append(seg)
+        return segments
+
+    def _plan_one(self, req: BatchRequest, prompt_len: int) -> Segment | None:
+        s = self.settings
+        state = self._tracked.get(req.rid)
+        create = False
+        if state is not None:
+            self._tracked.move_to_end(req.rid)
+            if state.complete:
+                log.debug("rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
+                          req.rid, req.prefix_len, req.extend_len)
+                return None
+        else:
+            if prompt_len <= 0 or req.prefix_len >= prompt_len:
+                return None  # decode rows of a request the capture never saw prefill
+            layout = StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype)
+            state = RequestState(req.rid, layout)
+            self._track(state)
+            create = True
+            if req.prefix_len > 0:
+                log.warning(
+                    "rid %s: first prefill starts at row %d, not 0 (a cached prefix?); its dump will never be "
+                    "marked complete. Run the server with --disable-radix-cache.", req.rid, req.prefix_len)
+        start = req.prefix_len
+        end = min(req.prefix_len + req.extend_len, state.prompt_len)
+        if start >= end:
+            return None  # rows past the prompt: decode steps
+        state.covered = add_range(state.covered, start, end)
+        state.chunks.append([start, end - start])
+        with state.lock:
+            state.pending += 1
+        if state.covered == [[0, state.prompt_len]]:
+            state.complete = True
+            state.marker = self._marker(state)
+        return Segment(state, req.batch_row + 0, start, end - start, create)
+
+    def _marker(self, state: RequestState) -> DoneMarker:
+        s = self.settings
+        return DoneMarker(
+            rid=state.rid,
+            prompt_len=state.prompt_len,
+            num_aux=s.num_aux,
+            hidden_size=s.hidden_size,
+            dtype=s.dtype,
+            eagle_aux_hidden_state_layer_ids=list(s.layers.eagle_aux_hidden_state_layer_ids),
+            sglang_layers_to_capture=list(s.layers.sglang_layers_to_capture),
+            num_hidden_layers=s.layers.num_hidden_layers,
+            final_hidden=s.final_hidden,
+            architecture=s.architecture,
+            chunks=[list(c) for c in state.chunks],
+            model_path=s.model_path,
+            sglang_version=s.sglang_version,
+            hsextract_version=s.hsextract_version,
+            attn_dp_rank=s.attn_dp_rank,
+            completed_at=time.time(),
+        )
+
+    def _track(self, state: RequestState) -> None:
+        self._tracked[state.rid] = state
+        while len(self._tracked) > self.settings.max_tracked:
+            rid, old = self._tracked.popitem(last=False)
+            if not old.complete:
+                self.evicted_incomplete += 1
+                log.warning("rid %s: dropped from tracking before it was complete (%d of %d rows); "
+                            "its dump stays incomplete", rid, sum(e - s for s, e in old.covered), old.prompt_len)

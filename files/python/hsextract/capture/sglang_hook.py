@@ -1,0 +1,281 @@
+"""The thin adapter between SGLang 0.5.23's model objects and the capture core and writer.
+
+`install` is called by the generated patch package right after SGLang built the model (inside
+the scheduler process, on every rank). It checks the server configuration, sets the capture
+layers itself (never through ``set_eagle3_layers_to_capture``, whose DeepSeek variant adds +1
+only when the first id is 1), and puts a forward hook on the inner decoder (``model.model``; for
+Kimi-K2.5 ``model.language_model.model``) that hands each prefill batch to the writer.
+
+Captured per token: the aux layers (SGLang's own capture: the residual stream entering layer
+``i``), and the final hidden state: post-norm is the decoder's output, pre-norm is the residual
+sum that enters the final norm (taken from a hook on ``model.norm``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hsextract import __version__ as hsextract_version
+from hsextract.archs import ArchSpec, lookup
+from hsextract.capture.config import CaptureConfig
+from hsextract.capture.core import CapturePlanner, CaptureSettings, select_requests
+from hsextract.capture.writer import CaptureWriter
+from hsextract.errors import ConfigError, UnsupportedArchitecture
+from hsextract.layers import CaptureLayers, resolve
+from hsextract.staging import dtype_name
+
+log = logging.getLogger("hsextract.capture")
+
+
+def load_base_class(architecture: str) -> type:
+    """SGLang's own class for `architecture`; raise naming the supported ones if there is none."""
+    spec = lookup(architecture)
+    module = importlib.import_module(spec.sglang_module)
+    return getattr(module, spec.name)
+
+
+def load_base_class_or_refusal(architecture: str) -> type:
+    """SGLang's class for `architecture`, or, for an unsupported one, a class whose construction
+    fails with an error naming it and the supported ones.
+
+    SGLang only logs (and skips) an external model module that fails to import, and would then
+    serve the model with its own class and no capture; failing when the model is built makes
+    the server start fail with the message instead.
+    """
+    try:
+        return load_base_class(architecture)
+    except UnsupportedArchitecture as exc:
+        message = str(exc)
+        log.error("hsextract capture: %s", message)
+
+        class _Unsupported(torch.nn.Module):
+            def __init__(self, *args: Any, **kwargs: Any):
+                raise UnsupportedArchitecture(message)
+
+        return _Unsupported
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """The server settings the capture depends on (from SGLang's ServerArgs)."""
+
+    device: str = "cuda"
+    disable_radix_cache: bool = False
+    pp_size: int = 1
+    attn_cp_size: int = 1
+    prefill_cuda_graph_disabled: bool = False
+    attention_backend: str | None = None
+
+    @classmethod
+    def from_server_args(cls, sa: Any) -> ServerFacts:
+        backend = getattr(sa, "cuda_graph_backend_prefill", None)
+        prefill_off = bool(
+            getattr(sa, "disable_prefill_cuda_graph", False)
+            or getattr(sa, "disable_cuda_graph", False)
+            or backend == "disabled"
+        )
+        return cls(
+            device=str(getattr(sa, "device", None) or "cuda"),
+            disable_radix_cache=bool(getattr(sa, "disable_radix_cache", False)),
+            pp_size=int(getattr(sa, "pp_size", 1) or 1),
+            attn_cp_size=int(getattr(sa, "attn_cp_size", 1) or 1),
+            prefill_cuda_graph_disabled=prefill_off,
+            attention_backend=getattr(sa, "attention_backend", None),
+        )
+
+
+def check_server(facts: ServerFacts) -> None:
+    """Refuse server settings under which the capture would write wrong or partial samples."""
+    problems = []
+    if not facts.disable_radix_cache:
+        problems.append("the radix (prefix) cache is on: cached prompt prefixes are never run, so their hidden "
+                        "states cannot be captured; start the server with --disable-radix-cache")
+    if facts.pp_size > 1:
+        problems.append(f"pipeline parallelism is on (pp_size={facts.pp_size}): earlier stages' layers are not "
+                        "captured on the last stage; use --pp-size 1 (tensor parallelism is fine)")
+    if facts.attn_cp_size > 1:
+        problems.append(f"attention context parallelism is on (attn_cp_size={facts.attn_cp_size}): rows are "
+                        "sharded by position; use --attn-cp-size 1")
+    if facts.device != "cpu" and not facts.prefill_cuda_graph_disabled:
+        problems.append("prefill CUDA graphs are on (the 0.5.23 default): the capture must see every prefill "
+                        "eagerly; start the server with --disable-prefill-cuda-graph")
+    if problems:
+        raise ConfigError("hidden-state capture cannot run with this server configuration: " + "; ".join(problems))
+
+
+def check_dump_dir(dump_dir: str | Path) -> Path:
+    """Create the dump directory if needed and prove it is writable, or raise saying how to fix it."""
+    d = Path(dump_dir)
+    probe = d / f".hsx-write-probe-{os.getpid()}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"dump directory {d} is not writable by the server ({exc.strerror or exc}); create it and give the "
+            "server's user write access (or choose another --dump-dir)"
+        ) from exc
+    return d
+
+
+def _parallel_ranks() -> tuple[int, int]:
+    """(attention-TP rank, attention-DP rank) of this process; (0, 0) without distributed state."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        par = get_parallel()
+        return int(par.attn_tp_rank), int(par.attn_dp_rank)
+    except Exception:
+        try:
+            from sglang.srt.distributed import get_tensor_model_parallel_rank
+
+            return int(get_tensor_model_parallel_rank()), 0
+        except Exception:
+            return 0, 0
+
+
+def _server_facts() -> ServerFacts:
+    from sglang.srt.runtime_context import get_server_args
+
+    return ServerFacts.from_server_args(get_server_args())
+
+
+def _sglang_version() -> str:
+    try:
+        import sglang
+
+        return str(sglang.__version__)
+    except Exception:
+        return ""
+
+
+def causal_lm_of(model: Any, spec: ArchSpec) -> Any:
+    """The *ForCausalLM that owns ``model`` (the decoder) and ``capture_aux_hidden_states``."""
+    return getattr(model, spec.causal_lm_attr) if spec.causal_lm_attr else model
+
+
+def text_config_of(causal_lm: Any) -> Any:
+    cfg = causal_lm.config
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def set_capture_layers(causal_lm: Any, layers: CaptureLayers) -> None:
+    """What SGLang's set_eagle3_layers_to_capture does, with ids the project translated itself."""
+    causal_lm.capture_aux_hidden_states = True
+    causal_lm.model.layers_to_capture = list(layers.sglang_layers_to_capture)
+
+
+def register_cpu_mla() -> None:
+    """torch_native attention has no DeepSeek handler in 0.5.23; its fallback (triton's MHA prefill)
+    breaks on CPU, so route DeepSeek attention to the absorbed-MLA path (CPU test servers only)."""
+    from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
+    from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
+
+    AttentionBackendRegistry.register("torch_native", lambda attn, forward_batch: AttnForwardMethod.MLA)
+
+
+class CaptureHook:
+    """Forward hooks that hand each prefill batch's rows to the writer."""
+
+    def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None):
+        self.settings = settings
+        self.writer = writer
+        self._pre_norm: torch.Tensor | None = None
+
+    def on_final_norm(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        """Keep the residual sum entering the final norm (the pre-norm final hidden state)."""
+        if isinstance(output, tuple) and len(output) > 1 and output[1] is not None:
+            self._pre_norm = output[1]
+        elif args:
+            self._pre_norm = args[0]
+        else:
+            self._pre_norm = kwargs.get("x", kwargs.get("hidden_states"))
+
+    def on_decoder(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        pre_norm, self._pre_norm = self._pre_norm, None
+        if self.writer is None or not isinstance(output, tuple) or len(output) != 2:
+            return
+        fb = args[2] if len(args) > 2 else kwargs.get("forward_batch")
+        if fb is None:
+            return
+        mode = fb.forward_mode
+        if not mode.is_extend() or mode.is_target_verify() or mode.is_decode():
+            return
+        requests = select_requests(fb.rids, fb.extend_prefix_lens_cpu or [], fb.extend_seq_lens_cpu or [],
+                                   self.settings)
+        if not requests:
+            return
+        hidden, aux = output
+        final = hidden if self.settings.final_hidden == "post_norm" else pre_norm
+        if final is None:
+            log.error("capture: no pre-norm final hidden state was seen for this batch; rows skipped")
+            return
+        prompt_lens = fb.orig_seq_lens
+        if prompt_lens is None:
+            prompt_lens = [0] * len(fb.rids)
+        input_ids = fb.input_ids
+        try:
+            self.writer.submit(requests, aux, final, input_ids, prompt_lens)
+        except Exception:
+            log.exception("capture: could not queue a batch of %d requests; their rows are lost", len(requests))
+
+
+def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
+    """Switch the capture on for a freshly built SGLang model; raise ConfigError on bad settings."""
+    cfg = config if isinstance(config, CaptureConfig) else CaptureConfig.from_dict(config)
+    spec = lookup(cfg.architecture)
+    facts = _server_facts()
+    check_server(facts)
+    causal_lm = causal_lm_of(model, spec)
+    text_cfg = text_config_of(causal_lm)
+    layers = resolve(cfg.aux_layer_ids, int(text_cfg.num_hidden_layers), cfg.layer_convention)  # type: ignore[arg-type]
+    set_capture_layers(causal_lm, layers)
+    if spec.mla and facts.device == "cpu" and facts.attention_backend in (None, "torch_native"):
+        register_cpu_mla()
+    attn_tp_rank, attn_dp_rank = _parallel_ranks()
+    inner = causal_lm.model
+    dtype = next((p.dtype for p in inner.parameters() if p.is_floating_point()), torch.bfloat16)
+    settings = CaptureSettings(
+        rid_prefix=cfg.rid_prefix,
+        layers=layers,
+        hidden_size=int(text_cfg.hidden_size),
+        dtype=dtype_name(dtype),
+        final_hidden=cfg.final_hidden,
+        architecture=cfg.architecture,
+        model_path=cfg.model_path,
+        sglang_version=_sglang_version(),
+        hsextract_version=hsextract_version,
+        attn_dp_rank=attn_dp_rank,
+        max_tracked=cfg.max_tracked_requests,
+    )
+    writer = None
+    if attn_tp_rank == 0:
+        dump_dir = check_dump_dir(cfg.dump_dir)
+        cuda = facts.device != "cpu" and torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        writer = CaptureWriter(
+            dump_dir,
+            CapturePlanner(settings),
+            device=device,
+            num_threads=cfg.writer_threads or (8 if cuda else 2),
+            max_bytes_in_flight=cfg.max_bytes_in_flight or ((4 << 30) if cuda else (256 << 20)),
+        )
+    hook = CaptureHook(settings, writer)
+    if cfg.final_hidden == "pre_norm":
+        inner.norm.register_forward_hook(hook.on_final_norm, with_kwargs=True)
+    inner.register_forward_hook(hook.on_decoder, with_kwargs=True)
+    log.warning(
+        "hsextract capture on: %s, layers_to_capture=%s (eagle ids %s), final hidden %s, rid prefix %r, "
+        "attn_tp_rank %d attn_dp_rank %d, %s", cfg.architecture, list(layers.sglang_layers_to_capture),
+        list(layers.eagle_aux_hidden_state_layer_ids), cfg.final_hidden, cfg.rid_prefix, attn_tp_rank, attn_dp_rank,
+        f"writing to {cfg.dump_dir}" if writer else "not writing (another rank writes)")
+    model._hsextract_capture = hook
+    return hook

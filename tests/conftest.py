@@ -1,0 +1,92 @@
+"""Shared fixtures: tiny models and real SGLang servers on CPU with the capture on.
+
+* ``tiny_llama`` / ``tiny_dsv3``: model directories generated once into
+  ``.work/models/<kind>-<hash of tiny_model.py>`` under the repository (reused across runs,
+  regenerated when the generator changes).
+* ``llama_server`` / ``dsv3_server``: one server each per test session, started on first use,
+  dumping into a session temporary directory, rid prefix ``hsx``; stopped at session end, also
+  when tests fail. Tests that share them use rids ``hsx-<fresh run id>-<i>`` and remove their dumps.
+* ``free_port``: a function returning a free port of this suite's range, for tests that start
+  their own server with `support.sglang_server.start_server`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+for _p in (REPO / "files" / "python", REPO / "tests"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from support.sglang_server import ServerHandle, start_server  # noqa: E402
+from support.sglang_server import free_port as _free_port  # noqa: E402
+
+# Ports of the shared server fixtures and of tests that start their own servers.
+PORT_RANGE = (
+    int(os.environ.get("HSEXTRACT_TEST_PORT_LO", "31000")),
+    int(os.environ.get("HSEXTRACT_TEST_PORT_HI", "31099")),
+)
+
+
+def _models_root() -> Path:
+    return Path(os.environ.get("HSEXTRACT_MODEL_CACHE", REPO / ".work" / "models"))
+
+
+def _tiny_model(kind: str) -> Path:
+    from hsextract import tiny_model
+
+    digest = hashlib.sha256(Path(tiny_model.__file__).read_bytes()).hexdigest()[:12]
+    path = _models_root() / f"{kind}-{digest}"
+    lock = path.with_name(path.name + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    import fcntl
+
+    with open(lock, "w") as fh:  # several pytest processes may build the same model at once
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        tiny_model.ensure_tiny_model(kind, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> Path:
+    return _tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_dsv3() -> Path:
+    return _tiny_model("dsv3")
+
+
+@pytest.fixture(scope="session")
+def free_port():
+    """Call it to get a free port of the suite's range."""
+    return lambda: _free_port(*PORT_RANGE)
+
+
+def _session_server(request, tmp_path_factory, model_dir: Path, name: str) -> ServerHandle:
+    base = tmp_path_factory.mktemp(f"{name}-server")
+    handle = start_server(
+        model_dir,
+        port=_free_port(*PORT_RANGE),
+        dump_dir=base / "dump",
+        log_dir=base / "logs",
+        rid_prefix="hsx",
+    )
+    request.addfinalizer(handle.stop)
+    return handle
+
+
+@pytest.fixture(scope="session")
+def llama_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
+    return _session_server(request, tmp_path_factory, tiny_llama, "llama")
+
+
+@pytest.fixture(scope="session")
+def dsv3_server(request, tmp_path_factory, tiny_dsv3) -> ServerHandle:
+    return _session_server(request, tmp_path_factory, tiny_dsv3, "dsv3")

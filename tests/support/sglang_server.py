@@ -1,0 +1,201 @@
+"""Start and stop a real SGLang 0.5.23 server on CPU with the hidden-state capture switched on.
+
+Used by the session fixtures in ``tests/conftest.py`` and by tests that must start their own
+server (bad configurations, killing a server). The server runs from the test interpreter
+(``sys.executable -m sglang.launch_server``) with the CPU ``sgl_kernel`` stub, the rendered
+capture patch and the project's package on PYTHONPATH, in its own process group so that
+``stop()`` can take the scheduler and detokenizer subprocesses down with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+from hsextract.capture.patch import DEFAULT_PACKAGE, render_patch, server_launch
+from hsextract.model_info import read_model_info
+
+REPO = Path(__file__).resolve().parents[2]
+STUB_DIR = REPO / "tests" / "stubs"
+PACKAGE_DIR = REPO / "files" / "python"
+STARTUP_TIMEOUT_S = float(os.environ.get("HSEXTRACT_SERVER_STARTUP_TIMEOUT", "240"))
+
+
+class ServerStartError(RuntimeError):
+    """The server did not become healthy; the message carries the tail of its log."""
+
+
+def log_tail(path: Path, lines: int = 60) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(lo: int, hi: int) -> int:
+    """A free TCP port in [lo, hi] (the caller's assigned range)."""
+    for port in range(lo, hi + 1):
+        if port_is_free(port):
+            return port
+    raise RuntimeError(f"no free port in {lo}-{hi}")
+
+
+@dataclass
+class ServerHandle:
+    url: str
+    port: int
+    dump_dir: Path
+    model_dir: Path
+    rid_prefix: str
+    proc: subprocess.Popen
+    log_path: Path
+    patch_dir: Path | None = None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 20) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after `timeout` seconds."""
+        if self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        # Children that outlived the leader (scheduler, detokenizer) share its process group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def generate(self, input_ids: Sequence[int], rid: str | None = None, max_new_tokens: int = 1,
+                 timeout: float = 120) -> dict:
+        """POST /generate at temperature 0; returns the response JSON."""
+        body: dict = {"input_ids": list(input_ids),
+                      "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+        if rid is not None:
+            body["rid"] = rid
+        r = requests.post(f"{self.url}/generate", json=body, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+
+def start_server(
+    model_dir: str | Path,
+    *,
+    port: int,
+    dump_dir: str | Path,
+    log_dir: str | Path,
+    rid_prefix: str = "hsx",
+    aux_layer_ids: Sequence[int] | None = None,
+    layer_convention: str = "eagle",
+    final_hidden: str = "post_norm",
+    chunked_prefill_size: int = 16,
+    max_total_tokens: int = 4096,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    capture: bool = True,
+    architecture: str | None = None,
+    wait: bool = True,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
+) -> ServerHandle:
+    """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
+
+    On failure the process group is stopped and `ServerStartError` carries the log's tail.
+    """
+    model_dir = Path(model_dir)
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    dump_dir = Path(dump_dir)
+    patch_dir = None
+    pythonpath = [str(STUB_DIR), str(PACKAGE_DIR)]
+    run_env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_EXTERNAL_MODEL_PACKAGE",)}
+    args = ["--disable-radix-cache", "--skip-server-warmup"]
+    if capture:
+        patch_dir = render_patch(
+            log_dir / f"patch-{port}",
+            architecture=architecture or read_model_info(model_dir).architecture,
+            model_path=str(model_dir),
+            aux_layer_ids=aux_layer_ids,
+            layer_convention=layer_convention,
+            dump_dir=str(dump_dir),
+            rid_prefix=rid_prefix,
+            final_hidden=final_hidden,
+        )
+        launch = server_launch(patch_dir, package_name=DEFAULT_PACKAGE, device="cpu", pythonpath=pythonpath)
+        run_env.update(launch.env)
+        args = launch.args
+    else:
+        run_env.update({"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join(pythonpath)})
+        args += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
+    run_env.setdefault("OMP_NUM_THREADS", "1")
+    run_env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    run_env.update(env or {})
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+        "--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
+        "--log-level", "info",
+        *args, *extra_args,
+    ]
+    log_path = log_dir / f"server-{port}.log"
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=run_env, cwd=str(log_dir),
+                                start_new_session=True)
+    handle = ServerHandle(f"http://127.0.0.1:{port}", port, dump_dir, model_dir, rid_prefix, proc, log_path,
+                          patch_dir)
+    if wait:
+        try:
+            wait_healthy(handle, startup_timeout)
+        except BaseException:
+            handle.stop()
+            raise
+    return handle
+
+
+def wait_healthy(handle: ServerHandle, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if handle.proc.poll() is not None:
+            raise ServerStartError(
+                f"SGLang server on port {handle.port} exited with code {handle.proc.returncode} during startup; "
+                f"log {handle.log_path}:\n{log_tail(handle.log_path)}")
+        try:
+            if requests.get(f"{handle.url}/health", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1.0)
+    raise ServerStartError(f"SGLang server on port {handle.port} not healthy after {timeout:.0f} s; "
+                           f"log {handle.log_path}:\n{log_tail(handle.log_path)}")
+
+
+def wait_exit(handle: ServerHandle, timeout: float) -> int | None:
+    """Wait for a server expected to fail at startup; its exit code, or None if still running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if handle.proc.poll() is not None:
+            return handle.proc.returncode
+        time.sleep(0.5)
+    return None
