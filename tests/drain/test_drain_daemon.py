@@ -21,7 +21,6 @@ from hsextract.errors import ConfigError
 from hsextract.formats.manifest import entries_path, iter_entries, read_header, verify_entry
 from hsextract.records import load_or_create_run_id
 from safetensors.torch import load_file
-from support.sglang_server import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -216,12 +215,12 @@ def test_status_command_reports_progress_and_fails_when_the_drain_is_silent(tmp_
     assert r.returncode == 1 and "stale" in r.stdout
 
 
-def test_metrics_are_served_as_prometheus_text_on_localhost(tmp_path):
+def test_metrics_are_served_as_prometheus_text_on_localhost(tmp_path, free_port):
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
     for i in range(3):
         stage_sample(dump, run, i, tokens=7)
-    port = free_port(31100, 31199)
+    port = free_port()
     d = Drainer(_cfg(dump, out, exit_when_done=False, metrics_port=port))
     t = threading.Thread(target=d.run)
     t.start()

@@ -18,13 +18,12 @@ from drain.drain_proc import drain_until_done
 from drain.server_dumps import capture
 from hsextract.formats.manifest import iter_entries, read_header, verify_entry
 from hsextract.records import load_or_create_run_id
-from support.sglang_server import free_port, start_server
+from support.sglang_server import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.readers, pytest.mark.timeout(900)]
 
 LOADER = Path(__file__).with_name("load_with_reader.py")
 READER_DIR = {"specforge": "specforge", "speculators": "speculators", "speculators-v1": "speculators-v1"}
-PORTS = (31100, 31199)
 N_SAMPLES = 12
 
 
@@ -37,10 +36,10 @@ def readers() -> Path:
 
 
 @pytest.fixture(scope="module")
-def prenorm_server(request, tmp_path_factory, tiny_llama):
+def prenorm_server(request, tmp_path_factory, tiny_llama, free_port):
     """A server capturing the final hidden state PRE-norm (the speculators formats need it)."""
     base = tmp_path_factory.mktemp("prenorm-server")
-    handle = start_server(tiny_llama, port=free_port(*PORTS), dump_dir=base / "dump", log_dir=base / "logs",
+    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
                           rid_prefix="hsx", final_hidden="pre_norm")
     request.addfinalizer(handle.stop)
     return handle

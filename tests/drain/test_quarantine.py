@@ -1,0 +1,84 @@
+"""Corrupt copies of real server dumps are quarantined with the right reason; the rest go through."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from drain.drain_proc import drain_until_done
+from drain.server_dumps import capture
+from drain.staged_dumps import write_states
+from hsextract.formats.manifest import iter_entries
+from hsextract.records import load_or_create_run_id, read_record, record_path
+from hsextract.staging import DONE_FILE, STATES_FILE, StateFileLayout, read_states
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(600)]
+
+
+def truncate(d: Path, dump: Path) -> None:
+    p = d / STATES_FILE
+    os.truncate(p, p.stat().st_size - 100)
+
+
+def nan_rows(d: Path, dump: Path) -> None:
+    st = read_states(d)
+    layout = StateFileLayout(st.hidden.shape[0], st.hidden.shape[1], st.hidden.shape[2])
+    nan_row = torch.full((st.hidden.shape[1], st.hidden.shape[2]), float("nan"), dtype=torch.bfloat16)
+    with open(d / STATES_FILE, "r+b") as f:
+        f.seek(layout.hidden_offset(1))
+        f.write(nan_row.view(torch.uint8).numpy().tobytes())
+
+
+def other_tokens(d: Path, dump: Path) -> None:
+    rec = json.loads(record_path(dump, d.name).read_text())
+    rec["input_ids"][2] = (rec["input_ids"][2] + 1) % 300  # the client asked for something else
+    record_path(dump, d.name).write_text(json.dumps(rec))
+
+
+def missing_slot(d: Path, dump: Path) -> None:
+    st = read_states(d)
+    (d / STATES_FILE).unlink()
+    write_states(d / STATES_FILE, st.hidden[:, 1:].clone(), st.input_ids.clone())  # one layer fewer
+
+
+def no_done_marker(d: Path, dump: Path) -> None:
+    (d / DONE_FILE).unlink()
+    old = time.time() - 3600
+    for p in [*d.iterdir(), d]:
+        os.utime(p, (old, old))
+
+
+CORRUPTIONS = {
+    "truncated": (truncate, "unreadable"),
+    "nan_rows": (nan_rows, "non_finite"),
+    "wrong_token_ids": (other_tokens, "token_mismatch"),
+    "wrong_shape": (missing_slot, "shape"),
+    "missing_done_marker": (no_done_marker, "incomplete"),
+}
+
+
+def test_corrupted_real_dumps_are_quarantined_with_the_right_reason(llama_server, tiny_llama, tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run_id = load_or_create_run_id(out)
+    n = len(CORRUPTIONS) + 3
+    captured = capture(llama_server, dump, dump, run_id, list(range(n)), min_len=6, seed=7)
+    expected_reason = {}
+    for i, (name, (corrupt, reason)) in enumerate(CORRUPTIONS.items()):
+        rid = captured[i].rid
+        corrupt(dump / rid, dump)
+        expected_reason[rid] = (name, reason)
+    r = drain_until_done(dump, out, "specforge", "--model", str(tiny_llama), "--incomplete-timeout", "60")
+    for rid, (name, reason) in expected_reason.items():
+        reason_file = out / "quarantine" / rid / "reason.txt"
+        assert reason_file.exists(), f"{name}: not quarantined\n{r.stderr[-3000:]}"
+        assert reason_file.read_text().splitlines()[0] == reason, f"{name}: {reason_file.read_text()}"
+        assert (out / "quarantine" / rid / "record.json").exists()
+    assert sorted(e.dataset_index for e in iter_entries(out)) == list(range(len(CORRUPTIONS), n))
+    assert [p.name for p in dump.iterdir()] == ["_records"] and not any((dump / "_records").iterdir())
+    status = json.loads((out / ".hsextract" / "drain-status.json").read_text())
+    assert status["quarantined"] == len(CORRUPTIONS)
+    assert read_record(dump, captured[0].rid) is None
