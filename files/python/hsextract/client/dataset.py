@@ -28,6 +28,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from hsextract.errors import HsextractError
 
@@ -253,17 +254,28 @@ class DatasetReader:
             yield self.feed(index, raw)
 
 
-def iter_file_lines(path: str | Path) -> Iterator[bytes]:
-    """The lines of a file as bytes, without their newlines; a last line without newline counts."""
+def open_dataset(path: str | Path) -> BinaryIO:
+    """Open a dataset file for reading; HsextractError saying what to pass when it cannot be."""
     p = Path(path)
     try:
-        f = p.open("rb")
+        return p.open("rb")
     except FileNotFoundError:
         raise HsextractError(f"dataset {p} does not exist; pass --dataset with a JSONL file") from None
     except IsADirectoryError:
         raise HsextractError(f"dataset {p} is a directory; pass --dataset with a JSONL file") from None
     except OSError as exc:
         raise HsextractError(f"dataset {p}: cannot open ({exc})") from exc
+
+
+def iter_file_lines(path: str | Path) -> Iterator[bytes]:
+    """The lines of a file as bytes, without their newlines; a last line without newline counts.
+
+    The file is opened at once (not at the first line), so a missing dataset fails here.
+    """
+    return _lines(open_dataset(path))
+
+
+def _lines(f: BinaryIO) -> Iterator[bytes]:
     with f:
         for line in f:
             yield line[:-1] if line.endswith(b"\n") else line
@@ -273,7 +285,7 @@ def count_lines(path: str | Path) -> int:
     """Number of lines `iter_file_lines` will yield (for progress and ETA), read in 1 MiB blocks."""
     n = 0
     last = b"\n"
-    with Path(path).open("rb") as f:
+    with open_dataset(path) as f:
         while block := f.read(1 << 20):
             n += block.count(b"\n")
             last = block[-1:]

@@ -28,7 +28,7 @@ from typing import Any
 
 from hsextract.client.backpressure import Backpressure, Watermark
 from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
-from hsextract.client.dataset import DatasetReader, Reject, count_lines, iter_file_lines
+from hsextract.client.dataset import DatasetReader, Reject, count_lines, iter_file_lines, open_dataset
 from hsextract.client.progress import (
     FAILURES_FILE,
     REJECTS_FILE,
@@ -145,8 +145,7 @@ class ExtractRun:
         check_prefix(cfg.rid_prefix)
         if cfg.max_in_flight < 1:
             raise ConfigError(f"max in flight {cfg.max_in_flight}: must be at least 1")
-        lines = iter_file_lines(cfg.dataset)  # raises now if the dataset is missing
-        lines.close()
+        open_dataset(cfg.dataset).close()  # a missing dataset stops the run before anything else
         tok = load_tokenizer(cfg.model, cfg.chat_template)
         ctx, vocab, hidden = _model_limits(Path(cfg.model))
         max_tokens = cfg.max_tokens

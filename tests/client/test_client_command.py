@@ -1,0 +1,66 @@
+"""``hsextract extract`` refuses a broken setup at once, with a message that says what and where."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hsextract.cli import main
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["extract", *argv])
+    return code, capsys.readouterr().err
+
+
+def _flags(tmp_path, model, dataset) -> list[str]:
+    return ["--server", "http://127.0.0.1:9", "--dataset", str(dataset), "--model", str(model),
+            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out")]
+
+
+def test_missing_dataset_stops_at_once_naming_it(capsys, tmp_path, tiny_llama):
+    code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "absent.jsonl"))
+    assert code == 2
+    assert "absent.jsonl does not exist" in err and "--dataset" in err
+
+
+def test_model_without_tokenizer_stops_at_once(capsys, tmp_path, tiny_llama):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((tiny_llama / "config.json").read_text())
+    (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
+    code, err = _run(capsys, *_flags(tmp_path, model, tmp_path / "d.jsonl"))
+    assert code == 2 and "no usable tokenizer" in err and str(model) in err
+    assert not (tmp_path / "out").exists(), "nothing is written before the setup is known to be usable"
+
+
+def test_missing_required_settings_are_named(capsys):
+    code, err = _run(capsys, "--server", "http://127.0.0.1:9")
+    assert code == 2
+    assert "--dataset" in err and "--model" in err and "--dump-dir" in err and "--output" in err
+
+
+@pytest.mark.parametrize("shard", ["2/2", "1", "a/b", "0/0"])
+def test_bad_shard_is_refused_with_an_example(capsys, tmp_path, tiny_llama, shard):
+    (tmp_path / "d.jsonl").write_text("")
+    code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "d.jsonl"), "--shard", shard)
+    assert code == 2 and "shard" in err
+
+
+def test_config_file_supplies_the_settings_and_flags_win(capsys, tmp_path, tiny_llama):
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({
+        "server": "http://127.0.0.1:9", "dataset": str(tmp_path / "from-config.jsonl"), "model": str(tiny_llama),
+        "dump_dir": str(tmp_path / "dump"), "output": str(tmp_path / "out"), "shm_min_free": "5%",
+        "format": "specforge",  # a drain key: ignored here
+    }))
+    code, err = _run(capsys, "--config", str(cfg))
+    assert code == 2 and "from-config.jsonl does not exist" in err
+    code, err = _run(capsys, "--config", str(cfg), "--dataset", str(tmp_path / "from-flag.jsonl"))
+    assert code == 2 and "from-flag.jsonl does not exist" in err
+
+
+def test_bad_watermark_in_config_is_refused(capsys, tmp_path, tiny_llama):
+    (tmp_path / "d.jsonl").write_text("")
+    code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "d.jsonl"), "--shm-min-free", "lots")
+    assert code == 2 and "watermark" in err
