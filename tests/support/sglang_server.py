@@ -10,16 +10,19 @@ capture patch and the project's package on PYTHONPATH, in its own process group 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 from hsextract.capture.patch import DEFAULT_PACKAGE, render_patch, server_launch
 from hsextract.model_info import read_model_info
@@ -51,12 +54,52 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+# Ports handed out by this process, each held by an flock so that several pytest processes that
+# share a port range (the suites of several packages use these fixtures) never pick the same one.
+_PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "hsextract-test-ports"
+_port_locks: dict[int, int] = {}
+
+
 def free_port(lo: int, hi: int) -> int:
-    """A free TCP port in [lo, hi] (the caller's assigned range)."""
+    """A free TCP port in [lo, hi], reserved for this process until `release_port`."""
+    _PORT_LOCK_DIR.mkdir(parents=True, exist_ok=True)
     for port in range(lo, hi + 1):
+        if port in _port_locks:
+            continue
+        fd = os.open(_PORT_LOCK_DIR / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
         if port_is_free(port):
+            _port_locks[port] = fd
             return port
+        os.close(fd)
     raise RuntimeError(f"no free port in {lo}-{hi}")
+
+
+def release_port(port: int) -> None:
+    fd = _port_locks.pop(port, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def listening_pids(port: int) -> set[int]:
+    """Pids of the processes that listen on `port` (needs the rights to see them; root in tests)."""
+    pids = set()
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            pids.add(conn.pid)
+    return pids
+
+
+def process_tree(pid: int) -> set[int]:
+    try:
+        root = psutil.Process(pid)
+        return {pid, *(c.pid for c in root.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return set()
 
 
 @dataclass
@@ -76,6 +119,9 @@ class ServerHandle:
     def stop(self, timeout: float = 20) -> None:
         """Stop the whole process group: SIGTERM, then SIGKILL after `timeout` seconds."""
         if self.proc.poll() is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            release_port(self.port)
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -88,6 +134,7 @@ class ServerHandle:
         # Children that outlived the leader (scheduler, detokenizer) share its process group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        release_port(self.port)
 
     def generate(self, input_ids: Sequence[int], rid: str | None = None, max_new_tokens: int = 1,
                  timeout: float = 120) -> dict:
@@ -182,10 +229,16 @@ def wait_healthy(handle: ServerHandle, timeout: float) -> None:
                 f"SGLang server on port {handle.port} exited with code {handle.proc.returncode} during startup; "
                 f"log {handle.log_path}:\n{log_tail(handle.log_path)}")
         try:
-            if requests.get(f"{handle.url}/health", timeout=5).status_code == 200:
-                return
+            healthy = requests.get(f"{handle.url}/health", timeout=5).status_code == 200
         except requests.RequestException:
-            pass
+            healthy = False
+        if healthy:
+            owners = listening_pids(handle.port)
+            if owners & process_tree(handle.proc.pid):
+                return
+            raise ServerStartError(
+                f"port {handle.port} answers /health, but it is held by another process ({sorted(owners)}), "
+                f"not by the server this test started; log {handle.log_path}:\n{log_tail(handle.log_path)}")
         time.sleep(1.0)
     raise ServerStartError(f"SGLang server on port {handle.port} not healthy after {timeout:.0f} s; "
                            f"log {handle.log_path}:\n{log_tail(handle.log_path)}")
