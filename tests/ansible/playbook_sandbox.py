@@ -1,0 +1,151 @@
+"""Drive scripts/sdbox.sh and ansible-playbook inside it, for the playbook tests.
+
+The sandbox is a real systemd as PID 1 in its own pid/mount/cgroup/net namespaces on an overlay of
+the host root (see scripts/sdbox.sh): units really start, restart and fail, ports exist only
+inside, and nothing the play writes outside the bound directories survives the sandbox.
+The controller (ansible-playbook from ``$HSEXTRACT_ANSIBLE_BIN``) runs inside it too, against
+``localhost`` with a local connection, exactly as ``make extract`` does on a machine without systemd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SDBOX = REPO / "scripts" / "sdbox.sh"
+
+
+@dataclass
+class PlayResult:
+    """One ansible-playbook run: exit status, per-host stats and the JSON callback's task results."""
+
+    rc: int
+    stats: dict[str, Any]
+    plays: list[dict[str, Any]]
+    log: str
+
+    def changed(self, host: str = "localhost") -> int:
+        return int(self.stats.get(host, {}).get("changed", 0))
+
+    def failed_tasks(self, host: str = "localhost") -> list[tuple[str, dict[str, Any]]]:
+        return [(name, r) for name, r in self.task_results(host) if r.get("failed")]
+
+    def changed_tasks(self, host: str = "localhost") -> list[str]:
+        return [name for name, r in self.task_results(host) if r.get("changed")]
+
+    def task_results(self, host: str = "localhost") -> list[tuple[str, dict[str, Any]]]:
+        out = []
+        for play in self.plays:
+            for task in play.get("tasks", []):
+                result = task.get("hosts", {}).get(host)
+                if result is not None:
+                    out.append((task["task"]["name"], result))
+        return out
+
+    def result_of(self, task_name: str, host: str = "localhost") -> dict[str, Any]:
+        for name, r in self.task_results(host):
+            if name == task_name:
+                return r
+        raise KeyError(f"no task named {task_name!r} ran; tasks: {[n for n, _ in self.task_results(host)]}")
+
+    def failure_text(self) -> str:
+        parts = []
+        for name, r in self.failed_tasks():
+            parts.append(f"{name}: {r.get('msg', '')} {r.get('stderr', '')}")
+        return "\n".join(parts)
+
+
+@dataclass
+class Sandbox:
+    name: str
+    binds: list[Path]
+    shm: str = "1g"
+    env: dict[str, str] = field(default_factory=dict)
+    started: bool = False
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "SDBOX_NAME": self.name,
+            "SDBOX_BINDS": " ".join(str(b) for b in self.binds),
+            "SDBOX_NET": "1",
+            "SDBOX_SHM": self.shm,
+        }
+
+    def start(self) -> None:
+        r = subprocess.run([str(SDBOX), "start"], env=self._env(), capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"sandbox {self.name} did not start:\n{r.stdout}\n{r.stderr}")
+        self.started = True
+
+    def stop(self) -> None:
+        subprocess.run([str(SDBOX), "stop"], env=self._env(), capture_output=True, text=True, timeout=120)
+        self.started = False
+
+    def run(self, *argv: str, timeout: float = 120, check: bool = False, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+        """Run a command inside the sandbox (cwd: the repository)."""
+        cmd = [str(SDBOX), "exec"]
+        if env:
+            cmd += ["env", *(f"{k}={v}" for k, v in env.items())]
+        r = subprocess.run([*cmd, *argv], env=self._env(), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(
+                f"{shlex.join(argv)} failed in the sandbox (rc {r.returncode}):\n{r.stdout}\n{r.stderr}"
+            )
+        return r
+
+    def sh(self, script: str, timeout: float = 120, check: bool = True) -> str:
+        return self.run("/bin/sh", "-c", script, timeout=timeout, check=check).stdout
+
+    def unit(self, unit: str, *props: str) -> dict[str, str]:
+        out = self.run("systemctl", "show", unit, *(f"--property={p}" for p in props), check=True).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def main_pid(self, unit: str) -> int:
+        """The unit's MainPID inside the sandbox; refuses 0 and 1 (kill -9 0 would hit the caller's group)."""
+        pid = int(self.unit(unit, "MainPID")["MainPID"])
+        assert pid > 1, f"{unit} has no main process (MainPID={pid})"
+        return pid
+
+    def wait_until(self, predicate, timeout: float, interval: float = 2.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+    def playbook(self, playbook: str, *args: str, extra_vars: dict[str, Any] | None = None, timeout: float = 900,
+                 log_dir: Path | None = None, label: str = "play") -> PlayResult:
+        """Run ansible-playbook inside the sandbox with the JSON callback; never raises on a failed play."""
+        ansible_bin = os.environ["HSEXTRACT_ANSIBLE_BIN"]
+        argv = [f"{ansible_bin}/ansible-playbook", playbook, *args]
+        if extra_vars:
+            argv += ["-e", json.dumps(extra_vars)]
+        env = {
+            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_DEPRECATION_WARNINGS": "0",
+            "HSEXTRACT_VENV": os.environ["HSEXTRACT_VENV"],
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **self.env,
+        }
+        r = self.run(*argv, timeout=timeout, env=env)
+        log = r.stdout + "\n--- stderr ---\n" + r.stderr
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            (log_dir / f"{label}.json").write_text(log)
+        try:
+            data = json.loads(r.stdout[r.stdout.index("{"):])
+        except ValueError:
+            data = {}
+        return PlayResult(r.returncode, data.get("stats", {}), data.get("plays", []), log)

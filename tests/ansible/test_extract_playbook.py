@@ -1,0 +1,264 @@
+"""`ansible-playbook extract.yml` against a real systemd and a real SGLang server on CPU.
+
+One sandbox per session is converged and then inspected by several tests; the sequence is the
+life of a real host:
+
+1. before the run, a leftover "server" (a python listener whose command line matches the reaper's
+   pattern) holds the server port, and an unrelated service listens on another port;
+2. ``extract.yml`` converges from nothing (services started, the run goes on in the background);
+3. mid-run, the server's main process is killed with SIGKILL: systemd restarts it;
+4. ``playbooks/smoke.yml`` passes against the restarted server;
+5. ``extract.yml -e wait=true`` (the second run) changes nothing and waits for the run to finish;
+6. ``extract.yml --check`` changes nothing.
+
+The failure cases run afterwards against the same sandbox: they fail before changing anything.
+The teardown playbook runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from playbook_sandbox import REPO, PlayResult, Sandbox
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
+
+PORT = 30000  # inside the sandbox's own network namespace: never the host's
+BYSTANDER_PORT = 30123
+DATASET = REPO / "files" / "datasets" / "demo.jsonl"
+RUN_CONFIG = "/etc/hsextract/run.json"
+OUTPUT = "/var/lib/hsextract/output"
+LISTENER = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); time.sleep(100000)\n"
+)
+
+
+def _requirements() -> str | None:
+    if os.geteuid() != 0:
+        return "the systemd sandbox needs root"
+    if not Path("/lib/systemd/systemd").exists() or not shutil.which("unshare") or not shutil.which("nsenter"):
+        return "the systemd sandbox needs systemd (installed, not running) and util-linux"
+    for var in ("HSEXTRACT_ANSIBLE_BIN", "HSEXTRACT_VENV"):
+        if not os.environ.get(var):
+            return f"${var} is not set (make test sets it: the controller venv's bin dir / the ml-env venv)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def host(tmp_path_factory):
+    """A converged sandbox and the results of the sequence in the module docstring."""
+    why = _requirements()
+    if why:
+        pytest.skip(why)
+    logs = tmp_path_factory.mktemp("ansible-logs")
+    box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[REPO], shm="1g")
+    box.start()
+    try:
+        venv_python = f"{os.environ['HSEXTRACT_VENV']}/bin/python"
+        box.run("systemd-run", "--unit=hsx-test-old-server", "--quiet", venv_python, "-c", LISTENER, str(PORT),
+                "sglang.launch_server", "--port", str(PORT), check=True)
+        box.run("systemd-run", "--unit=hsx-test-bystander", "--quiet", venv_python, "-c", LISTENER,
+                str(BYSTANDER_PORT), "unrelated-service", check=True)
+        box.wait_until(lambda: box.run("ss", "-ltn", f"sport = :{PORT}").stdout.count("LISTEN") == 1, 30,
+                       interval=0.5, what="the old server to listen")
+        state: dict = {"box": box, "logs": logs}
+        state["old_server_pid"] = box.main_pid("hsx-test-old-server.service")
+        state["bystander_pid"] = box.main_pid("hsx-test-bystander.service")
+
+        state["first"] = box.playbook("extract.yml", log_dir=logs, label="1-converge", timeout=1500)
+        if state["first"].rc == 0:
+            # Kill the server mid-run (the client is still sending): systemd must bring it back.
+            state["client_active_at_kill"] = box.unit("hsextract-extract.service", "ActiveState")["ActiveState"]
+            killed = box.main_pid("hsextract-server.service")
+            box.run("kill", "-9", str(killed), check=True)
+            state["killed_pid"] = killed
+            def restarted() -> bool:
+                props = box.unit("hsextract-server.service", "NRestarts", "ActiveState")
+                return int(props["NRestarts"]) >= 1 and props["ActiveState"] == "active"
+
+            box.wait_until(
+                restarted,
+                600, what="systemd to restart the killed server and the restarted one to be healthy",
+            )
+            state["smoke"] = box.playbook("playbooks/smoke.yml", log_dir=logs, label="2-smoke", timeout=600)
+            state["second"] = box.playbook("extract.yml", extra_vars={"wait": True}, log_dir=logs,
+                                           label="3-second-run-wait", timeout=1500)
+            state["check"] = box.playbook("extract.yml", "--check", log_dir=logs, label="4-check", timeout=900)
+        yield state
+    finally:
+        box.stop()
+
+
+def assert_ok(result: PlayResult, what: str) -> None:
+    assert result.rc == 0, f"{what} failed (rc {result.rc}):\n{result.failure_text() or result.log[-4000:]}"
+
+
+def status(box: Sandbox) -> dict:
+    out = box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-m", "hsextract", "status", "--config", RUN_CONFIG,
+                  "--json").stdout
+    return json.loads(out)
+
+
+def manifest_indices(box: Sandbox) -> list[int]:
+    code = ("import json, sys\nfrom hsextract.formats.manifest import iter_entries\n"
+            "print(json.dumps([e.dataset_index for e in iter_entries(sys.argv[1])]))")
+    out = box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", code, OUTPUT, check=True).stdout
+    return json.loads(out)
+
+
+# ---- the converged host ---------------------------------------------------------------------------
+
+
+def test_extract_converges_from_nothing(host):
+    assert_ok(host["first"], "the first extract.yml run")
+    assert host["first"].changed() > 0
+
+
+def test_a_leftover_server_on_the_port_is_reaped_and_reported(host):
+    box = host["box"]
+    report = json.loads(host["first"].result_of("Stop the leftover servers on port 30000.")["stdout"])
+    assert [s["pid"] for s in report["stopped"]] == [host["old_server_pid"]]
+    assert "sglang.launch_server" in report["stopped"][0]["cmdline"] and report["port_free"] is True
+    assert box.unit("hsx-test-old-server.service", "ActiveState")["ActiveState"] != "active"
+
+
+def test_an_unrelated_listener_on_another_port_survives(host):
+    box = host["box"]
+    assert box.unit("hsx-test-bystander.service", "MainPID", "ActiveState") == {
+        "MainPID": str(host["bystander_pid"]), "ActiveState": "active"}
+
+
+def test_the_server_runs_with_the_capture_flags_and_hardening(host):
+    box = host["box"]
+    props = box.unit("hsextract-server.service", "ExecStart", "Environment", "NoNewPrivileges", "ProtectSystem",
+                     "PrivateTmp", "Restart", "KillMode", "UnitFileState")
+    for flag in ("--disable-radix-cache", "--skip-server-warmup", "--host 127.0.0.1", f"--port {PORT}",
+                 "--chunked-prefill-size 64", "--device cpu"):
+        assert flag in props["ExecStart"].replace(" ; ", " "), f"{flag} missing from {props['ExecStart']}"
+    assert "SGLANG_EXTERNAL_MODEL_PACKAGE=hsextract_capture_patch" in props["Environment"]
+    assert "SGLANG_USE_CPU_ENGINE=1" in props["Environment"]
+    assert (props["NoNewPrivileges"], props["ProtectSystem"], props["PrivateTmp"]) == ("yes", "strict", "yes")
+    assert (props["Restart"], props["KillMode"], props["UnitFileState"]) == ("on-failure", "mixed", "enabled")
+    assert box.unit("hsextract-drain.service", "Restart", "ActiveState") == {"Restart": "always",
+                                                                              "ActiveState": "active"}
+
+
+def test_systemd_restarts_the_server_after_kill_9_and_the_smoke_test_passes_again(host):
+    assert host.get("killed_pid", 0) > 1
+    assert host["client_active_at_kill"] == "active", "the kill should land while the client is sending"
+    assert_ok(host["smoke"], "playbooks/smoke.yml after the restart")
+    assert host["box"].main_pid("hsextract-server.service") != host["killed_pid"]
+
+
+def test_the_second_run_changes_nothing_and_waits_for_a_complete_training_set(host):
+    assert_ok(host["second"], "the second extract.yml run (-e wait=true)")
+    assert host["second"].changed() == 0, f"changed tasks: {host['second'].changed_tasks()}"
+    summary = host["second"].result_of("Print the summary and where the training set is.")["msg"]
+    assert summary[0] == f"Training set: {OUTPUT}"
+
+
+def test_the_training_set_holds_every_sample_exactly_once_despite_the_crash(host):
+    box = host["box"]
+    expected = sum(1 for line in DATASET.read_text().splitlines() if line.strip())
+    indices = manifest_indices(box)
+    assert sorted(indices) == list(range(expected)), f"expected each of {expected} samples once, got {sorted(indices)}"
+    st = status(box)
+    assert st["client"]["state"] == "done" and st["client"]["failed"] == 0
+    assert st["drain"]["quarantined"] == 0 and st["drain"]["lag"] == 0
+
+
+def test_check_mode_on_the_converged_host_changes_nothing(host):
+    assert_ok(host["check"], "extract.yml --check")
+    assert host["check"].changed() == 0, f"changed tasks: {host['check'].changed_tasks()}"
+
+
+def test_the_client_unit_finished_cleanly_and_is_not_restarted(host):
+    props = host["box"].unit("hsextract-extract.service", "ActiveState", "Result", "UnitFileState")
+    assert props == {"ActiveState": "inactive", "Result": "success", "UnitFileState": "enabled"}
+
+
+# ---- failures: they stop the play before anything changes ---------------------------------------
+
+
+def failing_run(host, label: str, *args: str, extra_vars: dict | None = None) -> PlayResult:
+    box = host["box"]
+    if host["first"].rc != 0:
+        pytest.skip("the converge failed; see test_extract_converges_from_nothing")
+    result = box.playbook("extract.yml", *args, extra_vars=extra_vars, log_dir=host["logs"], label=label, timeout=600)
+    assert result.rc != 0, f"{label}: the play should have failed"
+    assert result.changed() == 0, f"{label}: a failing play changed {result.changed_tasks()}"
+    return result
+
+
+def test_an_unknown_format_fails_argument_validation_naming_the_variable(host):
+    result = failing_run(host, "bad-format", extra_vars={"hsextract_format": "parquet"})
+    text = result.failure_text()
+    assert "hsextract_format" in text and "parquet" in text and "speculators" in text
+
+
+def test_layers_out_of_range_fail_at_the_first_tasks_naming_the_variable(host):
+    result = failing_run(host, "bad-layers", extra_vars={"hsextract_aux_layer_ids": [1, 3, 40]})
+    text = result.failure_text()
+    assert "hsextract_aux_layer_ids=[1, 3, 40]" in text and "8 layers" in text and "[0, 6]" in text
+
+
+def test_a_missing_model_path_fails_naming_the_variable(host):
+    result = failing_run(host, "missing-model",
+                         extra_vars={"hsextract_model_path": "/nonexistent/model", "hsextract_tiny_model": ""})
+    text = result.failure_text()
+    assert "hsextract_model_path=/nonexistent/model" in text and "config.json" in text
+
+
+def test_a_non_matching_process_on_the_port_fails_the_play_with_its_pid(host):
+    box = host["box"]
+    venv_python = f"{os.environ['HSEXTRACT_VENV']}/bin/python"
+    box.run("systemd-run", "--unit=hsx-test-stranger", "--quiet", venv_python, "-c", LISTENER, "30555",
+            "some-other-daemon", check=True)
+    try:
+        box.wait_until(lambda: "LISTEN" in box.run("ss", "-ltn", "sport = :30555").stdout, 30, interval=0.5,
+                       what="the stranger to listen")
+        pid = box.main_pid("hsx-test-stranger.service")
+        result = failing_run(host, "stranger-on-port", "--tags", "port_reaper", extra_vars={"port_reaper_port": 30555})
+        text = result.failure_text()
+        assert f"pid {pid}" in text and "some-other-daemon" in text
+        assert box.unit("hsx-test-stranger.service", "MainPID")["MainPID"] == str(pid)
+    finally:
+        box.run("systemctl", "stop", "hsx-test-stranger.service")
+
+
+def test_a_dev_shm_too_small_fails_shm_guard_with_the_numbers(host):
+    box = host["box"]
+    box.sh("mount -o remount,size=8m /dev/shm")
+    try:
+        result = failing_run(host, "small-shm", "--tags", "shm_guard")
+    finally:
+        box.sh("mount -o remount,size=1g /dev/shm")
+    text = result.failure_text()
+    assert re.search(r"/dev/shm/hsextract has [0-9.]+ (KiB|MiB) free \(of 8\.0 MiB\)", text), text
+    assert "the run needs 16.0 MiB" in text
+    assert "hsextract_shm_min_free" in text
+
+
+# ---- teardown (last: it ends the converged host) --------------------------------------------------
+
+
+def test_teardown_stops_the_services_removes_the_capture_and_keeps_the_training_set(host):
+    box = host["box"]
+    if host["first"].rc != 0:
+        pytest.skip("the converge failed")
+    before = manifest_indices(box)
+    result = box.playbook("playbooks/teardown.yml", log_dir=host["logs"], label="5-teardown", timeout=600)
+    assert_ok(result, "playbooks/teardown.yml")
+    for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service"):
+        assert box.unit(unit, "LoadState")["LoadState"] == "not-found", f"{unit} is still installed"
+    assert box.run("test", "-e", "/var/lib/hsextract/capture-patch/hsextract_capture_patch").returncode == 1
+    assert box.run("test", "-e", "/dev/shm/hsextract").returncode == 1
+    assert manifest_indices(box) == before
