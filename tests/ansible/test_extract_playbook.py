@@ -185,6 +185,17 @@ def test_the_client_unit_finished_cleanly_and_is_not_restarted(host):
     assert props == {"ActiveState": "inactive", "Result": "success", "UnitFileState": "enabled"}
 
 
+def test_the_status_playbook_shows_the_progress_without_changing_anything(host):
+    if host["first"].rc != 0:
+        pytest.skip("the converge failed")
+    result = host["box"].playbook("playbooks/status.yml", log_dir=host["logs"], label="status", timeout=300)
+    assert_ok(result, "playbooks/status.yml")
+    assert result.changed() == 0
+    lines = result.result_of("Print the progress.")["msg"]
+    assert lines[0] == "services (server, drain, client): active, active, inactive"
+    assert any(line.startswith("OK ") for line in lines) and any("state=done" in line for line in lines)
+
+
 # ---- failures: they stop the play before anything changes ---------------------------------------
 
 
