@@ -131,7 +131,8 @@ class Sandbox:
         if extra_vars:
             argv += ["-e", json.dumps(extra_vars)]
         env = {
-            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+            "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
+            "ANSIBLE_CALLBACK_PLUGINS": str(Path(__file__).resolve().parent / "callback_plugins"),
             "ANSIBLE_FORCE_COLOR": "0",
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_DEPRECATION_WARNINGS": "0",
