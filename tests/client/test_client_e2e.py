@@ -65,7 +65,7 @@ def test_mixed_dataset_reaches_the_training_set_with_exactly_the_valid_samples(l
 
 
 def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_server, tiny_llama, tmp_path):
-    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=70, seed=1)
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=50, seed=1)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     args = extract_args(llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
@@ -74,7 +74,7 @@ def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_
     client = None
     try:
         # kill -9 twice, at different points, with requests in flight and records written
-        for at_least in (12, 30):
+        for at_least in (10, 25):
             client = start_client(logs / "client.log", *args)
             wait_for(lambda n=at_least, pid=client.pid: _done(out) >= n and client_status(out).get("pid") == pid,
                      240, f"{at_least} samples done", logs / "client.log")
@@ -94,3 +94,49 @@ def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_
     assert summary["failed"] == {}
     rejects = [json.loads(line) for line in (out / ".hsextract" / "rejects.jsonl").read_text().splitlines()]
     assert sorted(r["index"] for r in rejects) == sorted(exp.rejects), "each bad line reported exactly once"
+
+
+def _staged_indices(dump, run_id: str) -> set[int]:
+    from hsextract.records import parse_rid
+    from hsextract.staging import iter_complete
+
+    return {p.index for d in iter_complete(dump) if (p := parse_rid(d.name)) and p.run_id == run_id}
+
+
+def _remove_run(dump, run_id: str) -> None:
+    import shutil
+
+    for d in list(dump.iterdir()) + list((dump / "_records").glob("*.json")):
+        if f"-{run_id}-" in d.name:
+            shutil.rmtree(d) if d.is_dir() else d.unlink()
+
+
+def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(llama_server, tiny_llama, tmp_path):
+    from hsextract.cli import main
+    from hsextract.records import load_or_create_run_id
+
+    data = tmp_path / "data.jsonl"
+    exp = write_mixed_dataset(data, load_tokenizer(tiny_llama), n_lines=12, seed=4, bad=False)
+    lines = data.read_bytes().splitlines()
+    lines[5] = lines[0]  # the copy is in shard 1/2, the original in shard 0/2
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    sent: dict[int, set[int]] = {}
+    for i in (0, 1):
+        out = tmp_path / f"out{i}"
+        cfg = tmp_path / f"host{i}.json"  # what the Ansible role writes per host
+        cfg.write_text(json.dumps({"server": llama_server.url, "dataset": str(data), "model": str(tiny_llama),
+                                   "dump_dir": str(llama_server.dump_dir), "output": str(out), "shard": f"{i}/2"}))
+        run_id = load_or_create_run_id(out)
+        try:
+            assert main(["extract", "--config", str(cfg), "--max-in-flight", "4"]) == 0
+            ok = _summary(out)["ok"]  # the capture finishes a dump's files just after the answer
+            wait_for(lambda ok=ok, r=run_id: len(_staged_indices(llama_server.dump_dir, r)) >= ok, 30, "dumps")
+            sent[i] = _staged_indices(llama_server.dump_dir, run_id)
+        finally:
+            _remove_run(llama_server.dump_dir, run_id)
+        summary = _summary(out)
+        assert summary["samples_total"] == 6
+    assert sent[0] == {0, 2, 4, 6, 8, 10}
+    assert sent[1] == {1, 3, 7, 9, 11}, "line 6 repeats line 1, which another host sends"
+    assert _summary(tmp_path / "out1")["rejected"] == {"duplicate": 1}
+    assert sent[0] | sent[1] == set(exp.samples) - {5}

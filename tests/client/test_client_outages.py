@@ -88,12 +88,12 @@ def _free(path: Path) -> int:
 
 
 def test_nearly_full_dump_filesystem_pauses_the_client_and_the_run_completes(own_server, tiny_llama, tmp_path):
-    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=100, seed=2,
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=60, seed=2,
                               max_words=25, bad=False)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     own_server.dump.mkdir(exist_ok=True)
-    floor = _free(own_server.dump) - (5 << 20)  # leave the client 5 MB: far less than the dataset's dumps
+    floor = _free(own_server.dump) - (3 << 20)  # leave the client 3 MB: half of what the dumps need
     client = start_client(logs / "client.log", *extract_args(
         own_server.url, tmp_path / "data.jsonl", tiny_llama, own_server.dump, out,
         "--shm-min-free", str(floor), "--max-in-flight", "4"))
@@ -122,7 +122,7 @@ def test_nearly_full_dump_filesystem_pauses_the_client_and_the_run_completes(own
 
 
 def test_client_waits_for_a_killed_server_and_completes_after_restart(own_server, tiny_llama, tmp_path):
-    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=60, seed=3, bad=False)
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=40, seed=3, bad=False)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     drain = start_drain(logs / "drain.log", own_server.dump, out, tiny_llama)

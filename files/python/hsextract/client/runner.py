@@ -233,9 +233,10 @@ class ExtractRun:
         log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
                  cfg.dataset, cfg.server)
         try:
-            st.paused_reason = f"waiting for the server {cfg.server} to answer /health"
-            self.sender.gate.wait_healthy(since=time.monotonic())
-            st.paused_reason = None
+            if not self.sender.gate.probe():  # under systemd the client may start before the server is up
+                st.paused_reason = f"waiting for the server {cfg.server} to answer /health"
+                self.sender.gate.wait_healthy(since=time.monotonic())
+                st.paused_reason = None
             # staging first, then the manifest: a dump drained in between is in the second
             skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
             self._produce(run_id, skip)
