@@ -62,6 +62,7 @@ log = logging.getLogger("hsextract.drain")
 
 CLIENT_SUMMARY = "client-summary.json"
 TMP_DIR = "tmp"
+TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)
 
 
 @dataclass
@@ -181,6 +182,9 @@ class Drainer:
             self._check_header_matches_config(self._header)
         elif self._entries:
             raise ManifestError(f"{self.out}: manifest.jsonl has entries but manifest.json is missing; restore it")
+        for leftover in self.dump_dir.glob(f"{TRASH_PREFIX}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        self._sweep_records(time.time(), force=True)
         if self.tmp_dir.exists():
             shutil.rmtree(self.tmp_dir)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -370,8 +374,9 @@ class Drainer:
                     self._remove_stale(d, rid, "from another run")
                 continue
             if rid in self._done_rids or parsed.index in self._done_indices:
-                if complete or _age(d, now) > self.cfg.incomplete_timeout_s:
-                    self._remove_stale(d, rid, "already written")
+                # Written and recorded: whatever is left of its dump is garbage (even an
+                # incomplete one; the client never resends a sample the manifest has).
+                self._remove_stale(d, rid, "already written")
                 continue
             if not complete:
                 if _age(d, now) > self.cfg.incomplete_timeout_s:
@@ -415,9 +420,9 @@ class Drainer:
             self._fatal = exc
             self.stop_event.set()
 
-    def _sweep_records(self, now: float) -> None:
-        """Remove records nobody will use: other runs' and written samples' (every 30 s)."""
-        if now - self._last_record_sweep < 30:
+    def _sweep_records(self, now: float, force: bool = False) -> None:
+        """Remove records nobody will use: written samples' at once, other runs' after the grace period."""
+        if not force and now - self._last_record_sweep < 30:
             return
         self._last_record_sweep = now
         rdir = self.dump_dir / "_records"
@@ -432,16 +437,32 @@ class Drainer:
             p = parse_rid(rid)
             if p is None:
                 continue
-            stale = p.run_id != self.run_id or rid in self._done_rids
-            if stale and not (self.dump_dir / rid).exists() and _age(rdir / name, now) > self.cfg.record_grace_s:
+            if (self.dump_dir / rid).exists():
+                continue  # the scan decides about its dump first
+            written = p.run_id == self.run_id and (rid in self._done_rids or p.index in self._done_indices)
+            foreign = p.run_id != self.run_id and _age(rdir / name, now) > self.cfg.record_grace_s
+            if written or foreign:
                 with contextlib.suppress(FileNotFoundError):
                     (rdir / name).unlink()
+
+    def _discard(self, d: Path) -> None:
+        """Remove a dump directory so that a crash midway cannot leave a half-deleted dump behind.
+
+        The rename to a dot name is atomic and takes the dump out of every scan at once; the
+        dot directory is deleted next, or at the next start if the drain dies first.
+        """
+        trash = d.parent / f"{TRASH_PREFIX}{d.name}-{time.time_ns()}"
+        try:
+            os.rename(d, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
 
     def _remove_stale(self, d: Path, rid: str, why: str) -> None:
         if not d.exists():
             return  # removed meanwhile (committed by another thread)
         log.warning("stale dump %s removed: %s", rid, why)
-        shutil.rmtree(d, ignore_errors=True)
+        self._discard(d)
         if why != "no client record":
             remove_record(self.dump_dir, rid)
         self.stats.add_stale(why)
@@ -471,7 +492,7 @@ class Drainer:
                 if not is_no_space(exc):
                     raise
                 self._pause_for_space(qroot, exc)
-        shutil.rmtree(d, ignore_errors=True)
+        self._discard(d)
         remove_record(self.dump_dir, rid)
         self.stats.add_quarantined(reason)
         log.error("dump %s quarantined to %s: %s: %s", rid, target, reason, detail)
@@ -621,7 +642,7 @@ class Drainer:
             self._done_indices.add(e.dataset_index)
         # Only now is the sample safe on disk and recorded: the staged copy may go.
         for p in done:
-            shutil.rmtree(p.dump, ignore_errors=True)
+            self._discard(p.dump)
             remove_record(self.dump_dir, p.rid)
             self._forget(p.rid)
         self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
