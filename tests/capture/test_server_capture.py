@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import shutil
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
+import torch
 from hf_reference import reference, rel_err
+from hsextract.capture.selfcheck import check_dump
 from hsextract.staging import DONE_FILE, read_done_marker, read_states, rid_dir
+from support.sglang_server import start_server
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Error bounds of bf16 serving against a float32 transformers run of the same weights, measured
 # per captured layer over the whole prompt (relative L2). Dense Llama: ~0.5 %, bound 2 %. Tiny
@@ -80,3 +91,153 @@ def test_chunked_prompt_dump_matches_transformers_hidden_states(request, server_
         assert read_done_marker(rid_dir(server.dump_dir, rid)).chunks == [[0, 16], [16, 16], [32, 8]]
     finally:
         shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+def test_concurrent_requests_rows_do_not_mix(llama_server):
+    server = llama_server
+    run = secrets.token_hex(4)
+    prompts = {f"hsx-{run}-{i}": prompt(n, seed=10 + i) for i, n in enumerate((7, 23, 40, 16, 33))}
+    try:
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            list(pool.map(lambda item: server.generate(item[1], rid=item[0]), prompts.items()))
+        for rid, ids in prompts.items():
+            check_against_hf(server, rid, ids)
+    finally:
+        for rid in prompts:
+            shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+def test_health_checks_and_foreign_requests_are_never_dumped(llama_server):
+    server = llama_server
+    assert requests.get(f"{server.url}/health_generate", timeout=60).status_code == 200
+    server.generate(prompt(12, seed=3))  # no rid: SGLang makes one up
+    server.generate(prompt(12, seed=4), rid=f"other-{secrets.token_hex(4)}-0")
+    server.generate(prompt(12, seed=5), rid="hsxfoo-1")  # prefix without the separator
+    time.sleep(1.0)
+    names = [p.name for p in server.dump_dir.iterdir()] if server.dump_dir.exists() else []
+    strangers = [n for n in names if not n.startswith(f"{server.rid_prefix}-")]
+    assert not strangers, f"dumps of requests the client did not send: {strangers}"
+
+
+def test_repeated_prompt_yields_two_complete_dumps(llama_server):
+    server = llama_server
+    run = secrets.token_hex(4)
+    ids = prompt(40, seed=7)
+    rids = [f"hsx-{run}-0", f"hsx-{run}-1"]
+    try:
+        outs = [server.generate(ids, rid=rid) for rid in rids]
+        assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, 0]
+        for rid in rids:
+            check_against_hf(server, rid, ids)
+    finally:
+        for rid in rids:
+            shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+@pytest.mark.parametrize("server_name", ["llama_server", "dsv3_server"])
+def test_selfcheck_passes_for_a_real_request(request, server_name):
+    server = request.getfixturevalue(server_name)
+    rid = fresh_rid(server)
+    ids = prompt(10, seed=21)
+    try:
+        token = server.generate(ids, rid=rid)["output_ids"][0]
+        wait_done(server.dump_dir, rid)
+        result = check_dump(server.dump_dir, rid, server.model_dir, ids, token)
+        assert result.ok, result.reasons
+        assert result.details["predicted_token"] == token
+    finally:
+        shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+def test_selfcheck_fails_with_a_reason_for_a_tampered_dump(llama_server, tmp_path):
+    server = llama_server
+    rid = fresh_rid(server)
+    ids = prompt(10, seed=22)
+    try:
+        token = server.generate(ids, rid=rid)["output_ids"][0]
+        src = wait_done(server.dump_dir, rid)
+        copy = tmp_path / "dump"
+        shutil.copytree(src, copy / rid)
+        # Swap the last position's final hidden state for the first position's: a plausible row,
+        # but not the one that produced the server's token.
+        layout_path = copy / rid / "states.safetensors"
+        states = read_states(layout_path)
+        hidden = states.hidden.clone()
+        hidden[-1, -1] = -hidden[-1, -1]
+        _rewrite_hidden(layout_path, hidden)
+        result = check_dump(copy, rid, server.model_dir, ids, token)
+        assert not result.ok
+        assert any("predicts token" in r for r in result.reasons), result.reasons
+        wrong_ids = [*ids[:-1], ids[-1] + 1]
+        result = check_dump(server.dump_dir, rid, server.model_dir, wrong_ids, token)
+        assert not result.ok and any("token ids differ" in r for r in result.reasons), result.reasons
+    finally:
+        shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+def _rewrite_hidden(path: Path, hidden) -> None:
+    import json
+    import struct
+
+    buf = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", buf[:8])
+    start = 8 + n + json.loads(buf[8 : 8 + n])["hidden"]["data_offsets"][0]
+    raw = hidden.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    buf[start : start + len(raw)] = raw
+    path.write_bytes(bytes(buf))
+
+
+def test_selfcheck_command_prints_json_and_exit_code(llama_server):
+    server = llama_server
+    rid = fresh_rid(server)
+    ids = prompt(10, seed=23)
+    try:
+        token = server.generate(ids, rid=rid)["output_ids"][0]
+        wait_done(server.dump_dir, rid)
+        base = [sys.executable, "-m", "hsextract", "selfcheck", "--dump-dir", str(server.dump_dir), "--rid", rid,
+                "--model-path", str(server.model_dir), "--input-ids", ",".join(map(str, ids))]
+        env = {**os.environ, "PYTHONPATH": str(REPO / "files" / "python")}
+        good = subprocess.run([*base, "--server-token", str(token)], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert good.returncode == 0, good.stdout + good.stderr
+        assert json.loads(good.stdout)["ok"] is True
+        other = (token + 1) % 300
+        bad = subprocess.run([*base, "--server-token", str(other)], capture_output=True, text=True, env=env,
+                             timeout=120)
+        verdict = json.loads(bad.stdout)
+        assert bad.returncode == 1 and not verdict["ok"] and verdict["reasons"], bad.stdout + bad.stderr
+    finally:
+        shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def prenorm_server(request, tmp_path_factory, tiny_llama, free_port):
+    """A Llama server storing the final hidden state pre-norm, aux layers given in SGLang's
+    convention, with the startup warmup ON (it must not be dumped)."""
+    base = tmp_path_factory.mktemp("prenorm")
+    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
+                          final_hidden="pre_norm", aux_layer_ids=[1, 3, 6], layer_convention="sglang",
+                          skip_warmup=False)
+    request.addfinalizer(handle.stop)
+    return handle
+
+
+def test_pre_norm_final_hidden_and_sglang_convention_layers(prenorm_server):
+    server = prenorm_server
+    rid = fresh_rid(server)
+    ids = prompt(40, seed=31)
+    token = server.generate(ids, rid=rid)["output_ids"][0]
+    check_against_hf(server, rid, ids, final_hidden="pre_norm")
+    marker = read_done_marker(rid_dir(server.dump_dir, rid))
+    assert marker.sglang_layers_to_capture == [1, 3, 6]
+    assert marker.eagle_aux_hidden_state_layer_ids == [0, 2, 5]
+    assert marker.final_hidden == "pre_norm"
+    result = check_dump(server.dump_dir, rid, server.model_dir, ids, token)
+    assert result.ok, result.reasons
+
+
+def test_startup_warmup_is_not_dumped(prenorm_server):
+    log = prenorm_server.log_path.read_text(errors="replace")
+    names = [p.name for p in prenorm_server.dump_dir.iterdir()] if prenorm_server.dump_dir.exists() else []
+    assert all(n.startswith("hsx-") for n in names), names
+    assert "POST /generate" in log or "Prefill batch" in log  # the warmup did run

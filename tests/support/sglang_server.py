@@ -165,6 +165,7 @@ def start_server(
     capture: bool = True,
     architecture: str | None = None,
     wait: bool = True,
+    skip_warmup: bool = True,
     startup_timeout: float = STARTUP_TIMEOUT_S,
 ) -> ServerHandle:
     """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
@@ -196,6 +197,8 @@ def start_server(
     else:
         run_env.update({"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join(pythonpath)})
         args += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
+    if not skip_warmup:
+        args = [a for a in args if a != "--skip-server-warmup"]
     run_env.setdefault("OMP_NUM_THREADS", "1")
     run_env.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_env.update(env or {})
