@@ -5,9 +5,12 @@ concatenated on the device into one contiguous ``[T, K + 1, H]`` block (one kern
 asynchronous device-to-host copy into a reusable pinned host buffer is queued on a side CUDA
 stream, followed by an event. That is all the forward pays for. A dispatcher thread waits for
 the event, asks the `CapturePlanner` where the rows go, and hands slices of them to a pool of
-writer threads that ``os.pwrite`` straight from the pinned buffer into each request's
-``states.safetensors``: a long request is split across threads, because one thread writes a
-tmpfs at ~2 GB/s while eight reach ~9 GB/s. When every planned row of a complete request is on
+writer threads that copy straight from the pinned buffer into each request's
+``states.safetensors``. A long request is split across threads and written through a shared
+mapping of its file, because tmpfs serialises pwrite(2) on one file (~2.4 GB/s for any number
+of threads on the H200 host) while mapped copies run in parallel (~4.9 GB/s with 8 threads).
+Small segments, and any write while /dev/shm is nearly full, use pwrite: a page fault on a full
+tmpfs would be a fatal SIGBUS, whereas pwrite reports ENOSPC. When every planned row of a complete request is on
 disk, its ``done.json`` is written atomically.
 
 Host memory is bounded: buffers come from a `HostBufferPool` with a byte budget. When the
@@ -23,8 +26,10 @@ done. Nothing here raises into the server.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
+import mmap
 import os
 import queue
 import threading
@@ -130,6 +135,40 @@ class _Job:
     lock: threading.Lock | None = None
 
 
+class _MappedFile:
+    """A shared mapping of one request's file that several writer threads fill at once.
+
+    tmpfs serialises pwrite(2) on one file under its inode lock (~2.4 GB/s whatever the thread
+    count, measured on the H200 host), while copies into a shared mapping fault pages in
+    parallel (~4.9 GB/s with 8 threads). The mapping is closed when its last slice is written.
+    """
+
+    def __init__(self, path: Path, size: int, users: int, reserved: int, unreserve):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self._anchor = ctypes.c_char.from_buffer(self._mm)
+        self.addr = ctypes.addressof(self._anchor)
+        self._users = users
+        self._reserved = reserved
+        self._unreserve = unreserve
+        self._lock = threading.Lock()
+
+    def done(self, nbytes: int) -> None:
+        with self._lock:
+            self._users -= 1
+            self._reserved -= nbytes
+            last = self._users == 0
+        self._unreserve(nbytes)
+        if last:
+            if self._reserved:
+                self._unreserve(self._reserved)
+            del self._anchor
+            self._mm.close()
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         n = os.pwrite(fd, data, offset)
@@ -151,6 +190,7 @@ class CaptureWriter:
         num_threads: int = 8,
         max_bytes_in_flight: int = 2 << 30,
         slice_bytes: int = 32 * _MiB,
+        map_margin_bytes: int = 512 * _MiB,
     ):
         self.dump_dir = Path(dump_dir)
         self.planner = planner
@@ -158,6 +198,9 @@ class CaptureWriter:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.slice_bytes = max(int(slice_bytes), 1)
+        self.map_margin_bytes = int(map_margin_bytes)
+        self._space_lock = threading.Lock()
+        self._reserved = 0
         self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda)
         self._side_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -253,13 +296,17 @@ class CaptureWriter:
         lens = job.buf[job.lens_offset : job.lens_offset + 8 * job.batch_size].view(torch.int64).tolist()
         segments = self.planner.plan(job.requests, lens)
         mv = memoryview(job.buf.numpy())
-        tasks: list[tuple[Segment, int, int, bool]] = []
+        tasks: list[tuple[Segment, int, int, bool, _MappedFile | None]] = []
         per_slice_rows = max(1, self.slice_bytes // job.row_bytes)
         for seg in segments:
             if seg.create:
                 self._prepare_file(seg.state)
             starts = list(range(0, seg.rows, per_slice_rows))
-            seg_tasks = [(seg, a, min(a + per_slice_rows, seg.rows), a == 0) for a in starts]
+            mapped = None
+            seg_bytes = seg.rows * job.row_bytes
+            if len(starts) > 1 and not seg.state.failed and self._reserve(seg_bytes):
+                mapped = self._map(seg.state, len(starts), seg_bytes)
+            seg_tasks = [(seg, a, min(a + per_slice_rows, seg.rows), a == 0, mapped) for a in starts]
             with seg.state.lock:
                 seg.state.pending += len(seg_tasks) - 1  # the planner counted the segment once
             tasks.extend(seg_tasks)
@@ -269,6 +316,34 @@ class CaptureWriter:
             return
         for task in tasks:
             self._executor.submit(self._write_slice, job, mv, *task)
+
+    def _reserve(self, nbytes: int) -> bool:
+        """Room for ``nbytes`` written through a mapping? A page fault on a full tmpfs is a SIGBUS
+        (fatal), not an error, so mapped writes are used only with free space to spare; otherwise
+        pwrite, which reports ENOSPC as an error, is used."""
+        try:
+            st = os.statvfs(self.dump_dir)
+        except OSError:
+            return False
+        free = st.f_bavail * st.f_frsize
+        with self._space_lock:
+            if free - self._reserved - nbytes < self.map_margin_bytes:
+                return False
+            self._reserved += nbytes
+        return True
+
+    def _unreserve(self, nbytes: int) -> None:
+        with self._space_lock:
+            self._reserved -= nbytes
+
+    def _map(self, state: RequestState, users: int, reserved: int) -> _MappedFile | None:
+        path = rid_dir(self.dump_dir, state.rid) / STATES_FILE
+        try:
+            return _MappedFile(path, state.layout.file_size, users, reserved, self._unreserve)
+        except (OSError, ValueError) as exc:
+            self._unreserve(reserved)
+            log.warning("capture: cannot map %s (%s); writing it with pwrite", path, exc)
+            return None
 
     def _prepare_file(self, state: RequestState) -> None:
         """(Re)create the request's file at full size with its header; drop a stale marker."""
@@ -290,30 +365,38 @@ class CaptureWriter:
         except OSError as exc:
             self._fail(state, path, exc)
 
-    def _write_slice(self, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool) -> None:
+    def _write_slice(self, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+                     mapped: _MappedFile | None) -> None:
         state = seg.state
         path = rid_dir(self.dump_dir, state.rid) / STATES_FILE
         error: OSError | None = None
+        nbytes = (b - a) * job.row_bytes
         if not state.failed:
             try:
                 layout = state.layout
                 src = (seg.batch_row + a) * job.row_bytes
-                data = mv[src : src + (b - a) * job.row_bytes]
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    _pwrite_all(fd, data, layout.hidden_offset(seg.dst_row + a))
-                    if with_ids:
-                        ids_src = job.ids_offset + 8 * seg.batch_row
-                        _pwrite_all(fd, mv[ids_src : ids_src + 8 * seg.rows], layout.ids_offset(seg.dst_row))
-                finally:
-                    os.close(fd)
+                dst = layout.hidden_offset(seg.dst_row + a)
+                if mapped is not None:  # parallel: page faults do not take the inode lock
+                    ctypes.memmove(mapped.addr + dst, job.buf.data_ptr() + src, nbytes)
+                if mapped is None or with_ids:
+                    fd = os.open(path, os.O_WRONLY)
+                    try:
+                        if mapped is None:  # pwrite: tmpfs serialises these per file
+                            _pwrite_all(fd, mv[src : src + nbytes], dst)
+                        if with_ids:
+                            ids_src = job.ids_offset + 8 * seg.batch_row
+                            _pwrite_all(fd, mv[ids_src : ids_src + 8 * seg.rows], layout.ids_offset(seg.dst_row))
+                    finally:
+                        os.close(fd)
                 with self._stats_lock:
-                    self.bytes_written += len(data) + (8 * seg.rows if with_ids else 0)
+                    self.bytes_written += nbytes + (8 * seg.rows if with_ids else 0)
             except OSError as exc:
                 error = exc
             except Exception as exc:  # a bug must not kill the writer thread silently
                 log.exception("capture: unexpected error writing %s", path)
                 error = OSError(errno.EIO, str(exc))
+        if mapped is not None:
+            mapped.done(nbytes)
         if error is not None:
             self._fail(state, path, error)
         self._slice_done(state)
