@@ -15,8 +15,9 @@ Rules, each one a reason a training sample could otherwise be silently wrong:
 * only rids of the form ``<prefix>-...``: health checks, warmup and other clients' traffic are
   never written;
 * each chunk is placed at its row offset; the dump is complete only when the covered rows are
-  exactly ``[0, prompt_len)``. A request whose first chunk starts past row 0 (a cached prefix)
-  never completes, so a sample missing its prefix is never handed to the drain;
+  exactly ``[0, prompt_len)``. A request first seen past row 0 (a cached prefix, or a decode row
+  of a request no longer tracked) is not written at all, so a sample missing its prefix is
+  never handed to the drain;
 * once a request is complete, later forwards of the same rid (a re-prefill after retraction)
   are ignored, so they cannot overwrite a finished dump;
 * tracking is bounded (LRU): an abandoned request cannot grow memory forever.
@@ -161,6 +162,7 @@ class CapturePlanner:
         self.settings = settings
         self._tracked: OrderedDict[str, RequestState] = OrderedDict()
         self.evicted_incomplete = 0
+        self.skipped_partial = 0
 
     def __len__(self) -> int:
         return len(self._tracked)
@@ -190,15 +192,20 @@ class CapturePlanner:
                 return None
         else:
             if prompt_len <= 0 or req.prefix_len >= prompt_len:
-                return None  # decode rows of a request the capture never saw prefill
+                return None  # decode rows of a request the capture is not tracking
+            if req.prefix_len > 0:
+                # Either its first rows came from a prefix cache, or this is a decode/re-prefill row
+                # of a request no longer tracked: no complete dump can come of it, write nothing.
+                self.skipped_partial += 1
+                log.warning(
+                    "rid %s: first forward seen starts at row %d of %d, not 0 (a cached prefix, or a request "
+                    "dropped from tracking); nothing is written for it. The server must run with "
+                    "--disable-radix-cache.", req.rid, req.prefix_len, prompt_len)
+                return None
             layout = StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype)
             state = RequestState(req.rid, layout)
             self._track(state)
             create = True
-            if req.prefix_len > 0:
-                log.warning(
-                    "rid %s: first prefill starts at row %d, not 0 (a cached prefix?); its dump will never be "
-                    "marked complete. Run the server with --disable-radix-cache.", req.rid, req.prefix_len)
         start = req.prefix_len
         end = min(req.prefix_len + req.extend_len, state.prompt_len)
         if start >= end:

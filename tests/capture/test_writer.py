@@ -1,0 +1,199 @@
+"""The writer stages rows exactly, in parallel, without unbounded memory, and survives write errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+from hsextract.capture.core import BatchRequest, CapturePlanner, CaptureSettings
+from hsextract.capture.writer import CaptureWriter, HostBufferPool
+from hsextract.layers import resolve
+from hsextract.staging import DONE_FILE, STATES_FILE, iter_complete, read_done_marker, read_states
+
+H = 16
+K = 3
+
+
+def make_writer(dump_dir, **kw) -> CaptureWriter:
+    s = CaptureSettings(rid_prefix="hsx", layers=resolve(None, 8), hidden_size=H, architecture="LlamaForCausalLM")
+    return CaptureWriter(dump_dir, CapturePlanner(s), device="cpu", **kw)
+
+
+def batch(rows: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    aux = torch.randn(rows, K * H, generator=g).to(torch.bfloat16)
+    final = torch.randn(rows, H, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, 300, (rows,), generator=g)
+    return aux, final, ids
+
+
+def expected_rows(aux, final):
+    return torch.cat([aux.view(-1, K, H), final.view(-1, 1, H)], 1)
+
+
+def test_chunks_of_several_batches_are_stitched_into_one_exact_file(tmp_path):
+    w = make_writer(tmp_path)
+    rid = "hsx-ab12cd34-0"
+    aux, final, ids = batch(40, seed=1)
+    try:
+        for start, n in [(0, 16), (16, 16), (32, 8)]:
+            w.submit([BatchRequest(rid, 0, start, n, 0)], aux[start:start + n], final[start:start + n],
+                     ids[start:start + n], [40])
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    st = read_states(tmp_path / rid)
+    assert torch.equal(st.hidden, expected_rows(aux, final))
+    assert torch.equal(st.input_ids, ids)
+    assert read_done_marker(tmp_path / rid).chunks == [[0, 16], [16, 16], [32, 8]]
+
+
+def test_requests_packed_in_one_batch_land_in_their_own_files(tmp_path):
+    w = make_writer(tmp_path)
+    aux, final, ids = batch(30, seed=2)
+    reqs = [BatchRequest("hsx-ab12cd34-0", 0, 0, 10, 0), BatchRequest("hsx-ab12cd34-2", 14, 0, 16, 2)]
+    try:
+        w.submit(reqs, aux, final, ids, [10, 4, 16])  # the request at index 1 is not ours
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    exp = expected_rows(aux, final)
+    a = read_states(tmp_path / "hsx-ab12cd34-0")
+    b = read_states(tmp_path / "hsx-ab12cd34-2")
+    assert torch.equal(a.hidden, exp[:10]) and torch.equal(a.input_ids, ids[:10])
+    assert torch.equal(b.hidden, exp[14:30]) and torch.equal(b.input_ids, ids[14:30])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hsx-ab12cd34-0", "hsx-ab12cd34-2"]
+
+
+def test_a_long_request_is_written_by_several_threads(tmp_path):
+    w = make_writer(tmp_path, num_threads=4, slice_bytes=4096)  # 32 rows per slice
+    seen: set[str] = set()
+    real = w._write_slice
+
+    def spy(*args, **kw):
+        seen.add(threading.current_thread().name)
+        time.sleep(0.01)
+        return real(*args, **kw)
+
+    w._write_slice = spy
+    aux, final, ids = batch(1024, seed=3)
+    try:
+        w.submit([BatchRequest("hsx-ab12cd34-0", 0, 0, 1024, 0)], aux, final, ids, [1024])
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    assert len(seen) > 1
+    st = read_states(tmp_path / "hsx-ab12cd34-0")
+    assert torch.equal(st.hidden, expected_rows(aux, final)) and torch.equal(st.input_ids, ids)
+
+
+def test_a_stale_done_marker_of_an_earlier_run_is_removed_when_the_rid_restarts(tmp_path):
+    rid = "hsx-ab12cd34-0"
+    (tmp_path / rid).mkdir()
+    (tmp_path / rid / DONE_FILE).write_text("{}")
+    w = make_writer(tmp_path)
+    aux, final, ids = batch(8, seed=4)
+    try:
+        w.submit([BatchRequest(rid, 0, 0, 8, 0)], aux, final, ids, [16])  # half of the prompt
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    assert not (tmp_path / rid / DONE_FILE).exists()
+
+
+def test_pool_blocks_when_the_byte_budget_is_spent_and_says_so(caplog):
+    pool = HostBufferPool(max_bytes=4 << 20, pin=False, granularity=1 << 20)
+    a = pool.acquire(3 << 20)
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.acquire(2 << 20)))
+    with caplog.at_level(logging.WARNING, logger="hsextract.capture"):
+        t.start()
+        time.sleep(0.3)
+        assert not got, "the pool handed out more than its budget"
+        pool.release(a)
+        t.join(timeout=5)
+    assert got and pool.blocked_count == 1
+    assert any("capture blocked" in r.message for r in caplog.records)
+
+
+def test_pool_serves_an_oversized_request_when_nothing_else_is_in_use():
+    pool = HostBufferPool(max_bytes=1 << 20, pin=False)
+    buf = pool.acquire(3 << 20)
+    assert buf.numel() >= 3 << 20
+
+
+def test_pool_reuses_buffers():
+    pool = HostBufferPool(max_bytes=64 << 20, pin=False)
+    a = pool.acquire(5 << 20)
+    pool.release(a)
+    b = pool.acquire(4 << 20)
+    assert b.data_ptr() == a.data_ptr()
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 1 MiB tmpfs of our own, to fill up (needs root and mount; skipped without them)."""
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_ramdisk_is_logged_with_the_path_and_never_marked_done(tiny_tmpfs, caplog):
+    w = make_writer(tiny_tmpfs, slice_bytes=64 << 10, map_margin_bytes=0)
+    big, small = "hsx-ab12cd34-0", "hsx-ab12cd34-1"
+    aux, final, ids = batch(12000, seed=5)  # 12000 rows x 128 B = 1.5 MB > 1 MiB
+    with caplog.at_level(logging.ERROR, logger="hsextract.capture"):
+        try:
+            w.submit([BatchRequest(big, 0, 0, 12000, 0)], aux, final, ids, [12000])
+            assert w.flush(timeout=30)
+            # The server goes on: a later small request is still captured once space is back.
+            w.submit([BatchRequest(small, 0, 0, 8, 0)], aux[:8], final[:8], ids[:8], [8])
+            assert w.flush(timeout=30)
+        finally:
+            w.close()
+    assert not (tiny_tmpfs / big / DONE_FILE).exists()
+    assert not (tiny_tmpfs / big / STATES_FILE).exists(), "the partial file should be removed to free space"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(str(tiny_tmpfs / big / STATES_FILE) in m and "No space left" in m for m in errors), errors
+    assert w.write_errors == 1
+    assert [p.name for p in iter_complete(tiny_tmpfs)] == [small]
+
+
+def test_unwritable_dump_dir_is_logged_and_never_marked_done(tmp_path, caplog):
+    if os.geteuid() == 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        r = subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip("cannot make a read-only directory as root here")
+        cleanup = ["umount", str(ro)]
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        cleanup = None
+    w = make_writer(ro)
+    aux, final, ids = batch(8, seed=6)
+    try:
+        with caplog.at_level(logging.ERROR, logger="hsextract.capture"):
+            w.submit([BatchRequest("hsx-ab12cd34-0", 0, 0, 8, 0)], aux, final, ids, [8])
+            assert w.flush(timeout=30)
+        w.close()
+        assert not (ro / "hsx-ab12cd34-0" / DONE_FILE).exists()
+        assert any(str(ro / "hsx-ab12cd34-0") in r.getMessage() for r in caplog.records)
+    finally:
+        if cleanup:
+            subprocess.run(cleanup, check=False)
+        shutil.rmtree(ro, ignore_errors=True)
