@@ -64,3 +64,9 @@ def test_bad_watermark_in_config_is_refused(capsys, tmp_path, tiny_llama):
     (tmp_path / "d.jsonl").write_text("")
     code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "d.jsonl"), "--shm-min-free", "lots")
     assert code == 2 and "watermark" in err
+
+
+def test_malformed_aux_layers_are_refused(capsys, tmp_path, tiny_llama):
+    (tmp_path / "d.jsonl").write_text("")
+    code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "d.jsonl"), "--aux-layers", "1,x")
+    assert code == 2 and "aux layers" in err and "e.g. 1,29,57" in err

@@ -17,7 +17,7 @@ from pathlib import Path
 from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES
 from hsextract.client.progress import progress_line
-from hsextract.client.runner import ExtractConfig, ExtractRun, parse_shard
+from hsextract.client.runner import DEFAULT_NUM_AUX, ExtractConfig, ExtractRun, parse_shard
 from hsextract.client.sender import RetryPolicy
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="what to do with longer samples (default: truncate)")
     s.add_argument("--shm-min-free", default="10%",
                    help="pause while the dump dir's filesystem has less free space (bytes like 2G, or 10%%)")
+    s.add_argument("--aux-layers", help="the capture's aux layer ids, e.g. 1,29,57 (only sizes the staging reserve; "
+                   "default: 3 layers)")
     s.add_argument("--max-staged", type=int, default=4096,
                    help="pause while staged dumps + requests in flight reach this many (0: no limit)")
     r = parser.add_argument_group("retries")
@@ -79,10 +81,20 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         shm_min_free=parse_watermark(args.shm_min_free),
         max_staged=int(args.max_staged) or None,
         chat_template=template,
+        num_aux=_count_layers(args.aux_layers),
         retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
                           read_timeout_s=float(args.request_timeout)),
         log_every_s=float(args.log_every),
     )
+
+
+def _count_layers(text: str | None) -> int:
+    if not text:
+        return DEFAULT_NUM_AUX
+    ids = [t for t in str(text).replace(" ", ",").split(",") if t]
+    if not ids or not all(t.isdigit() for t in ids):
+        raise ConfigError(f"aux layers {text!r}: expected comma-separated layer ids, e.g. 1,29,57")
+    return len(ids)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -54,9 +54,9 @@ from hsextract.staging import DONE_FILE, iter_dump_dirs
 
 log = logging.getLogger("hsextract.client")
 
-# Bytes a token's captured states take in staging, per hidden unit: K = 3 aux layers (EAGLE-3)
-# plus the final hidden state, 2 bytes each (bf16). Used only to reserve room for requests in flight.
-STAGED_SLOTS = 4
+# Bytes a token's captured states take in staging, per hidden unit: K aux layers (EAGLE-3: 3) plus
+# the final hidden state, 2 bytes each (bf16). Used only to reserve room for requests in flight.
+DEFAULT_NUM_AUX = 3
 STAGED_ELEM_BYTES = 2
 
 
@@ -75,6 +75,7 @@ class ExtractConfig:
     shm_min_free: Watermark = field(default_factory=lambda: Watermark(fraction=0.10))
     max_staged: int | None = 4096
     chat_template: str | None = None
+    num_aux: int = DEFAULT_NUM_AUX  # only sizes the staging reserve of requests in flight
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     status_every_s: float = 1.0
     log_every_s: float = 30.0
@@ -152,7 +153,7 @@ class ExtractRun:
         if max_tokens is None and ctx:
             max_tokens = ctx - 1  # room for the one generated token
         self.encoder = SampleEncoder(tok, max_tokens, cfg.overlong, vocab)
-        self.bytes_per_token = max(1, STAGED_SLOTS * hidden * STAGED_ELEM_BYTES) + 8
+        self.bytes_per_token = (cfg.num_aux + 1) * hidden * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
         self.sender = Sender(cfg.server, cfg.retry, self.stop)
         self.fatal: BaseException | None = None
