@@ -100,7 +100,7 @@ def test_the_cli_fails_with_exit_4_and_the_numbers_when_space_is_short(tmp_path)
     result = run_cli("--model", str(model), "--max-in-flight", "100000", "--max-tokens", "100000",
                      "--dump-dir", str(tmp_path))
     assert result.returncode == 4
-    assert "100000 requests" in result.stderr and "GiB" in result.stderr
+    assert "100000 staged requests" in result.stderr and "GiB" in result.stderr
 
 
 def test_the_cli_without_a_model_names_what_is_missing():

@@ -3,7 +3,7 @@
 The capture stages every request's hidden states in RAM until the drain has written them. If the
 ramdisk fills, the capture's writes fail and samples are lost, so the play checks before starting:
 
-* the estimate: requests in flight (plus dumps allowed to wait for the drain) x tokens per
+* the estimate: requests in flight (or the staged limit, if larger) x tokens per
   request x bytes per token, where a token costs ``hidden_size x (aux layers + 1) x dtype bytes``
   plus its 8-byte id, and each request also costs a few pages (header, done marker, record);
 * the watermark: the client pauses while free space is below it (``--shm-min-free``), so with less
@@ -110,7 +110,7 @@ def estimate_need(
 def verdict_message(path: str, free: int, total: int, need: ShmNeed, requests: int, per_request: int) -> str:
     return (
         f"{path} has {human(free)} free (of {human(total)}), but the run needs {human(need.need_bytes)}: "
-        f"the estimate is {requests} requests (in flight + staged) x {per_request} tokens x "
+        f"the estimate is {requests} staged requests x {per_request} tokens x "
         f"{need.bytes_per_token} bytes per token "
         f"= {human(need.estimate_bytes)}, the client's free-space watermark is {human(need.watermark_bytes)}. "
         f"Fix one of: enlarge {path} (mount -o remount,size=... {path}, or more RAM), remove stale dumps there, "
@@ -144,7 +144,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=4096, help="longest request in tokens (default 4096)")
     parser.add_argument(
         "--max-staged", type=int, default=0,
-        help="complete dumps the client lets wait for the drain before it pauses; staged on top of those in flight",
+        help="the client pauses while staged dumps + requests in flight reach this many (0: no limit, "
+        "then only --max-in-flight counts)",
     )
     parser.add_argument("--shm-min-free", default="", help="the client's free-space watermark: bytes, 512M, 2G or 10%%")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES), help="dtype of the captured states")
@@ -179,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         probe = parent
     st = os.statvfs(probe)
     watermark = parse_size(args.shm_min_free, st.f_blocks * st.f_frsize)
-    requests = args.max_in_flight + max(0, args.max_staged or 0)
+    # The client's --max-staged bounds staged dumps and requests in flight together.
+    requests = max(args.max_in_flight, args.max_staged or 0)
     need = estimate_need(
         hidden_size=hidden, aux_layers=_aux_count(args.aux_layers), requests_in_flight=requests,
         tokens_per_request=args.max_tokens, watermark_bytes=watermark, dtype=args.dtype,
