@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -50,8 +51,9 @@ class PlayResult:
         return out
 
     def result_of(self, task_name: str, host: str = "localhost") -> dict[str, Any]:
+        """The result of the task named ``task_name`` (role tasks are reported as "role : name")."""
         for name, r in self.task_results(host):
-            if name == task_name:
+            if name == task_name or name.endswith(f" : {task_name}"):
                 return r
         raise KeyError(f"no task named {task_name!r} ran; tasks: {[n for n, _ in self.task_results(host)]}")
 
@@ -62,10 +64,29 @@ class PlayResult:
         return "\n".join(parts)
 
 
+def snapshot_repo(dest: Path) -> Path:
+    """Copy the working tree (tracked and untracked, not ignored files) to ``dest``.
+
+    The playbooks ship files/python to the host and reinstall it when it changes; a snapshot keeps
+    a long test session independent of edits made to the working tree meanwhile.
+    """
+    names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, names):
+        src = REPO / name
+        if not src.is_file():
+            continue
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    return dest
+
+
 @dataclass
 class Sandbox:
     name: str
     binds: list[Path]
+    workdir: Path = REPO
     shm: str = "1g"
     env: dict[str, str] = field(default_factory=dict)
     started: bool = False
@@ -91,11 +112,12 @@ class Sandbox:
 
     def run(self, *argv: str, timeout: float = 120, check: bool = False, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess:
-        """Run a command inside the sandbox (cwd: the repository)."""
+        """Run a command inside the sandbox (cwd: ``workdir``, the repository or its snapshot)."""
         cmd = [str(SDBOX), "exec"]
         if env:
             cmd += ["env", *(f"{k}={v}" for k, v in env.items())]
-        r = subprocess.run([*cmd, *argv], env=self._env(), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([*cmd, *argv], env=self._env(), cwd=self.workdir, capture_output=True, text=True,
+                           timeout=timeout)
         if check and r.returncode != 0:
             raise AssertionError(
                 f"{shlex.join(argv)} failed in the sandbox (rc {r.returncode}):\n{r.stdout}\n{r.stderr}"

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from playbook_sandbox import REPO, PlayResult, Sandbox
+from playbook_sandbox import REPO, PlayResult, Sandbox, snapshot_repo
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
 
@@ -59,7 +59,8 @@ def host(tmp_path_factory):
     if why:
         pytest.skip(why)
     logs = tmp_path_factory.mktemp("ansible-logs")
-    box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[REPO], shm="1g")
+    repo = snapshot_repo(tmp_path_factory.mktemp("repo"))
+    box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[repo], workdir=repo, shm="1g")
     box.start()
     try:
         venv_python = f"{os.environ['HSEXTRACT_VENV']}/bin/python"
