@@ -140,3 +140,28 @@ def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(ll
     assert sent[1] == {1, 3, 7, 9, 11}, "line 6 repeats line 1, which another host sends"
     assert _summary(tmp_path / "out1")["rejected"] == {"duplicate": 1}
     assert sent[0] | sent[1] == set(exp.samples) - {5}
+
+
+def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_server, tiny_llama, tmp_path):
+    from hsextract.cli import main
+    from hsextract.records import load_or_create_run_id, make_rid, record_path
+
+    data = tmp_path / "data.jsonl"
+    longer_than_context = list(range(4, 200)) * 11  # 2156 tokens; the model's context is 2048
+    data.write_text("\n".join(json.dumps(x) for x in (
+        {"input_ids": [1, 5, 6, 7, 8]}, {"input_ids": longer_than_context}, {"input_ids": [1, 9, 10, 11]})) + "\n")
+    out = tmp_path / "out"
+    run_id = load_or_create_run_id(out)
+    try:
+        assert main(["extract", "--server", llama_server.url, "--dataset", str(data), "--model", str(tiny_llama),
+                     "--dump-dir", str(llama_server.dump_dir), "--output", str(out),
+                     "--max-tokens", "4000", "--max-attempts", "2"]) == 0
+        summary = _summary(out)
+        assert summary["ok"] == 2 and summary["failed"] == {"http_4xx": 1}
+        failures = [json.loads(line) for line in (out / ".hsextract" / "failures.jsonl").read_text().splitlines()]
+        assert len(failures) == 1 and failures[0]["index"] == 1 and failures[0]["line"] == 2
+        assert "HTTP 400" in failures[0]["detail"]
+        assert not record_path(llama_server.dump_dir, failures[0]["rid"]).exists(), "no dump will come: no record"
+        assert record_path(llama_server.dump_dir, make_rid("hsx", run_id, 0)).exists(), "the drain needs the others'"
+    finally:
+        _remove_run(llama_server.dump_dir, run_id)

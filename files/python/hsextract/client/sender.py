@@ -29,6 +29,7 @@ CONNECTION = "connection_error"
 TIMEOUT = "timeout"
 BAD_RESPONSE = "bad_response"
 PROMPT_TOKENS_MISMATCH = "prompt_tokens_mismatch"
+ABORTED = "aborted"
 
 
 class ServerUnavailable(HsextractError):
@@ -159,7 +160,13 @@ class Sender:
                 self.gate.wait_healthy(started)
                 continue
             if resp.status_code == 200:
-                return self._check(resp, len(input_ids), attempt)
+                result = self._check(resp, len(input_ids), attempt)
+                if result.reason != ABORTED:
+                    return result
+                reason, detail = result.reason, result.detail  # the server gave up on it: try again
+                if self.stop.wait(self.policy.delay(attempt)):
+                    break
+                continue
             detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
             if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
                 return SendResult(False, reason=HTTP_4XX, detail=detail, attempts=attempt)
@@ -172,6 +179,9 @@ class Sender:
     def _check(resp: requests.Response, n_tokens: int, attempt: int) -> SendResult:
         try:
             meta = resp.json()["meta_info"]
+            finish = meta.get("finish_reason")
+            if isinstance(finish, dict) and finish.get("type") == "abort":
+                return SendResult(False, reason=ABORTED, detail=f"server aborted it: {finish}"[:300], attempts=attempt)
             prompt_tokens = int(meta["prompt_tokens"])
         except (ValueError, KeyError, TypeError) as exc:
             detail = f"no meta_info.prompt_tokens ({exc})"
