@@ -73,13 +73,18 @@ def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
     client = None
     try:
-        # kill -9 twice, at different points, with requests in flight and records written
-        for at_least in (10, 25):
+        # kill -9, then a systemd-style stop (SIGTERM), with requests in flight and records written
+        for at_least, sig in ((10, signal.SIGKILL), (25, signal.SIGTERM)):
             client = start_client(logs / "client.log", *args)
             wait_for(lambda n=at_least, pid=client.pid: _done(out) >= n and client_status(out).get("pid") == pid,
                      240, f"{at_least} samples done", logs / "client.log")
             assert client.poll() is None, "the client finished before it could be killed"
-            stop(client, signal.SIGKILL)
+            if sig == signal.SIGKILL:
+                stop(client, sig)
+            else:
+                client.send_signal(sig)
+                assert wait_exit(client, 60, logs / "client.log") == 0, "a stopped client exits cleanly in time"
+                assert client_status(out)["state"] == "stopped" and client_status(out)["in_flight"] == 0
         assert not (out / ".hsextract" / "client-summary.json").exists()
         client = start_client(logs / "client.log", *args)
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
