@@ -102,11 +102,13 @@ def test_nearly_full_dump_filesystem_pauses_the_client_and_the_run_completes(own
         status = wait_for(lambda: (s := client_status(out)).get("state") == "paused" and s.get("ok", 0) > 0 and s,
                           300, "the client to pause on the watermark", logs / "client.log")
         assert "watermark" in status["paused_reason"] and str(own_server.dump) in status["paused_reason"]
+        held = wait_for(lambda: (s := client_status(out)).get("in_flight") == 0 and s, 120,
+                        "the requests in flight to be answered", logs / "client.log")
         time.sleep(3)
-        held = client_status(out)
+        again = client_status(out)
         assert client.poll() is None, "the client must wait, not exit"
-        assert held["state"] == "paused" and held["failed"] == 0 and held["in_flight"] == 0
-        assert held["sent"] == status["sent"] < len(exp.samples), "nothing is sent while paused"
+        assert again["state"] == "paused" and again["failed"] == 0
+        assert again["sent"] == held["sent"] < len(exp.samples), "nothing is sent while paused"
         assert _free(own_server.dump) >= floor - (1 << 20), "the client let staging run past the watermark"
 
         drain = start_drain(logs / "drain.log", own_server.dump, out, tiny_llama)
