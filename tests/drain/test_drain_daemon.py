@@ -20,6 +20,7 @@ from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.errors import ConfigError
 from hsextract.formats.manifest import entries_path, iter_entries, read_header, verify_entry
 from hsextract.records import load_or_create_run_id
+from hsextract.staging import StateFileLayout
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.timeout(300)
@@ -249,3 +250,21 @@ def test_an_output_dir_records_its_configuration_in_the_manifest_header(tmp_path
     assert (h.hidden_size, h.num_aux) == (64, 3)
     assert (h.eagle_aux_hidden_state_layer_ids, h.sglang_layers_to_capture) == ([1, 3, 4], [2, 4, 5])
     assert h.sglang_version == "0.5.23"
+
+
+def test_a_nan_met_while_streaming_rows_quarantines_the_dump_and_leaves_no_file(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    stage_sample(dump, run, 0, tokens=3000)
+    bad = stage_sample(dump, run, 1, tokens=3000)  # 1.5 MB of rows: streamed in more than one piece
+    layout = StateFileLayout(prompt_len=3000, num_slots=4, hidden_size=64)
+    with open(dump / bad.rid / "states.safetensors", "r+b") as f:
+        f.seek(layout.hidden_offset(2999) + 2 * 64)  # slot 1 of the last token
+        f.write(torch.full((64,), float("nan"), dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
+    d = _drain(dump, out)
+    reason = (out / "quarantine" / bad.rid / "reason.txt").read_text().splitlines()
+    assert reason[0] == "non_finite" and "token 2999" in reason[1]
+    assert [e.dataset_index for e in iter_entries(out)] == [0]
+    assert sorted(p.name for p in (out / "hidden_states").iterdir()) == ["hs_0.safetensors"]
+    assert not list((out / ".hsextract" / "tmp").iterdir())
+    assert dict(d.stats.quarantined) == {"non_finite": 1}

@@ -24,6 +24,7 @@ while reading, checking, encoding and the big fsyncs run in parallel workers.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import queue
@@ -38,25 +39,26 @@ from pathlib import Path
 from hsextract import __version__
 from hsextract.drain import validate as v
 from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
+from hsextract.drain.staged_io import map_states
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
-from hsextract.formats.base import OutputFormat, Sample
-from hsextract.formats.durable import free_bytes, fsync_dir, is_no_space, write_file_durably
+from hsextract.formats.base import OutputFormat, Sample, SourceRange
+from hsextract.formats.durable import free_bytes, fsync_dir, is_no_space, write_payload_durably
 from hsextract.formats.manifest import (
     ManifestAppender,
     ManifestEntry,
     ManifestError,
     ManifestHeader,
-    checksum_chunks,
     default_checksum_algorithm,
     iter_entries,
+    new_hasher,
     read_header,
     repair_torn_tail,
     state_dir,
     write_header,
 )
 from hsextract.records import SampleRecord, load_or_create_run_id, parse_rid, read_record, record_path, remove_record
-from hsextract.staging import DONE_FILE, STATES_FILE, DoneMarker, iter_dump_dirs, read_done_marker, read_states
+from hsextract.staging import DONE_FILE, STATES_FILE, DoneMarker, iter_dump_dirs, read_done_marker
 
 log = logging.getLogger("hsextract.drain")
 
@@ -268,6 +270,13 @@ class Drainer:
     def run(self) -> int:
         """Drain until stopped (or, with exit_when_done, until the client is finished); return an exit code."""
         self.recover()
+        # The workers are the parallelism; torch's own intra-op threads in each of them only
+        # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
+        torch_set_threads(1)
+        if self.cfg.format == "speculators":
+            # Its finalize builds an Arrow dataset; importing `datasets` takes seconds, so do it
+            # now, beside the draining, instead of when the last sample is in.
+            threading.Thread(target=importlib.import_module, args=("datasets",), daemon=True).start()
         self._appender = ManifestAppender(self.out)
         metrics = None
         if self.cfg.metrics_port is not None:
@@ -387,6 +396,9 @@ class Drainer:
                     )
                 continue
             lag += 1
+            with self._inflight_lock:
+                if len(self._inflight) >= max_queued:
+                    continue  # the workers have enough; look again on the next scan
             try:
                 record = read_record(self.dump_dir, rid)
             except StagingError as exc:
@@ -519,39 +531,59 @@ class Drainer:
 
     def _process_in_budget(self, d: Path, record: SampleRecord) -> None:
         rid = record.rid
+        mapped = None
+        streaming = bool(getattr(self.fmt, "streams_staged", False))
         try:
             marker = read_done_marker(d)
-            states = read_states(d / STATES_FILE)
-            v.validate(marker, states, record, self.expected())
+            mapped = map_states(d / STATES_FILE, map_hidden=not streaming)
+            v.validate(marker, mapped.states, record, self.expected(), check_values=not streaming)
         except StagingError as exc:
+            if mapped is not None:
+                mapped.close()
             self._quarantine(d, rid, v.UNREADABLE, str(exc))
             self._forget(rid)
             return
         except v.InvalidDump as exc:
+            mapped.close()
             self._quarantine(d, rid, exc.reason, exc.detail)
             self._forget(rid)
             return
-        self._ensure_header(marker)
-        sample = Sample(
-            rid=rid,
-            dataset_index=record.index,
-            input_ids=states.input_ids,
-            loss_mask=_as_int64(record.loss_mask),
-            hidden=states.hidden,
-        )
-        chunks = self.fmt.encode(sample)
-        assert self._header is not None
-        checksum = checksum_chunks(chunks, self._header.checksum_algorithm)
-        tmp = self.tmp_dir / f"{rid}.tmp"
-        while True:
-            try:
-                nbytes = write_file_durably(tmp, chunks)
-                break
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                self._pause_for_space(self.out, exc)
-        del states, sample, chunks
+        try:
+            self._ensure_header(marker)
+            assert self._header is not None
+            states = mapped.states
+            sample = Sample(
+                rid=rid,
+                dataset_index=record.index,
+                input_ids=states.input_ids,
+                loss_mask=_as_int64(record.loss_mask),
+                hidden=states.hidden,
+                staged=SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view),
+            )
+            if streaming:
+                h = states.hidden
+                sample.staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
+                sample.staged.check_len = mapped.hidden_len
+            payload = self.fmt.encode(sample)
+            tmp = self.tmp_dir / f"{rid}.tmp"
+            while True:
+                hasher = new_hasher(self._header.checksum_algorithm)
+                try:
+                    nbytes = write_payload_durably(tmp, payload, hasher)
+                    break
+                except v.InvalidDump as exc:  # found while streaming the rows
+                    mapped.close()
+                    self._quarantine(d, rid, exc.reason, exc.detail)
+                    self._forget(rid)
+                    return
+                except OSError as exc:
+                    if not is_no_space(exc):
+                        raise
+                    self._pause_for_space(self.out, exc)
+            checksum = f"{self._header.checksum_algorithm}:{hasher.hexdigest()}"
+        finally:
+            mapped.close()
+        del states, sample, payload
         self._commit_q.put(_Prepared(rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d))
 
     def _forget(self, rid: str) -> None:
@@ -647,6 +679,12 @@ class Drainer:
             self._forget(p.rid)
         self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
         self._last_activity = time.monotonic()
+
+
+def torch_set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def _as_int64(values: list[int]):  # -> torch.Tensor

@@ -1,23 +1,41 @@
 """What every format writer gets and provides.
 
-A writer is pure: it turns a validated `Sample` into the bytes of one file (a list of chunks, so
-large hidden-state buffers go to the disk without another copy) and names the file for an output
-index. Durability, numbering and the manifest belong to the drain, not to the formats.
+A writer is pure: it turns a validated `Sample` into a `Payload` (the bytes of one file, produced
+into a sink) and names the file for an output index. Durability, numbering and the manifest
+belong to the drain, not to the formats. Payloads stream into the sink, so no format builds its
+whole file in memory, and staged bytes that go out unchanged are sent by the kernel (`SourceRange`).
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
-Chunk = bytes | memoryview
+
+@dataclass
+class SourceRange:
+    """Bytes to take unchanged from the staged file.
+
+    With a `view` (the same bytes, mapped) the kernel sends them (``sendfile``) and the hash reads
+    the mapping. Without one, the sink streams them through a reused buffer, and `check` (if set)
+    sees every piece of the first `check_len` bytes on the way (the drain's finite-value check),
+    so the rows are read exactly once.
+    """
+
+    fd: int
+    offset: int
+    length: int
+    view: memoryview | None = None
+    check: Callable[[memoryview, int], None] | None = None  # (piece, byte offset in the range)
+    check_len: int = 0
 
 
 @dataclass
@@ -29,6 +47,8 @@ class Sample:
     input_ids: torch.Tensor  # int64 [T]
     loss_mask: torch.Tensor  # int64 [T]
     hidden: torch.Tensor  # [T, K + 1, H]: K aux layers, then the final hidden state
+    # The staged bytes of `hidden` followed by `input_ids`, when they come from a mapped dump.
+    staged: SourceRange | None = None
 
     @property
     def tokens(self) -> int:
@@ -37,6 +57,73 @@ class Sample:
     @property
     def num_aux(self) -> int:
         return int(self.hidden.shape[1]) - 1
+
+
+class Sink(Protocol):
+    def write(self, data: Any) -> int: ...
+
+    def copy_range(self, src: SourceRange) -> None: ...
+
+
+class Payload(Protocol):
+    def write_to(self, sink: Sink) -> None: ...
+
+
+@dataclass
+class ChunksPayload:
+    """A file made of byte chunks and staged ranges, in order."""
+
+    chunks: Sequence[bytes | memoryview | SourceRange]
+
+    def write_to(self, sink: Sink) -> None:
+        for c in self.chunks:
+            if isinstance(c, SourceRange):
+                sink.copy_range(c)
+            else:
+                sink.write(c)
+
+
+@dataclass
+class TorchSavePayload:
+    """A ``torch.save`` file (default zip format, so readers can ``mmap`` it), streamed into the sink."""
+
+    obj: Any
+
+    def write_to(self, sink: Sink) -> None:
+        torch.save(self.obj, sink)
+
+
+class MemorySink:
+    """Collects a payload's bytes (tests, small files)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: Any) -> int:
+        b = bytes(data)
+        self.parts.append(b)
+        return len(b)
+
+    def copy_range(self, src: SourceRange) -> None:
+        if src.view is not None:
+            self.parts.append(bytes(src.view))
+            return
+        data = os.pread(src.fd, src.length, src.offset)
+        if src.check is not None and src.check_len:
+            src.check(memoryview(data)[: src.check_len], 0)
+        self.parts.append(data)
+
+    def flush(self) -> None:
+        pass
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def payload_bytes(payload: Payload) -> bytes:
+    sink = MemorySink()
+    payload.write_to(sink)
+    return sink.getvalue()
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -57,8 +144,8 @@ class OutputFormat(Protocol):
         """Where sample `output_index` lives, relative to the output directory."""
         ...
 
-    def encode(self, sample: Sample) -> Sequence[Chunk]:
-        """The file's bytes, as chunks to write in order."""
+    def encode(self, sample: Sample) -> Payload:
+        """The file's contents."""
         ...
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:

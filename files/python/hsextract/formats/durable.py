@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import shutil
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -77,3 +78,110 @@ def free_bytes(path: str | Path) -> int:
 def is_no_space(exc: BaseException) -> bool:
     """True for "the volume is full" errors (ENOSPC, and EDQUOT for quotas)."""
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class HashingFileSink:
+    """Writes a payload to an open file descriptor and hashes exactly the bytes written.
+
+    Small writes (``torch.save`` emits many record headers) are gathered into one buffer; large
+    ones go straight to the file; staged ranges are sent by the kernel (``sendfile``, as ``cp``
+    does) while the hash reads the same bytes from their mapping.
+    """
+
+    _DIRECT = 256 << 10
+    _BUFFER = 1 << 20
+
+    def __init__(self, fd: int, hasher: object):
+        self.fd = fd
+        self.hasher = hasher
+        self.nbytes = 0
+        self._buf = bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        self.hasher.update(view)  # type: ignore[attr-defined]
+        if n >= self._DIRECT:
+            self.flush()
+            write_all(self.fd, [view])
+        else:
+            self._buf += view
+            if len(self._buf) >= self._BUFFER:
+                self.flush()
+        self.nbytes += n
+        return n
+
+    def copy_range(self, src) -> None:  # src: hsextract.formats.base.SourceRange
+        self.flush()
+        if src.view is None:
+            self._stream_range(src)
+            return
+        self.hasher.update(src.view)  # type: ignore[attr-defined]
+        offset, left = src.offset, src.length
+        while left:
+            try:
+                sent = os.sendfile(self.fd, src.fd, offset, left)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                write_all(self.fd, [src.view[src.length - left :]])
+                break
+            if sent == 0:
+                raise OSError(errno.EIO, f"staged file ended {left} bytes early while copying")
+            offset += sent
+            left -= sent
+        self.nbytes += src.length
+
+    def _stream_range(self, src) -> None:
+        """pread into a per-thread reused buffer, check, hash, write: one pass, no new pages."""
+        buf = _stream_buffer()
+        done = 0
+        while done < src.length:
+            n = min(len(buf), src.length - done)
+            got = 0
+            while got < n:  # fill the piece completely, so checks see whole elements
+                r = os.preadv(src.fd, [buf[got:n]], src.offset + done + got)
+                if r == 0:
+                    raise OSError(errno.EIO, f"staged file ended {src.length - done - got} bytes early while copying")
+                got += r
+            piece = buf[:n]
+            if src.check is not None and done < src.check_len:
+                src.check(piece[: src.check_len - done], done)
+            self.hasher.update(piece)  # type: ignore[attr-defined]
+            write_all(self.fd, [piece])
+            done += n
+        self.nbytes += src.length
+
+    def flush(self) -> None:
+        if self._buf:
+            write_all(self.fd, [self._buf])
+            self._buf = bytearray()
+
+
+_local = threading.local()
+STREAM_CHUNK = 1 << 20  # a multiple of every element size
+
+
+def _stream_buffer() -> memoryview:
+    buf = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = memoryview(bytearray(STREAM_CHUNK))
+    return buf
+
+
+def write_payload_durably(path: str | Path, payload: object, hasher: object) -> int:
+    """Create `path`, stream the payload into it while hashing, fsync; remove it on failure. Returns bytes."""
+    p = Path(path)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        sink = HashingFileSink(fd, hasher)
+        payload.write_to(sink)  # type: ignore[attr-defined]
+        sink.flush()
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+        raise
+    os.close(fd)
+    return sink.nbytes

@@ -15,14 +15,13 @@ parses the directory names.
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from hsextract.formats.base import Chunk, Sample
+from hsextract.formats.base import Payload, Sample, TorchSavePayload
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
 GROUP_SIZE = 2000
@@ -37,7 +36,7 @@ class SpecForgeFormat:
         g = (output_index // GROUP_SIZE) * GROUP_SIZE
         return f"rows_{g}-{g + GROUP_SIZE}/data_{output_index}.ckpt"
 
-    def encode(self, sample: Sample) -> Sequence[Chunk]:
+    def encode(self, sample: Sample) -> Payload:
         t, k = sample.tokens, sample.num_aux
         hidden = sample.hidden
         obj = {
@@ -46,9 +45,7 @@ class SpecForgeFormat:
             "aux_hidden_state": hidden[:, :k, :].reshape(1, t, k * hidden.shape[2]).clone(),
             "hidden_state": hidden[:, k, :].reshape(1, t, hidden.shape[2]).clone(),
         }
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        return [buf.getbuffer()]
+        return TorchSavePayload(obj)
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.

@@ -31,7 +31,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hsextract.formats.base import Chunk, Sample, tensor_bytes
+import torch
+
+from hsextract.formats.base import ChunksPayload, Payload, Sample, SourceRange, tensor_bytes
 from hsextract.formats.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader, state_dir
 from hsextract.staging import DTYPES
@@ -54,25 +56,33 @@ def safetensors_header(tensors: Sequence[tuple[str, str, list[int], int]]) -> by
 class SpeculatorsFormat:
     name = "speculators"
     final_hidden = "pre_norm"
+    # The file body is the staged bytes unchanged: the drain streams them (and checks them on the way).
+    streams_staged = True
     file_pattern = re.compile(rf"^{HS_DIR}/hs_(\d+)\.safetensors$")
 
     def relative_path(self, output_index: int) -> str:
         return f"{HS_DIR}/hs_{output_index}.safetensors"
 
-    def encode(self, sample: Sample) -> Sequence[Chunk]:
-        hidden = tensor_bytes(sample.hidden)
-        ids = tensor_bytes(sample.input_ids)
-        mask = tensor_bytes(sample.loss_mask)
+    def encode(self, sample: Sample) -> Payload:
+        mask = tensor_bytes(sample.loss_mask.to(torch.int64))
+        hidden_nbytes = sample.hidden.numel() * sample.hidden.element_size()
+        ids_nbytes = 8 * sample.tokens
         st_dtype = next(code for _, (dt, code, _) in DTYPES.items() if dt == sample.hidden.dtype)
         t = sample.tokens
         header = safetensors_header(
             [
-                ("hidden_states", st_dtype, list(sample.hidden.shape), hidden.nbytes),
-                ("token_ids", "I64", [t], ids.nbytes),
+                ("hidden_states", st_dtype, list(sample.hidden.shape), hidden_nbytes),
+                ("token_ids", "I64", [t], ids_nbytes),
                 ("loss_mask", "I64", [t], mask.nbytes),
             ]
         )
-        return [header, hidden, ids, mask]
+        body: list[bytes | memoryview | SourceRange]
+        if sample.staged is not None and sample.staged.length == hidden_nbytes + ids_nbytes:
+            # The staged rows + ids are already this file's layout: let the kernel copy them.
+            body = [sample.staged]
+        else:
+            body = [tensor_bytes(sample.hidden), tensor_bytes(sample.input_ids.to(torch.int64))]
+        return ChunksPayload([header, *body, mask])
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         return [build_arrow_dataset(output_dir, entries)]

@@ -16,7 +16,6 @@ output index.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hsextract.formats.base import Chunk, Sample
+from hsextract.formats.base import Payload, Sample, TorchSavePayload
 from hsextract.formats.durable import atomic_write_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
@@ -41,7 +40,7 @@ class SpeculatorsV1Format:
     def relative_path(self, output_index: int) -> str:
         return f"data_{output_index}.pt"
 
-    def encode(self, sample: Sample) -> Sequence[Chunk]:
+    def encode(self, sample: Sample) -> Payload:
         hidden = sample.hidden
         obj = {
             "input_ids": sample.input_ids.to(torch.int64).clone(),
@@ -50,9 +49,7 @@ class SpeculatorsV1Format:
             # storage would make torch.save write every layer for each of them.
             "hidden_states": [hidden[:, j, :].clone() for j in range(hidden.shape[1])],
         }
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        return [buf.getbuffer()]
+        return TorchSavePayload(obj)
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         out = Path(output_dir)
