@@ -74,6 +74,12 @@ def render_patch(
         raise ConfigError(f"architecture {architecture!r} is not a Python class name")
     if not _IDENT.match(package_name or ""):
         raise ConfigError(f"package name {package_name!r} is not a Python identifier")
+    if (Path(model_path) / "config.json").is_file():
+        actual = read_model_info(model_path).architecture
+        if actual != architecture:
+            # SGLang would serve the model with its own class and capture nothing, silently.
+            raise ConfigError(f"capture patch for architecture {architecture!r}, but {model_path} is a {actual!r}; "
+                              "render the patch for the model's own architecture")
     cfg = CaptureConfig(
         architecture=architecture,
         model_path=str(model_path),

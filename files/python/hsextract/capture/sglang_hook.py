@@ -233,16 +233,33 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     cfg = config if isinstance(config, CaptureConfig) else CaptureConfig.from_dict(config)
     spec = lookup(cfg.architecture)
     facts = _server_facts()
-    check_server(facts)
     causal_lm = causal_lm_of(model, spec)
     text_cfg = text_config_of(causal_lm)
-    layers = resolve(cfg.aux_layer_ids, int(text_cfg.num_hidden_layers), cfg.layer_convention)  # type: ignore[arg-type]
+    attn_tp_rank, attn_dp_rank = _parallel_ranks()
+    # Collect every problem, so one failed start tells the operator everything to fix.
+    problems: list[str] = []
+    try:
+        check_server(facts)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    try:
+        layers = resolve(cfg.aux_layer_ids, int(text_cfg.num_hidden_layers), cfg.layer_convention)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        problems.append(str(exc))
+    if attn_tp_rank == 0:
+        try:
+            check_dump_dir(cfg.dump_dir)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("hsextract capture: " + " AND ".join(problems))
     set_capture_layers(causal_lm, layers)
     if spec.mla and facts.device == "cpu" and facts.attention_backend in (None, "torch_native"):
         register_cpu_mla()
-    attn_tp_rank, attn_dp_rank = _parallel_ranks()
     inner = causal_lm.model
-    dtype = next((p.dtype for p in inner.parameters() if p.is_floating_point()), torch.bfloat16)
+    embed = getattr(getattr(inner, "embed_tokens", None), "weight", None)
+    dtype = embed.dtype if embed is not None and embed.dtype in (torch.bfloat16, torch.float16, torch.float32) \
+        else torch.bfloat16
     settings = CaptureSettings(
         rid_prefix=cfg.rid_prefix,
         layers=layers,
@@ -258,7 +275,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     )
     writer = None
     if attn_tp_rank == 0:
-        dump_dir = check_dump_dir(cfg.dump_dir)
+        dump_dir = Path(cfg.dump_dir)
         cuda = facts.device != "cpu" and torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         writer = CaptureWriter(

@@ -1,0 +1,96 @@
+"""The capture patch package: rendered from the templates, wired to hsextract, nothing else."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hsextract.archs import SUPPORTED
+from hsextract.capture.patch import comment_filter, render_patch, server_launch
+from hsextract.capture.sglang_hook import load_base_class, load_base_class_or_refusal
+from hsextract.errors import ConfigError, UnsupportedArchitecture
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_rendered_package_subclasses_the_architecture_and_carries_the_config(tmp_path, tiny_llama):
+    out = render_patch(tmp_path, architecture="LlamaForCausalLM", model_path=tiny_llama, aux_layer_ids=[1, 2],
+                       dump_dir="/dev/shm/x", rid_prefix="run7", final_hidden="pre_norm",
+                       ansible_managed="Ansible managed: do not edit")
+    pkg = out / "hsextract_capture_patch"
+    init = (pkg / "__init__.py").read_text()
+    model = (pkg / "model.py").read_text()
+    assert init.startswith("#\n# Ansible managed: do not edit\n#\n")
+    assert model.startswith("#\n# Ansible managed: do not edit\n#\n")
+    tree = ast.parse(init)
+    config = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign))
+    assert config["aux_layer_ids"] == [1, 2] and config["rid_prefix"] == "run7"
+    assert config["final_hidden"] == "pre_norm" and config["dump_dir"] == "/dev/shm/x"
+    assert "class LlamaForCausalLM(_Base):" in model and "EntryClass = LlamaForCausalLM" in model
+    assert "install(self, CONFIG)" in model
+
+
+def test_patch_for_another_architecture_than_the_models_is_refused(tmp_path, tiny_llama):
+    with pytest.raises(ConfigError, match="is a 'LlamaForCausalLM'"):
+        render_patch(tmp_path, architecture="Qwen3ForCausalLM", model_path=tiny_llama, dump_dir="/dev/shm/x")
+
+
+def test_architecture_must_be_a_class_name(tmp_path):
+    with pytest.raises(ConfigError, match="not a Python class name"):
+        render_patch(tmp_path, architecture="Llama; import os", model_path="/nonexistent", dump_dir="/d")
+
+
+def test_comment_filter_matches_ansibles_default_style():
+    assert comment_filter("a\nb") == "#\n# a\n# b\n#"
+
+
+def test_server_launch_switches_the_capture_on_with_the_flags_it_needs(tmp_path):
+    gpu = server_launch(tmp_path, device="cuda")
+    assert gpu.env["SGLANG_EXTERNAL_MODEL_PACKAGE"] == "hsextract_capture_patch"
+    assert gpu.env["PYTHONPATH"].endswith(str(tmp_path))
+    assert {"--disable-radix-cache", "--skip-server-warmup", "--disable-prefill-cuda-graph"} <= set(gpu.args)
+    cpu = server_launch(tmp_path, device="cpu")
+    assert cpu.env["SGLANG_USE_CPU_ENGINE"] == "1" and "torch_native" in cpu.args
+
+
+def test_capture_patch_command_renders_and_prints_the_launch_settings(tmp_path, tiny_dsv3):
+    env = {"PYTHONPATH": str(REPO / "files" / "python")}
+    r = subprocess.run([sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(tmp_path),
+                        "--model-path", str(tiny_dsv3), "--dump-dir", "/dev/shm/hsx", "--aux-layer-ids", "1,3,4"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["architecture"] == "DeepseekV3ForCausalLM"
+    assert "--disable-radix-cache" in out["server_args"]
+    assert (tmp_path / "hsextract_capture_patch" / "model.py").is_file()
+
+
+def test_unsupported_architecture_gives_a_class_that_refuses_to_build():
+    cls = load_base_class_or_refusal("MistralForCausalLM")
+    with pytest.raises(UnsupportedArchitecture, match=r"'MistralForCausalLM' is not supported.*LlamaForCausalLM"):
+        cls()
+
+
+@pytest.mark.parametrize("name", sorted(SUPPORTED))
+def test_supported_architectures_resolve_to_sglang_classes_with_the_capture_hooks(name):
+    """Guards the attribute paths the adapter relies on against SGLang changes."""
+    spec = SUPPORTED[name]
+    cls = load_base_class(name)
+    assert cls.__name__ == name
+    assert hasattr(cls, "set_eagle3_layers_to_capture")
+    if spec.causal_lm_attr:  # Kimi-K2.5: the text model is a DeepseekV3ForCausalLM under language_model
+        src = inspect.getsource(cls.__init__)
+        assert f"self.{spec.causal_lm_attr} = DeepseekV3ForCausalLM(" in src
+        return
+    forward = inspect.getsource(cls.forward)
+    assert "capture_aux_hidden_states" in forward
+    module = importlib.import_module(spec.sglang_module)
+    inner = [c for n, c in vars(module).items() if inspect.isclass(c) and n.endswith("Model")
+             and c.__module__ == module.__name__ and "layers_to_capture" in inspect.getsource(c)]
+    assert inner, f"no decoder class with layers_to_capture in {spec.sglang_module}"
