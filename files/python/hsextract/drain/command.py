@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model directory: hidden size, layer count and dtype every dump must match")
     parser.add_argument("--aux-layers", help="aux layer ids every dump must have, e.g. 1,29,57 (default: the model's)")
     parser.add_argument("--layer-convention", choices=CONVENTIONS, default="eagle", help="convention of --aux-layers")
-    parser.add_argument("--workers", type=int, default=4, help="parallel writers (default 4)")
+    parser.add_argument("--workers", type=int, default=None, help="parallel writers (default: one per core, at most 8)")
     parser.add_argument("--memory-budget", type=int, default=2 << 30, help="bytes of samples held in memory at once")
     parser.add_argument("--quarantine-dir", help="where invalid dumps go (default <output>/quarantine)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
@@ -49,13 +49,12 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
     missing = [f"--{n.replace('_', '-')}" for n in ("dump_dir", "output", "format") if not getattr(args, n, None)]
     if missing:
         raise ConfigError(f"drain needs {', '.join(missing)} (on the command line or in --config)")
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: give at least 1")
     cfg = DrainConfig(
         dump_dir=Path(args.dump_dir),
         output=Path(args.output),
         format=args.format,
-        workers=args.workers,
         memory_budget_bytes=args.memory_budget,
         quarantine_dir=Path(args.quarantine_dir) if args.quarantine_dir else None,
         metrics_port=args.metrics_port,
@@ -65,6 +64,8 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         finalize_idle_s=args.finalize_idle,
         poll_interval_s=args.poll_interval,
     )
+    if args.workers:
+        cfg.workers = args.workers
     ids = parse_ids(args.aux_layers)
     if args.model:
         from hsextract.model_info import read_model_info

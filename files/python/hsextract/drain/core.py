@@ -64,6 +64,8 @@ log = logging.getLogger("hsextract.drain")
 
 CLIENT_SUMMARY = "client-summary.json"
 TMP_DIR = "tmp"
+# One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
+DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
 TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)
 
 
@@ -82,7 +84,7 @@ class DrainConfig:
     model_config_sha256: str = ""
     architecture: str = ""
     quarantine_dir: Path | None = None
-    workers: int = 4
+    workers: int = DEFAULT_WORKERS
     memory_budget_bytes: int = 2 << 30
     poll_interval_s: float = 0.5
     record_grace_s: float = 300.0  # a complete dump with no client record is removed after this
