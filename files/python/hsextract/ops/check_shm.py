@@ -107,13 +107,22 @@ def estimate_need(
     return ShmNeed(per_token, tokens, estimate, watermark_bytes)
 
 
+def mount_point(path: str) -> str:
+    """The mount point holding ``path`` (what `mount -o remount,size=` needs)."""
+    p = os.path.realpath(path)
+    while not os.path.ismount(p):
+        p = os.path.dirname(p)
+    return p
+
+
 def verdict_message(path: str, free: int, total: int, need: ShmNeed, requests: int, per_request: int) -> str:
+    mount = mount_point(path)
     return (
         f"{path} has {human(free)} free (of {human(total)}), but the run needs {human(need.need_bytes)}: "
         f"the estimate is {requests} staged requests x {per_request} tokens x "
         f"{need.bytes_per_token} bytes per token "
         f"= {human(need.estimate_bytes)}, the client's free-space watermark is {human(need.watermark_bytes)}. "
-        f"Fix one of: enlarge {path} (mount -o remount,size=... {path}, or more RAM), remove stale dumps there, "
+        f"Fix one of: enlarge {mount} (mount -o remount,size=... {mount}, or more RAM), remove stale dumps there, "
         f"lower the requests in flight (--max-in-flight), the staged limit (--max-staged) or the tokens "
         f"per request (--max-tokens), "
         f"or lower the watermark (--shm-min-free)."
