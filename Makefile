@@ -40,7 +40,9 @@ help:
 	@echo "make venv | controller | lint | bench"
 
 # The ml-env: SGLang 0.5.23, torch and the test tools.
-$(VENV)/.complete: requirements/ml-env.lock
+# The path carries the lock's hash, so the stamp alone says whether this exact env is built
+# (a fresh clone's newer file times must not trigger a rebuild).
+$(VENV)/.complete:
 	@test -n "$(PY311)" || { echo "Python 3.11 not found; set PY311=/path/to/python3.11" >&2; exit 1; }
 	@echo "Building the ml-env at $(VENV) (SGLang and CUDA torch: about 11 GB, 5-12 minutes the first time)."
 	rm -rf $(VENV)
@@ -49,7 +51,7 @@ $(VENV)/.complete: requirements/ml-env.lock
 	touch $@
 
 # The trainers' own readers, each in its own --target dir (they conflict as one install).
-$(READERS)/.complete: requirements/readers.txt $(VENV)/.complete
+$(READERS)/.complete: | $(VENV)/.complete
 	rm -rf $(READERS)
 	grep -v '^\s*#' requirements/readers.txt | grep ':' | while IFS=: read -r name specs; do \
 		$(VENV)/bin/pip install -q --no-deps --no-compile --target $(READERS)/$$name $$specs; done
@@ -58,7 +60,7 @@ $(READERS)/.complete: requirements/readers.txt $(VENV)/.complete
 venv: $(VENV)/.complete $(READERS)/.complete
 	@echo $(VENV)
 
-$(CONTROLLER)/.complete: requirements/controller.txt
+$(CONTROLLER)/.complete:
 	@test -n "$(PY312)" || { echo "Python >= 3.12 not found (ansible-core 2.21 needs it); set PY312=..." >&2; exit 1; }
 	rm -rf $(CONTROLLER)
 	$(PY312) -m venv $(CONTROLLER)
