@@ -43,7 +43,7 @@ from hsextract.drain.staged_io import map_states
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.durable import free_bytes, fsync_dir, is_no_space, write_payload_durably
+from hsextract.formats.durable import STREAM_CHUNK, free_bytes, fsync_dir, is_no_space, write_payload_durably
 from hsextract.formats.manifest import (
     ManifestAppender,
     ManifestEntry,
@@ -516,11 +516,15 @@ class Drainer:
     def _process(self, d: Path, record: SampleRecord) -> None:
         rid = record.rid
         try:
-            states_path = d / STATES_FILE
-            try:
-                size = states_path.stat().st_size
-            except FileNotFoundError:
-                size = 0
+            if getattr(self.fmt, "streams_staged", False):
+                size = STREAM_CHUNK  # streamed through one reused buffer, whatever the sample's size
+            else:
+                # Mapping the staged file costs no memory (the pages are tmpfs's own), but the
+                # format's reordered copy of the rows does: about the sample's size.
+                try:
+                    size = (d / STATES_FILE).stat().st_size
+                except FileNotFoundError:
+                    size = 0
             self._budget.acquire(size)
             try:
                 self._process_in_budget(d, record)
