@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 import json
@@ -28,12 +27,21 @@ def test_rendered_package_subclasses_the_architecture_and_carries_the_config(tmp
     model = (pkg / "model.py").read_text()
     assert init.startswith("#\n# Ansible managed: do not edit\n#\n")
     assert model.startswith("#\n# Ansible managed: do not edit\n#\n")
-    tree = ast.parse(init)
-    config = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign))
+    namespace: dict = {}
+    exec(compile(init, str(pkg / "__init__.py"), "exec"), namespace)
+    config = namespace["CONFIG"]
     assert config["aux_layer_ids"] == [1, 2] and config["rid_prefix"] == "run7"
     assert config["final_hidden"] == "pre_norm" and config["dump_dir"] == "/dev/shm/x"
     assert "class LlamaForCausalLM(_Base):" in model and "EntryClass = LlamaForCausalLM" in model
     assert "install(self, CONFIG)" in model
+
+
+def test_config_survives_awkward_characters(tmp_path):
+    odd = "/dev/shm/it's \"quoted\" <&> \\ ünï"
+    out = render_patch(tmp_path, architecture="LlamaForCausalLM", model_path="/nonexistent", dump_dir=odd)
+    namespace: dict = {}
+    exec((out / "hsextract_capture_patch" / "__init__.py").read_text(), namespace)
+    assert namespace["CONFIG"]["dump_dir"] == odd
 
 
 def test_patch_for_another_architecture_than_the_models_is_refused(tmp_path, tiny_llama):
@@ -94,3 +102,15 @@ def test_supported_architectures_resolve_to_sglang_classes_with_the_capture_hook
     inner = [c for n, c in vars(module).items() if inspect.isclass(c) and n.endswith("Model")
              and c.__module__ == module.__name__ and "layers_to_capture" in inspect.getsource(c)]
     assert inner, f"no decoder class with layers_to_capture in {spec.sglang_module}"
+
+
+def test_config_values_rendered_as_text_are_normalised():
+    from hsextract.capture.config import CaptureConfig
+
+    cfg = CaptureConfig.from_dict({"architecture": "LlamaForCausalLM", "model_path": "/m", "dump_dir": "/d",
+                                   "aux_layer_ids": "[1, 29, 57]", "writer_threads": "0",
+                                   "max_bytes_in_flight": "1073741824"})
+    assert cfg.aux_layer_ids == [1, 29, 57] and cfg.writer_threads == 0 and cfg.max_bytes_in_flight == 1 << 30
+    assert CaptureConfig("LlamaForCausalLM", "/m", "/d", aux_layer_ids="None").aux_layer_ids is None
+    with pytest.raises(ConfigError, match="final_hidden='middle'"):
+        CaptureConfig("LlamaForCausalLM", "/m", "/d", final_hidden="middle")

@@ -7,7 +7,7 @@ from typing import Any
 
 from hsextract.capture.core import FINAL_HIDDEN_CHOICES
 from hsextract.errors import ConfigError
-from hsextract.layers import CONVENTIONS
+from hsextract.layers import CONVENTIONS, parse_ids
 from hsextract.records import check_prefix
 
 
@@ -28,6 +28,16 @@ class CaptureConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Templating engines may hand every value over as text ("0", "[1, 29, 57]", "None"): normalise.
+        ids = self.aux_layer_ids
+        if isinstance(ids, str) and ids.strip().lower() in ("", "none", "null", "[]"):
+            ids = None
+        object.__setattr__(self, "aux_layer_ids", parse_ids(ids))
+        for name in ("writer_threads", "max_bytes_in_flight", "max_tracked_requests"):
+            try:
+                object.__setattr__(self, name, int(getattr(self, name) or 0))
+            except (TypeError, ValueError):
+                raise ConfigError(f"capture config: {name}={getattr(self, name)!r} is not an integer") from None
         if self.final_hidden not in FINAL_HIDDEN_CHOICES:
             raise ConfigError(f"final_hidden={self.final_hidden!r}: expected one of {', '.join(FINAL_HIDDEN_CHOICES)}")
         if self.layer_convention not in CONVENTIONS:

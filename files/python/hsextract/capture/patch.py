@@ -97,7 +97,6 @@ def render_patch(
         keep_trailing_newline=True,
     )
     env.filters["comment"] = comment_filter
-    env.filters["pyrepr"] = repr
     out = Path(out_dir)
     pkg = out / package_name
     pkg.mkdir(parents=True, exist_ok=True)
