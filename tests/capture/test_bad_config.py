@@ -12,13 +12,13 @@ from hsextract.errors import ConfigError
 from sglang.srt.server_args import ServerArgs
 from support.sglang_server import ServerStartError, start_server
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 
 def start_expecting_failure(model_dir, free_port, tmp_path, **kw) -> str:
     with pytest.raises(ServerStartError) as info:
         start_server(model_dir, port=free_port(), dump_dir=kw.pop("dump_dir", tmp_path / "dump"),
-                     log_dir=tmp_path / "logs", startup_timeout=240, **kw)
+                     log_dir=tmp_path / "logs", **kw)
     return str(info.value)
 
 

@@ -30,7 +30,7 @@ from hsextract.model_info import read_model_info
 REPO = Path(__file__).resolve().parents[2]
 STUB_DIR = REPO / "tests" / "stubs"
 PACKAGE_DIR = REPO / "files" / "python"
-STARTUP_TIMEOUT_S = float(os.environ.get("HSEXTRACT_SERVER_STARTUP_TIMEOUT", "240"))
+STARTUP_TIMEOUT_S = float(os.environ.get("HSEXTRACT_SERVER_STARTUP_TIMEOUT", "420"))
 
 
 class ServerStartError(RuntimeError):

@@ -189,6 +189,7 @@ class CaptureHook:
         self.settings = settings
         self.writer = writer
         self._pre_norm: torch.Tensor | None = None
+        self._warned_no_lens = False
 
     def on_final_norm(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         """Keep the residual sum entering the final norm (the pre-norm final hidden state)."""
@@ -219,8 +220,11 @@ class CaptureHook:
             log.error("capture: no pre-norm final hidden state was seen for this batch; rows skipped")
             return
         prompt_lens = fb.orig_seq_lens
-        if prompt_lens is None:
-            prompt_lens = [0] * len(fb.rids)
+        if prompt_lens is None:  # never seen for extend batches in 0.5.23; without it nothing can complete
+            if not self._warned_no_lens:
+                self._warned_no_lens = True
+                log.error("capture: this batch carries no orig_seq_lens (prompt lengths); its rows are skipped")
+            return
         input_ids = fb.input_ids
         try:
             self.writer.submit(requests, aux, final, input_ids, prompt_lens)
