@@ -87,6 +87,23 @@ def test_a_complete_request_ignores_a_later_re_prefill():
     assert p.get(rid).marker.chunks == [[0, 12]]
 
 
+def test_a_resent_sample_is_captured_again_once_its_dump_was_drained():
+    staged = {"hsx-ab12cd34-0"}
+    p = CapturePlanner(settings(), is_staged=lambda rid: rid in staged)
+    rid = "hsx-ab12cd34-0"
+    p.plan([req(rid, 0, 12)], [12])
+    staged.clear()
+    assert p.plan([req(rid, 0, 12)], [12]) == []  # the first dump's writes are still in flight
+    p.get(rid).done_written = True  # the writer finished it
+    staged.add(rid)
+    assert p.plan([req(rid, 0, 12)], [12]) == []  # its dump is still staged: nothing to redo
+    staged.clear()  # the drain took it
+    assert p.plan([req(rid, 0, 13)], [13]) == []  # retraction re-prefill (longer): still ignored
+    segs = p.plan([req(rid, 0, 12)], [12])  # the client sends the sample again
+    assert [(s.dst_row, s.rows, s.create) for s in segs] == [(0, 12, True)]
+    assert p.get(rid).complete
+
+
 def test_tracking_is_bounded_and_evicts_the_least_recent():
     p = CapturePlanner(settings(max_tracked=3))
     for i in range(5):

@@ -241,3 +241,17 @@ def test_startup_warmup_is_not_dumped(prenorm_server):
     names = [p.name for p in prenorm_server.dump_dir.iterdir()] if prenorm_server.dump_dir.exists() else []
     assert all(n.startswith("hsx-") for n in names), names
     assert "POST /generate" in log or "Prefill batch" in log  # the warmup did run
+
+
+def test_a_sample_resent_after_its_dump_was_drained_is_captured_again(llama_server):
+    server = llama_server
+    rid = fresh_rid(server)
+    ids = prompt(20, seed=41)
+    try:
+        server.generate(ids, rid=rid)
+        wait_done(server.dump_dir, rid)
+        shutil.rmtree(rid_dir(server.dump_dir, rid))  # what the drain does once the sample is durable
+        server.generate(ids, rid=rid)
+        check_against_hf(server, rid, ids)
+    finally:
+        shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)

@@ -19,7 +19,8 @@ Rules, each one a reason a training sample could otherwise be silently wrong:
   of a request no longer tracked) is not written at all, so a sample missing its prefix is
   never handed to the drain;
 * once a request is complete, later forwards of the same rid (a re-prefill after retraction)
-  are ignored, so they cannot overwrite a finished dump;
+  are ignored, so they cannot overwrite a finished dump; only a resend of the same prompt after
+  its dump has left the staging directory starts a new dump;
 * tracking is bounded (LRU): an abandoned request cannot grow memory forever.
 """
 
@@ -29,7 +30,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hsextract.layers import CaptureLayers
@@ -158,8 +159,11 @@ def add_range(covered: list[list[int]], start: int, end: int) -> list[list[int]]
 class CapturePlanner:
     """Turns batches into write segments and decides completion (one thread calls it)."""
 
-    def __init__(self, settings: CaptureSettings):
+    def __init__(self, settings: CaptureSettings, is_staged: Callable[[str], bool] | None = None):
+        """``is_staged(rid)`` tells whether a complete dump of ``rid`` is still in the staging
+        directory (the writer checks for its done marker); without it, dumps count as staged."""
         self.settings = settings
+        self.is_staged = is_staged or (lambda rid: True)
         self._tracked: OrderedDict[str, RequestState] = OrderedDict()
         self.evicted_incomplete = 0
         self.skipped_partial = 0
@@ -186,11 +190,14 @@ class CapturePlanner:
         create = False
         if state is not None:
             self._tracked.move_to_end(req.rid)
-            if state.complete:
+            if state.complete and self._is_resend(state, req, prompt_len):
+                del self._tracked[req.rid]
+                state = None
+            elif state.complete:
                 log.debug("rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
                           req.rid, req.prefix_len, req.extend_len)
                 return None
-        else:
+        if state is None:
             if prompt_len <= 0 or req.prefix_len >= prompt_len:
                 return None  # decode rows of a request the capture is not tracking
             if req.prefix_len > 0:
@@ -218,6 +225,15 @@ class CapturePlanner:
             state.complete = True
             state.marker = self._marker(state)
         return Segment(state, req.batch_row + 0, start, end - start, create)
+
+    def _is_resend(self, state: RequestState, req: BatchRequest, prompt_len: int) -> bool:
+        """A complete rid that starts again from row 0 with the same prompt length, after its
+        dump left the staging directory (drained or quarantined), is the client sending the
+        sample again: capture it anew. A re-prefill after retraction carries the generated
+        tokens too (a longer sequence), and a dump still staged is already there: both ignored."""
+        with state.lock:
+            settled = state.done_written or bool(state.failed)  # no write of the old dump in flight
+        return req.prefix_len == 0 and prompt_len == state.prompt_len and settled and not self.is_staged(state.rid)
 
     def _marker(self, state: RequestState) -> DoneMarker:
         s = self.settings

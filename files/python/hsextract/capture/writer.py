@@ -194,6 +194,7 @@ class CaptureWriter:
     ):
         self.dump_dir = Path(dump_dir)
         self.planner = planner
+        planner.is_staged = lambda rid: (rid_dir(self.dump_dir, rid) / DONE_FILE).exists()
         self.settings = planner.settings
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
