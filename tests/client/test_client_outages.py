@@ -138,6 +138,7 @@ def test_client_waits_for_a_killed_server_and_completes_after_restart(own_server
         assert client.poll() is None, f"the client gave up on a down server:\n{tail(logs / 'client.log')}"
         down = client_status(out)
         assert down["failed"] == 0 and down["ok"] < len(exp.samples)
+        assert down["state"] == "paused" and "waiting for /health" in down["paused_reason"]
         assert "waiting for /health" in (logs / "client.log").read_text()
 
         own_server.start()

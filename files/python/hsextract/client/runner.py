@@ -196,9 +196,17 @@ class ExtractRun:
 
     def _wait_to_send(self, bp: Backpressure, n_tokens: int) -> bool:
         """Block until a slot is free and the staging limits allow one more request; False on stop."""
+        down_reason = None
         while not self._slots.acquire(timeout=0.5):
             if self.stop.is_set():
                 return False
+            down_since = self.sender.gate.down_since
+            if down_since is not None and down_reason is None:
+                since = time.strftime("%H:%M:%S", time.localtime(down_since))
+                down_reason = f"server {self.cfg.server} not answering since {since}; waiting for /health"
+                self.stats.paused_reason = down_reason
+        if down_reason is not None and self.stats.paused_reason == down_reason:
+            self.stats.paused_reason = None
         paused_at = None
         while not self.stop.is_set():
             st = self.stats
