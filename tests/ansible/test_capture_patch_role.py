@@ -1,0 +1,90 @@
+"""The capture_patch role renders templates/capture_patch with Ansible's own template engine.
+
+The same templates are rendered by `hsextract capture-patch` (plain Jinja2); SGLang imports the
+result, so what Ansible writes must be valid Python carrying the configured capture, and the same
+bytes the CLI writes. Runs on the host: the role only writes files into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = "hsextract_capture_patch"
+
+
+def ansible_bin() -> Path:
+    bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
+    if not bin_dir:
+        pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
+    return Path(bin_dir)
+
+
+def render_with_ansible(tmp_path: Path, model: Path, out: Path) -> subprocess.CompletedProcess:
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  roles:\n    - capture_patch\n"
+    )
+    extra = {
+        "capture_patch_dir": str(out), "capture_patch_model_path": str(model),
+        "capture_patch_aux_layer_ids": [1, 3, 4], "capture_patch_layer_convention": "eagle",
+        "capture_patch_dump_dir": "/dev/shm/hsextract", "capture_patch_rid_prefix": "hsx",
+        "capture_patch_final_hidden": "pre_norm", "ansible_python_interpreter": str(ansible_bin() / "python"),
+    }
+    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
+    return subprocess.run(
+        [str(ansible_bin() / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
+         "-e", json.dumps(extra)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64}))
+    return path
+
+
+def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_changes_nothing(tmp_path, model):
+    out = tmp_path / "patch"
+    first = render_with_ansible(tmp_path, model, out)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    for name in ("__init__.py", "model.py"):
+        compiled = subprocess.run([sys.executable, "-m", "py_compile", str(out / PACKAGE / name)],
+                                  capture_output=True, text=True)
+        assert compiled.returncode == 0, f"rendered {name} is not valid Python:\n{compiled.stderr}"
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import json, {PACKAGE}; print(json.dumps({PACKAGE}.CONFIG))"],
+        env={**os.environ, "PYTHONPATH": str(out)}, capture_output=True, text=True,
+    )
+    assert probe.returncode == 0, probe.stderr
+    config = json.loads(probe.stdout)
+    assert (config["architecture"], config["aux_layer_ids"], config["final_hidden"], config["dump_dir"]) == (
+        "LlamaForCausalLM", [1, 3, 4], "pre_norm", "/dev/shm/hsextract")
+    second = render_with_ansible(tmp_path, model, out)
+    assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout[-3000:]
+
+
+def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model):
+    ansible_out, cli_out = tmp_path / "ansible", tmp_path / "cli"
+    result = render_with_ansible(tmp_path, model, ansible_out)
+    assert result.returncode == 0, result.stdout[-3000:]
+    cli = subprocess.run(
+        [sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(cli_out), "--model-path", str(model),
+         "--aux-layer-ids", "1,3,4", "--dump-dir", "/dev/shm/hsextract", "--final-hidden", "pre_norm",
+         "--ansible-managed", "Ansible managed"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "files" / "python")}, capture_output=True, text=True,
+    )
+    assert cli.returncode == 0, cli.stderr
+    for name in ("__init__.py", "model.py"):
+        assert (ansible_out / PACKAGE / name).read_text() == (cli_out / PACKAGE / name).read_text(), name
