@@ -154,7 +154,8 @@ class Sandbox:
             argv += ["-e", json.dumps(extra_vars)]
         env = {
             "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
-            "ANSIBLE_CALLBACK_PLUGINS": str(Path(__file__).resolve().parent / "callback_plugins"),
+            # From the working directory: the sandbox sees only its binds under /tmp (a CI clone may live there).
+            "ANSIBLE_CALLBACK_PLUGINS": str(self.workdir / "tests" / "ansible" / "callback_plugins"),
             "ANSIBLE_FORCE_COLOR": "0",
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_DEPRECATION_WARNINGS": "0",
