@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from hsextract.capture.sglang_hook import ServerFacts, check_dump_dir, check_server
+from hsextract.capture.sglang_hook import ServerFacts, check_dump_dir, check_server, check_sglang_version
 from hsextract.errors import ConfigError
 from sglang.srt.server_args import ServerArgs
 from support.sglang_server import ServerStartError, start_server
@@ -81,3 +81,14 @@ def test_capture_friendly_cpu_settings_pass():
 
 def test_dump_dir_check_creates_the_directory(tmp_path):
     assert check_dump_dir(tmp_path / "a" / "b").is_dir()
+
+
+def test_an_untested_sglang_release_is_refused_with_the_tested_one_and_the_way_out():
+    with pytest.raises(ConfigError, match=r"SGLang 0\.6\.0 is not a release the capture was tested on \(0\.5\.23\)"
+                       r".*sglang==0\.5\.23.*HSEXTRACT_ALLOW_UNTESTED_SGLANG=1"):
+        check_sglang_version("0.6.0", allow_untested=False)
+
+
+def test_the_tested_sglang_release_and_an_explicit_opt_in_pass():
+    check_sglang_version("0.5.23", allow_untested=False)
+    check_sglang_version("0.6.0", allow_untested=True)

@@ -157,6 +157,31 @@ def _sglang_version() -> str:
         return ""
 
 
+# SGLang releases whose model internals (ForwardBatch fields, layers_to_capture, the aux packer)
+# the capture was written and tested against. Another release may move them silently.
+TESTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.23",)
+ALLOW_UNTESTED_ENV = "HSEXTRACT_ALLOW_UNTESTED_SGLANG"
+
+
+def check_sglang_version(version: str, allow_untested: bool | None = None) -> None:
+    """Refuse an SGLang release the capture was not tested on, unless the operator opts in."""
+    if version in TESTED_SGLANG_VERSIONS:
+        return
+    if allow_untested is None:
+        allow_untested = os.environ.get(ALLOW_UNTESTED_ENV, "") == "1"
+    tested = ", ".join(TESTED_SGLANG_VERSIONS)
+    if allow_untested:
+        log.warning("hsextract capture: SGLang %s is untested (tested: %s); %s=1 is set, going on; check the "
+                    "smoke test's self-check before trusting the dumps", version or "of unknown version", tested,
+                    ALLOW_UNTESTED_ENV)
+        return
+    raise ConfigError(
+        f"SGLang {version or '(version unknown)'} is not a release the capture was tested on ({tested}); install "
+        f"sglang=={TESTED_SGLANG_VERSIONS[-1]} in the server's venv (requirements/ml-env.lock), or set "
+        f"{ALLOW_UNTESTED_ENV}=1 in the server's environment to try it and rely on the smoke test's self-check"
+    )
+
+
 def causal_lm_of(model: Any, spec: ArchSpec) -> Any:
     """The *ForCausalLM that owns ``model`` (the decoder) and ``capture_aux_hidden_states``."""
     return getattr(model, spec.causal_lm_attr) if spec.causal_lm_attr else model
@@ -242,6 +267,10 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     attn_tp_rank, attn_dp_rank = _parallel_ranks()
     # Collect every problem, so one failed start tells the operator everything to fix.
     problems: list[str] = []
+    try:
+        check_sglang_version(_sglang_version())
+    except ConfigError as exc:
+        problems.append(str(exc))
     try:
         check_server(facts)
     except ConfigError as exc:
