@@ -95,6 +95,7 @@ def render_patch(
         loader=jinja2.FileSystemLoader(str(template_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
+        trim_blocks=True,  # Ansible's template module default: both render the same bytes
     )
     env.filters["comment"] = comment_filter
     out = Path(out_dir)
