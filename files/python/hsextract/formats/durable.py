@@ -12,7 +12,7 @@ import errno
 import os
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -37,12 +37,14 @@ def write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
     return total
 
 
-def write_file_durably(path: str | Path, chunks: Iterable[bytes | memoryview]) -> int:
-    """Create `path` (truncating), write the chunks, fsync; remove the partial file on failure."""
+@contextlib.contextmanager
+def _new_durable_file(path: str | Path) -> Iterator[int]:
+    """An fd on `path` (created or truncated), fsynced when the block ends; on any failure the
+    partial file is removed, so a half-written sample never stands under any name."""
     p = Path(path)
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        n = write_all(fd, chunks)
+        yield fd
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -50,6 +52,12 @@ def write_file_durably(path: str | Path, chunks: Iterable[bytes | memoryview]) -
             p.unlink()
         raise
     os.close(fd)
+
+
+def write_file_durably(path: str | Path, chunks: Iterable[bytes | memoryview]) -> int:
+    """Create `path` (truncating), write the chunks, fsync; remove the partial file on failure."""
+    with _new_durable_file(path) as fd:
+        n = write_all(fd, chunks)
     return n
 
 
@@ -171,17 +179,8 @@ def _stream_buffer() -> memoryview:
 
 def write_payload_durably(path: str | Path, payload: object, hasher: object) -> int:
     """Create `path`, stream the payload into it while hashing, fsync; remove it on failure. Returns bytes."""
-    p = Path(path)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
+    with _new_durable_file(path) as fd:
         sink = HashingFileSink(fd, hasher)
         payload.write_to(sink)  # type: ignore[attr-defined]
         sink.flush()
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-        raise
-    os.close(fd)
     return sink.nbytes
