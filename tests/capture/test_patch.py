@@ -70,7 +70,7 @@ def test_server_launch_switches_the_capture_on_with_the_flags_it_needs(tmp_path)
 def test_capture_patch_command_renders_and_prints_the_launch_settings(tmp_path, tiny_dsv3):
     env = {"PYTHONPATH": str(REPO / "files" / "python")}
     r = subprocess.run([sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(tmp_path),
-                        "--model-path", str(tiny_dsv3), "--dump-dir", "/dev/shm/hsx", "--aux-layer-ids", "1,3,4"],
+                        "--model", str(tiny_dsv3), "--dump-dir", "/dev/shm/hsx", "--aux-layers", "1,3,4"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -114,3 +114,20 @@ def test_config_values_rendered_as_text_are_normalised():
     assert CaptureConfig("LlamaForCausalLM", "/m", "/d", aux_layer_ids="None").aux_layer_ids is None
     with pytest.raises(ConfigError, match="final_hidden='middle'"):
         CaptureConfig("LlamaForCausalLM", "/m", "/d", final_hidden="middle")
+
+
+def test_capture_patch_reads_the_same_run_config_keys_as_the_other_subcommands(tmp_path, tiny_llama):
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"model": str(tiny_llama), "dump_dir": "/dev/shm/hsx", "aux_layers": "1,2,3",
+                                  "rid_prefix": "shared", "format": "speculators", "dataset": "/unused.jsonl"}))
+    out_dir = tmp_path / "patch"
+    env = {"PYTHONPATH": str(REPO / "files" / "python")}
+    r = subprocess.run([sys.executable, "-m", "hsextract", "capture-patch", "--config", str(config),
+                        "--out-dir", str(out_dir)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rendered = (out_dir / "hsextract_capture_patch" / "__init__.py").read_text()
+    line = next(x for x in rendered.splitlines() if x.startswith("CONFIG = json.loads("))
+    baked = json.loads(json.loads(line[len("CONFIG = json.loads("):-1]))
+    assert baked["rid_prefix"] == "shared"
+    assert baked["aux_layer_ids"] == [1, 2, 3]
+    assert baked["model_path"] == str(tiny_llama)

@@ -143,9 +143,13 @@ def server_launch(patch_dir: str | Path, *, package_name: str = DEFAULT_PACKAGE,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--out-dir", required=False, help="directory to render the package into (goes on PYTHONPATH)")
-    parser.add_argument("--model-path", help="model directory (its config.json names the architecture)")
+    # --model and --aux-layers as in every other subcommand (one shared run config); the older
+    # spellings stay accepted.
+    parser.add_argument("--model", "--model-path", dest="model",
+                        help="model directory (its config.json names the architecture)")
     parser.add_argument("--architecture", help="override the architecture read from the model's config.json")
-    parser.add_argument("--aux-layer-ids", help="comma-separated aux layer ids (default: EAGLE-3's [1, L//2-1, L-4])")
+    parser.add_argument("--aux-layers", "--aux-layer-ids", dest="aux_layers",
+                        help="comma-separated aux layer ids (default: EAGLE-3's [1, L//2-1, L-4])")
     parser.add_argument("--layer-convention", choices=("eagle", "sglang"), default="eagle")
     parser.add_argument("--dump-dir", help="staging directory, e.g. /dev/shm/hsextract")
     parser.add_argument("--rid-prefix", default="hsx")
@@ -156,15 +160,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    missing = [name for name in ("out_dir", "model_path", "dump_dir") if not getattr(args, name, None)]
+    missing = [name for name in ("out_dir", "model", "dump_dir") if not getattr(args, name, None)]
     if missing:
         raise ConfigError(f"capture-patch: missing {', '.join('--' + m.replace('_', '-') for m in missing)}")
-    architecture = args.architecture or read_model_info(args.model_path).architecture
+    architecture = args.architecture or read_model_info(args.model).architecture
     out = render_patch(
         args.out_dir,
         architecture=architecture,
-        model_path=args.model_path,
-        aux_layer_ids=parse_ids(args.aux_layer_ids),
+        model_path=args.model,
+        aux_layer_ids=parse_ids(args.aux_layers),
         layer_convention=args.layer_convention,
         dump_dir=args.dump_dir,
         rid_prefix=args.rid_prefix,

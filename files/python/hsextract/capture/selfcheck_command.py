@@ -24,14 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--dump-dir", help="staging directory holding <rid>/")
     parser.add_argument("--rid", required=True, help="request id of the probe")
-    parser.add_argument("--model-path", help="model directory (config.json + safetensors)")
+    parser.add_argument("--model", "--model-path", dest="model", help="model directory (config.json + safetensors)")
     parser.add_argument("--input-ids", help="the probe's token ids (1,2,3 or [1,2,3])")
     parser.add_argument("--server-token", type=int, help="the token the server returned at temperature 0")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.dump_dir or not args.model_path:
-        raise ConfigError("selfcheck needs --dump-dir and --model-path (or a --config file with them)")
-    result = check_dump(args.dump_dir, args.rid, args.model_path, _ids(args.input_ids), args.server_token)
+    if not args.dump_dir or not args.model:
+        raise ConfigError("selfcheck needs --dump-dir and --model (or a --config file with them)")
+    result = check_dump(args.dump_dir, args.rid, args.model, _ids(args.input_ids), args.server_token)
     print(result.to_json())
     return 0 if result.ok else 1
