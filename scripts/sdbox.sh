@@ -86,9 +86,12 @@ cmd_stop() {
   if [ -d "$CG" ]; then
     if [ -e "$CG/cgroup.kill" ]; then echo 1 > "$CG/cgroup.kill" 2>/dev/null || true
     else xargs -r kill -9 < "$CG/cgroup.procs" 2>/dev/null || true; fi
-    for _ in $(seq 50); do [ -s "$CG/cgroup.procs" ] || break; sleep 0.1; done
-    find "$CG" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
-    rmdir "$CG" 2>/dev/null || true
+    # Processes in the sandbox's sub-cgroups take a moment to die after cgroup.kill: retry the removal.
+    for _ in $(seq 100); do
+      find "$CG" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+      rmdir "$CG" 2>/dev/null && break
+      sleep 0.1
+    done
   fi
   rm -rf "$STATE"
 }
