@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "files" / "python"))
 
+import datasets  # noqa: E402, F401  (process start-up, like torch: the daemon imports it once, before draining)
 import torch  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
@@ -85,7 +86,7 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None) -> float:
     drop_caches()
     (out / ".hsextract").mkdir(parents=True, exist_ok=True)
     (out / ".hsextract" / "client-summary.json").write_text("{}")
-    cfg = DrainConfig(dump_dir=dump, output=out, format=fmt, poll_interval_s=0.02,
+    cfg = DrainConfig(dump_dir=dump, output=out, format=fmt,
                       exit_when_done=True, finalize_idle_s=3600, status_interval_s=1.0)
     if workers:
         cfg.workers = workers

@@ -268,3 +268,16 @@ def test_a_nan_met_while_streaming_rows_quarantines_the_dump_and_leaves_no_file(
     assert sorted(p.name for p in (out / "hidden_states").iterdir()) == ["hs_0.safetensors"]
     assert not list((out / ".hsextract" / "tmp").iterdir())
     assert dict(d.stats.quarantined) == {"non_finite": 1}
+
+
+def test_the_workers_do_not_wait_for_the_poll_interval_between_samples(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(30):  # many more than the workers' queue holds (2 per worker)
+        stage_sample(dump, run, i)
+    t0 = time.monotonic()
+    d = _drain(dump, out, workers=1, poll_interval_s=5.0)
+    took = time.monotonic() - t0
+    assert d.stats.samples_total == 30
+    # Waiting for the next scheduled scan once per queue-full would take 15 intervals (75 s).
+    assert took < 5.0 * 3, f"draining 30 small samples took {took:.1f} s with a 5 s poll interval"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import threading
 from pathlib import Path
 
 from hsextract.config_file import add_config_argument
@@ -94,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
 
     def _stop(signum: int, _frame: object) -> None:
         log.info("signal %d: finishing the samples in hand, then stopping", signum)
-        drainer.stop_event.set()
+        # From another thread: the main thread may hold the wake event's lock right now, and
+        # setting it from a handler running on that thread could deadlock.
+        threading.Thread(target=drainer.stop, name="drain-stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)

@@ -43,7 +43,7 @@ from hsextract.drain.staged_io import map_states
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.durable import STREAM_CHUNK, free_bytes, fsync_dir, is_no_space, write_payload_durably
+from hsextract.formats.durable import PIECE, free_bytes, fsync_dir, is_no_space, write_payload_durably
 from hsextract.formats.manifest import (
     ManifestAppender,
     ManifestEntry,
@@ -144,9 +144,13 @@ class Drainer:
         self.tmp_dir = state_dir(self.out) / TMP_DIR
         self.stats = DrainStats(format=cfg.format)
         self.stop_event = threading.Event()
+        # Set when a worker frees a queue slot (or on stop): the scan runs again at once instead
+        # of after the poll interval, so the workers never wait for the next scheduled look.
+        self._wake = threading.Event()
         self._budget = _ByteBudget(cfg.memory_budget_bytes)
         self._commit_q: queue.Queue[_Prepared | None] = queue.Queue()
-        self._inflight: set[str] = set()
+        self._inflight: set[str] = set()  # submitted and not yet committed (or given up)
+        self._preparing = 0  # of those, how many the workers have not finished: the queue's bound
         self._inflight_lock = threading.Lock()
         self._done_rids: set[str] = set()
         self._done_indices: set[int] = set()
@@ -159,9 +163,15 @@ class Drainer:
         self._last_activity = time.monotonic()
         self._finalized_at_count = -1
         self._last_record_sweep = 0.0
+        self._last_full_scan = 0.0
         self.run_id = ""
 
     # --- start-up -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish the samples in hand, then return from run() (safe from a signal handler)."""
+        self.stop_event.set()
+        self._wake.set()
 
     def recover(self) -> None:
         """Bring the output directory to a consistent state after whatever happened before."""
@@ -276,9 +286,10 @@ class Drainer:
         # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
         torch_set_threads(1)
         if self.cfg.format == "speculators":
-            # Its finalize builds an Arrow dataset; importing `datasets` takes seconds, so do it
-            # now, beside the draining, instead of when the last sample is in.
-            threading.Thread(target=importlib.import_module, args=("datasets",), daemon=True).start()
+            # Its finalize builds an Arrow dataset. Importing `datasets` costs about a second of
+            # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
+            # an import in a background thread cut the first few GB's drain rate by a fifth).
+            importlib.import_module("datasets")
         self._appender = ManifestAppender(self.out)
         metrics = None
         if self.cfg.metrics_port is not None:
@@ -308,7 +319,8 @@ class Drainer:
                         break
                     if now - self._last_activity >= self.cfg.finalize_idle_s:
                         self._finalize_if_changed()
-                self.stop_event.wait(self.cfg.poll_interval_s)
+                self._wake.wait(self.cfg.poll_interval_s)
+                self._wake.clear()
         finally:
             self.stats.set(state="stopping")
             # Finish the samples in hand; never start the queued ones.
@@ -363,9 +375,19 @@ class Drainer:
     # --- scanning -------------------------------------------------------------------------
 
     def _scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
+        """Look at the staged dumps: submit complete ones, remove stale ones; return how many were submitted.
+
+        A full scan (every dump looked at, the lag counted) runs at most once per poll interval.
+        A scan woken early by a worker that freed a slot stops as soon as the queue is full
+        again: with thousands of dumps staged, looking at each of them after every sample would
+        take the cores the workers need (measured: a third of a core on 2 cores).
+        """
         submitted = 0
         lag = 0
         now = time.time()
+        full = time.monotonic() - self._last_full_scan >= self.cfg.poll_interval_s
+        if full:
+            self._last_full_scan = time.monotonic()
         max_queued = max(1, self.cfg.workers) * 2
         for d in iter_dump_dirs(self.dump_dir):
             if self.stop_event.is_set():
@@ -399,8 +421,11 @@ class Drainer:
                 continue
             lag += 1
             with self._inflight_lock:
-                if len(self._inflight) >= max_queued:
-                    continue  # the workers have enough; look again on the next scan
+                queue_full = self._preparing >= max_queued
+            if queue_full:
+                if not full:
+                    break
+                continue  # the workers have enough; only count the rest
             try:
                 record = read_record(self.dump_dir, rid)
             except StagingError as exc:
@@ -414,14 +439,17 @@ class Drainer:
                 self._quarantine(d, rid, v.RECORD, f"record says dataset index {record.index}, rid says {parsed.index}")
                 continue
             with self._inflight_lock:
-                if len(self._inflight) >= max_queued:
+                if self._preparing >= max_queued:
                     continue
                 self._inflight.add(rid)
+                self._preparing += 1
             fut = pool.submit(self._process, d, record)
             fut.add_done_callback(self._task_done)
             submitted += 1
         with self._inflight_lock:
-            self.stats.set(lag=lag, in_flight=len(self._inflight))
+            self.stats.set(in_flight=len(self._inflight))
+            if full:
+                self.stats.set(lag=lag)
         if submitted:
             self._last_activity = time.monotonic()
         self._sweep_records(now)
@@ -514,10 +542,20 @@ class Drainer:
     # --- workers --------------------------------------------------------------------------
 
     def _process(self, d: Path, record: SampleRecord) -> None:
+        try:
+            self._process_bounded(d, record)
+        finally:
+            # Prepared samples wait for the committer without holding a queue slot: its
+            # directory fsyncs must not leave the workers idle.
+            with self._inflight_lock:
+                self._preparing -= 1
+            self._wake.set()
+
+    def _process_bounded(self, d: Path, record: SampleRecord) -> None:
         rid = record.rid
         try:
             if getattr(self.fmt, "streams_staged", False):
-                size = STREAM_CHUNK  # streamed through one reused buffer, whatever the sample's size
+                size = PIECE  # sent from the mapping piece by piece, whatever the sample's size
             else:
                 # Mapping the staged file costs no memory (the pages are tmpfs's own), but the
                 # format's reordered copy of the rows does: about the sample's size.
@@ -541,7 +579,7 @@ class Drainer:
         streaming = bool(getattr(self.fmt, "streams_staged", False))
         try:
             marker = read_done_marker(d)
-            mapped = map_states(d / STATES_FILE, map_hidden=not streaming)
+            mapped = map_states(d / STATES_FILE)
             v.validate(marker, mapped.states, record, self.expected(), check_values=not streaming)
         except StagingError as exc:
             if mapped is not None:
@@ -595,6 +633,7 @@ class Drainer:
     def _forget(self, rid: str) -> None:
         with self._inflight_lock:
             self._inflight.discard(rid)
+        self._wake.set()  # the main loop may be waiting for the last sample to leave
 
     def _pause_for_space(self, path: Path, exc: OSError) -> None:
         free = free_bytes(path)

@@ -8,6 +8,7 @@ writer can send the bytes to the output file with ``sendfile`` (kernel side, lik
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ class MappedStates:
     fd: int  # open on the staged file, for sendfile; close() it when the sample is written
     data_start: int  # file offset of the first hidden byte
     data_len: int  # bytes of hidden rows followed by the input ids (contiguous)
-    view: memoryview | None  # the same bytes (data_start .. data_start + data_len), mapped (None: not mapped)
+    view: memoryview  # the same bytes (data_start .. data_start + data_len), mapped
     hidden_len: int = 0  # bytes of hidden rows at the start of the range
 
     def close(self) -> None:
@@ -39,12 +40,8 @@ class MappedStates:
             self.fd = -1
 
 
-def map_states(path: str | Path, *, map_hidden: bool = True) -> MappedStates:
-    """Map a staged states file; raise StagingError (naming the file) if it is truncated or malformed.
-
-    With ``map_hidden=False`` nothing of the rows is touched: ``hidden`` is a meta tensor (shape
-    and dtype only) and ``view`` is None; the writer then streams and checks the rows itself.
-    """
+def map_states(path: str | Path) -> MappedStates:
+    """Map a staged states file; raise StagingError (naming the file) if it is truncated or malformed."""
     p = Path(path)
     if p.is_dir():
         p = p / STATES_FILE
@@ -77,20 +74,7 @@ def map_states(path: str | Path, *, map_hidden: bool = True) -> MappedStates:
         end = start + ie
         if size < end:
             raise StagingError(f"{p}: truncated: {size} bytes, header promises {end}")
-        if not map_hidden:
-            shape = h["shape"]
-            hidden = torch.empty(shape, dtype=dtype, device="meta")
-            raw_ids = os.pread(fd, ie - he, start + he)
-            if len(raw_ids) != ie - he:
-                raise StagingError(f"{p}: truncated while reading the token ids")
-            ids_buf = bytearray(raw_ids)
-            input_ids = torch.frombuffer(ids_buf, dtype=torch.int64) if ids_buf else torch.empty(0, dtype=torch.int64)
-            return MappedStates(StagedStates(hidden=hidden, input_ids=input_ids), fd, start, ie, None, he)
-        # A private, writable mapping (torch wants writable buffers) that never copies unless
-        # written to, which nothing does.
-        # MAP_POPULATE faults the pages in with one call instead of one fault per 4 KiB.
-        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-        mm = mmap.mmap(fd, end, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE) if end else None
+        mm = _map_readonly_pages(fd, end) if end else None
     except BaseException:
         os.close(fd)
         raise
@@ -99,3 +83,21 @@ def map_states(path: str | Path, *, map_hidden: bool = True) -> MappedStates:
     hidden = torch.frombuffer(view[:he], dtype=dtype).reshape(shape) if he else torch.empty(shape, dtype=dtype)
     input_ids = torch.frombuffer(view[he:ie], dtype=torch.int64) if ie > he else torch.empty(0, dtype=torch.int64)
     return MappedStates(StagedStates(hidden=hidden, input_ids=input_ids), fd, start, ie, view, he)
+
+
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python 3.11 lacks the name
+
+
+def _map_readonly_pages(fd: int, length: int) -> mmap.mmap:
+    """Map the tmpfs file's own pages: no copy, no memory beyond the page tables.
+
+    The mapping is private and writable only because torch wants writable buffers; nothing writes
+    to it, so no page is ever copied. MAP_POPULATE would be wrong here: on a private writable
+    mapping it faults every page in for writing and so copies the whole file. MADV_POPULATE_READ
+    maps the pages in one call instead of one fault per 4 KiB; where the kernel lacks it, the pages
+    fault in as they are read.
+    """
+    mm = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    with contextlib.suppress(OSError):
+        mm.madvise(MADV_POPULATE_READ)
+    return mm

@@ -8,7 +8,6 @@ whole file in memory, and staged bytes that go out unchanged are sent by the ker
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,18 +21,18 @@ from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
 @dataclass
 class SourceRange:
-    """Bytes to take unchanged from the staged file.
+    """Bytes to take unchanged from the staged file: `length` bytes at `offset` of `fd`, mapped as `view`.
 
-    With a `view` (the same bytes, mapped) the kernel sends them (``sendfile``) and the hash reads
-    the mapping. Without one, the sink streams them through a reused buffer, and `check` (if set)
-    sees every piece of the first `check_len` bytes on the way (the drain's finite-value check),
-    so the rows are read exactly once.
+    The sink goes through them piece by piece: `check` (if set) sees each piece of the first
+    `check_len` bytes (the drain's finite-value check), the hash reads the same piece while it is
+    still in the CPU cache, and the kernel sends it to the output file (``sendfile``, as ``cp``
+    does), so the bytes are never copied through user memory.
     """
 
     fd: int
     offset: int
     length: int
-    view: memoryview | None = None
+    view: memoryview
     check: Callable[[memoryview, int], None] | None = None  # (piece, byte offset in the range)
     check_len: int = 0
 
@@ -105,13 +104,9 @@ class MemorySink:
         return len(b)
 
     def copy_range(self, src: SourceRange) -> None:
-        if src.view is not None:
-            self.parts.append(bytes(src.view))
-            return
-        data = os.pread(src.fd, src.length, src.offset)
         if src.check is not None and src.check_len:
-            src.check(memoryview(data)[: src.check_len], 0)
-        self.parts.append(data)
+            src.check(src.view[: src.check_len], 0)
+        self.parts.append(bytes(src.view))
 
     def flush(self) -> None:
         pass

@@ -11,7 +11,6 @@ import contextlib
 import errno
 import os
 import shutil
-import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -88,12 +87,35 @@ def is_no_space(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+# Start the disk writing every this many bytes instead of leaving it all to the final fsync.
+WRITEBACK_STEP = 8 << 20
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing `length` bytes at `offset` to disk now, without waiting.
+
+    A sample's file is fsynced before it counts as written; left alone, the kernel holds its
+    dirty pages until that fsync, and the worker then sits idle while the disk works. Starting
+    the write-out as each few MiB are written keeps the disk busy beside the copying (measured on
+    2 cores: 0.6-0.8 of ``cp`` + ``sync`` without, 0.95-1.15 with). POSIX_FADV_DONTNEED starts
+    asynchronous write-back of dirty pages on Linux and drops the clean ones, which the drain never
+    reads again. Where it is missing the final fsync does all the work, as before.
+    """
+    if _FADVISE is not None:
+        with contextlib.suppress(OSError):
+            _FADVISE(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+_FADVISE = getattr(os, "posix_fadvise", None)
+
+
 class HashingFileSink:
-    """Writes a payload to an open file descriptor and hashes exactly the bytes written.
+    """Writes a payload to a new file's descriptor and hashes exactly the bytes written.
 
     Small writes (``torch.save`` emits many record headers) are gathered into one buffer; large
     ones go straight to the file; staged ranges are sent by the kernel (``sendfile``, as ``cp``
-    does) while the hash reads the same bytes from their mapping.
+    does) while the hash reads the same bytes from their mapping. Write-back to the disk is
+    started every WRITEBACK_STEP bytes (`start_writeback`).
     """
 
     _DIRECT = 256 << 10
@@ -102,7 +124,9 @@ class HashingFileSink:
     def __init__(self, fd: int, hasher: object):
         self.fd = fd
         self.hasher = hasher
-        self.nbytes = 0
+        self.nbytes = 0  # bytes accepted (hashed), buffered or not
+        self._on_disk = 0  # bytes handed to the file: its size so far
+        self._kicked = 0  # write-back started for [0, _kicked)
         self._buf = bytearray()
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
@@ -111,7 +135,7 @@ class HashingFileSink:
         self.hasher.update(view)  # type: ignore[attr-defined]
         if n >= self._DIRECT:
             self.flush()
-            write_all(self.fd, [view])
+            self._write_out(view)
         else:
             self._buf += view
             if len(self._buf) >= self._BUFFER:
@@ -120,61 +144,54 @@ class HashingFileSink:
         return n
 
     def copy_range(self, src) -> None:  # src: hsextract.formats.base.SourceRange
+        """Check, hash and send the staged bytes one cache-sized piece at a time (one read of each byte)."""
         self.flush()
-        if src.view is None:
-            self._stream_range(src)
-            return
-        self.hasher.update(src.view)  # type: ignore[attr-defined]
-        offset, left = src.offset, src.length
+        done = 0
+        while done < src.length:
+            n = min(PIECE, src.length - done)
+            piece = src.view[done : done + n]
+            if src.check is not None and done < src.check_len:
+                src.check(piece[: src.check_len - done], done)
+            self.hasher.update(piece)  # type: ignore[attr-defined]
+            self._send(src.fd, src.offset + done, piece)
+            done += n
+        self.nbytes += src.length
+
+    def _send(self, fd: int, offset: int, piece: memoryview) -> None:
+        """Let the kernel copy `piece` (which is `fd`'s bytes at `offset`) into the file."""
+        left = len(piece)
         while left:
             try:
-                sent = os.sendfile(self.fd, src.fd, offset, left)
+                sent = os.sendfile(self.fd, fd, offset, left)
             except OSError as exc:
                 if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
-                write_all(self.fd, [src.view[src.length - left :]])
-                break
+                self._write_out(piece[len(piece) - left :])  # no sendfile between these files
+                return
             if sent == 0:
                 raise OSError(errno.EIO, f"staged file ended {left} bytes early while copying")
             offset += sent
             left -= sent
-        self.nbytes += src.length
-
-    def _stream_range(self, src) -> None:
-        """pread into a per-thread reused buffer, check, hash, write: one pass, no new pages."""
-        buf = _stream_buffer()
-        done = 0
-        while done < src.length:
-            n = min(len(buf), src.length - done)
-            got = 0
-            while got < n:  # fill the piece completely, so checks see whole elements
-                r = os.preadv(src.fd, [buf[got:n]], src.offset + done + got)
-                if r == 0:
-                    raise OSError(errno.EIO, f"staged file ended {src.length - done - got} bytes early while copying")
-                got += r
-            piece = buf[:n]
-            if src.check is not None and done < src.check_len:
-                src.check(piece[: src.check_len - done], done)
-            self.hasher.update(piece)  # type: ignore[attr-defined]
-            write_all(self.fd, [piece])
-            done += n
-        self.nbytes += src.length
+            self._advance(sent)
 
     def flush(self) -> None:
         if self._buf:
-            write_all(self.fd, [self._buf])
+            self._write_out(memoryview(self._buf))
             self._buf = bytearray()
 
+    def _write_out(self, view: memoryview) -> None:
+        self._advance(write_all(self.fd, [view]))
 
-_local = threading.local()
-STREAM_CHUNK = 1 << 20  # a multiple of every element size
+    def _advance(self, n: int) -> None:
+        self._on_disk += n
+        if self._on_disk - self._kicked >= WRITEBACK_STEP:
+            start_writeback(self.fd, self._kicked, self._on_disk - self._kicked)
+            self._kicked = self._on_disk
 
 
-def _stream_buffer() -> memoryview:
-    buf = getattr(_local, "buf", None)
-    if buf is None:
-        buf = _local.buf = memoryview(bytearray(STREAM_CHUNK))
-    return buf
+# Staged bytes go through check, hash and sendfile in pieces of this size: small enough to stay
+# in the CPU cache between the three (measured on 2 cores: 4 MiB pieces drain a third slower).
+PIECE = 1 << 20  # a multiple of every element size
 
 
 def write_payload_durably(path: str | Path, payload: object, hasher: object) -> int:
