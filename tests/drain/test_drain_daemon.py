@@ -281,3 +281,41 @@ def test_the_workers_do_not_wait_for_the_poll_interval_between_samples(tmp_path)
     assert d.stats.samples_total == 30
     # Waiting for the next scheduled scan once per queue-full would take 15 intervals (75 s).
     assert took < 5.0 * 3, f"draining 30 small samples took {took:.1f} s with a 5 s poll interval"
+
+
+def test_a_crash_between_quarantining_a_dump_and_removing_it_does_not_quarantine_it_twice(tmp_path, monkeypatch):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    stage_sample(dump, run, 0)
+    bad = stage_sample(dump, run, 1, eagle_ids=[2, 3, 4])  # captured at other layers than configured
+
+    def killed_before_removal(self, d):
+        raise RuntimeError("simulated crash after the quarantine copy")
+
+    monkeypatch.setattr(Drainer, "_discard", killed_before_removal)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _drain(dump, out, eagle_layer_ids=(1, 3, 4), workers=1)
+    assert (out / "quarantine" / bad.rid / "reason.txt").exists() and (dump / bad.rid).exists()
+    monkeypatch.undo()
+    d = _drain(dump, out, eagle_layer_ids=(1, 3, 4))
+    assert sorted(p.name for p in (out / "quarantine").iterdir()) == [bad.rid]
+    assert _staged_names(dump) == []
+    assert [e.dataset_index for e in iter_entries(out)] == [0]
+    assert dict(d.stats.quarantined) == {}  # counted by the process that quarantined it
+
+
+def test_a_partial_dump_of_a_sample_the_finished_client_gave_up_on_does_not_hold_up_exit(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    stage_sample(dump, run, 0)
+    given_up = stage_sample(dump, run, 1, done=False)  # the server aborted it midway
+    finish_client(out)
+    (out / ".hsextract" / "failures.jsonl").write_text(
+        json.dumps({"index": 1, "line": 2, "rid": given_up.rid, "reason": "aborted", "attempts": 4}) + "\n")
+    t0 = time.monotonic()
+    d = _drain(dump, out, abandoned_grace_s=1.0)  # incomplete_timeout_s stays 30 min
+    assert time.monotonic() - t0 < 60
+    reason = (out / "quarantine" / given_up.rid / "reason.txt").read_text()
+    assert reason.startswith("incomplete\n") and "failures.jsonl" in reason
+    assert [e.dataset_index for e in iter_entries(out)] == [0]
+    assert _staged_names(dump) == [] and dict(d.stats.quarantined) == {"incomplete": 1}

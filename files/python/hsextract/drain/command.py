@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a complete dump may wait for its client record before it is removed")
     parser.add_argument("--incomplete-timeout", type=float, default=1800.0,
                         help="seconds after which a dump without done marker is quarantined")
+    parser.add_argument("--abandoned-grace", type=float, default=60.0,
+                        help="seconds after which a dump without done marker is quarantined once the finished "
+                             "client lists its sample in failures.jsonl")
     parser.add_argument("--finalize-idle", type=float, default=60.0,
                         help="rebuild dataset-level files after this many idle seconds")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between staging scans")
@@ -62,6 +65,7 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         exit_when_done=bool(args.exit_when_done),
         record_grace_s=args.record_grace,
         incomplete_timeout_s=args.incomplete_timeout,
+        abandoned_grace_s=args.abandoned_grace,
         finalize_idle_s=args.finalize_idle,
         poll_interval_s=args.poll_interval,
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import logging
 import os
 import queue
@@ -63,9 +64,11 @@ from hsextract.staging import DONE_FILE, STATES_FILE, DoneMarker, iter_dump_dirs
 log = logging.getLogger("hsextract.drain")
 
 CLIENT_SUMMARY = "client-summary.json"
+CLIENT_FAILURES = "failures.jsonl"  # the samples the client gave up on, one JSON object with "rid" per line
 TMP_DIR = "tmp"
 # One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
 DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
+SOURCE_FILE = "source.json"  # in a quarantined dump: which staged dump it is a copy of
 TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)
 
 
@@ -89,6 +92,9 @@ class DrainConfig:
     poll_interval_s: float = 0.5
     record_grace_s: float = 300.0  # a complete dump with no client record is removed after this
     incomplete_timeout_s: float = 1800.0  # a dump without done marker is quarantined after this
+    # ...or after this, once the client has finished and listed the sample in its failures.jsonl
+    # (it gave up on it: no done marker will come, and --exit-when-done should not wait 30 min).
+    abandoned_grace_s: float = 60.0
     enospc_retry_s: float = 5.0
     status_interval_s: float = 2.0
     finalize_idle_s: float = 60.0  # rebuild dataset-level files after this long with nothing to do
@@ -164,6 +170,8 @@ class Drainer:
         self._finalized_at_count = -1
         self._last_record_sweep = 0.0
         self._last_full_scan = 0.0
+        self._abandoned: set[str] = set()
+        self._abandoned_key: tuple[int, int] | None = None
         self.run_id = ""
 
     # --- start-up -------------------------------------------------------------------------
@@ -356,6 +364,27 @@ class Drainer:
     def _client_finished(self) -> bool:
         return (state_dir(self.out) / CLIENT_SUMMARY).exists()
 
+    def _abandoned_rids(self) -> set[str]:
+        """Rids the client gave up on (its failures.jsonl), once the client has finished; else empty."""
+        if not self._client_finished():
+            return set()
+        path = state_dir(self.out) / CLIENT_FAILURES
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return set()
+        key = (st.st_size, st.st_mtime_ns)
+        if key != self._abandoned_key:
+            rids = set()
+            with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    with contextlib.suppress(ValueError, TypeError, AttributeError):
+                        rid = json.loads(line).get("rid")
+                        if isinstance(rid, str):
+                            rids.add(rid)
+            self._abandoned, self._abandoned_key = rids, key
+        return self._abandoned
+
     def _our_dumps_left(self) -> bool:
         for d in iter_dump_dirs(self.dump_dir):
             p = parse_rid(d.name)
@@ -412,11 +441,18 @@ class Drainer:
                 self._remove_stale(d, rid, "already written")
                 continue
             if not complete:
-                if _age(d, now) > self.cfg.incomplete_timeout_s:
+                age = _age(d, now)
+                if age > self.cfg.incomplete_timeout_s:
                     self._quarantine(
                         d, rid, v.INCOMPLETE,
-                        f"no {DONE_FILE} {_age(d, now):.0f} s after the dump was last written "
+                        f"no {DONE_FILE} {age:.0f} s after the dump was last written "
                         f"(limit {self.cfg.incomplete_timeout_s:.0f} s): the request never finished",
+                    )
+                elif age > self.cfg.abandoned_grace_s and rid in self._abandoned_rids():
+                    self._quarantine(
+                        d, rid, v.INCOMPLETE,
+                        f"no {DONE_FILE} {age:.0f} s after the dump was last written, and the client, now "
+                        f"finished, gave up on this sample (see {CLIENT_FAILURES})",
                     )
                 continue
             lag += 1
@@ -510,11 +546,24 @@ class Drainer:
         self.stats.add_stale(why)
 
     def _quarantine(self, d: Path, rid: str, reason: str, detail: str) -> None:
-        """Move a dump (and its record) out of staging with a reason file; never into the training set."""
+        """Move a dump (and its record) out of staging with a reason file; never into the training set.
+
+        The copy is made under a temporary name, renamed into place, and only then is the staged
+        dump removed. A crash between the rename and the removal leaves the same dump in both
+        places: the copy records which staged dump it came from (`SOURCE_FILE`), so the restart
+        only finishes the removal instead of quarantining it a second time. A later dump of the
+        same rid (the client resent the sample) is another dump and gets its own directory.
+        """
         qroot = self.cfg.quarantine
+        source = _dump_identity(d)
         target = qroot / rid
         n = 1
         while target.exists():
+            if _read_source(target) == source:
+                log.warning("dump %s was quarantined to %s before a restart; removing the staged copy", rid, target)
+                self._discard(d)
+                remove_record(self.dump_dir, rid)
+                return
             target = qroot / f"{rid}.{n}"
             n += 1
         while True:
@@ -528,6 +577,7 @@ class Drainer:
                 if rec.exists():
                     shutil.copy2(rec, tmp / "record.json")
                 (tmp / "reason.txt").write_text(f"{reason}\n{detail}\n")
+                (tmp / SOURCE_FILE).write_text(json.dumps(source) + "\n")
                 os.replace(tmp, target)
                 break
             except OSError as exc:
@@ -749,6 +799,23 @@ def _age(path: Path, now: float) -> float:
     except FileNotFoundError:
         return 0.0
     return now - latest
+
+
+def _dump_identity(d: Path) -> dict[str, object]:
+    """What tells this staged dump from any other with the same name: inode and times of its files."""
+    ident: dict[str, object] = {"dump": str(d)}
+    for p in [d, *sorted(_safe_iterdir(d))]:
+        with contextlib.suppress(FileNotFoundError):
+            st = p.stat()
+            ident[p.name if p != d else "."] = [st.st_ino, st.st_size, st.st_mtime_ns]
+    return ident
+
+
+def _read_source(quarantined: Path) -> dict[str, object] | None:
+    try:
+        return json.loads((quarantined / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _safe_iterdir(path: Path) -> Iterator[Path]:

@@ -121,6 +121,25 @@ def payload_bytes(payload: Payload) -> bytes:
     return sink.getvalue()
 
 
+def copy_slots(hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Slots [start, stop) of every row of `hidden` [T, S, H], as a new [T, (stop - start) * H] tensor.
+
+    The copy owns its memory (``torch.save`` of a view would write the whole staged storage).
+    It is made by numpy into numpy's allocation: numpy asks the kernel for huge pages for large
+    arrays, and torch's own copy of these strided rows into a fresh ``torch.empty`` ran at a
+    third of the speed, most of it faulting in new 4 KiB pages (measured: 1.5 versus 4.8 GB/s).
+    """
+    import numpy as np
+
+    t, s, h = hidden.shape
+    rows = hidden.reshape(t, s * h).view(torch.uint8)  # a view: the staged rows are contiguous
+    w = rows.shape[1] // s  # bytes per slot
+    out = np.empty((t, (stop - start) * w), dtype=np.uint8)
+    if out.size:
+        np.copyto(out, rows[:, start * w : stop * w].numpy(), casting="no")
+    return torch.from_numpy(out).view(hidden.dtype)
+
+
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a tensor (no copy when it is contiguous), for any dtype including bf16."""
     t = t.contiguous()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hsextract.formats.base import Payload, Sample, TorchSavePayload
+from hsextract.formats.base import Payload, Sample, TorchSavePayload, copy_slots
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
 GROUP_SIZE = 2000
@@ -42,8 +42,8 @@ class SpecForgeFormat:
         obj = {
             "input_ids": sample.input_ids.to(torch.int64).clone(),
             "loss_mask": sample.loss_mask.to(torch.int64).clone(),
-            "aux_hidden_state": hidden[:, :k, :].reshape(1, t, k * hidden.shape[2]).clone(),
-            "hidden_state": hidden[:, k, :].reshape(1, t, hidden.shape[2]).clone(),
+            "aux_hidden_state": copy_slots(hidden, 0, k).view(1, t, k * hidden.shape[2]),
+            "hidden_state": copy_slots(hidden, k, k + 1).view(1, t, hidden.shape[2]),
         }
         return TorchSavePayload(obj)
 

@@ -14,9 +14,10 @@
 manifest's output index). The staged rows already have the ``[T, K + 1, H]`` layout, so a sample
 is written with a new header and the staged bytes, no tensor copy.
 
-The Arrow dataset is rebuilt from the manifest at finalize (and by the daemon when idle), into a
-fresh directory; its data files get build-unique names and ``state.json`` is replaced last, so a
-reader sees either the old dataset or the new one, never a mix.
+The Arrow dataset is brought up to the manifest at finalize (and by the daemon when idle): only
+the new rows are read, appended to the last data file or written as a new one. Data files get
+build-unique names and ``state.json`` is replaced last, so a reader sees either the old dataset
+or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -97,8 +98,54 @@ def _read_row(path: Path) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
+# The last data file takes new rows until it is this big; then a new file starts. Each finalize
+# thus rewrites at most one bounded file plus the new rows, never the whole dataset (a run of
+# millions of samples has tens of GB of token ids).
+TAIL_FILE_LIMIT = 256 << 20
+
+
+def _features():  # -> datasets.Features
+    import datasets
+
+    return datasets.Features(
+        {
+            "input_ids": datasets.Sequence(datasets.Value("int64")),
+            "loss_mask": datasets.Sequence(datasets.Value("int64")),
+            "seq_len": datasets.Value("int64"),
+        }
+    )
+
+
+def _current_files(out: Path, rows: Sequence[ManifestEntry]) -> tuple[list[str], int]:
+    """The data files of the dataset in `out` and their row count, if they hold exactly the first
+    rows of the manifest.
+
+    Anything else (no dataset yet, a missing or unreadable file, more rows than the manifest has,
+    lengths that differ from the manifest's) gives ([], 0), so the dataset is rebuilt from the files.
+    """
+    import datasets
+
+    try:
+        state = json.loads((out / "state.json").read_text())
+        names = [item["filename"] for item in state["_data_files"]]
+        lengths: list[int] = []
+        for name in names:
+            lengths.extend(datasets.Dataset.from_file(str(out / name))["seq_len"])
+    except (OSError, ValueError, KeyError, TypeError):  # pyarrow's errors derive from OSError / ValueError
+        return [], 0
+    if len(lengths) > len(rows) or lengths != [e.tokens for e in rows[: len(lengths)]]:
+        return [], 0
+    return names, len(lengths)
+
+
 def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]) -> Path:
-    """(Re)build the Arrow dataset of `output_dir` from its manifest entries; return state.json's path."""
+    """Bring the Arrow dataset of `output_dir` up to its manifest entries; return state.json's path.
+
+    Only the rows the dataset lacks are read from their files. They are appended to the last data
+    file while it is under TAIL_FILE_LIMIT, else written as a new file. The new files get
+    build-unique names and ``state.json``, which lists them, is replaced last: a reader sees the old
+    dataset or the new one, never a mix.
+    """
     import datasets
 
     datasets.disable_progress_bars()
@@ -106,22 +153,20 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
     rows = sorted(entries, key=lambda e: e.output_index)
     if [e.output_index for e in rows] != list(range(len(rows))):
         raise ValueError(f"{out}: manifest output indices are not contiguous from 0; cannot number Arrow rows")
-    input_ids: list[list[int]] = []
-    loss_mask: list[list[int]] = []
-    seq_len: list[int] = []
-    for e in rows:
+    kept, covered = _current_files(out, rows)
+    if kept and covered == len(rows):
+        return out / "state.json"
+    tail: list[datasets.Dataset] = []
+    if kept and (out / kept[-1]).stat().st_size < TAIL_FILE_LIMIT:
+        tail = [datasets.Dataset.from_file(str(out / kept.pop()))]
+    new = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    for e in rows[covered:]:
         ids, mask = _read_row(out / e.file)
-        input_ids.append(ids)
-        loss_mask.append(mask)
-        seq_len.append(len(ids))
-    features = datasets.Features(
-        {
-            "input_ids": datasets.Sequence(datasets.Value("int64")),
-            "loss_mask": datasets.Sequence(datasets.Value("int64")),
-            "seq_len": datasets.Value("int64"),
-        }
-    )
-    ds = datasets.Dataset.from_dict({"input_ids": input_ids, "loss_mask": loss_mask, "seq_len": seq_len}, features)
+        new["input_ids"].append(ids)
+        new["loss_mask"].append(mask)
+        new["seq_len"].append(len(ids))
+    part = datasets.Dataset.from_dict(new, _features())
+    ds = datasets.concatenate_datasets([*tail, part]) if tail else part
     ds.set_format("torch")
     build_id = f"{time.time_ns():x}"
     build = state_dir(out) / f"arrow-build-{build_id}"
@@ -137,15 +182,16 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
         with open(src, "rb") as f:
             os.fsync(f.fileno())
         os.replace(src, out / name)
-        item["filename"] = name
         new_files.append(name)
     fsync_dir(out)
+    state["_data_files"] = [{"filename": name} for name in [*kept, *new_files]]
     atomic_write_bytes(out / "dataset_info.json", (build / "dataset_info.json").read_bytes())
     # state.json names the data files: replacing it is the atomic switch to the new dataset.
     atomic_write_bytes(out / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     shutil.rmtree(build, ignore_errors=True)
+    listed = {item["filename"] for item in state["_data_files"]}
     for old in out.glob("data-*.arrow"):
-        if old.name not in new_files:
+        if old.name not in listed:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
     return out / "state.json"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hsextract.formats.base import Payload, Sample, TorchSavePayload
+from hsextract.formats.base import Payload, Sample, TorchSavePayload, copy_slots
 from hsextract.formats.durable import atomic_write_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
@@ -47,7 +47,7 @@ class SpeculatorsV1Format:
             "loss_mask": sample.loss_mask.to(torch.int64).clone(),
             # One storage per layer: the reader concatenates the list, and a view into a shared
             # storage would make torch.save write every layer for each of them.
-            "hidden_states": [hidden[:, j, :].clone() for j in range(hidden.shape[1])],
+            "hidden_states": [copy_slots(hidden, j, j + 1) for j in range(hidden.shape[1])],
         }
         return TorchSavePayload(obj)
 
