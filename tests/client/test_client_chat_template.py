@@ -32,6 +32,7 @@ SPECIAL_TOKENS = {
     "llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
     "deepseek_v3": ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"],
     "kimi_k2": ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"],
+    "qwen3_thinking": ["<|im_start|>", "<|im_end|>"],
 }
 
 Q1, A1 = "What is the capital city of France?", "The capital city of France is Paris."
@@ -114,14 +115,44 @@ def test_turns_after_the_last_reply_are_not_trained_on(tiny_llama):
     assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == f"{A1}</s>"
 
 
-def test_template_that_rewrites_earlier_turns_is_rejected_not_masked_wrongly(tiny_llama):
+def test_template_that_moves_a_later_system_turn_to_the_front_still_masks_exactly_the_replies(tiny_llama):
     # the DeepSeek-style template hoists every system message to the front, so a system turn
-    # after the first reply changes the text before it
+    # after the first reply changes the text before it: no prefix rendering matches the whole
     tok = make_tokenizer(tiny_llama, "deepseek_v3")
     conv = [Message("user", Q1), Message("assistant", A1), Message("system", "Be brief."),
             Message("user", Q2), Message("assistant", A2)]
     got = SampleEncoder(tok, None).encode(Sample(4, messages=conv))
+    assert isinstance(got, Encoded)
+    assert (got.input_ids, got.loss_mask) == expected(tok, EXPECTED_SEGMENTS[("deepseek_v3", "system")])
+
+
+def test_template_whose_replies_cannot_be_located_is_rejected_not_masked_wrongly(tiny_llama):
+    # system text hoisted to the front, and no assistant header or end-of-turn text at all
+    tok = make_tokenizer(tiny_llama, "tiny")
+    tok.chat_template = ("{%- for m in messages if m.role == 'system' %}{{ m.content }}{% endfor %}"
+                         "{%- for m in messages if m.role != 'system' %}{{ m.content }} {% endfor %}")
+    conv = [Message("user", Q1), Message("assistant", A1), Message("system", "Be brief."),
+            Message("user", Q2), Message("assistant", A2)]
+    got = SampleEncoder(tok, None).encode(Sample(4, messages=conv))
     assert isinstance(got, Reject) and got.reason == TEMPLATE_NOT_INCREMENTAL and got.index == 4
+
+
+def test_thinking_template_that_drops_earlier_reasoning_is_masked_on_what_the_server_runs(tiny_llama):
+    # Rendered whole, the first reply loses its reasoning (it precedes the last user turn), so no
+    # rendering up to a turn is a prefix of the whole: the replies are found in the whole text.
+    tok = make_tokenizer(tiny_llama, "qwen3_thinking")
+    conv = [Message("system", "Be brief."), Message("user", Q1),
+            Message("assistant", f"<think>\nR one\n</think>\n\n{A1}"),
+            Message("user", Q2), Message("assistant", f"<think>\nR two\n</think>\n\n{A2}")]
+    ids, mask = tokenize_with_mask(tok, conv)
+    replies = [f"{A1}<|im_end|>\n", f"<think>\nR two\n</think>\n\n{A2}<|im_end|>\n"]
+    prompts = [f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{Q1}<|im_end|>\n<|im_start|>assistant\n",
+               f"<|im_start|>user\n{Q2}<|im_end|>\n<|im_start|>assistant\n"]
+    whole = prompts[0] + replies[0] + prompts[1] + replies[1]
+    assert ids == tok(whole, add_special_tokens=False)["input_ids"]
+    assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == "".join(replies)
+    assert tok.decode([t for t, m in zip(ids, mask, strict=True) if not m]) == "".join(prompts)
+    assert "R one" not in tok.decode(ids)
 
 
 def test_template_raising_an_error_rejects_the_sample(tiny_llama):

@@ -8,8 +8,14 @@ that turn (where it ends, end-of-turn token included); both renderings must be p
 whole conversation's rendering, and the character boundaries they give are mapped onto the
 token boundaries of the whole conversation's tokenization. A token belongs to the reply when it
 starts inside the reply's span, so a token merged across the boundary is assigned by where it
-starts. A template that renders earlier turns differently once later turns exist (one that strips
-the reasoning of old turns, say) cannot be masked this way; such samples are rejected with
+starts.
+
+A template that renders earlier turns differently once later turns exist (Qwen3's thinking
+templates drop the reasoning of replies before the last user turn) breaks the prefix property.
+For those the replies are found in the whole rendering instead: each assistant turn starts after
+the template's assistant header (what ``add_generation_prompt`` appends) and ends with its
+end-of-turn text (what follows a reply in a one-turn rendering), in order, and each span must
+contain the reply's visible text. A sample that fails that too is rejected with
 ``template_not_incremental`` rather than masked wrongly.
 """
 
@@ -83,6 +89,13 @@ def _render(tok: Any, messages: Sequence[Message], add_generation_prompt: bool) 
 def assistant_spans(tok: Any, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character span of every assistant reply in it."""
     full = _render(tok, messages, add_generation_prompt=False)
+    try:
+        return full, _incremental_spans(tok, messages, full)
+    except TemplateMismatch as exc:
+        return full, _anchored_spans(tok, messages, full, why=str(exc))
+
+
+def _incremental_spans(tok: Any, messages: Sequence[Message], full: str) -> list[tuple[int, int]]:
     spans = []
     for i, m in enumerate(messages):
         if m.role != "assistant":
@@ -90,11 +103,44 @@ def assistant_spans(tok: Any, messages: Sequence[Message]) -> tuple[str, list[tu
         start = _render(tok, messages[:i], add_generation_prompt=True)
         end = _render(tok, messages[: i + 1], add_generation_prompt=False)
         if not full.startswith(start) or not full.startswith(end) or len(end) < len(start):
-            raise TemplateMismatch(
-                f"rendering up to turn {i} is not a prefix of the whole conversation's rendering"
-            )
+            raise TemplateMismatch(f"rendering up to turn {i} is not a prefix of the whole conversation's rendering")
         spans.append((len(start), len(end)))
-    return full, spans
+    return spans
+
+
+_PROBE = "hsextract-probe-reply-7f3a"
+
+
+def _anchored_spans(tok: Any, messages: Sequence[Message], full: str, why: str) -> list[tuple[int, int]]:
+    """Replies located in the whole rendering between the assistant header and the end-of-turn text."""
+    first = next((i for i, m in enumerate(messages) if m.role == "assistant"), None)
+    if first is None:
+        return []
+    before = _render(tok, messages[:first], add_generation_prompt=False)
+    prompted = _render(tok, messages[:first], add_generation_prompt=True)
+    probe = _render(tok, [*messages[:first], Message("assistant", _PROBE)], add_generation_prompt=False)
+    header = prompted[len(before):] if prompted.startswith(before) else ""
+    end_of_turn = probe[probe.rfind(_PROBE) + len(_PROBE):] if _PROBE in probe else ""
+    if not header.strip() or not end_of_turn.strip():
+        raise TemplateMismatch(f"{why}; and the template has no assistant header or end-of-turn text to find replies")
+    spans, cursor = [], 0
+    for i, m in enumerate(messages):
+        if m.role != "assistant":
+            continue
+        at = full.find(header, cursor)
+        if at < 0:
+            raise TemplateMismatch(f"{why}; and turn {i}'s assistant header is not in the whole rendering")
+        a = at + len(header)
+        end = full.find(end_of_turn, a)
+        if end < 0:
+            raise TemplateMismatch(f"{why}; and turn {i}'s end-of-turn text is not in the whole rendering")
+        b = end + len(end_of_turn)
+        visible = m.content.split("</think>")[-1].strip()
+        if visible not in full[a:b]:
+            raise TemplateMismatch(f"{why}; and turn {i}'s reply is not where its header and end-of-turn put it")
+        spans.append((a, b))
+        cursor = b
+    return spans
 
 
 def tokenize_with_mask(tok: Any, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
