@@ -26,6 +26,7 @@ from hsextract import __version__ as hsextract_version
 from hsextract.archs import ArchSpec, lookup
 from hsextract.capture.config import CaptureConfig
 from hsextract.capture.core import CapturePlanner, CaptureSettings, select_requests
+from hsextract.capture.ranks import attention_dp_size, attention_ranks, writes_dumps
 from hsextract.capture.writer import CaptureWriter
 from hsextract.errors import ConfigError, UnsupportedArchitecture
 from hsextract.layers import CaptureLayers, resolve
@@ -72,6 +73,8 @@ class ServerFacts:
     attn_cp_size: int = 1
     prefill_cuda_graph_disabled: bool = False
     attention_backend: str | None = None
+    tp_size: int = 1
+    attn_dp_size: int = 1
 
     @classmethod
     def from_server_args(cls, sa: Any) -> ServerFacts:
@@ -88,6 +91,12 @@ class ServerFacts:
             attn_cp_size=int(getattr(sa, "attn_cp_size", 1) or 1),
             prefill_cuda_graph_disabled=prefill_off,
             attention_backend=getattr(sa, "attention_backend", None),
+            tp_size=int(getattr(sa, "tp_size", 1) or 1),
+            attn_dp_size=attention_dp_size(
+                attn_dp_size=int(getattr(sa, "attn_dp_size", 1) or 1),
+                dp_size=int(getattr(sa, "dp_size", 1) or 1),
+                enable_dp_attention=bool(getattr(sa, "enable_dp_attention", False)),
+            ),
         )
 
 
@@ -126,8 +135,13 @@ def check_dump_dir(dump_dir: str | Path) -> Path:
     return d
 
 
-def _parallel_ranks() -> tuple[int, int]:
-    """(attention-TP rank, attention-DP rank) of this process; (0, 0) without distributed state."""
+def _parallel_ranks(facts: ServerFacts) -> tuple[int, int]:
+    """(attention-TP rank, attention-DP rank) of this process; (0, 0) without distributed state.
+
+    SGLang's published ranks when it has them; else derived from the TP rank and the server
+    arguments (never the bare TP rank: under DP attention that would leave all but one
+    attention-DP group without a writer, and their samples would never be dumped).
+    """
     try:
         from sglang.srt.runtime_context import get_parallel
 
@@ -137,9 +151,10 @@ def _parallel_ranks() -> tuple[int, int]:
         try:
             from sglang.srt.distributed import get_tensor_model_parallel_rank
 
-            return int(get_tensor_model_parallel_rank()), 0
+            tp_rank = int(get_tensor_model_parallel_rank())
         except Exception:
             return 0, 0
+        return attention_ranks(tp_rank=tp_rank, tp_size=facts.tp_size, attn_dp_size=facts.attn_dp_size)
 
 
 def _server_facts() -> ServerFacts:
@@ -264,7 +279,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     facts = _server_facts()
     causal_lm = causal_lm_of(model, spec)
     text_cfg = text_config_of(causal_lm)
-    attn_tp_rank, attn_dp_rank = _parallel_ranks()
+    attn_tp_rank, attn_dp_rank = _parallel_ranks(facts)
     # Collect every problem, so one failed start tells the operator everything to fix.
     problems: list[str] = []
     try:
@@ -279,7 +294,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
         layers = resolve(cfg.aux_layer_ids, int(text_cfg.num_hidden_layers), cfg.layer_convention)  # type: ignore[arg-type]
     except ConfigError as exc:
         problems.append(str(exc))
-    if attn_tp_rank == 0:
+    if writes_dumps(attn_tp_rank):
         try:
             check_dump_dir(cfg.dump_dir)
         except ConfigError as exc:
@@ -307,7 +322,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
         max_tracked=cfg.max_tracked_requests,
     )
     writer = None
-    if attn_tp_rank == 0:
+    if writes_dumps(attn_tp_rank):
         dump_dir = Path(cfg.dump_dir)
         cuda = facts.device != "cpu" and torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
