@@ -236,6 +236,29 @@ def test_pre_norm_final_hidden_and_sglang_convention_layers(prenorm_server):
     assert result.ok, result.reasons
 
 
+@pytest.fixture(scope="module")
+def dsv3_prenorm_server(request, tmp_path_factory, tiny_dsv3, free_port):
+    """A DeepSeek-V3 (MLA + MoE) server storing the final hidden state pre-norm, as the speculators
+    formats need for Kimi-K2 and DeepSeek: its final norm is reached through SGLang's residual
+    stream (a fused add + norm), not the plain call Llama makes."""
+    base = tmp_path_factory.mktemp("dsv3-prenorm")
+    handle = start_server(tiny_dsv3, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
+                          final_hidden="pre_norm")
+    request.addfinalizer(handle.stop)
+    return handle
+
+
+def test_deepseek_pre_norm_final_hidden_matches_transformers(dsv3_prenorm_server):
+    server = dsv3_prenorm_server
+    rid = fresh_rid(server)
+    ids = prompt(40, seed=37)
+    token = server.generate(ids, rid=rid)["output_ids"][0]
+    check_against_hf(server, rid, ids, final_hidden="pre_norm")
+    assert read_done_marker(rid_dir(server.dump_dir, rid)).final_hidden == "pre_norm"
+    result = check_dump(server.dump_dir, rid, server.model_dir, ids, token)
+    assert result.ok, result.reasons
+
+
 def test_startup_warmup_is_not_dumped(prenorm_server):
     log = prenorm_server.log_path.read_text(errors="replace")
     names = [p.name for p in prenorm_server.dump_dir.iterdir()] if prenorm_server.dump_dir.exists() else []
