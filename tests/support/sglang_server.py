@@ -179,7 +179,7 @@ def start_server(
     patch_dir = None
     pythonpath = [str(STUB_DIR), str(PACKAGE_DIR)]
     run_env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_EXTERNAL_MODEL_PACKAGE",)}
-    args = ["--disable-radix-cache", "--skip-server-warmup"]
+    args = ["--disable-radix-cache", "--skip-server-warmup", "--sleep-on-idle"]
     if capture:
         patch_dir = render_patch(
             log_dir / f"patch-{port}",

@@ -127,11 +127,13 @@ def server_launch(patch_dir: str | Path, *, package_name: str = DEFAULT_PACKAGE,
     * ``--disable-radix-cache``: a cached prefix is never run, so its states could not be captured;
     * ``--skip-server-warmup``: the warmup request is not ours (it would be filtered anyway);
     * ``--disable-prefill-cuda-graph`` (GPU): prefill must run eagerly for the hook to see it;
+    * ``--sleep-on-idle``: an idle scheduler otherwise spins a core, which the drain and the client
+      beside the server need (measured: 0.7 of a core per idle CPU server);
     * on CPU, SGLang's CPU engine with torch_native attention (tests and demos).
     """
     paths = [*map(str, pythonpath), str(patch_dir)]
     env = {"SGLANG_EXTERNAL_MODEL_PACKAGE": package_name, "PYTHONPATH": os.pathsep.join(paths)}
-    args = ["--disable-radix-cache", "--skip-server-warmup"]
+    args = ["--disable-radix-cache", "--skip-server-warmup", "--sleep-on-idle"]
     if device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         args += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
