@@ -40,7 +40,7 @@ from pathlib import Path
 from hsextract import __version__
 from hsextract.drain import validate as v
 from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
-from hsextract.drain.staged_io import map_states
+from hsextract.drain.staged_io import MappedStates, map_states
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
@@ -145,6 +145,8 @@ class Drainer:
     def __init__(self, cfg: DrainConfig):
         self.cfg = cfg
         self.fmt: OutputFormat = get_format(cfg.format)
+        # The format's file body is the staged bytes, checked as they are sent (see SourceRange).
+        self._streams_staged = bool(getattr(self.fmt, "streams_staged", False))
         self.out = Path(cfg.output)
         self.dump_dir = Path(cfg.dump_dir)
         self.tmp_dir = state_dir(self.out) / TMP_DIR
@@ -604,7 +606,7 @@ class Drainer:
     def _process_bounded(self, d: Path, record: SampleRecord) -> None:
         rid = record.rid
         try:
-            if getattr(self.fmt, "streams_staged", False):
+            if self._streams_staged:
                 size = PIECE  # sent from the mapping piece by piece, whatever the sample's size
             else:
                 # Mapping the staged file costs no memory (the pages are tmpfs's own), but the
@@ -626,59 +628,55 @@ class Drainer:
     def _process_in_budget(self, d: Path, record: SampleRecord) -> None:
         rid = record.rid
         mapped = None
-        streaming = bool(getattr(self.fmt, "streams_staged", False))
+        failure: tuple[str, str] | None = None
         try:
             marker = read_done_marker(d)
             mapped = map_states(d / STATES_FILE)
-            v.validate(marker, mapped.states, record, self.expected(), check_values=not streaming)
+            v.validate(marker, mapped.states, record, self.expected(), check_values=not self._streams_staged)
+            prepared = self._write_temporary(d, record, marker, mapped)
         except StagingError as exc:
+            failure = (v.UNREADABLE, str(exc))
+        except v.InvalidDump as exc:  # from the checks, or met while streaming the rows
+            failure = (exc.reason, exc.detail)
+        finally:
             if mapped is not None:
                 mapped.close()
-            self._quarantine(d, rid, v.UNREADABLE, str(exc))
+        if failure is not None:
+            self._quarantine(d, rid, *failure)
             self._forget(rid)
             return
-        except v.InvalidDump as exc:
-            mapped.close()
-            self._quarantine(d, rid, exc.reason, exc.detail)
-            self._forget(rid)
-            return
-        try:
-            self._ensure_header(marker)
-            assert self._header is not None
-            states = mapped.states
-            sample = Sample(
-                rid=rid,
-                dataset_index=record.index,
-                input_ids=states.input_ids,
-                loss_mask=_as_int64(record.loss_mask),
-                hidden=states.hidden,
-                staged=SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view),
-            )
-            if streaming:
-                h = states.hidden
-                sample.staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
-                sample.staged.check_len = mapped.hidden_len
-            payload = self.fmt.encode(sample)
-            tmp = self.tmp_dir / f"{rid}.tmp"
-            while True:
-                hasher = new_hasher(self._header.checksum_algorithm)
-                try:
-                    nbytes = write_payload_durably(tmp, payload, hasher)
-                    break
-                except v.InvalidDump as exc:  # found while streaming the rows
-                    mapped.close()
-                    self._quarantine(d, rid, exc.reason, exc.detail)
-                    self._forget(rid)
-                    return
-                except OSError as exc:
-                    if not is_no_space(exc):
-                        raise
-                    self._pause_for_space(self.out, exc)
-            checksum = f"{self._header.checksum_algorithm}:{hasher.hexdigest()}"
-        finally:
-            mapped.close()
-        del states, sample, payload
-        self._commit_q.put(_Prepared(rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d))
+        self._commit_q.put(prepared)
+
+    def _write_temporary(self, d: Path, record: SampleRecord, marker: DoneMarker, mapped: MappedStates) -> _Prepared:
+        """Encode a validated dump into its durable temporary file; the committer gives it its name."""
+        self._ensure_header(marker)
+        assert self._header is not None
+        states = mapped.states
+        sample = Sample(
+            rid=record.rid,
+            dataset_index=record.index,
+            input_ids=states.input_ids,
+            loss_mask=_as_int64(record.loss_mask),
+            hidden=states.hidden,
+            staged=SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view),
+        )
+        if self._streams_staged:
+            h = states.hidden
+            sample.staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
+            sample.staged.check_len = mapped.hidden_len
+        payload = self.fmt.encode(sample)
+        tmp = self.tmp_dir / f"{record.rid}.tmp"
+        while True:
+            hasher = new_hasher(self._header.checksum_algorithm)
+            try:
+                nbytes = write_payload_durably(tmp, payload, hasher)
+                break
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                self._pause_for_space(self.out, exc)
+        checksum = f"{self._header.checksum_algorithm}:{hasher.hexdigest()}"
+        return _Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d)
 
     def _forget(self, rid: str) -> None:
         with self._inflight_lock:

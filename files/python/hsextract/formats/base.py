@@ -92,35 +92,6 @@ class TorchSavePayload:
         torch.save(self.obj, sink)
 
 
-class MemorySink:
-    """Collects a payload's bytes (tests, small files)."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def write(self, data: Any) -> int:
-        b = bytes(data)
-        self.parts.append(b)
-        return len(b)
-
-    def copy_range(self, src: SourceRange) -> None:
-        if src.check is not None and src.check_len:
-            src.check(src.view[: src.check_len], 0)
-        self.parts.append(bytes(src.view))
-
-    def flush(self) -> None:
-        pass
-
-    def getvalue(self) -> bytes:
-        return b"".join(self.parts)
-
-
-def payload_bytes(payload: Payload) -> bytes:
-    sink = MemorySink()
-    payload.write_to(sink)
-    return sink.getvalue()
-
-
 def copy_slots(hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Slots [start, stop) of every row of `hidden` [T, S, H], as a new [T, (stop - start) * H] tensor.
 

@@ -184,12 +184,12 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
         os.replace(src, out / name)
         new_files.append(name)
     fsync_dir(out)
-    state["_data_files"] = [{"filename": name} for name in [*kept, *new_files]]
+    listed = [*kept, *new_files]
+    state["_data_files"] = [{"filename": name} for name in listed]
     atomic_write_bytes(out / "dataset_info.json", (build / "dataset_info.json").read_bytes())
     # state.json names the data files: replacing it is the atomic switch to the new dataset.
     atomic_write_bytes(out / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     shutil.rmtree(build, ignore_errors=True)
-    listed = {item["filename"] for item in state["_data_files"]}
     for old in out.glob("data-*.arrow"):
         if old.name not in listed:
             with contextlib.suppress(FileNotFoundError):
