@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hsextract.capture.patch import server_launch
 from playbook_sandbox import REPO, PlayResult, Sandbox, snapshot_repo
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
@@ -141,8 +142,9 @@ def test_the_server_runs_with_the_capture_flags_and_hardening(host):
     box = host["box"]
     props = box.unit("hsextract-server.service", "ExecStart", "Environment", "NoNewPrivileges", "ProtectSystem",
                      "PrivateTmp", "Restart", "KillMode", "UnitFileState")
-    for flag in ("--disable-radix-cache", "--skip-server-warmup", "--host 127.0.0.1", f"--port {PORT}",
-                 "--chunked-prefill-size 64", "--device cpu"):
+    # Every flag the capture's own launch helper sets, plus this run's settings.
+    capture_flags = server_launch("patch", device="cpu").args
+    for flag in (*capture_flags, "--host 127.0.0.1", f"--port {PORT}", "--chunked-prefill-size 64", "--device cpu"):
         assert flag in props["ExecStart"].replace(" ; ", " "), f"{flag} missing from {props['ExecStart']}"
     assert "SGLANG_EXTERNAL_MODEL_PACKAGE=hsextract_capture_patch" in props["Environment"]
     assert "SGLANG_USE_CPU_ENGINE=1" in props["Environment"]

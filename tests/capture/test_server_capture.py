@@ -222,18 +222,22 @@ def prenorm_server(request, tmp_path_factory, tiny_llama, free_port):
     return handle
 
 
-def test_pre_norm_final_hidden_and_sglang_convention_layers(prenorm_server):
-    server = prenorm_server
+def capture_pre_norm_and_check(server, seed: int):  # -> DoneMarker
+    """One 40-token request: its dump matches transformers pre-norm and passes the self-check."""
     rid = fresh_rid(server)
-    ids = prompt(40, seed=31)
+    ids = prompt(40, seed=seed)
     token = server.generate(ids, rid=rid)["output_ids"][0]
     check_against_hf(server, rid, ids, final_hidden="pre_norm")
-    marker = read_done_marker(rid_dir(server.dump_dir, rid))
+    result = check_dump(server.dump_dir, rid, server.model_dir, ids, token)
+    assert result.ok, result.reasons
+    return read_done_marker(rid_dir(server.dump_dir, rid))
+
+
+def test_pre_norm_final_hidden_and_sglang_convention_layers(prenorm_server):
+    marker = capture_pre_norm_and_check(prenorm_server, seed=31)
     assert marker.sglang_layers_to_capture == [1, 3, 6]
     assert marker.eagle_aux_hidden_state_layer_ids == [0, 2, 5]
     assert marker.final_hidden == "pre_norm"
-    result = check_dump(server.dump_dir, rid, server.model_dir, ids, token)
-    assert result.ok, result.reasons
 
 
 @pytest.fixture(scope="module")
@@ -249,14 +253,8 @@ def dsv3_prenorm_server(request, tmp_path_factory, tiny_dsv3, free_port):
 
 
 def test_deepseek_pre_norm_final_hidden_matches_transformers(dsv3_prenorm_server):
-    server = dsv3_prenorm_server
-    rid = fresh_rid(server)
-    ids = prompt(40, seed=37)
-    token = server.generate(ids, rid=rid)["output_ids"][0]
-    check_against_hf(server, rid, ids, final_hidden="pre_norm")
-    assert read_done_marker(rid_dir(server.dump_dir, rid)).final_hidden == "pre_norm"
-    result = check_dump(server.dump_dir, rid, server.model_dir, ids, token)
-    assert result.ok, result.reasons
+    marker = capture_pre_norm_and_check(dsv3_prenorm_server, seed=37)
+    assert marker.final_hidden == "pre_norm"
 
 
 def test_startup_warmup_is_not_dumped(prenorm_server):
