@@ -31,6 +31,8 @@ export PYTHONPATH := $(CURDIR)/files/python:$(CURDIR)/tests
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 PYTEST_ARGS ?=
+# What pytest runs: the whole suite, or e.g. TESTS=tests/drain for one area.
+TESTS ?= tests
 
 .PHONY: help venv controller test lint extract bench clean-venvs
 
@@ -74,7 +76,7 @@ lint: venv controller
 	$(VENV)/bin/ruff check files/python tests bench
 
 test: venv controller
-	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(TESTS) $(PYTEST_ARGS)
 
 extract: venv controller
 	bash scripts/extract-local.sh

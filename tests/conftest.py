@@ -34,6 +34,11 @@ PORT_RANGE = (
 )
 
 
+# Host buffers in 1 KiB steps instead of 2 MiB: the tiny models' batches (a few KiB) then leave
+# free buffers of different sizes in the capture's pool, as production batches do.
+SESSION_CAPTURE_EXTRA = {"pool_granularity_bytes": 1024}
+
+
 def _models_root() -> Path:
     return Path(os.environ.get("HSEXTRACT_MODEL_CACHE", REPO / ".work" / "models"))
 
@@ -77,6 +82,7 @@ def _session_server(request, tmp_path_factory, model_dir: Path, name: str) -> Se
         dump_dir=base / "dump",
         log_dir=base / "logs",
         rid_prefix="hsx",
+        capture_extra=SESSION_CAPTURE_EXTRA,
     )
     request.addfinalizer(handle.stop)
     return handle

@@ -107,6 +107,27 @@ def test_concurrent_requests_rows_do_not_mix(llama_server):
             shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
 
 
+def test_batches_of_different_sizes_reusing_pooled_host_buffers_all_complete(llama_server):
+    """Single requests of 2, 16 and 8 tokens, one batch each, in that order. With the session
+    server's 1 KiB pool granularity and 512 B per row (3 aux layers + final, hidden 64, bf16),
+    the first two leave free buffers of 2 and 9 KiB, and the third must take the second of
+    them: the case in which the pool once lost every batch (a tensor comparison in list.remove)."""
+    server = llama_server
+    run = secrets.token_hex(4)
+    lengths = (2, 16, 8, 12, 3, 16, 5, 9)
+    prompts = {f"hsx-{run}-{i}": prompt(n, seed=40 + i) for i, n in enumerate(lengths)}
+    try:
+        for rid, ids in prompts.items():
+            server.generate(ids, rid=rid)
+        for rid, ids in prompts.items():
+            d = wait_done(server.dump_dir, rid)
+            assert read_states(d).input_ids.tolist() == ids
+        assert "could not queue" not in server.log_path.read_text(errors="replace")
+    finally:
+        for rid in prompts:
+            shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
 def test_health_checks_and_foreign_requests_are_never_dumped(llama_server):
     server = llama_server
     assert requests.get(f"{server.url}/health_generate", timeout=60).status_code == 200

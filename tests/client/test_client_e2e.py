@@ -64,8 +64,17 @@ def test_mixed_dataset_reaches_the_training_set_with_exactly_the_valid_samples(l
     assert status["tokens"] == summary["tokens"] == sum(len(ids) for ids, _ in exp.samples.values())
 
 
+def _mid_run(out, pid: int, at_least: int, unsent: int) -> bool:
+    """The client `pid` is running with at least `at_least` samples done and `unsent` not yet sent."""
+    s = client_status(out)
+    return (s.get("pid") == pid and s.get("state") == "running" and _done(out) >= at_least
+            and s.get("sent", 0) + s.get("skipped", 0) <= s.get("samples_total", 0) - unsent)
+
+
 def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_server, tiny_llama, tmp_path):
-    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=50, seed=1)
+    # 150 lines: the status file is up to a second old when it is read, and the run must still be
+    # far from its end when the signal lands, even on a fast machine.
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=150, seed=1)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     args = extract_args(llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
@@ -76,9 +85,8 @@ def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_
         # kill -9, then a systemd-style stop (SIGTERM), with requests in flight and records written
         for at_least, sig in ((10, signal.SIGKILL), (25, signal.SIGTERM)):
             client = start_client(logs / "client.log", *args)
-            wait_for(lambda n=at_least, pid=client.pid: _done(out) >= n and client_status(out).get("pid") == pid,
-                     240, f"{at_least} samples done", logs / "client.log")
-            assert client.poll() is None, "the client finished before it could be killed"
+            wait_for(lambda n=at_least, pid=client.pid: _mid_run(out, pid, n, unsent=60),
+                     240, f"the client running with {at_least} samples done and 60 not yet sent", logs / "client.log")
             if sig == signal.SIGKILL:
                 stop(client, sig)
             else:

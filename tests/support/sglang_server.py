@@ -167,6 +167,7 @@ def start_server(
     wait: bool = True,
     skip_warmup: bool = True,
     startup_timeout: float = STARTUP_TIMEOUT_S,
+    capture_extra: dict[str, int] | None = None,
 ) -> ServerHandle:
     """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
 
@@ -190,6 +191,7 @@ def start_server(
             dump_dir=str(dump_dir),
             rid_prefix=rid_prefix,
             final_hidden=final_hidden,
+            extra=capture_extra,
         )
         launch = server_launch(patch_dir, package_name=DEFAULT_PACKAGE, device="cpu", pythonpath=pythonpath)
         run_env.update(launch.env)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from hsextract import __version__
+from hsextract import __version__, shutdown
 from hsextract.errors import HsextractError
 
 # name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
@@ -29,6 +31,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Long-running subcommands that finish their work in hand on these signals (systemd's stop) and
+# exit 0; the handler is installed before the subcommand's imports (see hsextract.shutdown).
+GRACEFUL_STOP: dict[str, tuple[int, ...]] = {
+    "extract": (signal.SIGTERM,),
+    "drain": (signal.SIGTERM, signal.SIGINT),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hsextract", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"hsextract {__version__}")
@@ -39,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Run one subcommand; ``exiting`` says the process ends right after (the ``hsextract`` command)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     # Parse the top level only, then hand the rest to the subcommand's own parser.
@@ -47,6 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not top.command:
         parser.print_help()
         return 2
+    previous = shutdown.install(GRACEFUL_STOP.get(top.command, ()))
+    try:
+        return _run(top, rest)
+    finally:
+        if exiting:
+            shutdown.ignore_from_now()
+        else:
+            shutdown.restore(previous)
+
+
+def entry() -> NoReturn:
+    """The ``hsextract`` command and ``python -m hsextract``."""
+    sys.exit(main(exiting=True))
+
+
+def _run(top: argparse.Namespace, rest: list[str]) -> int:
     module_name, help_ = COMMANDS[top.command]
     module = importlib.import_module(module_name)
     sub = argparse.ArgumentParser(prog=f"hsextract {top.command}", description=help_)
@@ -70,4 +97,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

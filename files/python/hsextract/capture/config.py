@@ -10,6 +10,13 @@ from hsextract.errors import ConfigError
 from hsextract.layers import CONVENTIONS, parse_ids
 from hsextract.records import check_prefix
 
+# Settings only the tests change, kept out of the roles' interface.
+TEST_TUNABLES: dict[str, str] = {
+    # Host buffers are sized in multiples of this (default 2 MiB): a small value makes the tiny
+    # models' batches leave free buffers of different sizes in the pool, as production batches do.
+    "pool_granularity_bytes": "host buffer size granularity in bytes",
+}
+
 
 @dataclass(frozen=True)
 class CaptureConfig:
@@ -25,6 +32,7 @@ class CaptureConfig:
     writer_threads: int = 0  # 0: 8 on CUDA, 2 on CPU
     max_bytes_in_flight: int = 0  # 0: 4 GiB on CUDA, 256 MiB on CPU
     max_tracked_requests: int = 4096
+    # Test-only tunables, never set by the roles (see TEST_TUNABLES).
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -42,9 +50,16 @@ class CaptureConfig:
             raise ConfigError(f"final_hidden={self.final_hidden!r}: expected one of {', '.join(FINAL_HIDDEN_CHOICES)}")
         if self.layer_convention not in CONVENTIONS:
             raise ConfigError(f"layer_convention={self.layer_convention!r}: expected one of {', '.join(CONVENTIONS)}")
+        unknown = sorted(set(self.extra) - set(TEST_TUNABLES))
+        if unknown:
+            raise ConfigError(f"capture config: unknown extra keys {unknown}; known: {sorted(TEST_TUNABLES)}")
         check_prefix(self.rid_prefix)
         if not self.dump_dir:
             raise ConfigError("dump_dir is empty; give the staging directory (e.g. /dev/shm/hsextract)")
+
+    def tunable(self, name: str, default: int) -> int:
+        """A test-only tunable of `extra` as an integer, or ``default``."""
+        return int(self.extra.get(name) or default)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -62,6 +62,7 @@ def render_patch(
     ansible_managed: str = DEFAULT_ANSIBLE_MANAGED,
     writer_threads: int = 0,
     max_bytes_in_flight: int = 0,
+    extra: dict[str, int] | None = None,
 ) -> Path:
     """Write the patch package under ``out_dir/<package_name>``; return ``out_dir`` (for PYTHONPATH).
 
@@ -90,6 +91,7 @@ def render_patch(
         final_hidden=final_hidden,
         writer_threads=int(writer_threads),
         max_bytes_in_flight=int(max_bytes_in_flight),
+        extra=dict(extra or {}),
     )
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir())),

@@ -332,6 +332,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
             device=device,
             num_threads=cfg.writer_threads or (8 if cuda else 2),
             max_bytes_in_flight=cfg.max_bytes_in_flight or ((4 << 30) if cuda else (256 << 20)),
+            pool_granularity=cfg.tunable("pool_granularity_bytes", 2 << 20),
         )
     hook = CaptureHook(settings, writer)
     if cfg.final_hidden == "pre_norm":

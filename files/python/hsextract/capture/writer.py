@@ -65,7 +65,7 @@ class HostBufferPool:
     def __init__(self, max_bytes: int, pin: bool, granularity: int = 2 * _MiB):
         self.max_bytes = int(max_bytes)
         self.pin = pin
-        self.granularity = granularity
+        self.granularity = max(1, int(granularity))
         self._cond = threading.Condition()
         self._free: list[torch.Tensor] = []
         self._in_use = 0
@@ -80,23 +80,11 @@ class HostBufferPool:
 
     def acquire(self, nbytes: int) -> torch.Tensor:
         """A uint8 buffer of at least ``nbytes``; blocks while the budget is spent."""
-        need = _round_up(max(int(nbytes), 1), self.granularity)
         t0 = None
         with self._cond:
             while True:
-                fit = [b for b in self._free if b.numel() >= nbytes]
-                if fit:
-                    buf = min(fit, key=lambda b: b.numel())
-                    self._free.remove(buf)
-                    self._in_use += buf.numel()
-                    break
-                while self._free and self._held + need > self.max_bytes:
-                    dropped = self._free.pop(max(range(len(self._free)), key=lambda i: self._free[i].numel()))
-                    self._held -= dropped.numel()
-                if self._held + need <= self.max_bytes or self._in_use == 0:
-                    buf = torch.empty(need, dtype=torch.uint8, pin_memory=self.pin)
-                    self._held += need
-                    self._in_use += need
+                buf = self._take(nbytes)
+                if buf is not None:
                     break
                 if t0 is None:
                     t0 = time.monotonic()
@@ -111,6 +99,48 @@ class HostBufferPool:
         if t0 is not None:
             self.blocked_seconds += time.monotonic() - t0
         return buf
+
+    def try_acquire(self, nbytes: int) -> torch.Tensor | None:
+        """`acquire` without waiting: None where it would block."""
+        with self._cond:
+            return self._take(nbytes)
+
+    def _take(self, nbytes: int) -> torch.Tensor | None:
+        """The smallest free buffer that fits, else a new one within the budget, else None (under the lock).
+
+        Free buffers are found by index, never by value: ``list.remove`` would compare tensors
+        with ``==`` (element-wise), which raises once the pool holds buffers of different sizes.
+        """
+        best = None
+        for i, b in enumerate(self._free):
+            if b.numel() >= nbytes and (best is None or b.numel() < self._free[best].numel()):
+                best = i
+        if best is not None:
+            buf = self._free.pop(best)
+            self._in_use += buf.numel()
+            return buf
+        need = _round_up(max(int(nbytes), 1), self.granularity)
+        while self._free and self._held + need > self.max_bytes:
+            largest = max(range(len(self._free)), key=lambda i: self._free[i].numel())
+            self._held -= self._free.pop(largest).numel()
+        if self._held + need > self.max_bytes and self._in_use != 0:
+            return None
+        # Within the budget, or an oversized request while nothing else is in use (it goes alone,
+        # so an oversized batch cannot deadlock the capture).
+        buf = torch.empty(need, dtype=torch.uint8, pin_memory=self.pin)
+        self._held += need
+        self._in_use += need
+        return buf
+
+    @property
+    def held(self) -> int:
+        """Bytes the pool holds, in use or free."""
+        return self._held
+
+    @property
+    def free_sizes(self) -> list[int]:
+        with self._cond:
+            return [b.numel() for b in self._free]
 
     def release(self, buf: torch.Tensor) -> None:
         with self._cond:
@@ -191,6 +221,7 @@ class CaptureWriter:
         max_bytes_in_flight: int = 2 << 30,
         slice_bytes: int = 32 * _MiB,
         map_margin_bytes: int = 512 * _MiB,
+        pool_granularity: int = 2 * _MiB,
     ):
         self.dump_dir = Path(dump_dir)
         self.planner = planner
@@ -202,7 +233,7 @@ class CaptureWriter:
         self.map_margin_bytes = int(map_margin_bytes)
         self._space_lock = threading.Lock()
         self._reserved = 0
-        self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda)
+        self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda, granularity=pool_granularity)
         self._side_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._executor = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix="hsx-write")

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from pathlib import Path
 
+from hsextract import shutdown
 from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES
 from hsextract.client.progress import progress_line
@@ -99,15 +98,13 @@ def _count_layers(text: str | None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        # systemd stops the unit with SIGTERM: finish the requests in flight, then exit
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    run_ = ExtractRun(cfg, stop)
+    # systemd stops the unit with SIGTERM: finish the requests in flight, then exit 0 (the CLI
+    # turned the signal into this event before the imports, see hsextract.shutdown)
+    run_ = ExtractRun(cfg, shutdown.requested())
     try:
         stats = run_.run()
     except KeyboardInterrupt:
-        stop.set()
+        run_.stop.set()
         raise
     snap = stats.snapshot()
     print(progress_line(snap), file=sys.stderr)

@@ -183,8 +183,8 @@ class Reporter:
         if snap["paused_reason"] != self._last_paused:
             if snap["paused_reason"]:
                 log.warning("paused: %s", snap["paused_reason"])
-            elif self._last_paused:
-                log.info("resumed sending")
+            elif self._last_paused and snap["state"] == "running":
+                log.info("resumed sending")  # not when the pause ended because the run did
             self._last_paused = snap["paused_reason"]
         if self.tty:
             self._bar(snap)

@@ -38,7 +38,7 @@ from hsextract.client.progress import (
     state_dir,
     write_json_atomic,
 )
-from hsextract.client.sender import RetryPolicy, Sender, SendResult, ServerUnavailable
+from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats.manifest import completed_indices
 from hsextract.records import (
@@ -178,6 +178,8 @@ class ExtractRun:
             st.in_flight_tokens -= len(enc.input_ids)
         if res.ok:
             st.record_ok(res.prompt_tokens)
+        elif res.reason == STOPPED:
+            pass  # no answer yet and no failure: its record stays, the next run sends it again
         elif self.fatal is None or res.reason not in ("server_unavailable", "client_error"):
             with st.lock:
                 st.failed[res.reason] += 1
@@ -252,6 +254,8 @@ class ExtractRun:
         except ServerUnavailable as exc:
             self.fatal = exc
             self.stop.set()
+        except StopRequested:
+            pass  # asked to stop while waiting for the server: a plain stop
         except BaseException:
             self.stop.set()  # Ctrl-C or a bug: not done, so no summary
             raise

@@ -30,12 +30,18 @@ TIMEOUT = "timeout"
 BAD_RESPONSE = "bad_response"
 PROMPT_TOKENS_MISMATCH = "prompt_tokens_mismatch"
 ABORTED = "aborted"
+# Not a failure: the client was asked to stop before the sample had an answer. The next run sends it.
+STOPPED = "stopped"
 
 
 class ServerUnavailable(HsextractError):
     """The server did not become healthy within the configured wait."""
 
     exit_code = 75  # EX_TEMPFAIL: systemd may restart the client once the server is back
+
+
+class StopRequested(Exception):
+    """The client was asked to stop while waiting for the server: not an error, the run just ends."""
 
 
 @dataclass
@@ -81,7 +87,8 @@ class HealthGate:
             return False
 
     def wait_healthy(self, since: float) -> None:
-        """Block until the server was seen healthy after time `since`; raise ServerUnavailable on timeout."""
+        """Block until the server was seen healthy after time `since`; raise ServerUnavailable on
+        timeout, StopRequested if the client is asked to stop meanwhile."""
         with self._count_lock:
             self.waiting += 1
         try:
@@ -108,7 +115,7 @@ class HealthGate:
                         )
                     self.stop.wait(delay)
                     delay = min(5.0, delay * 1.5)
-                raise ServerUnavailable("stopping: the client was asked to stop while the server was down")
+                raise StopRequested(f"asked to stop while waiting for {self.base_url}/health")
         finally:
             with self._count_lock:
                 self.waiting -= 1
@@ -135,7 +142,17 @@ class Sender:
         return {"input_ids": input_ids, "rid": rid, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
 
     def send(self, rid: str, input_ids: list[int]) -> SendResult:
-        """Send one sample until it succeeds, fails for good, or the server stays down (ServerUnavailable)."""
+        """Send one sample until it succeeds, fails for good, or the server stays down (ServerUnavailable).
+
+        A stop request ends it with reason `STOPPED` (never a failure): at once while the server
+        is down or between attempts; a request already on the wire is answered first.
+        """
+        try:
+            return self._send(rid, input_ids)
+        except StopRequested:
+            return SendResult(False, reason=STOPPED, detail="the client was asked to stop first")
+
+    def _send(self, rid: str, input_ids: list[int]) -> SendResult:
         reason, detail = "", ""
         attempt = 0
         while attempt < self.policy.max_attempts:
@@ -165,14 +182,14 @@ class Sender:
                     return result
                 reason, detail = result.reason, result.detail  # the server gave up on it: try again
                 if self.stop.wait(self.policy.delay(attempt)):
-                    break
+                    raise StopRequested
                 continue
             detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
             if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
                 return SendResult(False, reason=HTTP_4XX, detail=detail, attempts=attempt)
             reason = SERVER_ERROR
             if self.stop.wait(self.policy.delay(attempt)):
-                break
+                raise StopRequested
         return SendResult(False, reason=reason or CONNECTION, detail=detail, attempts=attempt)
 
     @staticmethod

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from pathlib import Path
 
+from hsextract import shutdown
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
@@ -96,13 +95,6 @@ def run(args: argparse.Namespace) -> int:
     from hsextract.drain.core import Drainer
 
     drainer = Drainer(build_config(args))
-
-    def _stop(signum: int, _frame: object) -> None:
-        log.info("signal %d: finishing the samples in hand, then stopping", signum)
-        # From another thread: the main thread may hold the wake event's lock right now, and
-        # setting it from a handler running on that thread could deadlock.
-        threading.Thread(target=drainer.stop, name="drain-stop", daemon=True).start()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    # SIGTERM/SIGINT, also one that came during the imports: finish the samples in hand, then stop
+    shutdown.on_stop(drainer.stop)
     return drainer.run()

@@ -1,0 +1,167 @@
+"""A systemd stop (SIGTERM) ends the client and the drain cleanly at any instant of their lives.
+
+Each test sends the signal at a state it reads from the process itself (``/proc/<pid>/status``:
+the signal caught, or ignored) or from its status file, never after a sleep:
+
+* during start-up, as soon as the process handles SIGTERM, while it still imports torch;
+* at the end, once the work is done and only the interpreter's exit is left;
+* while the client waits for a server that is down.
+
+The answer is always exit status 0 and the state ``stopped`` (or ``done`` when the work was done).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from client_run import client_status, env, tail, wait_for
+
+SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+
+
+def _signal_mask(pid: int, field: str) -> int:
+    """The process's SigCgt (caught) or SigIgn (ignored) mask; 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _libtorch_loaded(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def _start(log: Path, *args: str) -> subprocess.Popen:
+    fh = log.open("ab")
+    return subprocess.Popen([sys.executable, "-m", "hsextract", *args], env=env(), stdout=fh,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _exit_code(proc: subprocess.Popen, log: Path, timeout: float = 60) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"still running {timeout:.0f} s after SIGTERM:\n{tail(log)}") from None
+
+
+def _sigterm_when_handled(proc: subprocess.Popen) -> bool:
+    """Send SIGTERM as soon as the process handles it; True if torch was not loaded yet then."""
+    wait_for(lambda: _signal_mask(proc.pid, "SigCgt") & SIGTERM_BIT or proc.poll() is not None, 30,
+             "the process to handle SIGTERM", every=0.001)
+    early = not _libtorch_loaded(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    return early
+
+
+def _drain_args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["drain", "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"),
+            "--format", "specforge", "--poll-interval", "0.1", *extra]
+
+
+def _client_args(tmp_path: Path, model: Path, port: int) -> list[str]:
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "hello"}]}) + "\n")
+    return ["extract", "--server", f"http://127.0.0.1:{port}", "--dataset", str(data), "--model", str(model),
+            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"), "--log-every", "1"]
+
+
+def _drain_state(out: Path) -> str:
+    try:
+        return json.loads((out / ".hsextract" / "drain-status.json").read_text()).get("state", "")
+    except (OSError, ValueError):
+        return ""
+
+
+def test_drain_stopped_during_its_imports_exits_0_as_stopped(tmp_path):
+    log = tmp_path / "drain.log"
+    proc = _start(log, *_drain_args(tmp_path))
+    early = _sigterm_when_handled(proc)
+    assert _exit_code(proc, log) == 0, tail(log)
+    assert early, "the SIGTERM handler must be in place before the subcommand imports torch"
+    assert _drain_state(tmp_path / "out") == "stopped", tail(log)
+
+
+def test_client_stopped_during_its_imports_exits_0_as_stopped(tmp_path, tiny_llama, free_port):
+    log = tmp_path / "client.log"
+    proc = _start(log, *_client_args(tmp_path, tiny_llama, free_port()))
+    early = _sigterm_when_handled(proc)
+    assert _exit_code(proc, log) == 0, tail(log)
+    assert early, "the SIGTERM handler must be in place before the subcommand imports torch"
+    status = client_status(tmp_path / "out")
+    assert status.get("state") == "stopped", tail(log)
+    assert not (tmp_path / "out" / ".hsextract" / "client-summary.json").exists()
+
+
+def test_drain_stopped_while_it_exits_after_its_work_exits_0(tmp_path):
+    """The drain finishes (--exit-when-done), and SIGTERM lands while the interpreter shuts down."""
+    (tmp_path / "dump").mkdir()
+    state = tmp_path / "out" / ".hsextract"
+    state.mkdir(parents=True)
+    (state / "client-summary.json").write_text(json.dumps({"state": "done"}))
+    log = tmp_path / "drain.log"
+    proc = _start(log, *_drain_args(tmp_path, "--exit-when-done"))
+    # SigIgn gets the SIGTERM bit once main() has returned: only the exit is left.
+    wait_for(lambda: _signal_mask(proc.pid, "SigIgn") & SIGTERM_BIT or proc.poll() is not None, 60,
+             "the drain to finish its work", log, every=0.001)
+    proc.send_signal(signal.SIGTERM)
+    assert _exit_code(proc, log) == 0, tail(log)
+    assert _drain_state(tmp_path / "out") == "done"
+
+
+def test_client_stopped_while_the_server_is_down_exits_0_as_stopped(tmp_path, tiny_llama, free_port):
+    log = tmp_path / "client.log"
+    out = tmp_path / "out"
+    proc = _start(log, *_client_args(tmp_path, tiny_llama, free_port()))
+    try:
+        wait_for(lambda: "waiting for the server" in (client_status(out).get("paused_reason") or ""), 120,
+                 "the client to wait for the (down) server", log)
+        proc.send_signal(signal.SIGTERM)
+        assert _exit_code(proc, log) == 0, tail(log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    status = client_status(out)
+    assert status["state"] == "stopped" and status["error"] == "", status
+    text = log.read_text()
+    assert "resumed sending" not in text, "a stop is not a resumption"
+    assert not (out / ".hsextract" / "failures.jsonl").read_text(), "a stop fails no sample"
+
+
+@pytest.mark.server
+def test_client_stopped_after_its_run_exits_0_as_done(tmp_path, tiny_llama, llama_server):
+    """SIGTERM once the run is done and the client is exiting: exit 0, the run stays done."""
+    out = tmp_path / "out"
+    args = _client_args(tmp_path, tiny_llama, llama_server.port)
+    args[args.index("--dump-dir") + 1] = str(llama_server.dump_dir)
+    log = tmp_path / "client.log"
+    proc = _start(log, *args)
+    try:
+        wait_for(lambda: _signal_mask(proc.pid, "SigIgn") & SIGTERM_BIT or proc.poll() is not None, 120,
+                 "the client to finish its run", log, every=0.001)
+        proc.send_signal(signal.SIGTERM)
+        assert _exit_code(proc, log) == 0, tail(log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        run_id = json.loads((out / "run.json").read_text())["run_id"]
+        dump = Path(llama_server.dump_dir)  # the shared server's staging keeps only what its tests still use
+        for d in dump.glob(f"*-{run_id}-*"):
+            shutil.rmtree(d)
+        for r in dump.glob(f"_records/*-{run_id}-*"):
+            r.unlink()
+    assert client_status(out)["state"] == "done", tail(log)
+    assert (out / ".hsextract" / "client-summary.json").exists()
