@@ -249,6 +249,7 @@ class CaptureHook:
         self._pre_norm: torch.Tensor | None = None
         self._fail_every = fail_every_kth_batch  # test-only fault switch (0: off)
         self._batches = 0
+        self._faulted: set[str] = set()  # rids the switch failed once: their resends go through
 
     def on_final_norm(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         """Keep the residual sum entering the final norm (the pre-norm final hidden state)."""
@@ -283,10 +284,7 @@ class CaptureHook:
             self._unusable(requests, "the batch carries no orig_seq_lens (prompt lengths)")
             return
         try:
-            self._batches += 1
-            if self._fail_every and self._batches % self._fail_every == 0:
-                raise InjectedFault(f"test-only fault switch: batch {self._batches} fails "
-                                    f"(every {self._fail_every}th)")
+            self._maybe_inject_fault(requests)
             self.writer.submit(requests, aux, final, fb.input_ids, prompt_lens)
         except Exception as exc:
             injected = isinstance(exc, InjectedFault)
@@ -294,6 +292,16 @@ class CaptureHook:
                 log.exception("capture: could not queue a batch of %d requests", len(requests))
             reason = CAPTURE_FAULT_INJECTED if injected else CAPTURE_QUEUE_ERROR
             self.writer.fail_requests(requests, reason, f"{type(exc).__name__}: {exc}")
+
+    def _maybe_inject_fault(self, requests: list) -> None:
+        """The test-only fault switch: fail every k-th batch of requests it has not failed before
+        (so that every sample, sent again, gets through: a test of the path, not of luck)."""
+        if not self._fail_every or any(r.rid in self._faulted for r in requests):
+            return
+        self._batches += 1
+        if self._batches % self._fail_every == 0:
+            self._faulted.update(r.rid for r in requests)
+            raise InjectedFault(f"test-only fault switch: batch {self._batches} fails (every {self._fail_every}th)")
 
     def _unusable(self, requests: list, why: str) -> None:
         assert self.writer is not None

@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--server-wait", type=float, default=3600.0,
                    help="seconds to wait for a down server before giving up (default 3600)")
     r.add_argument("--request-timeout", type=float, default=600.0, help="seconds to wait for one answer (default 600)")
+    r.add_argument("--probe-timeout", type=float, default=60.0,
+                   help="seconds the start-up probe's dump may take to appear in --dump-dir (default 60)")
     r.add_argument("--capture-timeout", type=float, default=120.0,
                    help="seconds an answered sample may wait for its staged dump before it is sent again (default 120)")
     p = parser.add_argument_group("progress")
@@ -91,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
                           read_timeout_s=float(args.request_timeout)),
         capture_timeout_s=float(args.capture_timeout),
+        probe_timeout_s=float(args.probe_timeout),
         log_every_s=float(args.log_every),
     )
 

@@ -91,7 +91,7 @@ class ExtractConfig:
     num_aux: int = DEFAULT_NUM_AUX  # only sizes the staging reserve of requests in flight
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     capture_timeout_s: float = 120.0  # how long an answered sample may wait for its dump or failure marker
-    probe: bool = True  # the start-up check of the capture (off only in tests of the client alone)
+    probe_timeout_s: float = 60.0  # how long the start-up probe's dump may take to appear
     status_every_s: float = 1.0
     log_every_s: float = 30.0
 
@@ -303,8 +303,7 @@ class ExtractRun:
                 st.paused_reason = f"waiting for the server {cfg.server} to answer /health"
                 self.sender.gate.wait_healthy(since=time.monotonic())
                 st.paused_reason = None
-            if cfg.probe:
-                self._probe(run_id)
+            self._probe(run_id)
             # staging first, then the manifest: a dump drained in between is in the second
             skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
             self._produce(run_id, skip)
@@ -344,7 +343,7 @@ class ExtractRun:
                                   add_special_tokens=True)["input_ids"])
         self.stats.paused_reason = "checking that the capture stages into this client's staging directory"
         result = probe_capture(self.sender, Path(cfg.dump_dir), cfg.rid_prefix, run_id, cfg.format,
-                               self.model.hidden_size, ids)
+                               self.model.hidden_size, ids, cfg.probe_timeout_s)
         self.stats.paused_reason = None
         log.info("start-up probe: the capture stages %s final hidden states into %s (%.1f s)", result.final_hidden,
                  cfg.dump_dir, result.seconds)

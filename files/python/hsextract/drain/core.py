@@ -398,7 +398,8 @@ class Drainer:
             self.stats.set(state="failed")
             self._write_status(error=str(self._fatal))
             raise self._fatal
-        self.stats.set(state="done" if not self.stop_event.is_set() else "stopped")
+        self.stats.set(state="done" if not self.stop_event.is_set() else "stopped", in_flight=0,
+                       lag=self._our_dumps_left())
         if finished_run:
             exit_code = self._check_run()
         self._write_status()
@@ -455,12 +456,13 @@ class Drainer:
             self._abandoned, self._abandoned_key = rids, key
         return self._abandoned
 
-    def _our_dumps_left(self) -> bool:
+    def _our_dumps_left(self) -> int:
+        """This run's sample dumps in staging (probes are not samples)."""
+        n = 0
         for d in iter_dump_dirs(self.dump_dir):
             p = parse_rid(d.name)
-            if p is not None and p.run_id == self.run_id:
-                return True
-        return False
+            n += p is not None and not p.probe and p.run_id == self.run_id
+        return n
 
     def _finalize_if_changed(self) -> None:
         n = len(self._entries)
