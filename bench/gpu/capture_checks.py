@@ -165,6 +165,22 @@ class ConfigResult:
         return out
 
 
+_reference_lock = threading.Lock()
+_references: dict[tuple[str, tuple[int, ...]], Reference] = {}
+
+
+def reference_of(model: Path, ids: list[int]) -> Reference:
+    """transformers' hidden states of a prompt, computed once per model and prompt. One at a time:
+    `reference` hooks the model's final norm for the duration of a forward, so two at once on the
+    same model would take each other's norm outputs (and transformers' lazy imports are not safe
+    to race either)."""
+    key = (str(model), tuple(ids))
+    with _reference_lock:
+        if key not in _references:
+            _references[key] = reference(model, ids)
+        return _references[key]
+
+
 def _left(deadline: float, floor: float = 10) -> float:
     """Seconds to the deadline (time.monotonic), at least ``floor``."""
     return max(floor, deadline - time.monotonic())
@@ -268,7 +284,7 @@ def check_dumps(res: ConfigResult, cfg: CheckConfig, handle: ServerHandle, run_i
             if states.input_ids.tolist() != ids[i]:
                 res.problems.append(f"{rid}: token ids differ from the request's")
                 continue
-            refs[i] = reference(handle.model_dir, ids[i])
+            refs[i] = reference_of(handle.model_dir, ids[i])
             res.rows[i], res.tokens[i] = states.hidden.clone(), tokens[i]
             check_prompt_rows(res, rid, states.hidden, refs[i])
         for rid, verdict in ((r, f.result()) for r, f in verdicts.items()):

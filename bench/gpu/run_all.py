@@ -33,6 +33,7 @@ import sys
 import tarfile
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,10 +44,11 @@ sys.path[:0] = [str(HERE), str(REPO / "bench"), str(REPO / "files" / "python"), 
 import capture_checks  # noqa: E402
 import capture_server_gpu as bench  # noqa: E402
 import gpu_env  # noqa: E402
-from gpu_server import wait_healthy  # noqa: E402
+from gpu_server import ServerStartError, wait_healthy  # noqa: E402
 
 SITE = Path("/tmp/hsx-gpu-site")
 BENCH_RESERVE_S = 200  # warm-ups and 3 + 3 rounds of both cases, at the 8B model's speed on an H200
+BENCH_PORT = 30300
 
 
 class Log:
@@ -148,67 +150,108 @@ def run(args: argparse.Namespace, deadline: float, save: Saver, say: Log) -> boo
     else:
         env, gpus, configs = gpu_env.cpu_env(), 0, capture_checks.cpu_configs()
     say(f"environment ready: {env.device}, {gpus} GPU(s); checks: {[c.name for c in configs]}")
-    models = make_tiny_models({c.kind for c in configs} | {"llama"}, args.work / "models")
-    say("tiny models ready")
-    bench_gpu = max(gpus - 1, 0)
-    bench_servers: dict = {}
-    bench_failure: list[str] = []
-
-    def start_bench() -> None:  # beside the checks: generate the 8B model, then start its two servers
-        try:
-            model = models["llama"]
-            if cuda:
-                t0 = time.monotonic()
-                model = bench.prepare_model(env, args.work, bench_gpu)
-                say(f"8B-shaped model ready in {time.monotonic() - t0:.0f} s")
-            bench_servers.update(bench.start_pair(model, env, args.work, bench_gpu, 30300))
-            bench_servers["model"] = model
-        except Exception as exc:
-            bench_failure.append(f"{type(exc).__name__}: {exc}")
-
-    starter = threading.Thread(target=start_bench, name="bench-start")
-    if not args.skip_bench:
-        starter.start()
-    # The checks may take all but what the bench needs (a hung server must not eat the bench's time).
-    checks_deadline = deadline - (0 if args.skip_bench else BENCH_RESERVE_S)
-    checks = capture_checks.run_checks(configs, models, env, args.work, checks_deadline)
-    checks.update(benchmark="capture_gpu", machine=machine(env),
-                  measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        machine_info = pool.submit(machine, env)
+        models = make_tiny_models({c.kind for c in configs} | {"llama"}, args.work / "models")
+        say("tiny models ready")
+        bench_start = None if args.skip_bench else BenchStart(env, models["llama"], args.work, max(gpus - 1, 0), say)
+        # The checks may take all but what the bench needs: a hung server must not eat the bench's time.
+        checks = guarded(lambda: capture_checks.run_checks(
+            configs, models, env, args.work, deadline - (0 if args.skip_bench else BENCH_RESERVE_S)))
+        checks.update(benchmark="capture_gpu", machine=machine_info.result(),
+                      measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     save("capture_gpu.json", checks)
-    for c in checks["configs"]:
+    report_checks(checks, say)
+    if bench_start is None:
+        return checks["ok"]
+    overhead = guarded(lambda: bench_start.measure(args.rounds, deadline))
+    save("capture_server_gpu.json", overhead)
+    report_bench(overhead, say)
+    return checks["ok"] and overhead["ok"]
+
+
+def guarded(step) -> dict:
+    """A step's JSON result, or ``{"ok": False, "error": ...}`` if it raised: one failed step does
+    not take the other's results with it."""
+    try:
+        return step()
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+
+
+class BenchStart:
+    """The overhead bench's servers, started beside the checks: generate the 8B-shaped model on the
+    bench GPU (on a CPU, the tiny Llama serves), then start the plain and the capture server."""
+
+    def __init__(self, env: gpu_env.GpuEnv, tiny_llama: Path, work: Path, gpu: int, say: Log):
+        self.env, self.work, self.gpu, self.say = env, work, gpu, say
+        self.model, self.servers, self.error = tiny_llama, {}, ""
+        self._thread = threading.Thread(target=self._start, name="bench-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            if self.env.cuda:
+                t0 = time.monotonic()
+                self.model = bench.prepare_model(self.env, self.work, self.gpu)
+                self.say(f"8B-shaped model ready in {time.monotonic() - t0:.0f} s")
+            self.servers = bench.start_pair(self.model, self.env, self.work, self.gpu, BENCH_PORT)
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def measure(self, rounds: int, deadline: float) -> dict:
+        """Wait for both servers (starting them once more if a start failed and time allows), then
+        run the bench until ``deadline``; the servers are stopped in any case."""
+        self._thread.join()
+        if self.error:
+            raise RuntimeError(f"the bench's servers could not be started: {self.error}")
+        try:
+            try:
+                self._wait(deadline)
+            except ServerStartError as exc:
+                self.say(f"a bench server failed to start ({str(exc)[:300]}); starting both again")
+                self._stop()
+                if deadline - time.monotonic() < BENCH_RESERVE_S:
+                    raise
+                self.servers = bench.start_pair(self.model, self.env, self.work, self.gpu, BENCH_PORT)
+                self._wait(deadline)
+            self.say(f"bench servers healthy; {deadline - time.monotonic():.0f} s left for the bench")
+            result = bench.measure(self.servers, bench.GPU_CASES if self.env.cuda else bench.CPU_CASES, rounds,
+                                   deadline - 20, self.say)
+        finally:
+            self._stop()
+        result.update(bench.describe(self.env, self.model))
+        return result
+
+    def _wait(self, deadline: float) -> None:
+        for handle in self.servers.values():
+            wait_healthy(handle, max(60.0, deadline - time.monotonic() - 120))
+
+    def _stop(self) -> None:
+        with ThreadPoolExecutor() as pool:
+            list(pool.map(lambda h: h.stop(), self.servers.values()))
+
+
+def report_checks(checks: dict, say: Log) -> None:
+    if "error" in checks:
+        say(f"checks FAILED: {checks['error']}")
+    for c in checks.get("configs", []):
         say(f"check {c['name']}: {'ok' if c['ok'] else 'FAILED'}; {c['complete_dumps']}/{c['requests']} dumps, "
-            f"max rel. err {c['max_rel_err']:.4f}, selfcheck {c['selfcheck_passed']}, decode graphs "
-            f"{c['decode_graphs']}; problems: {c['problems'][:5]}")
-    for c in checks["comparisons"]:
+            f"{c['failure_markers']} failure markers, max rel. err {c['max_rel_err']:.4f}, selfcheck "
+            f"{c['selfcheck_passed']}, decode graphs {c['decode_graphs']}; problems: {c['problems'][:5]}")
+    for c in checks.get("comparisons", []):
         say(f"compare {c['config']} vs {c['reference']}: {'ok' if c['ok'] else 'FAILED'}, max rel. err "
             f"{c['max_rel_err']}, same greedy token {c['same_greedy_token']}/{c['prompts']}; {c['problems'][:3]}")
-    if args.skip_bench:
-        return checks["ok"]
-    starter.join()
-    overhead = {"ok": False, "error": "; ".join(bench_failure)}
-    handles = {k: v for k, v in bench_servers.items() if k in ("plain", "capture")}
-    try:
-        if not bench_failure:
-            for handle in handles.values():
-                wait_healthy(handle, max(60.0, deadline - time.monotonic() - 120))
-            say(f"bench servers healthy; {deadline - time.monotonic():.0f} s left for the bench")
-            overhead = bench.measure(handles, bench.GPU_CASES if cuda else bench.CPU_CASES, args.rounds,
-                                     deadline - 20, say)
-            overhead.update(bench.describe(env, bench_servers["model"]))
-    except Exception as exc:
-        overhead = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        with ThreadPoolExecutor() as pool:
-            list(pool.map(lambda h: h.stop(), handles.values()))
-    save("capture_server_gpu.json", overhead)
+
+
+def report_bench(overhead: dict, say: Log) -> None:
+    if "error" in overhead:
+        say(f"bench FAILED: {overhead['error']}")
     for c in overhead.get("cases", []):
         say(f"bench {c['case']}: plain {c['plain_tokens_per_s']['median']} tok/s, capture "
             f"{c['capture_tokens_per_s']['median']} tok/s, ratio {c['ratio_of_medians']} (pairs "
             f"{c['ratio_per_round_pair']['min']}-{c['ratio_per_round_pair']['max']}), staged "
             f"{c['staged_gb_per_s_median']} GB/s, dumps == requests: {c['complete_dumps_equal_requests']}")
-    if "error" in overhead:
-        say(f"bench FAILED: {overhead['error']}")
-    return checks["ok"] and overhead["ok"]
 
 
 def pack_logs(work: Path, out: Path) -> None:
