@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -87,7 +88,9 @@ def make_tiny_models(kinds: set[str], root: Path) -> dict[str, Path]:
 
 
 def machine(env: gpu_env.GpuEnv) -> dict:
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "gpus": bench.nvidia_smi_names()}
+    shm = shutil.disk_usage("/dev/shm")
+    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "gpus": bench.nvidia_smi_names(),
+            "dev_shm_gib": {"size": round(shm.total / 2**30, 1), "free": round(shm.free / 2**30, 1)}}
     probe = ("import json, torch, triton, transformers, sglang; print(json.dumps({'torch': torch.__version__, "
              "'triton': triton.__version__, 'transformers': transformers.__version__, 'sglang': sglang.__version__}))")
     done = subprocess.run([sys.executable, "-c", probe], env=env.server_env(), capture_output=True, text=True,
