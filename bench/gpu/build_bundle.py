@@ -5,8 +5,8 @@ call carries at most 64 MiB of the repository's working tree. The bundle holds w
 needs there beyond the machine's image, about 50 MiB:
 
     .gpu/whl/        the wheels of wheels.txt (sglang 0.5.23 cp312 and what it imports there)
-    .gpu/standin/    the torch stand-in for sgl_kernel, with utils.py and scalar_type.py taken from the
-                     real sglang-kernel wheel, and the tier's SGLang plugin (graph-safe MoE)
+    .gpu/standin/    the import-only stand-in for sgl_kernel, with utils.py and scalar_type.py taken from
+                     the real sglang-kernel wheel, and the tier's SGLang plugin (graph-safe MoE)
     .gpu/shims/      the CuTe-DSL module replacement
     .gpu/tree/       with --with-tree: a copy of the sources the tier runs (bench/, the hsextract
                      package with its capture-patch templates as real files, tests/support,

@@ -16,7 +16,8 @@ client (``other-...``, 32 decode steps), one without a rid, one whose rid only s
   The median-token and neighbour bounds are not applied per prompt: on DeepSeek a bf16 expert
   flip on an early token of a short prompt spreads through attention to its later tokens
   (measured on the CPU: a 10-token prompt, token 2 at 12 %, the tokens after it at 2 %, the same
-  whether the prompt runs alone or in a batch), which no capture error resembles;
+  whether the prompt runs alone or in a batch), which no capture error resembles. On the GPU the
+  DeepSeek median bound is 2 % (`GPU_MEDIAN_TOKEN_BOUND`), for the reason given there;
 * ``hsextract selfcheck`` passes with the server's greedy token;
 * the server log shows one capture start line per scheduler process and exactly one writer per
   attention-DP group (``writing to`` versus ``not writing``), and no lost or failed rows;
@@ -66,6 +67,13 @@ from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_
 CHUNK = 128
 PROMPT_LENGTHS = (10, 300, 57, 91, 33, 200, 128, 129, 7, 64, 250, 45)
 MAX_NEW_TOKENS = 4
+# Median-token bounds on the GPU where the CPU tests' 1 % does not hold for SGLang's own numerics:
+# the tiny DeepSeek-V3 with DeepSeek's MLA dims measured 1.27-1.29 % against float32 transformers
+# at TP 1, TP 2 and DP attention alike (H200, Triton MLA, 2026-11-30), while those three agree with
+# each other within 0.6-0.7 % and the whole-prompt error stays under 2 % (bound 5 %). The capture
+# copies SGLang's bf16 rows bit for bit, so the excess is SGLang's GPU path, not the capture; a
+# wrong layer or row is off by > 30 %, and each slot must still be 10x closer to its own layer.
+GPU_MEDIAN_TOKEN_BOUND = {"DeepseekV3ForCausalLM": 0.02}
 # The capture's per-request failure marker; counted even where this version does not write one.
 FAILED_FILE = getattr(staging, "FAILED_FILE", "failed.json")
 # Capture log lines that mean rows were lost or a dump failed.
@@ -149,9 +157,10 @@ class ConfigResult:
     max_rel_err: float = 0.0  # whole-prompt relative L2, worst prompt and slot (bound: REL_ERR_BOUND)
     median_token_err_all_prompts: float = 0.0  # worst slot, all prompts' tokens (bound: MEDIAN_TOKEN_BOUND)
     median_token_err_worst_prompt: float = 0.0  # for information
+    median_token_bound: float = MEDIAN_TOKEN_BOUND  # the bound applied to median_token_err_all_prompts
     selfcheck_passed: int = 0
     near_ties: int = 0
-    stand_in_calls: list[str] = field(default_factory=list)
+    standin_kernel_calls: int = 0  # calls of an sgl_kernel kernel the stand-in does not have
     problems: list[str] = field(default_factory=list)
     rows: dict[int, object] = field(default_factory=dict, repr=False)  # prompt index -> hidden [T, K+1, H]
     tokens: dict[int, int] = field(default_factory=dict)  # prompt index -> greedy first token
@@ -242,7 +251,7 @@ def selfcheck(dump_dir: Path, rid: str, model: Path, ids: list[int], token: int)
 
 
 _WRITER_RE = re.compile(r"attn_tp_rank (\d+) attn_dp_rank (\d+), (writing to|not writing)")
-_STANDIN_RE = re.compile(r"sgl_kernel stand-in: (\w+) called")
+STANDIN_CALLED = "stand-in for sgl_kernel has no kernels"
 
 
 def check_log(res: ConfigResult, cfg: CheckConfig, log_path: Path) -> None:
@@ -250,7 +259,9 @@ def check_log(res: ConfigResult, cfg: CheckConfig, log_path: Path) -> None:
     starts = _WRITER_RE.findall(text)
     res.capture_start_lines = len(starts)
     res.writers_logged = sorted(int(dp) for _, dp, what in starts if what == "writing to")
-    res.stand_in_calls = sorted(set(_STANDIN_RE.findall(text)))
+    res.standin_kernel_calls = text.count(STANDIN_CALLED)
+    if res.standin_kernel_calls:
+        res.problems.append(f"{res.standin_kernel_calls} calls of sgl_kernel kernels the stand-in lacks (see the log)")
     if len(starts) != cfg.ranks:
         res.problems.append(f"{len(starts)} capture start lines in the log, expected one per rank ({cfg.ranks})")
     if res.writers_logged != list(range(cfg.writers)):
@@ -262,7 +273,7 @@ def check_log(res: ConfigResult, cfg: CheckConfig, log_path: Path) -> None:
 
 
 def check_dumps(res: ConfigResult, cfg: CheckConfig, handle: ServerHandle, run_id: str, ids: list[list[int]],
-                tokens: dict[int, int], selfcheck_slots: threading.Semaphore) -> None:
+                tokens: dict[int, int], selfcheck_slots: threading.Semaphore, cuda: bool) -> None:
     """Every check of the module docstring on the staged dumps (the log is checked by `check_log`)."""
     rids = {f"hsx-{run_id}-{i}": i for i in range(len(ids))}
     complete = check_staging(res, handle.dump_dir, rids)
@@ -294,6 +305,8 @@ def check_dumps(res: ConfigResult, cfg: CheckConfig, handle: ServerHandle, run_i
             else:
                 res.problems.append(f"{rid}: selfcheck failed: {verdict.get('reasons')}")
     if refs:
+        if cuda:
+            res.median_token_bound = GPU_MEDIAN_TOKEN_BOUND.get(res.arch, MEDIAN_TOKEN_BOUND)
         check_pooled_rows(res, refs)
     if cfg.writers > 1 and sorted(res.dumps_per_dp_rank) != [str(r) for r in range(cfg.writers)]:
         res.problems.append(f"dumps by attention-DP rank {res.dumps_per_dp_rank}: not every group wrote its requests")
@@ -360,7 +373,8 @@ def check_pooled_rows(res: ConfigResult, refs: dict[int, Reference]) -> None:
         post_norm=torch.cat([refs[i].post_norm for i in order]),
         logits=torch.empty(0))
     rows = torch.cat([res.rows[i] for i in order])
-    res.problems += [f"all prompts: {p}" for p in row_problems(rows, res.layers, res.arch, pooled, res.final_hidden)]
+    res.problems += [f"all prompts: {p}" for p in row_problems(rows, res.layers, res.arch, pooled, res.final_hidden,
+                                                                res.median_token_bound)]
     res.median_token_err_all_prompts = round(max(
         median_token_err(rows[:, slot], want)
         for slot, want in enumerate(_wanted(pooled, res.layers, res.final_hidden))), 5)
@@ -395,7 +409,7 @@ def run_config(cfg: CheckConfig, model: Path, env: GpuEnv, work: Path, port: int
     ids = prompts()
     try:
         tokens = send_workload(handle, run_id, ids, deadline)
-        check_dumps(res, cfg, handle, run_id, ids, tokens, selfcheck_slots)
+        check_dumps(res, cfg, handle, run_id, ids, tokens, selfcheck_slots, env.cuda)
     except Exception as exc:  # a failed request or a dead server: say what and go on with the others
         res.problems.append(f"workload failed: {type(exc).__name__}: {exc}; log tail:\n"
                             f"{log_tail(handle.log_path, 40)}")

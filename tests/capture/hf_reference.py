@@ -76,7 +76,7 @@ def median_token_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def row_problems(hidden: torch.Tensor, layers_to_capture: list[int], architecture: str, ref: Reference,
-                 final_hidden: str = "post_norm") -> list[str]:
+                 final_hidden: str = "post_norm", median_bound: float = MEDIAN_TOKEN_BOUND) -> list[str]:
     """What is wrong with captured rows ``hidden`` [T, K+1, H] against the reference (empty: nothing):
     each aux slot and the final hidden state within the bounds, and each slot far from its neighbours."""
     bound = REL_ERR_BOUND[architecture]
@@ -87,8 +87,8 @@ def row_problems(hidden: torch.Tensor, layers_to_capture: list[int], architectur
         if err >= bound:
             problems.append(f"aux slot {slot} (layers_to_capture {layer}): rel. err {err:.4f} >= {bound}")
         median = median_token_err(got, want)
-        if median >= MEDIAN_TOKEN_BOUND:
-            problems.append(f"aux slot {slot}: median token rel. err {median:.4f} >= {MEDIAN_TOKEN_BOUND}")
+        if median >= median_bound:
+            problems.append(f"aux slot {slot}: median token rel. err {median:.4f} >= {median_bound}")
         for other in (layer - 1, layer + 1):
             if rel_err(got, ref.hidden_states[other]) <= 10 * err:
                 problems.append(f"aux slot {slot} also matches layer {other}")
@@ -97,6 +97,6 @@ def row_problems(hidden: torch.Tensor, layers_to_capture: list[int], architectur
     if err >= bound:
         problems.append(f"final hidden ({final_hidden}): rel. err {err:.4f} >= {bound}")
     median = median_token_err(hidden[:, -1], final_ref)
-    if median >= MEDIAN_TOKEN_BOUND:
-        problems.append(f"final hidden ({final_hidden}): median token rel. err {median:.4f} >= {MEDIAN_TOKEN_BOUND}")
+    if median >= median_bound:
+        problems.append(f"final hidden ({final_hidden}): median token rel. err {median:.4f} >= {median_bound}")
     return problems

@@ -84,21 +84,7 @@ def test_sglang_loads_the_plugin_and_wraps_its_native_moe():
     assert done.stdout.split()[-2:] == ["sglang.srt.layers.moe.fused_moe_native", "True"], done.stdout
 
 
-def test_standin_norms_and_activation_keep_the_kernels_in_place_semantics():
-    k = _load_standin_kernels()
-    g = torch.Generator().manual_seed(1)
-    x, res, w = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g), torch.rand(16, generator=g)
-    want_sum = x + res
-    want_norm = want_sum * torch.rsqrt(want_sum.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-    k.fused_add_rmsnorm(x, res, w, 1e-6)
-    assert torch.allclose(res, want_sum) and torch.allclose(x, want_norm, atol=1e-6)
-    out = torch.empty(4, 16)
-    assert k.rmsnorm(want_sum, w, 1e-6, out=out) is out and torch.allclose(out, want_norm, atol=1e-6)
-    gate_up = torch.randn(3, 8, generator=g)
-    assert torch.allclose(k.silu_and_mul(gate_up), torch.nn.functional.silu(gate_up[:, :4]) * gate_up[:, 4:])
-
-
-def test_standin_kernels_it_lacks_fail_naming_themselves():
+def test_standin_kernels_fail_naming_themselves_when_called():
     k = _load_standin_kernels()
     with pytest.raises(NotImplementedError, match=r"standin_sgl_kernel\.moe_align_block_size"):
         k.moe_align_block_size(None)
