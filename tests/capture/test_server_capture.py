@@ -17,7 +17,7 @@ import requests
 import torch
 from hf_reference import reference, row_problems
 from hsextract.capture.selfcheck import check_dump
-from hsextract.staging import DONE_FILE, read_done_marker, read_states, rid_dir
+from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
 from support.sglang_server import start_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def test_health_checks_and_foreign_requests_are_never_dumped(llama_server):
     server.generate(prompt(12, seed=4), rid=f"other-{secrets.token_hex(4)}-0")
     server.generate(prompt(12, seed=5), rid="hsxfoo-1")  # prefix without the separator
     time.sleep(1.0)
-    names = [p.name for p in server.dump_dir.iterdir()] if server.dump_dir.exists() else []
+    names = [p.name for p in iter_dump_dirs(server.dump_dir)]  # request directories (not _records, _captures)
     strangers = [n for n in names if not n.startswith(f"{server.rid_prefix}-")]
     assert not strangers, f"dumps of requests the client did not send: {strangers}"
 
@@ -256,7 +256,7 @@ def test_deepseek_pre_norm_final_hidden_matches_transformers(dsv3_prenorm_server
 
 def test_startup_warmup_is_not_dumped(prenorm_server):
     log = prenorm_server.log_path.read_text(errors="replace")
-    names = [p.name for p in prenorm_server.dump_dir.iterdir()] if prenorm_server.dump_dir.exists() else []
+    names = [p.name for p in iter_dump_dirs(prenorm_server.dump_dir)]
     assert all(n.startswith("hsx-") for n in names), names
     assert "POST /generate" in log or "Prefill batch" in log  # the warmup did run
 
