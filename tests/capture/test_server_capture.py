@@ -86,8 +86,9 @@ def test_concurrent_requests_rows_do_not_mix(llama_server):
 def test_batches_of_different_sizes_reusing_pooled_host_buffers_all_complete(llama_server):
     """Single requests of 2, 16 and 8 tokens, one batch each, in that order. With the session
     server's 1 KiB pool granularity and 512 B per row (3 aux layers + final, hidden 64, bf16),
-    the first two leave free buffers of 2 and 9 KiB, and the third must take the second of
-    them: the case in which the pool once lost every batch (a tensor comparison in list.remove)."""
+    the first two leave free buffers of 2 and 16 KiB (size classes), and the third must take the
+    second of them: the case in which the pool once lost every batch (a tensor comparison in
+    list.remove)."""
     server = llama_server
     run = secrets.token_hex(4)
     lengths = (2, 16, 8, 12, 3, 16, 5, 9)

@@ -69,10 +69,13 @@ def _round_up(n: int, a: int) -> int:
 class HostBufferPool:
     """Reusable host buffers (pinned when CUDA is used) under a byte budget.
 
-    Pinned allocations are slow (cudaHostAlloc), so buffers are kept and reused; batches of a
-    serving run have similar sizes, so the pool settles quickly. The budget bounds the bytes
-    held by the pool, in use or free; a request larger than the whole budget is still served
-    when nothing else is in use, so an oversized batch cannot deadlock the capture.
+    Pinned allocations are slow (cudaHostAlloc pins every page: tens of milliseconds for a
+    batch of short prompts at 8B width, inside the forward pass), so buffers are kept and reused.
+    Their sizes are powers of two times the granularity: batches of many sizes (short prompts
+    batched 1 to 50 at a time) then share a few size classes and reuse each other's buffers,
+    instead of each new size costing a new pinned allocation. The budget bounds the bytes held
+    by the pool, in use or free; a request larger than the whole budget is still served when
+    nothing else is in use, so an oversized batch cannot deadlock the capture.
     """
 
     def __init__(self, max_bytes: int, pin: bool, granularity: int = 2 * _MiB):
@@ -86,6 +89,8 @@ class HostBufferPool:
         self.blocked_seconds = 0.0
         self.blocked_count = 0
         self._last_block_log = 0.0
+        self.allocations = 0
+        self.allocation_seconds = 0.0
 
     @property
     def in_use(self) -> int:
@@ -132,7 +137,7 @@ class HostBufferPool:
             buf = self._free.pop(best)
             self._in_use += buf.numel()
             return buf
-        need = _round_up(max(int(nbytes), 1), self.granularity)
+        need = self.size_class(nbytes)
         while self._free and self._held + need > self.max_bytes:
             largest = max(range(len(self._free)), key=lambda i: self._free[i].numel())
             self._held -= self._free.pop(largest).numel()
@@ -140,10 +145,22 @@ class HostBufferPool:
             return None
         # Within the budget, or an oversized request while nothing else is in use (it goes alone,
         # so an oversized batch cannot deadlock the capture).
+        t0 = time.monotonic()
         buf = torch.empty(need, dtype=torch.uint8, pin_memory=self.pin)
+        took = time.monotonic() - t0
+        self.allocations += 1
+        self.allocation_seconds += took
         self._held += need
         self._in_use += need
+        if took > 0.01:
+            log.info("capture: a new %d MiB host buffer took %.0f ms (pool: %d MiB in %d buffers, %d allocations)",
+                     need // _MiB, took * 1000, self._held // _MiB, len(self._free) + 1, self.allocations)
         return buf
+
+    def size_class(self, nbytes: int) -> int:
+        """The size of a new buffer for ``nbytes``: the granularity times a power of two."""
+        units = -(-max(int(nbytes), 1) // self.granularity)
+        return self.granularity * (1 << (units - 1).bit_length())
 
     @property
     def held(self) -> int:
