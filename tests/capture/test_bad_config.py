@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from hsextract.capture.sglang_hook import ServerFacts, check_dump_dir, check_server, check_sglang_version
+from hsextract.capture.preflight import ServerFacts, check_dump_dir, check_server, check_sglang_version
 from hsextract.errors import ConfigError
 from sglang.srt.server_args import ServerArgs
 from support.sglang_server import ServerStartError, start_server

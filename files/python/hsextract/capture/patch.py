@@ -43,7 +43,7 @@ def template_dir() -> Path:
                       "set HSEXTRACT_TEMPLATES to the repository's templates directory")
 
 
-def comment_filter(text: str, style: str = "plain", prefix: str = "# ") -> str:
+def comment_filter(text: str, prefix: str = "# ") -> str:
     """Ansible's ``comment`` filter for the default (``#``) style: the text as a comment block."""
     lines = str(text).splitlines() or [""]
     return "#\n" + "\n".join((prefix + line).rstrip() for line in lines) + "\n#"

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from hsextract.capture.core import BatchRequest, CapturePlanner, Failure, RequestState, Segment
+from hsextract.capture.core import BatchRequest, CapturePlanner, CaptureSettings, Failure, RequestState, Segment
 from hsextract.staging import (
     CAPTURE_QUEUE_ERROR,
     CAPTURE_WRITE_ERROR,
@@ -252,7 +252,7 @@ class CaptureWriter:
     def __init__(
         self,
         dump_dir: str | Path,
-        planner: CapturePlanner,
+        settings: CaptureSettings,
         *,
         device: str | torch.device = "cpu",
         num_threads: int = 8,
@@ -263,9 +263,9 @@ class CaptureWriter:
     ):
         self.dump_dir = Path(dump_dir)
         self._root = os.fspath(self.dump_dir)  # string paths on the per-request path: pathlib costs
-        self.planner = planner
-        planner.is_staged = lambda rid: (rid_dir(self.dump_dir, rid) / DONE_FILE).exists()
-        self.settings = planner.settings
+        # The planner asks whether a complete dump is still staged before it takes a resend for one.
+        self.planner = CapturePlanner(settings, is_staged=self._complete_dump_staged)
+        self.settings = settings
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.slice_bytes = max(int(slice_bytes), 1)
@@ -286,6 +286,9 @@ class CaptureWriter:
         self._closed = False
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
         self._dispatcher.start()
+
+    def _complete_dump_staged(self, rid: str) -> bool:
+        return os.path.exists(f"{self._root}/{rid}/{DONE_FILE}")
 
     # ---- forward-pass side -------------------------------------------------------------------
     def submit(
