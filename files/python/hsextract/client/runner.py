@@ -28,7 +28,7 @@ from typing import Any
 
 from hsextract.client.backpressure import Backpressure, Watermark
 from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
-from hsextract.client.dataset import DatasetReader, Reject, count_lines, iter_file_lines, open_dataset
+from hsextract.client.dataset import Reject, count_rows, dataset_files, read_dataset
 from hsextract.client.progress import (
     FAILURES_FILE,
     REJECTS_FILE,
@@ -75,6 +75,8 @@ class ExtractConfig:
     shm_min_free: Watermark = field(default_factory=lambda: Watermark(fraction=0.10))
     max_staged: int | None = 4096
     chat_template: str | None = None
+    last_turn_only: bool = False
+    min_loss_tokens: int = 0
     num_aux: int = DEFAULT_NUM_AUX  # only sizes the staging reserve of requests in flight
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     status_every_s: float = 1.0
@@ -146,13 +148,13 @@ class ExtractRun:
         check_prefix(cfg.rid_prefix)
         if cfg.max_in_flight < 1:
             raise ConfigError(f"max in flight {cfg.max_in_flight}: must be at least 1")
-        open_dataset(cfg.dataset).close()  # a missing dataset stops the run before anything else
+        dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         tok = load_tokenizer(cfg.model, cfg.chat_template)
         ctx, vocab, hidden = _model_limits(Path(cfg.model))
         max_tokens = cfg.max_tokens
         if max_tokens is None and ctx:
             max_tokens = ctx - 1  # room for the one generated token
-        self.encoder = SampleEncoder(tok, max_tokens, cfg.overlong, vocab)
+        self.encoder = SampleEncoder(tok, max_tokens, cfg.overlong, vocab, cfg.last_turn_only, cfg.min_loss_tokens)
         self.bytes_per_token = (cfg.num_aux + 1) * hidden * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
         self.sender = Sender(cfg.server, cfg.retry, self.stop)
@@ -183,8 +185,8 @@ class ExtractRun:
         elif self.fatal is None or res.reason not in ("server_unavailable", "client_error"):
             with st.lock:
                 st.failed[res.reason] += 1
-            self._failures.write({"index": enc.index, "line": enc.index + 1, "rid": rid, "reason": res.reason,
-                                  "detail": res.detail, "attempts": res.attempts})
+            self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
+                                  "reason": res.reason, "detail": res.detail, "attempts": res.attempts})
             if res.reason != "prompt_tokens_mismatch":
                 remove_record(self.cfg.dump_dir, rid)  # no dump will come for it
         self._slots.release()
@@ -238,7 +240,7 @@ class ExtractRun:
         (sdir / SUMMARY_FILE).unlink(missing_ok=True)  # a new run is not finished yet
         self._rejects = _JsonlAppender(sdir / REJECTS_FILE)
         self._failures = _JsonlAppender(sdir / FAILURES_FILE)
-        st.samples_total = shard_size(count_lines(cfg.dataset), cfg.shard)
+        st.samples_total = shard_size(count_rows(cfg.dataset), cfg.shard)
         reporter = Reporter(st, out, status_every=cfg.status_every_s, log_every=cfg.log_every_s)
         reporter.start()
         log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
@@ -290,12 +292,10 @@ class ExtractRun:
         i_shard, n_shard = cfg.shard
         bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
-        reader = DatasetReader()
-        source = Path(cfg.dataset).name
-        for index, raw in enumerate(iter_file_lines(cfg.dataset)):
+        for item in read_dataset(cfg.dataset):  # every row, for shard-independent duplicate detection
             if self.stop.is_set():
                 return
-            item = reader.feed(index, raw)  # every line, for shard-independent duplicate detection
+            index = item.index
             if index % n_shard != i_shard:
                 continue
             if isinstance(item, Reject):
@@ -313,8 +313,8 @@ class ExtractRun:
                 with st.lock:
                     st.truncated += 1
             rid = make_rid(cfg.rid_prefix, run_id, index)
-            write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
-                                                    f"{source}:{index + 1}"))
+            enc.file, enc.line = item.file, item.line
+            write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id, item.source))
             if not self._wait_to_send(bp, len(enc.input_ids)):
                 remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
                 return
