@@ -181,6 +181,7 @@ def _blocks(f: DataFile) -> Iterator[bytes]:
             head = head[len(BOM):]
         if head:
             yield head
+        head = block = b""  # hold one block at a time, not the first one for the whole file
         while block := fh.read(BLOCK):
             yield block
 
@@ -236,86 +237,98 @@ def _count_lines(f: DataFile) -> int:
     return n + (0 if last == b"\n" else 1)
 
 
-_OUTSIDE = re.compile(rb'["\[\]{},]')
-_INSIDE = re.compile(rb'["\\]')
+# One JSON string whole (skipped in C), a quote whose string goes on past the buffer, or a bracket/comma.
+_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|"|[\[\]{},]', re.DOTALL)
 
 
 def _array_elements(f: DataFile) -> Iterator[bytes | Unreadable]:
     """The elements of a JSON array as their own JSON texts, found by scanning brackets and strings.
 
-    Only the element being read is held in memory. An element is whatever lies between two commas
-    at the array's own level, so a malformed element is one bad row and the next one is read.
+    Only the element being read (and the block it is in) is held in memory. An element is
+    whatever lies between two commas at the array's own level, so a malformed element is one bad
+    row and the next one is read (a closing bracket that matches no opener of the element is
+    ignored, one that skips openers closes them: an element with a missing bracket still ends
+    where it should).
     """
     buf = bytearray()
+    start = 0  # where the current element begins in buf
     pos = 0  # scan position in buf
-    depth = 0  # nesting inside the current element
-    in_string = False
+    closers: list[bytes] = []  # what the current element still has to close, innermost last
     state = "before"  # before the '[', inside the array, after its ']'
     commas = 0
     try:
         for block in _blocks(f):
+            del buf[:start]  # drop the elements already yielded, once per block
+            pos -= start
+            start = 0
             buf += block
-            while True:
-                if state == "before":
-                    stripped = bytes(buf).lstrip()
-                    if not stripped:
-                        buf.clear()
-                        break
-                    del buf[: len(buf) - len(stripped)]
-                    if buf[:1] != b"[":
-                        head = bytes(buf[:20])
-                        yield Unreadable(MALFORMED_JSON, f"{f.name}: not a JSON array (starts with {head!r})")
-                        return
-                    del buf[:1]
-                    state, pos = "inside", 0
-                    continue
-                if state == "after":
-                    if bytes(buf).strip():
-                        yield Unreadable(MALFORMED_JSON, f"{f.name}: data after the end of the JSON array")
-                        return
+            del block
+            if state == "before":
+                stripped = bytes(buf).lstrip()
+                if not stripped:
                     buf.clear()
-                    break
-                if in_string:
-                    m = _INSIDE.search(buf, pos)
-                    if m is None:
-                        pos = len(buf)
-                        break
-                    if m.group() == b"\\":
-                        if m.end() >= len(buf):  # the escaped byte is in the next block
-                            pos = m.start()
-                            break
-                        pos = m.end() + 1
-                        continue
-                    in_string, pos = False, m.end()
+                    pos = 0
                     continue
-                m = _OUTSIDE.search(buf, pos)
+                if not stripped.startswith(b"["):
+                    yield Unreadable(MALFORMED_JSON, f"{f.name}: not a JSON array (starts with {stripped[:20]!r})")
+                    return
+                start = pos = len(buf) - len(stripped) + 1
+                state = "inside"
+            if state == "after":
+                if bytes(buf).strip():
+                    yield Unreadable(MALFORMED_JSON, f"{f.name}: data after the end of the JSON array")
+                    return
+                buf.clear()
+                pos = 0
+                continue
+            while True:
+                m = _TOKEN.search(buf, pos)
                 if m is None:
                     pos = len(buf)
                     break
-                c, pos = m.group(), m.end()
-                if c == b'"':
-                    in_string = True
-                elif c in b"[{":
-                    depth += 1
-                elif depth > 0 and c in b"]}":
-                    depth -= 1
-                elif depth == 0 and c in b",]":
-                    element = bytes(buf[: m.start()])
-                    del buf[:pos]
-                    pos = 0
+                c = m.group()
+                if c[:1] == b'"':
+                    if len(c) == 1:  # the string ends in a later block
+                        pos = m.start()
+                        break
+                    pos = m.end()
+                    continue
+                pos = m.end()
+                if c in b"[{":
+                    closers.append(b"]" if c == b"[" else b"}")
+                elif closers and c in b"]}":
+                    # a closer that does not match (a broken element) closes up to the opener it matches,
+                    # so the element ends at the next comma of the array's own level, not at the file's end
+                    if c in closers:
+                        while closers.pop() != c:
+                            pass
+                elif not closers and c in b",]":
+                    element = bytes(buf[start: m.start()])
+                    start = pos
                     if c == b"]":
                         state = "after"
-                        if not element.strip() and commas == 0:
-                            continue  # an empty array
                     else:
                         commas += 1
-                    yield element if element.strip() else Unreadable(BLANK, f"{f.name}: empty array element")
+                    if element.strip():
+                        yield element
+                    elif c == b"," or commas:  # "[]" is an empty array, "[1,]" has an empty element
+                        yield Unreadable(BLANK, f"{f.name}: empty array element")
+                    if state == "after":
+                        if bytes(buf[start:]).strip():
+                            yield Unreadable(MALFORMED_JSON, f"{f.name}: data after the end of the JSON array")
+                            return
+                        buf.clear()
+                        start = pos = 0
+                        break
     except Exception as exc:
         yield _unreadable(f, exc, "the JSON array")
         return
     if state == "inside":
+        rest = bytes(buf[start:])
+        unterminated_string = pos < len(buf)  # the scan stopped at a quote whose string never ends
+        if rest.strip() and not closers and not unterminated_string:
+            yield rest  # a whole last element: only the array's end is missing
         yield Unreadable(MALFORMED_JSON, f"{f.name}: the JSON array is not closed (is the file truncated?)")
-
 
 
 def _text_rows(f: DataFile) -> Iterator[bytes | Unreadable]:
