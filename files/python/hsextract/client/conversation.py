@@ -206,7 +206,7 @@ def parse_tools(value: object) -> tuple[dict[str, Any], ...] | None:
     return tuple(tools) or None
 
 
-def _tool_call(call: object, where: str) -> ToolCall:
+def parse_tool_call(call: object, where: str) -> ToolCall:
     call = _json_value(call, where, BAD_TOOL_CALL)
     if not isinstance(call, Mapping):
         raise BadConversation(BAD_TOOL_CALL, f"{where} is a {type(call).__name__}, expected an object")
@@ -249,7 +249,7 @@ def _tool_calls(value: object, where: str) -> tuple[ToolCall, ...]:
         value = [value]
     if not isinstance(value, list):
         raise BadConversation(BAD_TOOL_CALL, f"{where}.tool_calls is a {type(value).__name__}, expected a list")
-    return tuple(_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(value))
+    return tuple(parse_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(value))
 
 
 def _reasoning(turn: Mapping[str, Any], where: str) -> str | None:
@@ -265,7 +265,7 @@ def _reasoning(turn: Mapping[str, Any], where: str) -> str | None:
 
 
 def parse_messages(turns: object, key: str, role_key: str, text_key: str,
-                   roles: Mapping[str, str]) -> tuple[Message, ...]:
+                   roles: Mapping[str, str], require_assistant: bool = True) -> tuple[Message, ...]:
     """The turns of one row as Messages; BadConversation naming the turn when they cannot be."""
     turns = _json_value(turns, f"'{key}'", UNKNOWN_SHAPE)
     if not isinstance(turns, list):
@@ -289,7 +289,7 @@ def parse_messages(turns: object, key: str, role_key: str, text_key: str,
             out.append(Message("assistant", "", _reasoning(turn, where), _tool_calls(turn.get(text_key), where)))
             continue
         out.append(_message(role, turn, text_key, where))
-    _check_order(out, key)
+    _check_order(out, key, require_assistant)
     return tuple(out)
 
 
@@ -297,7 +297,7 @@ def _message(role: str, turn: Mapping[str, Any], text_key: str, where: str) -> M
     if role == "assistant":
         calls = _tool_calls(turn.get("tool_calls"), where)
         if not calls and turn.get("function_call") is not None:  # OpenAI's legacy single call
-            calls = (_tool_call(turn["function_call"], f"{where}.function_call"),)
+            calls = (parse_tool_call(turn["function_call"], f"{where}.function_call"),)
         content = _text(turn.get(text_key), where, allow_empty=bool(calls))
         return Message("assistant", content, _reasoning(turn, where), calls)
     if role == "tool":
@@ -307,8 +307,9 @@ def _message(role: str, turn: Mapping[str, Any], text_key: str, where: str) -> M
     return Message(role, _text(turn.get(text_key), where))
 
 
-def _check_order(messages: Sequence[Message], key: str) -> None:
-    """Tool results must answer a call; at least one assistant turn must be there to train on."""
+def _check_order(messages: Sequence[Message], key: str, require_assistant: bool = True) -> None:
+    """Tool results must answer a call; at least one assistant turn must be there to train on (unless
+    the conversation is a prompt to be answered: `require_assistant=False`)."""
     calls: tuple[ToolCall, ...] = ()
     for i, m in enumerate(messages):
         if m.role == "assistant":
@@ -322,7 +323,7 @@ def _check_order(messages: Sequence[Message], key: str) -> None:
                 raise BadConversation(TOOL_WITHOUT_CALL, detail)
         else:
             calls = ()
-    if not any(m.role == "assistant" for m in messages):
+    if require_assistant and not any(m.role == "assistant" for m in messages):
         raise BadConversation(NO_ASSISTANT_TURN, f"'{key}' has no assistant turn, so no token would be trained on")
 
 
@@ -340,17 +341,18 @@ def sample_id(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def parse_conversation(obj: Mapping[str, Any]) -> Conversation:
+def parse_conversation(obj: Mapping[str, Any], require_assistant: bool = True) -> Conversation:
     """A ShareGPT or OpenAI row as a Conversation; BadConversation saying why it cannot be one."""
     if obj.get("conversations") is not None:  # a table row has every column, null where it has none
-        msgs = list(parse_messages(obj["conversations"], "conversations", "from", "value", SHAREGPT_ROLES))
+        msgs = list(parse_messages(obj["conversations"], "conversations", "from", "value", SHAREGPT_ROLES,
+                                   require_assistant))
         system = obj.get("system")
         if isinstance(system, str) and system.strip() and msgs[0].role != "system":
             _check_utf8(system, "'system'")
             msgs.insert(0, Message("system", system))
         messages = tuple(msgs)
     elif obj.get("messages") is not None:
-        messages = parse_messages(obj["messages"], "messages", "role", "content", OPENAI_ROLES)
+        messages = parse_messages(obj["messages"], "messages", "role", "content", OPENAI_ROLES, require_assistant)
     else:
         keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
         raise BadConversation(UNKNOWN_SHAPE, f"no 'conversations', 'messages' or 'input_ids' key (keys: {keys})")

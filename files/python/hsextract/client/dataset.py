@@ -160,13 +160,16 @@ def _tokenized(index: int, obj: Mapping) -> Sample:
     return Sample(index, input_ids=list(ids), loss_mask=mask)
 
 
-def parse_object(index: int, obj: object) -> Sample:
-    """Turn one decoded row into a Sample, or raise _BadRow / BadConversation saying why it cannot be one."""
+def parse_object(index: int, obj: object, require_assistant: bool = True) -> Sample:
+    """Turn one decoded row into a Sample, or raise _BadRow / BadConversation saying why it cannot be one.
+
+    `require_assistant=False` accepts conversations without a reply (prompts for the regenerator).
+    """
     if not isinstance(obj, Mapping):
         raise _BadRow(NOT_AN_OBJECT, f"a JSON {type(obj).__name__}, expected an object")
     if obj.get("input_ids") is not None:
         return _tokenized(index, obj)
-    conv = parse_conversation(obj)
+    conv = parse_conversation(obj, require_assistant)
     return Sample(index, messages=list(conv.messages), tools=conv.tools, id=conv.id)
 
 
@@ -188,11 +191,12 @@ def _decode(raw: bytes) -> object:
         raise _BadRow(MALFORMED_JSON, str(exc)[:200]) from None
 
 
-def _parse(index: int, data: bytes | Mapping | Unreadable) -> Sample | Reject:
+def _parse(index: int, data: bytes | Mapping | Unreadable, require_assistant: bool = True) -> Sample | Reject:
     try:
         if isinstance(data, Unreadable):
             return Reject(index, data.reason, data.detail)
-        return parse_object(index, _decode(data) if isinstance(data, (bytes, bytearray)) else data)
+        obj = _decode(data) if isinstance(data, (bytes, bytearray)) else data
+        return parse_object(index, obj, require_assistant)
     except (_BadRow, BadConversation) as bad:
         return Reject(index, bad.reason, bad.detail)
     except RecursionError:
@@ -204,9 +208,9 @@ def parse_line(index: int, raw: bytes) -> Sample | Reject:
     return _parse(index, raw)
 
 
-def parse_row(index: int, row: Row) -> Sample | Reject:
+def parse_row(index: int, row: Row, require_assistant: bool = True) -> Sample | Reject:
     """Parse one dataset row into a Sample or a Reject naming its file and row; never raises."""
-    item = _parse(index, row.data)
+    item = _parse(index, row.data, require_assistant)
     item.file, item.row = row.file, row.row
     return item
 
@@ -232,8 +236,9 @@ class DatasetReader:
     shard's samples are used.
     """
 
-    def __init__(self, dedupe: bool = True) -> None:
+    def __init__(self, dedupe: bool = True, require_assistant: bool = True) -> None:
         self.dedupe = dedupe
+        self.require_assistant = require_assistant
         self._seen: dict[int, tuple[int, str]] = {}
 
     def _dedupe(self, item: Sample | Reject) -> Sample | Reject:
@@ -253,7 +258,7 @@ class DatasetReader:
         return item
 
     def feed_row(self, index: int, row: Row) -> Sample | Reject:
-        return self._dedupe(parse_row(index, row))
+        return self._dedupe(parse_row(index, row, self.require_assistant))
 
     def read_lines(self, lines: Iterable[bytes]) -> Iterator[Sample | Reject]:
         for index, raw in enumerate(lines):
