@@ -153,7 +153,8 @@ def _check_accounted(lines: list[bytes]) -> None:
                 assert item.messages and any(m.role == "assistant" for m in item.messages)
                 assert all(m.role in ("system", "user", "assistant", "tool") for m in item.messages)
                 assert all(m.content.strip() for m in item.messages if m.role in ("system", "user"))
-                assert all(m.content.strip() or m.tool_calls for m in item.messages if m.role == "assistant")
+                assert all(m.content.strip() or m.tool_calls or (m.reasoning_content or "").strip()
+                           for m in item.messages if m.role == "assistant")
         else:
             assert item.reason and json.dumps(item.to_json())
 

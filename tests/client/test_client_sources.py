@@ -340,7 +340,7 @@ def test_arbitrary_tool_conversations_as_a_json_array_are_accepted_only_when_usa
                 if m.role == "tool":
                     assert prev is not None and prev.role in ("assistant", "tool")
                 if m.role == "assistant":
-                    assert m.content.strip() or m.tool_calls
+                    assert m.content.strip() or m.tool_calls or (m.reasoning_content or "").strip()
                     assert all(c.name.strip() for c in m.tool_calls)
 
 

@@ -198,3 +198,11 @@ def test_results_without_ids_are_matched_to_the_new_calls_by_position():
     results = [Message("tool", "ra"), Message("tool", "rb")]
     spliced = tools.splice_results(results, src, (call("a", "x"), call("b", "y")))
     assert [m.tool_call_id for m in spliced] == ["x", "y"]
+
+
+def test_a_reply_with_no_text_cuts_the_conversation_before_it():
+    s = Script(reply("one"), reply(" \n "))
+    res = run(conv(U1, A1, U2, A2), s)
+    assert [m.content for m in res.messages] == ["first question", "one"] and res.cut["reason"] == core.EMPTY_REPLY
+    thinking_only = run(conv(U1, A1), Script(reply("", "all thought", finish="length")))
+    assert thinking_only.ok and thinking_only.messages[1].reasoning_content == "all thought"

@@ -298,8 +298,10 @@ def _message(role: str, turn: Mapping[str, Any], text_key: str, where: str) -> M
         calls = _tool_calls(turn.get("tool_calls"), where)
         if not calls and turn.get("function_call") is not None:  # OpenAI's legacy single call
             calls = (parse_tool_call(turn["function_call"], f"{where}.function_call"),)
-        content = _text(turn.get(text_key), where, allow_empty=bool(calls))
-        return Message("assistant", content, _reasoning(turn, where), calls)
+        thought = _reasoning(turn, where)
+        # a turn that only calls tools, or only thinks (a reply cut by the token limit), has no text
+        content = _text(turn.get(text_key), where, allow_empty=bool(calls) or bool(thought and thought.strip()))
+        return Message("assistant", content, thought, calls)
     if role == "tool":
         call_id = turn.get("tool_call_id")
         return Message("tool", _text(turn.get(text_key), where, allow_empty=True),

@@ -32,6 +32,7 @@ TRUNCATED = "truncated"
 CONTEXT_FULL = "context_full"
 SERVER_REJECTED = "server_rejected"
 RETRIES_EXHAUSTED = "retries_exhausted"
+EMPTY_REPLY = "empty_reply"
 TOOL_CALLS_DIFFER = tools.TOOL_CALLS_DIFFER
 
 
@@ -126,6 +127,9 @@ async def regenerate(conv: Conversation, complete: Complete, opts: Options) -> R
             return _cut(res, out, i, exc.reason, exc.detail)
         res.completion_tokens += reply.completion_tokens
         message = reasoning.normalize_reply(replace(reply.message, role="assistant"))
+        if not (message.content.strip() or message.tool_calls or (message.reasoning_content or "").strip()):
+            return _cut(res, out, i, EMPTY_REPLY, f"the reply has no text ({reply.completion_tokens} tokens, "
+                                                  f"finish reason {reply.finish_reason!r})")
         if reply.finish_reason == "length":
             if opts.drop_truncated:
                 why = f"the reply reached the token limit ({reply.completion_tokens} tokens)"
