@@ -285,7 +285,8 @@ def test_regenerated_dataset_is_extracted_unchanged(regen_server, llama_server, 
     regenerated = read_dataset(tmp_path / "regen" / "conversations.jsonl")
     want = {s.index: tokenize_with_mask(tok, s.messages) for s in regenerated}
     got = {e.dataset_index: torch.load(out / e.file, weights_only=True) for e in iter_entries(out)}
-    assert sorted(got) == sorted(want) == list(range(6))
+    assert sorted(got) == sorted(want) == list(range(len(output_rows(tmp_path / "regen"))))
+    assert len(want) + len(error_rows(tmp_path / "regen")) == 6
     for i, (ids, mask) in want.items():
         assert got[i]["input_ids"].tolist() == ids and got[i]["loss_mask"].tolist() == mask
 
@@ -334,8 +335,10 @@ def test_killed_five_times_every_conversation_is_done_exactly_once(regen_server,
                 os.killpg(proc.pid, signal.SIGKILL)
     keys = [r["key"] for r in output_rows(out)] + [e["key"] for e in error_rows(out)]
     assert sorted(keys) == sorted(f"id:{r['id']}" for r in rows), "every conversation exactly once"
-    assert error_rows(out) == []
+    # the random model answers a few prompts with blanks only: those are cut, with their reason
+    assert {e["reason"] for e in error_rows(out)} <= {"empty_reply"}
     summary = json.loads((out / ".hsextract" / "regen-summary.json").read_text())
-    assert summary["state"] == "done" and summary["ok"] + summary["skipped"] == 100 and summary["skipped"] >= 72
+    assert summary["state"] == "done" and summary["skipped"] >= 72
+    assert summary["ok"] + summary["skipped"] + sum(summary["failed"].values()) == 100
     status = json.loads((out / ".hsextract" / "regen-status.json").read_text())
     assert status["state"] == "done" and status["done"] == 100
