@@ -12,7 +12,8 @@ stops early, so every round generates the same number of tokens). hsextract's ro
 what the command really does: reading the dataset, the resume bookkeeping, an fsynced line per
 conversation, the status file.
 
-    python bench/regenerate.py [--conversations 48] [--concurrency 16] [--rounds 5] [--json bench/results/regenerate_cpu.json]
+    python bench/regenerate.py [--conversations 48] [--concurrency 16] [--rounds 5] \
+        [--json bench/results/regenerate_cpu.json]
 
 The last line printed is the ratio (hsextract / openai tokens per second, medians).
 """
@@ -40,8 +41,9 @@ from hsextract.regen.runner import RegenConfig, RegenerateRun  # noqa: E402
 from hsextract.tiny_model import ensure_tiny_model  # noqa: E402
 from support.sglang_server import start_server  # noqa: E402
 
-WORDS = ("the capital city of france is paris hello world this is a tiny test model for sglang deep learning models "
-         "produce hidden states at every layer quick brown fox jumps over lazy dog").split()
+WORDS = ["the", "capital", "city", "of", "france", "is", "paris", "hello", "world", "this", "a", "tiny", "test",
+         "model", "for", "sglang", "deep", "learning", "models", "produce", "hidden", "states", "at", "every", "layer",
+         "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
 
 
 def write_dataset(path: Path, n: int, seed: int) -> list[list[dict]]:
