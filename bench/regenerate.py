@@ -8,7 +8,8 @@ rounds alternate (hsextract on radix-on, openai on radix-on, hsextract on radix-
 after ``/flush_cache``, so load from other processes falls on every side alike. Both clients do
 the same work: every assistant turn of every conversation in order, each on the history of the
 replies regenerated before it, greedy, ``--max-new-tokens`` per reply (the random model never
-stops early, so every round generates the same number of tokens). hsextract's rounds include
+stops early, so every round generates the same number of tokens; the few prompts it answers with
+blanks only end their conversation on both sides). hsextract's rounds include
 what the command really does: reading the dataset, the resume bookkeeping, an fsynced line per
 conversation, the status file.
 
@@ -66,7 +67,7 @@ def run_hsextract(url: str, dataset: Path, out: Path, concurrency: int, max_new:
     started = time.perf_counter()
     stats = RegenerateRun(cfg).run()
     wall = time.perf_counter() - started
-    if sum(stats.failed.values()) or stats.ok != stats.conversations_total:
+    if set(stats.failed) - {"empty_reply"} or stats.ok + sum(stats.failed.values()) != stats.conversations_total:
         raise SystemExit(f"hsextract regenerate did not finish every conversation: {stats.summary()}")
     return {"tokens": stats.completion_tokens, "turns": stats.turns, "wall_s": round(wall, 3),
             "tokens_per_s": round(stats.completion_tokens / wall, 1)}
@@ -92,8 +93,11 @@ def run_openai(url: str, convs: list[list[dict]], concurrency: int, max_new: int
                         continue
                     r = await client.chat.completions.create(model=model, messages=history, temperature=0.0,
                                                              max_tokens=max_new)
-                    history.append({"role": "assistant", "content": r.choices[0].message.content or ""})
+                    text = r.choices[0].message.content or ""
                     tokens += r.usage.completion_tokens
+                    if not text.strip():
+                        break  # the same rule as hsextract's: a blank reply ends the conversation
+                    history.append({"role": "assistant", "content": text})
                     turns += 1
 
         await asyncio.gather(*(one(m) for m in convs))

@@ -105,18 +105,25 @@ def _history(messages: list[dict]) -> list[dict]:
 # -- replies, history, conditioning -----------------------------------------------------------------
 
 def test_each_reply_is_what_chat_completions_answers_for_its_regenerated_history(regen_server, proxy, tmp_path):
+    # one conversation at a time: on CPU a batch of other size may round a logit the other way
     rows = write_conversations(tmp_path / "d.jsonl", 8, seed=1, turns=3)
     p = proxy(regen_server)
     assert regenerate(p.url, tmp_path / "d.jsonl", tmp_path / "out", "--max-new-tokens", "12",
-                      "--concurrency", "3") == 0
+                      "--concurrency", "1") == 0
     out = {r["id"]: r for r in output_rows(tmp_path / "out")}
-    assert sorted(out) == sorted(r["id"] for r in rows) and error_rows(tmp_path / "out") == []
+    failed = error_rows(tmp_path / "out")
+    assert {e["reason"] for e in failed} <= {"empty_reply"}, "the random model's blank replies are the only cuts"
+    assert sorted(out) + sorted(e["key"][3:] for e in failed) == sorted(r["id"] for r in rows)
     sent = [body["messages"] for body in p.requests()]
     model = p.requests()[0]["model"]
     for row in rows:
+        if row["id"] not in out:
+            continue
         got = out[row["id"]]["messages"]
-        assert [m["role"] for m in got] == [m["role"] for m in row["messages"]]
-        assert [m["content"] for m in got if m["role"] == "user"] == [m["content"] for m in row["messages"]
+        cut = out[row["id"]]["regenerated"]["cut"]
+        assert [m["role"] for m in got] == [m["role"] for m in row["messages"]][: len(got)]
+        assert len(got) == len(row["messages"]) or cut["reason"] == "empty_reply"
+        assert [m["content"] for m in got if m["role"] == "user"] == [m["content"] for m in row["messages"][: len(got)]
                                                                      if m["role"] == "user"]
         for k, m in enumerate(got):
             if m["role"] != "assistant":
@@ -128,7 +135,7 @@ def test_each_reply_is_what_chat_completions_answers_for_its_regenerated_history
                 "model": model, "messages": history, "temperature": 0, "max_tokens": 12}).json()
             assert direct["choices"][0]["message"]["content"] == m["content"]
             assert m.get("truncated", False) == (direct["choices"][0]["finish_reason"] == "length")
-    assert len(sent) == sum(1 + i % 3 for i in range(8)), "one request per turn, none twice"
+    assert len({json.dumps(h) for h in sent}) == len(sent), "one request per turn, none twice"
 
 
 def test_turn_two_is_sent_with_turn_ones_regenerated_reply_not_the_sources(regen_server, proxy, tmp_path):
@@ -262,7 +269,7 @@ def test_regeneration_through_a_capturing_server_leaves_no_dump(llama_server, tm
     write_conversations(tmp_path / "d.jsonl", 4, seed=4)
     before = sorted(p.name for p in llama_server.dump_dir.iterdir())
     assert regenerate(llama_server.url, tmp_path / "d.jsonl", tmp_path / "out", "--max-new-tokens", "4") == 0
-    assert len(output_rows(tmp_path / "out")) == 4
+    assert len(output_rows(tmp_path / "out")) + len(error_rows(tmp_path / "out")) == 4
     assert sorted(p.name for p in llama_server.dump_dir.iterdir()) == before
     records = llama_server.dump_dir / "_records"
     assert not records.exists() or not any(p.name[:3] != "hsx" for p in records.iterdir())
@@ -277,9 +284,10 @@ def test_regenerated_dataset_is_extracted_unchanged(regen_server, llama_server, 
     write_conversations(tmp_path / "d.jsonl", 6, seed=5)
     assert regenerate(regen_server.url, tmp_path / "d.jsonl", tmp_path / "regen", "--max-new-tokens", "8") == 0
     out = tmp_path / "train"
-    args = ["--dump-dir", str(llama_server.dump_dir), "--output", str(out), "--model", str(tiny_llama)]
+    args = ["--dump-dir", str(llama_server.dump_dir), "--output", str(out), "--model", str(tiny_llama),
+            "--format", "specforge"]
     assert main(["extract", "--server", llama_server.url, "--dataset", str(tmp_path / "regen"), *args]) == 0
-    assert main(["drain", *args, "--format", "specforge", "--exit-when-done", "--poll-interval", "0.2",
+    assert main(["drain", *args, "--exit-when-done", "--poll-interval", "0.2",
                  "--finalize-idle", "3600"]) == 0
     tok = load_tokenizer(tiny_llama)
     regenerated = read_dataset(tmp_path / "regen" / "conversations.jsonl")
@@ -342,3 +350,29 @@ def test_killed_five_times_every_conversation_is_done_exactly_once(regen_server,
     assert summary["ok"] + summary["skipped"] + sum(summary["failed"].values()) == 100
     status = json.loads((out / ".hsextract" / "regen-status.json").read_text())
     assert status["state"] == "done" and status["done"] == 100
+
+
+def test_conversations_of_a_server_that_goes_away_are_done_by_the_others(regen_server, proxy, free_port, tmp_path):
+    import threading
+
+    rows = write_conversations(tmp_path / "d.jsonl", 40, seed=7, turns=3)
+    a, b = proxy(regen_server), proxy(regen_server)
+    never_up = f"http://127.0.0.1:{free_port()}"
+    out = tmp_path / "out"
+    codes: list[int] = []
+    run = threading.Thread(target=lambda: codes.append(regenerate(
+        a.url, tmp_path / "d.jsonl", out, "--server", b.url, "--server", never_up, "--server-wait", "3",
+        "--concurrency", "2", "--max-new-tokens", "6")))
+    run.start()
+    try:
+        _wait_for(lambda: len(output_rows(out)) >= 5 and a.requests(), 300, "five conversations", tmp_path / "d.jsonl")
+        a.stop()  # the server behind it is fine; for the run, this one is gone
+        at_stop = len(b.requests())
+    finally:
+        run.join(600)
+    assert codes == [0]
+    keys = [r["key"] for r in output_rows(out)] + [e["key"] for e in error_rows(out)]
+    assert sorted(keys) == sorted(f"id:{r['id']}" for r in rows), "every conversation exactly once"
+    assert len(b.requests()) > at_stop, "the remaining server took over"
+    servers = json.loads((out / ".hsextract" / "regen-status.json").read_text())["servers"]
+    assert servers[a.url]["state"] == "gone" and servers[b.url]["state"] == "up" and never_up not in servers

@@ -69,7 +69,10 @@ class RecordingProxy:
         return self
 
     def stop(self) -> None:
+        """Stop listening (requests in flight are answered first); idempotent."""
+        if not self._thread.is_alive():
+            return
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(120)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "state in .hsextract/); config key regen_output")
     g.add_argument("--server", action="append",
                    help="SGLang server base URL; repeat to spread the run over several servers")
-    g.add_argument("--model", help="the served model's directory (sampling defaults from its generation_config.json)")
+    g.add_argument("--model", help="the served model's directory, for the sampling defaults of its "
+                   "generation_config.json (default: the path the server names, when it exists here)")
     g.add_argument("--shard", default="0/1", help="take rows with index %% n == i (i/n; default 0/1)")
     t = parser.add_argument_group("turns")
     t.add_argument("--last-turn-only", action="store_true", help="regenerate only the last assistant turn")

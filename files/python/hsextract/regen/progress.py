@@ -72,24 +72,29 @@ class RegenStats:
         return self.completion_tokens / elapsed, self.ok / elapsed
 
     def snapshot(self) -> dict[str, Any]:
-        tok_s, conv_s = self.rates()
-        remaining = max(0, self.conversations_total - self.done)
+        """The counters as one consistent copy (the status thread reads them while the run updates them)."""
+        with self.lock:
+            failed, cut = dict(self.failed), dict(self.cut)
+            servers = {url: dict(info) for url, info in self.servers.items()}
+            done = self.done
+            tok_s, conv_s = self.rates()
+        remaining = max(0, self.conversations_total - done)
         return {
             "state": self.state,
             "conversations_total": self.conversations_total,
-            "done": self.done,
+            "done": done,
             "ok": self.ok,
             "skipped": self.skipped,
-            "failed": sum(self.failed.values()),
-            "failed_by_reason": dict(self.failed),
-            "cut_by_reason": dict(self.cut),
+            "failed": sum(failed.values()),
+            "failed_by_reason": failed,
+            "cut_by_reason": cut,
             "truncated": self.truncated,
             "turns": self.turns,
             "completion_tokens": self.completion_tokens,
             "tokens_per_s": round(tok_s, 1),
             "in_flight": self.in_flight,
             "eta_s": round(remaining / conv_s, 1) if conv_s > 0 else None,
-            "servers": self.servers,
+            "servers": servers,
             "error": self.error,
             "pid": os.getpid(),
             "started_at": self.started_at,

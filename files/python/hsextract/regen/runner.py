@@ -73,6 +73,10 @@ class RegenerateRun:
         if cfg.concurrency < 1:
             raise ConfigError(f"concurrency {cfg.concurrency}: must be at least 1")
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
+        src, dst = Path(cfg.dataset).resolve(), Path(cfg.output).resolve()
+        if dst == src or src in dst.parents:
+            raise ConfigError(f"output {cfg.output} is inside the dataset {cfg.dataset}: the run would read what it "
+                              "writes; put the regenerated dataset somewhere else")
         self.cfg = cfg
         self.stop = stop or threading.Event()
         self.stats = RegenStats()
@@ -150,7 +154,7 @@ class RegenerateRun:
             self._queue.put_nowait(_Work(item, key))
 
     async def _worker(self, server: ChatServer) -> None:
-        while True:
+        while not server.gone:
             work = await self._queue.get()
             self._slots.release()
             st = self.stats
@@ -160,7 +164,8 @@ class RegenerateRun:
             except ServerGone as exc:
                 self._queue.put_nowait(work)  # another server does it
                 self._queue.task_done()
-                self._server_gone(server, exc)
+                if server.url in self._alive:
+                    self._server_gone(server, exc)
                 return
             finally:
                 st.in_flight -= 1
@@ -175,7 +180,8 @@ class RegenerateRun:
 
     def _server_gone(self, server: ChatServer, exc: ServerGone) -> None:
         self._alive.discard(server.url)
-        self.stats.servers[server.url]["state"] = "gone"
+        with self.stats.lock:
+            self.stats.servers[server.url]["state"] = "gone"
         log.error("%s; its conversations go to the other servers", exc)
         if not self._alive:
             self.fatal = exc
@@ -203,14 +209,18 @@ class RegenerateRun:
             if not servers:
                 raise next(r for r in described if isinstance(r, BaseException))
             contexts = [s.context_len for s in servers if s.context_len]
-            self.sampling = resolve(cfg.model, min(contexts) if contexts else None, cfg.temperature, cfg.top_p,
-                                    cfg.top_k, cfg.max_new_tokens)
             models = sorted({s.model for s in servers})
             if len(models) > 1:
                 raise ConfigError(f"the servers serve different models ({', '.join(models)}); one run needs one model")
+            model_dir = cfg.model
+            if model_dir is None and Path(models[0]).is_dir():  # SGLang names the model by its path
+                model_dir = Path(models[0])
+            self.sampling = resolve(model_dir, min(contexts) if contexts else None, cfg.temperature, cfg.top_p,
+                                    cfg.top_k, cfg.max_new_tokens)
             for s in servers:
                 s.sampling = self.sampling
-                st.servers[s.url] = {"state": "up", "model": s.model}
+                with st.lock:
+                    st.servers[s.url] = {"state": "up", "model": s.model}
             self.store.check_settings({
                 "model": models[0], "sampling": self.sampling.to_json(), "reasoning": cfg.reasoning,
                 "last_turn_only": cfg.last_turn_only, "drop_truncated": cfg.drop_truncated,

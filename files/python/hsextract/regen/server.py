@@ -102,6 +102,7 @@ class ChatServer:
         self._health_lock = asyncio.Lock()
         self._healthy_at = 0.0
         self.down_since: float | None = None
+        self.gone = False  # given up: every worker of this server stops at once
         self.requests = 0
 
     async def open(self) -> None:
@@ -124,6 +125,8 @@ class ChatServer:
     async def wait_healthy(self, since: float) -> None:
         """Return once the server was seen healthy after `since`; ServerGone after `server_wait_s`."""
         async with self._health_lock:
+            if self.gone:
+                raise ServerGone(f"server {self.url} was given up")
             if self._healthy_at > since:
                 return
             deadline = time.monotonic() + self.policy.server_wait_s
@@ -139,6 +142,7 @@ class ChatServer:
                     self.down_since = time.time()
                     log.warning("server %s is not answering; waiting for /health", self.url)
                 if time.monotonic() > deadline:
+                    self.gone = True
                     waited = self.policy.server_wait_s
                     raise ServerGone(f"server {self.url} has not answered /health for {waited:.0f} s; "
                                      "check the SGLang service, then run the command again (it resumes)")
