@@ -168,6 +168,7 @@ def start_server(
     skip_warmup: bool = True,
     startup_timeout: float = STARTUP_TIMEOUT_S,
     capture_extra: dict[str, int] | None = None,
+    check_layers: bool = True,
     radix_cache: bool = False,
 ) -> ServerHandle:
     """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
@@ -197,6 +198,7 @@ def start_server(
             rid_prefix=rid_prefix,
             final_hidden=final_hidden,
             extra=capture_extra,
+            check_layers=check_layers,
         )
         launch = server_launch(patch_dir, package_name=DEFAULT_PACKAGE, device="cpu", pythonpath=pythonpath)
         run_env.update(launch.env)

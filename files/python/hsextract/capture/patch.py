@@ -65,14 +65,16 @@ def render_patch(
     writer_threads: int = 0,
     max_bytes_in_flight: int = 0,
     extra: dict[str, int] | None = None,
+    check_layers: bool = True,
 ) -> Path:
     """Write the patch package under ``out_dir/<package_name>``; return ``out_dir`` (for PYTHONPATH).
 
     The architecture is not checked against the supported list here on purpose: an unsupported
     one must make the *server* fail at start with a clear message (the package does that). The
     layer ids are checked against the model's depth when its config.json is at hand, so a bad
-    id fails here and not only when the server starts. ``final_hidden`` follows ``format`` when
-    not given (post-norm when neither is).
+    id fails here and not only when the server starts (``check_layers=False`` leaves it to the
+    server, as a patch rendered without the model at hand would). ``final_hidden`` follows
+    ``format`` when not given (post-norm when neither is).
     """
     import jinja2
 
@@ -86,7 +88,9 @@ def render_patch(
             # SGLang would serve the model with its own class and capture nothing, silently.
             raise ConfigError(f"capture patch for architecture {architecture!r}, but {model_path} is a "
                               f"{info.architecture!r}; render the patch for the model's own architecture")
-        resolve(list(aux_layer_ids) if aux_layer_ids is not None else None, info.num_hidden_layers, layer_convention)
+        if check_layers:
+            ids = list(aux_layer_ids) if aux_layer_ids is not None else None
+            resolve(ids, info.num_hidden_layers, layer_convention)
     if format:
         final_hidden = final_hidden_for(format, final_hidden, what="--final-hidden")
     cfg = CaptureConfig(

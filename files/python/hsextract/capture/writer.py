@@ -50,6 +50,7 @@ from hsextract.staging import (
     FAILED_FILE,
     STATES_FILE,
     FailureMarker,
+    StateFileLayout,
     rid_dir,
     write_done_marker,
     write_failed_marker,
@@ -68,10 +69,13 @@ def _round_up(n: int, a: int) -> int:
 class HostBufferPool:
     """Reusable host buffers (pinned when CUDA is used) under a byte budget.
 
-    Pinned allocations are slow (cudaHostAlloc), so buffers are kept and reused; batches of a
-    serving run have similar sizes, so the pool settles quickly. The budget bounds the bytes
-    held by the pool, in use or free; a request larger than the whole budget is still served
-    when nothing else is in use, so an oversized batch cannot deadlock the capture.
+    Pinned allocations are slow (cudaHostAlloc pins every page: tens of milliseconds for a
+    batch of short prompts at 8B width, inside the forward pass), so buffers are kept and reused.
+    Their sizes are powers of two times the granularity: batches of many sizes (short prompts
+    batched 1 to 50 at a time) then share a few size classes and reuse each other's buffers,
+    instead of each new size costing a new pinned allocation. The budget bounds the bytes held
+    by the pool, in use or free; a request larger than the whole budget is still served when
+    nothing else is in use, so an oversized batch cannot deadlock the capture.
     """
 
     def __init__(self, max_bytes: int, pin: bool, granularity: int = 2 * _MiB):
@@ -85,6 +89,8 @@ class HostBufferPool:
         self.blocked_seconds = 0.0
         self.blocked_count = 0
         self._last_block_log = 0.0
+        self.allocations = 0
+        self.allocation_seconds = 0.0
 
     @property
     def in_use(self) -> int:
@@ -131,7 +137,7 @@ class HostBufferPool:
             buf = self._free.pop(best)
             self._in_use += buf.numel()
             return buf
-        need = _round_up(max(int(nbytes), 1), self.granularity)
+        need = self.size_class(nbytes)
         while self._free and self._held + need > self.max_bytes:
             largest = max(range(len(self._free)), key=lambda i: self._free[i].numel())
             self._held -= self._free.pop(largest).numel()
@@ -139,10 +145,22 @@ class HostBufferPool:
             return None
         # Within the budget, or an oversized request while nothing else is in use (it goes alone,
         # so an oversized batch cannot deadlock the capture).
+        t0 = time.monotonic()
         buf = torch.empty(need, dtype=torch.uint8, pin_memory=self.pin)
+        took = time.monotonic() - t0
+        self.allocations += 1
+        self.allocation_seconds += took
         self._held += need
         self._in_use += need
+        if took > 0.01:
+            log.info("capture: a new %d MiB host buffer took %.0f ms (pool: %d MiB in %d buffers, %d allocations)",
+                     need // _MiB, took * 1000, self._held // _MiB, len(self._free) + 1, self.allocations)
         return buf
+
+    def size_class(self, nbytes: int) -> int:
+        """The size of a new buffer for ``nbytes``: the granularity times a power of two."""
+        units = -(-max(int(nbytes), 1) // self.granularity)
+        return self.granularity * (1 << (units - 1).bit_length())
 
     @property
     def held(self) -> int:
@@ -244,6 +262,7 @@ class CaptureWriter:
         pool_granularity: int = 2 * _MiB,
     ):
         self.dump_dir = Path(dump_dir)
+        self._root = os.fspath(self.dump_dir)  # string paths on the per-request path: pathlib costs
         self.planner = planner
         planner.is_staged = lambda rid: (rid_dir(self.dump_dir, rid) / DONE_FILE).exists()
         self.settings = planner.settings
@@ -390,6 +409,11 @@ class CaptureWriter:
         tasks: list[tuple[Segment, int, int, bool, _MappedFile | None]] = []
         per_slice_rows = max(1, self.slice_bytes // job.row_bytes)
         for seg in segments:
+            if self._whole(seg, per_slice_rows):
+                # The whole request in one slice (short prompts: most of them): its writer creates
+                # the file and writes it in one call, off this thread.
+                tasks.append((seg, 0, seg.rows, True, None))
+                continue
             if seg.create:
                 self._prepare_file(seg.state)
             starts = list(range(0, seg.rows, per_slice_rows))
@@ -407,6 +431,11 @@ class CaptureWriter:
             return
         for task in tasks:
             self._executor.submit(self._write_slice, job, mv, *task)
+
+    @staticmethod
+    def _whole(seg: Segment, per_slice_rows: int) -> bool:
+        """Does this segment hold every row of a new request, in one slice?"""
+        return seg.create and seg.dst_row == 0 and seg.rows == seg.state.prompt_len and seg.rows <= per_slice_rows
 
     def _reserve(self, nbytes: int) -> bool:
         """Room for ``nbytes`` written through a mapping? A page fault on a full tmpfs is a SIGBUS
@@ -460,7 +489,7 @@ class CaptureWriter:
     def _write_slice(self, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
                      mapped: _MappedFile | None) -> None:
         state = seg.state
-        path = rid_dir(self.dump_dir, state.rid) / STATES_FILE
+        path = self._states_path(state.rid)
         error: OSError | None = None
         nbytes = (b - a) * job.row_bytes
         if not state.failed:
@@ -468,16 +497,17 @@ class CaptureWriter:
                 layout = state.layout
                 src = (seg.batch_row + a) * job.row_bytes
                 dst = layout.hidden_offset(seg.dst_row + a)
-                if mapped is not None:  # parallel: page faults do not take the inode lock
+                if with_ids and self._whole(seg, b):
+                    self._write_whole(path, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
+                elif mapped is not None:  # parallel: page faults do not take the inode lock
                     ctypes.memmove(mapped.addr + dst, job.buf.data_ptr() + src, nbytes)
-                if mapped is None or with_ids:
+                if (mapped is None or with_ids) and not self._whole(seg, b):
                     fd = os.open(path, os.O_WRONLY)
                     try:
                         if mapped is None:  # pwrite: tmpfs serialises these per file
                             _pwrite_all(fd, mv[src : src + nbytes], dst)
                         if with_ids:
-                            ids_src = job.ids_offset + 8 * seg.batch_row
-                            _pwrite_all(fd, mv[ids_src : ids_src + 8 * seg.rows], layout.ids_offset(seg.dst_row))
+                            _pwrite_all(fd, self._ids_view(job, mv, seg), layout.ids_offset(seg.dst_row))
                     finally:
                         os.close(fd)
                 with self._stats_lock:
@@ -498,7 +528,34 @@ class CaptureWriter:
         if last:
             self._finish_job(job)
 
-    def _fail(self, state: RequestState, path: Path, exc: OSError) -> None:
+    @staticmethod
+    def _ids_view(job: _Job, mv: memoryview, seg: Segment) -> memoryview:
+        start = job.ids_offset + 8 * seg.batch_row
+        return mv[start : start + 8 * seg.rows]
+
+    def _states_path(self, rid: str) -> str:
+        return f"{self._root}/{rid}/{STATES_FILE}"
+
+    def _write_whole(self, path: str, layout: StateFileLayout, rows: memoryview, ids: memoryview) -> None:
+        """Create a request's file and write all of it (header, rows, ids: contiguous) in one call."""
+        d = os.path.dirname(path)
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            for stale in (DONE_FILE, FAILED_FILE):  # of an earlier send of the same rid
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(d, stale))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            parts = [memoryview(layout.header), rows, ids]
+            written = os.pwritev(fd, parts, 0)
+            if written < layout.file_size:  # a short write: the rest, piece by piece
+                flat = b"".join(parts)
+                _pwrite_all(fd, memoryview(flat)[written:], written)
+        finally:
+            os.close(fd)
+
+    def _fail(self, state: RequestState, path: str | Path, exc: OSError) -> None:
         """A write of the request failed: give up on it and tell the client why."""
         with self._stats_lock:
             self.write_errors += 1
