@@ -15,7 +15,7 @@ from hsextract.records import make_rid
 from hsextract.regen import sampling
 from hsextract.regen.server import parse_reply, room_left
 from hsextract.regen.store import Store, conversation_key, repair_torn_tail
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 
@@ -43,6 +43,7 @@ def test_a_torn_last_line_is_cut_and_its_conversation_is_done_again(tmp_path, ta
     assert [json.loads(x)["key"] for x in lines] == ["id:1", "id:2"]
 
 
+@settings(deadline=None, max_examples=100)
 @given(st.binary(max_size=200))
 def test_torn_tail_repair_leaves_whole_lines_only(data):
     import tempfile
