@@ -169,11 +169,16 @@ def start_server(
     startup_timeout: float = STARTUP_TIMEOUT_S,
     capture_extra: dict[str, int] | None = None,
     check_layers: bool = True,
+    radix_cache: bool = False,
 ) -> ServerHandle:
     """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
 
+    ``radix_cache=True`` (only without the capture) serves as a generation server does: the
+    prefix cache on, as regeneration wants it.
     On failure the process group is stopped and `ServerStartError` carries the log's tail.
     """
+    if radix_cache and capture:
+        raise ValueError("the capture needs the radix cache off; radix_cache=True needs capture=False")
     model_dir = Path(model_dir)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -201,6 +206,8 @@ def start_server(
     else:
         run_env.update({"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join(pythonpath)})
         args += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
+        if radix_cache:
+            args.remove("--disable-radix-cache")
     if not skip_warmup:
         args = [a for a in args if a != "--skip-server-warmup"]
     run_env.setdefault("OMP_NUM_THREADS", "1")

@@ -20,6 +20,7 @@ from hsextract.errors import HsextractError
 # name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("hsextract.client.command", "send a dataset to the server as prefill requests (resumable)"),
+    "regenerate": ("hsextract.regen.command", "let the served model write a dataset's replies (resumable)"),
     "drain": ("hsextract.drain.command", "move staged dumps into the training set (daemon)"),
     "finalize": ("hsextract.drain.finalize_command", "write the dataset-level files of an output directory"),
     "status": ("hsextract.status", "show the progress of a run"),

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 # Subcommands that finish their work in hand on these signals (systemd's stop) and exit 0.
 GRACEFUL_STOP: dict[str, tuple[int, ...]] = {
     "extract": (signal.SIGTERM,),
+    "regenerate": (signal.SIGTERM,),
     "drain": (signal.SIGTERM, signal.SIGINT),
 }
 

@@ -29,7 +29,8 @@ REQUIRED = ("server", "dataset", "model", "dump_dir", "output", "format")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("run")
     g.add_argument("--server", help="SGLang server base URL, e.g. http://127.0.0.1:30000")
-    g.add_argument("--dataset", help="JSONL dataset (ShareGPT, OpenAI messages or pre-tokenized lines)")
+    g.add_argument("--dataset", help="dataset file or directory: JSONL (.gz, .zst), JSON array, Parquet, Arrow, "
+                   "save_to_disk; ShareGPT, OpenAI messages (tools, reasoning) or pre-tokenized rows")
     g.add_argument("--model", help="the served model's directory (its tokenizer and chat template are used)")
     g.add_argument("--dump-dir", help="the capture's staging directory (records are written there too)")
     g.add_argument("--output", help="the training set's output directory (shared with the drain)")
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rid-prefix", default="hsx", help="request id prefix the capture writes (default: hsx)")
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's")
     g.add_argument("--shard", default="0/1", help="take samples with index %% n == i (i/n; default 0/1)")
+    g.add_argument("--last-turn-only", action="store_true",
+                   help="train on the last assistant turn only (conversations; a tokenized row keeps its mask)")
+    g.add_argument("--min-loss-tokens", type=int, default=0,
+                   help="reject samples with fewer trained-on tokens (reason too_few_loss_tokens; default 0)")
     s = parser.add_argument_group("limits")
     s.add_argument("--max-in-flight", type=int, default=32, help="requests in flight at once (default 32)")
     s.add_argument("--max-tokens", type=int, default=None,
@@ -89,6 +94,8 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         shm_min_free=parse_watermark(args.shm_min_free),
         max_staged=int(args.max_staged) or None,
         chat_template=template,
+        last_turn_only=bool(args.last_turn_only),
+        min_loss_tokens=int(args.min_loss_tokens or 0),
         num_aux=_count_layers(args.aux_layers),
         retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
                           read_timeout_s=float(args.request_timeout)),

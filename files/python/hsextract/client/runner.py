@@ -36,7 +36,7 @@ from typing import Any
 from hsextract.client.backpressure import Backpressure, Watermark
 from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
-from hsextract.client.dataset import DatasetReader, Reject, count_lines, iter_file_lines, open_dataset
+from hsextract.client.dataset import Reject, count_rows, dataset_files, read_dataset
 from hsextract.client.probe import probe_capture
 from hsextract.client.progress import (
     FAILURES_FILE,
@@ -88,6 +88,8 @@ class ExtractConfig:
     shm_min_free: Watermark = field(default_factory=lambda: Watermark(fraction=0.10))
     max_staged: int | None = 4096
     chat_template: str | None = None
+    last_turn_only: bool = False
+    min_loss_tokens: int = 0
     num_aux: int = DEFAULT_NUM_AUX  # only sizes the staging reserve of requests in flight
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     capture_timeout_s: float = 120.0  # how long an answered sample may wait for its dump or failure marker
@@ -150,13 +152,14 @@ class ExtractRun:
         if cfg.max_in_flight < 1:
             raise ConfigError(f"max in flight {cfg.max_in_flight}: must be at least 1")
         final_hidden_for(cfg.format)  # an unknown format stops the run here
-        open_dataset(cfg.dataset).close()  # a missing dataset stops the run before anything else
+        dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
         self.tokenizer = load_tokenizer(cfg.model, cfg.chat_template)
         max_tokens = cfg.max_tokens
         if max_tokens is None and self.model.max_position_embeddings:
             max_tokens = self.model.max_position_embeddings - 1  # room for the one generated token
-        self.encoder = SampleEncoder(self.tokenizer, max_tokens, cfg.overlong, self.model.vocab_size or None)
+        self.encoder = SampleEncoder(self.tokenizer, max_tokens, cfg.overlong, self.model.vocab_size or None,
+                                     cfg.last_turn_only, cfg.min_loss_tokens)
         self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
         self.sender = Sender(cfg.server, cfg.retry, self.stop)
@@ -195,8 +198,8 @@ class ExtractRun:
         elif self.fatal is None or res.reason not in ("server_unavailable", "client_error"):
             with st.lock:
                 st.failed[res.reason] += 1
-            self._failures.write({"index": enc.index, "line": enc.index + 1, "rid": rid, "reason": res.reason,
-                                  "detail": res.detail, "attempts": res.attempts})
+            self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
+                                  "reason": res.reason, "detail": res.detail, "attempts": res.attempts})
             if res.reason != "prompt_tokens_mismatch":
                 remove_record(self.cfg.dump_dir, rid)  # no dump will come for it
         self._slots.release()
@@ -229,8 +232,8 @@ class ExtractRun:
                           attempts, verdict.detail, FAILURES_FILE)
                 with st.lock:
                     st.failed[reason] += 1
-                self._failures.write({"index": enc.index, "line": enc.index + 1, "rid": rid, "reason": reason,
-                                      "detail": verdict.detail, "attempts": attempts})
+                self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
+                                      "reason": reason, "detail": verdict.detail, "attempts": attempts})
                 discard_dump(rid_dir(self.cfg.dump_dir, rid))
                 remove_record(self.cfg.dump_dir, rid)
         with self._outcomes:
@@ -290,7 +293,7 @@ class ExtractRun:
         (sdir / SUMMARY_FILE).unlink(missing_ok=True)  # a new run is not finished yet
         self._rejects = _JsonlAppender(sdir / REJECTS_FILE)
         self._failures = _JsonlAppender(sdir / FAILURES_FILE)
-        st.dataset_lines = count_lines(cfg.dataset)
+        st.dataset_lines = count_rows(cfg.dataset)
         st.shard = cfg.shard
         st.samples_total = shard_size(st.dataset_lines, cfg.shard)
         self._watch = CaptureWatch(cfg.dump_dir, cfg.capture_timeout_s, self._on_verdict)
@@ -358,12 +361,10 @@ class ExtractRun:
         i_shard, n_shard = cfg.shard
         self._bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token, run_id=run_id)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
-        reader = DatasetReader()
-        source = Path(cfg.dataset).name
-        for index, raw in enumerate(iter_file_lines(cfg.dataset)):
+        for item in read_dataset(cfg.dataset):  # every row, for shard-independent duplicate detection
             if self.stop.is_set() or not self._send_again():
                 return
-            item = reader.feed(index, raw)  # every line, for shard-independent duplicate detection
+            index = item.index
             if index % n_shard != i_shard:
                 continue
             if isinstance(item, Reject):
@@ -381,8 +382,9 @@ class ExtractRun:
                 with st.lock:
                     st.truncated += 1
             rid = make_rid(cfg.rid_prefix, run_id, index)
+            enc.file, enc.line = item.file, item.line
             write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
-                                                    f"{source}:{index + 1}", cfg.format, str(Path(cfg.output))))
+                                                    item.source, cfg.format, str(Path(cfg.output))))
             if not self._send(rid, enc):
                 remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
                 return
