@@ -36,6 +36,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hsextract import __version__
@@ -80,6 +81,18 @@ TMP_DIR = "tmp"
 RUN_CHECK_FAILED = 3
 
 __all__ = ["RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
+
+
+@dataclass
+class _Scan:
+    """One pass over the staging directory: what it found so far."""
+
+    now: float
+    full: bool  # every dump is looked at and the lag counted (else it stops once the queue is full)
+    max_queued: int
+    submitted: int = 0
+    lag: int = 0
+    foreign: Counter[str] = field(default_factory=Counter)
 
 
 class _ByteBudget:
@@ -365,69 +378,76 @@ class Drainer:
         again: with thousands of dumps staged, looking at each of them after every sample would
         take the cores the workers need (measured: a third of a core on 2 cores).
         """
-        submitted = 0
-        lag = 0
-        foreign: Counter[str] = Counter()
-        now = time.time()
-        full = time.monotonic() - self._last_full_scan >= self.cfg.poll_interval_s
-        if full:
+        scan = _Scan(now=time.time(), full=time.monotonic() - self._last_full_scan >= self.cfg.poll_interval_s,
+                     max_queued=max(1, self.cfg.workers) * 2)
+        if scan.full:
             self._last_full_scan = time.monotonic()
-        max_queued = max(1, self.cfg.workers) * 2
         for d in iter_dump_dirs(self.dump_dir):
-            if self.stop_event.is_set():
-                break
-            rid = d.name
-            with self._inflight_lock:
-                if rid in self._inflight:
-                    lag += 1
-                    continue
-            facts = self._facts(d, now)
-            run = self._run_facts(facts)
-            decision = t.triage_unrecorded(facts, run)
-            if decision is None:  # complete, of this run, not written: it needs its record
-                lag += 1
-                with self._inflight_lock:
-                    queue_full = self._preparing >= max_queued
-                if queue_full:
-                    if not full:
-                        break
-                    continue  # the workers have enough; only count the rest
-                try:
-                    record = read_record(self.dump_dir, rid)
-                except StagingError as exc:
-                    self._move_to_quarantine(d, rid, v.RECORD, str(exc))
-                    continue
-                decision = t.triage_recorded(facts, run, record)
-                if isinstance(decision, t.Submit):
-                    assert record is not None
-                    with self._inflight_lock:
-                        if self._preparing >= max_queued:
-                            continue
-                        self._inflight.add(rid)
-                        self._preparing += 1
-                    fut = pool.submit(self._process, d, record)
-                    fut.add_done_callback(self._task_done)
-                    submitted += 1
-                    continue
-            if isinstance(decision, t.Foreign):
-                foreign[decision.owner] += 1
-            elif isinstance(decision, t.Remove):
-                self._remove_stale(d, rid, decision.why)
-            elif isinstance(decision, t.Quarantine):
-                self._move_to_quarantine(d, rid, decision.reason, decision.detail)
-            elif isinstance(decision, t.Refuse):
-                self._fail(ConfigError(decision.message))
+            if self.stop_event.is_set() or not self._look_at(d, scan, pool):
                 break
         with self._inflight_lock:
             self.stats.set(in_flight=len(self._inflight))
-            if full:
-                self.stats.set(lag=lag)
-        if full:
-            self._report_foreign(foreign)
-        if submitted:
+            if scan.full:
+                self.stats.set(lag=scan.lag)
+        if scan.full:
+            self._report_foreign(scan.foreign)
+        if scan.submitted:
             self._last_activity = time.monotonic()
-        self._sweep_records(now)
-        return submitted
+        self._sweep_records(scan.now)
+        return scan.submitted
+
+    def _look_at(self, d: Path, scan: _Scan, pool: ThreadPoolExecutor) -> bool:
+        """Decide about one staged directory and act; False when the scan should stop here."""
+        rid = d.name
+        with self._inflight_lock:
+            if rid in self._inflight:
+                scan.lag += 1
+                return True
+        facts = self._facts(d, scan.now)
+        run = self._run_facts(facts)
+        decision = t.triage_unrecorded(facts, run)
+        if decision is None:  # complete, of this run, not written: it needs its record
+            scan.lag += 1
+            if self._queue_full(scan.max_queued):
+                return scan.full  # a full scan goes on to count the rest; an early one stops here
+            try:
+                record = read_record(self.dump_dir, rid)
+            except StagingError as exc:
+                self._move_to_quarantine(d, rid, v.RECORD, str(exc))
+                return True
+            decision = t.triage_recorded(facts, run, record)
+            if isinstance(decision, t.Submit):
+                assert record is not None
+                scan.submitted += self._submit(pool, d, record, scan.max_queued)
+                return True
+        return self._act(d, rid, decision, scan)
+
+    def _queue_full(self, max_queued: int) -> bool:
+        with self._inflight_lock:
+            return self._preparing >= max_queued
+
+    def _submit(self, pool: ThreadPoolExecutor, d: Path, record: SampleRecord, max_queued: int) -> int:
+        with self._inflight_lock:
+            if self._preparing >= max_queued:
+                return 0
+            self._inflight.add(record.rid)
+            self._preparing += 1
+        fut = pool.submit(self._process, d, record)
+        fut.add_done_callback(self._task_done)
+        return 1
+
+    def _act(self, d: Path, rid: str, decision: t.Decision, scan: _Scan) -> bool:
+        """Carry out a decision other than Submit; False when the drain must stop (Refuse)."""
+        if isinstance(decision, t.Foreign):
+            scan.foreign[decision.owner] += 1
+        elif isinstance(decision, t.Remove):
+            self._remove_stale(d, rid, decision.why)
+        elif isinstance(decision, t.Quarantine):
+            self._move_to_quarantine(d, rid, decision.reason, decision.detail)
+        elif isinstance(decision, t.Refuse):
+            self._fail(ConfigError(decision.message))
+            return False
+        return True
 
     def _facts(self, d: Path, now: float) -> t.DumpFacts:
         return t.DumpFacts(
