@@ -36,7 +36,7 @@ def test_drained_real_dumps_load_with_the_trainers_reader(request, fmt, readers,
     dump, out = tmp_path / "dump", tmp_path / "out"
     run_id = load_or_create_run_id(out)
     captured = capture(server, dump, dump, run_id, list(range(N_SAMPLES)), seed=hash(fmt) % 1000)
-    drain_until_done(dump, out, fmt, "--model", str(tiny_llama))
+    drain_until_done(dump, out, fmt, "--model", str(tiny_llama), lines=N_SAMPLES)
     header = read_header(out)
     assert header.format == fmt
     assert header.final_hidden == ("post_norm" if fmt == "specforge" else "pre_norm")
