@@ -13,10 +13,20 @@ subcommand itself:
   for every signal that has a Python handler, and a SIGTERM during the (slow, torch) exit kills
   the process with -15 although its work is done. `ignore_from_now` switches the signal to
   SIG_IGN, which finalization leaves alone.
+
+The handler itself does nothing but note the signal: it runs on the main thread between two
+bytecodes, which may be in the middle of an import (holding the import lock) or of an Event's
+``wait`` (holding its lock), so importing, logging or setting an Event there can deadlock or
+break the interrupted import. A watcher thread, woken through ``signal.set_wakeup_fd`` (and a
+short poll, should another library take the wakeup fd), sets the stop event, logs, and runs
+the callbacks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
 import threading
 from collections.abc import Callable, Iterable
@@ -32,6 +42,9 @@ _requested = threading.Event()
 _callbacks: list[Callable[[], None]] = []
 _lock = threading.Lock()
 _installed: tuple[int, ...] = ()
+_noted: list[int] = []  # signals the handler noted and the watcher has not handled yet
+_watcher: threading.Thread | None = None
+_wakeup_r = -1
 
 
 def requested() -> threading.Event:
@@ -40,16 +53,55 @@ def requested() -> threading.Event:
 
 
 def _handler(signum: int, _frame: object) -> None:
-    first = not _requested.is_set()
-    _requested.set()
-    if first:
-        import logging  # not at import time: this module must load before anything heavy
+    _noted.append(signum)  # no lock, no import, no I/O: see the module docstring
 
-        logging.getLogger("hsextract").info("signal %d: finishing the work in hand, then stopping", signum)
+
+def _watch() -> None:
+    """Turn noted signals into the stop event, a log line and the callbacks (a daemon thread)."""
+    while True:
+        if _wakeup_r >= 0:
+            ready, _, _ = select.select([_wakeup_r], [], [], 0.2)
+            if ready:
+                data = b""
+                with contextlib.suppress(OSError):
+                    data = os.read(_wakeup_r, 512)
+                for signum in data:  # the C handler writes each signal's number before Python's runs
+                    _stop_for(signum)
+        else:
+            threading.Event().wait(0.2)
+        while _noted:  # the same signals again, or all of them if another library took the wakeup fd
+            _stop_for(_noted.pop(0))
+
+
+def _stop_for(signum: int) -> None:
+    if signum not in _installed or _requested.is_set():
+        return
+    _requested.set()
+    import logging
+
+    logging.getLogger("hsextract").info("signal %d: finishing the work in hand, then stopping", signum)
     with _lock:
         callbacks = list(_callbacks)
     for cb in callbacks:
         _run_outside_handler(cb)
+
+
+def _start_watcher() -> None:
+    """The watcher thread and its wakeup pipe, once per process (from the main thread)."""
+    global _watcher, _wakeup_r
+    if _watcher is not None:
+        return
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    try:
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        _wakeup_r = r
+    except (ValueError, OSError):  # not the main thread, or no wakeup fd here: the poll alone
+        os.close(r)
+        os.close(w)
+    _watcher = threading.Thread(target=_watch, name="hsextract-signals", daemon=True)
+    _watcher.start()
 
 
 def _run_outside_handler(cb: Callable[[], None]) -> None:
@@ -65,9 +117,11 @@ def install(signals: Iterable[int] = (signal.SIGTERM,)) -> dict[int, object]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     sigs = tuple(signals)
-    previous = {sig: signal.signal(sig, _handler) for sig in sigs}
+    if not sigs:
+        return {}
     _installed = tuple(dict.fromkeys(_installed + sigs))
-    return previous
+    _start_watcher()
+    return {sig: signal.signal(sig, _handler) for sig in sigs}
 
 
 def install_early(argv: list[str]) -> None:
@@ -101,6 +155,7 @@ def restore(previous: dict[int, object]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)  # type: ignore[arg-type]
     _installed = ()
+    _noted.clear()
     _requested.clear()
     with _lock:
         _callbacks.clear()
