@@ -1,4 +1,4 @@
-"""The capture_patch role renders templates/capture_patch with Ansible's own template engine.
+"""The capture_patch role renders its templates with Ansible's own template engine.
 
 The same templates are rendered by `hsextract capture-patch` (plain Jinja2); SGLang imports the
 result, so what Ansible writes must be valid Python carrying the configured capture, and the same
