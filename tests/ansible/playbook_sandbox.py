@@ -89,6 +89,7 @@ class Sandbox:
     workdir: Path = REPO
     shm: str = "1g"
     env: dict[str, str] = field(default_factory=dict)
+    play_vars: dict[str, Any] = field(default_factory=dict)  # extra vars of every playbook run in it
     started: bool = False
 
     def _env(self) -> dict[str, str]:
@@ -150,8 +151,8 @@ class Sandbox:
         """Run ansible-playbook inside the sandbox with the JSON callback; never raises on a failed play."""
         ansible_bin = os.environ["HSEXTRACT_ANSIBLE_BIN"]
         argv = [f"{ansible_bin}/ansible-playbook", playbook, *args]
-        if extra_vars:
-            argv += ["-e", json.dumps(extra_vars)]
+        if self.play_vars or extra_vars:
+            argv += ["-e", json.dumps({**self.play_vars, **(extra_vars or {})})]
         env = {
             "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
             # From the working directory: the sandbox sees only its binds under /tmp (a CI clone may live there).

@@ -28,14 +28,17 @@ def ansible_bin() -> Path:
 
 def render_with_ansible(tmp_path: Path, model: Path, out: Path) -> subprocess.CompletedProcess:
     playbook = tmp_path / "render.yml"
+    # The role renders the run's settings (roles/hsextract), as in extract.yml.
     playbook.write_text(
-        "- hosts: localhost\n  gather_facts: false\n  roles:\n    - capture_patch\n"
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.import_role: {name: hsextract, tasks_from: settings}\n"
+        "    - ansible.builtin.import_role: {name: capture_patch}\n"
     )
     extra = {
-        "capture_patch_dir": str(out), "capture_patch_model_path": str(model),
-        "capture_patch_aux_layer_ids": [1, 3, 4], "capture_patch_layer_convention": "eagle",
-        "capture_patch_dump_dir": "/dev/shm/hsextract", "capture_patch_rid_prefix": "hsx",
-        "capture_patch_final_hidden": "pre_norm", "ansible_python_interpreter": str(ansible_bin() / "python"),
+        "hsextract_capture_dir": str(out), "hsextract_model_path": str(model),
+        "hsextract_aux_layer_ids": [1, 3, 4], "hsextract_layer_convention": "eagle",
+        "hsextract_dump_dir": "/dev/shm/hsextract", "hsextract_rid_prefix": "hsx",
+        "hsextract_final_hidden": "pre_norm", "ansible_python_interpreter": str(ansible_bin() / "python"),
     }
     env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}

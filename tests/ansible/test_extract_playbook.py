@@ -11,6 +11,9 @@ life of a real host:
 5. ``extract.yml -e wait=true`` (the second run) changes nothing and waits for the run to finish;
 6. ``extract.yml --check`` changes nothing.
 
+Every play runs with the output and staging directories moved from their defaults, so the run
+itself shows that an overridden path reaches each unit and the process it runs.
+
 The failure cases run afterwards against the same sandbox: they fail before changing anything.
 The teardown playbook runs last.
 """
@@ -34,7 +37,9 @@ PORT = 30000  # inside the sandbox's own network namespace: never the host's
 BYSTANDER_PORT = 30123
 DATASET = REPO / "files" / "datasets" / "demo.jsonl"
 RUN_CONFIG = "/etc/hsextract/run.json"
-OUTPUT = "/var/lib/hsextract/output"
+OUTPUT = "/srv/hsx-test/output"  # not the defaults: every unit and process must follow the override
+DUMP_DIR = "/dev/shm/hsx-test-staging"
+DEFAULT_OUTPUT, DEFAULT_DUMP_DIR = "/var/lib/hsextract/output", "/dev/shm/hsextract"
 LISTENER = (
     "import socket, sys, time\n"
     "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -61,7 +66,8 @@ def host(tmp_path_factory):
         pytest.skip(why)
     logs = tmp_path_factory.mktemp("ansible-logs")
     repo = snapshot_repo(tmp_path_factory.mktemp("repo"))
-    box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[repo], workdir=repo, shm="1g")
+    box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[repo], workdir=repo, shm="1g",
+                  play_vars={"hsextract_output_dir": OUTPUT, "hsextract_dump_dir": DUMP_DIR})
     box.start()
     try:
         venv_python = f"{os.environ['HSEXTRACT_VENV']}/bin/python"
@@ -152,6 +158,25 @@ def test_the_server_runs_with_the_capture_flags_and_hardening(host):
     assert (props["Restart"], props["KillMode"], props["UnitFileState"]) == ("on-failure", "mixed", "enabled")
     assert box.unit("hsextract-drain.service", "Restart", "ActiveState") == {"Restart": "always",
                                                                               "ActiveState": "active"}
+
+
+def test_the_overridden_output_and_staging_directories_reach_every_unit_and_its_process(host):
+    assert_ok(host["second"], "the second extract.yml run (-e wait=true)")
+    box = host["box"]
+    for unit, paths in (("hsextract-server.service", {DUMP_DIR}), ("hsextract-drain.service", {DUMP_DIR, OUTPUT}),
+                        ("hsextract-extract.service", {DUMP_DIR, OUTPUT})):
+        granted = {p.lstrip("-") for p in box.unit(unit, "ReadWritePaths")["ReadWritePaths"].split()}
+        assert paths <= granted, f"{unit} grants {granted}, expected {paths}"
+    # The processes: the capture stages where the unit lets it, the drain and the client write their
+    # status files, the manifest and the summary there, and nothing goes to the default places.
+    code = "import json, hsextract_capture_patch as p; print(json.dumps(p.CONFIG))"
+    capture = json.loads(box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", code, check=True,
+                                 env={"PYTHONPATH": "/var/lib/hsextract/capture-patch"}).stdout)
+    assert capture["dump_dir"] == DUMP_DIR, capture
+    for name in ("manifest.json", "manifest.jsonl", ".hsextract/drain-status.json", ".hsextract/client-summary.json"):
+        assert box.run("test", "-f", f"{OUTPUT}/{name}").returncode == 0, f"{OUTPUT}/{name} is missing"
+    assert box.run("test", "-e", DEFAULT_OUTPUT).returncode == 1, f"something wrote to {DEFAULT_OUTPUT}"
+    assert box.run("test", "-e", DEFAULT_DUMP_DIR).returncode == 1, f"something staged in {DEFAULT_DUMP_DIR}"
 
 
 def test_systemd_restarts_the_server_after_kill_9_and_the_smoke_test_passes_again(host):
@@ -256,7 +281,7 @@ def test_a_dev_shm_too_small_fails_shm_guard_with_the_numbers(host):
     finally:
         box.sh("mount -o remount,size=1g /dev/shm")
     text = result.failure_text()
-    assert re.search(r"/dev/shm/hsextract has [0-9.]+ (KiB|MiB) free \(of 8\.0 MiB\)", text), text
+    assert re.search(rf"{DUMP_DIR} has [0-9.]+ (KiB|MiB) free \(of 8\.0 MiB\)", text), text
     assert "the run needs 16.0 MiB" in text
     assert "hsextract_shm_min_free" in text
 
@@ -274,5 +299,5 @@ def test_teardown_stops_the_services_removes_the_capture_and_keeps_the_training_
     for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service"):
         assert box.unit(unit, "LoadState")["LoadState"] == "not-found", f"{unit} is still installed"
     assert box.run("test", "-e", "/var/lib/hsextract/capture-patch/hsextract_capture_patch").returncode == 1
-    assert box.run("test", "-e", "/dev/shm/hsextract").returncode == 1
+    assert box.run("test", "-e", DUMP_DIR).returncode == 1
     assert manifest_indices(box) == before
