@@ -93,8 +93,10 @@ class Sandbox:
     started: bool = False
 
     def _env(self) -> dict[str, str]:
+        # Without the test run's PYTHONPATH: what the play runs must import the hsextract it installed
+        # from the snapshot, not the working tree's (visible in the sandbox through its overlay).
         return {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
             "SDBOX_NAME": self.name,
             "SDBOX_BINDS": " ".join(str(b) for b in self.binds),
             "SDBOX_NET": "1",

@@ -28,11 +28,14 @@ def ansible_bin() -> Path:
 
 def render_with_ansible(tmp_path: Path, model: Path, out: Path) -> subprocess.CompletedProcess:
     playbook = tmp_path / "render.yml"
-    # The role renders the run's settings (roles/hsextract), as in extract.yml.
+    # The role renders the run's settings (roles/hsextract), as in extract.yml, and notifies the
+    # "capture changed" topic, which the sglang_server role listens to there and this play here.
     playbook.write_text(
         "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
         "    - ansible.builtin.import_role: {name: hsextract, tasks_from: settings}\n"
         "    - ansible.builtin.import_role: {name: capture_patch}\n"
+        "  handlers:\n"
+        "    - {name: Report it., ansible.builtin.debug: {msg: CAPTURE-CHANGED}, listen: capture changed}\n"
     )
     extra = {
         "hsextract_capture_dir": str(out), "hsextract_model_path": str(model),
@@ -62,6 +65,7 @@ def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_
     out = tmp_path / "patch"
     first = render_with_ansible(tmp_path, model, out)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "CAPTURE-CHANGED" in first.stdout, "a new package must notify 'capture changed'"
     for name in ("__init__.py", "model.py"):
         compiled = subprocess.run([sys.executable, "-m", "py_compile", str(out / PACKAGE / name)],
                                   capture_output=True, text=True)
@@ -76,6 +80,7 @@ def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_
         "LlamaForCausalLM", [1, 3, 4], "pre_norm", "/dev/shm/hsextract")
     second = render_with_ansible(tmp_path, model, out)
     assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout[-3000:]
+    assert "CAPTURE-CHANGED" not in second.stdout, "an unchanged package must not restart the server"
 
 
 def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model):

@@ -9,7 +9,9 @@ life of a real host:
 3. mid-run, the server's main process is killed with SIGKILL: systemd restarts it;
 4. ``playbooks/smoke.yml`` passes against the restarted server;
 5. ``extract.yml -e wait=true`` (the second run) changes nothing and waits for the run to finish;
-6. ``extract.yml --check`` changes nothing.
+6. ``extract.yml --check`` changes nothing;
+7. the hsextract package changes and ``extract.yml`` runs again: its handlers restart the running
+   server and drain, and leave the finished client alone.
 
 Every play runs with the output and staging directories moved from their defaults, so the run
 itself shows that an overridden path reaches each unit and the process it runs.
@@ -100,6 +102,11 @@ def host(tmp_path_factory):
             state["second"] = box.playbook("extract.yml", extra_vars={"wait": True}, log_dir=logs,
                                            label="3-second-run-wait", timeout=1500)
             state["check"] = box.playbook("extract.yml", "--check", log_dir=logs, label="4-check", timeout=900)
+            units = ("hsextract-server.service", "hsextract-drain.service")
+            state["pids_before_update"] = {unit: box.main_pid(unit) for unit in units}
+            package = repo / "files" / "python" / "hsextract" / "__init__.py"
+            package.write_text(package.read_text() + "# a new version of the package\n")
+            state["update"] = box.playbook("extract.yml", log_dir=logs, label="5-package-update", timeout=1500)
         yield state
     finally:
         box.stop()
@@ -128,6 +135,14 @@ def manifest_indices(box: Sandbox) -> list[int]:
 def test_extract_converges_from_nothing(host):
     assert_ok(host["first"], "the first extract.yml run")
     assert host["first"].changed() > 0
+
+
+def test_the_settings_are_validated_once_per_play(host):
+    names = [name for name, _ in host["first"].task_results()]
+    for check in ("hsextract : Check that the rid prefix is a plain word.", "hsextract : Check the shard setting."):
+        assert names.count(check) == 1, f"{check!r} ran {names.count(check)} times"
+    specs = [n for n in names if n.startswith("hsextract : Validating arguments against arg spec")]
+    assert len(specs) == 1, specs
 
 
 def test_a_leftover_server_on_the_port_is_reaped_and_reported(host):
@@ -206,6 +221,17 @@ def test_the_training_set_holds_every_sample_exactly_once_despite_the_crash(host
 def test_check_mode_on_the_converged_host_changes_nothing(host):
     assert_ok(host["check"], "extract.yml --check")
     assert host["check"].changed() == 0, f"changed tasks: {host['check'].changed_tasks()}"
+
+
+def test_a_new_package_restarts_the_running_server_and_drain_and_leaves_the_finished_client(host):
+    assert_ok(host["update"], "extract.yml after the package changed")
+    box = host["box"]
+    restarted = [name for name in host["update"].changed_tasks() if "Restart" in name]
+    assert restarted == ["sglang_server : Restart the server if it is running.",
+                         "drain_daemon : Restart the drain daemon if it is running."], host["update"].changed_tasks()
+    for unit, pid in host["pids_before_update"].items():
+        assert box.main_pid(unit) != pid, f"{unit} still runs the process of the old package"
+    assert box.unit("hsextract-server.service", "ActiveState")["ActiveState"] == "active"
 
 
 def test_the_client_unit_finished_cleanly_and_is_not_restarted(host):
