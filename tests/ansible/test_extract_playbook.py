@@ -204,8 +204,10 @@ def test_systemd_restarts_the_server_after_kill_9_and_the_smoke_test_passes_agai
 def test_the_second_run_changes_nothing_and_waits_for_a_complete_training_set(host):
     assert_ok(host["second"], "the second extract.yml run (-e wait=true)")
     assert host["second"].changed() == 0, f"changed tasks: {host['second'].changed_tasks()}"
-    summary = host["second"].result_of("Print the summary and where the training set is.")["msg"]
-    assert summary[0] == f"Training set: {OUTPUT}"
+    summary = host["second"].result_of("Print the summary and where the training set is.")["msg"].splitlines()
+    expected = sum(1 for line in DATASET.read_text().splitlines() if line.strip())
+    assert summary[0] == f"The run is done: {expected} samples are in the training set.", summary
+    assert f"  training set   {OUTPUT} (speculators)" in summary, summary
 
 
 def test_the_training_set_holds_every_sample_exactly_once_despite_the_crash(host):
@@ -245,9 +247,9 @@ def test_the_status_playbook_shows_the_progress_without_changing_anything(host):
     result = host["box"].playbook("playbooks/status.yml", log_dir=host["logs"], label="status", timeout=300)
     assert_ok(result, "playbooks/status.yml")
     assert result.changed() == 0
-    lines = result.result_of("Print the progress.")["msg"]
-    assert lines[0] == "services (server, drain, client): active, active, inactive"
-    assert any(line.startswith("OK ") for line in lines) and any("state=done" in line for line in lines)
+    lines = result.result_of("Print the progress.")["msg"].splitlines()
+    assert lines[0] == "Services (server, drain, client): active, active, inactive"
+    assert lines[1].startswith("The run is done: "), lines
 
 
 # ---- failures: they stop the play before anything changes ---------------------------------------

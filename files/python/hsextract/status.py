@@ -12,12 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hsextract.client.progress import FAILURES_FILE, REJECTS_FILE
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
+from hsextract.report import ProblemFiles, RunView, status_lines
 
 DRAIN_STATUS = "drain-status.json"
 CLIENT_STATUS = "client-status.json"
 FINISHED_STATES = ("done", "stopped")
+QUARANTINE_DIR = "quarantine"  # the drain's default --quarantine-dir, under the output directory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,31 +53,11 @@ def drain_health(drain: dict[str, Any] | None, stale_after: float, now: float) -
     return True, f"drain {drain.get('state')}, updated {age:.0f} s ago"
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-def render(drain: dict[str, Any] | None, client: dict[str, Any] | None, health: tuple[bool, str]) -> str:
-    lines = [("OK   " if health[0] else "FAIL ") + health[1]]
-    if drain:
-        lines.append(
-            f"drain   {drain.get('format', '?')}: {drain.get('samples_total', 0)} samples in the set "
-            f"({drain.get('samples', 0)} by this process, {drain.get('tokens', 0)} tokens, "
-            f"{_human_bytes(drain.get('bytes', 0))}); {drain.get('samples_per_s', 0)} samples/s, "
-            f"{drain.get('mb_per_s', 0)} MB/s; lag {drain.get('lag', 0)} staged; "
-            f"quarantined {drain.get('quarantined', 0)}; stale removed {drain.get('stale_removed', 0)}"
-        )
-        if drain.get("paused_reason"):
-            lines.append(f"drain   PAUSED: {drain['paused_reason']}")
-    if client:
-        lines.append("client  " + ", ".join(f"{k}={v}" for k, v in client.items()))
-    else:
-        lines.append("client  no status file yet")
-    return "\n".join(lines)
+def problem_files(output: str | Path) -> ProblemFiles:
+    """The files that list a run's rejected, failed and quarantined samples."""
+    sdir = Path(output) / ".hsextract"
+    return ProblemFiles(rejected=str(sdir / REJECTS_FILE), failed=str(sdir / FAILURES_FILE),
+                        quarantined=str(Path(output) / QUARANTINE_DIR))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,9 +66,13 @@ def run(args: argparse.Namespace) -> int:
     sdir = Path(args.output) / ".hsextract"
     drain = _read(sdir / DRAIN_STATUS)
     client = _read(sdir / CLIENT_STATUS)
-    health = drain_health(drain, args.stale_after, time.time())
+    now = time.time()
+    health = drain_health(drain, args.stale_after, now)
     if args.json:
         print(json.dumps({"ok": health[0], "why": health[1], "drain": drain, "client": client}, indent=2))
     else:
-        print(render(drain, client, health))
+        view = RunView(output=str(args.output), files=problem_files(args.output), drain=drain, client=client,
+                       healthy=health[0],
+                       health=health[1], now=now)
+        print("\n".join(status_lines(view)))
     return 0 if health[0] else 1

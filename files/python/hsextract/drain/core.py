@@ -200,7 +200,8 @@ class Drainer:
                 )
         self._done_rids = {e.rid for e in self._entries}
         self._done_indices = {e.dataset_index for e in self._entries}
-        self.stats.set(samples_total=len(self._entries))
+        self.stats.set(samples_total=len(self._entries), tokens_total=sum(e.tokens for e in self._entries),
+                       bytes_total=sum(e.bytes for e in self._entries))
         self._header = read_header(self.out)
         if self._header is not None:
             self._check_header_matches_config(self._header)
