@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PLAYBOOKS = ["extract.yml", "playbooks/smoke.yml", "playbooks/status.yml", "playbooks/teardown.yml"]
+PLAYBOOKS = ["extract.yml", "playbooks/smoke.yml", "playbooks/status.yml", "playbooks/teardown.yml"]  # = Makefile's
 
 
 def tool(name: str) -> str:
