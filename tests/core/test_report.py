@@ -92,6 +92,16 @@ def test_the_headline_says_where_the_run_stands(client, healthy, health, expecte
     assert status_lines(view(client=client, healthy=healthy, health=health))[0] == expected
 
 
+def test_stale_dumps_the_drain_removed_are_listed_by_reason_only_when_there_are_some():
+    drain = {**DRAIN_DONE, "stale_removed": 3, "stale_removed_by_reason": {"from another run": 2, "already written": 1}}
+    assert status_lines(view(drain=drain))[-3:] == [
+        "  stale removed   3, listed in the drain's journal",
+        "                    from another run  2",
+        "                    already written   1",
+    ]
+    assert not any("stale" in line for line in status_lines(view()))
+
+
 def test_a_finished_client_whose_dumps_still_wait_for_the_drain_says_so():
     assert status_lines(view(drain={**DRAIN_DONE, "samples_total": 37, "lag": 3}))[0] == (
         "The run is done: 37 samples are in the training set, 3 samples still wait for the drain.")
