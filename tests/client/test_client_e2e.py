@@ -138,7 +138,8 @@ def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(ll
         out = tmp_path / f"out{i}"
         cfg = tmp_path / f"host{i}.json"  # what the Ansible role writes per host
         cfg.write_text(json.dumps({"server": llama_server.url, "dataset": str(data), "model": str(tiny_llama),
-                                   "dump_dir": str(llama_server.dump_dir), "output": str(out), "shard": f"{i}/2"}))
+                                   "dump_dir": str(llama_server.dump_dir), "output": str(out), "shard": f"{i}/2",
+                                   "format": "specforge"}))
         run_id = load_or_create_run_id(out)
         try:
             assert main(["extract", "--config", str(cfg), "--max-in-flight", "4"]) == 0
@@ -167,7 +168,7 @@ def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_
     run_id = load_or_create_run_id(out)
     try:
         assert main(["extract", "--server", llama_server.url, "--dataset", str(data), "--model", str(tiny_llama),
-                     "--dump-dir", str(llama_server.dump_dir), "--output", str(out),
+                     "--dump-dir", str(llama_server.dump_dir), "--output", str(out), "--format", "specforge",
                      "--max-tokens", "4000", "--max-attempts", "2"]) == 0
         summary = _summary(out)
         assert summary["ok"] == 2 and summary["failed"] == {"http_4xx": 1}

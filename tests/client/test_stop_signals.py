@@ -76,7 +76,8 @@ def _client_args(tmp_path: Path, model: Path, port: int) -> list[str]:
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                              {"role": "assistant", "content": "hello"}]}) + "\n")
     return ["extract", "--server", f"http://127.0.0.1:{port}", "--dataset", str(data), "--model", str(model),
-            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"), "--log-every", "1"]
+            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"), "--format", "specforge",
+            "--log-every", "1"]
 
 
 def _drain_state(out: Path) -> str:
@@ -87,6 +88,7 @@ def _drain_state(out: Path) -> str:
 
 
 def test_drain_stopped_during_its_imports_exits_0_as_stopped(tmp_path):
+    (tmp_path / "dump").mkdir()
     log = tmp_path / "drain.log"
     proc = _start(log, *_drain_args(tmp_path))
     early = _sigterm_when_handled(proc)
@@ -111,7 +113,7 @@ def test_drain_stopped_while_it_exits_after_its_work_exits_0(tmp_path):
     (tmp_path / "dump").mkdir()
     state = tmp_path / "out" / ".hsextract"
     state.mkdir(parents=True)
-    (state / "client-summary.json").write_text(json.dumps({"state": "done"}))
+    (state / "client-summary.json").write_text(json.dumps({"state": "done", "dataset_lines": 0, "shard": [0, 1]}))
     log = tmp_path / "drain.log"
     proc = _start(log, *_drain_args(tmp_path, "--exit-when-done"))
     # SigIgn gets the SIGTERM bit once main() has returned: only the exit is left.

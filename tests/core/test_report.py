@@ -92,6 +92,18 @@ def test_the_headline_says_where_the_run_stands(client, healthy, health, expecte
     assert status_lines(view(client=client, healthy=healthy, health=health))[0] == expected
 
 
+def test_a_finished_run_that_fails_its_check_says_why_under_the_headline_and_shows_its_counts():
+    v = RunView(output="/out", files=FILES, drain=DRAIN_DONE, client=CLIENT_DONE, health="drain done 1 s ago",
+                problems=["2 of 40 accepted samples failed (5.0%, more than the allowed 1.0%): timeout 2"],
+                counts=["40 dataset lines = 40 accepted + 0 rejected",
+                        "40 accepted = 38 in the set + 2 failed + 0 quarantined"])
+    lines = status_lines(v)
+    assert lines[:2] == ["The run is done: 40 samples are in the training set.",
+                         "FAIL: 2 of 40 accepted samples failed (5.0%, more than the allowed 1.0%): timeout 2."]
+    assert lines[-2:] == ["  counts         40 dataset lines = 40 accepted + 0 rejected",
+                          "                 40 accepted = 38 in the set + 2 failed + 0 quarantined"]
+
+
 def test_stale_dumps_the_drain_removed_are_listed_by_reason_only_when_there_are_some():
     drain = {**DRAIN_DONE, "stale_removed": 3, "stale_removed_by_reason": {"from another run": 2, "already written": 1}}
     assert status_lines(view(drain=drain))[-3:] == [

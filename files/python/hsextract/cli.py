@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny-model": ("hsextract.tiny_model", "generate a tiny random-weight model for tests and demos"),
 }
 
+
+EX_IOERR = 74  # sysexits.h: an input/output error
 
 # Long-running subcommands that finish their work in hand on these signals (systemd's stop) and
 # exit 0; the handler is installed before the subcommand's imports (see hsextract.shutdown).
@@ -73,11 +76,32 @@ def entry() -> NoReturn:
     sys.exit(main(exiting=True))
 
 
+# Options whose value may start with '-' (a negative layer id is a value, wrongly, not a flag:
+# it must reach the range check that says what is valid).
+_VALUE_OPTIONS = ("--aux-layers", "--aux-layer-ids")
+_NUMBER_LIST = re.compile(r"^-?\d+(,\s*-?\d+)*$")
+
+
+def attach_option_values(argv: list[str]) -> list[str]:
+    """``--aux-layers -1,2,3`` -> ``--aux-layers=-1,2,3`` (argparse takes ``-1,2,3`` for a flag)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in _VALUE_OPTIONS and i + 1 < len(argv) and _NUMBER_LIST.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def _run(top: argparse.Namespace, rest: list[str]) -> int:
     module_name, help_ = COMMANDS[top.command]
     module = importlib.import_module(module_name)
     sub = argparse.ArgumentParser(prog=f"hsextract {top.command}", description=help_)
     module.add_arguments(sub)
+    rest = attach_option_values(rest)
     args = sub.parse_args(rest)
     logging.basicConfig(
         level=logging.DEBUG if top.verbose else logging.INFO,
@@ -92,6 +116,12 @@ def _run(top: argparse.Namespace, rest: list[str]) -> int:
     except HsextractError as exc:
         print(f"hsextract {top.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        # A file the command needs cannot be read or written (a read-only or full volume, a
+        # permission): say which and why, not a traceback.
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"hsextract {top.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EX_IOERR
     except KeyboardInterrupt:
         return 130
 

@@ -12,7 +12,7 @@ To add a section, write a function from :class:`RunView` to lines and call it in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Snapshot = Mapping[str, Any]
@@ -38,6 +38,8 @@ class RunView:
     healthy: bool = True
     health: str = ""  # why healthy or not, e.g. "drain running, updated 2 s ago"
     now: float = 0.0
+    problems: list[str] = field(default_factory=list)  # what fails a finished run's check (hsextract.reconcile)
+    counts: list[str] = field(default_factory=list)  # the run's reconciliation, one fact a line
 
 
 # ---- units -----------------------------------------------------------------------------------------
@@ -215,6 +217,11 @@ def _problem_rows(view: RunView) -> list[tuple[str, str]]:
     return rows
 
 
+def _count_rows(view: RunView) -> list[tuple[str, str]]:
+    return [("counts" if i == 0 else "", line) for i, line in enumerate(view.counts)]
+
+
 def status_lines(view: RunView) -> list[str]:
     """`hsextract status` and the play's closing summary."""
-    return [headline(view), *table(_progress_rows(view) + _problem_rows(view))]
+    problems = [f"FAIL: {problem}." for problem in view.problems]
+    return [headline(view), *problems, *table(_progress_rows(view) + _problem_rows(view) + _count_rows(view))]

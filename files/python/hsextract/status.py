@@ -1,7 +1,9 @@
 """``hsextract status --output O``: how far a run is, from the drain's and the client's status files.
 
 Exits non-zero when the drain's status is missing or stale (its daemon stopped writing it while
-claiming to run), so a monitoring check or an Ansible task can act on the exit code alone.
+claiming to run), or when a finished run's counts do not add up or too many of its samples
+failed (see hsextract.reconcile), so a monitoring check or an Ansible task can act on the exit
+code alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from hsextract.client.progress import FAILURES_FILE, REJECTS_FILE
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
+from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.report import ProblemFiles, RunView, status_lines
 
 DRAIN_STATUS = "drain-status.json"
@@ -28,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stale-after", type=float, default=60.0,
                         help="seconds after which a running drain's status counts as stale (default 60)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--max-failure-share", type=float, default=DEFAULT_MAX_FAILURE_SHARE,
+                        help="share of accepted samples that may end failed, and quarantined, in a finished run "
+                             f"(default {DEFAULT_MAX_FAILURE_SHARE:g})")
     add_config_argument(parser)
 
 
@@ -53,11 +59,22 @@ def drain_health(drain: dict[str, Any] | None, stale_after: float, now: float) -
     return True, f"drain {drain.get('state')}, updated {age:.0f} s ago"
 
 
-def problem_files(output: str | Path) -> ProblemFiles:
+def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
+    """The run's reconciliation; final once the client has finished and the drain has caught up."""
+    caught_up = bool(drain) and not drain.get("lag") and not drain.get("in_flight")
+    quarantine = Path(drain["quarantine_dir"]) if drain and drain.get("quarantine_dir") else None
+    accounts = read_accounts(output, quarantine)
+    if accounts is not None and accounts.final and not caught_up:
+        accounts = read_accounts(output, quarantine, final=False)
+    return accounts
+
+
+def problem_files(output: str | Path, drain: dict[str, Any] | None = None) -> ProblemFiles:
     """The files that list a run's rejected, failed and quarantined samples."""
     sdir = Path(output) / ".hsextract"
+    quarantine = (drain or {}).get("quarantine_dir") or Path(output) / QUARANTINE_DIR
     return ProblemFiles(rejected=str(sdir / REJECTS_FILE), failed=str(sdir / FAILURES_FILE),
-                        quarantined=str(Path(output) / QUARANTINE_DIR))
+                        quarantined=str(quarantine))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,11 +85,15 @@ def run(args: argparse.Namespace) -> int:
     client = _read(sdir / CLIENT_STATUS)
     now = time.time()
     health = drain_health(drain, args.stale_after, now)
+    accounts = run_accounts(Path(args.output), drain)
+    problems = accounts.problems(args.max_failure_share) if accounts else []
+    ok = health[0] and not problems
     if args.json:
-        print(json.dumps({"ok": health[0], "why": health[1], "drain": drain, "client": client}, indent=2))
+        print(json.dumps({"ok": ok, "why": health[1], "problems": problems, "drain": drain, "client": client,
+                          "accounts": accounts.as_dict() if accounts else None}, indent=2))
     else:
-        view = RunView(output=str(args.output), files=problem_files(args.output), drain=drain, client=client,
-                       healthy=health[0],
-                       health=health[1], now=now)
+        view = RunView(output=str(args.output), files=problem_files(args.output, drain), drain=drain, client=client,
+                       healthy=health[0], health=health[1], now=now, problems=problems,
+                       counts=accounts.lines_of_text() if accounts else [])
         print("\n".join(status_lines(view)))
-    return 0 if health[0] else 1
+    return 0 if ok else 1

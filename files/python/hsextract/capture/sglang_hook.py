@@ -30,7 +30,14 @@ from hsextract.capture.ranks import attention_dp_size, attention_ranks, writes_d
 from hsextract.capture.writer import CaptureWriter
 from hsextract.errors import ConfigError, UnsupportedArchitecture
 from hsextract.layers import CaptureLayers, resolve
-from hsextract.staging import dtype_name
+from hsextract.staging import (
+    CAPTURE_BATCH_UNUSABLE,
+    CAPTURE_FAULT_INJECTED,
+    CAPTURE_QUEUE_ERROR,
+    CaptureAnnouncement,
+    dtype_name,
+    write_announcement,
+)
 
 log = logging.getLogger("hsextract.capture")
 
@@ -75,6 +82,7 @@ class ServerFacts:
     attention_backend: str | None = None
     tp_size: int = 1
     attn_dp_size: int = 1
+    port: int = 0
 
     @classmethod
     def from_server_args(cls, sa: Any) -> ServerFacts:
@@ -92,6 +100,7 @@ class ServerFacts:
             prefill_cuda_graph_disabled=prefill_off,
             attention_backend=getattr(sa, "attention_backend", None),
             tp_size=int(getattr(sa, "tp_size", 1) or 1),
+            port=int(getattr(sa, "port", 0) or 0),
             attn_dp_size=attention_dp_size(
                 attn_dp_size=int(getattr(sa, "attn_dp_size", 1) or 1),
                 dp_size=int(getattr(sa, "dp_size", 1) or 1),
@@ -222,14 +231,25 @@ def register_cpu_mla() -> None:
     AttentionBackendRegistry.register("torch_native", lambda attn, forward_batch: AttnForwardMethod.MLA)
 
 
-class CaptureHook:
-    """Forward hooks that hand each prefill batch's rows to the writer."""
+class InjectedFault(RuntimeError):
+    """Raised by the test-only fault switch in place of a real failure to queue a batch."""
 
-    def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None):
+
+class CaptureHook:
+    """Forward hooks that hand each prefill batch's rows to the writer.
+
+    A batch the hook cannot hand over (no prompt lengths, no pre-norm state, an error while
+    queueing it) is not dropped: each of its requests is marked failed, so the client learns
+    it must send the sample again.
+    """
+
+    def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None, fail_every_kth_batch: int = 0):
         self.settings = settings
         self.writer = writer
         self._pre_norm: torch.Tensor | None = None
-        self._warned_no_lens = False
+        self._fail_every = fail_every_kth_batch  # test-only fault switch (0: off)
+        self._batches = 0
+        self._faulted: set[str] = set()  # rids the switch failed once: their resends go through
 
     def on_final_norm(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         """Keep the residual sum entering the final norm (the pre-norm final hidden state)."""
@@ -257,19 +277,59 @@ class CaptureHook:
         hidden, aux = output
         final = hidden if self.settings.final_hidden == "post_norm" else pre_norm
         if final is None:
-            log.error("capture: no pre-norm final hidden state was seen for this batch; rows skipped")
+            self._unusable(requests, "no pre-norm final hidden state was seen for this batch")
             return
         prompt_lens = fb.orig_seq_lens
         if prompt_lens is None:  # never seen for extend batches in 0.5.23; without it nothing can complete
-            if not self._warned_no_lens:
-                self._warned_no_lens = True
-                log.error("capture: this batch carries no orig_seq_lens (prompt lengths); its rows are skipped")
+            self._unusable(requests, "the batch carries no orig_seq_lens (prompt lengths)")
             return
-        input_ids = fb.input_ids
         try:
-            self.writer.submit(requests, aux, final, input_ids, prompt_lens)
-        except Exception:
-            log.exception("capture: could not queue a batch of %d requests; their rows are lost", len(requests))
+            self._maybe_inject_fault(requests)
+            self.writer.submit(requests, aux, final, fb.input_ids, prompt_lens)
+        except Exception as exc:
+            injected = isinstance(exc, InjectedFault)
+            if not injected:
+                log.exception("capture: could not queue a batch of %d requests", len(requests))
+            reason = CAPTURE_FAULT_INJECTED if injected else CAPTURE_QUEUE_ERROR
+            self.writer.fail_requests(requests, reason, f"{type(exc).__name__}: {exc}")
+
+    def _maybe_inject_fault(self, requests: list) -> None:
+        """The test-only fault switch: fail every k-th batch of requests it has not failed before
+        (so that every sample, sent again, gets through: a test of the path, not of luck)."""
+        if not self._fail_every or any(r.rid in self._faulted for r in requests):
+            return
+        self._batches += 1
+        if self._batches % self._fail_every == 0:
+            self._faulted.update(r.rid for r in requests)
+            raise InjectedFault(f"test-only fault switch: batch {self._batches} fails (every {self._fail_every}th)")
+
+    def _unusable(self, requests: list, why: str) -> None:
+        assert self.writer is not None
+        log.error("capture: %s; its %d requests are marked failed", why, len(requests))
+        self.writer.fail_requests(requests, CAPTURE_BATCH_UNUSABLE, why)
+
+
+def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> None:
+    """Leave this capture's description in its dump dir, for the client's and the drain's checks."""
+    import socket
+    import time
+
+    try:
+        write_announcement(cfg.dump_dir, CaptureAnnouncement(
+            dump_dir=str(Path(cfg.dump_dir).resolve()),
+            rid_prefix=cfg.rid_prefix,
+            final_hidden=cfg.final_hidden,
+            format=cfg.format,
+            hidden_size=settings.hidden_size,
+            eagle_aux_hidden_state_layer_ids=list(settings.layers.eagle_aux_hidden_state_layer_ids),
+            architecture=cfg.architecture,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            port=facts.port,
+            started_at=time.time(),
+        ))
+    except OSError as exc:
+        log.warning("hsextract capture: cannot announce itself in %s (%s)", cfg.dump_dir, exc)
 
 
 def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
@@ -334,7 +394,14 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
             max_bytes_in_flight=cfg.max_bytes_in_flight or ((4 << 30) if cuda else (256 << 20)),
             pool_granularity=cfg.tunable("pool_granularity_bytes", 2 << 20),
         )
-    hook = CaptureHook(settings, writer)
+    fault_every = cfg.tunable("testonly_fail_every_kth_batch", 0)
+    if fault_every and writer is not None:
+        log.error("hsextract capture: TEST-ONLY FAULT SWITCH ON: every %dth prefill batch is failed on purpose "
+                  "(capture config extra.testonly_fail_every_kth_batch); never use this server for a real run",
+                  fault_every)
+    hook = CaptureHook(settings, writer, fault_every)
+    if writer is not None:
+        _announce(cfg, settings, facts)
     if cfg.final_hidden == "pre_norm":
         inner.norm.register_forward_hook(hook.on_final_norm, with_kwargs=True)
     inner.register_forward_hook(hook.on_decoder, with_kwargs=True)

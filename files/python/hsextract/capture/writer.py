@@ -18,9 +18,10 @@ writers fall behind and the budget is spent, ``submit`` blocks (and says so in t
 than let memory grow. On a CPU-only server the same path runs with plain host buffers and a
 synchronous copy.
 
-A write that fails (a full /dev/shm, a permission problem) is logged with the path and the
-reason, the partial file is removed to give the space back, and the request is never marked
-done. Nothing here raises into the server.
+A request that cannot be staged (a write error such as a full /dev/shm, a batch that could not
+be queued, rows the capture never saw) is logged with the path and the reason, its partial file
+is removed to give the space back, it is never marked done, and ``failed.json`` tells the client
+why, so the client sends the sample again. Nothing here raises into the server.
 """
 
 from __future__ import annotations
@@ -40,8 +41,19 @@ from pathlib import Path
 
 import torch
 
-from hsextract.capture.core import BatchRequest, CapturePlanner, RequestState, Segment
-from hsextract.staging import DONE_FILE, DTYPES, STATES_FILE, rid_dir, write_done_marker
+from hsextract.capture.core import BatchRequest, CapturePlanner, Failure, RequestState, Segment
+from hsextract.staging import (
+    CAPTURE_QUEUE_ERROR,
+    CAPTURE_WRITE_ERROR,
+    DONE_FILE,
+    DTYPES,
+    FAILED_FILE,
+    STATES_FILE,
+    FailureMarker,
+    rid_dir,
+    write_done_marker,
+    write_failed_marker,
+)
 
 log = logging.getLogger("hsextract.capture")
 
@@ -150,6 +162,14 @@ class HostBufferPool:
 
 
 @dataclass
+class _FailJob:
+    """Requests the forward pass could not hand over: the dispatcher marks them failed, in order
+    with the batches before and after them (so a later chunk of one finds it failed)."""
+
+    failures: list[Failure]
+
+
+@dataclass
 class _Job:
     """One batch in flight: the host copy, the event that says it landed, and what it holds."""
 
@@ -235,12 +255,13 @@ class CaptureWriter:
         self._reserved = 0
         self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda, granularity=pool_granularity)
         self._side_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: queue.Queue[_Job | _FailJob | None] = queue.Queue()
         self._executor = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix="hsx-write")
         self._outstanding = 0
         self._idle = threading.Condition()
         self.bytes_written = 0
         self.requests_done = 0
+        self.requests_failed = 0
         self.write_errors = 0
         self._stats_lock = threading.Lock()
         self._closed = False
@@ -285,30 +306,50 @@ class CaptureWriter:
             lens_off = _round_up(ids_off + 8 * rows, _ALIGN)
             total = lens_off + 8 * bsz
             buf = self.pool.acquire(total)
-            host_block = buf[: rows * row_bytes].view(dtype).view(rows, k + 1, h)
-            host_ids = buf[ids_off : ids_off + 8 * rows].view(torch.int64)
-            host_lens = buf[lens_off : lens_off + 8 * bsz].view(torch.int64)
-            event = None
-            if self.cuda:
-                stream = self._side_stream
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    host_block.copy_(block, non_blocking=True)
-                    host_ids.copy_(ids, non_blocking=True)
-                    host_lens.copy_(lens, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record(stream)
-                for t in (block, ids, lens):
-                    if t.device.type == "cuda":
-                        t.record_stream(stream)
-            else:
-                host_block.copy_(block)
-                host_ids.copy_(ids)
-                host_lens.copy_(lens)
+            try:
+                event = self._copy_to_host(buf, block, ids, lens, rows, row_bytes, ids_off, lens_off, bsz)
+            except BaseException:
+                self.pool.release(buf)
+                raise
         job = _Job(list(requests), buf, event, rows, row_bytes, ids_off, lens_off, bsz, lock=threading.Lock())
         with self._idle:
             self._outstanding += 1
         self._jobs.put(job)
+
+    def _copy_to_host(self, buf: torch.Tensor, block: torch.Tensor, ids: torch.Tensor, lens: torch.Tensor,
+                      rows: int, row_bytes: int, ids_off: int, lens_off: int, bsz: int) -> object | None:
+        """Copy the batch into ``buf`` (asynchronously on the side stream on CUDA); the event that
+        says it landed, or None when the copy was synchronous."""
+        dtype = block.dtype
+        host_block = buf[: rows * row_bytes].view(dtype).view(rows, block.shape[1], block.shape[2])
+        host_ids = buf[ids_off : ids_off + 8 * rows].view(torch.int64)
+        host_lens = buf[lens_off : lens_off + 8 * bsz].view(torch.int64)
+        if not self.cuda:
+            host_block.copy_(block)
+            host_ids.copy_(ids)
+            host_lens.copy_(lens)
+            return None
+        stream = self._side_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            host_block.copy_(block, non_blocking=True)
+            host_ids.copy_(ids, non_blocking=True)
+            host_lens.copy_(lens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        for t in (block, ids, lens):
+            if t.device.type == "cuda":
+                t.record_stream(stream)
+        return event
+
+    def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
+        """Mark requests of a batch the forward pass could not hand over as failed (from the forward
+        thread: queued behind the batches already submitted, never blocking)."""
+        if not requests:
+            return
+        with self._idle:
+            self._outstanding += 1
+        self._jobs.put(_FailJob([Failure(r.rid, reason, detail) for r in requests]))
 
     # ---- writer side -------------------------------------------------------------------------
     def _dispatch_loop(self) -> None:
@@ -316,17 +357,35 @@ class CaptureWriter:
             job = self._jobs.get()
             if job is None:
                 return
+            if isinstance(job, _FailJob):
+                self._fail_requests_now(job.failures)
+                self._job_done()
+                continue
             try:
                 self._dispatch(job)
-            except Exception:  # never let a bug in the capture take the server down
-                log.exception("capture: dispatching a batch failed; its rows are lost")
+            except Exception as exc:  # never let a bug in the capture take the server down
+                log.exception("capture: dispatching a batch of %d requests failed; they are marked failed for the "
+                              "client to send again", len(job.requests))
+                detail = f"dispatching the batch failed: {type(exc).__name__}: {exc}"
+                self._fail_requests_now([Failure(r.rid, CAPTURE_QUEUE_ERROR, detail) for r in job.requests])
                 self._finish_job(job)
+
+    def _fail_requests_now(self, failures: list[Failure]) -> None:
+        """Mark requests failed in the planner and leave ``failed.json`` for each (dispatcher thread)."""
+        for f in failures:
+            state = self.planner.fail(f.rid, f.reason)
+            self._report_failure(state, f.reason, f.detail)
 
     def _dispatch(self, job: _Job) -> None:
         if job.event is not None:
             job.event.synchronize()
         lens = job.buf[job.lens_offset : job.lens_offset + 8 * job.batch_size].view(torch.int64).tolist()
         segments = self.planner.plan(job.requests, lens)
+        for f in self.planner.take_failures():
+            state = self.planner.get(f.rid)
+            if state is None:  # dropped from tracking
+                state = self.planner.fail(f.rid, f.reason)
+            self._report_failure(state, f.reason, f.detail)
         mv = memoryview(job.buf.numpy())
         tasks: list[tuple[Segment, int, int, bool, _MappedFile | None]] = []
         per_slice_rows = max(1, self.slice_bytes // job.row_bytes)
@@ -383,11 +442,12 @@ class CaptureWriter:
         path = d / STATES_FILE
         try:
             d.mkdir(parents=True, exist_ok=True)
-            try:
-                (d / DONE_FILE).unlink()
-                log.warning("rid %s: removed a stale done marker left by an earlier run", state.rid)
-            except FileNotFoundError:
-                pass
+            for stale in (DONE_FILE, FAILED_FILE):
+                try:
+                    (d / stale).unlink()
+                    log.warning("rid %s: removed a stale %s left by an earlier send", state.rid, stale)
+                except FileNotFoundError:
+                    pass
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.ftruncate(fd, state.layout.file_size)
@@ -439,20 +499,37 @@ class CaptureWriter:
             self._finish_job(job)
 
     def _fail(self, state: RequestState, path: Path, exc: OSError) -> None:
-        with state.lock:
-            first = not state.failed
-            if first:
-                state.failed = f"{path}: {exc.strerror or exc}"
-        if not first:
-            return
+        """A write of the request failed: give up on it and tell the client why."""
         with self._stats_lock:
             self.write_errors += 1
         hint = " (/dev/shm is full: the client should pause, or the drain is not keeping up)" \
             if exc.errno == errno.ENOSPC else ""
-        log.error("capture: cannot write %s: %s%s; request %s will not be marked done",
-                  path, exc.strerror or exc, hint, state.rid)
+        self._report_failure(state, CAPTURE_WRITE_ERROR, f"cannot write {path}: {exc.strerror or exc}{hint}")
+
+    def _report_failure(self, state: RequestState, reason: str, detail: str) -> None:
+        """Once per request: mark it failed, remove its partial rows, leave ``failed.json``."""
+        with state.lock:
+            first = not state.reported
+            state.reported = True
+            if not state.failed:
+                state.failed = reason
+        if not first:
+            return
+        log.error("capture: request %s cannot be staged (%s: %s); it is marked failed for the client to send again",
+                  state.rid, reason, detail)
         with contextlib.suppress(OSError):
-            path.unlink()  # give the space back; the dump can never complete anyway
+            (rid_dir(self.dump_dir, state.rid) / STATES_FILE).unlink()  # give the space back
+        self._write_failure_marker(state.rid, reason, detail)
+
+    def _write_failure_marker(self, rid: str, reason: str, detail: str) -> None:
+        with self._stats_lock:
+            self.requests_failed += 1
+        try:
+            write_failed_marker(self.dump_dir, FailureMarker(rid, reason, detail, time.time()))
+        except OSError as exc:
+            # The client's wait for this request then ends in 'capture_missing', and it sends it again.
+            log.error("capture: cannot write %s for request %s (%s); the client will find no dump and send it "
+                      "again", FAILED_FILE, rid, exc.strerror or exc)
 
     def _slice_done(self, state: RequestState) -> None:
         with state.lock:
@@ -471,6 +548,9 @@ class CaptureWriter:
 
     def _finish_job(self, job: _Job) -> None:
         self.pool.release(job.buf)
+        self._job_done()
+
+    def _job_done(self) -> None:
         with self._idle:
             self._outstanding -= 1
             self._idle.notify_all()

@@ -32,19 +32,28 @@ import queue
 import shutil
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract import __version__
+from hsextract.drain import triage as t
 from hsextract.drain import validate as v
 from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
 from hsextract.drain.staged_io import MappedStates, map_states
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.durable import PIECE, free_bytes, fsync_dir, is_no_space, write_payload_durably
+from hsextract.formats.durable import (
+    PIECE,
+    check_writable,
+    free_bytes,
+    fsync_dir,
+    is_no_space,
+    write_payload_durably,
+)
 from hsextract.formats.manifest import (
     ManifestAppender,
     ManifestEntry,
@@ -58,18 +67,38 @@ from hsextract.formats.manifest import (
     state_dir,
     write_header,
 )
-from hsextract.records import SampleRecord, load_or_create_run_id, parse_rid, read_record, record_path, remove_record
-from hsextract.staging import DONE_FILE, STATES_FILE, DoneMarker, iter_dump_dirs, read_done_marker
+from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, read_accounts
+from hsextract.records import (
+    SampleRecord,
+    load_or_create_run_id,
+    parse_rid,
+    read_record,
+    record_path,
+    records_dir,
+    remove_record,
+)
+from hsextract.staging import (
+    DONE_FILE,
+    FAILED_FILE,
+    STATES_FILE,
+    TRASH_PREFIX,
+    DoneMarker,
+    discard_dump,
+    iter_dump_dirs,
+    live_announcements,
+    read_done_marker,
+)
 
 log = logging.getLogger("hsextract.drain")
 
 CLIENT_SUMMARY = "client-summary.json"
 CLIENT_FAILURES = "failures.jsonl"  # the samples the client gave up on, one JSON object with "rid" per line
 TMP_DIR = "tmp"
+# Exit status of `--exit-when-done` when the run's counts do not add up or too many samples failed.
+RUN_CHECK_FAILED = 3
 # One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
 DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
 SOURCE_FILE = "source.json"  # in a quarantined dump: which staged dump it is a copy of
-TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)
 
 
 @dataclass
@@ -100,6 +129,9 @@ class DrainConfig:
     finalize_idle_s: float = 60.0  # rebuild dataset-level files after this long with nothing to do
     metrics_port: int | None = None
     exit_when_done: bool = False
+    # With exit_when_done: the share of accepted samples that may end failed, and (separately)
+    # quarantined, before the run counts as failed (exit status RUN_CHECK_FAILED).
+    max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE
 
     @property
     def quarantine(self) -> Path:
@@ -174,6 +206,7 @@ class Drainer:
         self._last_full_scan = 0.0
         self._abandoned: set[str] = set()
         self._abandoned_key: tuple[int, int] | None = None
+        self._foreign_reported: dict[str, int] = {}
         self.run_id = ""
 
     # --- start-up -------------------------------------------------------------------------
@@ -185,7 +218,12 @@ class Drainer:
 
     def recover(self) -> None:
         """Bring the output directory to a consistent state after whatever happened before."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        if not self.dump_dir.is_dir():
+            raise ConfigError(
+                f"staging directory {self.dump_dir} does not exist: the capture creates it when the server starts. "
+                "Start the server first, or check --dump-dir (it must be the capture's dump_dir and the client's)")
+        check_writable(self.out, "output directory", "--output")
+        self._check_captures()
         self.run_id = load_or_create_run_id(self.out)
         self.stats.set(run_id=self.run_id)
         torn = repair_torn_tail(self.out)
@@ -217,6 +255,17 @@ class Drainer:
         if removed:
             log.warning("removed %d file(s) written but never recorded (crash before the manifest line): %s",
                         len(removed), ", ".join(removed[:5]))
+
+    def _check_captures(self) -> None:
+        """Refuse to start beside a running capture that writes what this format cannot use."""
+        needed = FINAL_HIDDEN_FOR_FORMAT[self.cfg.format]
+        for ann in live_announcements(self.dump_dir):
+            if ann.final_hidden != needed:
+                raise ConfigError(
+                    f"the capture of the server on port {ann.port} (pid {ann.pid}) writes {ann.final_hidden} final "
+                    f"hidden states into {self.dump_dir}, but the format {self.cfg.format!r} needs {needed}: every "
+                    f"sample would be quarantined. Render the capture patch with --format {self.cfg.format} "
+                    "(Ansible: hsextract_format) and restart the server, or drain in the format that fits")
 
     def _remove_orphans(self) -> list[str]:
         """Files at output indices the manifest has not reached (renamed in order, so contiguous)."""
@@ -317,6 +366,7 @@ class Drainer:
         )
         last_status = 0.0
         exit_code = 0
+        finished_run = False
         try:
             while not self.stop_event.is_set() and self._fatal is None:
                 submitted = self._scan_and_submit(pool)
@@ -327,6 +377,7 @@ class Drainer:
                 if submitted == 0 and self._idle():
                     if self.cfg.exit_when_done and self._client_finished() and not self._our_dumps_left():
                         log.info("the client has finished and staging holds no dump of this run: finalizing")
+                        finished_run = True
                         break
                     if now - self._last_activity >= self.cfg.finalize_idle_s:
                         self._finalize_if_changed()
@@ -348,11 +399,28 @@ class Drainer:
             self.stats.set(state="failed")
             self._write_status(error=str(self._fatal))
             raise self._fatal
-        self.stats.set(state="done" if not self.stop_event.is_set() else "stopped")
+        self.stats.set(state="done" if not self.stop_event.is_set() else "stopped", in_flight=0,
+                       lag=self._our_dumps_left())
+        if finished_run:
+            exit_code = self._check_run()
         self._write_status()
         log.info("drain stopped: %d samples written by this process, %d in the manifest",
                  self.stats.samples, self.stats.samples_total)
         return exit_code
+
+    def _check_run(self) -> int:
+        """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
+        accounts = read_accounts(self.out, self.cfg.quarantine, final=True)
+        if accounts is None:
+            log.error("the run cannot be checked: the client's summary in %s lacks the shard's size", self.out)
+            return RUN_CHECK_FAILED
+        for line in accounts.lines_of_text():
+            log.info("%s", line)
+        self.stats.set(accounts=accounts.as_dict())
+        problems = accounts.problems(self.cfg.max_failure_share)
+        for problem in problems:
+            log.error("run check: %s", problem)
+        return RUN_CHECK_FAILED if problems else 0
 
     def _idle(self) -> bool:
         with self._inflight_lock:
@@ -360,7 +428,8 @@ class Drainer:
 
     def _write_status(self, **extra: object) -> None:
         try:
-            write_status(self.out, self.stats, pid=os.getpid(), dump_dir=str(self.dump_dir), **extra)
+            write_status(self.out, self.stats, pid=os.getpid(), dump_dir=str(self.dump_dir),
+                         quarantine_dir=str(self.cfg.quarantine), **extra)
         except OSError as exc:
             log.warning("cannot write the status file (%s)", exc)
 
@@ -388,12 +457,13 @@ class Drainer:
             self._abandoned, self._abandoned_key = rids, key
         return self._abandoned
 
-    def _our_dumps_left(self) -> bool:
+    def _our_dumps_left(self) -> int:
+        """This run's sample dumps in staging (probes are not samples)."""
+        n = 0
         for d in iter_dump_dirs(self.dump_dir):
             p = parse_rid(d.name)
-            if p is not None and p.run_id == self.run_id:
-                return True
-        return False
+            n += p is not None and not p.probe and p.run_id == self.run_id
+        return n
 
     def _finalize_if_changed(self) -> None:
         n = len(self._entries)
@@ -407,7 +477,8 @@ class Drainer:
     # --- scanning -------------------------------------------------------------------------
 
     def _scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
-        """Look at the staged dumps: submit complete ones, remove stale ones; return how many were submitted.
+        """Look at the staged dumps: submit complete ones, act on the others (see triage); return
+        how many were submitted.
 
         A full scan (every dump looked at, the lag counted) runs at most once per poll interval.
         A scan woken early by a worker that freed a slot stops as soon as the queue is full
@@ -416,6 +487,7 @@ class Drainer:
         """
         submitted = 0
         lag = 0
+        foreign: Counter[str] = Counter()
         now = time.time()
         full = time.monotonic() - self._last_full_scan >= self.cfg.poll_interval_s
         if full:
@@ -429,70 +501,88 @@ class Drainer:
                 if rid in self._inflight:
                     lag += 1
                     continue
-            parsed = parse_rid(rid)
-            complete = (d / DONE_FILE).exists()
-            if parsed is None:
-                self._remove_stale(d, rid, "not a client request id")
-                continue
-            if parsed.run_id != self.run_id:
-                if complete or _age(d, now) > self.cfg.incomplete_timeout_s:
-                    self._remove_stale(d, rid, "from another run")
-                continue
-            if rid in self._done_rids or parsed.index in self._done_indices:
-                # Written and recorded: whatever is left of its dump is garbage (even an
-                # incomplete one; the client never resends a sample the manifest has).
-                self._remove_stale(d, rid, "already written")
-                continue
-            if not complete:
-                age = _age(d, now)
-                if age > self.cfg.incomplete_timeout_s:
-                    self._quarantine(
-                        d, rid, v.INCOMPLETE,
-                        f"no {DONE_FILE} {age:.0f} s after the dump was last written "
-                        f"(limit {self.cfg.incomplete_timeout_s:.0f} s): the request never finished",
-                    )
-                elif age > self.cfg.abandoned_grace_s and rid in self._abandoned_rids():
-                    self._quarantine(
-                        d, rid, v.INCOMPLETE,
-                        f"no {DONE_FILE} {age:.0f} s after the dump was last written, and the client, now "
-                        f"finished, gave up on this sample (see {CLIENT_FAILURES})",
-                    )
-                continue
-            lag += 1
-            with self._inflight_lock:
-                queue_full = self._preparing >= max_queued
-            if queue_full:
-                if not full:
-                    break
-                continue  # the workers have enough; only count the rest
-            try:
-                record = read_record(self.dump_dir, rid)
-            except StagingError as exc:
-                self._quarantine(d, rid, v.RECORD, str(exc))
-                continue
-            if record is None:
-                if _age(d / DONE_FILE, now) > self.cfg.record_grace_s:
-                    self._remove_stale(d, rid, "no client record")
-                continue
-            if record.index != parsed.index:
-                self._quarantine(d, rid, v.RECORD, f"record says dataset index {record.index}, rid says {parsed.index}")
-                continue
-            with self._inflight_lock:
-                if self._preparing >= max_queued:
+            facts = self._facts(d, now)
+            run = self._run_facts(facts)
+            decision = t.triage_unrecorded(facts, run)
+            if decision is None:  # complete, of this run, not written: it needs its record
+                lag += 1
+                with self._inflight_lock:
+                    queue_full = self._preparing >= max_queued
+                if queue_full:
+                    if not full:
+                        break
+                    continue  # the workers have enough; only count the rest
+                try:
+                    record = read_record(self.dump_dir, rid)
+                except StagingError as exc:
+                    self._quarantine(d, rid, v.RECORD, str(exc))
                     continue
-                self._inflight.add(rid)
-                self._preparing += 1
-            fut = pool.submit(self._process, d, record)
-            fut.add_done_callback(self._task_done)
-            submitted += 1
+                decision = t.triage_recorded(facts, run, record)
+                if isinstance(decision, t.Submit):
+                    assert record is not None
+                    with self._inflight_lock:
+                        if self._preparing >= max_queued:
+                            continue
+                        self._inflight.add(rid)
+                        self._preparing += 1
+                    fut = pool.submit(self._process, d, record)
+                    fut.add_done_callback(self._task_done)
+                    submitted += 1
+                    continue
+            if isinstance(decision, t.Foreign):
+                foreign[decision.owner] += 1
+            elif isinstance(decision, t.Remove):
+                self._remove_stale(d, rid, decision.why)
+            elif isinstance(decision, t.Quarantine):
+                self._quarantine(d, rid, decision.reason, decision.detail)
+            elif isinstance(decision, t.Refuse):
+                self._fatal = ConfigError(decision.message)
+                self.stop_event.set()
+                break
         with self._inflight_lock:
             self.stats.set(in_flight=len(self._inflight))
             if full:
                 self.stats.set(lag=lag)
+        if full:
+            self._report_foreign(foreign)
         if submitted:
             self._last_activity = time.monotonic()
         self._sweep_records(now)
         return submitted
+
+    def _facts(self, d: Path, now: float) -> t.DumpFacts:
+        return t.DumpFacts(
+            name=d.name,
+            parsed=parse_rid(d.name),
+            complete=(d / DONE_FILE).exists(),
+            failed=(d / FAILED_FILE).exists(),
+            age_s=_age(d, now),
+        )
+
+    def _run_facts(self, dump: t.DumpFacts) -> t.RunFacts:
+        p = dump.parsed
+        written = p is not None and not p.probe and p.run_id == self.run_id and (
+            dump.name in self._done_rids or p.index in self._done_indices)
+        return t.RunFacts(
+            run_id=self.run_id,
+            format=self.cfg.format,
+            output=str(self.out.resolve()),
+            written=written,
+            abandoned=(dump.failed or not dump.complete) and dump.name in self._abandoned_rids(),
+            record_grace_s=self.cfg.record_grace_s,
+            incomplete_timeout_s=self.cfg.incomplete_timeout_s,
+            abandoned_grace_s=self.cfg.abandoned_grace_s,
+        )
+
+    def _report_foreign(self, foreign: Counter[str]) -> None:
+        """Say (once per owner, and again when its count grows) which dumps of other runs are left alone."""
+        for owner, n in foreign.items():
+            if n > self._foreign_reported.get(owner, 0):
+                log.warning("staging %s holds %d dump(s) of %s, not of this drain's run %s: left alone (their own "
+                            "drain takes them; remove them by hand if no such run goes on)", self.dump_dir, n, owner,
+                            self.run_id)
+        self._foreign_reported = dict(foreign)
+        self.stats.set(foreign=dict(foreign))
 
     def _task_done(self, fut: Future) -> None:
         exc = fut.exception() if not fut.cancelled() else None
@@ -502,11 +592,11 @@ class Drainer:
             self.stop_event.set()
 
     def _sweep_records(self, now: float, force: bool = False) -> None:
-        """Remove records nobody will use: written samples' at once, other runs' after the grace period."""
+        """Remove the records of this run's written samples (other runs' records are their drain's)."""
         if not force and now - self._last_record_sweep < 30:
             return
         self._last_record_sweep = now
-        rdir = self.dump_dir / "_records"
+        rdir = records_dir(self.dump_dir)
         try:
             names = os.listdir(rdir)
         except FileNotFoundError:
@@ -520,32 +610,16 @@ class Drainer:
                 continue
             if (self.dump_dir / rid).exists():
                 continue  # the scan decides about its dump first
-            written = p.run_id == self.run_id and (rid in self._done_rids or p.index in self._done_indices)
-            foreign = p.run_id != self.run_id and _age(rdir / name, now) > self.cfg.record_grace_s
-            if written or foreign:
+            if p.run_id == self.run_id and (rid in self._done_rids or p.index in self._done_indices):
                 with contextlib.suppress(FileNotFoundError):
                     (rdir / name).unlink()
-
-    def _discard(self, d: Path) -> None:
-        """Remove a dump directory so that a crash midway cannot leave a half-deleted dump behind.
-
-        The rename to a dot name is atomic and takes the dump out of every scan at once; the
-        dot directory is deleted next, or at the next start if the drain dies first.
-        """
-        trash = d.parent / f"{TRASH_PREFIX}{d.name}-{time.time_ns()}"
-        try:
-            os.rename(d, trash)
-        except FileNotFoundError:
-            return
-        shutil.rmtree(trash, ignore_errors=True)
 
     def _remove_stale(self, d: Path, rid: str, why: str) -> None:
         if not d.exists():
             return  # removed meanwhile (committed by another thread)
         log.warning("stale dump %s removed: %s", rid, why)
-        self._discard(d)
-        if why != "no client record":
-            remove_record(self.dump_dir, rid)
+        discard_dump(d)
+        remove_record(self.dump_dir, rid)  # none for a probe or a dump without record
         self.stats.add_stale(why)
 
     def _quarantine(self, d: Path, rid: str, reason: str, detail: str) -> None:
@@ -564,7 +638,7 @@ class Drainer:
         while target.exists():
             if _read_source(target) == source:
                 log.warning("dump %s was quarantined to %s before a restart; removing the staged copy", rid, target)
-                self._discard(d)
+                discard_dump(d)
                 remove_record(self.dump_dir, rid)
                 return
             target = qroot / f"{rid}.{n}"
@@ -587,7 +661,7 @@ class Drainer:
                 if not is_no_space(exc):
                     raise
                 self._pause_for_space(qroot, exc)
-        self._discard(d)
+        discard_dump(d)
         remove_record(self.dump_dir, rid)
         self.stats.add_quarantined(reason)
         log.error("dump %s quarantined to %s: %s: %s", rid, target, reason, detail)
@@ -768,7 +842,7 @@ class Drainer:
             self._done_indices.add(e.dataset_index)
         # Only now is the sample safe on disk and recorded: the staged copy may go.
         for p in done:
-            self._discard(p.dump)
+            discard_dump(p.dump)
             remove_record(self.dump_dir, p.rid)
             self._forget(p.rid)
         self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
