@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.capture.patch import server_launch
-from playbook_sandbox import REPO, PlayResult, Sandbox, snapshot_repo
+from support.playbook_sandbox import REPO, PlayResult, Sandbox, snapshot_repo
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from hf_reference import reference, rel_err
 from hsextract.capture.selfcheck import check_dump
 from hsextract.staging import DONE_FILE, read_done_marker, read_states, rid_dir
+from support.hf_reference import reference, rel_err
 from support.sglang_server import start_server
 
 REPO = Path(__file__).resolve().parents[2]

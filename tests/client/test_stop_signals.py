@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from client_run import client_status, env, tail, wait_for
+from support.client_run import client_status, env, tail, wait_for
 
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from drain.drain_proc import finish_client, hsextract, start
-from drain.staged_dumps import stage_sample
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.errors import ConfigError
 from hsextract.formats.manifest import entries_path, iter_entries, read_header, verify_entry
 from hsextract.records import load_or_create_run_id
 from hsextract.staging import StateFileLayout
 from safetensors.torch import load_file
+from support.drain_proc import finish_client, hsextract, start
+from support.staged_dumps import stage_sample
 
 pytestmark = pytest.mark.timeout(300)
 
