@@ -22,9 +22,9 @@ from support.staged_dumps import stage_sample
 pytestmark = pytest.mark.timeout(600)
 
 
-def _drain_session(dump: Path, out: Path) -> None:
-    """One drain process's life: drain what is staged, finalize, exit."""
-    finish_client(out)
+def _drain_session(dump: Path, out: Path, lines: int) -> None:
+    """One drain process's life: drain what is staged, finalize, exit (the client sent `lines` samples)."""
+    finish_client(out, lines)
     Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=2, poll_interval_s=0.05,
                         exit_when_done=True, finalize_idle_s=3600)).run()
 
@@ -40,7 +40,7 @@ def _three_sessions(tmp_path: Path) -> tuple[Path, dict, list[list[str]]]:
     for session in range(3):
         for i in range(session * 4, session * 4 + 4):
             staged[i] = stage_sample(dump, run, i, tokens=5 + i)
-        _drain_session(dump, out)
+        _drain_session(dump, out, lines=len(staged))
         files_after.append(_data_files(out))
     return out, staged, files_after
 
