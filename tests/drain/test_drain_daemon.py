@@ -304,7 +304,7 @@ def test_a_crash_between_quarantining_a_dump_and_removing_it_does_not_quarantine
     def killed_before_removal(d):
         raise RuntimeError("simulated crash after the quarantine copy")
 
-    monkeypatch.setattr("hsextract.drain.core.discard_dump", killed_before_removal)
+    monkeypatch.setattr("hsextract.drain.quarantine.discard_dump", killed_before_removal)
     with pytest.raises(RuntimeError, match="simulated crash"):
         _drain(dump, out, eagle_layer_ids=(1, 3, 4), workers=1)
     assert (out / "quarantine" / bad.rid / "reason.txt").exists() and (dump / bad.rid).exists()
@@ -331,3 +331,15 @@ def test_a_partial_dump_of_a_sample_the_finished_client_gave_up_on_does_not_hold
     assert reason.startswith("incomplete\n") and "failures.jsonl" in reason
     assert [e.dataset_index for e in iter_entries(out)] == [0]
     assert _staged_names(dump) == [] and dict(d.stats.quarantined) == {"incomplete": 1}
+
+
+def test_status_fails_a_finished_run_whose_counts_do_not_add_up(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(4):
+        stage_sample(dump, run, i)
+    _drain(dump, out, lines=6)  # the client says 6 lines, 2 of which are nowhere
+    r = hsextract("status", "--output", str(out), timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "6 accepted = 4 in the set + 0 failed + 0 quarantined + 2 UNACCOUNTED" in r.stdout
+    assert "dataset indices 4, 5" in r.stdout

@@ -10,7 +10,6 @@ import argparse
 import importlib
 import logging
 import re
-import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -34,14 +33,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 EX_IOERR = 74  # sysexits.h: an input/output error
 
-# Long-running subcommands that finish their work in hand on these signals (systemd's stop) and
-# exit 0; the handler is installed before the subcommand's imports (see hsextract.shutdown).
-GRACEFUL_STOP: dict[str, tuple[int, ...]] = {
-    "extract": (signal.SIGTERM,),
-    "drain": (signal.SIGTERM, signal.SIGINT),
-}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hsextract", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"hsextract {__version__}")
@@ -61,7 +52,8 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     if not top.command:
         parser.print_help()
         return 2
-    previous = shutdown.install(GRACEFUL_STOP.get(top.command, ()))
+    # (Again, for a caller other than `python -m hsextract`: the handlers it replaces come back after.)
+    previous = shutdown.install(shutdown.GRACEFUL_STOP.get(top.command, ()))
     try:
         return _run(top, rest)
     finally:
