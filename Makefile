@@ -31,6 +31,9 @@ export PYTHONPATH := $(CURDIR)/files/python:$(CURDIR)/tests
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 PYTEST_ARGS ?=
+# What `make lint` (and the suite's lint tests) check besides the Python code.
+PLAYBOOKS := extract.yml playbooks/smoke.yml playbooks/status.yml playbooks/teardown.yml
+SHELL_SCRIPTS := scripts/*.sh .ci/run
 # What pytest runs: the whole suite, or e.g. TESTS=tests/drain for one area.
 TESTS ?= tests
 
@@ -72,8 +75,14 @@ $(CONTROLLER)/.complete:
 controller: $(CONTROLLER)/.complete
 	@echo $(CONTROLLER)
 
+# Every linter the suite's lint tests run (tests/test_code_quality.py, tests/test_shell_scripts.py,
+# tests/ansible/test_ansible_lint.py), without the rest of the suite.
 lint: venv controller
 	$(VENV)/bin/ruff check files/python tests bench
+	$(CONTROLLER)/bin/yamllint --strict .
+	for playbook in $(PLAYBOOKS); do $(CONTROLLER)/bin/ansible-playbook --syntax-check $$playbook; done
+	$(CONTROLLER)/bin/ansible-lint --offline --profile production --nocolor
+	shellcheck $(SHELL_SCRIPTS)
 
 test: venv controller
 	$(VENV)/bin/python -m pytest $(TESTS) $(PYTEST_ARGS)

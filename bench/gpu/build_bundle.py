@@ -9,8 +9,8 @@ needs there beyond the machine's image, about 50 MiB:
                      the real sglang-kernel wheel, and the tier's SGLang plugin (graph-safe MoE)
     .gpu/shims/      the CuTe-DSL module replacement
     .gpu/tree/       with --with-tree: a copy of the sources the tier runs (bench/, the hsextract
-                     package with its capture-patch templates as real files, tests/support,
-                     tests/capture/hf_reference.py), for running this tree's scripts from a checkout
+                     package with its capture-patch templates as real files, tests/support
+                     with hf_reference.py), for running this tree's scripts from a checkout
                      that does not have them yet: python3 .gpu/tree/bench/gpu/run_all.py --bundle .gpu
 
     python3 bench/gpu/build_bundle.py [--out .gpu] [--with-tree]
@@ -41,7 +41,7 @@ KERNEL_CACHE = Path.home() / ".cache" / "hsextract" / "sglang-kernel-0.4.10"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 26, 27, 28, 34)] + [
     "manylinux2014_x86_64", "manylinux1_x86_64", "any"]
 # The sources the tier runs, relative to the repository (copied by --with-tree).
-TREE = ("bench", "files/python", "tests/support", "tests/capture/hf_reference.py", "tests/stubs")
+TREE = ("bench", "files/python", "tests/support", "tests/stubs")
 TREE_SKIP = ("__pycache__", "results", "*.pyc")
 LIMIT_MIB = 64
 

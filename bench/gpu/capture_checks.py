@@ -10,7 +10,7 @@ client (``other-...``, 32 decode steps), one without a rid, one whose rid only s
   check or a foreign rid, no failure marker (``<rid>/failed.json``), nothing left incomplete;
 * each dump's chunks cover its prompt exactly once, in order (chunked prefill is stitched);
 * its rows equal transformers' hidden states of the same prompt within the CPU tests' bounds
-  (``tests/capture/hf_reference.py``), so concurrent requests did not mix: each prompt's rows
+  (``tests/support/hf_reference.py``), so concurrent requests did not mix: each prompt's rows
   within the whole-prompt bound, and all prompts' rows together within every bound of the CPU
   tests (median token error, each aux slot 10x closer to its own layer than to a neighbour).
   The median-token and neighbour bounds are not applied per prompt: on DeepSeek a bf16 expert
@@ -46,13 +46,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import requests
-from gpu_env import PACKAGE_DIR, REPO, GpuEnv
-from gpu_server import ServerHandle, ServerSpec, ServerStartError, dump_dir_for, log_tail, start, wait_healthy
-
-sys.path.insert(0, str(REPO / "tests" / "capture"))
-
 import torch
-from hf_reference import (
+from gpu_env import PACKAGE_DIR, GpuEnv
+from gpu_server import ServerHandle, ServerSpec, ServerStartError, dump_dir_for, log_tail, start, wait_healthy
+from hsextract import staging
+from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
+from support.hf_reference import (
     MEDIAN_TOKEN_BOUND,
     REL_ERR_BOUND,
     Reference,
@@ -61,8 +60,6 @@ from hf_reference import (
     rel_err,
     row_problems,
 )
-from hsextract import staging
-from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
 
 CHUNK = 128
 PROMPT_LENGTHS = (10, 300, 57, 91, 33, 200, 128, 129, 7, 64, 250, 45)

@@ -1,4 +1,4 @@
-"""The capture_patch role renders templates/capture_patch with Ansible's own template engine.
+"""The capture_patch role renders its templates with Ansible's own template engine.
 
 The same templates are rendered by `hsextract capture-patch` (plain Jinja2); SGLang imports the
 result, so what Ansible writes must be valid Python carrying the configured capture, and the same
@@ -28,14 +28,20 @@ def ansible_bin() -> Path:
 
 def render_with_ansible(tmp_path: Path, model: Path, out: Path) -> subprocess.CompletedProcess:
     playbook = tmp_path / "render.yml"
+    # The role renders the run's settings (roles/hsextract), as in extract.yml, and notifies the
+    # "capture changed" topic, which the sglang_server role listens to there and this play here.
     playbook.write_text(
-        "- hosts: localhost\n  gather_facts: false\n  roles:\n    - capture_patch\n"
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.import_role: {name: hsextract, tasks_from: settings}\n"
+        "    - ansible.builtin.import_role: {name: capture_patch}\n"
+        "  handlers:\n"
+        "    - {name: Report it., ansible.builtin.debug: {msg: CAPTURE-CHANGED}, listen: capture changed}\n"
     )
     extra = {
-        "capture_patch_dir": str(out), "capture_patch_model_path": str(model),
-        "capture_patch_aux_layer_ids": [1, 3, 4], "capture_patch_layer_convention": "eagle",
-        "capture_patch_dump_dir": "/dev/shm/hsextract", "capture_patch_rid_prefix": "hsx",
-        "capture_patch_final_hidden": "pre_norm", "capture_patch_format": "speculators",
+        "hsextract_capture_dir": str(out), "hsextract_model_path": str(model),
+        "hsextract_aux_layer_ids": [1, 3, 4], "hsextract_layer_convention": "eagle",
+        "hsextract_dump_dir": "/dev/shm/hsextract", "hsextract_rid_prefix": "hsx",
+        "hsextract_final_hidden": "pre_norm", "hsextract_format": "speculators",
         "ansible_python_interpreter": str(ansible_bin() / "python"),
     }
     env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
@@ -60,6 +66,7 @@ def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_
     out = tmp_path / "patch"
     first = render_with_ansible(tmp_path, model, out)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "CAPTURE-CHANGED" in first.stdout, "a new package must notify 'capture changed'"
     for name in ("__init__.py", "model.py"):
         compiled = subprocess.run([sys.executable, "-m", "py_compile", str(out / PACKAGE / name)],
                                   capture_output=True, text=True)
@@ -74,6 +81,7 @@ def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_
             config["dump_dir"]) == ("LlamaForCausalLM", [1, 3, 4], "pre_norm", "speculators", "/dev/shm/hsextract")
     second = render_with_ansible(tmp_path, model, out)
     assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout[-3000:]
+    assert "CAPTURE-CHANGED" not in second.stdout, "an unchanged package must not restart the server"
 
 
 def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model):

@@ -9,7 +9,12 @@ life of a real host:
 3. mid-run, the server's main process is killed with SIGKILL: systemd restarts it;
 4. ``playbooks/smoke.yml`` passes against the restarted server;
 5. ``extract.yml -e wait=true`` (the second run) changes nothing and waits for the run to finish;
-6. ``extract.yml --check`` changes nothing.
+6. ``extract.yml --check`` changes nothing;
+7. the hsextract package changes and ``extract.yml`` runs again: its handlers restart the running
+   server and drain, and leave the finished client alone.
+
+Every play runs with the output and staging directories moved from their defaults, so the run
+itself shows that an overridden path reaches each unit and the process it runs.
 
 The failure cases run afterwards against the same sandbox: they fail before changing anything.
 The teardown playbook runs last.
@@ -26,7 +31,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.capture.patch import server_launch
-from playbook_sandbox import REPO, PlayResult, Sandbox, snapshot_repo
+from support.playbook_sandbox import REPO, PlayResult, Sandbox, snapshot_repo
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
 
@@ -34,7 +39,9 @@ PORT = 30000  # inside the sandbox's own network namespace: never the host's
 BYSTANDER_PORT = 30123
 DATASET = REPO / "files" / "datasets" / "demo.jsonl"
 RUN_CONFIG = "/etc/hsextract/run.json"
-OUTPUT = "/var/lib/hsextract/output"
+OUTPUT = "/srv/hsx-test/output"  # not the defaults: every unit and process must follow the override
+DUMP_DIR = "/dev/shm/hsx-test-staging"
+DEFAULT_OUTPUT, DEFAULT_DUMP_DIR = "/var/lib/hsextract/output", "/dev/shm/hsextract"
 LISTENER = (
     "import socket, sys, time\n"
     "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -61,7 +68,8 @@ def host(tmp_path_factory):
         pytest.skip(why)
     logs = tmp_path_factory.mktemp("ansible-logs")
     repo = snapshot_repo(tmp_path_factory.mktemp("repo"))
-    box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[repo], workdir=repo, shm="1g")
+    box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[repo], workdir=repo, shm="1g",
+                  play_vars={"hsextract_output_dir": OUTPUT, "hsextract_dump_dir": DUMP_DIR})
     box.start()
     try:
         venv_python = f"{os.environ['HSEXTRACT_VENV']}/bin/python"
@@ -94,6 +102,11 @@ def host(tmp_path_factory):
             state["second"] = box.playbook("extract.yml", extra_vars={"wait": True}, log_dir=logs,
                                            label="3-second-run-wait", timeout=1500)
             state["check"] = box.playbook("extract.yml", "--check", log_dir=logs, label="4-check", timeout=900)
+            units = ("hsextract-server.service", "hsextract-drain.service")
+            state["pids_before_update"] = {unit: box.main_pid(unit) for unit in units}
+            package = repo / "files" / "python" / "hsextract" / "__init__.py"
+            package.write_text(package.read_text() + "# a new version of the package\n")
+            state["update"] = box.playbook("extract.yml", log_dir=logs, label="5-package-update", timeout=1500)
         yield state
     finally:
         box.stop()
@@ -122,6 +135,14 @@ def manifest_indices(box: Sandbox) -> list[int]:
 def test_extract_converges_from_nothing(host):
     assert_ok(host["first"], "the first extract.yml run")
     assert host["first"].changed() > 0
+
+
+def test_the_settings_are_validated_once_per_play(host):
+    names = [name for name, _ in host["first"].task_results()]
+    for check in ("hsextract : Check that the rid prefix is a plain word.", "hsextract : Check the shard setting."):
+        assert names.count(check) == 1, f"{check!r} ran {names.count(check)} times"
+    specs = [n for n in names if n.startswith("hsextract : Validating arguments against arg spec")]
+    assert len(specs) == 1, specs
 
 
 def test_a_leftover_server_on_the_port_is_reaped_and_reported(host):
@@ -154,6 +175,25 @@ def test_the_server_runs_with_the_capture_flags_and_hardening(host):
                                                                               "ActiveState": "active"}
 
 
+def test_the_overridden_output_and_staging_directories_reach_every_unit_and_its_process(host):
+    assert_ok(host["second"], "the second extract.yml run (-e wait=true)")
+    box = host["box"]
+    for unit, paths in (("hsextract-server.service", {DUMP_DIR}), ("hsextract-drain.service", {DUMP_DIR, OUTPUT}),
+                        ("hsextract-extract.service", {DUMP_DIR, OUTPUT})):
+        granted = {p.lstrip("-") for p in box.unit(unit, "ReadWritePaths")["ReadWritePaths"].split()}
+        assert paths <= granted, f"{unit} grants {granted}, expected {paths}"
+    # The processes: the capture stages where the unit lets it, the drain and the client write their
+    # status files, the manifest and the summary there, and nothing goes to the default places.
+    code = "import json, hsextract_capture_patch as p; print(json.dumps(p.CONFIG))"
+    capture = json.loads(box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", code, check=True,
+                                 env={"PYTHONPATH": "/var/lib/hsextract/capture-patch"}).stdout)
+    assert capture["dump_dir"] == DUMP_DIR, capture
+    for name in ("manifest.json", "manifest.jsonl", ".hsextract/drain-status.json", ".hsextract/client-summary.json"):
+        assert box.run("test", "-f", f"{OUTPUT}/{name}").returncode == 0, f"{OUTPUT}/{name} is missing"
+    assert box.run("test", "-e", DEFAULT_OUTPUT).returncode == 1, f"something wrote to {DEFAULT_OUTPUT}"
+    assert box.run("test", "-e", DEFAULT_DUMP_DIR).returncode == 1, f"something staged in {DEFAULT_DUMP_DIR}"
+
+
 def test_systemd_restarts_the_server_after_kill_9_and_the_smoke_test_passes_again(host):
     assert host.get("killed_pid", 0) > 1
     assert host["client_active_at_kill"] == "active", "the kill should land while the client is sending"
@@ -164,8 +204,10 @@ def test_systemd_restarts_the_server_after_kill_9_and_the_smoke_test_passes_agai
 def test_the_second_run_changes_nothing_and_waits_for_a_complete_training_set(host):
     assert_ok(host["second"], "the second extract.yml run (-e wait=true)")
     assert host["second"].changed() == 0, f"changed tasks: {host['second'].changed_tasks()}"
-    summary = host["second"].result_of("Print the summary and where the training set is.")["msg"]
-    assert summary[0] == f"Training set: {OUTPUT}"
+    summary = host["second"].result_of("Print the summary and where the training set is.")["msg"].splitlines()
+    expected = sum(1 for line in DATASET.read_text().splitlines() if line.strip())
+    assert summary[0] == f"The run is done: {expected} samples are in the training set.", summary
+    assert f"  training set   {OUTPUT} (speculators)" in summary, summary
 
 
 def test_the_training_set_holds_every_sample_exactly_once_despite_the_crash(host):
@@ -183,6 +225,17 @@ def test_check_mode_on_the_converged_host_changes_nothing(host):
     assert host["check"].changed() == 0, f"changed tasks: {host['check'].changed_tasks()}"
 
 
+def test_a_new_package_restarts_the_running_server_and_drain_and_leaves_the_finished_client(host):
+    assert_ok(host["update"], "extract.yml after the package changed")
+    box = host["box"]
+    changed = [name for name in host["update"].changed_tasks() if not name.startswith("ml_env : ")]
+    assert changed == ["sglang_server : Restart the server if it is running.",
+                       "drain_daemon : Restart the drain daemon if it is running."], host["update"].changed_tasks()
+    for unit, pid in host["pids_before_update"].items():
+        assert box.main_pid(unit) != pid, f"{unit} still runs the process of the old package"
+    assert box.unit("hsextract-server.service", "ActiveState")["ActiveState"] == "active"
+
+
 def test_the_client_unit_finished_cleanly_and_is_not_restarted(host):
     props = host["box"].unit("hsextract-extract.service", "ActiveState", "Result", "UnitFileState")
     assert props == {"ActiveState": "inactive", "Result": "success", "UnitFileState": "enabled"}
@@ -194,9 +247,9 @@ def test_the_status_playbook_shows_the_progress_without_changing_anything(host):
     result = host["box"].playbook("playbooks/status.yml", log_dir=host["logs"], label="status", timeout=300)
     assert_ok(result, "playbooks/status.yml")
     assert result.changed() == 0
-    lines = result.result_of("Print the progress.")["msg"]
-    assert lines[0] == "services (server, drain, client): active, active, inactive"
-    assert any(line.startswith("OK ") for line in lines) and any("state=done" in line for line in lines)
+    lines = result.result_of("Print the progress.")["msg"].splitlines()
+    assert lines[0] == "Services (server, drain, client): active, active, inactive"
+    assert lines[1].startswith("The run is done: "), lines
 
 
 # ---- failures: they stop the play before anything changes ---------------------------------------
@@ -256,7 +309,7 @@ def test_a_dev_shm_too_small_fails_shm_guard_with_the_numbers(host):
     finally:
         box.sh("mount -o remount,size=1g /dev/shm")
     text = result.failure_text()
-    assert re.search(r"/dev/shm/hsextract has [0-9.]+ (KiB|MiB) free \(of 8\.0 MiB\)", text), text
+    assert re.search(rf"{DUMP_DIR} has [0-9.]+ (KiB|MiB) free \(of 8\.0 MiB\)", text), text
     assert "the run needs 16.0 MiB" in text
     assert "hsextract_shm_min_free" in text
 
@@ -274,5 +327,5 @@ def test_teardown_stops_the_services_removes_the_capture_and_keeps_the_training_
     for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service"):
         assert box.unit(unit, "LoadState")["LoadState"] == "not-found", f"{unit} is still installed"
     assert box.run("test", "-e", "/var/lib/hsextract/capture-patch/hsextract_capture_patch").returncode == 1
-    assert box.run("test", "-e", "/dev/shm/hsextract").returncode == 1
+    assert box.run("test", "-e", DUMP_DIR).returncode == 1
     assert manifest_indices(box) == before

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from hf_reference import reference, row_problems
 from hsextract.capture.selfcheck import check_dump
 from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
+from support.hf_reference import reference, row_problems
 from support.sglang_server import start_server
 
 REPO = Path(__file__).resolve().parents[2]

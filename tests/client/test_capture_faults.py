@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from client_run import (
+from hsextract.client.chat_template import load_tokenizer
+from support.client_run import (
     assert_training_set_matches,
     env,
     extract_args,
@@ -25,7 +26,6 @@ from client_run import (
     wait_exit,
     write_mixed_dataset,
 )
-from hsextract.client.chat_template import load_tokenizer
 from support.sglang_server import start_server
 
 pytestmark = pytest.mark.server

@@ -11,7 +11,8 @@ import signal
 from collections import Counter
 
 import pytest
-from client_run import (
+from hsextract.client.chat_template import load_tokenizer
+from support.client_run import (
     assert_training_set_matches,
     client_status,
     extract_args,
@@ -23,7 +24,6 @@ from client_run import (
     wait_for,
     write_mixed_dataset,
 )
-from hsextract.client.chat_template import load_tokenizer
 
 pytestmark = pytest.mark.server
 

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from client_run import (
+from hsextract.client.chat_template import load_tokenizer
+from support.client_run import (
     assert_training_set_matches,
     client_status,
     extract_args,
@@ -28,7 +29,6 @@ from client_run import (
     wait_for,
     write_mixed_dataset,
 )
-from hsextract.client.chat_template import load_tokenizer
 from support.sglang_server import ServerHandle, start_server
 
 pytestmark = pytest.mark.server

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from client_run import env
+from support.client_run import env
 
 pytestmark = pytest.mark.server
 

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from client_run import (
+from hsextract.client.chat_template import load_tokenizer
+from support.client_run import (
     assert_training_set_matches,
     client_status,
     env,
@@ -35,7 +36,6 @@ from client_run import (
     wait_for,
     write_mixed_dataset,
 )
-from hsextract.client.chat_template import load_tokenizer
 
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 

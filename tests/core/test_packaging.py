@@ -33,4 +33,4 @@ def test_the_installed_package_finds_the_capture_patch_templates_without_the_rep
     shipped = Path(found.stdout.strip())
     assert shipped.is_relative_to(site), f"templates found at {shipped}, not in the installed package"
     for name in ("__init__.py.j2", "model.py.j2"):
-        assert (shipped / name).read_bytes() == (REPO / "templates" / "capture_patch" / name).read_bytes()
+        assert (shipped / name).read_bytes() == (REPO / "roles" / "capture_patch" / "templates" / name).read_bytes()

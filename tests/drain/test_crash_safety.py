@@ -16,10 +16,10 @@ import time
 
 import pytest
 import torch
-from drain.drain_proc import drain_until_done, start
-from drain.server_dumps import capture
 from hsextract.formats.manifest import entries_path, iter_entries, verify_entry
 from hsextract.records import load_or_create_run_id
+from support.drain_proc import drain_until_done, start
+from support.server_dumps import capture
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 

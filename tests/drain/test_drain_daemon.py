@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from drain.drain_proc import finish_client, hsextract, start
-from drain.staged_dumps import stage_sample
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.errors import ConfigError
 from hsextract.formats.manifest import entries_path, iter_entries, read_header, verify_entry
 from hsextract.records import load_or_create_run_id
 from hsextract.staging import StateFileLayout
 from safetensors.torch import load_file
+from support.drain_proc import finish_client, hsextract, start
+from support.staged_dumps import stage_sample
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -219,7 +219,8 @@ def test_status_command_reports_progress_and_fails_when_the_drain_is_silent(tmp_
     (out / ".hsextract" / "client-status.json").write_text(json.dumps({"state": "done", "sent": 4}))
     r = hsextract("status", "--output", str(out), timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "4 samples in the set" in r.stdout and "state=done" in r.stdout
+    assert r.stdout.startswith("The run is done: 4 samples are in the training set.\n"), r.stdout
+    assert "4 accepted = 4 in the set + 0 failed + 0 quarantined" in r.stdout, r.stdout
     status_file = out / ".hsextract" / "drain-status.json"
     st = json.loads(status_file.read_text())
     st.update(state="running", updated_at=time.time() - 600)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from drain.drain_proc import drain_until_done
-from drain.server_dumps import capture
-from drain.staged_dumps import write_states
 from hsextract.formats.manifest import iter_entries
 from hsextract.records import load_or_create_run_id, read_record, record_path
 from hsextract.staging import DONE_FILE, STATES_FILE, StateFileLayout, read_states
+from support.drain_proc import drain_until_done
+from support.server_dumps import capture
+from support.staged_dumps import write_states
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(600)]
 

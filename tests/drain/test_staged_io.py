@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from drain.staged_dumps import stage_sample
 from hsextract.drain.staged_io import map_states
 from hsextract.records import load_or_create_run_id
+from support.staged_dumps import stage_sample
 
 
 def _rss_anon_kib() -> int:

@@ -8,11 +8,11 @@ counts and lengths itself. Each reader runs in a subprocess with its own --targe
 from __future__ import annotations
 
 import pytest
-from drain.drain_proc import drain_until_done
-from drain.server_dumps import capture
-from formats.reader_check import assert_reader_sees_captured, load_with_reader
 from hsextract.formats.manifest import iter_entries, read_header, verify_entry
 from hsextract.records import load_or_create_run_id
+from support.drain_proc import drain_until_done
+from support.reader_check import assert_reader_sees_captured, load_with_reader
+from support.server_dumps import capture
 from support.sglang_server import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.readers, pytest.mark.timeout(900)]

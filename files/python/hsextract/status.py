@@ -14,13 +14,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hsextract.client.progress import FAILURES_FILE, REJECTS_FILE
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
+from hsextract.report import ProblemFiles, RunView, status_lines
 
 DRAIN_STATUS = "drain-status.json"
 CLIENT_STATUS = "client-status.json"
 FINISHED_STATES = ("done", "stopped")
+QUARANTINE_DIR = "quarantine"  # the drain's default --quarantine-dir, under the output directory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,14 +59,6 @@ def drain_health(drain: dict[str, Any] | None, stale_after: float, now: float) -
     return True, f"drain {drain.get('state')}, updated {age:.0f} s ago"
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
     """The run's reconciliation; final once the client has finished and the drain has caught up."""
     caught_up = bool(drain) and not drain.get("lag") and not drain.get("in_flight")
@@ -74,23 +69,12 @@ def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
     return accounts
 
 
-def render(drain: dict[str, Any] | None, client: dict[str, Any] | None, health: tuple[bool, str]) -> str:
-    lines = [("OK   " if health[0] else "FAIL ") + health[1]]
-    if drain:
-        lines.append(
-            f"drain   {drain.get('format', '?')}: {drain.get('samples_total', 0)} samples in the set "
-            f"({drain.get('samples', 0)} by this process, {drain.get('tokens', 0)} tokens, "
-            f"{_human_bytes(drain.get('bytes', 0))}); {drain.get('samples_per_s', 0)} samples/s, "
-            f"{drain.get('mb_per_s', 0)} MB/s; lag {drain.get('lag', 0)} staged; "
-            f"quarantined {drain.get('quarantined', 0)}; stale removed {drain.get('stale_removed', 0)}"
-        )
-        if drain.get("paused_reason"):
-            lines.append(f"drain   PAUSED: {drain['paused_reason']}")
-    if client:
-        lines.append("client  " + ", ".join(f"{k}={v}" for k, v in client.items()))
-    else:
-        lines.append("client  no status file yet")
-    return "\n".join(lines)
+def problem_files(output: str | Path, drain: dict[str, Any] | None = None) -> ProblemFiles:
+    """The files that list a run's rejected, failed and quarantined samples."""
+    sdir = Path(output) / ".hsextract"
+    quarantine = (drain or {}).get("quarantine_dir") or Path(output) / QUARANTINE_DIR
+    return ProblemFiles(rejected=str(sdir / REJECTS_FILE), failed=str(sdir / FAILURES_FILE),
+                        quarantined=str(quarantine))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     sdir = Path(args.output) / ".hsextract"
     drain = _read(sdir / DRAIN_STATUS)
     client = _read(sdir / CLIENT_STATUS)
-    health = drain_health(drain, args.stale_after, time.time())
+    now = time.time()
+    health = drain_health(drain, args.stale_after, now)
     accounts = run_accounts(Path(args.output), drain)
     problems = accounts.problems(args.max_failure_share) if accounts else []
     ok = health[0] and not problems
@@ -107,9 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"ok": ok, "why": health[1], "problems": problems, "drain": drain, "client": client,
                           "accounts": accounts.as_dict() if accounts else None}, indent=2))
     else:
-        print(render(drain, client, health))
-        if accounts:
-            print("\n".join(f"counts  {line}" for line in accounts.lines_of_text()))
-        for problem in problems:
-            print(f"FAIL    {problem}")
+        view = RunView(output=str(args.output), files=problem_files(args.output, drain), drain=drain, client=client,
+                       healthy=health[0], health=health[1], now=now, problems=problems,
+                       counts=accounts.lines_of_text() if accounts else [])
+        print("\n".join(status_lines(view)))
     return 0 if ok else 1

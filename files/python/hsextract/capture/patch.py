@@ -1,6 +1,6 @@
 """Render the capture patch (a tiny external-model package for SGLang) and say how to start the server.
 
-The patch is generated from the Jinja2 templates in ``templates/capture_patch`` (the same files
+The patch is generated from the Jinja2 templates in ``roles/capture_patch/templates`` (the same files
 Ansible renders), so humans, tests and the playbook produce the same package. The package only
 wires `hsextract.capture.sglang_hook.install` into SGLang's model class; SGLang picks it up through
 ``SGLANG_EXTERNAL_MODEL_PACKAGE`` and ``PYTHONPATH``. Nothing in SGLang is edited, so removing
@@ -31,16 +31,17 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def template_dir() -> Path:
-    """The capture_patch templates: the repository's ``templates/`` or a copy shipped in the package."""
+    """The capture_patch role's templates: in the repository, or the copy shipped in the package."""
     env = os.environ.get("HSEXTRACT_TEMPLATES")
-    candidates = [Path(env) / "capture_patch"] if env else []
+    candidates = [Path(env)] if env else []
     here = Path(__file__).resolve()
-    candidates += [here.parents[4] / "templates" / "capture_patch", here.parents[1] / "data" / "capture_patch"]
+    candidates += [here.parents[4] / "roles" / "capture_patch" / "templates",
+                   here.parents[1] / "data" / "capture_patch"]
     for c in candidates:
         if (c / TEMPLATE_FILES[0]).is_file():
             return c
     raise ConfigError(f"capture patch templates not found (looked in {', '.join(map(str, candidates))}); "
-                      "set HSEXTRACT_TEMPLATES to the repository's templates directory")
+                      "set HSEXTRACT_TEMPLATES to the repository's roles/capture_patch/templates")
 
 
 def comment_filter(text: str, prefix: str = "# ") -> str:

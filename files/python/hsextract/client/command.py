@@ -15,13 +15,14 @@ from pathlib import Path
 from hsextract import shutdown
 from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES
-from hsextract.client.progress import progress_line
 from hsextract.client.runner import DEFAULT_NUM_AUX, ExtractConfig, ExtractRun, parse_shard
 from hsextract.client.sender import RetryPolicy
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import parse_ids
+from hsextract.report import client_lines
+from hsextract.status import problem_files
 
 REQUIRED = ("server", "dataset", "model", "dump_dir", "output", "format")
 
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         run_.stop.set()
         raise
-    snap = stats.snapshot()
-    print(progress_line(snap), file=sys.stderr)
+    # People read the report (the journal under systemd); machines read the JSON summary on stdout.
+    print("\n".join(client_lines(stats.snapshot(), problem_files(cfg.output))), file=sys.stderr)
     print(json.dumps(stats.summary(), sort_keys=True))
     return 0

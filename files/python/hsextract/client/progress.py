@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from hsextract.report import progress_line
+
 log = logging.getLogger("hsextract.client")
 
 STATE_DIR = ".hsextract"
@@ -139,27 +141,6 @@ class RunStats:
             "paused_s": round(self.paused_s, 1),
             "finished_at": time.time(),
         }
-
-
-def _fmt_eta(eta: float | None) -> str:
-    if eta is None:
-        return "--"
-    eta = int(eta)
-    h, rem = divmod(eta, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def progress_line(snap: dict[str, Any]) -> str:
-    done = snap["ok"] + snap["skipped"] + snap["failed"] + snap["rejected"]
-    line = (
-        f"{done}/{snap['samples_total']} samples | ok {snap['ok']} skipped {snap['skipped']} "
-        f"failed {snap['failed']} rejected {snap['rejected']} | {snap['tokens_per_s']:.0f} tok/s | "
-        f"ETA {_fmt_eta(snap['eta_s'])}"
-    )
-    if snap["paused_reason"]:
-        line += f" | PAUSED: {snap['paused_reason']}"
-    return line
 
 
 class Reporter:

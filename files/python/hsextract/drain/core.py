@@ -195,7 +195,9 @@ class Drainer:
             on_duplicate=lambda p: self._remove_stale(p.dump, p.rid, t.ALREADY_WRITTEN),
             on_settled=self._forget, on_written=self._written, on_fatal=self._fail,
         )
-        self.stats.set(run_id=self.run_id, samples_total=len(found.entries))
+        self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
+                       tokens_total=sum(e.tokens for e in found.entries),
+                       bytes_total=sum(e.bytes for e in found.entries))
         self._sweep_records(time.time(), force=True)
 
     def _start(self) -> MetricsServer | None:

@@ -39,6 +39,8 @@ class DrainStats:
     tokens: int = 0
     bytes: int = 0
     samples_total: int = 0  # in the manifest, including earlier runs of the daemon
+    tokens_total: int = 0  # ... and their tokens and file bytes
+    bytes_total: int = 0
     quarantined: Counter = field(default_factory=Counter)
     stale_removed: Counter = field(default_factory=Counter)
     lag: int = 0  # complete dumps of this run waiting in staging
@@ -56,7 +58,9 @@ class DrainStats:
             self.samples += samples
             self.samples_total += samples
             self.tokens += tokens
+            self.tokens_total += tokens
             self.bytes += nbytes
+            self.bytes_total += nbytes
             now = time.time()
             self._recent.append((now, samples, tokens, nbytes))
             while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
@@ -87,7 +91,9 @@ class DrainStats:
                 "samples": self.samples,
                 "samples_total": self.samples_total,
                 "tokens": self.tokens,
+                "tokens_total": self.tokens_total,
                 "bytes": self.bytes,
+                "bytes_total": self.bytes_total,
                 "samples_per_s": round(sum(r[1] for r in recent) / span, 3),
                 "tokens_per_s": round(sum(r[2] for r in recent) / span, 1),
                 "mb_per_s": round(sum(r[3] for r in recent) / span / 1e6, 2),

@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from drain.staged_dumps import Staged
 from hsextract.records import SampleRecord, make_rid, write_record
 from hsextract.staging import DONE_FILE, read_states
+
+from support.staged_dumps import Staged
 
 
 def wait_done(dump_dir: Path, rid: str, timeout: float = 60) -> Path:

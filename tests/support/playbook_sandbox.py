@@ -89,11 +89,14 @@ class Sandbox:
     workdir: Path = REPO
     shm: str = "1g"
     env: dict[str, str] = field(default_factory=dict)
+    play_vars: dict[str, Any] = field(default_factory=dict)  # extra vars of every playbook run in it
     started: bool = False
 
     def _env(self) -> dict[str, str]:
+        # Without the test run's PYTHONPATH: what the play runs must import the hsextract it installed
+        # from the snapshot, not the working tree's (visible in the sandbox through its overlay).
         return {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
             "SDBOX_NAME": self.name,
             "SDBOX_BINDS": " ".join(str(b) for b in self.binds),
             "SDBOX_NET": "1",
@@ -150,8 +153,8 @@ class Sandbox:
         """Run ansible-playbook inside the sandbox with the JSON callback; never raises on a failed play."""
         ansible_bin = os.environ["HSEXTRACT_ANSIBLE_BIN"]
         argv = [f"{ansible_bin}/ansible-playbook", playbook, *args]
-        if extra_vars:
-            argv += ["-e", json.dumps(extra_vars)]
+        if self.play_vars or extra_vars:
+            argv += ["-e", json.dumps({**self.play_vars, **(extra_vars or {})})]
         env = {
             "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
             # From the working directory: the sandbox sees only its binds under /tmp (a CI clone may live there).

@@ -1,0 +1,227 @@
+"""What a person reads about a run: `hsextract status`, the play's summary, the client's lines.
+
+Pure functions from the status files' data to lines of text; reading the files is the callers'
+job (hsextract.status, hsextract.client). Numbers get thousands separators and units, durations
+read as "1 min 05 s", and problems are listed by reason with the file that holds the details, so
+an operator never has to decode a dict. Machines read the JSON (``hsextract status --json``).
+
+To add a section, write a function from :class:`RunView` to lines and call it in
+:func:`status_lines`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Snapshot = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ProblemFiles:
+    """Where the details of each kind of problem are listed."""
+
+    rejected: str  # dataset lines the client could not use (JSON lines)
+    failed: str  # samples the client gave up on (JSON lines)
+    quarantined: str  # the quarantine directory: <rid>/reason.txt for each
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One look at a run: the drain's and the client's status files, and what they mean."""
+
+    output: str
+    files: ProblemFiles
+    drain: Snapshot | None = None
+    client: Snapshot | None = None
+    healthy: bool = True
+    health: str = ""  # why healthy or not, e.g. "drain running, updated 2 s ago"
+    now: float = 0.0
+    problems: list[str] = field(default_factory=list)  # what fails a finished run's check (hsextract.reconcile)
+    counts: list[str] = field(default_factory=list)  # the run's reconciliation, one fact a line
+
+
+# ---- units -----------------------------------------------------------------------------------------
+
+
+def count(n: float | None) -> str:
+    """6551 -> "6,551"; 1508.9 -> "1,509"."""
+    return "-" if n is None else f"{round(n):,}"
+
+
+def size(n: float | None) -> str:
+    """Bytes in decimal units (as disks and dashboards count): "48.1 MB", "12.35 GB"."""
+    if n is None:
+        return "-"
+    if n < 1e9:
+        return f"{n / 1e6:,.1f} MB"
+    return f"{n / 1e9:,.2f} GB"
+
+
+def duration(seconds: float | None) -> str:
+    """45 -> "45 s", 127 -> "2 min 07 s", 11400 -> "3 h 10 min", 200000 -> "2 d 7 h"."""
+    if seconds is None:
+        return "-"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s:02d} s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m:02d} min"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h"
+
+
+def table(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
+    """Rows of (label, text) with the texts aligned in one column."""
+    width = max((len(label) for label, _ in rows), default=0)
+    return [f"{indent}{label:<{width}}   {text}".rstrip() for label, text in rows]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{count(n)} {word}" + ("" if n == 1 else "s")
+
+
+# ---- the client ------------------------------------------------------------------------------------
+
+
+def _client_done(snap: Snapshot) -> int:
+    return int(snap.get("ok", 0)) + int(snap.get("skipped", 0)) + int(snap.get("failed", 0)) + int(
+        snap.get("rejected", 0))
+
+
+def progress_line(snap: Snapshot) -> str:
+    """The client's progress in one line (its log every few seconds, or its bar on a terminal)."""
+    line = (
+        f"{count(_client_done(snap))} of {count(snap.get('samples_total', 0))} samples done "
+        f"({count(snap.get('ok', 0))} answered, {count(snap.get('skipped', 0))} skipped, "
+        f"{count(snap.get('failed', 0))} failed, {count(snap.get('rejected', 0))} rejected), "
+        f"{count(snap.get('tokens_per_s', 0))} tokens/s, ETA {duration(snap.get('eta_s'))}"
+    )
+    if snap.get("paused_reason"):
+        line += f"; paused: {snap['paused_reason']}"
+    return line
+
+
+def _by_reason(rows: list[tuple[str, str]], label: str, total: int, reasons: Mapping[str, int] | None,
+               where: str) -> None:
+    """A total with the file that lists it, then one indented row per reason, most frequent first."""
+    rows.append((label, f"{count(total)}" + (f", listed in {where}" if total else "")))
+    ordered = sorted((reasons or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    width = max((len(reason) for reason, _ in ordered), default=0)
+    digits = max((len(count(n)) for _, n in ordered), default=0)
+    rows += [("", f"  {reason:<{width}}  {count(n):>{digits}}") for reason, n in ordered]
+
+
+def client_lines(snap: Snapshot, files: ProblemFiles) -> list[str]:
+    """The client's closing report: what it sent, how fast, and what it could not."""
+    elapsed = float(snap.get("updated_at", 0)) - float(snap.get("started_at", 0))
+    tokens = int(snap.get("tokens", 0))
+    state = snap.get("state", "?")
+    head = {"done": "The client is done", "stopped": "The client was stopped",
+            "failed": "The client failed"}.get(state, f"The client is {state}")
+    lines = [f"{head}: {count(_client_done(snap))} of {_plural(int(snap.get('samples_total', 0)), 'sample')} "
+             f"have an outcome, {count(snap.get('ok', 0))} answered in {duration(elapsed)} "
+             f"({_plural(tokens, 'token')}, {count(tokens / elapsed if elapsed > 0 else 0)} tokens/s)."]
+    if snap.get("error"):
+        lines.append(f"Error: {snap['error']}")
+    rows = [("skipped", f"{count(snap.get('skipped', 0))} already written or staged by an earlier run"),
+            ("truncated", count(snap.get("truncated", 0)))]
+    _by_reason(rows, "rejected", int(snap.get("rejected", 0)), snap.get("rejected_by_reason"), files.rejected)
+    _by_reason(rows, "failed", int(snap.get("failed", 0)), snap.get("failed_by_reason"), files.failed)
+    return lines + table(rows)
+
+
+# ---- the whole run (hsextract status, the play's summary) -----------------------------------------
+
+
+def _lag(drain: Snapshot) -> int:
+    """Complete dumps waiting for the drain (none once it is done: it stops only when staging is empty,
+    while its count is the last full scan's)."""
+    return 0 if drain.get("state") == "done" else int(drain.get("lag", 0))
+
+
+def headline(view: RunView) -> str:
+    """One sentence: where the run stands."""
+    client, drain = view.client, view.drain or {}
+    in_set = count(drain.get("samples_total", 0))
+    if not view.healthy:
+        return f"FAIL: {view.health}."
+    if client is None:
+        return f"The client has not started yet; {in_set} samples are in the training set."
+    state = client.get("state")
+    done, total = count(_client_done(client)), count(client.get("samples_total", 0))
+    lag = _lag(drain)
+    if state == "done":
+        waiting = f", {_plural(lag, 'sample')} still wait{'s' if lag == 1 else ''} for the drain" if lag else ""
+        return f"The run is done: {in_set} samples are in the training set{waiting}."
+    if state == "failed":
+        return f"The client failed: {client.get('error') or 'see its journal'}."
+    if state == "stopped":
+        return f"The client was stopped after {done} of {total} samples; run it again to resume."
+    if state == "paused":
+        return f"The run is paused ({client.get('paused_reason')}): {done} of {total} samples done."
+    return f"The run is going: {done} of {total} samples done, ETA {duration(client.get('eta_s'))}."
+
+
+def _progress_rows(view: RunView) -> list[tuple[str, str]]:
+    client, drain = view.client or {}, view.drain or {}
+    rows = [("training set", f"{view.output}" + (f" ({drain['format']})" if drain.get("format") else ""))]
+    rows.append(("drain", view.health.removeprefix("drain ")))
+    samples = f"{count(drain.get('samples_total', 0))} in the set"
+    if client:
+        samples += (f"; the client answered {count(client.get('ok', 0))} and skipped "
+                    f"{count(client.get('skipped', 0))} of {count(client.get('samples_total', 0))}")
+    rows.append(("samples", samples))
+    tokens = drain.get("tokens_total", drain.get("tokens"))
+    rows.append(("tokens", f"{count(tokens)} in the set" if tokens is not None else "-"))
+    written = drain.get("bytes_total", drain.get("bytes"))
+    rows.append(("written", size(written)))
+    finished = client.get("state") in ("done", "stopped", "failed")
+    elapsed = None
+    if client.get("started_at"):
+        end = float(client.get("updated_at", 0)) if finished else view.now
+        elapsed = max(0.0, end - float(client["started_at"]))
+    if finished and elapsed:
+        rate = f"{count(int(client.get('tokens', 0)) / elapsed)} tokens/s on average"
+    elif client:
+        rate = f"{count(client.get('tokens_per_s', 0))} tokens/s"
+    else:
+        rate = "-"
+    if drain and not finished:
+        rate += f"; the drain writes {drain.get('mb_per_s', 0):,.1f} MB/s"
+    rows.append(("rate", rate))
+    rows.append(("elapsed", duration(elapsed)))
+    rows.append(("ETA", "done" if client.get("state") == "done" else duration(client.get("eta_s"))))
+    rows.append(("staged", f"{count(_lag(drain))} waiting for the drain, {count(client.get('in_flight', 0))} "
+                           "requests in flight"))
+    if drain.get("paused_reason"):
+        rows.append(("drain paused", str(drain["paused_reason"])))
+    return rows
+
+
+def _problem_rows(view: RunView) -> list[tuple[str, str]]:
+    client, drain = view.client or {}, view.drain or {}
+    rows: list[tuple[str, str]] = []
+    _by_reason(rows, "rejected", int(client.get("rejected", 0)), client.get("rejected_by_reason"), view.files.rejected)
+    _by_reason(rows, "failed", int(client.get("failed", 0)), client.get("failed_by_reason"), view.files.failed)
+    _by_reason(rows, "quarantined", int(drain.get("quarantined", 0)), drain.get("quarantined_by_reason"),
+               f"{view.files.quarantined}/<rid>/reason.txt")
+    stale = int(drain.get("stale_removed", 0))
+    if stale:  # staged dumps that were never samples of this run, or were written already: nothing lost
+        _by_reason(rows, "stale removed", stale, drain.get("stale_removed_by_reason"), "the drain's journal")
+    return rows
+
+
+def _count_rows(view: RunView) -> list[tuple[str, str]]:
+    return [("counts" if i == 0 else "", line) for i, line in enumerate(view.counts)]
+
+
+def status_lines(view: RunView) -> list[str]:
+    """`hsextract status` and the play's closing summary."""
+    problems = [f"FAIL: {problem}." for problem in view.problems]
+    return [headline(view), *problems, *table(_progress_rows(view) + _problem_rows(view) + _count_rows(view))]
