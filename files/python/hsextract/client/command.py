@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import MISSING
 from pathlib import Path
+from typing import Any
 
 from hsextract import shutdown
 from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES
-from hsextract.client.runner import DEFAULT_NUM_AUX, ExtractConfig, ExtractRun, parse_shard
+from hsextract.client.runner import DEFAULT_MAX_TOKENS, DEFAULT_NUM_AUX, ExtractConfig, ExtractRun, parse_shard
 from hsextract.client.sender import RetryPolicy
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
@@ -27,7 +29,14 @@ from hsextract.status import problem_files
 REQUIRED = ("server", "dataset", "model", "dump_dir", "output", "format")
 
 
+def _default(name: str) -> Any:
+    """The default of an ExtractConfig field: the one source of the CLI's and the roles' defaults."""
+    f = ExtractConfig.__dataclass_fields__[name]
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    retry = _default("retry")
     g = parser.add_argument_group("run")
     g.add_argument("--server", help="SGLang server base URL, e.g. http://127.0.0.1:30000")
     g.add_argument("--dataset", help="dataset file or directory: JSONL (.gz, .zst), JSON array, Parquet, Arrow, "
@@ -37,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--output", help="the training set's output directory (shared with the drain)")
     g.add_argument("--format", choices=FORMAT_NAMES,
                    help="the training set's format (the drain's); the capture must stage what it needs")
-    g.add_argument("--rid-prefix", default="hsx", help="request id prefix the capture writes (default: hsx)")
+    g.add_argument("--rid-prefix", default=_default("rid_prefix"),
+                   help=f"request id prefix the capture writes (default: {_default('rid_prefix')})")
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's")
     g.add_argument("--shard", default="0/1", help="take samples with index %% n == i (i/n; default 0/1)")
     g.add_argument("--last-turn-only", action="store_true",
@@ -45,28 +55,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-loss-tokens", type=int, default=0,
                    help="reject samples with fewer trained-on tokens (reason too_few_loss_tokens; default 0)")
     s = parser.add_argument_group("limits")
-    s.add_argument("--max-in-flight", type=int, default=32, help="requests in flight at once (default 32)")
+    s.add_argument("--max-in-flight", type=int, default=_default("max_in_flight"),
+                   help=f"requests in flight at once (default {_default('max_in_flight')})")
     s.add_argument("--max-tokens", type=int, default=None,
-                   help="longest sample in tokens (default: the model's context length - 1)")
-    s.add_argument("--overlong", choices=OVERLONG_POLICIES, default="truncate",
-                   help="what to do with longer samples (default: truncate)")
-    s.add_argument("--shm-min-free", default="10%",
-                   help="pause while the dump dir's filesystem has less free space (bytes like 2G, or 10%%)")
+                   help=f"longest sample in tokens (default {DEFAULT_MAX_TOKENS}, or the model's context - 1 if less)")
+    s.add_argument("--overlong", choices=OVERLONG_POLICIES, default=_default("overlong"),
+                   help=f"what to do with longer samples (default: {_default('overlong')})")
+    s.add_argument("--shm-min-free", default=str(_default("shm_min_free")),
+                   help="pause while the dump dir's filesystem has less free space (bytes like 2G, or a "
+                        f"percentage; default {str(_default('shm_min_free')).replace('%', '%%')})")
     s.add_argument("--aux-layers", help="the capture's aux layer ids, e.g. 1,29,57 (only sizes the staging reserve; "
                    "default: 3 layers)")
-    s.add_argument("--max-staged", type=int, default=4096,
-                   help="pause while staged dumps + requests in flight reach this many (0: no limit)")
+    s.add_argument("--max-staged", type=int, default=_default("max_staged"),
+                   help=f"pause while staged dumps + requests in flight reach this many (0: no limit; default "
+                        f"{_default('max_staged')})")
     r = parser.add_argument_group("retries")
-    r.add_argument("--max-attempts", type=int, default=5, help="tries per sample while the server is up (default 5)")
-    r.add_argument("--server-wait", type=float, default=3600.0,
-                   help="seconds to wait for a down server before giving up (default 3600)")
-    r.add_argument("--request-timeout", type=float, default=600.0, help="seconds to wait for one answer (default 600)")
-    r.add_argument("--probe-timeout", type=float, default=60.0,
-                   help="seconds the start-up probe's dump may take to appear in --dump-dir (default 60)")
-    r.add_argument("--capture-timeout", type=float, default=120.0,
-                   help="seconds an answered sample may wait for its staged dump before it is sent again (default 120)")
+    r.add_argument("--max-attempts", type=int, default=retry.max_attempts,
+                   help=f"tries per sample while the server is up (default {retry.max_attempts})")
+    r.add_argument("--server-wait", type=float, default=retry.server_wait_s,
+                   help=f"seconds to wait for a down server before giving up (default {retry.server_wait_s:g})")
+    r.add_argument("--request-timeout", type=float, default=retry.read_timeout_s,
+                   help=f"seconds to wait for one answer (default {retry.read_timeout_s:g})")
+    r.add_argument("--probe-timeout", type=float, default=_default("probe_timeout_s"),
+                   help="seconds the start-up probe's dump may take to appear in --dump-dir "
+                        f"(default {_default('probe_timeout_s'):g})")
+    r.add_argument("--capture-timeout", type=float, default=_default("capture_timeout_s"),
+                   help="seconds an answered sample may wait for its staged dump before it is sent again "
+                        f"(default {_default('capture_timeout_s'):g})")
     p = parser.add_argument_group("progress")
-    p.add_argument("--log-every", type=float, default=30.0, help="seconds between progress log lines off a terminal")
+    p.add_argument("--log-every", type=float, default=_default("log_every_s"),
+                   help=f"seconds between progress log lines off a terminal (default {_default('log_every_s'):g})")
     add_config_argument(parser)
 
 

@@ -69,6 +69,8 @@ log = logging.getLogger("hsextract.client")
 # Bytes a token's captured states take in staging, per hidden unit: K aux layers (EAGLE-3: 3) plus
 # the final hidden state, 2 bytes each (bf16). Used only to reserve room for requests in flight.
 DEFAULT_NUM_AUX = 3
+# The longest sample by default (the drafter trainers' usual maximum); --max-tokens raises it.
+DEFAULT_MAX_TOKENS = 4096
 STAGED_ELEM_BYTES = 2
 
 
@@ -81,12 +83,16 @@ class ExtractConfig:
     output: Path
     format: str = "speculators"
     rid_prefix: str = "hsx"
+    # The defaults of the CLI and of the Ansible roles (roles/hsextract/defaults/main.yml), which a
+    # test holds equal: 32 requests in flight keep a server's prefill batches full at 1-4K-token
+    # prompts (measured on the H200 with 64), and 256 staged dumps are a few seconds of the drain's
+    # work at Kimi width, long enough to ride out its fsyncs, short enough to notice it stalled.
     max_in_flight: int = 32
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # None: DEFAULT_MAX_TOKENS, or the model's context - 1 if shorter
     overlong: str = "truncate"
     shard: tuple[int, int] = (0, 1)
     shm_min_free: Watermark = field(default_factory=lambda: Watermark(fraction=0.10))
-    max_staged: int | None = 4096
+    max_staged: int | None = 256
     chat_template: str | None = None
     last_turn_only: bool = False
     min_loss_tokens: int = 0
@@ -156,8 +162,10 @@ class ExtractRun:
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
         self.tokenizer = load_tokenizer(cfg.model, cfg.chat_template)
         max_tokens = cfg.max_tokens
-        if max_tokens is None and self.model.max_position_embeddings:
-            max_tokens = self.model.max_position_embeddings - 1  # room for the one generated token
+        if max_tokens is None:
+            max_tokens = DEFAULT_MAX_TOKENS
+            if self.model.max_position_embeddings:  # room for the one generated token
+                max_tokens = min(max_tokens, self.model.max_position_embeddings - 1)
         self.encoder = SampleEncoder(self.tokenizer, max_tokens, cfg.overlong, self.model.vocab_size or None,
                                      cfg.last_turn_only, cfg.min_loss_tokens)
         self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
