@@ -51,9 +51,10 @@ def apply_config(
         if dest in ("help", "config") or dest in given or dest not in data:
             continue
         value = data[dest]
-        if action.type is not None and value is not None and not isinstance(value, (list, bool)):
+        convert = action.type
+        if callable(convert) and value is not None and not isinstance(value, (list, bool)):
             try:
-                value = action.type(value)
+                value = convert(value)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"config file {path}: {dest}={value!r} is invalid ({exc})") from exc
         if action.choices is not None and value not in action.choices:

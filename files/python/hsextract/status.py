@@ -61,7 +61,7 @@ def drain_health(drain: dict[str, Any] | None, stale_after: float, now: float) -
 
 def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
     """The run's reconciliation; final once the client has finished and the drain has caught up."""
-    caught_up = bool(drain) and not drain.get("lag") and not drain.get("in_flight")
+    caught_up = drain is not None and not drain.get("lag") and not drain.get("in_flight")
     quarantine = Path(drain["quarantine_dir"]) if drain and drain.get("quarantine_dir") else None
     accounts = read_accounts(output, quarantine)
     if accounts is not None and accounts.final and not caught_up:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 KINDS = ("llama", "dsv3", "dsv3-gpu")
 NUM_LAYERS = 8  # enough for the EAGLE-3 default aux layers [1, L//2-1, L-4] = [1, 3, 4]
@@ -84,7 +85,8 @@ def _dsv3_config(mla: dict[str, int] | None = None):
 
     dims = {"kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}
     dims.update(mla or {})
-    return DeepseekV3Config(
+    # A plain dict: transformers' stubs do not know every DeepSeek field (moe_layer_freq).
+    fields: dict[str, Any] = dict(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=4,
         n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
@@ -95,6 +97,7 @@ def _dsv3_config(mla: dict[str, int] | None = None):
             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
         },
     )
+    return DeepseekV3Config(**fields)
 
 
 # Keys SGLang 0.5.23 reads from a DeepSeek-V3 config that transformers 5.x no longer writes.

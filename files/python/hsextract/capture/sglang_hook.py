@@ -249,7 +249,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     except ConfigError as exc:
         problems.append(str(exc))
     try:
-        layers = resolve(cfg.aux_layer_ids, int(text_cfg.num_hidden_layers), cfg.layer_convention)  # type: ignore[arg-type]
+        layers = resolve(cfg.aux_layer_ids, int(text_cfg.num_hidden_layers), cfg.layer_convention)
     except ConfigError as exc:
         problems.append(str(exc))
     if writes_dumps(attn_tp_rank):

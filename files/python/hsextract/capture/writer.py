@@ -281,7 +281,7 @@ class CaptureWriter:
         self.bytes_written = 0
         self.requests_done = 0
         self.requests_failed = 0
-        self.write_errors = 0
+        self.write_errors = 0  # requests that a failed write lost (not writes: a request has many slices)
         self._stats_lock = threading.Lock()
         self._closed = False
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
@@ -352,6 +352,7 @@ class CaptureWriter:
             host_lens.copy_(lens)
             return None
         stream = self._side_stream
+        assert stream is not None  # made with the writer on CUDA
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             host_block.copy_(block, non_blocking=True)
@@ -400,7 +401,7 @@ class CaptureWriter:
 
     def _dispatch(self, job: _Job) -> None:
         if job.event is not None:
-            job.event.synchronize()
+            job.event.synchronize()  # type: ignore[attr-defined]  # a torch.cuda.Event
         lens = job.buf[job.lens_offset : job.lens_offset + 8 * job.batch_size].view(torch.int64).tolist()
         segments = self.planner.plan(job.requests, lens)
         for f in self.planner.take_failures():
@@ -408,7 +409,7 @@ class CaptureWriter:
             if state is None:  # dropped from tracking
                 state = self.planner.fail(f.rid, f.reason)
             self._report_failure(state, f.reason, f.detail)
-        mv = memoryview(job.buf.numpy())
+        mv = memoryview(job.buf.numpy())  # type: ignore[arg-type]  # a uint8 ndarray is a buffer
         tasks: list[tuple[Segment, int, int, bool, _MappedFile | None]] = []
         per_slice_rows = max(1, self.slice_bytes // job.row_bytes)
         for seg in segments:
@@ -525,6 +526,7 @@ class CaptureWriter:
         if error is not None:
             self._fail(state, path, error)
         self._slice_done(state)
+        assert job.lock is not None
         with job.lock:
             job.remaining -= 1
             last = job.remaining == 0
@@ -560,8 +562,6 @@ class CaptureWriter:
 
     def _fail(self, state: RequestState, path: str | Path, exc: OSError) -> None:
         """A write of the request failed: give up on it and tell the client why."""
-        with self._stats_lock:
-            self.write_errors += 1
         hint = " (/dev/shm is full: the client should pause, or the drain is not keeping up)" \
             if exc.errno == errno.ENOSPC else ""
         self._report_failure(state, CAPTURE_WRITE_ERROR, f"cannot write {path}: {exc.strerror or exc}{hint}")
@@ -574,7 +574,10 @@ class CaptureWriter:
             if not state.failed:
                 state.failed = reason
         if not first:
-            return
+            return  # its other slices failed too: one request, one error
+        if reason == CAPTURE_WRITE_ERROR:
+            with self._stats_lock:
+                self.write_errors += 1
         log.error("capture: request %s cannot be staged (%s: %s); it is marked failed for the client to send again",
                   state.rid, reason, detail)
         with contextlib.suppress(OSError):
@@ -599,6 +602,7 @@ class CaptureWriter:
             if ready:
                 state.done_written = True
         if ready:
+            assert state.marker is not None
             try:
                 write_done_marker(self.dump_dir, state.marker)
                 with self._stats_lock:

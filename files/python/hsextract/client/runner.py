@@ -24,6 +24,7 @@ The summary is written only once every sample of the shard has an outcome, becau
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import threading
@@ -431,5 +432,5 @@ class ExtractRun:
             st.in_flight += 1
             st.in_flight_tokens += len(enc.input_ids)
         fut = self._pool.submit(self.sender.send, rid, enc.input_ids)
-        fut.add_done_callback(lambda f, rid=rid, enc=enc: self._finish(rid, enc, f))
+        fut.add_done_callback(functools.partial(self._finish, rid, enc))
         return True

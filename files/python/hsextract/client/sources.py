@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from hsextract.errors import HsextractError
 
@@ -164,7 +164,7 @@ def _open(f: DataFile) -> BinaryIO:
     if f.compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)  # type: ignore[return-value]
+        return zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)
     return fh
 
 
@@ -422,6 +422,7 @@ def _count_arrow(f: DataFile) -> int:
 
 
 def file_rows(f: DataFile) -> Iterator[Row]:
+    it: Iterator[Mapping[Any, Any] | bytes | Unreadable]
     if f.kind == "parquet":
         it = _parquet_rows(f)
     elif f.kind == "arrow":

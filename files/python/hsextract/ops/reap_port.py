@@ -66,7 +66,8 @@ class Stopped:
 
 
 def plan_reap(
-    holders: Iterable[Holder], pattern: re.Pattern[str], protected: set[int], keep: set[int] = frozenset()
+    holders: Iterable[Holder], pattern: re.Pattern[str], protected: set[int],
+    keep: frozenset[int] | set[int] = frozenset(),
 ) -> ReapPlan:
     """Decide which holders may be stopped.
 

@@ -136,9 +136,9 @@ async def regenerate(conv: Conversation, complete: Complete, opts: Options) -> R
                 return _cut(res, out, i, TRUNCATED, why)
             res.truncated.append(len(out))
         source_calls = source[i].tool_calls if i < len(source) else ()
-        why = tools.mismatch(source_calls, message.tool_calls)
-        if why is not None:
-            return _cut(res, out, i, TOOL_CALLS_DIFFER, why)
+        differ = tools.mismatch(source_calls, message.tool_calls)
+        if differ is not None:
+            return _cut(res, out, i, TOOL_CALLS_DIFFER, differ)
         out.append(message)
         res.turns += 1
         if source_calls:

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hsextract.client.conversation import Conversation
 from hsextract.client.progress import state_dir, write_json_atomic
@@ -101,8 +101,8 @@ class Store:
         self.data_path = self.output / OUTPUT_FILE
         self.errors_path = self.state / ERRORS_FILE
         self._lock = threading.Lock()
-        self._data = None
-        self._errors = None
+        self._data: BinaryIO | None = None
+        self._errors: BinaryIO | None = None
         self.done: set[str] = set()
         self.ok_keys: set[str] = set()
 
