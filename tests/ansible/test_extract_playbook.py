@@ -13,6 +13,10 @@ life of a real host:
 7. the hsextract package changes and ``extract.yml`` runs again: its handlers restart the running
    server and drain, and leave the finished client alone.
 
+After the failure cases (below), the same host runs ``extract.yml`` with the regeneration on, into
+another training set: the server generates the replies in its generation profile, goes back to the
+capture profile, and the extraction captures the regenerated dataset; a second run changes nothing.
+
 Every play runs with the output and staging directories moved from their defaults, so the run
 itself shows that an overridden path reaches each unit and the process it runs.
 
@@ -79,7 +83,7 @@ def host(tmp_path_factory):
                 str(BYSTANDER_PORT), "unrelated-service", check=True)
         box.wait_until(lambda: box.run("ss", "-ltn", f"sport = :{PORT}").stdout.count("LISTEN") == 1, 30,
                        interval=0.5, what="the old server to listen")
-        state: dict = {"box": box, "logs": logs}
+        state: dict = {"box": box, "logs": logs, "repo": repo}
         state["old_server_pid"] = box.main_pid("hsx-test-old-server.service")
         state["bystander_pid"] = box.main_pid("hsx-test-bystander.service")
 
@@ -314,6 +318,127 @@ def test_a_dev_shm_too_small_fails_shm_guard_with_the_numbers(host):
     assert "hsextract_shm_min_free" in text
 
 
+# ---- the regeneration stage (hsextract_regenerate), on the converged host --------------------------
+
+REGEN_OUTPUT = "/srv/hsx-test/output-regen"  # a training set of its own: the other one stays as it is
+REGENERATED = "/srv/hsx-test/regenerated"
+REGEN_VARS = {"hsextract_regenerate": True, "hsextract_output_dir": REGEN_OUTPUT,
+              "hsextract_regenerated_dir": REGENERATED, "regeneration_max_new_tokens": 16,
+              "regeneration_concurrency": 8, "wait": True}
+ENCODE = """import json, sys
+from hsextract.client.chat_template import SampleEncoder, load_tokenizer
+from hsextract.client.dataset import Sample, read_dataset
+encoder = SampleEncoder(load_tokenizer(sys.argv[1]), int(sys.argv[3]), "truncate")
+print(json.dumps({item.index: getattr(encoder.encode(item), "input_ids", None) for item in read_dataset(sys.argv[2])
+                  if isinstance(item, Sample)}))
+"""
+
+
+@pytest.fixture(scope="session")
+def regen_host(host):
+    """extract.yml with the regeneration on (from the converged host), run twice; both results copied out."""
+    if host["first"].rc != 0:
+        pytest.skip("the converge failed")
+    box, logs = host["box"], host["logs"]
+    state: dict = {"box": box}
+    state["first"] = box.playbook("extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="6-regenerate",
+                                  timeout=1800)
+    if state["first"].rc == 0:
+        state["server_pid"] = box.main_pid("hsextract-server.service")
+        state["regen_started"] = box.unit("hsextract-regenerate.service", "ExecMainStartTimestamp")
+        state["second"] = box.playbook("extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="7-regenerate-again",
+                                       timeout=900)
+    export = host["repo"] / ".regen-export"  # the snapshot is bound into the sandbox: the host reads it there
+    box.sh(f"rm -rf {export} && mkdir -p {export} && cp -a {REGEN_OUTPUT} {export}/output && "
+           f"cp -a {REGENERATED} {export}/regenerated", check=False)
+    state["output"], state["regenerated"] = export / "output", export / "regenerated"
+    return state
+
+
+def source_conversations() -> dict[str, list[dict]]:
+    """id -> the assistant turns of each conversation of the demo dataset (pre-tokenized rows have none)."""
+    out = {}
+    for line in DATASET.read_text().splitlines():
+        row = json.loads(line)
+        turns = row.get("messages") or row.get("conversations")
+        if turns:
+            out[row["id"]] = [t for t in turns if t.get("role", t.get("from")) in ("assistant", "gpt")]
+    return out
+
+
+def regenerated_rows(regen_host) -> list[dict]:
+    return [json.loads(line) for line in (regen_host["regenerated"] / "conversations.jsonl").read_text().splitlines()]
+
+
+def test_extract_with_regeneration_generates_first_then_captures_with_the_capture_profile(regen_host):
+    assert_ok(regen_host["first"], "extract.yml with hsextract_regenerate")
+    box = regen_host["box"]
+    done = regen_host["first"].result_of("Print the regeneration's summary.")["msg"]
+    written = len(regenerated_rows(regen_host))
+    assert done.startswith(f"The regeneration is done: {written} conversations regenerated in this pass"), done
+    assert done.endswith(f"The extraction reads {REGENERATED}."), done
+    assert box.unit("hsextract-regenerate.service", "ActiveState", "Result") == {"ActiveState": "inactive",
+                                                                                "Result": "success"}
+    props = box.unit("hsextract-server.service", "ExecStart", "Environment", "NRestarts")
+    assert "--disable-radix-cache" in props["ExecStart"], "the server was not put back in the capture profile"
+    assert "SGLANG_EXTERNAL_MODEL_PACKAGE=hsextract_capture_patch" in props["Environment"]
+    run = json.loads(box.run("cat", RUN_CONFIG, check=True).stdout)
+    assert (run["dataset"], run["output"]) == (REGENERATED, REGEN_OUTPUT)
+
+
+def test_the_regenerated_dataset_has_one_outcome_per_row_and_the_models_own_replies(regen_host):
+    assert_ok(regen_host["first"], "extract.yml with hsextract_regenerate")
+    source, rows = source_conversations(), regenerated_rows(regen_host)
+    errors = [json.loads(line) for line in
+              (regen_host["regenerated"] / ".hsextract" / "regen-errors.jsonl").read_text().splitlines()]
+    # The tiny random model sometimes ends a reply at once: such a conversation is an error (empty_reply)
+    # or is cut before that turn; every other reply is the model's own.
+    assert sorted([r["index"] for r in rows] + [e["index"] for e in errors]) == list(range(40)), "one outcome each"
+    assert sorted(e["index"] for e in errors if e["reason"] == "pre_tokenized") == [
+        i for i, line in enumerate(DATASET.read_text().splitlines()) if "input_ids" in json.loads(line)]
+    assert {e["reason"] for e in errors} <= {"pre_tokenized", "empty_reply"}, errors
+    assert len(rows) >= 10, f"only {len(rows)} of 30 conversations regenerated"
+    for row in rows:
+        replies = [m for m in row["messages"] if m["role"] == "assistant"]
+        full = source[row["id"]]
+        assert len(replies) == row["regenerated"]["turns"] >= 1, row
+        assert len(replies) == len(full) if row["regenerated"]["cut"] is None else len(replies) < len(full), row
+        assert all(m["content"] != t.get("content", t.get("value")) for m, t in zip(replies, full, strict=False)), row
+
+
+def test_the_training_set_of_the_regenerated_dataset_is_complete_and_loads_with_the_reader(regen_host):
+    assert_ok(regen_host["first"], "extract.yml with hsextract_regenerate")
+    readers = os.environ.get("HSEXTRACT_READERS")
+    if not readers:
+        pytest.skip("HSEXTRACT_READERS is not set: install requirements/readers.txt (make venv)")
+    from hsextract.formats.manifest import iter_entries
+    from support.reader_check import load_with_reader
+
+    box, out = regen_host["box"], regen_host["output"]
+    entries = sorted(iter_entries(out), key=lambda e: e.output_index)
+    rows = regenerated_rows(regen_host)
+    assert sorted(e.dataset_index for e in entries) == list(range(len(rows))), "each regenerated row once"
+    st = status(box)
+    assert st["client"]["state"] == "done" and st["client"]["failed"] == 0 and st["drain"]["quarantined"] == 0
+    loaded = load_with_reader(Path(readers), "speculators", out, num_aux=3, hidden=64)
+    assert loaded["error_records"] == 0 and sorted(loaded["samples"]) == [e.output_index for e in entries]
+    # The hidden states are those of the regenerated conversations, as the client encodes them.
+    run = json.loads(box.run("cat", RUN_CONFIG, check=True).stdout)
+    encoded = json.loads(box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", ENCODE, run["model"], REGENERATED,
+                                 str(run["max_tokens"]), check=True).stdout)
+    for e in entries:
+        assert loaded["samples"][e.output_index]["input_ids"].tolist() == encoded[str(e.dataset_index)], e
+
+
+def test_a_second_run_with_the_regeneration_done_changes_nothing(regen_host):
+    assert_ok(regen_host["first"], "extract.yml with hsextract_regenerate")
+    second, box = regen_host["second"], regen_host["box"]
+    assert_ok(second, "the second extract.yml run with hsextract_regenerate")
+    assert second.changed() == 0, f"changed tasks: {second.changed_tasks()}"
+    assert box.main_pid("hsextract-server.service") == regen_host["server_pid"], "the server was restarted"
+    assert box.unit("hsextract-regenerate.service", "ExecMainStartTimestamp") == regen_host["regen_started"]
+
+
 # ---- teardown (last: it ends the converged host) --------------------------------------------------
 
 
@@ -324,7 +449,8 @@ def test_teardown_stops_the_services_removes_the_capture_and_keeps_the_training_
     before = manifest_indices(box)
     result = box.playbook("playbooks/teardown.yml", log_dir=host["logs"], label="5-teardown", timeout=600)
     assert_ok(result, "playbooks/teardown.yml")
-    for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service"):
+    for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service",
+                 "hsextract-regenerate.service"):
         assert box.unit(unit, "LoadState")["LoadState"] == "not-found", f"{unit} is still installed"
     assert box.run("test", "-e", "/var/lib/hsextract/capture-patch/hsextract_capture_patch").returncode == 1
     assert box.run("test", "-e", DUMP_DIR).returncode == 1

@@ -9,7 +9,6 @@ own templates and defaults; nothing is installed (the argument-spec cases run in
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -74,12 +73,12 @@ def units(tmp_path_factory) -> dict[str, str]:
             {"name": "Load the case's settings.",
              "ansible.builtin.include_vars": str(tmp / "case-{{ inventory_hostname }}.yml")},
             {"name": "Render the unit.",
-                   "ansible.builtin.template": {"src": str(SERVER_TEMPLATE), "dest": str(tmp / "{{ inventory_hostname }}"),
-                                                "mode": "0644"}}],
+             "ansible.builtin.template": {"src": str(SERVER_TEMPLATE),
+                                          "dest": str(tmp / "{{ inventory_hostname }}"), "mode": "0644"}}],
     }]
     for case, settings in CASES.items():
         (tmp / f"case-{case}.yml").write_text(yaml.safe_dump({**BASE, **settings}))
-    r = playbook(tmp, plays, dict.fromkeys(CASES, {}))
+    r = playbook(tmp, plays, {case: {} for case in CASES})
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
     return {case: (tmp / case).read_text() for case in CASES}
 
@@ -190,4 +189,4 @@ def test_the_regeneration_roles_defaults_are_the_clis():
         name = f"regeneration_{flag}"
         assert defaults[name] == cli[flag], f"{name}: role {defaults[name]!r}, CLI {cli[flag]!r}"
         assert options[name].get("default") == cli[flag], f"{name}: argument spec {options[name].get('default')!r}"
-    assert json.dumps(sorted(defaults)) == json.dumps(sorted(options)), "defaults and argument specs list other variables"
+    assert sorted(defaults) == sorted(options), "the defaults and the argument specs list other variables"

@@ -5,7 +5,7 @@ roles/hsextract) or, for the capture inside the server, from the rendered captur
 grants the paths it may write (``ReadWritePaths=``) and binds those that its private /tmp would
 hide. Every path-like variable of every role's defaults is overridden at once, each to a value of
 its own (so a unit built from one variable and a process reading another show two different paths),
-the run config, the three units and the capture package are rendered by Ansible from the roles' own
+the run config, the four units and the capture package are rendered by Ansible from the roles' own
 templates and defaults, and each unit is checked against what its process will open.
 Runs on the host: only files in a temporary directory are written.
 """
@@ -25,10 +25,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
-SERVICE_ROLES = ("hsextract", "ml_env", "capture_patch", "sglang_server", "drain_daemon", "extraction")
+SERVICE_ROLES = ("hsextract", "ml_env", "capture_patch", "sglang_server", "drain_daemon", "extraction", "regeneration")
 UNITS = {"server": ("sglang_server", "hsextract-server.service.j2"),
          "drain": ("drain_daemon", "hsextract-drain.service.j2"),
-         "client": ("extraction", "hsextract-extract.service.j2")}
+         "client": ("extraction", "hsextract-extract.service.j2"),
+         "regen": ("regeneration", "hsextract-regenerate.service.j2")}
 PRIVATE_TMP = re.compile(r"^/(var/)?tmp(/|$)")
 
 
@@ -93,7 +94,9 @@ def render_play(tmp: Path) -> list[dict]:
             {"name": "Record where the play puts what the processes read.",
              "ansible.builtin.copy": {"dest": f"{out}/facts.json", "mode": "0644", "content": json.dumps({
                  "config_file": "{{ hsextract_config_file }}", "python": "{{ hsextract_python }}",
-                 "capture_dir": "{{ hsextract_capture_dir }}", "package": "{{ hsextract_capture_package }}"})}},
+                 "capture_dir": "{{ hsextract_capture_dir }}", "package": "{{ hsextract_capture_package }}",
+                 "dataset": "{{ hsextract_dataset }}", "regenerate": "{{ hsextract_regenerate | bool }}",
+                 "regenerated_dir": "{{ hsextract_regenerated_dir }}"})}},
         ],
     }]
 
@@ -174,6 +177,21 @@ def disagreements(case_dir: Path) -> list[str]:
         expect(u.can_read(run["model"]), f"{name}: its process reads the model {run['model']}, hidden by the unit")
         expect(u.can_write(u.env["HOME"]), f"{name}: HOME={u.env['HOME']} is not writable in the unit")
     expect(units["client"].can_read(run["dataset"]), f"client: the dataset {run['dataset']} is hidden by the unit")
+    regen = units["regen"]
+    expect(regen.flag("--dataset") == facts["dataset"] and regen.can_read(facts["dataset"]),
+           f"regeneration: reads {regen.flag('--dataset')}, the dataset is {facts['dataset']} (readable: "
+           f"{regen.can_read(facts['dataset'])})")
+    expect(regen.flag("--output") == facts["regenerated_dir"] and regen.can_write(facts["regenerated_dir"]),
+           f"regeneration: writes {regen.flag('--output')}, granted {regen.paths('ReadWritePaths')}")
+    expect(regen.flag("--server") == run["server"], f"regeneration calls {regen.flag('--server')}, not {run['server']}")
+    expect(regen.can_write(regen.env["HOME"]), f"regeneration: HOME={regen.env['HOME']} is not writable in the unit")
+    if facts["regenerate"] == "True":
+        expect(run["dataset"] == facts["regenerated_dir"] and "shard" not in run,
+               f"with regeneration the client reads {run['dataset']} (shard {run.get('shard')}), "
+               f"the regeneration writes {facts['regenerated_dir']}")
+    else:
+        expect(run["dataset"] == facts["dataset"],
+               f"the client reads {run['dataset']}, the dataset is {facts['dataset']}")
     server = units["server"]
     expect(capture["dump_dir"] == run["dump_dir"],
            f"the capture writes to {capture['dump_dir']}, the drain and the client use {run['dump_dir']}")
@@ -203,7 +221,9 @@ def rendered(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("unit-paths")
     cases = {"defaults": {}, "every-path-overridden": {name: override_value(name, tmp) for name in path_variables()},
              "under-tmp": {"hsextract_output_dir": str(tmp / "out"), "hsextract_dump_dir": "/var/tmp/hsx-dumps",
-                           "hsextract_dataset": str(tmp / "data.jsonl")}}
+                           "hsextract_dataset": str(tmp / "data.jsonl")},
+             "regenerate-under-tmp": {"hsextract_regenerate": True, "hsextract_regenerated_dir": str(tmp / "regen"),
+                                      "hsextract_dataset": str(tmp / "data.jsonl"), "hsextract_shard": "1/2"}}
     render_cases(tmp, cases)
     return tmp, cases
 
@@ -214,7 +234,7 @@ def test_every_path_variable_of_the_roles_is_overridden_here():
     assert len(names) >= 12, names
 
 
-@pytest.mark.parametrize("case", ["defaults", "every-path-overridden", "under-tmp"])
+@pytest.mark.parametrize("case", ["defaults", "every-path-overridden", "under-tmp", "regenerate-under-tmp"])
 def test_an_override_reaches_both_the_unit_and_its_process(rendered, case):
     tmp, cases = rendered
     assert disagreements(tmp / "cases" / case) == [], f"with {cases[case]}"
