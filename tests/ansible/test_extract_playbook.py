@@ -30,6 +30,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -336,17 +338,22 @@ print(json.dumps({item.index: getattr(encoder.encode(item), "input_ids", None) f
 
 @pytest.fixture(scope="session")
 def regen_host(host):
-    """extract.yml with the regeneration on (from the converged host), run twice; both results copied out."""
+    """extract.yml with the regeneration on (from the converged host): in check mode, then twice; copied out."""
     if host["first"].rc != 0:
         pytest.skip("the converge failed")
     box, logs = host["box"], host["logs"]
-    state: dict = {"box": box}
-    state["first"] = box.playbook("extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="6-regenerate",
+    state: dict = {"box": box, "server_pid_before": box.main_pid("hsextract-server.service")}
+    state["check"] = box.playbook("extract.yml", "--check", extra_vars=REGEN_VARS, log_dir=logs,
+                                  label="6-regenerate-check", timeout=900)
+    state["server_pid_after_check"] = box.main_pid("hsextract-server.service")
+    unit_file = "/etc/systemd/system/hsextract-regenerate.service"
+    state["left_by_check"] = box.sh(f"ls -d {REGENERATED} {REGEN_OUTPUT} {unit_file} 2>/dev/null || true")
+    state["first"] = box.playbook("extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="7-regenerate",
                                   timeout=1800)
     if state["first"].rc == 0:
         state["server_pid"] = box.main_pid("hsextract-server.service")
         state["regen_started"] = box.unit("hsextract-regenerate.service", "ExecMainStartTimestamp")
-        state["second"] = box.playbook("extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="7-regenerate-again",
+        state["second"] = box.playbook("extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="8-regenerate-again",
                                        timeout=900)
     export = host["repo"] / ".regen-export"  # the snapshot is bound into the sandbox: the host reads it there
     box.sh(f"rm -rf {export} && mkdir -p {export} && cp -a {REGEN_OUTPUT} {export}/output && "
@@ -368,6 +375,14 @@ def source_conversations() -> dict[str, list[dict]]:
 
 def regenerated_rows(regen_host) -> list[dict]:
     return [json.loads(line) for line in (regen_host["regenerated"] / "conversations.jsonl").read_text().splitlines()]
+
+
+def test_check_mode_with_the_regeneration_to_do_changes_nothing_on_the_host(regen_host):
+    assert_ok(regen_host["check"], "extract.yml --check with hsextract_regenerate")
+    assert "regeneration : Start the server in its generation profile." in [
+        name for name, _ in regen_host["check"].task_results()], "check mode skipped the regeneration"
+    assert regen_host["server_pid_after_check"] == regen_host["server_pid_before"], "check mode restarted the server"
+    assert regen_host["left_by_check"] == "", f"check mode created {regen_host['left_by_check']}"
 
 
 def test_extract_with_regeneration_generates_first_then_captures_with_the_capture_profile(regen_host):
@@ -393,7 +408,8 @@ def test_the_regenerated_dataset_has_one_outcome_per_row_and_the_models_own_repl
               (regen_host["regenerated"] / ".hsextract" / "regen-errors.jsonl").read_text().splitlines()]
     # The tiny random model sometimes ends a reply at once: such a conversation is an error (empty_reply)
     # or is cut before that turn; every other reply is the model's own.
-    assert sorted([r["index"] for r in rows] + [e["index"] for e in errors]) == list(range(40)), "one outcome each"
+    outcomes = [r["regenerated"]["index"] for r in rows] + [e["index"] for e in errors]
+    assert sorted(outcomes) == list(range(40)), "one outcome per row of the dataset"
     assert sorted(e["index"] for e in errors if e["reason"] == "pre_tokenized") == [
         i for i, line in enumerate(DATASET.read_text().splitlines()) if "input_ids" in json.loads(line)]
     assert {e["reason"] for e in errors} <= {"pre_tokenized", "empty_reply"}, errors
@@ -420,6 +436,10 @@ def test_the_training_set_of_the_regenerated_dataset_is_complete_and_loads_with_
     assert sorted(e.dataset_index for e in entries) == list(range(len(rows))), "each regenerated row once"
     st = status(box)
     assert st["client"]["state"] == "done" and st["client"]["failed"] == 0 and st["drain"]["quarantined"] == 0
+    # The drain writes the Arrow dataset after a minute idle; the copy gets it as any copied directory does.
+    finalized = subprocess.run([sys.executable, "-m", "hsextract", "finalize", "--output", str(out)],
+                               capture_output=True, text=True, timeout=300)
+    assert finalized.returncode == 0, finalized.stderr
     loaded = load_with_reader(Path(readers), "speculators", out, num_aux=3, hidden=64)
     assert loaded["error_records"] == 0 and sorted(loaded["samples"]) == [e.output_index for e in entries]
     # The hidden states are those of the regenerated conversations, as the client encodes them.
@@ -447,7 +467,7 @@ def test_teardown_stops_the_services_removes_the_capture_and_keeps_the_training_
     if host["first"].rc != 0:
         pytest.skip("the converge failed")
     before = manifest_indices(box)
-    result = box.playbook("playbooks/teardown.yml", log_dir=host["logs"], label="5-teardown", timeout=600)
+    result = box.playbook("playbooks/teardown.yml", log_dir=host["logs"], label="9-teardown", timeout=600)
     assert_ok(result, "playbooks/teardown.yml")
     for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service",
                  "hsextract-regenerate.service"):
