@@ -256,6 +256,16 @@ class DatasetReader:
             yield self.feed(index, raw)
 
 
+def read_dataset(path: str | Path) -> Iterator[Sample | Reject]:
+    """Every row of the dataset at `path`, in index order, as a Sample or a Reject (duplicates rejected).
+
+    The one way to go through a dataset: the client sends what this yields and ``hsextract plan``
+    sizes it, so both always see the same samples with the same indices. Opens the file at once,
+    so a missing dataset fails here.
+    """
+    return DatasetReader().read_lines(iter_file_lines(path))
+
+
 def open_dataset(path: str | Path) -> BinaryIO:
     """Open a dataset file for reading; HsextractError saying what to pass when it cannot be."""
     p = Path(path)

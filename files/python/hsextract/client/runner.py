@@ -28,7 +28,7 @@ from typing import Any
 
 from hsextract.client.backpressure import Backpressure, Watermark
 from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
-from hsextract.client.dataset import DatasetReader, Reject, count_lines, iter_file_lines, open_dataset
+from hsextract.client.dataset import Reject, count_lines, open_dataset, read_dataset
 from hsextract.client.progress import (
     FAILURES_FILE,
     REJECTS_FILE,
@@ -120,6 +120,16 @@ def _model_limits(model: Path) -> tuple[int | None, int | None, int]:
     return (int(ctx) if ctx else None), (int(vocab) if vocab else None), int(text.get("hidden_size") or 0)
 
 
+def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str) -> SampleEncoder:
+    """The client's encoder for `model`: its tokenizer and template, and the length limit the client applies
+    (``max_tokens``, else the model's context length - 1). ``hsextract plan`` encodes with the same one."""
+    tok = load_tokenizer(model, chat_template)
+    ctx, vocab, _ = _model_limits(Path(model))
+    if max_tokens is None and ctx:
+        max_tokens = ctx - 1  # room for the one generated token
+    return SampleEncoder(tok, max_tokens, overlong, vocab)
+
+
 class _JsonlAppender:
     """A JSONL file rewritten from scratch by each run (its content is re-derived on restart)."""
 
@@ -147,12 +157,8 @@ class ExtractRun:
         if cfg.max_in_flight < 1:
             raise ConfigError(f"max in flight {cfg.max_in_flight}: must be at least 1")
         open_dataset(cfg.dataset).close()  # a missing dataset stops the run before anything else
-        tok = load_tokenizer(cfg.model, cfg.chat_template)
-        ctx, vocab, hidden = _model_limits(Path(cfg.model))
-        max_tokens = cfg.max_tokens
-        if max_tokens is None and ctx:
-            max_tokens = ctx - 1  # room for the one generated token
-        self.encoder = SampleEncoder(tok, max_tokens, cfg.overlong, vocab)
+        self.encoder = build_encoder(Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong)
+        _, _, hidden = _model_limits(Path(cfg.model))
         self.bytes_per_token = (cfg.num_aux + 1) * hidden * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
         self.sender = Sender(cfg.server, cfg.retry, self.stop)
@@ -290,12 +296,11 @@ class ExtractRun:
         i_shard, n_shard = cfg.shard
         bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
-        reader = DatasetReader()
         source = Path(cfg.dataset).name
-        for index, raw in enumerate(iter_file_lines(cfg.dataset)):
+        for item in read_dataset(cfg.dataset):  # every row, for shard-independent duplicate detection
             if self.stop.is_set():
                 return
-            item = reader.feed(index, raw)  # every line, for shard-independent duplicate detection
+            index = item.index
             if index % n_shard != i_shard:
                 continue
             if isinstance(item, Reject):

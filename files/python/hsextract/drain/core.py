@@ -60,6 +60,9 @@ from hsextract.formats.manifest import (
 )
 from hsextract.records import SampleRecord, load_or_create_run_id, parse_rid, read_record, record_path, remove_record
 from hsextract.staging import DONE_FILE, STATES_FILE, DoneMarker, iter_dump_dirs, read_done_marker
+from hsextract.vocab.counts import masked_counts
+from hsextract.vocab.mapping import VocabError
+from hsextract.vocab.tracker import VocabTracker
 
 log = logging.getLogger("hsextract.drain")
 
@@ -100,6 +103,12 @@ class DrainConfig:
     finalize_idle_s: float = 60.0  # rebuild dataset-level files after this long with nothing to do
     metrics_port: int | None = None
     exit_when_done: bool = False
+    # Draft vocabulary (hsextract.vocab): loss-masked token counts kept with the manifest, and the
+    # trainers' mapping files written at finalize for each size. vocab_size None = the header's.
+    count_vocab: bool = True
+    draft_vocab_sizes: tuple[int, ...] = (32000,)
+    vocab_size: int | None = None
+    vocab_checkpoint_interval_s: float = 30.0
 
     @property
     def quarantine(self) -> Path:
@@ -117,6 +126,7 @@ class _Prepared:
     nbytes: int
     checksum: str
     dump: Path
+    vocab: tuple | None = None  # (token ids, counts) of the sample's loss-masked tokens
 
 
 class _ByteBudget:
@@ -174,6 +184,7 @@ class Drainer:
         self._last_full_scan = 0.0
         self._abandoned: set[str] = set()
         self._abandoned_key: tuple[int, int] | None = None
+        self._vocab: VocabTracker | None = None
         self.run_id = ""
 
     # --- start-up -------------------------------------------------------------------------
@@ -206,6 +217,10 @@ class Drainer:
             self._check_header_matches_config(self._header)
         elif self._entries:
             raise ManifestError(f"{self.out}: manifest.jsonl has entries but manifest.json is missing; restore it")
+        if self.cfg.count_vocab:
+            self._vocab = VocabTracker(self.out, self.fmt, self.cfg.draft_vocab_sizes,
+                                       self.cfg.vocab_checkpoint_interval_s)
+            self._vocab.recover(self._entries)
         for leftover in self.dump_dir.glob(f"{TRASH_PREFIX}*"):
             shutil.rmtree(leftover, ignore_errors=True)
         self._sweep_records(time.time(), force=True)
@@ -278,6 +293,7 @@ class Drainer:
                 model_path=c.model_path or marker.model_path,
                 model_config_sha256=c.model_config_sha256,
                 architecture=c.architecture or marker.architecture,
+                vocab_size=c.vocab_size or 0,
                 sglang_version=marker.sglang_version,
                 hsextract_version=__version__,
                 run_id=self.run_id,
@@ -399,6 +415,13 @@ class Drainer:
         if n == self._finalized_at_count or self._header is None:
             return
         paths = self.fmt.finalize(self.out, self._header, list(self._entries))
+        if self._vocab is not None:
+            try:
+                vocab_files = self._vocab.write_files(self.cfg.vocab_size or self._header.vocab_size)
+                log.info("draft vocabulary of %d samples: %d files written (see draft_vocab.json)", n,
+                         len(vocab_files))
+            except VocabError as exc:  # the counts stay checkpointed; only the mapping files are missing
+                log.error("draft vocabulary files not written: %s", exc)
         self._finalized_at_count = n
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
@@ -676,7 +699,8 @@ class Drainer:
                     raise
                 self._pause_for_space(self.out, exc)
         checksum = f"{self._header.checksum_algorithm}:{hasher.hexdigest()}"
-        return _Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d)
+        vocab = masked_counts(sample.input_ids, sample.loss_mask) if self._vocab is not None else None
+        return _Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d, vocab)
 
     def _forget(self, rid: str) -> None:
         with self._inflight_lock:
@@ -762,6 +786,8 @@ class Drainer:
                     raise
                 self._pause_for_space(self.out, exc)
         self._entries.extend(entries)
+        if self._vocab is not None:
+            self._vocab.add(entries, [p.vocab for p in done], covered=len(self._entries))
         for e in entries:
             self._done_rids.add(e.rid)
             self._done_indices.add(e.dataset_index)
