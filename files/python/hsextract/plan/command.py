@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--space-margin", default="5%",
                    help="room to keep free on the output volume beyond the estimate: a percentage or bytes")
     r.add_argument("--no-space-check", action="store_true", help="report, but do not fail when the volume is short")
-    parser.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: every core)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="tokenizing processes (default: every core, one per 2000 rows at least)")
     parser.add_argument("--json", type=Path, default=None, help="where to write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_argument(parser)
@@ -77,6 +78,7 @@ def _aux_count(text: object) -> int:
 
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
     """Scan the dataset and estimate everything; the report as a JSON-able dict."""
+    from hsextract.client.dataset import open_dataset
     from hsextract.client.runner import parse_shard
     from hsextract.formats.durable import free_bytes
     from hsextract.formats.manifest import completed_indices
@@ -90,6 +92,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     if missing:
         raise ConfigError(f"plan needs {', '.join(missing)} (as flags or keys of --config)")
     fmt = args.format or "speculators"
+    open_dataset(args.dataset).close()  # a missing dataset fails here, before the tokenizer loads
     info = read_model_info(args.model)
     dtype_name = info.torch_dtype if info.torch_dtype in DTYPES else "bfloat16"
     template = None
@@ -100,9 +103,8 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"chat template {args.chat_template}: cannot read ({exc})") from exc
     out = Path(args.output) if args.output else None
     done = frozenset(completed_indices(out)) if out is not None else frozenset()
-    workers = args.workers or os.cpu_count() or 1
     res = scan(ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
-                            parse_shard(args.shard), done, workers, progress=not args.no_progress))
+                            parse_shard(args.shard), done, args.workers, progress=not args.no_progress))
     num_aux = _aux_count(args.aux_layers)
     layout = Layout(num_aux, info.hidden_size, DTYPES[dtype_name][0])
     sizes = [int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int)

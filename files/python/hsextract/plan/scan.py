@@ -11,6 +11,7 @@ parent's threads or tokenizer state) and load the tokenizer once each.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import time
 from collections import Counter
@@ -25,6 +26,14 @@ from hsextract.client.dataset import Reject, Sample, count_lines, read_dataset
 from hsextract.formats.base import same_size_index
 
 CHUNK = 64  # samples per task: large enough to amortize the pickling, small enough for a smooth bar
+# Rows per worker below which another process costs more to start (imports, tokenizer) than it saves:
+# one process tokenizes about a thousand chat samples per second.
+MIN_ROWS_PER_WORKER = 2000
+
+
+def default_workers(rows: int, cores: int) -> int:
+    """Every core, unless the dataset is too small for the extra processes to pay for their start."""
+    return max(1, min(cores, rows // MIN_ROWS_PER_WORKER))
 
 
 @dataclass
@@ -36,7 +45,7 @@ class ScanSettings:
     overlong: str = "truncate"
     shard: tuple[int, int] = (0, 1)
     done: frozenset[int] = frozenset()  # dataset indices already in the training set
-    workers: int = 1
+    workers: int | None = None  # None: `default_workers`
     progress: bool = True
 
 
@@ -141,11 +150,12 @@ def scan(cfg: ScanSettings) -> ScanResult:
     """Encode every sample of this shard as the client would; return the tallies."""
     from hsextract.client.runner import build_encoder
 
-    res = ScanResult(workers=max(1, cfg.workers))
+    rows = count_lines(cfg.dataset)
+    res = ScanResult(workers=max(1, cfg.workers or default_workers(rows, os.cpu_count() or 1)))
     encoder = build_encoder(cfg.model, cfg.chat_template, cfg.max_tokens, cfg.overlong)  # fails early, in the parent
     res.max_tokens = encoder.max_tokens
     parse_rejects: list[Reject] = []
-    bar = _progress(count_lines(cfg.dataset), cfg.progress)
+    bar = _progress(rows, cfg.progress)
     started = time.perf_counter()
     chunks = _chunks(cfg, res, parse_rejects)
     if res.workers == 1:
@@ -155,7 +165,7 @@ def scan(cfg: ScanSettings) -> ScanResult:
         pool = None
     else:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["hsextract.client.runner", "transformers"])
+        ctx.set_forkserver_preload(["hsextract.client.runner", "transformers.models.auto.tokenization_auto"])
         pool = ctx.Pool(res.workers, initializer=_init_worker,
                         initargs=(str(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong))
         results = pool.imap_unordered(_encode_chunk, chunks, chunksize=1)

@@ -11,22 +11,24 @@
     draft_vocab_cache/d2t-<N>.pt           ... one per size
     draft_vocab.json                     what was counted, the sizes, each size's coverage, the files
 
-The unsuffixed files are for the first size given. Formats whose reader takes every file ending
-in "pt" under the output directory as a sample (speculators-v1, modelopt) get the torch files
-as ``.pth`` instead (same contents; pass them by path), so the readers never see them.
+The unsuffixed files are for the first size given (hard links to its files). Formats whose
+reader takes every file ending in "pt" under the output directory as a sample (speculators-v1,
+modelopt) get the torch files as ``.pth`` instead (same contents; pass them by path), so the
+readers never see them.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hsextract.formats.durable import atomic_write_bytes
+from hsextract.formats.durable import atomic_write_bytes, fsync_dir, write_file_durably
 from hsextract.vocab.counts import TokenCounts
 from hsextract.vocab.mapping import DraftSize, check_ids, coverage, frequency_d2t, select_tokens, sorted_mapping
 
@@ -62,41 +64,33 @@ def write_vocab_files(out: Path, counts: TokenCounts, vocab_size: int, sizes: Se
     """Write every trainer's files for every size (atomically, durably); return the paths written.
 
     ``token_freq`` needs no vocabulary size and is written first, so the counts are on disk even
-    when the mappings cannot be built.
+    when the mappings cannot be built. The first size's unsuffixed names are hard links to its
+    suffixed files (the same bytes, written and fsynced once).
     """
     import torch
 
     out = Path(out)
-    written: list[Path] = []
-
-    def put(rel: str, data: bytes) -> None:
-        atomic_write_bytes(out / rel, data)
-        written.append(out / rel)
-
-    put(token_freq_name(suffix), _torch_bytes(counts.to_dict()))
+    write_batch(out, {token_freq_name(suffix): _torch_bytes(counts.to_dict())}, {})
     check_ids(counts, vocab_size)
+    files: dict[str, bytes] = {}
+    links: dict[str, str] = {}
     per_size = []
     for i, d in enumerate(sizes):
         selected = select_tokens(counts, d.size)
         d2t, t2d = sorted_mapping(selected, vocab_size)
-        mo = frequency_d2t(selected)
-        names = {
-            "specforge": [f"{SPECFORGE_DIR}/vocab_mapping-{d.size}{suffix}"],
-            "speculators": [f"d2t-{d.size}.npy", f"t2d-{d.size}.npy"],
-            "modelopt": [f"{MODELOPT_DIR}/d2t-{d.size}{suffix}"],
-        }
+        sf, mo = f"{SPECFORGE_DIR}/vocab_mapping-{d.size}{suffix}", f"{MODELOPT_DIR}/d2t-{d.size}{suffix}"
+        files[sf] = _torch_bytes({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)})
+        files[f"d2t-{d.size}.npy"] = _npy_bytes(d2t)
+        files[f"t2d-{d.size}.npy"] = _npy_bytes(t2d)
+        files[mo] = _torch_bytes(torch.from_numpy(frequency_d2t(selected)))
+        names = {"specforge": [sf], "speculators": [f"d2t-{d.size}.npy", f"t2d-{d.size}.npy"], "modelopt": [mo]}
         if i == 0:
+            first = {f"{SPECFORGE_DIR}/vocab_mapping{suffix}": sf, "d2t.npy": f"d2t-{d.size}.npy",
+                     "t2d.npy": f"t2d-{d.size}.npy", f"{MODELOPT_DIR}/d2t{suffix}": mo}
+            links.update(first)
             names["specforge"].append(f"{SPECFORGE_DIR}/vocab_mapping{suffix}")
             names["speculators"] += ["d2t.npy", "t2d.npy"]
             names["modelopt"].append(f"{MODELOPT_DIR}/d2t{suffix}")
-        sf = _torch_bytes({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)})
-        for rel in names["specforge"]:
-            put(rel, sf)
-        for rel in names["speculators"]:
-            put(rel, _npy_bytes(d2t if Path(rel).name.startswith("d2t") else t2d))
-        mo_bytes = _torch_bytes(torch.from_numpy(mo))
-        for rel in names["modelopt"]:
-            put(rel, mo_bytes)
         per_size.append({"size": d.size, "requested": d.requested, "coverage": round(coverage(counts, selected), 6),
                          "files": names})
     summary = {
@@ -108,8 +102,41 @@ def write_vocab_files(out: Path, counts: TokenCounts, vocab_size: int, sizes: Se
         "sizes": per_size,
         "selection": "loss-masked tokens; count descending, then id ascending; padded with the lowest uncounted ids",
     }
-    put(SUMMARY_FILE, (json.dumps(summary, indent=2) + "\n").encode())
-    return written
+    files[SUMMARY_FILE] = (json.dumps(summary, indent=2) + "\n").encode()
+    write_batch(out, files, links)
+    return [out / token_freq_name(suffix), *(out / rel for rel in files), *(out / rel for rel in links)]
+
+
+def write_batch(out: Path, files: dict[str, bytes], links: dict[str, str]) -> None:
+    """Replace each file, and each link with a hard link to a file of the batch, all durably.
+
+    Every new file is written and fsynced under a temporary name, then all are renamed into
+    place and each directory is fsynced once: a crash leaves each name with its old or its new
+    bytes, never a partial file, and costs one fsync per file plus one per directory.
+    """
+    dirs: set[Path] = set()
+    staged: list[tuple[Path, Path]] = []
+    for rel, data in files.items():
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        write_file_durably(tmp, [data])
+        staged.append((tmp, dst))
+    for rel, src in links.items():
+        dst = out / rel
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        staged.append((tmp, dst))
+        target = next(t for t, d in staged if d == out / src)
+        try:
+            os.link(target, tmp)
+        except OSError:  # a filesystem without hard links: a copy
+            write_file_durably(tmp, [files[src]])
+    for tmp, dst in staged:
+        os.replace(tmp, dst)
+        dirs.add(dst.parent)
+    for d in dirs:
+        fsync_dir(d)
 
 
 def write_token_freq_only(out: Path, counts: TokenCounts, *, suffix: str) -> list[Path]:
