@@ -54,3 +54,10 @@ def test_wide_samples_are_sized_at_a_narrow_probe_width():
 def test_indices_of_one_pickle_width_size_alike():
     assert [same_size_index(i) for i in (0, 255, 256, 65535, 65536, 2**31 - 1)] == [0, 0, 256, 256, 65536, 65536]
     assert same_size_index(2**31) == same_size_index(2**32 - 1) == 2**31
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "speculators-v1", "modelopt"])
+def test_every_token_count_is_exact_once_its_overhead_class_is_known(fmt):
+    for tokens in [*range(1, 400, 3), 65535, 65536]:
+        shape = SampleShape(tokens, 3, 8, torch.bfloat16, tokens)
+        assert get_format(fmt).sample_file_bytes(shape) == _encoded_bytes(fmt, shape), tokens

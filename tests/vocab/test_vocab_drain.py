@@ -219,3 +219,19 @@ def test_a_draft_vocabulary_size_below_one_is_refused_before_anything_runs(tmp_p
                   "specforge", "--draft-vocab-size", "0")
     assert r.returncode == 2 and "--draft-vocab-size 0: give one or more sizes of at least 1" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sample_file_that_cannot_be_counted_is_named_and_the_drain_goes_on(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    samples = make_samples(8, seed=3)
+    run_id = load_or_create_run_id(out)
+    stage_all(dump, run_id, {i: samples[i] for i in range(6)}, "specforge")
+    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB))
+    checkpoint_path(out).unlink()  # the restart must count every sample from its file...
+    first = next(iter_entries(out))
+    (out / first.file).write_bytes(b"not a torch file")  # ...and one cannot be read
+    stage_all(dump, run_id, {i: samples[i] for i in (6, 7)}, "specforge")
+    r = drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB))
+    assert "draft vocabulary not counted by this process" in r.stderr
+    assert f"cannot count the tokens of sample 0 ({out / first.file})" in r.stderr and "--verify" in r.stderr
+    assert sorted(e.dataset_index for e in iter_entries(out)) == list(range(8))

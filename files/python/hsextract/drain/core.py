@@ -220,7 +220,11 @@ class Drainer:
         if self.cfg.count_vocab:
             self._vocab = VocabTracker(self.out, self.fmt, self.cfg.draft_vocab_sizes,
                                        self.cfg.vocab_checkpoint_interval_s)
-            self._vocab.recover(self._entries)
+            try:
+                self._vocab.recover(self._entries)
+            except VocabError as exc:  # the training set comes first: drain on, counting nothing this time
+                log.error("draft vocabulary not counted by this process: %s", exc)
+                self._vocab = None
         for leftover in self.dump_dir.glob(f"{TRASH_PREFIX}*"):
             shutil.rmtree(leftover, ignore_errors=True)
         self._sweep_records(time.time(), force=True)

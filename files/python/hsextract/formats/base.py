@@ -221,19 +221,44 @@ def _probe_hidden(shape: SampleShape) -> int:
     return min(probe, h)
 
 
-def torch_save_bytes(build: Callable[[SampleShape], Any], shape: SampleShape) -> int:
-    """The size of ``torch.save(build(shape))`` where every hidden tensor is [..., hidden_size] wide.
-
-    The object is built from uninitialized tensors at a probe width (`_probe_hidden`) and saved to
-    a counting sink, so nothing is written and only the probe's bytes are read; the hidden
-    tensors' remaining bytes are added back. `build` must be the format's own object builder.
-    """
-    probe = _probe_hidden(shape)
-    small = SampleShape(shape.tokens, shape.num_aux, probe, shape.dtype, shape.dataset_index)
-    sink = _CountingSink()
-    torch.save(build(small), sink)
+def tensor_data_bytes(shape: SampleShape) -> int:
+    """Bytes of a sample's tensors: ids and mask (int64), then K + 1 hidden rows, as every format stores them."""
     elem = torch.empty((), dtype=shape.dtype).element_size()
-    return sink.n + shape.tokens * (shape.num_aux + 1) * (shape.hidden_size - probe) * elem
+    return 16 * shape.tokens + shape.tokens * (shape.num_aux + 1) * shape.hidden_size * elem
+
+
+def _overhead_class(shape: SampleShape) -> tuple:
+    """Everything the non-tensor bytes of a ``torch.save`` sample file depend on.
+
+    Those bytes are the pickle (whose integers take 1, 2, 4 or more bytes by their size), the zip
+    headers, and the padding that aligns each tensor's bytes to 64 (which depends on the byte
+    counts modulo 64, so on the token count modulo 64 once the widths are fixed), plus zip64
+    records for files past 4 GiB.
+    """
+    t, k, h = shape.tokens, shape.num_aux, shape.hidden_size
+    widths = tuple(_pickled_int_bytes(v) for v in (t, t * h, t * k * h, t * (k + 1) * h, shape.dataset_index))
+    return t % 64, k, h, shape.dtype, widths, tensor_data_bytes(shape) >= 1 << 32
+
+
+_OVERHEAD: dict[tuple, int] = {}
+
+
+def torch_save_bytes(build: Callable[[SampleShape], Any], shape: SampleShape, key: str) -> int:
+    """The size of ``torch.save(build(shape))``, the file of format `key` for a sample of this shape.
+
+    The first sample of each overhead class (`_overhead_class`) is sized by saving an object
+    built from uninitialized tensors at a probe width (`_probe_hidden`) to a counting sink: nothing
+    is written and only the probe's bytes are read. Its overhead, the bytes beyond the tensors,
+    then serves every sample of the class. `build` must be the format's own object builder.
+    """
+    cls = (key, _overhead_class(shape))
+    if cls not in _OVERHEAD:
+        probe = _probe_hidden(shape)
+        small = SampleShape(shape.tokens, shape.num_aux, probe, shape.dtype, shape.dataset_index)
+        sink = _CountingSink()
+        torch.save(build(small), sink)
+        _OVERHEAD[cls] = sink.n - tensor_data_bytes(small)
+    return _OVERHEAD[cls] + tensor_data_bytes(shape)
 
 
 def empty_rows(shape: SampleShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

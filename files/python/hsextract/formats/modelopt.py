@@ -75,7 +75,7 @@ class ModelOptFormat:
         ))
 
     def sample_file_bytes(self, shape: SampleShape) -> int:
-        return torch_save_bytes(lambda s: _object(*empty_rows(s), s.dataset_index), shape)
+        return torch_save_bytes(lambda s: _object(*empty_rows(s), s.dataset_index), shape, self.name)
 
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return read_torch_tokens(path)

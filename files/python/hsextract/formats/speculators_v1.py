@@ -71,7 +71,7 @@ class SpeculatorsV1Format:
         ))
 
     def sample_file_bytes(self, shape: SampleShape) -> int:
-        return torch_save_bytes(_empty_object, shape)
+        return torch_save_bytes(_empty_object, shape, self.name)
 
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return read_torch_tokens(path)

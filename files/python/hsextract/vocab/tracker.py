@@ -38,8 +38,15 @@ def recount(out: Path, fmt, entries: Sequence[ManifestEntry]) -> TokenCounts:
     """The loss-masked token counts of `entries`, read back from their files."""
     counts = TokenCounts()
     for e in entries:
-        ids, mask = fmt.read_tokens(Path(out) / e.file)
-        counts.add(*masked_counts(ids, mask))
+        path = Path(out) / e.file
+        try:
+            ids, mask = fmt.read_tokens(path)
+            counts.add(*masked_counts(ids, mask))
+        except Exception as exc:  # a missing or damaged file: torch, safetensors and numpy raise many kinds
+            raise VocabError(
+                f"cannot count the tokens of sample {e.output_index} ({path}): {type(exc).__name__}: "
+                f"{str(exc)[:200]}; `hsextract finalize --output {out} --verify` checks every file"
+            ) from exc
     return counts
 
 
@@ -56,6 +63,7 @@ class VocabTracker:
         self.covered = 0
         self.last: dict | None = None
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one checkpoint write at a time (committer and finalize)
         self._saved_at = time.monotonic()
         self._saved_covered = -1
         self.discarded = ""  # why the checkpoint was not used, when samples had to be recounted for it
@@ -101,13 +109,14 @@ class VocabTracker:
 
     def checkpoint(self) -> None:
         """Write the checkpoint (atomically) if it is behind."""
-        with self._lock:
-            if self.covered == self._saved_covered:
-                return
-            ids, n = self.counts.items()
-            cp = Checkpoint(self.covered, self.last, TokenCounts.from_pairs(ids, n))
-        write_checkpoint(self.out, cp)
-        self._saved_covered, self._saved_at = cp.covered, time.monotonic()
+        with self._write_lock:
+            with self._lock:
+                if self.covered == self._saved_covered:
+                    return
+                ids, n = self.counts.items()
+                cp = Checkpoint(self.covered, self.last, TokenCounts.from_pairs(ids, n))
+            write_checkpoint(self.out, cp)
+            self._saved_covered, self._saved_at = cp.covered, time.monotonic()
 
     def snapshot(self) -> tuple[TokenCounts, int]:
         with self._lock:
