@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,10 +38,12 @@ sys.path.insert(0, str(REPO / "files" / "python"))
 
 import datasets  # noqa: E402, F401  (process start-up, like torch: the daemon imports it once, before draining)
 import torch  # noqa: E402
+from hsextract.drain import core  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT  # noqa: E402
 from hsextract.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
 from hsextract.staging import DoneMarker, StateFileLayout, write_done_marker  # noqa: E402
+from hsextract.vocab import counts as counts_mod  # noqa: E402
 
 logging.disable(logging.WARNING)
 
@@ -59,7 +62,8 @@ def stage(dump: Path, run_id: str, total_bytes: int, seed: int = 0) -> tuple[int
     while size < total_bytes:
         t = rng.randint(256, 2048)
         rid = make_rid("hsx", run_id, n)
-        ids = [rng.randrange(0, 128000) for _ in range(t)]
+        # Token ids as text has them: Zipf-like, a few thousand distinct ids in a GB.
+        ids = [min(int(rng.paretovariate(1.1)) - 1, VOCAB - 1) * 7 % VOCAB for _ in range(t)]
         mask = [0] * (t // 2) + [1] * (t - t // 2)  # the prompt half is not trained on
         write_record(dump, SampleRecord(rid=rid, index=n, input_ids=ids, loss_mask=mask, run_id=run_id))
         layout = StateFileLayout(prompt_len=t, num_slots=NUM_AUX + 1, hidden_size=HIDDEN)
@@ -93,7 +97,46 @@ def cp_sync(src: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
-def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: bool) -> float:
+class CountingTime:
+    """Seconds spent in the draft vocabulary's code during one drain: per-sample counts (in the
+    workers, in parallel), adding them at commit, and writing the checkpoint and the files."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parts = {"workers": 0.0, "commit": 0.0, "files": 0.0}
+
+    def wrap(self, part: str, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.parts[part] += time.perf_counter() - t0
+        return timed
+
+    def install(self) -> None:
+        core.masked_counts = self.wrap("workers", counts_mod.masked_counts)
+        core.VocabTracker.add = self.wrap("commit", _ORIGINAL["add"])
+        core.VocabTracker.write_files = self.wrap("files", _ORIGINAL["write_files"])
+
+
+_ORIGINAL = {"add": core.VocabTracker.add, "write_files": core.VocabTracker.write_files}
+
+
+class TimedDrainer(Drainer):
+    """The daemon, noting when its last commit ended (the samples are drained; finalize follows)."""
+
+    last_commit = 0.0
+
+    def _commit(self, batch):
+        super()._commit(batch)
+        self.last_commit = time.perf_counter()
+
+
+def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: bool,
+          timing: CountingTime | None = None) -> tuple[float, float]:
+    """(seconds to the last commit, seconds of the whole run including finalize)."""
     drop_caches()
     (out / ".hsextract").mkdir(parents=True, exist_ok=True)
     (out / ".hsextract" / "client-summary.json").write_text("{}")
@@ -101,20 +144,24 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: boo
                       status_interval_s=1.0, count_vocab=count_vocab, vocab_size=VOCAB)
     if workers:
         cfg.workers = workers
-    d = Drainer(cfg)
+    d = TimedDrainer(cfg)
+    if timing is not None:
+        timing.install()
     t0 = time.perf_counter()
     d.run()
     dt = time.perf_counter() - t0
+    committed = d.last_commit - t0
     if d.stats.samples_total == 0 or any(p.name.startswith("hsx-") for p in dump.iterdir()):
         raise SystemExit(f"{fmt}: the drain left dumps behind")
     if count_vocab != (out / "draft_vocab.json").exists():
         raise SystemExit(f"{fmt}: draft vocabulary files {'missing' if count_vocab else 'written'}")
-    return dt
+    return committed, dt
 
 
 def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None,
-              count_vocab: bool) -> tuple[float, int]:
-    """Drain a fresh copy of the staged dumps into an empty directory; (seconds, bytes written)."""
+              count_vocab: bool, timing: CountingTime | None = None) -> tuple[float, float, int]:
+    """Drain a fresh copy of the staged dumps into an empty directory; (seconds to the last commit,
+    seconds of the whole run, bytes written)."""
     out = base / fmt
     out.mkdir()
     shutil.copy(master / "run" / "run.json", out / "run.json")  # same run id as the staged rids
@@ -124,12 +171,12 @@ def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None
         for marker in work.glob("*/done.json"):
             marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
     try:
-        t = drain(fmt, work, out, workers, count_vocab)
+        committed, whole = drain(fmt, work, out, workers, count_vocab, timing)
         written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-    return t, written
+    return committed, whole, written
 
 
 def spread(values: list[float]) -> dict:
@@ -139,31 +186,49 @@ def spread(values: list[float]) -> dict:
 def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rounds: int,
                  workers: int | None) -> dict:
     """Alternating rounds of cp + sync and drains with and without the vocabulary; the ratios' medians."""
-    runs: dict[str, list[float]] = {"cp_on": [], "on": [], "cp_off": [], "off": []}
+    runs: dict[str, list[float]] = {"cp_on": [], "on": [], "cp_off": [], "off": [],
+                                    "samples_on": [], "samples_off": []}
+    counting: list[dict] = []
     written = 0
     for r in range(rounds):
         for vocab in ((True, False) if r % 2 == 0 else (False, True)):
             key = "on" if vocab else "off"
             t_cp = cp_sync(master / "dump", base / "cp")
             shutil.rmtree(base / "cp")
-            t_drain, written = one_drain(fmt, master, shm, base, workers, vocab)
+            timing = CountingTime() if vocab else None
+            t_samples, t_drain, written = one_drain(fmt, master, shm, base, workers, vocab, timing)
+            if timing is not None:
+                counting.append({"drain_s": t_drain, **timing.parts})
             runs[f"cp_{key}"].append(nbytes / t_cp / 1e6)
             runs[key].append(nbytes / t_drain / 1e6)
+            runs[f"samples_{key}"].append(nbytes / t_samples / 1e6)
             print(f"  {fmt} round {r} counting {key:3s}: drain {runs[key][-1]:7.1f} MB/s, "
                   f"cp+sync {runs[f'cp_{key}'][-1]:7.1f} MB/s, ratio {runs[key][-1] / runs[f'cp_{key}'][-1]:.3f}",
                   flush=True)
     ratio_on = [d / c for d, c in zip(runs["on"], runs["cp_on"], strict=True)]
     ratio_off = [d / c for d, c in zip(runs["off"], runs["cp_off"], strict=True)]
     on_over_off = [a / b for a, b in zip(runs["on"], runs["off"], strict=True)]
+    samples_on = [d / c for d, c in zip(runs["samples_on"], runs["cp_on"], strict=True)]
+    samples_off = [d / c for d, c in zip(runs["samples_off"], runs["cp_off"], strict=True)]
     return {
         "written_bytes": written,
         "ratio": spread(ratio_on),  # drain (counting, the default) / cp + sync beside it
         "ratio_without_counting": spread(ratio_off),
         "counting_over_not_counting": spread(on_over_off),  # same round, drain with / without counting
         "ratio_with_over_without": round(statistics.median(ratio_on) / statistics.median(ratio_off), 3),
+        # The same up to the last commit: the samples' own throughput, without the one-off finalize
+        # (Arrow dataset, sample_lengths.json, the vocabulary files) that follows it.
+        "samples_ratio": spread(samples_on),
+        "samples_ratio_without_counting": spread(samples_off),
+        "samples_ratio_with_over_without": round(statistics.median(samples_on) / statistics.median(samples_off), 3),
         "drain_mb_per_s": spread(runs["on"]), "drain_without_counting_mb_per_s": spread(runs["off"]),
         "cp_sync_mb_per_s": spread(runs["cp_on"] + runs["cp_off"]),
         "rounds_mb_per_s": {k: [round(v, 1) for v in vals] for k, vals in runs.items()},
+        # Seconds inside the vocabulary code per drain with counting (workers' share is CPU time spread
+        # over the workers; commit and files are on the committer's and the main thread's path).
+        "counting_s": {part: spread([c[part] for c in counting]) for part in ("workers", "commit", "files")},
+        "counting_share_of_drain": spread([(c["commit"] + c["files"] + c["workers"] / max(1, workers or
+                                           DrainConfig.workers)) / c["drain_s"] for c in counting]),
     }
 
 
@@ -193,7 +258,10 @@ def main() -> int:
             same_round = r["counting_over_not_counting"]["median"]
             print(f"{fmt}: ratio {r['ratio']['median']:.3f} ({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f}); "
                   f"without counting {r['ratio_without_counting']['median']:.3f}; with / without "
-                  f"{r['ratio_with_over_without']:.3f} (same-round drains {same_round:.3f})", flush=True)
+                  f"{r['ratio_with_over_without']:.3f} (same-round drains {same_round:.3f}); to the last commit "
+                  f"{r['samples_ratio']['median']:.3f} vs {r['samples_ratio_without_counting']['median']:.3f} = "
+                  f"{r['samples_ratio_with_over_without']:.3f}; counting took "
+                  f"{100 * r['counting_share_of_drain']['median']:.2f} % of the drain", flush=True)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
@@ -210,7 +278,8 @@ def main() -> int:
     Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
     name = "speculators" if "speculators" in results else next(iter(results))
     r = results[name]
-    print(f"{name}: with counting / without: {r['ratio_with_over_without']:.3f}")
+    print(f"{name}: with counting / without: {r['ratio_with_over_without']:.3f} (whole run), "
+          f"{r['samples_ratio_with_over_without']:.3f} (to the last commit)")
     print(f"{name} drain vs cp+sync: median ratio {r['ratio']['median']:.3f} "
           f"({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f} over {a.rounds} rounds)")
     return 0

@@ -44,11 +44,15 @@ class Checkpoint:
         return self.covered <= len(entries) and entry_identity(entries[self.covered - 1]) == self.last
 
 
-def write_checkpoint(output_dir: str | Path, cp: Checkpoint) -> None:
+def checkpoint_bytes(cp: Checkpoint) -> bytes:
     ids, n = cp.counts.items()
     body = {"version": VERSION, "covered": cp.covered, "last": cp.last, "masked_tokens": cp.counts.total,
             "ids": ids.tolist(), "counts": n.tolist()}
-    atomic_write_bytes(checkpoint_path(output_dir), (json.dumps(body, separators=(",", ":")) + "\n").encode())
+    return (json.dumps(body, separators=(",", ":")) + "\n").encode()
+
+
+def write_checkpoint(output_dir: str | Path, cp: Checkpoint) -> None:
+    atomic_write_bytes(checkpoint_path(output_dir), checkpoint_bytes(cp))
 
 
 def read_checkpoint(output_dir: str | Path) -> tuple[Checkpoint | None, str]:

@@ -18,8 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hsextract.formats.manifest import ManifestEntry
-from hsextract.vocab.checkpoint import Checkpoint, entry_identity, read_checkpoint, write_checkpoint
+from hsextract.formats.manifest import STATE_DIR, ManifestEntry
+from hsextract.vocab.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    checkpoint_bytes,
+    entry_identity,
+    read_checkpoint,
+    write_checkpoint,
+)
 from hsextract.vocab.counts import TokenCounts, masked_counts
 from hsextract.vocab.files import (
     read_summary,
@@ -124,22 +131,30 @@ class VocabTracker:
             return TokenCounts.from_pairs(ids, n), self.covered
 
     def write_files(self, vocab_size: int) -> list[Path]:
-        """Checkpoint, then write every trainer's files for the configured sizes; return the paths.
+        """Write the checkpoint and every trainer's files for the configured sizes, in one durable
+        batch; return the paths.
 
         Without a vocabulary size only ``token_freq`` can be written; that is logged, with how to fix it.
         """
-        self.checkpoint()
-        counts, covered = self.snapshot()
-        if vocab_size < 1:
-            log.warning("draft vocabulary: the model's vocabulary size is unknown (no --model or --vocab-size), so "
-                        "only %s was written; run `hsextract finalize --output %s --vocab-size V` to write "
-                        "the mappings", token_freq_name(self.suffix), self.out)
-            return write_token_freq_only(self.out, counts, suffix=self.suffix)
-        sizes = resolve_sizes(self.sizes, vocab_size)
-        for d in sizes:
-            if d.clamped:
-                log.warning("%s", clamp_message(d, vocab_size))
-        return write_vocab_files(self.out, counts, vocab_size, sizes, suffix=self.suffix, covered=covered)
+        with self._write_lock:
+            with self._lock:
+                ids, n = self.counts.items()
+                cp = Checkpoint(self.covered, self.last, TokenCounts.from_pairs(ids, n))
+            also = {f"{STATE_DIR}/{CHECKPOINT_FILE}": checkpoint_bytes(cp)}
+            if vocab_size < 1:
+                log.warning("draft vocabulary: the model's vocabulary size is unknown (no --model or --vocab-size), "
+                            "so only %s was written; run `hsextract finalize --output %s --vocab-size V` to write "
+                            "the mappings", token_freq_name(self.suffix), self.out)
+                paths = write_token_freq_only(self.out, cp.counts, suffix=self.suffix, also=also)
+            else:
+                sizes = resolve_sizes(self.sizes, vocab_size)
+                for d in sizes:
+                    if d.clamped:
+                        log.warning("%s", clamp_message(d, vocab_size))
+                paths = write_vocab_files(self.out, cp.counts, vocab_size, sizes, suffix=self.suffix,
+                                          covered=cp.covered, also=also)
+            self._saved_covered, self._saved_at = cp.covered, time.monotonic()
+        return paths
 
     def verify(self, entries: Sequence[ManifestEntry]) -> list[str]:
         """Recount every entry from its file; the problems found with the counts and token_freq, if any."""
