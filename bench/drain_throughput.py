@@ -36,7 +36,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "files" / "python"))
 
-import datasets  # noqa: E402, F401  (process start-up, like torch: the daemon imports it once, before draining)
 import torch  # noqa: E402
 from hsextract.drain import core  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
@@ -241,6 +240,8 @@ def main() -> int:
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of " + ",".join(FORMATS))
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "drain_throughput.json"))
     a = ap.parse_args()
+    if "speculators" in a.formats.split(","):
+        import datasets  # noqa: F401  (process start-up, like torch: the daemon imports it once, before draining)
 
     shm = Path(tempfile.mkdtemp(prefix="hsx-bench-", dir="/dev/shm"))
     base = Path(a.out_dir)
