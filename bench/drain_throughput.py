@@ -134,8 +134,12 @@ class TimedDrainer(Drainer):
 
 
 def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: bool,
-          timing: CountingTime | None = None) -> tuple[float, float]:
-    """(seconds to the last commit, seconds of the whole run including finalize)."""
+          timing: CountingTime | None = None) -> tuple[float, float, float]:
+    """(seconds to the last commit, seconds of the whole run including finalize, CPU seconds of the run).
+
+    The CPU seconds (user + system, every thread of this process) are what other tenants of a
+    shared machine disturb least: the wall time of a pass varies by a third from one pass to the
+    next, its CPU time by a few percent."""
     drop_caches()
     (out / ".hsextract").mkdir(parents=True, exist_ok=True)
     (out / ".hsextract" / "client-summary.json").write_text("{}")
@@ -146,21 +150,21 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: boo
     d = TimedDrainer(cfg)
     if timing is not None:
         timing.install()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     d.run()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     committed = d.last_commit - t0
     if d.stats.samples_total == 0 or any(p.name.startswith("hsx-") for p in dump.iterdir()):
         raise SystemExit(f"{fmt}: the drain left dumps behind")
     if count_vocab != (out / "draft_vocab.json").exists():
         raise SystemExit(f"{fmt}: draft vocabulary files {'missing' if count_vocab else 'written'}")
-    return committed, dt
+    return committed, dt, cpu
 
 
 def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None,
-              count_vocab: bool, timing: CountingTime | None = None) -> tuple[float, float, int]:
+              count_vocab: bool, timing: CountingTime | None = None) -> tuple[float, float, float, int]:
     """Drain a fresh copy of the staged dumps into an empty directory; (seconds to the last commit,
-    seconds of the whole run, bytes written)."""
+    seconds of the whole run, CPU seconds, bytes written)."""
     out = base / fmt
     out.mkdir()
     shutil.copy(master / "run" / "run.json", out / "run.json")  # same run id as the staged rids
@@ -170,12 +174,12 @@ def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None
         for marker in work.glob("*/done.json"):
             marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
     try:
-        committed, whole = drain(fmt, work, out, workers, count_vocab, timing)
+        committed, whole, cpu = drain(fmt, work, out, workers, count_vocab, timing)
         written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-    return committed, whole, written
+    return committed, whole, cpu, written
 
 
 def spread(values: list[float]) -> dict:
@@ -186,7 +190,7 @@ def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rou
                  workers: int | None) -> dict:
     """Alternating rounds of cp + sync and drains with and without the vocabulary; the ratios' medians."""
     runs: dict[str, list[float]] = {"cp_on": [], "on": [], "cp_off": [], "off": [],
-                                    "samples_on": [], "samples_off": []}
+                                    "samples_on": [], "samples_off": [], "cpu_s_on": [], "cpu_s_off": []}
     counting: list[dict] = []
     written = 0
     for r in range(rounds):
@@ -195,7 +199,8 @@ def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rou
             t_cp = cp_sync(master / "dump", base / "cp")
             shutil.rmtree(base / "cp")
             timing = CountingTime() if vocab else None
-            t_samples, t_drain, written = one_drain(fmt, master, shm, base, workers, vocab, timing)
+            t_samples, t_drain, cpu, written = one_drain(fmt, master, shm, base, workers, vocab, timing)
+            runs[f"cpu_s_{key}"].append(cpu)
             if timing is not None:
                 counting.append({"drain_s": t_drain, **timing.parts})
             runs[f"cp_{key}"].append(nbytes / t_cp / 1e6)
@@ -222,7 +227,11 @@ def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rou
         "samples_ratio_with_over_without": round(statistics.median(samples_on) / statistics.median(samples_off), 3),
         "drain_mb_per_s": spread(runs["on"]), "drain_without_counting_mb_per_s": spread(runs["off"]),
         "cp_sync_mb_per_s": spread(runs["cp_on"] + runs["cp_off"]),
-        "rounds_mb_per_s": {k: [round(v, 1) for v in vals] for k, vals in runs.items()},
+        # CPU seconds of the drain without counting over with it, same round: the throughput ratio a
+        # drain bound by its CPU (the torch formats on 2 cores) would show, with little of the noise.
+        "cpu_without_over_with": spread([b / a for a, b in zip(runs["cpu_s_on"], runs["cpu_s_off"], strict=True)]),
+        "cpu_s": {"with": spread(runs["cpu_s_on"]), "without": spread(runs["cpu_s_off"])},
+        "rounds_mb_per_s": {k: [round(v, 1) for v in vals] for k, vals in runs.items() if not k.startswith("cpu")},
         # Seconds inside the vocabulary code per drain with counting (workers' share is CPU time spread
         # over the workers; commit and files are on the committer's and the main thread's path).
         "counting_s": {part: spread([c[part] for c in counting]) for part in ("workers", "commit", "files")},
@@ -256,12 +265,13 @@ def main() -> int:
         for fmt in [f for f in FORMATS if f in a.formats.split(",")]:
             r = bench_format(fmt, master, shm, base, nbytes, a.rounds, a.workers)
             results[fmt] = {"samples": samples, "staged_bytes": nbytes, **r}
-            same_round = r["counting_over_not_counting"]["median"]
+            same_round, cpu = r["counting_over_not_counting"]["median"], r["cpu_without_over_with"]
             print(f"{fmt}: ratio {r['ratio']['median']:.3f} ({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f}); "
                   f"without counting {r['ratio_without_counting']['median']:.3f}; with / without "
                   f"{r['ratio_with_over_without']:.3f} (same-round drains {same_round:.3f}); to the last commit "
                   f"{r['samples_ratio']['median']:.3f} vs {r['samples_ratio_without_counting']['median']:.3f} = "
-                  f"{r['samples_ratio_with_over_without']:.3f}; counting took "
+                  f"{r['samples_ratio_with_over_without']:.3f}; CPU without / with {cpu['median']:.3f} "
+                  f"({cpu['min']:.3f}-{cpu['max']:.3f}); counting took "
                   f"{100 * r['counting_share_of_drain']['median']:.2f} % of the drain", flush=True)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -280,7 +290,8 @@ def main() -> int:
     name = "speculators" if "speculators" in results else next(iter(results))
     r = results[name]
     print(f"{name}: with counting / without: {r['ratio_with_over_without']:.3f} (whole run), "
-          f"{r['samples_ratio_with_over_without']:.3f} (to the last commit)")
+          f"{r['samples_ratio_with_over_without']:.3f} (to the last commit), "
+          f"{r['cpu_without_over_with']['median']:.3f} (CPU seconds)")
     print(f"{name} drain vs cp+sync: median ratio {r['ratio']['median']:.3f} "
           f"({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f} over {a.rounds} rounds)")
     return 0
