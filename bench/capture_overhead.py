@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "files" / "python"))
 
-from hsextract.capture.core import BatchRequest, CapturePlanner, CaptureSettings
+from hsextract.capture.core import BatchRequest, CaptureSettings
 from hsextract.capture.writer import CaptureWriter
 from hsextract.layers import resolve
 from hsextract.staging import iter_complete, read_states
@@ -134,7 +134,7 @@ def main() -> int:
         # 2. the project's capture
         settings = CaptureSettings(rid_prefix="hsx", layers=layers, hidden_size=args.hidden, dtype="bfloat16",
                                    final_hidden="post_norm", architecture="StandIn")
-        writer = CaptureWriter(root / "dump", CapturePlanner(settings), device=device,
+        writer = CaptureWriter(root / "dump", settings, device=device,
                                num_threads=args.writer_threads,
                                max_bytes_in_flight=int(args.in_flight_gib * (1 << 30)),
                                slice_bytes=int(args.slice_mib * (1 << 20)))

@@ -35,7 +35,8 @@ def render_with_ansible(tmp_path: Path, model: Path, out: Path) -> subprocess.Co
         "capture_patch_dir": str(out), "capture_patch_model_path": str(model),
         "capture_patch_aux_layer_ids": [1, 3, 4], "capture_patch_layer_convention": "eagle",
         "capture_patch_dump_dir": "/dev/shm/hsextract", "capture_patch_rid_prefix": "hsx",
-        "capture_patch_final_hidden": "pre_norm", "ansible_python_interpreter": str(ansible_bin() / "python"),
+        "capture_patch_final_hidden": "pre_norm", "capture_patch_format": "speculators",
+        "ansible_python_interpreter": str(ansible_bin() / "python"),
     }
     env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
@@ -69,8 +70,8 @@ def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_
     )
     assert probe.returncode == 0, probe.stderr
     config = json.loads(probe.stdout)
-    assert (config["architecture"], config["aux_layer_ids"], config["final_hidden"], config["dump_dir"]) == (
-        "LlamaForCausalLM", [1, 3, 4], "pre_norm", "/dev/shm/hsextract")
+    assert (config["architecture"], config["aux_layer_ids"], config["final_hidden"], config["format"],
+            config["dump_dir"]) == ("LlamaForCausalLM", [1, 3, 4], "pre_norm", "speculators", "/dev/shm/hsextract")
     second = render_with_ansible(tmp_path, model, out)
     assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout[-3000:]
 
@@ -82,6 +83,7 @@ def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model):
     cli = subprocess.run(
         [sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(cli_out), "--model-path", str(model),
          "--aux-layer-ids", "1,3,4", "--dump-dir", "/dev/shm/hsextract", "--final-hidden", "pre_norm",
+         "--format", "speculators",
          "--ansible-managed", "Ansible managed"],
         env={**os.environ, "PYTHONPATH": str(REPO / "files" / "python")}, capture_output=True, text=True,
     )

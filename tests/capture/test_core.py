@@ -51,11 +51,25 @@ def test_chunks_are_placed_by_offset_and_complete_only_when_all_rows_are_covered
     assert state.marker.prompt_len == 40
 
 
-def test_a_request_missing_its_cached_prefix_is_never_written():
+def test_a_request_missing_its_cached_prefix_is_never_written_and_is_reported_failed():
     p = CapturePlanner(settings())
     rid = "hsx-ab12cd34-0"
     assert p.plan([req(rid, 8, 32)], [40]) == []  # first 8 rows came from a prefix cache
-    assert p.get(rid) is None and p.skipped_partial == 1
+    assert p.skipped_partial == 1
+    assert [(f.rid, f.reason) for f in p.take_failures()] == [(rid, "missing_rows")]
+    assert p.plan([req(rid, 40, 1)], [40]) == [] and p.take_failures() == [], "its later rows are ignored quietly"
+
+
+def test_a_failed_request_sent_again_from_row_0_starts_a_new_dump():
+    p = CapturePlanner(settings())
+    rid = "hsx-ab12cd34-0"
+    p.plan([req(rid, 0, 16)], [40])
+    p.get(rid).pending = 0  # the writer finished (and failed) the first chunk's write
+    p.fail(rid, "write_error")
+    assert p.plan([req(rid, 16, 16)], [40]) == [], "a later chunk of the failed send writes nothing"
+    again = p.plan([req(rid, 0, 16)], [40])
+    assert [(s.dst_row, s.rows, s.create) for s in again] == [(0, 16, True)]
+    assert not p.get(rid).failed
 
 
 def test_decode_rows_of_a_mixed_batch_are_not_written():
@@ -66,7 +80,8 @@ def test_decode_rows_of_a_mixed_batch_are_not_written():
     segs = p.plan([req("hsx-ab12cd34-1", 0, 5, row=0, index=0), req("hsx-ab12cd34-0", 21, 1, row=5, index=1),
                    req("hsx-ab12cd34-9", 30, 1, row=6, index=2)], [5, 22, 31])
     assert [(s.state.rid, s.rows) for s in segs] == [("hsx-ab12cd34-1", 5)]
-    assert p.get("hsx-ab12cd34-9") is None
+    # the untracked request never had its first 30 rows seen: it can never complete, so it is failed
+    assert [f.rid for f in p.take_failures()] == ["hsx-ab12cd34-9"]
 
 
 def test_rows_past_the_prompt_in_the_last_chunk_are_clipped():

@@ -8,7 +8,8 @@ hold for any sequence of sizes:
 * the bytes held (in use + free) stay within the budget, except in the documented oversize case:
   a request larger than the budget is served alone, and the pool then holds that one buffer;
 * best fit: the smallest free buffer that is large enough is reused; a new buffer is made only
-  when no free one fits, and has the requested size rounded up to the granularity;
+  when no free one fits, and its size is the granularity times the smallest power of two that
+  holds the request (size classes, so that batches of many sizes reuse each other's buffers);
 * ``acquire`` never raises, and blocks only when the budget is spent by buffers in use.
 """
 
@@ -26,8 +27,11 @@ GRANULARITY = 64
 BUDGET = 4096
 
 
-def _rounded(n: int) -> int:
-    return (max(n, 1) + GRANULARITY - 1) // GRANULARITY * GRANULARITY
+def _size_class(n: int) -> int:
+    units = 1
+    while units * GRANULARITY < n:
+        units *= 2
+    return units * GRANULARITY
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -49,7 +53,7 @@ class PoolMachine(RuleBasedStateMachine):
         if fitting:
             assert buf.numel() == min(fitting), f"best fit of {nbytes} B among {free_before}: got {buf.numel()}"
         else:
-            assert buf.numel() == _rounded(nbytes), "a new buffer has the requested size, rounded up"
+            assert buf.numel() == _size_class(nbytes), "a new buffer has the request's size class"
         ptrs = {b.data_ptr() for b in self.out}
         assert buf.data_ptr() not in ptrs, "a buffer in use was handed out again"
         self.out.append(buf)
@@ -82,9 +86,9 @@ def test_a_pool_with_free_buffers_of_different_sizes_hands_out_the_best_fit():
     small, large = pool.acquire(1000), pool.acquire(5000)
     pool.release(small)
     pool.release(large)
-    assert pool.free_sizes == [1024, 5120]
+    assert pool.free_sizes == [1024, 8192]
     got = pool.acquire(3000)
-    assert got.numel() == 5120 and pool.free_sizes == [1024]
+    assert got.numel() == 8192 and pool.free_sizes == [1024]
 
 
 def test_acquire_waits_for_a_release_when_the_budget_is_spent():

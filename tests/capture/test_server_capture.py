@@ -15,21 +15,12 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from hf_reference import reference, rel_err
+from hf_reference import reference, row_problems
 from hsextract.capture.selfcheck import check_dump
-from hsextract.staging import DONE_FILE, read_done_marker, read_states, rid_dir
+from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
 from support.sglang_server import start_server
 
 REPO = Path(__file__).resolve().parents[2]
-
-# Error bounds of bf16 serving against a float32 transformers run of the same weights, measured
-# per captured layer over the whole prompt (relative L2). Dense Llama: ~0.5 %, bound 2 %. Tiny
-# DeepSeek-V3: ~0.5 % on most tokens, but bf16 rounding flips a top-2 expert choice on the odd
-# token (6-12 % on that token), so the whole-prompt bound is 5 % and the median token must stay
-# under 1 %. A wrong layer index is off by > 30 %, so each slot must also be 10x closer to its
-# own index than to either neighbour.
-REL_ERR_BOUND = {"LlamaForCausalLM": 0.02, "DeepseekV3ForCausalLM": 0.05}
-MEDIAN_TOKEN_BOUND = 0.01
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -58,26 +49,11 @@ def check_against_hf(server, rid: str, ids: list[int], final_hidden: str = "post
     d = wait_done(server.dump_dir, rid)
     marker = read_done_marker(d)
     states = read_states(d)
-    ref = reference(server.model_dir, ids)
     assert states.input_ids.tolist() == ids
     assert states.hidden.shape == (len(ids), marker.num_aux + 1, marker.hidden_size)
-    bound = REL_ERR_BOUND[marker.architecture]
-    for slot, layer in enumerate(marker.sglang_layers_to_capture):
-        got = states.hidden[:, slot]
-        err = rel_err(got, ref.hidden_states[layer])
-        assert err < bound, f"aux slot {slot} (layers_to_capture {layer}): rel. err {err:.4f} >= {bound}"
-        assert median_token_err(got, ref.hidden_states[layer]) < MEDIAN_TOKEN_BOUND
-        for other in (layer - 1, layer + 1):
-            assert rel_err(got, ref.hidden_states[other]) > 10 * err, f"slot {slot} also matches layer {other}"
-    final_ref = ref.post_norm if final_hidden == "post_norm" else ref.pre_norm
-    err = rel_err(states.hidden[:, -1], final_ref)
-    assert err < bound, f"final hidden ({final_hidden}): rel. err {err:.4f} >= {bound}"
-    assert median_token_err(states.hidden[:, -1], final_ref) < MEDIAN_TOKEN_BOUND
-
-
-def median_token_err(a, b) -> float:
-    a, b = a.float(), b.float()
-    return float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)).median())
+    problems = row_problems(states.hidden, marker.sglang_layers_to_capture, marker.architecture,
+                            reference(server.model_dir, ids), final_hidden)
+    assert not problems, problems
 
 
 @pytest.mark.parametrize("server_name", ["llama_server", "dsv3_server"])
@@ -110,8 +86,9 @@ def test_concurrent_requests_rows_do_not_mix(llama_server):
 def test_batches_of_different_sizes_reusing_pooled_host_buffers_all_complete(llama_server):
     """Single requests of 2, 16 and 8 tokens, one batch each, in that order. With the session
     server's 1 KiB pool granularity and 512 B per row (3 aux layers + final, hidden 64, bf16),
-    the first two leave free buffers of 2 and 9 KiB, and the third must take the second of
-    them: the case in which the pool once lost every batch (a tensor comparison in list.remove)."""
+    the first two leave free buffers of 2 and 16 KiB (size classes), and the third must take the
+    second of them: the case in which the pool once lost every batch (a tensor comparison in
+    list.remove)."""
     server = llama_server
     run = secrets.token_hex(4)
     lengths = (2, 16, 8, 12, 3, 16, 5, 9)
@@ -135,7 +112,7 @@ def test_health_checks_and_foreign_requests_are_never_dumped(llama_server):
     server.generate(prompt(12, seed=4), rid=f"other-{secrets.token_hex(4)}-0")
     server.generate(prompt(12, seed=5), rid="hsxfoo-1")  # prefix without the separator
     time.sleep(1.0)
-    names = [p.name for p in server.dump_dir.iterdir()] if server.dump_dir.exists() else []
+    names = [p.name for p in iter_dump_dirs(server.dump_dir)]  # request directories (not _records, _captures)
     strangers = [n for n in names if not n.startswith(f"{server.rid_prefix}-")]
     assert not strangers, f"dumps of requests the client did not send: {strangers}"
 
@@ -280,7 +257,7 @@ def test_deepseek_pre_norm_final_hidden_matches_transformers(dsv3_prenorm_server
 
 def test_startup_warmup_is_not_dumped(prenorm_server):
     log = prenorm_server.log_path.read_text(errors="replace")
-    names = [p.name for p in prenorm_server.dump_dir.iterdir()] if prenorm_server.dump_dir.exists() else []
+    names = [p.name for p in iter_dump_dirs(prenorm_server.dump_dir)]
     assert all(n.startswith("hsx-") for n in names), names
     assert "POST /generate" in log or "Prefill batch" in log  # the warmup did run
 

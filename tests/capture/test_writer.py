@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from hsextract.capture.core import BatchRequest, CapturePlanner, CaptureSettings
+from hsextract.capture.core import BatchRequest, CaptureSettings
 from hsextract.capture.writer import CaptureWriter, HostBufferPool
 from hsextract.layers import resolve
 from hsextract.staging import DONE_FILE, STATES_FILE, iter_complete, read_done_marker, read_states
@@ -22,7 +22,7 @@ K = 3
 
 def make_writer(dump_dir, **kw) -> CaptureWriter:
     s = CaptureSettings(rid_prefix="hsx", layers=resolve(None, 8), hidden_size=H, architecture="LlamaForCausalLM")
-    return CaptureWriter(dump_dir, CapturePlanner(s), device="cpu", **kw)
+    return CaptureWriter(dump_dir, s, device="cpu", **kw)
 
 
 def batch(rows: int, seed: int):

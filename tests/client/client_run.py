@@ -130,9 +130,11 @@ def write_mixed_dataset(path: Path, tok, n_lines: int = 100, seed: int = 0, max_
 # -- the real commands -------------------------------------------------------------------------------
 
 
-def extract_args(server_url: str, dataset: Path, model: Path, dump: Path, output: Path, *extra: str) -> list[str]:
+def extract_args(server_url: str, dataset: Path, model: Path, dump: Path, output: Path, *extra: str,
+                 fmt: str = "specforge") -> list[str]:
     return [sys.executable, "-m", "hsextract", "extract", "--server", server_url, "--dataset", str(dataset),
-            "--model", str(model), "--dump-dir", str(dump), "--output", str(output), "--log-every", "2", *extra]
+            "--model", str(model), "--dump-dir", str(dump), "--output", str(output), "--format", fmt,
+            "--log-every", "2", *extra]
 
 
 def start_client(log: Path, *args: str) -> subprocess.Popen:

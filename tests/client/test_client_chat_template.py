@@ -15,13 +15,14 @@ import pytest
 from hsextract.client.chat_template import (
     CHAT_TEMPLATE_ERROR,
     TEMPLATE_NOT_INCREMENTAL,
+    TOO_FEW_LOSS_TOKENS,
     TOO_LONG,
     Encoded,
     SampleEncoder,
     load_tokenizer,
     tokenize_with_mask,
 )
-from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample
+from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample, ToolCall, parse_line
 from hsextract.errors import HsextractError
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -33,6 +34,8 @@ SPECIAL_TOKENS = {
     "deepseek_v3": ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"],
     "kimi_k2": ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"],
     "qwen3_thinking": ["<|im_start|>", "<|im_end|>"],
+    "qwen3_tools": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
+                    "<tool_response>", "</tool_response>"],
 }
 
 Q1, A1 = "What is the capital city of France?", "The capital city of France is Paris."
@@ -204,3 +207,117 @@ def test_model_directory_without_a_tokenizer_stops_at_once(tmp_path, tiny_llama)
 def test_missing_model_directory_stops_at_once(tmp_path):
     with pytest.raises(HsextractError, match="does not exist"):
         load_tokenizer(tmp_path / "absent")
+
+
+# -- tools, tool calls, tool results and reasoning (a template modelled on Qwen3's own) ------------------
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOLS_SYSTEM = (
+    "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query."
+    "\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    '{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city", '
+    '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}'
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+    "\n</tool_call><|im_end|>\n"
+)
+
+
+def _weather(city: str, call_id: str) -> ToolCall:
+    return ToolCall("get_weather", {"city": city}, call_id)
+
+
+def _call_text(city: str) -> str:
+    return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
+
+
+TOOL_CONV = [
+    Message("system", "Be brief."),
+    Message("user", "Weather in Paris and Rome?"),
+    Message("assistant", "", "I should call the tool twice.", (_weather("Paris", "c1"), _weather("Rome", "c2"))),
+    Message("tool", "sunny", tool_call_id="c1"),
+    Message("tool", "rainy", tool_call_id="c2"),
+    Message("assistant", "Paris is sunny, Rome is rainy.", "Both results are in."),
+    Message("user", "Thanks!"),
+    Message("assistant", "You are welcome.", "Be polite."),
+]
+# The rendering of TOOL_CONV written out by hand: (prompt, reply) pairs. The reasoning of the replies
+# before the last user query is not rendered by the template, so it is not trained on either.
+TOOL_CONV_TURNS = [
+    (TOOLS_SYSTEM + "<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n<|im_start|>assistant\n",
+     _call_text("Paris") + "\n" + _call_text("Rome") + "<|im_end|>\n"),
+    ("<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrainy\n</tool_response>"
+     "<|im_end|>\n<|im_start|>assistant\n", "Paris is sunny, Rome is rainy.<|im_end|>\n"),
+    ("<|im_start|>user\nThanks!<|im_end|>\n<|im_start|>assistant\n",
+     "<think>\nBe polite.\n</think>\n\nYou are welcome.<|im_end|>\n"),
+]
+
+
+def _split(tok, ids, mask):
+    on = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    off = tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+    return on, off
+
+
+def test_tool_calls_and_shown_reasoning_are_trained_on_and_tool_results_are_not(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "qwen3_tools")
+    ids, mask = tokenize_with_mask(tok, TOOL_CONV, [WEATHER])
+    assert ids == tok("".join(p + r for p, r in TOOL_CONV_TURNS), add_special_tokens=False)["input_ids"]
+    on, off = _split(tok, ids, mask)
+    assert on == "".join(r for _, r in TOOL_CONV_TURNS)
+    assert off == "".join(p for p, _ in TOOL_CONV_TURNS)
+
+
+def test_reasoning_of_a_multi_step_tool_turn_after_the_last_query_is_trained_on(tiny_llama):
+    # after the last user query the template shows every reply's reasoning, so the mask covers it
+    tok = make_tokenizer(tiny_llama, "qwen3_tools")
+    conv = [Message("user", "Weather in Paris?"),
+            Message("assistant", "", "Call the tool.", (_weather("Paris", "c1"),)),
+            Message("tool", "sunny", tool_call_id="c1"),
+            Message("assistant", "It is sunny.", "The tool says sunny.")]
+    ids, mask = tokenize_with_mask(tok, conv, [WEATHER])
+    on, off = _split(tok, ids, mask)
+    assert on == ("<think>\nCall the tool.\n</think>\n\n" + _call_text("Paris") + "<|im_end|>\n"
+                  "<think>\nThe tool says sunny.\n</think>\n\nIt is sunny.<|im_end|>\n")
+    assert "sunny\n</tool_response>" in off
+
+
+def test_last_turn_only_trains_on_the_last_reply_alone(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "qwen3_tools")
+    ids, mask = tokenize_with_mask(tok, TOOL_CONV, [WEATHER], last_turn_only=True)
+    assert _split(tok, ids, mask)[0] == TOOL_CONV_TURNS[-1][1]
+    got = SampleEncoder(tok, None, last_turn_only=True).encode(Sample(0, messages=TOOL_CONV, tools=(WEATHER,)))
+    assert (got.input_ids, got.loss_mask) == (ids, mask)
+
+
+def test_sample_with_fewer_loss_tokens_than_the_minimum_is_rejected_with_the_counts(tiny_llama):
+    tok = make_tokenizer(tiny_llama, "qwen3_tools")
+    n = sum(tokenize_with_mask(tok, TOOL_CONV, [WEATHER])[1])
+    sample = Sample(3, messages=TOOL_CONV, tools=(WEATHER,), file="part-1.parquet", row=7)
+    assert isinstance(SampleEncoder(tok, None, min_loss_tokens=n).encode(sample), Encoded)
+    got = SampleEncoder(tok, None, min_loss_tokens=n + 1).encode(sample)
+    assert isinstance(got, Reject) and got.reason == TOO_FEW_LOSS_TOKENS
+    assert got.to_json()["loss_tokens"] == n and got.to_json()["file"] == "part-1.parquet" and got.line == 8
+
+
+def test_dataset_row_with_tools_as_a_json_string_and_thinking_masks_like_the_normalized_conversation(tiny_llama):
+    import json
+
+    tok = make_tokenizer(tiny_llama, "qwen3_tools")
+    row = {"tools": json.dumps([WEATHER]), "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": None, "thinking": "I should call the tool twice.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        {"role": "tool", "content": "rainy", "tool_call_id": "c2"},
+        {"role": "assistant", "content": "Paris is sunny, Rome is rainy.", "reasoning": "Both results are in."},
+        {"role": "user", "content": "Thanks!"},
+        {"role": "assistant", "content": "You are welcome.", "reasoning_content": "Be polite."}]}
+    sample = parse_line(0, json.dumps(row).encode())
+    assert sample.messages == TOOL_CONV and sample.tools == (WEATHER,)
+    got = SampleEncoder(tok, None).encode(sample)
+    assert (got.input_ids, got.loss_mask) == tokenize_with_mask(tok, TOOL_CONV, [WEATHER])

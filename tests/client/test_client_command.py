@@ -15,7 +15,7 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
 
 def _flags(tmp_path, model, dataset) -> list[str]:
     return ["--server", "http://127.0.0.1:9", "--dataset", str(dataset), "--model", str(model),
-            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out")]
+            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"), "--format", "specforge"]
 
 
 def test_missing_dataset_stops_at_once_naming_it(capsys, tmp_path, tiny_llama):
@@ -52,7 +52,7 @@ def test_config_file_supplies_the_settings_and_flags_win(capsys, tmp_path, tiny_
     cfg.write_text(json.dumps({
         "server": "http://127.0.0.1:9", "dataset": str(tmp_path / "from-config.jsonl"), "model": str(tiny_llama),
         "dump_dir": str(tmp_path / "dump"), "output": str(tmp_path / "out"), "shm_min_free": "5%",
-        "format": "specforge",  # a drain key: ignored here
+        "format": "specforge", "workers": 2,  # a drain key: ignored here
     }))
     code, err = _run(capsys, "--config", str(cfg))
     assert code == 2 and "from-config.jsonl does not exist" in err
@@ -69,4 +69,4 @@ def test_bad_watermark_in_config_is_refused(capsys, tmp_path, tiny_llama):
 def test_malformed_aux_layers_are_refused(capsys, tmp_path, tiny_llama):
     (tmp_path / "d.jsonl").write_text("")
     code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "d.jsonl"), "--aux-layers", "1,x")
-    assert code == 2 and "aux layers" in err and "e.g. 1,29,57" in err
+    assert code == 2 and "aux layer ids" in err and "1,29,57" in err

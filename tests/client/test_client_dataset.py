@@ -6,7 +6,7 @@ import json
 
 import pytest
 from hsextract.client import dataset as ds
-from hsextract.client.dataset import DatasetReader, Message, Reject, Sample, count_lines, iter_file_lines, parse_line
+from hsextract.client.dataset import DatasetReader, Message, Reject, Sample, count_rows, parse_line, read_dataset
 from hsextract.errors import HsextractError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,7 +64,8 @@ def test_pretokenized_line_keeps_its_mask_and_accepts_booleans():
     (b'{"messages": ["hi"]}', ds.BAD_MESSAGE),
     (b'{"messages": [{"content": "hi"}]}', ds.BAD_MESSAGE),
     (b'{"messages": [{"role": "user", "content": 5}]}', ds.BAD_MESSAGE),
-    (b'{"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]}', ds.UNKNOWN_ROLE),
+    (b'{"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"}]}', ds.UNKNOWN_ROLE),
+    (b'{"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]}', ds.TOOL_WITHOUT_CALL),
     (b'{"conversations": [{"from": "robot", "value": "x"}]}', ds.UNKNOWN_ROLE),
     (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}', ds.EMPTY_CONTENT),
     (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}', ds.EMPTY_CONTENT),
@@ -98,21 +99,22 @@ def test_index_is_the_line_number_counting_blank_and_bad_lines(tmp_path):
     good = _line({"input_ids": [1, 2]})
     path = tmp_path / "d.jsonl"
     path.write_bytes(b"\n".join([b"{bad", b"", good, b"\xff"]) + b"\n")
-    items = list(DatasetReader().read_lines(iter_file_lines(path)))
+    items = list(read_dataset(path))
     assert [type(i).__name__ for i in items] == ["Reject", "Reject", "Sample", "Reject"]
     assert [i.index for i in items] == [0, 1, 2, 3]
+    assert [i.line for i in items] == [1, 2, 3, 4] and {i.file for i in items} == {"d.jsonl"}
 
 
 @pytest.mark.parametrize("content", [b"", b"a", b"a\n", b"a\nb", b"a\nb\n", b"\n\n", b"a\r\nb\r\n"])
-def test_count_lines_agrees_with_the_reader(tmp_path, content):
+def test_count_rows_agrees_with_the_reader(tmp_path, content):
     path = tmp_path / "d.jsonl"
     path.write_bytes(content)
-    assert count_lines(path) == len(list(iter_file_lines(path)))
+    assert count_rows(path) == len(list(read_dataset(path)))
 
 
 def test_missing_dataset_stops_with_a_clear_message(tmp_path):
     with pytest.raises(HsextractError, match="does not exist"):
-        list(iter_file_lines(tmp_path / "nope.jsonl"))
+        read_dataset(tmp_path / "nope.jsonl")
 
 
 # -- properties: arbitrary input never crashes the reader, every line is accounted for ------------
@@ -149,7 +151,10 @@ def _check_accounted(lines: list[bytes]) -> None:
                 assert set(item.loss_mask) <= {0, 1} and any(item.loss_mask)
             else:
                 assert item.messages and any(m.role == "assistant" for m in item.messages)
-                assert all(m.role in ("system", "user", "assistant") and m.content.strip() for m in item.messages)
+                assert all(m.role in ("system", "user", "assistant", "tool") for m in item.messages)
+                assert all(m.content.strip() for m in item.messages if m.role in ("system", "user"))
+                assert all(m.content.strip() or m.tool_calls or (m.reasoning_content or "").strip()
+                           for m in item.messages if m.role == "assistant")
         else:
             assert item.reason and json.dumps(item.to_json())
 
@@ -177,5 +182,5 @@ def test_sample_like_json_is_accepted_only_when_usable(lines):
 def test_a_file_of_arbitrary_bytes_yields_one_outcome_per_line(tmp_path_factory, chunks):
     path = tmp_path_factory.mktemp("prop") / "d.jsonl"
     path.write_bytes(b"\n".join(chunks))
-    outcomes = list(DatasetReader().read_lines(iter_file_lines(path)))
-    assert len(outcomes) == count_lines(path)
+    outcomes = list(read_dataset(path))
+    assert len(outcomes) == count_rows(path)

@@ -138,7 +138,8 @@ def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(ll
         out = tmp_path / f"out{i}"
         cfg = tmp_path / f"host{i}.json"  # what the Ansible role writes per host
         cfg.write_text(json.dumps({"server": llama_server.url, "dataset": str(data), "model": str(tiny_llama),
-                                   "dump_dir": str(llama_server.dump_dir), "output": str(out), "shard": f"{i}/2"}))
+                                   "dump_dir": str(llama_server.dump_dir), "output": str(out), "shard": f"{i}/2",
+                                   "format": "specforge"}))
         run_id = load_or_create_run_id(out)
         try:
             assert main(["extract", "--config", str(cfg), "--max-in-flight", "4"]) == 0
@@ -167,7 +168,7 @@ def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_
     run_id = load_or_create_run_id(out)
     try:
         assert main(["extract", "--server", llama_server.url, "--dataset", str(data), "--model", str(tiny_llama),
-                     "--dump-dir", str(llama_server.dump_dir), "--output", str(out),
+                     "--dump-dir", str(llama_server.dump_dir), "--output", str(out), "--format", "specforge",
                      "--max-tokens", "4000", "--max-attempts", "2"]) == 0
         summary = _summary(out)
         assert summary["ok"] == 2 and summary["failed"] == {"http_4xx": 1}
@@ -178,3 +179,35 @@ def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_
         assert record_path(llama_server.dump_dir, make_rid("hsx", run_id, 0)).exists(), "the drain needs the others'"
     finally:
         _remove_run(llama_server.dump_dir, run_id)
+
+
+def test_json_array_and_parquet_files_of_a_directory_reach_the_training_set(llama_server, tiny_llama, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = tmp_path / "lines.jsonl"
+    exp = write_mixed_dataset(lines, load_tokenizer(tiny_llama), n_lines=24, seed=5, bad=False)
+    rows = [json.loads(line) for line in lines.read_bytes().splitlines()]
+    data = tmp_path / "dataset"
+    data.mkdir()
+    (data / "part-0.json").write_text(json.dumps(rows[:12], indent=1))  # ShareGPT's original array form
+    keys = sorted({k for r in rows for k in r})  # one schema: every row has every column, null where absent
+    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows[12:]]), data / "part-1.parquet")
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
+    client = start_client(logs / "client.log", *extract_args(
+        llama_server.url, data, tiny_llama, llama_server.dump_dir, out, "--max-in-flight", "4"))
+    try:
+        assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
+        assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
+    finally:
+        stop(client)
+        stop(drain)
+
+    assert_training_set_matches(out, exp)  # index = file order, then row: the same as the one JSONL file
+    summary = _summary(out)
+    assert summary["ok"] == 24 and summary["rejected"] == {} and summary["failed"] == {}
+    from hsextract.formats.manifest import iter_entries
+
+    assert {e.dataset_index for e in iter_entries(out)} == set(range(24))

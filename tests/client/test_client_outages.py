@@ -123,7 +123,8 @@ def test_nearly_full_dump_filesystem_pauses_the_client_and_the_run_completes(own
     assert summary["ok"] == len(exp.samples) and summary["paused_s"] >= 3 and summary["failed"] == {}
 
 
-def test_client_waits_for_a_killed_server_and_completes_after_restart(own_server, tiny_llama, tmp_path):
+def test_server_killed_mid_batch_the_client_waits_and_every_sample_is_accounted_for(own_server, tiny_llama,
+                                                                                     tmp_path):
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=40, seed=3, bad=False)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
@@ -132,13 +133,13 @@ def test_client_waits_for_a_killed_server_and_completes_after_restart(own_server
         own_server.url, tmp_path / "data.jsonl", tiny_llama, own_server.dump, out,
         "--max-in-flight", "4", "--shm-min-free", "1M"))
     try:
-        wait_for(lambda: client_status(out).get("ok", 0) >= 10, 240, "10 samples answered", logs / "client.log")
+        wait_for(lambda: (s := client_status(out)).get("ok", 0) >= 10 and s.get("in_flight", 0) > 0, 240,
+                 "10 samples answered and a batch in flight", logs / "client.log")
         own_server.kill()
-        time.sleep(5)
+        down = wait_for(lambda: "waiting for /health" in ((s := client_status(out)).get("paused_reason") or "")
+                        and s, 120, "the client to wait for the server", logs / "client.log")
         assert client.poll() is None, f"the client gave up on a down server:\n{tail(logs / 'client.log')}"
-        down = client_status(out)
         assert down["failed"] == 0 and down["ok"] < len(exp.samples)
-        assert down["state"] == "paused" and "waiting for /health" in down["paused_reason"]
         assert "waiting for /health" in (logs / "client.log").read_text()
 
         own_server.start()
@@ -152,3 +153,5 @@ def test_client_waits_for_a_killed_server_and_completes_after_restart(own_server
     summary = json.loads((out / ".hsextract" / "client-summary.json").read_text())
     assert summary["ok"] == len(exp.samples) and summary["failed"] == {}
     assert "healthy again" in (logs / "client.log").read_text()
+    assert f"{len(exp.samples)} accepted = {len(exp.samples)} in the set + 0 failed + 0 quarantined" in \
+        (logs / "drain.log").read_text(), "the counts add up"

@@ -13,14 +13,29 @@ The answer is always exit status 0 and the state ``stopped`` (or ``done`` when t
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from client_run import client_status, env, tail, wait_for
+from client_run import (
+    assert_training_set_matches,
+    client_status,
+    env,
+    extract_args,
+    start_client,
+    start_drain,
+    stop,
+    tail,
+    wait_exit,
+    wait_for,
+    write_mixed_dataset,
+)
+from hsextract.client.chat_template import load_tokenizer
 
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
@@ -76,7 +91,8 @@ def _client_args(tmp_path: Path, model: Path, port: int) -> list[str]:
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                              {"role": "assistant", "content": "hello"}]}) + "\n")
     return ["extract", "--server", f"http://127.0.0.1:{port}", "--dataset", str(data), "--model", str(model),
-            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"), "--log-every", "1"]
+            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"), "--format", "specforge",
+            "--log-every", "1"]
 
 
 def _drain_state(out: Path) -> str:
@@ -87,6 +103,7 @@ def _drain_state(out: Path) -> str:
 
 
 def test_drain_stopped_during_its_imports_exits_0_as_stopped(tmp_path):
+    (tmp_path / "dump").mkdir()
     log = tmp_path / "drain.log"
     proc = _start(log, *_drain_args(tmp_path))
     early = _sigterm_when_handled(proc)
@@ -111,7 +128,7 @@ def test_drain_stopped_while_it_exits_after_its_work_exits_0(tmp_path):
     (tmp_path / "dump").mkdir()
     state = tmp_path / "out" / ".hsextract"
     state.mkdir(parents=True)
-    (state / "client-summary.json").write_text(json.dumps({"state": "done"}))
+    (state / "client-summary.json").write_text(json.dumps({"state": "done", "dataset_lines": 0, "shard": [0, 1]}))
     log = tmp_path / "drain.log"
     proc = _start(log, *_drain_args(tmp_path, "--exit-when-done"))
     # SigIgn gets the SIGTERM bit once main() has returned: only the exit is left.
@@ -165,3 +182,61 @@ def test_client_stopped_after_its_run_exits_0_as_done(tmp_path, tiny_llama, llam
             r.unlink()
     assert client_status(out)["state"] == "done", tail(log)
     assert (out / ".hsextract" / "client-summary.json").exists()
+
+
+@pytest.mark.server
+def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(llama_server, tiny_llama, tmp_path):
+    """Ten systemd stops at random instants of ten client runs: three in a run's first second
+    (from the moment the interpreter runs Python code and handles SIGTERM), four mid-run, three
+    in its last second. Each run exits 0 as stopped (or done, if it had finished), and the run
+    that follows completes the set, every sample exactly once."""
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=120, seed=9)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    args = extract_args(llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
+                        "--max-tokens", "300", "--overlong", "skip", "--max-in-flight", "3")
+    rng = random.Random(20261130)
+    drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
+    client = None
+    ends = []
+    try:
+        for when in ["first second"] * 3 + ["mid-run"] * 4 + ["last second"] * 3:
+            client = start_client(logs / "client.log", *args)
+            if when == "first second":
+                wait_for(lambda c=client: _signal_mask(c.pid, "SigCgt") & SIGTERM_BIT or c.poll() is not None, 30,
+                         "the client to handle SIGTERM", every=0.001)
+            elif when == "mid-run":
+                target = _done(out) + 8
+                wait_for(lambda c=client, n=target: (client_status(out).get("pid") == c.pid and _done(out) >= n)
+                         or c.poll() is not None, 240, f"{target} samples done", logs / "client.log")
+            elif when == "last second":
+                wait_for(lambda c=client: _near_the_end(out, c.pid) or c.poll() is not None, 240,
+                         "the client to send its last samples", logs / "client.log")
+            time.sleep(rng.uniform(0, 1))  # the random instant within the second
+            client.send_signal(signal.SIGTERM)
+            rc = wait_exit(client, 60, logs / "client.log")
+            state = client_status(out).get("state")
+            ends.append((when, rc, state))
+            assert rc == 0 and state in ("stopped", "done"), f"{when}: exit {rc}, state {state}:\n" + tail(
+                logs / "client.log")
+        client = start_client(logs / "client.log", *args)
+        assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
+        assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
+    finally:
+        stop(client)
+        stop(drain)
+    assert sum(state == "stopped" for _, _, state in ends) >= 7, ends
+    assert_training_set_matches(out, exp)
+    accepted = len(exp.samples)
+    assert f"{accepted} accepted = {accepted} in the set + 0 failed + 0 quarantined" in (logs / "drain.log").read_text()
+
+
+def _done(out: Path) -> int:
+    s = client_status(out)
+    return s.get("ok", 0) + s.get("skipped", 0)
+
+
+def _near_the_end(out: Path, pid: int) -> bool:
+    s = client_status(out)
+    return s.get("pid") == pid and s.get("sent", 0) + s.get("skipped", 0) + s.get("rejected", 0) >= \
+        s.get("samples_total", 1) - 2

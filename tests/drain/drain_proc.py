@@ -28,17 +28,18 @@ def start(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "hsextract", *args], env=env(), text=True, **kw)
 
 
-def finish_client(output: Path) -> None:
-    """What the client writes when every sample was sent and answered (the drain's --exit-when-done waits for it)."""
+def finish_client(output: Path, lines: int) -> None:
+    """What the client writes when every sample of its `lines`-line dataset was sent and answered:
+    its summary, which the drain's --exit-when-done waits for and checks the run's counts against."""
     d = Path(output) / ".hsextract"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "client-summary.json").write_text(json.dumps({"ok": 0}))
+    (d / "client-summary.json").write_text(json.dumps({"state": "done", "dataset_lines": lines, "shard": [0, 1]}))
 
 
-def drain_until_done(dump: Path, output: Path, fmt: str, *extra: str,
+def drain_until_done(dump: Path, output: Path, fmt: str, *extra: str, lines: int, expect_rc: int = 0,
                      timeout: float = 180) -> subprocess.CompletedProcess:
-    finish_client(output)
+    finish_client(output, lines)
     r = hsextract("drain", "--dump-dir", str(dump), "--output", str(output), "--format", fmt,
                   "--exit-when-done", "--poll-interval", "0.1", *extra, timeout=timeout)
-    assert r.returncode == 0, f"drain exited {r.returncode}:\n{r.stderr[-4000:]}"
+    assert r.returncode == expect_rc, f"drain exited {r.returncode}, expected {expect_rc}:\n{r.stderr[-4000:]}"
     return r

@@ -73,7 +73,7 @@ def test_kill_9_at_random_instants_loses_and_duplicates_nothing(llama_server, ti
     assert not pending, f"ran out of time after {kills} kills"
     assert kills_with_work >= MIN_KILLS, f"only {kills_with_work} of {kills} kills landed while dumps were staged"
 
-    drain_until_done(dump, out, "specforge", "--model", str(tiny_llama))
+    drain_until_done(dump, out, "specforge", "--model", str(tiny_llama), lines=N_SAMPLES)
 
     entries = list(iter_entries(out))
     assert [e.output_index for e in entries] == list(range(N_SAMPLES))

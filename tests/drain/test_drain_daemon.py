@@ -33,8 +33,8 @@ def _cfg(dump: Path, out: Path, **kw) -> DrainConfig:
     return DrainConfig(**base)
 
 
-def _drain(dump: Path, out: Path, **kw) -> Drainer:
-    finish_client(out)
+def _drain(dump: Path, out: Path, lines: int = 100, **kw) -> Drainer:
+    finish_client(out, lines)
     d = Drainer(_cfg(dump, out, **kw))
     d.run()
     return d
@@ -62,21 +62,32 @@ def test_each_complete_dump_is_written_once_in_order_and_leaves_staging(tmp_path
     assert not list((out / ".hsextract" / "tmp").iterdir())
 
 
-def test_stale_dumps_are_removed_and_never_written(tmp_path):
+def test_stale_dumps_of_this_run_are_removed_and_never_written(tmp_path):
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
     stage_sample(dump, run, 0)
     _drain(dump, out)
     stage_sample(dump, run, 0, seed=99)  # the same sample again: already written
-    stage_sample(dump, "0badc0de", 1)  # another run's dump
     stage_sample(dump, run, 2, record=False)  # no client record, past the grace period
-    (dump / "HEALTH_CHECK_1").mkdir()  # not a client request at all
     d = _drain(dump, out, record_grace_s=0.0)
     assert [e.dataset_index for e in iter_entries(out)] == [0]
     assert _staged_names(dump) == []
-    assert dict(d.stats.stale_removed) == {
-        "already written": 1, "from another run": 1, "no client record": 1, "not a client request id": 1,
-    }
+    assert dict(d.stats.stale_removed) == {"already written": 1, "no client record": 1}
+
+
+def test_dumps_of_other_runs_are_left_alone_and_reported(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    stage_sample(dump, run, 0)
+    other = stage_sample(dump, "0badc0de", 1)  # another run's dump: its own drain takes it
+    (dump / "HEALTH_CHECK_1").mkdir()  # not a client request at all: not this run's either
+    d = _drain(dump, out, record_grace_s=0.0)
+    assert [e.dataset_index for e in iter_entries(out)] == [0]
+    assert _staged_names(dump) == sorted(["HEALTH_CHECK_1", other.rid])
+    assert (dump / "_records" / f"{other.rid}.json").exists(), "its record stays too"
+    assert dict(d.stats.stale_removed) == {}
+    status = json.loads((out / ".hsextract" / "drain-status.json").read_text())
+    assert status["foreign"] == {"run 0badc0de": 1, "unknown": 1}
 
 
 def test_a_torn_manifest_line_and_an_unrecorded_file_are_repaired_at_start(tmp_path):
@@ -116,7 +127,7 @@ def test_the_client_summary_is_awaited_before_exit_when_done(tmp_path):
         time.sleep(1.5)
         assert t.is_alive(), "exited before the client said it had finished"
         assert [e.dataset_index for e in iter_entries(out)] == [0]
-        finish_client(out)
+        finish_client(out, 1)
         t.join(10)
         assert not t.is_alive()
     finally:
@@ -159,7 +170,7 @@ def test_a_full_output_volume_pauses_the_drain_until_space_returns(tmp_path, sma
         assert str(out) in status["paused_reason"] and "bytes free" in status["paused_reason"]
         assert len(_staged_names(dump)) > 0  # nothing deleted that is not written
         filler.unlink()
-        finish_client(out)
+        finish_client(out, 100)
         t.join(60)
         assert not t.is_alive()
     finally:
@@ -204,7 +215,7 @@ def test_status_command_reports_progress_and_fails_when_the_drain_is_silent(tmp_
     run = load_or_create_run_id(out)
     for i in range(4):
         stage_sample(dump, run, i)
-    _drain(dump, out)
+    _drain(dump, out, lines=4)
     (out / ".hsextract" / "client-status.json").write_text(json.dumps({"state": "done", "sent": 4}))
     r = hsextract("status", "--output", str(out), timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -289,10 +300,10 @@ def test_a_crash_between_quarantining_a_dump_and_removing_it_does_not_quarantine
     stage_sample(dump, run, 0)
     bad = stage_sample(dump, run, 1, eagle_ids=[2, 3, 4])  # captured at other layers than configured
 
-    def killed_before_removal(self, d):
+    def killed_before_removal(d):
         raise RuntimeError("simulated crash after the quarantine copy")
 
-    monkeypatch.setattr(Drainer, "_discard", killed_before_removal)
+    monkeypatch.setattr("hsextract.drain.quarantine.discard_dump", killed_before_removal)
     with pytest.raises(RuntimeError, match="simulated crash"):
         _drain(dump, out, eagle_layer_ids=(1, 3, 4), workers=1)
     assert (out / "quarantine" / bad.rid / "reason.txt").exists() and (dump / bad.rid).exists()
@@ -309,7 +320,7 @@ def test_a_partial_dump_of_a_sample_the_finished_client_gave_up_on_does_not_hold
     run = load_or_create_run_id(out)
     stage_sample(dump, run, 0)
     given_up = stage_sample(dump, run, 1, done=False)  # the server aborted it midway
-    finish_client(out)
+    finish_client(out, 2)
     (out / ".hsextract" / "failures.jsonl").write_text(
         json.dumps({"index": 1, "line": 2, "rid": given_up.rid, "reason": "aborted", "attempts": 4}) + "\n")
     t0 = time.monotonic()
@@ -319,3 +330,15 @@ def test_a_partial_dump_of_a_sample_the_finished_client_gave_up_on_does_not_hold
     assert reason.startswith("incomplete\n") and "failures.jsonl" in reason
     assert [e.dataset_index for e in iter_entries(out)] == [0]
     assert _staged_names(dump) == [] and dict(d.stats.quarantined) == {"incomplete": 1}
+
+
+def test_status_fails_a_finished_run_whose_counts_do_not_add_up(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(4):
+        stage_sample(dump, run, i)
+    _drain(dump, out, lines=6)  # the client says 6 lines, 2 of which are nowhere
+    r = hsextract("status", "--output", str(out), timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "6 accepted = 4 in the set + 0 failed + 0 quarantined + 2 UNACCOUNTED" in r.stdout
+    assert "dataset indices 4, 5" in r.stdout

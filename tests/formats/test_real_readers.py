@@ -39,7 +39,7 @@ def test_drained_real_dumps_load_with_the_trainers_reader(request, fmt, readers,
     dump, out = tmp_path / "dump", tmp_path / "out"
     run_id = load_or_create_run_id(out)
     captured = capture(server, dump, dump, run_id, list(range(N_SAMPLES)), seed=hash(fmt) % 1000)
-    drain_until_done(dump, out, fmt, "--model", str(tiny_llama))
+    drain_until_done(dump, out, fmt, "--model", str(tiny_llama), lines=N_SAMPLES)
     header = read_header(out)
     assert header.format == fmt
     assert header.final_hidden == ("post_norm" if post_norm else "pre_norm")
@@ -55,8 +55,8 @@ def test_modelopt_files_hold_exactly_the_keys_of_its_dump_scripts(llama_server, 
     """ModelOpt's reader ignores keys it does not know and takes loss_mask only if present: pin them."""
     dump, out = tmp_path / "dump", tmp_path / "out"
     run_id = load_or_create_run_id(out)
-    captured = capture(llama_server, dump, dump, run_id, [3, 7], seed=5)
-    drain_until_done(dump, out, "modelopt", "--model", str(tiny_llama))
+    captured = capture(llama_server, dump, dump, run_id, [0, 1], seed=5)
+    drain_until_done(dump, out, "modelopt", "--model", str(tiny_llama), lines=2)
     for e in iter_entries(out):
         assert e.file == f"{e.output_index}.pt"
         data = torch.load(out / e.file, weights_only=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from client.client_run import env, extract_args, start_client, stop, tail, wait_exit, wait_for, write_mixed_dataset
-from drain.drain_proc import drain_until_done, hsextract
+from drain.drain_proc import hsextract
 from hsextract.client.chat_template import load_tokenizer
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, FORMAT_NAMES
 from hsextract.formats.manifest import ManifestAppender, ManifestEntry, iter_entries
@@ -66,10 +66,16 @@ def test_plan_equals_what_a_real_extract_sends_and_writes_in_every_format(llama_
         shutil.copytree(staged, dump)
         fout.mkdir()
         shutil.copy(out / "run.json", fout / "run.json")
+        shutil.copytree(out / ".hsextract", fout / ".hsextract")  # the client's summary, rejects and failures
         if FINAL_HIDDEN_FOR_FORMAT[fmt] == "pre_norm":  # the sizes do not depend on where the norm is
             for marker in dump.glob("*/done.json"):
                 marker.write_text(marker.read_text().replace('"post_norm"', '"pre_norm"'))
-        drain_until_done(dump, fout, fmt, "--model", str(tiny_llama))
+        for record in (dump / "_records").glob("*.json"):  # the client's records, as if it ran for this drain
+            data = json.loads(record.read_text())
+            record.write_text(json.dumps({**data, "format": fmt, "output": str(fout)}))
+        r = hsextract("drain", "--dump-dir", str(dump), "--output", str(fout), "--format", fmt, "--model",
+                      str(tiny_llama), "--exit-when-done", "--poll-interval", "0.1")
+        assert r.returncode == 0, f"{fmt} drain exited {r.returncode}:\n{r.stderr[-3000:]}"
         written[fmt] = list(iter_entries(fout))
     masked = json.loads((tmp_path / "out-specforge" / "draft_vocab.json").read_text())["masked_tokens"]
 

@@ -168,11 +168,17 @@ def start_server(
     skip_warmup: bool = True,
     startup_timeout: float = STARTUP_TIMEOUT_S,
     capture_extra: dict[str, int] | None = None,
+    check_layers: bool = True,
+    radix_cache: bool = False,
 ) -> ServerHandle:
     """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
 
+    ``radix_cache=True`` (only without the capture) serves as a generation server does: the
+    prefix cache on, as regeneration wants it.
     On failure the process group is stopped and `ServerStartError` carries the log's tail.
     """
+    if radix_cache and capture:
+        raise ValueError("the capture needs the radix cache off; radix_cache=True needs capture=False")
     model_dir = Path(model_dir)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -192,6 +198,7 @@ def start_server(
             rid_prefix=rid_prefix,
             final_hidden=final_hidden,
             extra=capture_extra,
+            check_layers=check_layers,
         )
         launch = server_launch(patch_dir, package_name=DEFAULT_PACKAGE, device="cpu", pythonpath=pythonpath)
         run_env.update(launch.env)
@@ -199,6 +206,8 @@ def start_server(
     else:
         run_env.update({"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": os.pathsep.join(pythonpath)})
         args += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
+        if radix_cache:
+            args.remove("--disable-radix-cache")
     if not skip_warmup:
         args = [a for a in args if a != "--skip-server-warmup"]
     run_env.setdefault("OMP_NUM_THREADS", "1")

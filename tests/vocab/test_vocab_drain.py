@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from drain.drain_proc import drain_until_done, finish_client, hsextract, start
+from drain.drain_proc import drain_until_done, hsextract, start
 from hsextract.formats import FORMAT_NAMES, get_format
 from hsextract.formats.manifest import entries_path, iter_entries
 from hsextract.records import load_or_create_run_id
@@ -29,8 +29,9 @@ from vocab.vocab_data import VOCAB, expected_counts, expected_selection, make_sa
 SIZES = ["16", "64", "1000"]  # 1000 >= the vocabulary (500): clamped to 500
 
 
-def _drain(dump, out, fmt, *extra):
-    return drain_until_done(dump, out, fmt, "--draft-vocab-size", *SIZES, "--vocab-size", str(VOCAB), *extra)
+def _drain(dump, out, fmt, *extra, lines=30):
+    return drain_until_done(dump, out, fmt, "--draft-vocab-size", *SIZES, "--vocab-size", str(VOCAB), *extra,
+                            lines=lines)
 
 
 def _staged(tmp_path, fmt, n=30, seed=0):
@@ -72,7 +73,7 @@ def test_counts_are_of_trained_tokens_only_and_every_trainers_files_are_written(
 
 def test_padding_takes_the_lowest_ids_never_trained_on(tmp_path):
     dump, out, samples = _staged(tmp_path, "specforge", n=3, seed=4)
-    drain_until_done(dump, out, "specforge", "--draft-vocab-size", "64", "--vocab-size", str(VOCAB))
+    drain_until_done(dump, out, "specforge", "--draft-vocab-size", "64", "--vocab-size", str(VOCAB), lines=3)
     want = expected_counts(samples)
     assert len(want) < 64
     sf = torch.load(out / "vocab_mapping/vocab_mapping.pt", weights_only=True)
@@ -83,7 +84,7 @@ def test_padding_takes_the_lowest_ids_never_trained_on(tmp_path):
 
 def test_a_restart_recounts_only_the_samples_past_the_checkpoint(tmp_path):
     dump, out, samples = _staged(tmp_path, "specforge", n=12)
-    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB))
+    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=12)
     entries = list(iter_entries(out))
     early = VocabTracker(out, get_format("specforge"), [16])
     early.recover(entries[:5])  # a checkpoint that covers the first 5 samples only...
@@ -145,7 +146,7 @@ def test_counts_survive_kill_9_at_random_instants_and_always_equal_a_recount(tmp
     finally:
         log.close()
     assert kills >= 15 and lagging >= 3, f"{kills} kills, {lagging} left the checkpoint behind the manifest"
-    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB))
+    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=len(samples))
     assert sorted(e.dataset_index for e in iter_entries(out)) == sorted(samples)
     assert torch.load(out / "token_freq.pt", weights_only=True) == dict(expected_counts(samples))
     verified = hsextract("finalize", "--output", str(out), "--verify", "--vocab-size", str(VOCAB))
@@ -165,7 +166,7 @@ def _tamper_checkpoint(out, keep_total: bool) -> int:
 
 def test_finalize_verify_detects_a_tampered_count_and_writes_nothing_from_it(tmp_path):
     dump, out, samples = _staged(tmp_path, "specforge", n=10)
-    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB))
+    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=10)
     ok = hsextract("finalize", "--output", str(out), "--verify")
     assert ok.returncode == 0 and "equal a recount of the 10 samples" in ok.stdout, ok.stdout + ok.stderr
 
@@ -186,7 +187,7 @@ def test_finalize_verify_detects_a_tampered_count_and_writes_nothing_from_it(tmp
 
 def test_finalize_verify_detects_a_tampered_token_freq_file(tmp_path):
     dump, out, samples = _staged(tmp_path, "specforge", n=10)
-    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB))
+    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=10)
     freq = Counter(torch.load(out / "token_freq.pt", weights_only=True))
     freq[7] += 5
     torch.save(dict(freq), out / "token_freq.pt")
@@ -198,7 +199,7 @@ def test_finalize_verify_detects_a_tampered_token_freq_file(tmp_path):
 
 def test_without_a_vocabulary_size_the_counts_are_kept_and_the_fix_is_named(tmp_path):
     dump, out, samples = _staged(tmp_path, "specforge", n=5)
-    r = drain_until_done(dump, out, "specforge")
+    r = drain_until_done(dump, out, "specforge", lines=5)
     assert "vocabulary size is unknown" in r.stderr and "--vocab-size V" in r.stderr
     assert torch.load(out / "token_freq.pt", weights_only=True) == dict(expected_counts(samples))
     assert not (out / "vocab_mapping").exists()
@@ -208,8 +209,7 @@ def test_without_a_vocabulary_size_the_counts_are_kept_and_the_fix_is_named(tmp_
 
 def test_no_draft_vocab_counts_nothing_and_writes_no_vocabulary_file(tmp_path):
     dump, out, _ = _staged(tmp_path, "speculators", n=5)
-    finish_client(out)
-    drain_until_done(dump, out, "speculators", "--no-draft-vocab")
+    drain_until_done(dump, out, "speculators", "--no-draft-vocab", lines=5)
     assert not checkpoint_path(out).exists() and not (out / "token_freq.pt").exists()
     assert not (out / "draft_vocab.json").exists() and len(list(iter_entries(out))) == 5
 
@@ -226,12 +226,12 @@ def test_a_sample_file_that_cannot_be_counted_is_named_and_the_drain_goes_on(tmp
     samples = make_samples(8, seed=3)
     run_id = load_or_create_run_id(out)
     stage_all(dump, run_id, {i: samples[i] for i in range(6)}, "specforge")
-    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB))
+    drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=6)
     checkpoint_path(out).unlink()  # the restart must count every sample from its file...
     first = next(iter_entries(out))
     (out / first.file).write_bytes(b"not a torch file")  # ...and one cannot be read
     stage_all(dump, run_id, {i: samples[i] for i in (6, 7)}, "specforge")
-    r = drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB))
+    r = drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=8)
     assert "draft vocabulary not counted by this process" in r.stderr
     assert f"cannot count the tokens of sample 0 ({out / first.file})" in r.stderr and "--verify" in r.stderr
     assert sorted(e.dataset_index for e in iter_entries(out)) == list(range(8))

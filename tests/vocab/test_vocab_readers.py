@@ -54,7 +54,7 @@ def test_each_trainer_loads_its_draft_vocabulary_with_its_own_code(peer, readers
     dump, out = tmp_path / "dump", tmp_path / "out"
     samples = make_samples(40, seed=hash(peer) % 100)
     stage_all(dump, load_or_create_run_id(out), samples, peer)
-    drain_until_done(dump, out, peer, "--draft-vocab-size", *map(str, SIZES), "--vocab-size", str(VOCAB))
+    drain_until_done(dump, out, peer, "--draft-vocab-size", *map(str, SIZES), "--vocab-size", str(VOCAB), lines=40)
     suffix = ".pth" if peer in ("speculators-v1", "modelopt") else ".pt"
     loaded = _load(readers, peer, out, suffix, verifier)
     counts = expected_counts(samples)

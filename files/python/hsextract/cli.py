@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import signal
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -20,6 +20,7 @@ from hsextract.errors import HsextractError
 # name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("hsextract.client.command", "send a dataset to the server as prefill requests (resumable)"),
+    "regenerate": ("hsextract.regen.command", "let the served model write a dataset's replies (resumable)"),
     "drain": ("hsextract.drain.command", "move staged dumps into the training set (daemon)"),
     "finalize": ("hsextract.drain.finalize_command", "write the dataset-level files of an output directory"),
     "plan": ("hsextract.plan.command", "size a run from its dataset before starting it (bytes, time, room)"),
@@ -32,13 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# Long-running subcommands that finish their work in hand on these signals (systemd's stop) and
-# exit 0; the handler is installed before the subcommand's imports (see hsextract.shutdown).
-GRACEFUL_STOP: dict[str, tuple[int, ...]] = {
-    "extract": (signal.SIGTERM,),
-    "drain": (signal.SIGTERM, signal.SIGINT),
-}
-
+EX_IOERR = 74  # sysexits.h: an input/output error
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hsextract", description=__doc__.splitlines()[0])
@@ -59,7 +54,8 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     if not top.command:
         parser.print_help()
         return 2
-    previous = shutdown.install(GRACEFUL_STOP.get(top.command, ()))
+    # (Again, for a caller other than `python -m hsextract`: the handlers it replaces come back after.)
+    previous = shutdown.install(shutdown.GRACEFUL_STOP.get(top.command, ()))
     try:
         return _run(top, rest)
     finally:
@@ -74,11 +70,32 @@ def entry() -> NoReturn:
     sys.exit(main(exiting=True))
 
 
+# Options whose value may start with '-' (a negative layer id is a value, wrongly, not a flag:
+# it must reach the range check that says what is valid).
+_VALUE_OPTIONS = ("--aux-layers", "--aux-layer-ids")
+_NUMBER_LIST = re.compile(r"^-?\d+(,\s*-?\d+)*$")
+
+
+def attach_option_values(argv: list[str]) -> list[str]:
+    """``--aux-layers -1,2,3`` -> ``--aux-layers=-1,2,3`` (argparse takes ``-1,2,3`` for a flag)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in _VALUE_OPTIONS and i + 1 < len(argv) and _NUMBER_LIST.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def _run(top: argparse.Namespace, rest: list[str]) -> int:
     module_name, help_ = COMMANDS[top.command]
     module = importlib.import_module(module_name)
     sub = argparse.ArgumentParser(prog=f"hsextract {top.command}", description=help_)
     module.add_arguments(sub)
+    rest = attach_option_values(rest)
     args = sub.parse_args(rest)
     logging.basicConfig(
         level=logging.DEBUG if top.verbose else logging.INFO,
@@ -93,6 +110,12 @@ def _run(top: argparse.Namespace, rest: list[str]) -> int:
     except HsextractError as exc:
         print(f"hsextract {top.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        # A file the command needs cannot be read or written (a read-only or full volume, a
+        # permission): say which and why, not a traceback.
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"hsextract {top.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EX_IOERR
     except KeyboardInterrupt:
         return 130
 

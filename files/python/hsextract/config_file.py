@@ -34,15 +34,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse `argv`, taking defaults from ``--config`` for every flag not given explicitly.
-
-    Unknown keys in the file are ignored (the file is shared by several subcommands).
-    """
-    args = parser.parse_args(argv)
-    return apply_config(parser, args, argv)
-
-
 def apply_config(
     parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str] | None = None
 ) -> argparse.Namespace:

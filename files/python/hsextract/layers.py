@@ -66,17 +66,24 @@ def parse_ids(text: str | Sequence[int] | None) -> list[int] | None:
 
 def resolve(
     ids: Sequence[int] | None,
-    num_hidden_layers: int,
-    convention: Convention = "eagle",
+    num_hidden_layers: int | None,
+    convention: str = "eagle",
 ) -> CaptureLayers:
     """Translate configured aux layer ids into both conventions, validating their range.
 
     Valid ids leave room for the final hidden state, which is captured separately: ``eagle`` ids
-    lie in ``[0, L - 2]`` and ``sglang`` ids in ``[1, L - 1]``.
+    lie in ``[0, L - 2]`` and ``sglang`` ids in ``[1, L - 1]``. Without the model's depth
+    (``num_hidden_layers`` None) only the lower bound and the order are checked, and the ids
+    must be given (the default depends on the depth).
     """
     if convention not in CONVENTIONS:
         raise LayerConfigError(f"layer id convention {convention!r}: expected one of {', '.join(CONVENTIONS)}")
-    n = int(num_hidden_layers)
+    if num_hidden_layers is None:
+        if ids is None:
+            raise LayerConfigError("aux layer ids: the default needs the model's layer count; give --model")
+        n = 1 << 30  # no upper bound known
+    else:
+        n = int(num_hidden_layers)
     if n < 2:
         raise LayerConfigError(f"model has {n} hidden layers; the capture needs at least 2")
     if ids is None:
@@ -90,6 +97,8 @@ def resolve(
     lo, hi = (0, n - 2) if convention == "eagle" else (1, n - 1)
     given = list(ids) if ids is not None else eagle
     bad = [g for g, e in zip(given, eagle, strict=True) if not 0 <= e <= n - 2]
+    if bad and num_hidden_layers is None:
+        raise LayerConfigError(f"aux layer ids {given} ({convention} convention): {bad} below {lo}, the first valid id")
     if bad:
         raise LayerConfigError(
             f"aux layer ids {given} ({convention} convention) out of range for a model with {n} layers: "
@@ -100,5 +109,5 @@ def resolve(
     return CaptureLayers(
         eagle_aux_hidden_state_layer_ids=tuple(eagle),
         sglang_layers_to_capture=tuple(e + 1 for e in eagle),
-        num_hidden_layers=n,
+        num_hidden_layers=n if num_hidden_layers is not None else 0,
     )

@@ -26,6 +26,7 @@ class ModelInfo:
     vocab_size: int
     torch_dtype: str
     config_sha256: str
+    max_position_embeddings: int | None = None  # the context length, where the config says it
 
     @property
     def state_bytes_per_token(self) -> int:
@@ -74,4 +75,6 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
         vocab_size=int(text.get("vocab_size", cfg.get("vocab_size", 0)) or 0),
         torch_dtype=dtype,
         config_sha256=hashlib.sha256(raw).hexdigest(),
+        max_position_embeddings=int(ctx) if (ctx := text.get("max_position_embeddings")
+                                              or cfg.get("max_position_embeddings")) else None,
     )

@@ -8,7 +8,12 @@ dump is staged; after a reboot both are gone and the client sends the sample aga
 
 A request id is ``<prefix>-<run id>-<index>``: the prefix tells the capture which requests to
 write (never health checks or warmup), the run id tells the drain which dumps belong to this
-output directory, and the index is the sample's stable position in the dataset.
+output directory, and the index is the sample's stable position in the dataset. A probe (the
+client's start-up check, the smoke test) is ``<prefix>-<run id>-p<hex>``: the capture writes it
+like a sample, the drain never takes it for one, and whoever sent it removes it.
+
+A record also carries the run's identity as the client knows it (format, final-norm placement,
+output directory), so a drain configured otherwise refuses to write what it would get wrong.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from pathlib import Path
 from hsextract.errors import ConfigError, StagingError
 from hsextract.staging import RECORDS_DIR
 
-_RID_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.]+)-(?P<run>[0-9a-f]{8,32})-(?P<index>\d+)$")
+_RID_RE = re.compile(
+    r"^(?P<prefix>[A-Za-z0-9_.]+)-(?P<run>[0-9a-f]{8,32})-(?:(?P<index>\d+)|p(?P<probe>[0-9a-f]{4,32}))$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.]+$")
 RUN_FILE = "run.json"
 
@@ -42,18 +48,27 @@ def make_rid(prefix: str, run_id: str, index: int) -> str:
     return f"{prefix}-{run_id}-{index}"
 
 
+def make_probe_rid(prefix: str, run_id: str) -> str:
+    """A fresh probe rid of the run: captured like a sample, never drained as one."""
+    return f"{prefix}-{run_id}-p{secrets.token_hex(6)}"
+
+
 @dataclass(frozen=True)
 class ParsedRid:
     prefix: str
     run_id: str
-    index: int
+    index: int  # -1 for a probe
+    probe: bool = False
 
 
 def parse_rid(rid: str) -> ParsedRid | None:
-    """Split a rid made by `make_rid`; None for anything else (health checks, warmup, strangers)."""
+    """Split a rid made by `make_rid` or `make_probe_rid`; None for anything else (health checks,
+    warmup, strangers)."""
     m = _RID_RE.match(rid)
     if not m:
         return None
+    if m["probe"] is not None:
+        return ParsedRid(m["prefix"], m["run"], -1, probe=True)
     return ParsedRid(m["prefix"], m["run"], int(m["index"]))
 
 
@@ -67,6 +82,9 @@ class SampleRecord:
     loss_mask: list[int]
     run_id: str = ""
     source: str = ""  # "<dataset file>:<line>" for messages
+    # The run's identity as the client knows it; the drain refuses records that disagree with it.
+    format: str = ""
+    output: str = ""
 
 
 def records_dir(dump_dir: str | Path) -> Path:

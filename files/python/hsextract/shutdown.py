@@ -5,8 +5,10 @@ state ``stopped``) whatever it was doing. Two instants escape a handler installe
 subcommand itself:
 
 * start-up: the subcommand's imports (torch, transformers) take about a second, and Python's
-  default action for SIGTERM is to die. So the CLI calls `install` before it imports the
-  subcommand, and the subcommand picks the request up from `requested()` once it is built;
+  default action for SIGTERM is to die. So ``python -m hsextract`` calls `install_early` as its
+  first statement (this module imports only `signal` and `threading`), before the CLI and the
+  subcommand are imported, and the subcommand picks the request up from `requested()` once it is
+  built. What remains is the interpreter's own start, about 40 ms, before any Python code runs;
 * shut-down: once ``main`` returns, the interpreter's finalization puts the default action back
   for every signal that has a Python handler, and a SIGTERM during the (slow, torch) exit kills
   the process with -15 although its work is done. `ignore_from_now` switches the signal to
@@ -15,12 +17,16 @@ subcommand itself:
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable
 
-log = logging.getLogger("hsextract")
+# Subcommands that finish their work in hand on these signals (systemd's stop) and exit 0.
+GRACEFUL_STOP: dict[str, tuple[int, ...]] = {
+    "extract": (signal.SIGTERM,),
+    "regenerate": (signal.SIGTERM,),
+    "drain": (signal.SIGTERM, signal.SIGINT),
+}
 
 _requested = threading.Event()
 _callbacks: list[Callable[[], None]] = []
@@ -37,7 +43,9 @@ def _handler(signum: int, _frame: object) -> None:
     first = not _requested.is_set()
     _requested.set()
     if first:
-        log.info("signal %d: finishing the work in hand, then stopping", signum)
+        import logging  # not at import time: this module must load before anything heavy
+
+        logging.getLogger("hsextract").info("signal %d: finishing the work in hand, then stopping", signum)
     with _lock:
         callbacks = list(_callbacks)
     for cb in callbacks:
@@ -58,8 +66,16 @@ def install(signals: Iterable[int] = (signal.SIGTERM,)) -> dict[int, object]:
         return {}
     sigs = tuple(signals)
     previous = {sig: signal.signal(sig, _handler) for sig in sigs}
-    _installed = sigs
+    _installed = tuple(dict.fromkeys(_installed + sigs))
     return previous
+
+
+def install_early(argv: list[str]) -> None:
+    """`install` for the subcommand named in ``argv`` (its first word that is not an option), if
+    it stops gracefully: called by ``python -m hsextract`` before any other import."""
+    command = next((a for a in argv if not a.startswith("-")), "")
+    if command in GRACEFUL_STOP:
+        install(GRACEFUL_STOP[command])
 
 
 def on_stop(callback: Callable[[], None]) -> None:

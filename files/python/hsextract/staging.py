@@ -5,7 +5,9 @@
     <dump_dir>/
       <rid>/states.safetensors   rows of one request; written by the capture, chunk by chunk
       <rid>/done.json            written last, atomically (write a temporary name, then rename)
+      <rid>/failed.json          instead of done.json: the capture could not stage this request, and why
       _records/<rid>.json        the client's record of the sample (see hsextract.records)
+      _captures/<host>-<pid>.json  each writing capture announces itself: what it writes, and how
 
 ``states.safetensors`` is a standard safetensors file (no pickle) holding
 
@@ -19,11 +21,15 @@ any number of chunks is one file and the drain reads one contiguous block per sa
 ``[n, K + 1, H]`` are exactly the ``hidden_states`` layout of the speculators format.
 
 ``done.json`` exists only once every row of the prompt has been written; a directory without it
-is in progress (or abandoned) and is never read as a sample.
+is in progress (or abandoned) and is never read as a sample. When the capture cannot stage a
+request (a write error, a batch it could not queue, rows it never saw), it writes ``failed.json``
+with the reason instead, so the client learns at once that the sample must be sent again: no
+request the server answered is ever lost without a word.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -38,7 +44,9 @@ from hsextract.errors import StagingError
 
 STATES_FILE = "states.safetensors"
 DONE_FILE = "done.json"
+FAILED_FILE = "failed.json"
 RECORDS_DIR = "_records"
+CAPTURES_DIR = "_captures"
 FORMAT_VERSION = 1
 # Data starts on a 4 KiB boundary so row slices stay page aligned in the file.
 _ALIGN = 4096
@@ -77,9 +85,10 @@ class StateFileLayout:
         """Bytes of one token's hidden rows ([K + 1, H])."""
         return self.num_slots * self.hidden_size * self.elem_size
 
-    @property
+    @functools.cached_property
     def header(self) -> bytes:
-        """The 8-byte length prefix plus the JSON header, padded so data starts aligned."""
+        """The 8-byte length prefix plus the JSON header, padded so data starts aligned (computed
+        once per layout: every offset below needs its length, once per row slice written)."""
         hidden_len = self.prompt_len * self.row_bytes
         meta = {
             "hidden": {
@@ -100,7 +109,7 @@ class StateFileLayout:
         body += b" " * pad
         return struct.pack("<Q", len(body)) + body
 
-    @property
+    @functools.cached_property
     def data_start(self) -> int:
         return len(self.header)
 
@@ -140,7 +149,9 @@ class DoneMarker:
     version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        # vars(), not asdict(): the fields are plain values and lists, and asdict's deep copy is
+        # a measurable part of the capture's per-request cost
+        return json.dumps(vars(self), sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DoneMarker:
@@ -156,11 +167,15 @@ def rid_dir(dump_dir: str | Path, rid: str) -> Path:
 
 
 def write_done_marker(dump_dir: str | Path, marker: DoneMarker) -> None:
-    """Write ``done.json`` atomically: the drain sees either no marker or a whole one."""
-    d = rid_dir(dump_dir, marker.rid)
-    tmp = d / f".{DONE_FILE}.tmp"
-    tmp.write_text(marker.to_json())
-    os.replace(tmp, d / DONE_FILE)
+    """Write ``done.json`` atomically: the drain sees either no marker or a whole one.
+
+    Plain string paths (no pathlib): this runs once per captured request, inside the server.
+    """
+    d = os.path.join(os.fspath(dump_dir), marker.rid)
+    tmp = os.path.join(d, f".{DONE_FILE}.tmp")
+    with open(tmp, "w") as f:
+        f.write(marker.to_json())
+    os.replace(tmp, os.path.join(d, DONE_FILE))
 
 
 def read_done_marker(path: str | Path) -> DoneMarker:
@@ -174,6 +189,121 @@ def read_done_marker(path: str | Path) -> DoneMarker:
         raise StagingError(f"{p}: unreadable done marker ({exc})") from exc
 
 
+# Why the capture could not stage a request (stable codes, counted by the client).
+CAPTURE_WRITE_ERROR = "write_error"  # an I/O error writing the rows (a full /dev/shm, permissions)
+CAPTURE_QUEUE_ERROR = "queue_error"  # the batch could not be handed to the writer
+CAPTURE_MISSING_ROWS = "missing_rows"  # the first rows were never run (a cached prefix) or tracking dropped them
+CAPTURE_BATCH_UNUSABLE = "batch_unusable"  # the forward batch lacked what the capture needs
+CAPTURE_FAULT_INJECTED = "fault_injected"  # the test-only fault switch
+
+
+@dataclass
+class FailureMarker:
+    """What ``failed.json`` records: the capture gave up on this request, and why."""
+
+    rid: str
+    reason: str
+    detail: str = ""
+    at: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def write_failed_marker(dump_dir: str | Path, marker: FailureMarker) -> None:
+    """Write ``<rid>/failed.json`` atomically, unless the dump is complete already (a done dump stays)."""
+    d = rid_dir(dump_dir, marker.rid)
+    d.mkdir(parents=True, exist_ok=True)
+    if (d / DONE_FILE).exists():
+        return
+    tmp = d / f".{FAILED_FILE}.tmp"
+    tmp.write_text(marker.to_json())
+    os.replace(tmp, d / FAILED_FILE)
+
+
+def read_failed_marker(path: str | Path) -> FailureMarker | None:
+    """The failure marker of a dump directory (or file), None if there is none; unreadable ones say so."""
+    p = Path(path)
+    if p.is_dir() or not p.name.endswith(".json"):
+        p = p / FAILED_FILE
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return FailureMarker(rid=p.parent.name, reason=CAPTURE_WRITE_ERROR, detail=f"unreadable {p}: {exc}")
+    if not isinstance(data, dict):
+        return FailureMarker(rid=p.parent.name, reason=CAPTURE_WRITE_ERROR, detail=f"{p}: not a JSON object")
+    return FailureMarker(rid=str(data.get("rid", p.parent.name)), reason=str(data.get("reason", "?")),
+                         detail=str(data.get("detail", "")), at=float(data.get("at", 0) or 0))
+
+
+@dataclass
+class CaptureAnnouncement:
+    """A writing capture's description of itself, in ``_captures/`` of the directory it writes to.
+
+    The client and the drain compare it with their own settings at start, so a capture that writes
+    elsewhere, or the wrong final-norm placement for the format, is refused before anything is lost.
+    """
+
+    dump_dir: str
+    rid_prefix: str
+    final_hidden: str
+    format: str = ""  # the format the patch was rendered for ("" when it was not given)
+    hidden_size: int = 0
+    eagle_aux_hidden_state_layer_ids: list[int] = field(default_factory=list)
+    architecture: str = ""
+    host: str = ""
+    pid: int = 0
+    port: int = 0
+    started_at: float = 0.0
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.host}-{self.pid}.json"
+
+
+def write_announcement(dump_dir: str | Path, ann: CaptureAnnouncement) -> Path:
+    d = Path(dump_dir) / CAPTURES_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / ann.file_name
+    tmp = d / f".{ann.file_name}.tmp"
+    tmp.write_text(json.dumps(asdict(ann), sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def live_announcements(dump_dir: str | Path) -> list[CaptureAnnouncement]:
+    """The captures that announced themselves in ``dump_dir`` and still run (their process lives)."""
+    import socket
+
+    host = socket.gethostname()
+    out = []
+    for p in sorted((Path(dump_dir) / CAPTURES_DIR).glob("*.json")):
+        try:
+            data = json.loads(p.read_text())
+            known = CaptureAnnouncement.__dataclass_fields__
+            ann = CaptureAnnouncement(**{k: v for k, v in data.items() if k in known})
+        except (OSError, ValueError, TypeError):
+            continue
+        if ann.host == host and not _pid_alive(ann.pid):
+            continue
+        out.append(ann)
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def iter_dump_dirs(dump_dir: str | Path) -> Iterator[Path]:
     """Every request directory under the dump dir (complete or not), skipping reserved names."""
     root = Path(dump_dir)
@@ -184,6 +314,26 @@ def iter_dump_dirs(dump_dir: str | Path) -> Iterator[Path]:
     for entry in entries:
         if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(("_", ".")):
             yield Path(entry.path)
+
+
+TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)
+
+
+def discard_dump(d: Path) -> None:
+    """Remove a dump directory so that a crash midway cannot leave a half-deleted dump behind.
+
+    The rename to a dot name is atomic and takes the dump out of every scan at once; the dot
+    directory is deleted next, or by the drain at its next start if this process dies first.
+    """
+    import shutil
+    import time
+
+    trash = d.parent / f"{TRASH_PREFIX}{d.name}-{time.time_ns()}"
+    try:
+        os.rename(d, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def iter_complete(dump_dir: str | Path) -> Iterator[Path]:

@@ -1,7 +1,9 @@
 """``hsextract status --output O``: how far a run is, from the drain's and the client's status files.
 
 Exits non-zero when the drain's status is missing or stale (its daemon stopped writing it while
-claiming to run), so a monitoring check or an Ansible task can act on the exit code alone.
+claiming to run), or when a finished run's counts do not add up or too many of its samples
+failed (see hsextract.reconcile), so a monitoring check or an Ansible task can act on the exit
+code alone.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
+from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 
 DRAIN_STATUS = "drain-status.json"
 CLIENT_STATUS = "client-status.json"
@@ -25,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stale-after", type=float, default=60.0,
                         help="seconds after which a running drain's status counts as stale (default 60)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--max-failure-share", type=float, default=DEFAULT_MAX_FAILURE_SHARE,
+                        help="share of accepted samples that may end failed, and quarantined, in a finished run "
+                             f"(default {DEFAULT_MAX_FAILURE_SHARE:g})")
     add_config_argument(parser)
 
 
@@ -58,6 +64,16 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
+    """The run's reconciliation; final once the client has finished and the drain has caught up."""
+    caught_up = bool(drain) and not drain.get("lag") and not drain.get("in_flight")
+    quarantine = Path(drain["quarantine_dir"]) if drain and drain.get("quarantine_dir") else None
+    accounts = read_accounts(output, quarantine)
+    if accounts is not None and accounts.final and not caught_up:
+        accounts = read_accounts(output, quarantine, final=False)
+    return accounts
+
+
 def render(drain: dict[str, Any] | None, client: dict[str, Any] | None, health: tuple[bool, str]) -> str:
     lines = [("OK   " if health[0] else "FAIL ") + health[1]]
     if drain:
@@ -84,8 +100,16 @@ def run(args: argparse.Namespace) -> int:
     drain = _read(sdir / DRAIN_STATUS)
     client = _read(sdir / CLIENT_STATUS)
     health = drain_health(drain, args.stale_after, time.time())
+    accounts = run_accounts(Path(args.output), drain)
+    problems = accounts.problems(args.max_failure_share) if accounts else []
+    ok = health[0] and not problems
     if args.json:
-        print(json.dumps({"ok": health[0], "why": health[1], "drain": drain, "client": client}, indent=2))
+        print(json.dumps({"ok": ok, "why": health[1], "problems": problems, "drain": drain, "client": client,
+                          "accounts": accounts.as_dict() if accounts else None}, indent=2))
     else:
         print(render(drain, client, health))
-    return 0 if health[0] else 1
+        if accounts:
+            print("\n".join(f"counts  {line}" for line in accounts.lines_of_text()))
+        for problem in problems:
+            print(f"FAIL    {problem}")
+    return 0 if ok else 1

@@ -3,7 +3,10 @@
 Tests and the local demo run the real SGLang server on CPU; no model can be downloaded, so the
 project builds its own. The DeepSeek-V3 model carries the config keys SGLang 0.5.23 needs on CPU
 (``topk_method: noaux_tc``, ``scoring_func: sigmoid`` and yarn rope parameters) and exercises
-MLA and MoE. Generation is deterministic (fixed seeds), so a model directory is reproducible.
+MLA and MoE. ``dsv3-gpu`` is the same model with DeepSeek's own MLA head dims (kv_lora_rank 512,
+rope 64, nope 128, v 128): Triton's MLA decode kernel on the GPU does not compile for the CPU
+model's tiny ones (``Cannot make_shape_compatible: 32 and 64``). Generation is deterministic
+(fixed seeds), so a model directory is reproducible.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-KINDS = ("llama", "dsv3")
+KINDS = ("llama", "dsv3", "dsv3-gpu")
 NUM_LAYERS = 8  # enough for the EAGLE-3 default aux layers [1, L//2-1, L-4] = [1, 3, 4]
 HIDDEN = 64
 VOCAB = 320
@@ -71,15 +74,21 @@ def _llama_config():
     )
 
 
-def _dsv3_config():
+# The MLA head dims of DeepSeek-V3 itself, which the GPU attention kernels are written for.
+_DSV3_GPU_MLA = {"kv_lora_rank": 512, "q_lora_rank": 96, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                 "v_head_dim": 128}
+
+
+def _dsv3_config(mla: dict[str, int] | None = None):
     from transformers import DeepseekV3Config
 
+    dims = {"kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}
+    dims.update(mla or {})
     return DeepseekV3Config(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=4,
         n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=1, moe_layer_freq=1, kv_lora_rank=32, q_lora_rank=48,
-        qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=2048,
+        first_k_dense_replace=1, moe_layer_freq=1, max_position_embeddings=2048, **dims,
         bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
         rope_parameters={
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512,
@@ -94,7 +103,7 @@ _DSV3_SGLANG_KEYS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "aux_
 
 
 def make_tiny_model(kind: str, path: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random-weight model of `kind` ("llama" or "dsv3") to `path`; return the path."""
+    """Write a tiny random-weight model of `kind` (one of KINDS) to `path`; return the path."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -103,7 +112,7 @@ def make_tiny_model(kind: str, path: str | Path, seed: int = 0) -> Path:
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    cfg = _llama_config() if kind == "llama" else _dsv3_config()
+    cfg = _llama_config() if kind == "llama" else _dsv3_config(_DSV3_GPU_MLA if kind == "dsv3-gpu" else None)
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     # Random init gives near-uniform logits; widen them so greedy decoding is well separated.
     with torch.no_grad():
@@ -113,7 +122,7 @@ def make_tiny_model(kind: str, path: str | Path, seed: int = 0) -> Path:
     cfg_path = out / "config.json"
     data = json.loads(cfg_path.read_text())
     data["torch_dtype"] = "bfloat16"
-    if kind == "dsv3":
+    if kind.startswith("dsv3"):
         data.update(_DSV3_SGLANG_KEYS)
         data["rope_scaling"] = data.get("rope_parameters")
     cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))

@@ -7,6 +7,7 @@ from typing import Any
 
 from hsextract.capture.core import FINAL_HIDDEN_CHOICES
 from hsextract.errors import ConfigError
+from hsextract.formats import final_hidden_for
 from hsextract.layers import CONVENTIONS, parse_ids
 from hsextract.records import check_prefix
 
@@ -15,6 +16,9 @@ TEST_TUNABLES: dict[str, str] = {
     # Host buffers are sized in multiples of this (default 2 MiB): a small value makes the tiny
     # models' batches leave free buffers of different sizes in the pool, as production batches do.
     "pool_granularity_bytes": "host buffer size granularity in bytes",
+    # Fails every k-th prefill batch on purpose, through the path a real failure to queue takes:
+    # the proof that every sample still ends in the training set or in the client's failures.
+    "testonly_fail_every_kth_batch": "the fault switch: fail every k-th batch (0: off)",
 }
 
 
@@ -29,6 +33,7 @@ class CaptureConfig:
     layer_convention: str = "eagle"
     rid_prefix: str = "hsx"
     final_hidden: str = "post_norm"
+    format: str = ""  # the training-set format the capture serves ("": not said); fixes final_hidden
     writer_threads: int = 0  # 0: 8 on CUDA, 2 on CPU
     max_bytes_in_flight: int = 0  # 0: 4 GiB on CUDA, 256 MiB on CPU
     max_tracked_requests: int = 4096
@@ -48,6 +53,8 @@ class CaptureConfig:
                 raise ConfigError(f"capture config: {name}={getattr(self, name)!r} is not an integer") from None
         if self.final_hidden not in FINAL_HIDDEN_CHOICES:
             raise ConfigError(f"final_hidden={self.final_hidden!r}: expected one of {', '.join(FINAL_HIDDEN_CHOICES)}")
+        if self.format:
+            final_hidden_for(self.format, self.final_hidden, what="capture final_hidden")
         if self.layer_convention not in CONVENTIONS:
             raise ConfigError(f"layer_convention={self.layer_convention!r}: expected one of {', '.join(CONVENTIONS)}")
         unknown = sorted(set(self.extra) - set(TEST_TUNABLES))

@@ -21,7 +21,10 @@ Rules, each one a reason a training sample could otherwise be silently wrong:
 * once a request is complete, later forwards of the same rid (a re-prefill after retraction)
   are ignored, so they cannot overwrite a finished dump; only a resend of the same prompt after
   its dump has left the staging directory starts a new dump;
-* tracking is bounded (LRU): an abandoned request cannot grow memory forever.
+* tracking is bounded (LRU): an abandoned request cannot grow memory forever;
+* a request the capture cannot stage (rows it never saw, a write or queue error) is marked
+  failed, and the writer leaves ``failed.json`` with the reason for the client, which sends the
+  sample again; later chunks of a failed request are ignored, and the resend starts a new dump.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hsextract.layers import CaptureLayers
-from hsextract.staging import DoneMarker, StateFileLayout
+from hsextract.staging import CAPTURE_MISSING_ROWS, DoneMarker, StateFileLayout
 
 log = logging.getLogger("hsextract.capture")
 
@@ -117,12 +120,22 @@ class RequestState:
     # Accounting of the writes in flight, updated by the writer threads under `lock`.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     pending: int = 0
-    failed: str = ""  # first write error; a failed dump is never marked done
+    failed: str = ""  # why the capture gave up on it (first error); a failed dump is never marked done
+    reported: bool = False  # its failure marker is written (once)
     done_written: bool = False
 
     @property
     def prompt_len(self) -> int:
         return self.layout.prompt_len
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request the capture gave up on: the writer leaves ``failed.json`` with this reason."""
+
+    rid: str
+    reason: str
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -167,12 +180,31 @@ class CapturePlanner:
         self._tracked: OrderedDict[str, RequestState] = OrderedDict()
         self.evicted_incomplete = 0
         self.skipped_partial = 0
+        self._failures: list[Failure] = []  # found while planning, for the writer to report
 
     def __len__(self) -> int:
         return len(self._tracked)
 
     def get(self, rid: str) -> RequestState | None:
         return self._tracked.get(rid)
+
+    def take_failures(self) -> list[Failure]:
+        """The requests found unstageable since the last call (the writer marks them failed)."""
+        out, self._failures = self._failures, []
+        return out
+
+    def fail(self, rid: str, reason: str) -> RequestState:
+        """Mark `rid` failed (creating a placeholder if it is not tracked), so that later chunks
+        of it are ignored until it is sent again from row 0."""
+        state = self._tracked.get(rid)
+        if state is None:
+            s = self.settings
+            state = RequestState(rid, StateFileLayout(0, s.num_slots, s.hidden_size, s.dtype))
+            self._track(state)
+        with state.lock:
+            if not state.failed:
+                state.failed = reason
+        return state
 
     def plan(self, requests: Sequence[BatchRequest], prompt_lens: Sequence[int]) -> list[Segment]:
         """Segments for the selected requests of one batch; ``prompt_lens`` is indexed by
@@ -190,7 +222,12 @@ class CapturePlanner:
         create = False
         if state is not None:
             self._tracked.move_to_end(req.rid)
-            if state.complete and self._is_resend(state, req, prompt_len):
+            if state.failed and not state.complete:
+                if req.prefix_len != 0 or not self._settled(state):
+                    return None  # a later chunk of a failed request: its dump can never complete
+                del self._tracked[req.rid]  # sent again from row 0: a new dump
+                state = None
+            elif state.complete and self._is_resend(state, req, prompt_len):
                 del self._tracked[req.rid]
                 state = None
             elif state.complete:
@@ -204,10 +241,11 @@ class CapturePlanner:
                 # Either its first rows came from a prefix cache, or this is a decode/re-prefill row
                 # of a request no longer tracked: no complete dump can come of it, write nothing.
                 self.skipped_partial += 1
-                log.warning(
-                    "rid %s: first forward seen starts at row %d of %d, not 0 (a cached prefix, or a request "
-                    "dropped from tracking); nothing is written for it. The server must run with "
-                    "--disable-radix-cache.", req.rid, req.prefix_len, prompt_len)
+                detail = (f"the first forward seen starts at row {req.prefix_len} of {prompt_len}, not 0 (a cached "
+                          "prefix, or a request dropped from tracking); the server must run with --disable-radix-cache")
+                log.warning("rid %s: %s; it is marked failed", req.rid, detail)
+                self.fail(req.rid, CAPTURE_MISSING_ROWS)
+                self._failures.append(Failure(req.rid, CAPTURE_MISSING_ROWS, detail))
                 return None
             layout = StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype)
             state = RequestState(req.rid, layout)
@@ -226,13 +264,19 @@ class CapturePlanner:
             state.marker = self._marker(state)
         return Segment(state, req.batch_row + 0, start, end - start, create)
 
+    @staticmethod
+    def _settled(state: RequestState) -> bool:
+        """No write of the request's old dump is still in flight."""
+        with state.lock:
+            return state.pending == 0
+
     def _is_resend(self, state: RequestState, req: BatchRequest, prompt_len: int) -> bool:
         """A complete rid that starts again from row 0 with the same prompt length, after its
         dump left the staging directory (drained or quarantined), is the client sending the
         sample again: capture it anew. A re-prefill after retraction carries the generated
         tokens too (a longer sequence), and a dump still staged is already there: both ignored."""
         with state.lock:
-            settled = state.done_written or bool(state.failed)  # no write of the old dump in flight
+            settled = state.done_written or (bool(state.failed) and state.pending == 0)  # no old write in flight
         return req.prefix_len == 0 and prompt_len == state.prompt_len and settled and not self.is_staged(state.rid)
 
     def _marker(self, state: RequestState) -> DoneMarker:
@@ -260,7 +304,11 @@ class CapturePlanner:
         self._tracked[state.rid] = state
         while len(self._tracked) > self.settings.max_tracked:
             rid, old = self._tracked.popitem(last=False)
-            if not old.complete:
+            if not old.complete and not old.failed:
                 self.evicted_incomplete += 1
-                log.warning("rid %s: dropped from tracking before it was complete (%d of %d rows); "
-                            "its dump stays incomplete", rid, sum(e - s for s, e in old.covered), old.prompt_len)
+                detail = (f"dropped from tracking before it was complete ({sum(e - s for s, e in old.covered)} of "
+                          f"{old.prompt_len} rows): more than {self.settings.max_tracked} requests in progress")
+                log.warning("rid %s: %s; it is marked failed", rid, detail)
+                with old.lock:
+                    old.failed = CAPTURE_MISSING_ROWS
+                self._failures.append(Failure(rid, CAPTURE_MISSING_ROWS, detail))

@@ -20,7 +20,8 @@ from pathlib import Path
 from hsextract.capture.config import CaptureConfig
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
-from hsextract.layers import parse_ids
+from hsextract.formats import FORMAT_NAMES, final_hidden_for
+from hsextract.layers import parse_ids, resolve
 from hsextract.model_info import read_model_info
 
 DEFAULT_PACKAGE = "hsextract_capture_patch"
@@ -42,7 +43,7 @@ def template_dir() -> Path:
                       "set HSEXTRACT_TEMPLATES to the repository's templates directory")
 
 
-def comment_filter(text: str, style: str = "plain", prefix: str = "# ") -> str:
+def comment_filter(text: str, prefix: str = "# ") -> str:
     """Ansible's ``comment`` filter for the default (``#``) style: the text as a comment block."""
     lines = str(text).splitlines() or [""]
     return "#\n" + "\n".join((prefix + line).rstrip() for line in lines) + "\n#"
@@ -57,17 +58,23 @@ def render_patch(
     layer_convention: str = "eagle",
     dump_dir: str | Path,
     rid_prefix: str = "hsx",
-    final_hidden: str = "post_norm",
+    final_hidden: str | None = None,
+    format: str = "",
     package_name: str = DEFAULT_PACKAGE,
     ansible_managed: str = DEFAULT_ANSIBLE_MANAGED,
     writer_threads: int = 0,
     max_bytes_in_flight: int = 0,
     extra: dict[str, int] | None = None,
+    check_layers: bool = True,
 ) -> Path:
     """Write the patch package under ``out_dir/<package_name>``; return ``out_dir`` (for PYTHONPATH).
 
     The architecture is not checked against the supported list here on purpose: an unsupported
-    one must make the *server* fail at start with a clear message (the package does that).
+    one must make the *server* fail at start with a clear message (the package does that). The
+    layer ids are checked against the model's depth when its config.json is at hand, so a bad
+    id fails here and not only when the server starts (``check_layers=False`` leaves it to the
+    server, as a patch rendered without the model at hand would). ``final_hidden`` follows
+    ``format`` when not given (post-norm when neither is).
     """
     import jinja2
 
@@ -76,11 +83,16 @@ def render_patch(
     if not _IDENT.match(package_name or ""):
         raise ConfigError(f"package name {package_name!r} is not a Python identifier")
     if (Path(model_path) / "config.json").is_file():
-        actual = read_model_info(model_path).architecture
-        if actual != architecture:
+        info = read_model_info(model_path)
+        if info.architecture != architecture:
             # SGLang would serve the model with its own class and capture nothing, silently.
-            raise ConfigError(f"capture patch for architecture {architecture!r}, but {model_path} is a {actual!r}; "
-                              "render the patch for the model's own architecture")
+            raise ConfigError(f"capture patch for architecture {architecture!r}, but {model_path} is a "
+                              f"{info.architecture!r}; render the patch for the model's own architecture")
+        if check_layers:
+            ids = list(aux_layer_ids) if aux_layer_ids is not None else None
+            resolve(ids, info.num_hidden_layers, layer_convention)
+    if format:
+        final_hidden = final_hidden_for(format, final_hidden, what="--final-hidden")
     cfg = CaptureConfig(
         architecture=architecture,
         model_path=str(model_path),
@@ -88,7 +100,8 @@ def render_patch(
         aux_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None else None,
         layer_convention=layer_convention,
         rid_prefix=rid_prefix,
-        final_hidden=final_hidden,
+        final_hidden=final_hidden or "post_norm",
+        format=format,
         writer_threads=int(writer_threads),
         max_bytes_in_flight=int(max_bytes_in_flight),
         extra=dict(extra or {}),
@@ -157,7 +170,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layer-convention", choices=("eagle", "sglang"), default="eagle")
     parser.add_argument("--dump-dir", help="staging directory, e.g. /dev/shm/hsextract")
     parser.add_argument("--rid-prefix", default="hsx")
-    parser.add_argument("--final-hidden", choices=("post_norm", "pre_norm"), default="post_norm")
+    parser.add_argument("--format", choices=FORMAT_NAMES,
+                        help="the training-set format; sets the final-norm placement it needs")
+    parser.add_argument("--final-hidden", choices=("post_norm", "pre_norm"),
+                        help="final hidden state post- or pre-norm (default: what --format needs, else post_norm)")
     parser.add_argument("--package-name", default=DEFAULT_PACKAGE)
     parser.add_argument("--ansible-managed", default=DEFAULT_ANSIBLE_MANAGED)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="only affects the printed flags")
@@ -177,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         dump_dir=args.dump_dir,
         rid_prefix=args.rid_prefix,
         final_hidden=args.final_hidden,
+        format=args.format or "",
         package_name=args.package_name,
         ansible_managed=args.ansible_managed,
     )

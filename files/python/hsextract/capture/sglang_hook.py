@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,26 @@ import torch
 from hsextract import __version__ as hsextract_version
 from hsextract.archs import ArchSpec, lookup
 from hsextract.capture.config import CaptureConfig
-from hsextract.capture.core import CapturePlanner, CaptureSettings, select_requests
-from hsextract.capture.ranks import attention_dp_size, attention_ranks, writes_dumps
+from hsextract.capture.core import CaptureSettings, select_requests
+from hsextract.capture.preflight import (
+    ServerFacts,
+    check_dump_dir,
+    check_server,
+    check_sglang_version,
+    sglang_version,
+)
+from hsextract.capture.ranks import attention_ranks, writes_dumps
 from hsextract.capture.writer import CaptureWriter
 from hsextract.errors import ConfigError, UnsupportedArchitecture
 from hsextract.layers import CaptureLayers, resolve
-from hsextract.staging import dtype_name
+from hsextract.staging import (
+    CAPTURE_BATCH_UNUSABLE,
+    CAPTURE_FAULT_INJECTED,
+    CAPTURE_QUEUE_ERROR,
+    CaptureAnnouncement,
+    dtype_name,
+    write_announcement,
+)
 
 log = logging.getLogger("hsextract.capture")
 
@@ -63,78 +76,6 @@ def load_base_class_or_refusal(architecture: str) -> type:
         return _Unsupported
 
 
-@dataclass(frozen=True)
-class ServerFacts:
-    """The server settings the capture depends on (from SGLang's ServerArgs)."""
-
-    device: str = "cuda"
-    disable_radix_cache: bool = False
-    pp_size: int = 1
-    attn_cp_size: int = 1
-    prefill_cuda_graph_disabled: bool = False
-    attention_backend: str | None = None
-    tp_size: int = 1
-    attn_dp_size: int = 1
-
-    @classmethod
-    def from_server_args(cls, sa: Any) -> ServerFacts:
-        backend = getattr(sa, "cuda_graph_backend_prefill", None)
-        prefill_off = bool(
-            getattr(sa, "disable_prefill_cuda_graph", False)
-            or getattr(sa, "disable_cuda_graph", False)
-            or backend == "disabled"
-        )
-        return cls(
-            device=str(getattr(sa, "device", None) or "cuda"),
-            disable_radix_cache=bool(getattr(sa, "disable_radix_cache", False)),
-            pp_size=int(getattr(sa, "pp_size", 1) or 1),
-            attn_cp_size=int(getattr(sa, "attn_cp_size", 1) or 1),
-            prefill_cuda_graph_disabled=prefill_off,
-            attention_backend=getattr(sa, "attention_backend", None),
-            tp_size=int(getattr(sa, "tp_size", 1) or 1),
-            attn_dp_size=attention_dp_size(
-                attn_dp_size=int(getattr(sa, "attn_dp_size", 1) or 1),
-                dp_size=int(getattr(sa, "dp_size", 1) or 1),
-                enable_dp_attention=bool(getattr(sa, "enable_dp_attention", False)),
-            ),
-        )
-
-
-def check_server(facts: ServerFacts) -> None:
-    """Refuse server settings under which the capture would write wrong or partial samples."""
-    problems = []
-    if not facts.disable_radix_cache:
-        problems.append("the radix (prefix) cache is on: cached prompt prefixes are never run, so their hidden "
-                        "states cannot be captured; start the server with --disable-radix-cache")
-    if facts.pp_size > 1:
-        problems.append(f"pipeline parallelism is on (pp_size={facts.pp_size}): earlier stages' layers are not "
-                        "captured on the last stage; use --pp-size 1 (tensor parallelism is fine)")
-    if facts.attn_cp_size > 1:
-        problems.append(f"attention context parallelism is on (attn_cp_size={facts.attn_cp_size}): rows are "
-                        "sharded by position; use --attn-cp-size 1")
-    if facts.device != "cpu" and not facts.prefill_cuda_graph_disabled:
-        problems.append("prefill CUDA graphs are on (the 0.5.23 default): the capture must see every prefill "
-                        "eagerly; start the server with --disable-prefill-cuda-graph")
-    if problems:
-        raise ConfigError("hidden-state capture cannot run with this server configuration: " + "; ".join(problems))
-
-
-def check_dump_dir(dump_dir: str | Path) -> Path:
-    """Create the dump directory if needed and prove it is writable, or raise saying how to fix it."""
-    d = Path(dump_dir)
-    probe = d / f".hsx-write-probe-{os.getpid()}"
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(
-            f"dump directory {d} is not writable by the server ({exc.strerror or exc}); create it and give the "
-            "server's user write access (or choose another --dump-dir)"
-        ) from exc
-    return d
-
-
 def _parallel_ranks(facts: ServerFacts) -> tuple[int, int]:
     """(attention-TP rank, attention-DP rank) of this process; (0, 0) without distributed state.
 
@@ -163,40 +104,6 @@ def _server_facts() -> ServerFacts:
     return ServerFacts.from_server_args(get_server_args())
 
 
-def _sglang_version() -> str:
-    try:
-        import sglang
-
-        return str(sglang.__version__)
-    except Exception:
-        return ""
-
-
-# SGLang releases whose model internals (ForwardBatch fields, layers_to_capture, the aux packer)
-# the capture was written and tested against. Another release may move them silently.
-TESTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.23",)
-ALLOW_UNTESTED_ENV = "HSEXTRACT_ALLOW_UNTESTED_SGLANG"
-
-
-def check_sglang_version(version: str, allow_untested: bool | None = None) -> None:
-    """Refuse an SGLang release the capture was not tested on, unless the operator opts in."""
-    if version in TESTED_SGLANG_VERSIONS:
-        return
-    if allow_untested is None:
-        allow_untested = os.environ.get(ALLOW_UNTESTED_ENV, "") == "1"
-    tested = ", ".join(TESTED_SGLANG_VERSIONS)
-    if allow_untested:
-        log.warning("hsextract capture: SGLang %s is untested (tested: %s); %s=1 is set, going on; check the "
-                    "smoke test's self-check before trusting the dumps", version or "of unknown version", tested,
-                    ALLOW_UNTESTED_ENV)
-        return
-    raise ConfigError(
-        f"SGLang {version or '(version unknown)'} is not a release the capture was tested on ({tested}); install "
-        f"sglang=={TESTED_SGLANG_VERSIONS[-1]} in the server's venv (requirements/ml-env.lock), or set "
-        f"{ALLOW_UNTESTED_ENV}=1 in the server's environment to try it and rely on the smoke test's self-check"
-    )
-
-
 def causal_lm_of(model: Any, spec: ArchSpec) -> Any:
     """The *ForCausalLM that owns ``model`` (the decoder) and ``capture_aux_hidden_states``."""
     return getattr(model, spec.causal_lm_attr) if spec.causal_lm_attr else model
@@ -222,14 +129,25 @@ def register_cpu_mla() -> None:
     AttentionBackendRegistry.register("torch_native", lambda attn, forward_batch: AttnForwardMethod.MLA)
 
 
-class CaptureHook:
-    """Forward hooks that hand each prefill batch's rows to the writer."""
+class InjectedFault(RuntimeError):
+    """Raised by the test-only fault switch in place of a real failure to queue a batch."""
 
-    def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None):
+
+class CaptureHook:
+    """Forward hooks that hand each prefill batch's rows to the writer.
+
+    A batch the hook cannot hand over (no prompt lengths, no pre-norm state, an error while
+    queueing it) is not dropped: each of its requests is marked failed, so the client learns
+    it must send the sample again.
+    """
+
+    def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None, fail_every_kth_batch: int = 0):
         self.settings = settings
         self.writer = writer
         self._pre_norm: torch.Tensor | None = None
-        self._warned_no_lens = False
+        self._fail_every = fail_every_kth_batch  # test-only fault switch (0: off)
+        self._batches = 0
+        self._faulted: set[str] = set()  # rids the switch failed once: their resends go through
 
     def on_final_norm(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         """Keep the residual sum entering the final norm (the pre-norm final hidden state)."""
@@ -257,19 +175,59 @@ class CaptureHook:
         hidden, aux = output
         final = hidden if self.settings.final_hidden == "post_norm" else pre_norm
         if final is None:
-            log.error("capture: no pre-norm final hidden state was seen for this batch; rows skipped")
+            self._unusable(requests, "no pre-norm final hidden state was seen for this batch")
             return
         prompt_lens = fb.orig_seq_lens
         if prompt_lens is None:  # never seen for extend batches in 0.5.23; without it nothing can complete
-            if not self._warned_no_lens:
-                self._warned_no_lens = True
-                log.error("capture: this batch carries no orig_seq_lens (prompt lengths); its rows are skipped")
+            self._unusable(requests, "the batch carries no orig_seq_lens (prompt lengths)")
             return
-        input_ids = fb.input_ids
         try:
-            self.writer.submit(requests, aux, final, input_ids, prompt_lens)
-        except Exception:
-            log.exception("capture: could not queue a batch of %d requests; their rows are lost", len(requests))
+            self._maybe_inject_fault(requests)
+            self.writer.submit(requests, aux, final, fb.input_ids, prompt_lens)
+        except Exception as exc:
+            injected = isinstance(exc, InjectedFault)
+            if not injected:
+                log.exception("capture: could not queue a batch of %d requests", len(requests))
+            reason = CAPTURE_FAULT_INJECTED if injected else CAPTURE_QUEUE_ERROR
+            self.writer.fail_requests(requests, reason, f"{type(exc).__name__}: {exc}")
+
+    def _maybe_inject_fault(self, requests: list) -> None:
+        """The test-only fault switch: fail every k-th batch of requests it has not failed before
+        (so that every sample, sent again, gets through: a test of the path, not of luck)."""
+        if not self._fail_every or any(r.rid in self._faulted for r in requests):
+            return
+        self._batches += 1
+        if self._batches % self._fail_every == 0:
+            self._faulted.update(r.rid for r in requests)
+            raise InjectedFault(f"test-only fault switch: batch {self._batches} fails (every {self._fail_every}th)")
+
+    def _unusable(self, requests: list, why: str) -> None:
+        assert self.writer is not None
+        log.error("capture: %s; its %d requests are marked failed", why, len(requests))
+        self.writer.fail_requests(requests, CAPTURE_BATCH_UNUSABLE, why)
+
+
+def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> None:
+    """Leave this capture's description in its dump dir, for the client's and the drain's checks."""
+    import socket
+    import time
+
+    try:
+        write_announcement(cfg.dump_dir, CaptureAnnouncement(
+            dump_dir=str(Path(cfg.dump_dir).resolve()),
+            rid_prefix=cfg.rid_prefix,
+            final_hidden=cfg.final_hidden,
+            format=cfg.format,
+            hidden_size=settings.hidden_size,
+            eagle_aux_hidden_state_layer_ids=list(settings.layers.eagle_aux_hidden_state_layer_ids),
+            architecture=cfg.architecture,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            port=facts.port,
+            started_at=time.time(),
+        ))
+    except OSError as exc:
+        log.warning("hsextract capture: cannot announce itself in %s (%s)", cfg.dump_dir, exc)
 
 
 def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
@@ -283,7 +241,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     # Collect every problem, so one failed start tells the operator everything to fix.
     problems: list[str] = []
     try:
-        check_sglang_version(_sglang_version())
+        check_sglang_version(sglang_version())
     except ConfigError as exc:
         problems.append(str(exc))
     try:
@@ -316,7 +274,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
         final_hidden=cfg.final_hidden,
         architecture=cfg.architecture,
         model_path=cfg.model_path,
-        sglang_version=_sglang_version(),
+        sglang_version=sglang_version(),
         hsextract_version=hsextract_version,
         attn_dp_rank=attn_dp_rank,
         max_tracked=cfg.max_tracked_requests,
@@ -328,13 +286,20 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         writer = CaptureWriter(
             dump_dir,
-            CapturePlanner(settings),
+            settings,
             device=device,
             num_threads=cfg.writer_threads or (8 if cuda else 2),
             max_bytes_in_flight=cfg.max_bytes_in_flight or ((4 << 30) if cuda else (256 << 20)),
             pool_granularity=cfg.tunable("pool_granularity_bytes", 2 << 20),
         )
-    hook = CaptureHook(settings, writer)
+    fault_every = cfg.tunable("testonly_fail_every_kth_batch", 0)
+    if fault_every and writer is not None:
+        log.error("hsextract capture: TEST-ONLY FAULT SWITCH ON: every %dth prefill batch is failed on purpose "
+                  "(capture config extra.testonly_fail_every_kth_batch); never use this server for a real run",
+                  fault_every)
+    hook = CaptureHook(settings, writer, fault_every)
+    if writer is not None:
+        _announce(cfg, settings, facts)
     if cfg.final_hidden == "pre_norm":
         inner.norm.register_forward_hook(hook.on_final_norm, with_kwargs=True)
     inner.register_forward_hook(hook.on_decoder, with_kwargs=True)

@@ -18,9 +18,10 @@ writers fall behind and the budget is spent, ``submit`` blocks (and says so in t
 than let memory grow. On a CPU-only server the same path runs with plain host buffers and a
 synchronous copy.
 
-A write that fails (a full /dev/shm, a permission problem) is logged with the path and the
-reason, the partial file is removed to give the space back, and the request is never marked
-done. Nothing here raises into the server.
+A request that cannot be staged (a write error such as a full /dev/shm, a batch that could not
+be queued, rows the capture never saw) is logged with the path and the reason, its partial file
+is removed to give the space back, it is never marked done, and ``failed.json`` tells the client
+why, so the client sends the sample again. Nothing here raises into the server.
 """
 
 from __future__ import annotations
@@ -40,8 +41,20 @@ from pathlib import Path
 
 import torch
 
-from hsextract.capture.core import BatchRequest, CapturePlanner, RequestState, Segment
-from hsextract.staging import DONE_FILE, DTYPES, STATES_FILE, rid_dir, write_done_marker
+from hsextract.capture.core import BatchRequest, CapturePlanner, CaptureSettings, Failure, RequestState, Segment
+from hsextract.staging import (
+    CAPTURE_QUEUE_ERROR,
+    CAPTURE_WRITE_ERROR,
+    DONE_FILE,
+    DTYPES,
+    FAILED_FILE,
+    STATES_FILE,
+    FailureMarker,
+    StateFileLayout,
+    rid_dir,
+    write_done_marker,
+    write_failed_marker,
+)
 
 log = logging.getLogger("hsextract.capture")
 
@@ -56,10 +69,13 @@ def _round_up(n: int, a: int) -> int:
 class HostBufferPool:
     """Reusable host buffers (pinned when CUDA is used) under a byte budget.
 
-    Pinned allocations are slow (cudaHostAlloc), so buffers are kept and reused; batches of a
-    serving run have similar sizes, so the pool settles quickly. The budget bounds the bytes
-    held by the pool, in use or free; a request larger than the whole budget is still served
-    when nothing else is in use, so an oversized batch cannot deadlock the capture.
+    Pinned allocations are slow (cudaHostAlloc pins every page: tens of milliseconds for a
+    batch of short prompts at 8B width, inside the forward pass), so buffers are kept and reused.
+    Their sizes are powers of two times the granularity: batches of many sizes (short prompts
+    batched 1 to 50 at a time) then share a few size classes and reuse each other's buffers,
+    instead of each new size costing a new pinned allocation. The budget bounds the bytes held
+    by the pool, in use or free; a request larger than the whole budget is still served when
+    nothing else is in use, so an oversized batch cannot deadlock the capture.
     """
 
     def __init__(self, max_bytes: int, pin: bool, granularity: int = 2 * _MiB):
@@ -73,6 +89,8 @@ class HostBufferPool:
         self.blocked_seconds = 0.0
         self.blocked_count = 0
         self._last_block_log = 0.0
+        self.allocations = 0
+        self.allocation_seconds = 0.0
 
     @property
     def in_use(self) -> int:
@@ -119,7 +137,7 @@ class HostBufferPool:
             buf = self._free.pop(best)
             self._in_use += buf.numel()
             return buf
-        need = _round_up(max(int(nbytes), 1), self.granularity)
+        need = self.size_class(nbytes)
         while self._free and self._held + need > self.max_bytes:
             largest = max(range(len(self._free)), key=lambda i: self._free[i].numel())
             self._held -= self._free.pop(largest).numel()
@@ -127,10 +145,22 @@ class HostBufferPool:
             return None
         # Within the budget, or an oversized request while nothing else is in use (it goes alone,
         # so an oversized batch cannot deadlock the capture).
+        t0 = time.monotonic()
         buf = torch.empty(need, dtype=torch.uint8, pin_memory=self.pin)
+        took = time.monotonic() - t0
+        self.allocations += 1
+        self.allocation_seconds += took
         self._held += need
         self._in_use += need
+        if took > 0.01:
+            log.info("capture: a new %d MiB host buffer took %.0f ms (pool: %d MiB in %d buffers, %d allocations)",
+                     need // _MiB, took * 1000, self._held // _MiB, len(self._free) + 1, self.allocations)
         return buf
+
+    def size_class(self, nbytes: int) -> int:
+        """The size of a new buffer for ``nbytes``: the granularity times a power of two."""
+        units = -(-max(int(nbytes), 1) // self.granularity)
+        return self.granularity * (1 << (units - 1).bit_length())
 
     @property
     def held(self) -> int:
@@ -147,6 +177,14 @@ class HostBufferPool:
             self._in_use -= buf.numel()
             self._free.append(buf)
             self._cond.notify_all()
+
+
+@dataclass
+class _FailJob:
+    """Requests the forward pass could not hand over: the dispatcher marks them failed, in order
+    with the batches before and after them (so a later chunk of one finds it failed)."""
+
+    failures: list[Failure]
 
 
 @dataclass
@@ -214,7 +252,7 @@ class CaptureWriter:
     def __init__(
         self,
         dump_dir: str | Path,
-        planner: CapturePlanner,
+        settings: CaptureSettings,
         *,
         device: str | torch.device = "cpu",
         num_threads: int = 8,
@@ -224,9 +262,10 @@ class CaptureWriter:
         pool_granularity: int = 2 * _MiB,
     ):
         self.dump_dir = Path(dump_dir)
-        self.planner = planner
-        planner.is_staged = lambda rid: (rid_dir(self.dump_dir, rid) / DONE_FILE).exists()
-        self.settings = planner.settings
+        self._root = os.fspath(self.dump_dir)  # string paths on the per-request path: pathlib costs
+        # The planner asks whether a complete dump is still staged before it takes a resend for one.
+        self.planner = CapturePlanner(settings, is_staged=self._complete_dump_staged)
+        self.settings = settings
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.slice_bytes = max(int(slice_bytes), 1)
@@ -235,17 +274,21 @@ class CaptureWriter:
         self._reserved = 0
         self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda, granularity=pool_granularity)
         self._side_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: queue.Queue[_Job | _FailJob | None] = queue.Queue()
         self._executor = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix="hsx-write")
         self._outstanding = 0
         self._idle = threading.Condition()
         self.bytes_written = 0
         self.requests_done = 0
+        self.requests_failed = 0
         self.write_errors = 0
         self._stats_lock = threading.Lock()
         self._closed = False
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
         self._dispatcher.start()
+
+    def _complete_dump_staged(self, rid: str) -> bool:
+        return os.path.exists(f"{self._root}/{rid}/{DONE_FILE}")
 
     # ---- forward-pass side -------------------------------------------------------------------
     def submit(
@@ -285,30 +328,50 @@ class CaptureWriter:
             lens_off = _round_up(ids_off + 8 * rows, _ALIGN)
             total = lens_off + 8 * bsz
             buf = self.pool.acquire(total)
-            host_block = buf[: rows * row_bytes].view(dtype).view(rows, k + 1, h)
-            host_ids = buf[ids_off : ids_off + 8 * rows].view(torch.int64)
-            host_lens = buf[lens_off : lens_off + 8 * bsz].view(torch.int64)
-            event = None
-            if self.cuda:
-                stream = self._side_stream
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    host_block.copy_(block, non_blocking=True)
-                    host_ids.copy_(ids, non_blocking=True)
-                    host_lens.copy_(lens, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record(stream)
-                for t in (block, ids, lens):
-                    if t.device.type == "cuda":
-                        t.record_stream(stream)
-            else:
-                host_block.copy_(block)
-                host_ids.copy_(ids)
-                host_lens.copy_(lens)
+            try:
+                event = self._copy_to_host(buf, block, ids, lens, rows, row_bytes, ids_off, lens_off, bsz)
+            except BaseException:
+                self.pool.release(buf)
+                raise
         job = _Job(list(requests), buf, event, rows, row_bytes, ids_off, lens_off, bsz, lock=threading.Lock())
         with self._idle:
             self._outstanding += 1
         self._jobs.put(job)
+
+    def _copy_to_host(self, buf: torch.Tensor, block: torch.Tensor, ids: torch.Tensor, lens: torch.Tensor,
+                      rows: int, row_bytes: int, ids_off: int, lens_off: int, bsz: int) -> object | None:
+        """Copy the batch into ``buf`` (asynchronously on the side stream on CUDA); the event that
+        says it landed, or None when the copy was synchronous."""
+        dtype = block.dtype
+        host_block = buf[: rows * row_bytes].view(dtype).view(rows, block.shape[1], block.shape[2])
+        host_ids = buf[ids_off : ids_off + 8 * rows].view(torch.int64)
+        host_lens = buf[lens_off : lens_off + 8 * bsz].view(torch.int64)
+        if not self.cuda:
+            host_block.copy_(block)
+            host_ids.copy_(ids)
+            host_lens.copy_(lens)
+            return None
+        stream = self._side_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            host_block.copy_(block, non_blocking=True)
+            host_ids.copy_(ids, non_blocking=True)
+            host_lens.copy_(lens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        for t in (block, ids, lens):
+            if t.device.type == "cuda":
+                t.record_stream(stream)
+        return event
+
+    def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
+        """Mark requests of a batch the forward pass could not hand over as failed (from the forward
+        thread: queued behind the batches already submitted, never blocking)."""
+        if not requests:
+            return
+        with self._idle:
+            self._outstanding += 1
+        self._jobs.put(_FailJob([Failure(r.rid, reason, detail) for r in requests]))
 
     # ---- writer side -------------------------------------------------------------------------
     def _dispatch_loop(self) -> None:
@@ -316,21 +379,44 @@ class CaptureWriter:
             job = self._jobs.get()
             if job is None:
                 return
+            if isinstance(job, _FailJob):
+                self._fail_requests_now(job.failures)
+                self._job_done()
+                continue
             try:
                 self._dispatch(job)
-            except Exception:  # never let a bug in the capture take the server down
-                log.exception("capture: dispatching a batch failed; its rows are lost")
+            except Exception as exc:  # never let a bug in the capture take the server down
+                log.exception("capture: dispatching a batch of %d requests failed; they are marked failed for the "
+                              "client to send again", len(job.requests))
+                detail = f"dispatching the batch failed: {type(exc).__name__}: {exc}"
+                self._fail_requests_now([Failure(r.rid, CAPTURE_QUEUE_ERROR, detail) for r in job.requests])
                 self._finish_job(job)
+
+    def _fail_requests_now(self, failures: list[Failure]) -> None:
+        """Mark requests failed in the planner and leave ``failed.json`` for each (dispatcher thread)."""
+        for f in failures:
+            state = self.planner.fail(f.rid, f.reason)
+            self._report_failure(state, f.reason, f.detail)
 
     def _dispatch(self, job: _Job) -> None:
         if job.event is not None:
             job.event.synchronize()
         lens = job.buf[job.lens_offset : job.lens_offset + 8 * job.batch_size].view(torch.int64).tolist()
         segments = self.planner.plan(job.requests, lens)
+        for f in self.planner.take_failures():
+            state = self.planner.get(f.rid)
+            if state is None:  # dropped from tracking
+                state = self.planner.fail(f.rid, f.reason)
+            self._report_failure(state, f.reason, f.detail)
         mv = memoryview(job.buf.numpy())
         tasks: list[tuple[Segment, int, int, bool, _MappedFile | None]] = []
         per_slice_rows = max(1, self.slice_bytes // job.row_bytes)
         for seg in segments:
+            if self._whole(seg, per_slice_rows):
+                # The whole request in one slice (short prompts: most of them): its writer creates
+                # the file and writes it in one call, off this thread.
+                tasks.append((seg, 0, seg.rows, True, None))
+                continue
             if seg.create:
                 self._prepare_file(seg.state)
             starts = list(range(0, seg.rows, per_slice_rows))
@@ -348,6 +434,11 @@ class CaptureWriter:
             return
         for task in tasks:
             self._executor.submit(self._write_slice, job, mv, *task)
+
+    @staticmethod
+    def _whole(seg: Segment, per_slice_rows: int) -> bool:
+        """Does this segment hold every row of a new request, in one slice?"""
+        return seg.create and seg.dst_row == 0 and seg.rows == seg.state.prompt_len and seg.rows <= per_slice_rows
 
     def _reserve(self, nbytes: int) -> bool:
         """Room for ``nbytes`` written through a mapping? A page fault on a full tmpfs is a SIGBUS
@@ -383,11 +474,12 @@ class CaptureWriter:
         path = d / STATES_FILE
         try:
             d.mkdir(parents=True, exist_ok=True)
-            try:
-                (d / DONE_FILE).unlink()
-                log.warning("rid %s: removed a stale done marker left by an earlier run", state.rid)
-            except FileNotFoundError:
-                pass
+            for stale in (DONE_FILE, FAILED_FILE):
+                try:
+                    (d / stale).unlink()
+                    log.warning("rid %s: removed a stale %s left by an earlier send", state.rid, stale)
+                except FileNotFoundError:
+                    pass
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.ftruncate(fd, state.layout.file_size)
@@ -400,7 +492,7 @@ class CaptureWriter:
     def _write_slice(self, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
                      mapped: _MappedFile | None) -> None:
         state = seg.state
-        path = rid_dir(self.dump_dir, state.rid) / STATES_FILE
+        path = self._states_path(state.rid)
         error: OSError | None = None
         nbytes = (b - a) * job.row_bytes
         if not state.failed:
@@ -408,16 +500,17 @@ class CaptureWriter:
                 layout = state.layout
                 src = (seg.batch_row + a) * job.row_bytes
                 dst = layout.hidden_offset(seg.dst_row + a)
-                if mapped is not None:  # parallel: page faults do not take the inode lock
+                if with_ids and self._whole(seg, b):
+                    self._write_whole(path, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
+                elif mapped is not None:  # parallel: page faults do not take the inode lock
                     ctypes.memmove(mapped.addr + dst, job.buf.data_ptr() + src, nbytes)
-                if mapped is None or with_ids:
+                if (mapped is None or with_ids) and not self._whole(seg, b):
                     fd = os.open(path, os.O_WRONLY)
                     try:
                         if mapped is None:  # pwrite: tmpfs serialises these per file
                             _pwrite_all(fd, mv[src : src + nbytes], dst)
                         if with_ids:
-                            ids_src = job.ids_offset + 8 * seg.batch_row
-                            _pwrite_all(fd, mv[ids_src : ids_src + 8 * seg.rows], layout.ids_offset(seg.dst_row))
+                            _pwrite_all(fd, self._ids_view(job, mv, seg), layout.ids_offset(seg.dst_row))
                     finally:
                         os.close(fd)
                 with self._stats_lock:
@@ -438,21 +531,65 @@ class CaptureWriter:
         if last:
             self._finish_job(job)
 
-    def _fail(self, state: RequestState, path: Path, exc: OSError) -> None:
-        with state.lock:
-            first = not state.failed
-            if first:
-                state.failed = f"{path}: {exc.strerror or exc}"
-        if not first:
-            return
+    @staticmethod
+    def _ids_view(job: _Job, mv: memoryview, seg: Segment) -> memoryview:
+        start = job.ids_offset + 8 * seg.batch_row
+        return mv[start : start + 8 * seg.rows]
+
+    def _states_path(self, rid: str) -> str:
+        return f"{self._root}/{rid}/{STATES_FILE}"
+
+    def _write_whole(self, path: str, layout: StateFileLayout, rows: memoryview, ids: memoryview) -> None:
+        """Create a request's file and write all of it (header, rows, ids: contiguous) in one call."""
+        d = os.path.dirname(path)
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            for stale in (DONE_FILE, FAILED_FILE):  # of an earlier send of the same rid
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(d, stale))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            parts = [memoryview(layout.header), rows, ids]
+            written = os.pwritev(fd, parts, 0)
+            if written < layout.file_size:  # a short write: the rest, piece by piece
+                flat = b"".join(parts)
+                _pwrite_all(fd, memoryview(flat)[written:], written)
+        finally:
+            os.close(fd)
+
+    def _fail(self, state: RequestState, path: str | Path, exc: OSError) -> None:
+        """A write of the request failed: give up on it and tell the client why."""
         with self._stats_lock:
             self.write_errors += 1
         hint = " (/dev/shm is full: the client should pause, or the drain is not keeping up)" \
             if exc.errno == errno.ENOSPC else ""
-        log.error("capture: cannot write %s: %s%s; request %s will not be marked done",
-                  path, exc.strerror or exc, hint, state.rid)
+        self._report_failure(state, CAPTURE_WRITE_ERROR, f"cannot write {path}: {exc.strerror or exc}{hint}")
+
+    def _report_failure(self, state: RequestState, reason: str, detail: str) -> None:
+        """Once per request: mark it failed, remove its partial rows, leave ``failed.json``."""
+        with state.lock:
+            first = not state.reported
+            state.reported = True
+            if not state.failed:
+                state.failed = reason
+        if not first:
+            return
+        log.error("capture: request %s cannot be staged (%s: %s); it is marked failed for the client to send again",
+                  state.rid, reason, detail)
         with contextlib.suppress(OSError):
-            path.unlink()  # give the space back; the dump can never complete anyway
+            (rid_dir(self.dump_dir, state.rid) / STATES_FILE).unlink()  # give the space back
+        self._write_failure_marker(state.rid, reason, detail)
+
+    def _write_failure_marker(self, rid: str, reason: str, detail: str) -> None:
+        with self._stats_lock:
+            self.requests_failed += 1
+        try:
+            write_failed_marker(self.dump_dir, FailureMarker(rid, reason, detail, time.time()))
+        except OSError as exc:
+            # The client's wait for this request then ends in 'capture_missing', and it sends it again.
+            log.error("capture: cannot write %s for request %s (%s); the client will find no dump and send it "
+                      "again", FAILED_FILE, rid, exc.strerror or exc)
 
     def _slice_done(self, state: RequestState) -> None:
         with state.lock:
@@ -471,6 +608,9 @@ class CaptureWriter:
 
     def _finish_job(self, job: _Job) -> None:
         self.pool.release(job.buf)
+        self._job_done()
+
+    def _job_done(self) -> None:
         with self._idle:
             self._outstanding -= 1
             self._idle.notify_all()

@@ -7,8 +7,9 @@ until both hold again:
 
 * free space on the dump dir's filesystem, minus what the requests already in flight will
   write, stays above a watermark (bytes, or a percentage of the filesystem);
-* the number of staged dumps (request directories in the dump dir) plus requests in flight stays
-  within a limit, so a stalled drain is noticed before memory is.
+* the number of this run's staged dumps plus requests in flight stays within a limit, so a
+  stalled drain is noticed before memory is. Dumps of other runs sharing the directory are not
+  this run's to wait for (their drain takes them); they count only through the free space.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.errors import ConfigError
+from hsextract.records import parse_rid
 from hsextract.staging import iter_dump_dirs
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -71,18 +73,26 @@ def human_bytes(n: float) -> str:
 class Backpressure:
     """Answers "may I send now?" for one dump dir; `reason()` is None when sending is fine."""
 
-    def __init__(self, dump_dir: str | Path, min_free: Watermark, max_staged: int | None, bytes_per_token: int):
+    def __init__(self, dump_dir: str | Path, min_free: Watermark, max_staged: int | None, bytes_per_token: int,
+                 run_id: str | None = None):
         self.dump_dir = Path(dump_dir)
         self.min_free = min_free
         self.max_staged = max_staged
         self.bytes_per_token = bytes_per_token
+        self.run_id = run_id  # count only this run's dumps (None: every dump)
 
     def free_bytes(self) -> tuple[int, int]:
         st = os.statvfs(self.dump_dir)
         return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
     def staged(self) -> int:
-        return sum(1 for _ in iter_dump_dirs(self.dump_dir))
+        if self.run_id is None:
+            return sum(1 for _ in iter_dump_dirs(self.dump_dir))
+        n = 0
+        for d in iter_dump_dirs(self.dump_dir):
+            p = parse_rid(d.name)
+            n += p is not None and p.run_id == self.run_id
+        return n
 
     def reason(self, inflight_requests: int = 0, inflight_tokens: int = 0, next_tokens: int = 0) -> str | None:
         """Why the next request (of `next_tokens`) must wait, or None if it may go now."""

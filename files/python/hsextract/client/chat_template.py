@@ -17,6 +17,11 @@ the template's assistant header (what ``add_generation_prompt`` appends) and end
 end-of-turn text (what follows a reply in a one-turn rendering), in order, and each span must
 contain the reply's visible text. A sample that fails that too is rejected with
 ``template_not_incremental`` rather than masked wrongly.
+
+Tools, tool calls, tool results and reasoning go to the template as they are (``tools=`` and the
+OpenAI message fields), so the mask follows the template's own rendering: whatever it renders
+inside an assistant turn (its text, its tool calls, the reasoning it chooses to show) is 1, and
+tool results, system and user turns are 0. ``last_turn_only`` keeps only the last assistant turn.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from hsextract.errors import HsextractError
 TOO_LONG = "too_long"
 CHAT_TEMPLATE_ERROR = "chat_template_error"
 TEMPLATE_NOT_INCREMENTAL = "template_not_incremental"
+TOO_FEW_LOSS_TOKENS = "too_few_loss_tokens"
 OVERLONG_POLICIES = ("truncate", "skip")
 
 
@@ -44,6 +50,8 @@ class Encoded:
     input_ids: list[int]
     loss_mask: list[int]
     truncated_from: int = 0  # original length when truncated, else 0
+    file: str = ""  # where the sample came from, for failure reports
+    line: int = 0
 
 
 class TemplateMismatch(Exception):
@@ -75,9 +83,13 @@ def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> A
     return tok
 
 
-def _render(tok: Any, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+Tools = Sequence[dict] | None
+
+
+def _render(tok: Any, messages: Sequence[Message], add_generation_prompt: bool, tools: Tools = None) -> str:
     text = tok.apply_chat_template(
-        [{"role": m.role, "content": m.content} for m in messages],
+        [m.to_template() for m in messages],
+        tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
@@ -86,22 +98,22 @@ def _render(tok: Any, messages: Sequence[Message], add_generation_prompt: bool) 
     return text
 
 
-def assistant_spans(tok: Any, messages: Sequence[Message]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(tok: Any, messages: Sequence[Message], tools: Tools = None) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character span of every assistant reply in it."""
-    full = _render(tok, messages, add_generation_prompt=False)
+    full = _render(tok, messages, add_generation_prompt=False, tools=tools)
     try:
-        return full, _incremental_spans(tok, messages, full)
+        return full, _incremental_spans(tok, messages, full, tools)
     except TemplateMismatch as exc:
-        return full, _anchored_spans(tok, messages, full, why=str(exc))
+        return full, _anchored_spans(tok, messages, full, why=str(exc), tools=tools)
 
 
-def _incremental_spans(tok: Any, messages: Sequence[Message], full: str) -> list[tuple[int, int]]:
+def _incremental_spans(tok: Any, messages: Sequence[Message], full: str, tools: Tools) -> list[tuple[int, int]]:
     spans = []
     for i, m in enumerate(messages):
         if m.role != "assistant":
             continue
-        start = _render(tok, messages[:i], add_generation_prompt=True)
-        end = _render(tok, messages[: i + 1], add_generation_prompt=False)
+        start = _render(tok, messages[:i], add_generation_prompt=True, tools=tools)
+        end = _render(tok, messages[: i + 1], add_generation_prompt=False, tools=tools)
         if not full.startswith(start) or not full.startswith(end) or len(end) < len(start):
             raise TemplateMismatch(f"rendering up to turn {i} is not a prefix of the whole conversation's rendering")
         spans.append((len(start), len(end)))
@@ -111,14 +123,14 @@ def _incremental_spans(tok: Any, messages: Sequence[Message], full: str) -> list
 _PROBE = "hsextract-probe-reply-7f3a"
 
 
-def _anchored_spans(tok: Any, messages: Sequence[Message], full: str, why: str) -> list[tuple[int, int]]:
+def _anchored_spans(tok: Any, messages: Sequence[Message], full: str, why: str, tools: Tools) -> list[tuple[int, int]]:
     """Replies located in the whole rendering between the assistant header and the end-of-turn text."""
     first = next((i for i, m in enumerate(messages) if m.role == "assistant"), None)
     if first is None:
         return []
-    before = _render(tok, messages[:first], add_generation_prompt=False)
-    prompted = _render(tok, messages[:first], add_generation_prompt=True)
-    probe = _render(tok, [*messages[:first], Message("assistant", _PROBE)], add_generation_prompt=False)
+    before = _render(tok, messages[:first], add_generation_prompt=False, tools=tools)
+    prompted = _render(tok, messages[:first], add_generation_prompt=True, tools=tools)
+    probe = _render(tok, [*messages[:first], Message("assistant", _PROBE)], add_generation_prompt=False, tools=tools)
     header = prompted[len(before):] if prompted.startswith(before) else ""
     end_of_turn = probe[probe.rfind(_PROBE) + len(_PROBE):] if _PROBE in probe else ""
     if not header.strip() or not end_of_turn.strip():
@@ -135,17 +147,20 @@ def _anchored_spans(tok: Any, messages: Sequence[Message], full: str, why: str) 
         if end < 0:
             raise TemplateMismatch(f"{why}; and turn {i}'s end-of-turn text is not in the whole rendering")
         b = end + len(end_of_turn)
-        visible = m.content.split("</think>")[-1].strip()
-        if visible not in full[a:b]:
+        visible = [m.content.split("</think>")[-1].strip(), *(c.name for c in m.tool_calls)]
+        if any(v not in full[a:b] for v in visible):
             raise TemplateMismatch(f"{why}; and turn {i}'s reply is not where its header and end-of-turn put it")
         spans.append((a, b))
         cursor = b
     return spans
 
 
-def tokenize_with_mask(tok: Any, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+def tokenize_with_mask(tok: Any, messages: Sequence[Message], tools: Tools = None,
+                       last_turn_only: bool = False) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation and its mask: 1 on assistant replies (end-of-turn included)."""
-    text, spans = assistant_spans(tok, messages)
+    text, spans = assistant_spans(tok, messages, tools)
+    if last_turn_only:
+        spans = spans[-1:]
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     starts = [s for s, _ in enc["offset_mapping"]]
@@ -162,7 +177,8 @@ def tokenize_with_mask(tok: Any, messages: Sequence[Message]) -> tuple[list[int]
 class SampleEncoder:
     """Turns Samples into Encoded samples (or Rejects) under one tokenizer and length policy."""
 
-    def __init__(self, tok: Any, max_tokens: int | None, overlong: str = "truncate", vocab_size: int | None = None):
+    def __init__(self, tok: Any, max_tokens: int | None, overlong: str = "truncate", vocab_size: int | None = None,
+                 last_turn_only: bool = False, min_loss_tokens: int = 0):
         if overlong not in OVERLONG_POLICIES:
             raise HsextractError(f"overlong policy {overlong!r}; expected one of {', '.join(OVERLONG_POLICIES)}")
         if max_tokens is not None and max_tokens < 1:
@@ -171,8 +187,17 @@ class SampleEncoder:
         self.max_tokens = max_tokens
         self.overlong = overlong
         self.vocab_size = vocab_size or len(tok)
+        self.last_turn_only = last_turn_only  # conversations only: a tokenized sample's mask is its author's
+        self.min_loss_tokens = max(0, int(min_loss_tokens))
 
     def encode(self, sample: Sample) -> Encoded | Reject:
+        """The sample as the server will run it, or a Reject naming its file and row."""
+        out = self._encode(sample)
+        if isinstance(out, Reject):
+            out.file, out.row = sample.file, sample.row
+        return out
+
+    def _encode(self, sample: Sample) -> Encoded | Reject:
         if sample.is_tokenized:
             ids, mask = list(sample.input_ids or []), list(sample.loss_mask or [])
             bad = next((t for t in ids if t >= self.vocab_size), None)
@@ -181,12 +206,18 @@ class SampleEncoder:
                 return Reject(sample.index, BAD_INPUT_IDS, detail)
         else:
             try:
-                ids, mask = tokenize_with_mask(self.tok, sample.messages or [])
+                ids, mask = tokenize_with_mask(self.tok, sample.messages or [], sample.tools, self.last_turn_only)
             except TemplateMismatch as exc:
                 return Reject(sample.index, TEMPLATE_NOT_INCREMENTAL, str(exc))
             except Exception as exc:  # jinja2 TemplateError, raise_exception() in templates, tokenizer errors
                 return Reject(sample.index, CHAT_TEMPLATE_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}")
-        return self._fit(sample.index, ids, mask)
+        out = self._fit(sample.index, ids, mask)
+        if isinstance(out, Encoded) and self.min_loss_tokens and sum(out.loss_mask) < self.min_loss_tokens:
+            n = sum(out.loss_mask)
+            detail = f"{n} loss tokens, fewer than --min-loss-tokens {self.min_loss_tokens}"
+            extra = {"loss_tokens": n, "min_loss_tokens": self.min_loss_tokens}
+            return Reject(sample.index, TOO_FEW_LOSS_TOKENS, detail, extra)
+        return out
 
     def _fit(self, index: int, ids: list[int], mask: list[int]) -> Encoded | Reject:
         n = len(ids)

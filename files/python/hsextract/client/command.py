@@ -20,20 +20,29 @@ from hsextract.client.runner import DEFAULT_NUM_AUX, ExtractConfig, ExtractRun, 
 from hsextract.client.sender import RetryPolicy
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
+from hsextract.formats import FORMAT_NAMES
+from hsextract.layers import parse_ids
 
-REQUIRED = ("server", "dataset", "model", "dump_dir", "output")
+REQUIRED = ("server", "dataset", "model", "dump_dir", "output", "format")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("run")
     g.add_argument("--server", help="SGLang server base URL, e.g. http://127.0.0.1:30000")
-    g.add_argument("--dataset", help="JSONL dataset (ShareGPT, OpenAI messages or pre-tokenized lines)")
+    g.add_argument("--dataset", help="dataset file or directory: JSONL (.gz, .zst), JSON array, Parquet, Arrow, "
+                   "save_to_disk; ShareGPT, OpenAI messages (tools, reasoning) or pre-tokenized rows")
     g.add_argument("--model", help="the served model's directory (its tokenizer and chat template are used)")
     g.add_argument("--dump-dir", help="the capture's staging directory (records are written there too)")
     g.add_argument("--output", help="the training set's output directory (shared with the drain)")
+    g.add_argument("--format", choices=FORMAT_NAMES,
+                   help="the training set's format (the drain's); the capture must stage what it needs")
     g.add_argument("--rid-prefix", default="hsx", help="request id prefix the capture writes (default: hsx)")
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's")
     g.add_argument("--shard", default="0/1", help="take samples with index %% n == i (i/n; default 0/1)")
+    g.add_argument("--last-turn-only", action="store_true",
+                   help="train on the last assistant turn only (conversations; a tokenized row keeps its mask)")
+    g.add_argument("--min-loss-tokens", type=int, default=0,
+                   help="reject samples with fewer trained-on tokens (reason too_few_loss_tokens; default 0)")
     s = parser.add_argument_group("limits")
     s.add_argument("--max-in-flight", type=int, default=32, help="requests in flight at once (default 32)")
     s.add_argument("--max-tokens", type=int, default=None,
@@ -51,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--server-wait", type=float, default=3600.0,
                    help="seconds to wait for a down server before giving up (default 3600)")
     r.add_argument("--request-timeout", type=float, default=600.0, help="seconds to wait for one answer (default 600)")
+    r.add_argument("--probe-timeout", type=float, default=60.0,
+                   help="seconds the start-up probe's dump may take to appear in --dump-dir (default 60)")
+    r.add_argument("--capture-timeout", type=float, default=120.0,
+                   help="seconds an answered sample may wait for its staged dump before it is sent again (default 120)")
     p = parser.add_argument_group("progress")
     p.add_argument("--log-every", type=float, default=30.0, help="seconds between progress log lines off a terminal")
     add_config_argument(parser)
@@ -72,6 +85,7 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         model=Path(args.model),
         dump_dir=Path(args.dump_dir),
         output=Path(args.output),
+        format=args.format,
         rid_prefix=args.rid_prefix,
         max_in_flight=int(args.max_in_flight),
         max_tokens=args.max_tokens,
@@ -80,20 +94,20 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         shm_min_free=parse_watermark(args.shm_min_free),
         max_staged=int(args.max_staged) or None,
         chat_template=template,
+        last_turn_only=bool(args.last_turn_only),
+        min_loss_tokens=int(args.min_loss_tokens or 0),
         num_aux=_count_layers(args.aux_layers),
         retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
                           read_timeout_s=float(args.request_timeout)),
+        capture_timeout_s=float(args.capture_timeout),
+        probe_timeout_s=float(args.probe_timeout),
         log_every_s=float(args.log_every),
     )
 
 
 def _count_layers(text: str | None) -> int:
-    if not text:
-        return DEFAULT_NUM_AUX
-    ids = [t for t in str(text).replace(" ", ",").split(",") if t]
-    if not ids or not all(t.isdigit() for t in ids):
-        raise ConfigError(f"aux layers {text!r}: expected comma-separated layer ids, e.g. 1,29,57")
-    return len(ids)
+    ids = parse_ids(text)
+    return len(ids) if ids else DEFAULT_NUM_AUX
 
 
 def run(args: argparse.Namespace) -> int:

@@ -49,6 +49,8 @@ class RunStats:
     """Counters shared by the producer and the sender threads (update under `lock`)."""
 
     samples_total: int = 0  # lines of this shard
+    dataset_lines: int = 0  # lines of the whole dataset
+    shard: tuple[int, int] = (0, 1)
     sent: int = 0
     ok: int = 0
     skipped: int = 0  # already in the training set or staged by an earlier run
@@ -56,6 +58,8 @@ class RunStats:
     tokens: int = 0  # prompt tokens of samples answered ok
     failed: Counter = field(default_factory=Counter)
     rejected: Counter = field(default_factory=Counter)
+    retried: Counter = field(default_factory=Counter)  # sends again, by why (capture_failed, capture_missing)
+    awaiting_capture: int = 0  # answered by the server, waiting for the capture's word
     in_flight: int = 0
     in_flight_tokens: int = 0
     paused_reason: str | None = None
@@ -104,7 +108,9 @@ class RunStats:
             "rejected": sum(self.rejected.values()),
             "failed_by_reason": dict(self.failed),
             "rejected_by_reason": dict(self.rejected),
+            "retried_by_reason": dict(self.retried),
             "in_flight": self.in_flight,
+            "awaiting_capture": self.awaiting_capture,
             "tokens": self.tokens,
             "tokens_per_s": round(tok_s, 1),
             "eta_s": None if eta is None else round(eta, 1),
@@ -120,11 +126,14 @@ class RunStats:
         return {
             "state": self.state,
             "samples_total": self.samples_total,
+            "dataset_lines": self.dataset_lines,
+            "shard": list(self.shard),
             "ok": self.ok,
             "skipped": self.skipped,
             "truncated": self.truncated,
             "failed": dict(self.failed),
             "rejected": dict(self.rejected),
+            "retried": dict(self.retried),
             "tokens": self.tokens,
             "wall_s": round(time.monotonic() - self.started, 2),
             "paused_s": round(self.paused_s, 1),

@@ -9,7 +9,13 @@ The flow per sample (the producer is the calling thread, senders are a thread po
    duplicate nothing;
 3. tokenize with the model's chat template and loss mask (`chat_template`), apply the length policy;
 4. write the sample's record for the drain (before sending: the dump must never exist without it);
-5. wait for a free in-flight slot and for the backpressure limits, then send (`sender`).
+5. wait for a free in-flight slot and for the backpressure limits, then send (`sender`);
+6. once the server answered, wait for the capture's word (`confirm`): the dump is staged, or the
+   capture failed (``failed.json``) or wrote nothing, and then the sample is sent again, up to
+   the attempt limit, after which it is reported failed with the reason.
+
+Before the first sample, a probe request checks that the server's capture stages into this
+client's staging directory, in the final-norm placement of the format (`probe`).
 
 The summary is written only once every sample of the shard has an outcome, because the drain's
 ``--exit-when-done`` treats it as "no more dumps will come".
@@ -17,6 +23,7 @@ The summary is written only once every sample of the shard has an outcome, becau
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import threading
@@ -28,7 +35,9 @@ from typing import Any
 
 from hsextract.client.backpressure import Backpressure, Watermark
 from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
-from hsextract.client.dataset import Reject, count_lines, open_dataset, read_dataset
+from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
+from hsextract.client.dataset import Reject, count_rows, dataset_files, read_dataset
+from hsextract.client.probe import probe_capture
 from hsextract.client.progress import (
     FAILURES_FILE,
     REJECTS_FILE,
@@ -40,7 +49,10 @@ from hsextract.client.progress import (
 )
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats.manifest import completed_indices
+from hsextract.formats import final_hidden_for
+from hsextract.formats.durable import check_writable
+from hsextract.formats.manifest import completed_indices, read_header
+from hsextract.model_info import read_model_info
 from hsextract.records import (
     SampleRecord,
     check_prefix,
@@ -50,7 +62,7 @@ from hsextract.records import (
     remove_record,
     write_record,
 )
-from hsextract.staging import DONE_FILE, iter_dump_dirs
+from hsextract.staging import DONE_FILE, FAILED_FILE, discard_dump, iter_dump_dirs, rid_dir
 
 log = logging.getLogger("hsextract.client")
 
@@ -67,6 +79,7 @@ class ExtractConfig:
     model: Path
     dump_dir: Path
     output: Path
+    format: str = "speculators"
     rid_prefix: str = "hsx"
     max_in_flight: int = 32
     max_tokens: int | None = None
@@ -75,8 +88,12 @@ class ExtractConfig:
     shm_min_free: Watermark = field(default_factory=lambda: Watermark(fraction=0.10))
     max_staged: int | None = 4096
     chat_template: str | None = None
+    last_turn_only: bool = False
+    min_loss_tokens: int = 0
     num_aux: int = DEFAULT_NUM_AUX  # only sizes the staging reserve of requests in flight
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    capture_timeout_s: float = 120.0  # how long an answered sample may wait for its dump or failure marker
+    probe_timeout_s: float = 60.0  # how long the start-up probe's dump may take to appear
     status_every_s: float = 1.0
     log_every_s: float = 30.0
 
@@ -108,26 +125,15 @@ def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
     return out
 
 
-def _model_limits(model: Path) -> tuple[int | None, int | None, int]:
-    """(max context tokens, vocab size, hidden size) from config.json, None where the config says nothing."""
-    try:
-        cfg = json.loads((model / "config.json").read_text())
-    except (OSError, ValueError):
-        return None, None, 0
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    ctx = text.get("max_position_embeddings") or cfg.get("max_position_embeddings")
-    vocab = text.get("vocab_size") or cfg.get("vocab_size")
-    return (int(ctx) if ctx else None), (int(vocab) if vocab else None), int(text.get("hidden_size") or 0)
-
-
-def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str) -> SampleEncoder:
-    """The client's encoder for `model`: its tokenizer and template, and the length limit the client applies
-    (``max_tokens``, else the model's context length - 1). ``hsextract plan`` encodes with the same one."""
+def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str,
+                  last_turn_only: bool = False, min_loss_tokens: int = 0) -> SampleEncoder:
+    """The client's encoder for `model`: its tokenizer and chat template, and the length limit the client
+    applies (``max_tokens``, else the context length - 1). ``hsextract plan`` encodes with the same one."""
+    info = read_model_info(model)
     tok = load_tokenizer(model, chat_template)
-    ctx, vocab, _ = _model_limits(Path(model))
-    if max_tokens is None and ctx:
-        max_tokens = ctx - 1  # room for the one generated token
-    return SampleEncoder(tok, max_tokens, overlong, vocab)
+    if max_tokens is None and info.max_position_embeddings:
+        max_tokens = info.max_position_embeddings - 1  # room for the one generated token
+    return SampleEncoder(tok, max_tokens, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)
 
 
 class _JsonlAppender:
@@ -156,14 +162,22 @@ class ExtractRun:
         check_prefix(cfg.rid_prefix)
         if cfg.max_in_flight < 1:
             raise ConfigError(f"max in flight {cfg.max_in_flight}: must be at least 1")
-        open_dataset(cfg.dataset).close()  # a missing dataset stops the run before anything else
-        self.encoder = build_encoder(Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong)
-        _, _, hidden = _model_limits(Path(cfg.model))
-        self.bytes_per_token = (cfg.num_aux + 1) * hidden * STAGED_ELEM_BYTES + 8
+        final_hidden_for(cfg.format)  # an unknown format stops the run here
+        dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
+        self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
+        self.encoder = build_encoder(Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong,
+                                     cfg.last_turn_only, cfg.min_loss_tokens)
+        self.tokenizer = self.encoder.tok
+        self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
         self.sender = Sender(cfg.server, cfg.retry, self.stop)
         self.fatal: BaseException | None = None
         self._slots = threading.Semaphore(cfg.max_in_flight)
+        # Answered samples waiting for the capture's word, and those to send again.
+        self._open: dict[str, Encoded] = {}
+        self._capture_attempts: collections.Counter[str] = collections.Counter()
+        self._resend: collections.deque[tuple[str, Encoded]] = collections.deque()
+        self._outcomes = threading.Condition()
 
     # -- outcomes (called from sender threads) -------------------------------------------------
 
@@ -183,17 +197,55 @@ class ExtractRun:
             st.in_flight -= 1
             st.in_flight_tokens -= len(enc.input_ids)
         if res.ok:
-            st.record_ok(res.prompt_tokens)
+            with self._outcomes:
+                self._open[rid] = enc
+                st.awaiting_capture = len(self._open)
+            self._watch.expect(rid)
         elif res.reason == STOPPED:
             pass  # no answer yet and no failure: its record stays, the next run sends it again
         elif self.fatal is None or res.reason not in ("server_unavailable", "client_error"):
             with st.lock:
                 st.failed[res.reason] += 1
-            self._failures.write({"index": enc.index, "line": enc.index + 1, "rid": rid, "reason": res.reason,
-                                  "detail": res.detail, "attempts": res.attempts})
+            self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
+                                  "reason": res.reason, "detail": res.detail, "attempts": res.attempts})
             if res.reason != "prompt_tokens_mismatch":
                 remove_record(self.cfg.dump_dir, rid)  # no dump will come for it
         self._slots.release()
+        with self._outcomes:
+            self._outcomes.notify_all()
+
+    def _on_verdict(self, rid: str, verdict: Verdict) -> None:
+        """The capture's word on an answered sample (from the watch thread)."""
+        st = self.stats
+        with self._outcomes:
+            enc = self._open.pop(rid, None)
+            st.awaiting_capture = len(self._open)
+        if enc is None:
+            return
+        if verdict.outcome is Outcome.STAGED:
+            st.record_ok(len(enc.input_ids))
+        else:
+            reason = CAPTURE_FAILED if verdict.outcome is Outcome.FAILED else CAPTURE_MISSING
+            self._capture_attempts[rid] += 1
+            attempts = self._capture_attempts[rid]
+            if attempts < self.cfg.retry.max_attempts:
+                log.warning("sample %d (%s): %s (%s); sending it again (attempt %d of %d)", enc.index, rid, reason,
+                            verdict.detail, attempts + 1, self.cfg.retry.max_attempts)
+                with st.lock:
+                    st.retried[reason] += 1
+                with self._outcomes:
+                    self._resend.append((rid, enc))
+            else:
+                log.error("sample %d (%s): %s after %d attempts (%s); reported in %s", enc.index, rid, reason,
+                          attempts, verdict.detail, FAILURES_FILE)
+                with st.lock:
+                    st.failed[reason] += 1
+                self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
+                                      "reason": reason, "detail": verdict.detail, "attempts": attempts})
+                discard_dump(rid_dir(self.cfg.dump_dir, rid))
+                remove_record(self.cfg.dump_dir, rid)
+        with self._outcomes:
+            self._outcomes.notify_all()
 
     def _reject(self, rej: Reject) -> None:
         with self.stats.lock:
@@ -236,15 +288,23 @@ class ExtractRun:
     def run(self) -> RunStats:
         cfg, st = self.cfg, self.stats
         out = Path(cfg.output)
-        out.mkdir(parents=True, exist_ok=True)
-        Path(cfg.dump_dir).mkdir(parents=True, exist_ok=True)
+        check_writable(out, "output directory", "--output")
+        check_writable(Path(cfg.dump_dir), "staging directory", "--dump-dir")
+        header = read_header(out)
+        if header is not None and header.format != cfg.format:
+            raise ConfigError(f"output directory {out} holds a {header.format!r} training set, but this client runs "
+                              f"with --format {cfg.format}; use the format of the set, or a new output directory")
         run_id = load_or_create_run_id(out)
+        self.run_id = run_id
         sdir = state_dir(out)
         sdir.mkdir(parents=True, exist_ok=True)
         (sdir / SUMMARY_FILE).unlink(missing_ok=True)  # a new run is not finished yet
         self._rejects = _JsonlAppender(sdir / REJECTS_FILE)
         self._failures = _JsonlAppender(sdir / FAILURES_FILE)
-        st.samples_total = shard_size(count_lines(cfg.dataset), cfg.shard)
+        st.dataset_lines = count_rows(cfg.dataset)
+        st.shard = cfg.shard
+        st.samples_total = shard_size(st.dataset_lines, cfg.shard)
+        self._watch = CaptureWatch(cfg.dump_dir, cfg.capture_timeout_s, self._on_verdict)
         reporter = Reporter(st, out, status_every=cfg.status_every_s, log_every=cfg.log_every_s)
         reporter.start()
         log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
@@ -254,6 +314,7 @@ class ExtractRun:
                 st.paused_reason = f"waiting for the server {cfg.server} to answer /health"
                 self.sender.gate.wait_healthy(since=time.monotonic())
                 st.paused_reason = None
+            self._probe(run_id)
             # staging first, then the manifest: a dump drained in between is in the second
             skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
             self._produce(run_id, skip)
@@ -267,6 +328,7 @@ class ExtractRun:
             raise
         finally:
             self._pool_shutdown()
+            self._watch.close()
             if self.fatal is not None:
                 st.state = "failed"
                 st.error = str(self.fatal)
@@ -286,6 +348,17 @@ class ExtractRun:
             raise HsextractError(f"client stopped on an internal error: {self.fatal!r}") from self.fatal
         return st
 
+    def _probe(self, run_id: str) -> None:
+        cfg = self.cfg
+        ids = list(self.tokenizer("hsextract start-up probe: is the capture writing here?",
+                                  add_special_tokens=True)["input_ids"])
+        self.stats.paused_reason = "checking that the capture stages into this client's staging directory"
+        result = probe_capture(self.sender, Path(cfg.dump_dir), cfg.rid_prefix, run_id, cfg.format,
+                               self.model.hidden_size, ids, cfg.probe_timeout_s)
+        self.stats.paused_reason = None
+        log.info("start-up probe: the capture stages %s final hidden states into %s (%.1f s)", result.final_hidden,
+                 cfg.dump_dir, result.seconds)
+
     def _pool_shutdown(self) -> None:
         pool = getattr(self, "_pool", None)
         if pool is not None:
@@ -294,11 +367,10 @@ class ExtractRun:
     def _produce(self, run_id: str, skip: set[int]) -> None:
         cfg, st = self.cfg, self.stats
         i_shard, n_shard = cfg.shard
-        bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token)
+        self._bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token, run_id=run_id)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
-        source = Path(cfg.dataset).name
         for item in read_dataset(cfg.dataset):  # every row, for shard-independent duplicate detection
-            if self.stop.is_set():
+            if self.stop.is_set() or not self._send_again():
                 return
             index = item.index
             if index % n_shard != i_shard:
@@ -318,14 +390,46 @@ class ExtractRun:
                 with st.lock:
                     st.truncated += 1
             rid = make_rid(cfg.rid_prefix, run_id, index)
+            enc.file, enc.line = item.file, item.line
             write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
-                                                    f"{source}:{index + 1}"))
-            if not self._wait_to_send(bp, len(enc.input_ids)):
+                                                    item.source, cfg.format, str(Path(cfg.output))))
+            if not self._send(rid, enc):
                 remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
                 return
-            with st.lock:
-                st.sent += 1
-                st.in_flight += 1
-                st.in_flight_tokens += len(enc.input_ids)
-            fut = self._pool.submit(self.sender.send, rid, enc.input_ids)
-            fut.add_done_callback(lambda f, rid=rid, enc=enc: self._finish(rid, enc, f))
+        # Every line read: wait for the last answers and the capture's word on each, sending again
+        # what the capture failed on.
+        while not self.stop.is_set():
+            if not self._send_again():
+                return
+            with self._outcomes:
+                if not self._resend and not self._open and st.in_flight == 0:
+                    return
+                self._outcomes.wait(0.2)
+
+    def _send_again(self) -> bool:
+        """Send the samples whose capture failed; False if a stop came meanwhile."""
+        while True:
+            with self._outcomes:
+                if not self._resend:
+                    return True
+                rid, enc = self._resend.popleft()
+            if not self._send(rid, enc):
+                return False
+
+    def _send(self, rid: str, enc: Encoded) -> bool:
+        """Wait for a slot and the staging limits, then send; False (nothing sent) on stop."""
+        if not self._wait_to_send(self._bp, len(enc.input_ids)):
+            return False
+        # A failure marker of an earlier send of this rid would be read as this send's: the client
+        # owns failed dumps, and removes one before sending the sample again.
+        d = rid_dir(self.cfg.dump_dir, rid)
+        if (d / FAILED_FILE).exists():
+            discard_dump(d)
+        st = self.stats
+        with st.lock:
+            st.sent += 1
+            st.in_flight += 1
+            st.in_flight_tokens += len(enc.input_ids)
+        fut = self._pool.submit(self.sender.send, rid, enc.input_ids)
+        fut.add_done_callback(lambda f, rid=rid, enc=enc: self._finish(rid, enc, f))
+        return True

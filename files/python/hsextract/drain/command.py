@@ -15,6 +15,7 @@ from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import CONVENTIONS, parse_ids, resolve
+from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
 
 log = logging.getLogger("hsextract.drain")
 
@@ -31,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quarantine-dir", help="where invalid dumps go (default <output>/quarantine)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     parser.add_argument("--exit-when-done", action="store_true",
-                        help="exit 0 once the client has finished and no dump of this run is staged")
+                        help="exit once the client has finished and no dump of this run is staged: 0 when the "
+                             "run's counts add up, 3 when they do not or too many samples failed")
+    parser.add_argument("--max-failure-share", type=float, default=DEFAULT_MAX_FAILURE_SHARE,
+                        help="share of accepted samples that may end failed, and quarantined, before a finished "
+                             f"run counts as failed (default {DEFAULT_MAX_FAILURE_SHARE:g})")
     parser.add_argument("--record-grace", type=float, default=300.0,
                         help="seconds a complete dump may wait for its client record before it is removed")
     parser.add_argument("--incomplete-timeout", type=float, default=1800.0,
@@ -91,6 +96,7 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         quarantine_dir=Path(args.quarantine_dir) if args.quarantine_dir else None,
         metrics_port=args.metrics_port,
         exit_when_done=bool(args.exit_when_done),
+        max_failure_share=float(args.max_failure_share),
         record_grace_s=args.record_grace,
         incomplete_timeout_s=args.incomplete_timeout,
         abandoned_grace_s=args.abandoned_grace,
@@ -118,9 +124,9 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         cfg.architecture = info.architecture
         cfg.vocab_size = cfg.vocab_size or info.vocab_size or None
     elif ids is not None:
-        eagle = [i - 1 for i in ids] if args.layer_convention == "sglang" else ids
-        cfg.eagle_layer_ids = tuple(eagle)
-        cfg.sglang_layer_ids = tuple(i + 1 for i in eagle)
+        layers = resolve(ids, None, args.layer_convention)  # the range checks that need no model
+        cfg.eagle_layer_ids = layers.eagle_aux_hidden_state_layer_ids
+        cfg.sglang_layer_ids = layers.sglang_layers_to_capture
     return cfg
 
 

@@ -19,6 +19,10 @@ So after any crash each sample is either written and recorded once, or still sta
 restart finishes the job. Files are renamed and recorded in output-index order by one committer
 thread, so the manifest is always the contiguous prefix 0..n-1 (the Arrow row numbering needs it),
 while reading, checking, encoding and the big fsyncs run in parallel workers.
+
+The pieces: `recovery` (the start: checks and repairs), `triage` (what to do with each staged
+directory), `quarantine`, `committer` (the ordered commit and the manifest); this module is the
+daemon's life: recover, loop (scan, prepare in workers, commit), shut down.
 """
 
 from __future__ import annotations
@@ -28,38 +32,45 @@ import importlib
 import json
 import logging
 import os
-import queue
-import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hsextract import __version__
+from hsextract.drain import triage as t
 from hsextract.drain import validate as v
+from hsextract.drain.committer import Committer, Prepared
+from hsextract.drain.config import DrainConfig
 from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
+from hsextract.drain.quarantine import Quarantine, safe_iterdir
+from hsextract.drain.recovery import recover
 from hsextract.drain.staged_io import MappedStates, map_states
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.durable import PIECE, free_bytes, fsync_dir, is_no_space, write_payload_durably
+from hsextract.formats.durable import PIECE, free_bytes, is_no_space, write_payload_durably
 from hsextract.formats.manifest import (
-    ManifestAppender,
     ManifestEntry,
-    ManifestError,
     ManifestHeader,
     default_checksum_algorithm,
-    iter_entries,
     new_hasher,
-    read_header,
-    repair_torn_tail,
     state_dir,
     write_header,
 )
-from hsextract.records import SampleRecord, load_or_create_run_id, parse_rid, read_record, record_path, remove_record
-from hsextract.staging import DONE_FILE, STATES_FILE, DoneMarker, iter_dump_dirs, read_done_marker
+from hsextract.reconcile import read_accounts
+from hsextract.records import SampleRecord, parse_rid, read_record, records_dir, remove_record
+from hsextract.staging import (
+    DONE_FILE,
+    FAILED_FILE,
+    STATES_FILE,
+    DoneMarker,
+    discard_dump,
+    iter_dump_dirs,
+    read_done_marker,
+)
 from hsextract.vocab.counts import masked_counts
 from hsextract.vocab.mapping import VocabError
 from hsextract.vocab.tracker import VocabTracker
@@ -69,64 +80,22 @@ log = logging.getLogger("hsextract.drain")
 CLIENT_SUMMARY = "client-summary.json"
 CLIENT_FAILURES = "failures.jsonl"  # the samples the client gave up on, one JSON object with "rid" per line
 TMP_DIR = "tmp"
-# One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
-DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
-SOURCE_FILE = "source.json"  # in a quarantined dump: which staged dump it is a copy of
-TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)
+# Exit status of `--exit-when-done` when the run's counts do not add up or too many samples failed.
+RUN_CHECK_FAILED = 3
+
+__all__ = ["RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
 
 
 @dataclass
-class DrainConfig:
-    dump_dir: Path
-    output: Path
-    format: str
-    # What every dump must look like; None = take it from the manifest header or the first dump.
-    expected_dtype: str | None = None
-    expected_hidden_size: int | None = None
-    eagle_layer_ids: tuple[int, ...] | None = None
-    sglang_layer_ids: tuple[int, ...] | None = None
-    num_hidden_layers: int | None = None
-    model_path: str = ""
-    model_config_sha256: str = ""
-    architecture: str = ""
-    quarantine_dir: Path | None = None
-    workers: int = DEFAULT_WORKERS
-    memory_budget_bytes: int = 2 << 30
-    poll_interval_s: float = 0.5
-    record_grace_s: float = 300.0  # a complete dump with no client record is removed after this
-    incomplete_timeout_s: float = 1800.0  # a dump without done marker is quarantined after this
-    # ...or after this, once the client has finished and listed the sample in its failures.jsonl
-    # (it gave up on it: no done marker will come, and --exit-when-done should not wait 30 min).
-    abandoned_grace_s: float = 60.0
-    enospc_retry_s: float = 5.0
-    status_interval_s: float = 2.0
-    finalize_idle_s: float = 60.0  # rebuild dataset-level files after this long with nothing to do
-    metrics_port: int | None = None
-    exit_when_done: bool = False
-    # Draft vocabulary (hsextract.vocab): loss-masked token counts kept with the manifest, and the
-    # trainers' mapping files written at finalize for each size. vocab_size None = the header's.
-    count_vocab: bool = True
-    draft_vocab_sizes: tuple[int, ...] = (32000,)
-    vocab_size: int | None = None
-    vocab_checkpoint_interval_s: float = 30.0
+class _Scan:
+    """One pass over the staging directory: what it found so far."""
 
-    @property
-    def quarantine(self) -> Path:
-        return self.quarantine_dir or (self.output / "quarantine")
-
-
-@dataclass
-class _Prepared:
-    """A sample whose temporary file is durable, waiting for its output index."""
-
-    rid: str
-    dataset_index: int
-    tokens: int
-    tmp: Path
-    nbytes: int
-    checksum: str
-    dump: Path
-    vocab: tuple | None = None  # (token ids, counts) of the sample's loss-masked tokens
+    now: float
+    full: bool  # every dump is looked at and the lag counted (else it stops once the queue is full)
+    max_queued: int
+    submitted: int = 0
+    lag: int = 0
+    foreign: Counter[str] = field(default_factory=Counter)
 
 
 class _ByteBudget:
@@ -166,16 +135,13 @@ class Drainer:
         # of after the poll interval, so the workers never wait for the next scheduled look.
         self._wake = threading.Event()
         self._budget = _ByteBudget(cfg.memory_budget_bytes)
-        self._commit_q: queue.Queue[_Prepared | None] = queue.Queue()
         self._inflight: set[str] = set()  # submitted and not yet committed (or given up)
         self._preparing = 0  # of those, how many the workers have not finished: the queue's bound
         self._inflight_lock = threading.Lock()
-        self._done_rids: set[str] = set()
-        self._done_indices: set[int] = set()
-        self._entries: list[ManifestEntry] = []
         self._header: ManifestHeader | None = None
         self._header_lock = threading.Lock()
-        self._appender: ManifestAppender | None = None
+        self._committer: Committer | None = None
+        self._quarantine = Quarantine(cfg.quarantine, self.dump_dir, self._pause_for_space)
         self._fatal: BaseException | None = None
         self._pause_lock = threading.Lock()
         self._last_activity = time.monotonic()
@@ -184,90 +150,147 @@ class Drainer:
         self._last_full_scan = 0.0
         self._abandoned: set[str] = set()
         self._abandoned_key: tuple[int, int] | None = None
+        self._foreign_reported: dict[str, int] = {}
+        # Draft vocabulary: the running token counts, and each prepared sample's counts until its commit.
         self._vocab: VocabTracker | None = None
+        self._vocab_pending: dict[str, tuple] = {}
+        self._vocab_lock = threading.Lock()
         self.run_id = ""
-
-    # --- start-up -------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
         self.stop_event.set()
         self._wake.set()
 
-    def recover(self) -> None:
+    @property
+    def _entries(self) -> list[ManifestEntry]:
+        assert self._committer is not None
+        return self._committer.entries
+
+    # --- the daemon's life: recover, loop, shut down ---------------------------------------------
+
+    def run(self) -> int:
+        """Drain until stopped (or, with exit_when_done, until the client is finished); return an exit code."""
+        self._recover()
+        metrics = self._start()
+        pool = ThreadPoolExecutor(max_workers=max(1, self.cfg.workers), thread_name_prefix="drain-worker")
+        finished_run = False
+        try:
+            finished_run = self._loop(pool)
+        finally:
+            self._shut_down(pool, metrics)
+        if self._fatal is not None:
+            self.stats.set(state="failed")
+            self._write_status(error=str(self._fatal))
+            raise self._fatal
+        self.stats.set(state="done" if not self.stop_event.is_set() else "stopped", in_flight=0,
+                       lag=self._our_dumps_left())
+        exit_code = self._check_run() if finished_run else 0
+        self._write_status()
+        log.info("drain stopped: %d samples written by this process, %d in the manifest",
+                 self.stats.samples, self.stats.samples_total)
+        return exit_code
+
+    def _recover(self) -> None:
         """Bring the output directory to a consistent state after whatever happened before."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.run_id = load_or_create_run_id(self.out)
-        self.stats.set(run_id=self.run_id)
-        torn = repair_torn_tail(self.out)
-        if torn:
-            log.warning("manifest: cut off a torn last line (%d bytes) left by a crash", torn)
-        self._entries = list(iter_entries(self.out))
-        for n, e in enumerate(self._entries):
-            if e.output_index != n:
-                raise ManifestError(
-                    f"{self.out}/manifest.jsonl: entry {n} has output index {e.output_index}; "
-                    "the manifest must number samples 0, 1, 2... (was it edited?)"
-                )
-        self._done_rids = {e.rid for e in self._entries}
-        self._done_indices = {e.dataset_index for e in self._entries}
-        self.stats.set(samples_total=len(self._entries))
-        self._header = read_header(self.out)
-        if self._header is not None:
-            self._check_header_matches_config(self._header)
-        elif self._entries:
-            raise ManifestError(f"{self.out}: manifest.jsonl has entries but manifest.json is missing; restore it")
+        found = recover(self.cfg, self.fmt, self.tmp_dir)
+        self.run_id = found.run_id
+        self._header = found.header
+        self._committer = Committer(
+            self.out, self.fmt, self.tmp_dir, self.dump_dir, found.entries,
+            pause_for_space=self._pause_for_space,
+            on_duplicate=self._duplicate,
+            on_settled=self._forget, on_written=self._written, on_fatal=self._fail,
+        )
+        self.stats.set(run_id=self.run_id, samples_total=len(found.entries))
         if self.cfg.count_vocab:
             self._vocab = VocabTracker(self.out, self.fmt, self.cfg.draft_vocab_sizes,
                                        self.cfg.vocab_checkpoint_interval_s)
             try:
-                self._vocab.recover(self._entries)
+                self._vocab.recover(found.entries)
             except VocabError as exc:  # the training set comes first: drain on, counting nothing this time
                 log.error("draft vocabulary not counted by this process: %s", exc)
                 self._vocab = None
-        for leftover in self.dump_dir.glob(f"{TRASH_PREFIX}*"):
-            shutil.rmtree(leftover, ignore_errors=True)
         self._sweep_records(time.time(), force=True)
-        if self.tmp_dir.exists():
-            shutil.rmtree(self.tmp_dir)
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        removed = self._remove_orphans()
-        if removed:
-            log.warning("removed %d file(s) written but never recorded (crash before the manifest line): %s",
-                        len(removed), ", ".join(removed[:5]))
 
-    def _remove_orphans(self) -> list[str]:
-        """Files at output indices the manifest has not reached (renamed in order, so contiguous)."""
-        removed = []
-        i = len(self._entries)
-        while True:
-            p = self.out / self.fmt.relative_path(i)
-            if not p.exists():
-                break
-            p.unlink()
-            fsync_dir(p.parent)
-            removed.append(str(p.relative_to(self.out)))
-            i += 1
-        return removed
+    def _start(self) -> MetricsServer | None:
+        # The workers are the parallelism; torch's own intra-op threads in each of them only
+        # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
+        torch_set_threads(1)
+        if self.cfg.format == "speculators":
+            # Its finalize builds an Arrow dataset. Importing `datasets` costs about a second of
+            # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
+            # an import in a background thread cut the first few GB's drain rate by a fifth).
+            importlib.import_module("datasets")
+        assert self._committer is not None
+        self._committer.start()
+        metrics = None
+        if self.cfg.metrics_port is not None:
+            metrics = MetricsServer(self.stats, self.cfg.metrics_port)
+            metrics.start()
+            log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
+        self.stats.set(state="running")
+        log.info(
+            "draining %s -> %s (%s, run %s, %d samples already written, %d workers)",
+            self.dump_dir, self.out, self.cfg.format, self.run_id, len(self._entries), self.cfg.workers,
+        )
+        return metrics
 
-    def _check_header_matches_config(self, h: ManifestHeader) -> None:
-        c = self.cfg
-        problems = []
-        if h.format != c.format:
-            problems.append(f"format {h.format!r} (configured {c.format!r})")
-        if c.expected_dtype and h.dtype != c.expected_dtype:
-            problems.append(f"dtype {h.dtype} (configured {c.expected_dtype})")
-        if c.expected_hidden_size and h.hidden_size != c.expected_hidden_size:
-            problems.append(f"hidden size {h.hidden_size} (configured {c.expected_hidden_size})")
-        if c.eagle_layer_ids and tuple(h.eagle_aux_hidden_state_layer_ids) != tuple(c.eagle_layer_ids):
-            problems.append(
-                f"eagle layer ids {h.eagle_aux_hidden_state_layer_ids} (configured {list(c.eagle_layer_ids)})"
-            )
-        if problems:
-            raise ConfigError(
-                f"output directory {self.out} was written with " + "; ".join(problems)
-                + ". Use the same configuration to resume, or a new output directory."
-            )
+    def _loop(self, pool: ThreadPoolExecutor) -> bool:
+        """Scan and submit until stopped; True when the run is finished (exit_when_done)."""
+        last_status = 0.0
+        while not self.stop_event.is_set() and self._fatal is None:
+            submitted = self._scan_and_submit(pool)
+            now = time.monotonic()
+            if now - last_status >= self.cfg.status_interval_s:
+                self._write_status()
+                last_status = now
+            if submitted == 0 and self._idle():
+                if self.cfg.exit_when_done and self._client_finished() and not self._our_dumps_left():
+                    log.info("the client has finished and staging holds no dump of this run: finalizing")
+                    return True
+                if now - self._last_activity >= self.cfg.finalize_idle_s:
+                    self._finalize_if_changed()
+            self._wake.wait(self.cfg.poll_interval_s)
+            self._wake.clear()
+        return False
+
+    def _shut_down(self, pool: ThreadPoolExecutor, metrics: MetricsServer | None) -> None:
+        self.stats.set(state="stopping")
+        # Finish the samples in hand; never start the queued ones.
+        pool.shutdown(wait=True, cancel_futures=True)
+        assert self._committer is not None
+        self._committer.close()
+        if self._fatal is None:
+            try:
+                self._finalize_if_changed()
+            except Exception:  # the samples are safe; only the dataset-level files lag behind
+                log.exception("finalizing at shut-down failed; run `hsextract finalize --output %s`", self.out)
+        if metrics:
+            metrics.stop()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = exc
+        self.stop_event.set()
+        self._wake.set()
+
+    def _duplicate(self, p: Prepared) -> None:
+        with self._vocab_lock:
+            self._vocab_pending.pop(p.rid, None)
+        self._remove_stale(p.dump, p.rid, t.ALREADY_WRITTEN)
+
+    def _written(self, entries: list[ManifestEntry]) -> None:
+        self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
+        if self._vocab is not None:
+            with self._vocab_lock:
+                counts = [self._vocab_pending.pop(e.rid, None) for e in entries]
+            try:
+                self._vocab.add(entries, counts, covered=len(self._entries))
+            except VocabError as exc:
+                log.error("draft vocabulary not counted by this process from now on: %s", exc)
+                self._vocab = None
+        self._last_activity = time.monotonic()
 
     def expected(self) -> v.Expected:
         h, c = self._header, self.cfg
@@ -307,71 +330,19 @@ class Drainer:
             write_header(self.out, header)
             self._header = header
 
-    # --- the main loop --------------------------------------------------------------------
-
-    def run(self) -> int:
-        """Drain until stopped (or, with exit_when_done, until the client is finished); return an exit code."""
-        self.recover()
-        # The workers are the parallelism; torch's own intra-op threads in each of them only
-        # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
-        torch_set_threads(1)
-        if self.cfg.format == "speculators":
-            # Its finalize builds an Arrow dataset. Importing `datasets` costs about a second of
-            # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
-            # an import in a background thread cut the first few GB's drain rate by a fifth).
-            importlib.import_module("datasets")
-        self._appender = ManifestAppender(self.out)
-        metrics = None
-        if self.cfg.metrics_port is not None:
-            metrics = MetricsServer(self.stats, self.cfg.metrics_port)
-            metrics.start()
-            log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
-        committer = threading.Thread(target=self._commit_loop, name="drain-commit", daemon=True)
-        committer.start()
-        pool = ThreadPoolExecutor(max_workers=max(1, self.cfg.workers), thread_name_prefix="drain-worker")
-        self.stats.set(state="running")
-        log.info(
-            "draining %s -> %s (%s, run %s, %d samples already written, %d workers)",
-            self.dump_dir, self.out, self.cfg.format, self.run_id, len(self._entries), self.cfg.workers,
-        )
-        last_status = 0.0
-        exit_code = 0
-        try:
-            while not self.stop_event.is_set() and self._fatal is None:
-                submitted = self._scan_and_submit(pool)
-                now = time.monotonic()
-                if now - last_status >= self.cfg.status_interval_s:
-                    self._write_status()
-                    last_status = now
-                if submitted == 0 and self._idle():
-                    if self.cfg.exit_when_done and self._client_finished() and not self._our_dumps_left():
-                        log.info("the client has finished and staging holds no dump of this run: finalizing")
-                        break
-                    if now - self._last_activity >= self.cfg.finalize_idle_s:
-                        self._finalize_if_changed()
-                self._wake.wait(self.cfg.poll_interval_s)
-                self._wake.clear()
-        finally:
-            self.stats.set(state="stopping")
-            # Finish the samples in hand; never start the queued ones.
-            pool.shutdown(wait=True, cancel_futures=True)
-            self._commit_q.put(None)
-            committer.join()
-            if self._fatal is None:
-                with contextlib.suppress(Exception):
-                    self._finalize_if_changed()
-            self._appender.close()
-            if metrics:
-                metrics.stop()
-        if self._fatal is not None:
-            self.stats.set(state="failed")
-            self._write_status(error=str(self._fatal))
-            raise self._fatal
-        self.stats.set(state="done" if not self.stop_event.is_set() else "stopped")
-        self._write_status()
-        log.info("drain stopped: %d samples written by this process, %d in the manifest",
-                 self.stats.samples, self.stats.samples_total)
-        return exit_code
+    def _check_run(self) -> int:
+        """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
+        accounts = read_accounts(self.out, self.cfg.quarantine, final=True)
+        if accounts is None:
+            log.error("the run cannot be checked: the client's summary in %s lacks the shard's size", self.out)
+            return RUN_CHECK_FAILED
+        for line in accounts.lines_of_text():
+            log.info("%s", line)
+        self.stats.set(accounts=accounts.as_dict())
+        problems = accounts.problems(self.cfg.max_failure_share)
+        for problem in problems:
+            log.error("run check: %s", problem)
+        return RUN_CHECK_FAILED if problems else 0
 
     def _idle(self) -> bool:
         with self._inflight_lock:
@@ -379,7 +350,8 @@ class Drainer:
 
     def _write_status(self, **extra: object) -> None:
         try:
-            write_status(self.out, self.stats, pid=os.getpid(), dump_dir=str(self.dump_dir), **extra)
+            write_status(self.out, self.stats, pid=os.getpid(), dump_dir=str(self.dump_dir),
+                         quarantine_dir=str(self.cfg.quarantine), **extra)
         except OSError as exc:
             log.warning("cannot write the status file (%s)", exc)
 
@@ -407,12 +379,13 @@ class Drainer:
             self._abandoned, self._abandoned_key = rids, key
         return self._abandoned
 
-    def _our_dumps_left(self) -> bool:
+    def _our_dumps_left(self) -> int:
+        """This run's sample dumps in staging (probes are not samples)."""
+        n = 0
         for d in iter_dump_dirs(self.dump_dir):
             p = parse_rid(d.name)
-            if p is not None and p.run_id == self.run_id:
-                return True
-        return False
+            n += p is not None and not p.probe and p.run_id == self.run_id
+        return n
 
     def _finalize_if_changed(self) -> None:
         n = len(self._entries)
@@ -430,109 +403,135 @@ class Drainer:
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
 
-    # --- scanning -------------------------------------------------------------------------
+    # --- scanning ---------------------------------------------------------------------------
 
     def _scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
-        """Look at the staged dumps: submit complete ones, remove stale ones; return how many were submitted.
+        """Look at the staged dumps: submit complete ones, act on the others (see triage); return
+        how many were submitted.
 
         A full scan (every dump looked at, the lag counted) runs at most once per poll interval.
         A scan woken early by a worker that freed a slot stops as soon as the queue is full
         again: with thousands of dumps staged, looking at each of them after every sample would
         take the cores the workers need (measured: a third of a core on 2 cores).
         """
-        submitted = 0
-        lag = 0
-        now = time.time()
-        full = time.monotonic() - self._last_full_scan >= self.cfg.poll_interval_s
-        if full:
+        scan = _Scan(now=time.time(), full=time.monotonic() - self._last_full_scan >= self.cfg.poll_interval_s,
+                     max_queued=max(1, self.cfg.workers) * 2)
+        if scan.full:
             self._last_full_scan = time.monotonic()
-        max_queued = max(1, self.cfg.workers) * 2
         for d in iter_dump_dirs(self.dump_dir):
-            if self.stop_event.is_set():
+            if self.stop_event.is_set() or not self._look_at(d, scan, pool):
                 break
-            rid = d.name
-            with self._inflight_lock:
-                if rid in self._inflight:
-                    lag += 1
-                    continue
-            parsed = parse_rid(rid)
-            complete = (d / DONE_FILE).exists()
-            if parsed is None:
-                self._remove_stale(d, rid, "not a client request id")
-                continue
-            if parsed.run_id != self.run_id:
-                if complete or _age(d, now) > self.cfg.incomplete_timeout_s:
-                    self._remove_stale(d, rid, "from another run")
-                continue
-            if rid in self._done_rids or parsed.index in self._done_indices:
-                # Written and recorded: whatever is left of its dump is garbage (even an
-                # incomplete one; the client never resends a sample the manifest has).
-                self._remove_stale(d, rid, "already written")
-                continue
-            if not complete:
-                age = _age(d, now)
-                if age > self.cfg.incomplete_timeout_s:
-                    self._quarantine(
-                        d, rid, v.INCOMPLETE,
-                        f"no {DONE_FILE} {age:.0f} s after the dump was last written "
-                        f"(limit {self.cfg.incomplete_timeout_s:.0f} s): the request never finished",
-                    )
-                elif age > self.cfg.abandoned_grace_s and rid in self._abandoned_rids():
-                    self._quarantine(
-                        d, rid, v.INCOMPLETE,
-                        f"no {DONE_FILE} {age:.0f} s after the dump was last written, and the client, now "
-                        f"finished, gave up on this sample (see {CLIENT_FAILURES})",
-                    )
-                continue
-            lag += 1
-            with self._inflight_lock:
-                queue_full = self._preparing >= max_queued
-            if queue_full:
-                if not full:
-                    break
-                continue  # the workers have enough; only count the rest
+        with self._inflight_lock:
+            self.stats.set(in_flight=len(self._inflight))
+            if scan.full:
+                self.stats.set(lag=scan.lag)
+        if scan.full:
+            self._report_foreign(scan.foreign)
+        if scan.submitted:
+            self._last_activity = time.monotonic()
+        self._sweep_records(scan.now)
+        return scan.submitted
+
+    def _look_at(self, d: Path, scan: _Scan, pool: ThreadPoolExecutor) -> bool:
+        """Decide about one staged directory and act; False when the scan should stop here."""
+        rid = d.name
+        with self._inflight_lock:
+            if rid in self._inflight:
+                scan.lag += 1
+                return True
+        facts = self._facts(d, scan.now)
+        run = self._run_facts(facts)
+        decision = t.triage_unrecorded(facts, run)
+        if decision is None:  # complete, of this run, not written: it needs its record
+            scan.lag += 1
+            if self._queue_full(scan.max_queued):
+                return scan.full  # a full scan goes on to count the rest; an early one stops here
             try:
                 record = read_record(self.dump_dir, rid)
             except StagingError as exc:
-                self._quarantine(d, rid, v.RECORD, str(exc))
-                continue
-            if record is None:
-                if _age(d / DONE_FILE, now) > self.cfg.record_grace_s:
-                    self._remove_stale(d, rid, "no client record")
-                continue
-            if record.index != parsed.index:
-                self._quarantine(d, rid, v.RECORD, f"record says dataset index {record.index}, rid says {parsed.index}")
-                continue
-            with self._inflight_lock:
-                if self._preparing >= max_queued:
-                    continue
-                self._inflight.add(rid)
-                self._preparing += 1
-            fut = pool.submit(self._process, d, record)
-            fut.add_done_callback(self._task_done)
-            submitted += 1
+                self._move_to_quarantine(d, rid, v.RECORD, str(exc))
+                return True
+            decision = t.triage_recorded(facts, run, record)
+            if isinstance(decision, t.Submit):
+                assert record is not None
+                scan.submitted += self._submit(pool, d, record, scan.max_queued)
+                return True
+        return self._act(d, rid, decision, scan)
+
+    def _queue_full(self, max_queued: int) -> bool:
         with self._inflight_lock:
-            self.stats.set(in_flight=len(self._inflight))
-            if full:
-                self.stats.set(lag=lag)
-        if submitted:
-            self._last_activity = time.monotonic()
-        self._sweep_records(now)
-        return submitted
+            return self._preparing >= max_queued
+
+    def _submit(self, pool: ThreadPoolExecutor, d: Path, record: SampleRecord, max_queued: int) -> int:
+        with self._inflight_lock:
+            if self._preparing >= max_queued:
+                return 0
+            self._inflight.add(record.rid)
+            self._preparing += 1
+        fut = pool.submit(self._process, d, record)
+        fut.add_done_callback(self._task_done)
+        return 1
+
+    def _act(self, d: Path, rid: str, decision: t.Decision, scan: _Scan) -> bool:
+        """Carry out a decision other than Submit; False when the drain must stop (Refuse)."""
+        if isinstance(decision, t.Foreign):
+            scan.foreign[decision.owner] += 1
+        elif isinstance(decision, t.Remove):
+            self._remove_stale(d, rid, decision.why)
+        elif isinstance(decision, t.Quarantine):
+            self._move_to_quarantine(d, rid, decision.reason, decision.detail)
+        elif isinstance(decision, t.Refuse):
+            self._fail(ConfigError(decision.message))
+            return False
+        return True
+
+    def _facts(self, d: Path, now: float) -> t.DumpFacts:
+        return t.DumpFacts(
+            name=d.name,
+            parsed=parse_rid(d.name),
+            complete=(d / DONE_FILE).exists(),
+            failed=(d / FAILED_FILE).exists(),
+            age_s=_age(d, now),
+        )
+
+    def _run_facts(self, dump: t.DumpFacts) -> t.RunFacts:
+        p = dump.parsed
+        assert self._committer is not None
+        written = p is not None and not p.probe and p.run_id == self.run_id and \
+            self._committer.is_written(dump.name, p.index)
+        return t.RunFacts(
+            run_id=self.run_id,
+            format=self.cfg.format,
+            output=str(self.out.resolve()),
+            written=written,
+            abandoned=(dump.failed or not dump.complete) and dump.name in self._abandoned_rids(),
+            record_grace_s=self.cfg.record_grace_s,
+            incomplete_timeout_s=self.cfg.incomplete_timeout_s,
+            abandoned_grace_s=self.cfg.abandoned_grace_s,
+        )
+
+    def _report_foreign(self, foreign: Counter[str]) -> None:
+        """Say (once per owner, and again when its count grows) which dumps of other runs are left alone."""
+        for owner, n in foreign.items():
+            if n > self._foreign_reported.get(owner, 0):
+                log.warning("staging %s holds %d dump(s) of %s, not of this drain's run %s: left alone (their own "
+                            "drain takes them; remove them by hand if no such run goes on)", self.dump_dir, n, owner,
+                            self.run_id)
+        self._foreign_reported = dict(foreign)
+        self.stats.set(foreign=dict(foreign))
 
     def _task_done(self, fut: Future) -> None:
         exc = fut.exception() if not fut.cancelled() else None
         if exc is not None and self._fatal is None:
             log.error("drain worker failed: %r", exc)
-            self._fatal = exc
-            self.stop_event.set()
+            self._fail(exc)
 
     def _sweep_records(self, now: float, force: bool = False) -> None:
-        """Remove records nobody will use: written samples' at once, other runs' after the grace period."""
+        """Remove the records of this run's written samples (other runs' records are their drain's)."""
         if not force and now - self._last_record_sweep < 30:
             return
         self._last_record_sweep = now
-        rdir = self.dump_dir / "_records"
+        rdir = records_dir(self.dump_dir)
         try:
             names = os.listdir(rdir)
         except FileNotFoundError:
@@ -546,79 +545,23 @@ class Drainer:
                 continue
             if (self.dump_dir / rid).exists():
                 continue  # the scan decides about its dump first
-            written = p.run_id == self.run_id and (rid in self._done_rids or p.index in self._done_indices)
-            foreign = p.run_id != self.run_id and _age(rdir / name, now) > self.cfg.record_grace_s
-            if written or foreign:
+            if p.run_id == self.run_id and self._committer is not None and self._committer.is_written(rid, p.index):
                 with contextlib.suppress(FileNotFoundError):
                     (rdir / name).unlink()
-
-    def _discard(self, d: Path) -> None:
-        """Remove a dump directory so that a crash midway cannot leave a half-deleted dump behind.
-
-        The rename to a dot name is atomic and takes the dump out of every scan at once; the
-        dot directory is deleted next, or at the next start if the drain dies first.
-        """
-        trash = d.parent / f"{TRASH_PREFIX}{d.name}-{time.time_ns()}"
-        try:
-            os.rename(d, trash)
-        except FileNotFoundError:
-            return
-        shutil.rmtree(trash, ignore_errors=True)
 
     def _remove_stale(self, d: Path, rid: str, why: str) -> None:
         if not d.exists():
             return  # removed meanwhile (committed by another thread)
         log.warning("stale dump %s removed: %s", rid, why)
-        self._discard(d)
-        if why != "no client record":
-            remove_record(self.dump_dir, rid)
+        discard_dump(d)
+        remove_record(self.dump_dir, rid)  # none for a probe or a dump without record
         self.stats.add_stale(why)
 
-    def _quarantine(self, d: Path, rid: str, reason: str, detail: str) -> None:
-        """Move a dump (and its record) out of staging with a reason file; never into the training set.
+    def _move_to_quarantine(self, d: Path, rid: str, reason: str, detail: str) -> None:
+        if self._quarantine.move(d, rid, reason, detail):
+            self.stats.add_quarantined(reason)
 
-        The copy is made under a temporary name, renamed into place, and only then is the staged
-        dump removed. A crash between the rename and the removal leaves the same dump in both
-        places: the copy records which staged dump it came from (`SOURCE_FILE`), so the restart
-        only finishes the removal instead of quarantining it a second time. A later dump of the
-        same rid (the client resent the sample) is another dump and gets its own directory.
-        """
-        qroot = self.cfg.quarantine
-        source = _dump_identity(d)
-        target = qroot / rid
-        n = 1
-        while target.exists():
-            if _read_source(target) == source:
-                log.warning("dump %s was quarantined to %s before a restart; removing the staged copy", rid, target)
-                self._discard(d)
-                remove_record(self.dump_dir, rid)
-                return
-            target = qroot / f"{rid}.{n}"
-            n += 1
-        while True:
-            try:
-                qroot.mkdir(parents=True, exist_ok=True)
-                tmp = qroot / f".{target.name}.tmp"
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                shutil.copytree(d, tmp)
-                rec = record_path(self.dump_dir, rid)
-                if rec.exists():
-                    shutil.copy2(rec, tmp / "record.json")
-                (tmp / "reason.txt").write_text(f"{reason}\n{detail}\n")
-                (tmp / SOURCE_FILE).write_text(json.dumps(source) + "\n")
-                os.replace(tmp, target)
-                break
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                self._pause_for_space(qroot, exc)
-        self._discard(d)
-        remove_record(self.dump_dir, rid)
-        self.stats.add_quarantined(reason)
-        log.error("dump %s quarantined to %s: %s: %s", rid, target, reason, detail)
-
-    # --- workers --------------------------------------------------------------------------
+    # --- workers ----------------------------------------------------------------------------
 
     def _process(self, d: Path, record: SampleRecord) -> None:
         try:
@@ -669,12 +612,13 @@ class Drainer:
             if mapped is not None:
                 mapped.close()
         if failure is not None:
-            self._quarantine(d, rid, *failure)
+            self._move_to_quarantine(d, rid, *failure)
             self._forget(rid)
             return
-        self._commit_q.put(prepared)
+        assert self._committer is not None
+        self._committer.put(prepared)
 
-    def _write_temporary(self, d: Path, record: SampleRecord, marker: DoneMarker, mapped: MappedStates) -> _Prepared:
+    def _write_temporary(self, d: Path, record: SampleRecord, marker: DoneMarker, mapped: MappedStates) -> Prepared:
         """Encode a validated dump into its durable temporary file; the committer gives it its name."""
         self._ensure_header(marker)
         assert self._header is not None
@@ -703,8 +647,11 @@ class Drainer:
                     raise
                 self._pause_for_space(self.out, exc)
         checksum = f"{self._header.checksum_algorithm}:{hasher.hexdigest()}"
-        vocab = masked_counts(sample.input_ids, sample.loss_mask) if self._vocab is not None else None
-        return _Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d, vocab)
+        if self._vocab is not None:
+            counts = masked_counts(sample.input_ids, sample.loss_mask)  # of the very tensors written
+            with self._vocab_lock:
+                self._vocab_pending[record.rid] = counts
+        return Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d)
 
     def _forget(self, rid: str) -> None:
         with self._inflight_lock:
@@ -726,83 +673,6 @@ class Drainer:
         with self._pause_lock:
             self.stats.set(paused_reason="", state="running")
 
-    # --- committing -----------------------------------------------------------------------
-
-    def _commit_loop(self) -> None:
-        try:
-            while True:
-                first = self._commit_q.get()
-                if first is None:
-                    return
-                batch = [first]
-                stop_after = False
-                while True:
-                    try:
-                        nxt = self._commit_q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is None:
-                        stop_after = True
-                        break
-                    batch.append(nxt)
-                self._commit(batch)
-                if stop_after:
-                    return
-        except BaseException as exc:
-            log.exception("drain committer failed")
-            self._fatal = exc
-            self.stop_event.set()
-
-    def _commit(self, batch: list[_Prepared]) -> None:
-        assert self._appender is not None
-        entries: list[ManifestEntry] = []
-        done: list[_Prepared] = []
-        dirs: set[Path] = set()
-        now = time.time()
-        for p in batch:
-            if p.rid in self._done_rids or p.dataset_index in self._done_indices:
-                # A second dump of a written sample (the client resent it): drop it, keep the first.
-                p.tmp.unlink(missing_ok=True)
-                self._remove_stale(p.dump, p.rid, "already written")
-                self._forget(p.rid)
-                continue
-            idx = len(self._entries) + len(entries)
-            rel = self.fmt.relative_path(idx)
-            final = self.out / rel
-            if not final.parent.exists():
-                final.parent.mkdir(parents=True)
-                fsync_dir(final.parent.parent)
-            os.replace(p.tmp, final)
-            dirs.add(final.parent)
-            entries.append(ManifestEntry(idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, now))
-            done.append(p)
-        if not entries:
-            return
-        for d in dirs:
-            fsync_dir(d)
-        fsync_dir(self.tmp_dir)
-        while True:
-            try:
-                self._appender.append(entries)
-                break
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                self._pause_for_space(self.out, exc)
-        self._entries.extend(entries)
-        if self._vocab is not None:
-            self._vocab.add(entries, [p.vocab for p in done], covered=len(self._entries))
-        for e in entries:
-            self._done_rids.add(e.rid)
-            self._done_indices.add(e.dataset_index)
-        # Only now is the sample safe on disk and recorded: the staged copy may go.
-        for p in done:
-            self._discard(p.dump)
-            remove_record(self.dump_dir, p.rid)
-            self._forget(p.rid)
-        self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
-        self._last_activity = time.monotonic()
-
 
 def torch_set_threads(n: int) -> None:
     import torch
@@ -821,33 +691,9 @@ def _age(path: Path, now: float) -> float:
     try:
         latest = path.stat().st_mtime
         if path.is_dir():
-            for child in _safe_iterdir(path):
+            for child in safe_iterdir(path):
                 with contextlib.suppress(FileNotFoundError):
                     latest = max(latest, child.stat().st_mtime)
     except FileNotFoundError:
         return 0.0
     return now - latest
-
-
-def _dump_identity(d: Path) -> dict[str, object]:
-    """What tells this staged dump from any other with the same name: inode and times of its files."""
-    ident: dict[str, object] = {"dump": str(d)}
-    for p in [d, *sorted(_safe_iterdir(d))]:
-        with contextlib.suppress(FileNotFoundError):
-            st = p.stat()
-            ident[p.name if p != d else "."] = [st.st_ino, st.st_size, st.st_mtime_ns]
-    return ident
-
-
-def _read_source(quarantined: Path) -> dict[str, object] | None:
-    try:
-        return json.loads((quarantined / SOURCE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _safe_iterdir(path: Path) -> Iterator[Path]:
-    try:
-        yield from path.iterdir()
-    except FileNotFoundError:
-        return

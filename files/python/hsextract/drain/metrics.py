@@ -42,6 +42,8 @@ class DrainStats:
     quarantined: Counter = field(default_factory=Counter)
     stale_removed: Counter = field(default_factory=Counter)
     lag: int = 0  # complete dumps of this run waiting in staging
+    foreign: dict = field(default_factory=dict)  # dumps of other runs in staging, left alone: owner -> count
+    accounts: dict = field(default_factory=dict)  # the run's reconciliation, once it has finished
     in_flight: int = 0
     paused_reason: str = ""
     state: str = "starting"
@@ -90,6 +92,8 @@ class DrainStats:
                 "tokens_per_s": round(sum(r[2] for r in recent) / span, 1),
                 "mb_per_s": round(sum(r[3] for r in recent) / span / 1e6, 2),
                 "lag": self.lag,
+                "foreign": dict(self.foreign),
+                "accounts": dict(self.accounts),
                 "in_flight": self.in_flight,
                 "quarantined": sum(self.quarantined.values()),
                 "quarantined_by_reason": dict(self.quarantined),

@@ -84,9 +84,20 @@ def validate(
     ``check_values=False`` skips the finite-value scan, for writers that check rows as they stream
     them (`finite_checker`); every other check still runs here.
     """
-    rid = record.rid
-    if marker.rid != rid:
-        raise InvalidDump(UNREADABLE, f"done marker names rid {marker.rid!r}, directory is {rid!r}")
+    _check_marker(marker, record, expected)
+    _check_layout(marker, states.hidden, expected)
+    _check_tokens(marker, states, record)
+    hidden = states.hidden
+    if check_values and not all_finite(hidden):
+        bad = (~torch.isfinite(hidden.float())).nonzero()
+        row, slot = int(bad[0, 0]), int(bad[0, 1])
+        raise InvalidDump(NON_FINITE, f"{len(bad)} non-finite values, first at token {row}, slot {slot}")
+
+
+def _check_marker(marker: DoneMarker, record: SampleRecord, expected: Expected) -> None:
+    """The dump, the record and the configuration agree on what was captured."""
+    if marker.rid != record.rid:
+        raise InvalidDump(UNREADABLE, f"done marker names rid {marker.rid!r}, directory is {record.rid!r}")
     if len(record.input_ids) != len(record.loss_mask):
         raise InvalidDump(
             RECORD, f"record has {len(record.input_ids)} input ids but {len(record.loss_mask)} loss-mask values"
@@ -97,10 +108,19 @@ def validate(
             f"dump holds the final hidden state {marker.final_hidden!r}, the format needs {expected.final_hidden!r};"
             " configure the capture's final_hidden for this format",
         )
-    hidden, ids = states.hidden, states.input_ids
+    want_ids = expected.eagle_aux_hidden_state_layer_ids
+    if want_ids is not None and tuple(marker.eagle_aux_hidden_state_layer_ids) != tuple(want_ids):
+        raise InvalidDump(
+            LAYERS,
+            f"captured eagle layer ids {marker.eagle_aux_hidden_state_layer_ids}, configured {list(want_ids)}",
+        )
+
+
+def _check_layout(marker: DoneMarker, hidden: torch.Tensor, expected: Expected) -> None:
+    """The rows' shape and dtype are what the marker and the configuration say."""
     if hidden.dim() != 3:
         raise InvalidDump(SHAPE, f"hidden has shape {list(hidden.shape)}, expected [tokens, aux + 1, hidden]")
-    rows, slots, width = hidden.shape
+    _, slots, width = hidden.shape
     if expected.dtype is not None and hidden.dtype != DTYPES[expected.dtype][0]:
         raise InvalidDump(DTYPE, f"hidden is {hidden.dtype}, configured {expected.dtype}")
     if marker.dtype != next((n for n, v in DTYPES.items() if v[0] == hidden.dtype), marker.dtype):
@@ -111,13 +131,11 @@ def validate(
         raise InvalidDump(SHAPE, f"{slots} hidden slots per token, expected {expected.num_aux} aux layers + 1 final")
     if slots != marker.num_aux + 1:
         raise InvalidDump(SHAPE, f"{slots} hidden slots per token, done marker says {marker.num_aux} aux layers + 1")
-    want_ids = expected.eagle_aux_hidden_state_layer_ids
-    if want_ids is not None and tuple(marker.eagle_aux_hidden_state_layer_ids) != tuple(want_ids):
-        raise InvalidDump(
-            LAYERS,
-            f"captured eagle layer ids {marker.eagle_aux_hidden_state_layer_ids}, configured {list(want_ids)}",
-        )
-    n = len(record.input_ids)
+
+
+def _check_tokens(marker: DoneMarker, states: StagedStates, record: SampleRecord) -> None:
+    """The server ran exactly the tokens the client sent, one row each."""
+    rows, ids, n = states.hidden.shape[0], states.input_ids, len(record.input_ids)
     if ids.shape[0] != rows:
         raise InvalidDump(SHAPE, f"{rows} hidden rows but {ids.shape[0]} token ids in the dump")
     if rows != n:
@@ -131,7 +149,3 @@ def validate(
             TOKEN_MISMATCH,
             f"the server ran token {int(ids[first])} at position {first}, the client sent {int(want[first])}",
         )
-    if check_values and not all_finite(hidden):
-        bad = (~torch.isfinite(hidden.float())).nonzero()
-        row, slot = int(bad[0, 0]), int(bad[0, 1])
-        raise InvalidDump(NON_FINITE, f"{len(bad)} non-finite values, first at token {row}, slot {slot}")

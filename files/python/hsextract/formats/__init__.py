@@ -20,6 +20,22 @@ FINAL_HIDDEN_FOR_FORMAT: dict[str, str] = {
 }
 
 
+def final_hidden_for(fmt: str, final_hidden: str | None = None, *, what: str = "final_hidden") -> str:
+    """The final-norm placement for a format: the format's own when none is given, else the given
+    one after checking that the format can use it (raise naming both sides when it cannot)."""
+    from hsextract.errors import ConfigError
+
+    if fmt not in FINAL_HIDDEN_FOR_FORMAT:
+        raise ConfigError(f"format {fmt!r}: expected one of {', '.join(FORMAT_NAMES)}")
+    needed = FINAL_HIDDEN_FOR_FORMAT[fmt]
+    if final_hidden and final_hidden != needed:
+        raise ConfigError(
+            f"{what} {final_hidden!r} does not fit the format {fmt!r}, which needs {needed!r} final hidden states; "
+            f"leave {what} unset (it follows the format) or choose the format that wants {final_hidden!r}"
+        )
+    return needed
+
+
 def get_format(name: str):  # -> hsextract.formats.base.OutputFormat
     """The writer for a ``--format`` name (imported lazily: the writers pull in torch)."""
     from hsextract.errors import ConfigError

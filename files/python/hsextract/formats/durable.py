@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from hsextract.errors import ConfigError
+
 
 def fsync_dir(path: str | Path) -> None:
     """Make the directory's entries (creations, renames, removals) durable."""
@@ -201,3 +203,15 @@ def write_payload_durably(path: str | Path, payload: object, hasher: object) -> 
         payload.write_to(sink)  # type: ignore[attr-defined]
         sink.flush()
     return sink.nbytes
+
+
+def check_writable(path: Path, what: str, flag: str) -> None:
+    """Create `path` if needed and prove it writable, or raise saying which and why."""
+    probe = path / f".hsextract-write-probe-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} is not writable ({exc.strerror or exc}); fix its permissions or "
+                          f"mount, or choose another {flag}") from exc

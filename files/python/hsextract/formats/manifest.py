@@ -228,13 +228,6 @@ def new_hasher(algorithm: str) -> Any:
     raise ManifestError(f"unknown checksum algorithm {algorithm!r}")
 
 
-def checksum_chunks(chunks: Iterable[bytes | memoryview], algorithm: str) -> str:
-    h = new_hasher(algorithm)
-    for c in chunks:
-        h.update(c)
-    return f"{algorithm}:{h.hexdigest()}"
-
-
 def checksum_file(path: str | Path, algorithm: str, block: int = 16 << 20) -> str:
     h = new_hasher(algorithm)
     with open(path, "rb") as f:

@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shard", default="0/1", help="this host's share, i/n (default 0/1)")
     g.add_argument("--max-tokens", type=int, default=None, help="longest sample (default: context length - 1)")
     g.add_argument("--overlong", choices=OVERLONG_POLICIES, default="truncate")
+    g.add_argument("--last-turn-only", action="store_true", help="the last assistant turn only (as the client)")
+    g.add_argument("--min-loss-tokens", type=int, default=0, help="fewer loss tokens are a reject (as the client)")
     g.add_argument("--aux-layers", help="aux layer ids; only their number matters here (default 3)")
     g.add_argument("--draft-vocab-size", type=int, nargs="+", default=[32000], metavar="N")
     s = parser.add_argument_group("staging (as check-shm)")
@@ -78,7 +80,7 @@ def _aux_count(text: object) -> int:
 
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
     """Scan the dataset and estimate everything; the report as a JSON-able dict."""
-    from hsextract.client.dataset import open_dataset
+    from hsextract.client.dataset import dataset_files
     from hsextract.client.runner import parse_shard
     from hsextract.formats.durable import free_bytes
     from hsextract.formats.manifest import completed_indices
@@ -92,7 +94,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     if missing:
         raise ConfigError(f"plan needs {', '.join(missing)} (as flags or keys of --config)")
     fmt = args.format or "speculators"
-    open_dataset(args.dataset).close()  # a missing dataset fails here, before the tokenizer loads
+    dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
     info = read_model_info(args.model)
     dtype_name = info.torch_dtype if info.torch_dtype in DTYPES else "bfloat16"
     template = None
@@ -104,7 +106,8 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.output) if args.output else None
     done = frozenset(completed_indices(out)) if out is not None else frozenset()
     res = scan(ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
-                            parse_shard(args.shard), done, args.workers, progress=not args.no_progress))
+                            bool(args.last_turn_only), int(args.min_loss_tokens or 0), parse_shard(args.shard), done,
+                            args.workers, progress=not args.no_progress))
     num_aux = _aux_count(args.aux_layers)
     layout = Layout(num_aux, info.hidden_size, DTYPES[dtype_name][0])
     sizes = [int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int)

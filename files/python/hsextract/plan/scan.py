@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hsextract.client.chat_template import TOO_LONG, Encoded
-from hsextract.client.dataset import Reject, Sample, count_lines, read_dataset
+from hsextract.client.dataset import Reject, Sample, count_rows, read_dataset
 from hsextract.formats.base import same_size_index
 
 CHUNK = 64  # samples per task: large enough to amortize the pickling, small enough for a smooth bar
@@ -43,6 +43,8 @@ class ScanSettings:
     chat_template: str | None = None
     max_tokens: int | None = None
     overlong: str = "truncate"
+    last_turn_only: bool = False
+    min_loss_tokens: int = 0
     shard: tuple[int, int] = (0, 1)
     done: frozenset[int] = frozenset()  # dataset indices already in the training set
     workers: int | None = None  # None: `default_workers`
@@ -85,7 +87,8 @@ class ScanResult:
 
     def reject(self, r: Reject) -> None:
         self.rejects[r.reason] += 1
-        self.examples.setdefault(r.reason, f"line {r.line}: {r.detail}")
+        where = f"{r.file}:{r.line}" if r.file else f"line {r.line}"
+        self.examples.setdefault(r.reason, f"{where}: {r.detail}")
 
     def take(self, index: int, tokens: int, masked: int, truncated_from: int) -> None:
         self.samples += 1
@@ -102,11 +105,12 @@ class ScanResult:
 _ENCODER = None
 
 
-def _init_worker(model: str, chat_template: str | None, max_tokens: int | None, overlong: str) -> None:
+def _init_worker(model: str, chat_template: str | None, max_tokens: int | None, overlong: str,
+                 last_turn_only: bool, min_loss_tokens: int) -> None:
     global _ENCODER
     from hsextract.client.runner import build_encoder
 
-    _ENCODER = build_encoder(Path(model), chat_template, max_tokens, overlong)
+    _ENCODER = build_encoder(Path(model), chat_template, max_tokens, overlong, last_turn_only, min_loss_tokens)
 
 
 def _encode_chunk(chunk: tuple[int, list[Sample]]) -> tuple[int, list[tuple]]:
@@ -150,9 +154,10 @@ def scan(cfg: ScanSettings) -> ScanResult:
     """Encode every sample of this shard as the client would; return the tallies."""
     from hsextract.client.runner import build_encoder
 
-    rows = count_lines(cfg.dataset)
+    rows = count_rows(cfg.dataset)
     res = ScanResult(workers=max(1, cfg.workers or default_workers(rows, os.cpu_count() or 1)))
-    encoder = build_encoder(cfg.model, cfg.chat_template, cfg.max_tokens, cfg.overlong)  # fails early, in the parent
+    settings = (cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only, cfg.min_loss_tokens)
+    encoder = build_encoder(cfg.model, *settings)  # fails early, in the parent
     res.max_tokens = encoder.max_tokens
     parse_rejects: list[Reject] = []
     bar = _progress(rows, cfg.progress)
@@ -166,8 +171,7 @@ def scan(cfg: ScanSettings) -> ScanResult:
     else:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["hsextract.client.runner", "transformers.models.auto.tokenization_auto"])
-        pool = ctx.Pool(res.workers, initializer=_init_worker,
-                        initargs=(str(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong))
+        pool = ctx.Pool(res.workers, initializer=_init_worker, initargs=(str(cfg.model), *settings))
         results = pool.imap_unordered(_encode_chunk, chunks, chunksize=1)
     try:
         for rows, items in results:

@@ -1,0 +1,289 @@
+"""Capture overhead through the real SGLang 0.5.23 server on a GPU: a plain server against a capture
+server with the same flags, prefill-only requests, side by side in one run.
+
+Both servers serve the same random-weight model of Llama-3-8B's shape (``bench/gpu/gen_llama8b.py``)
+on the same GPU, so no difference between GPUs enters the ratio; the one not being measured is
+idle (``--sleep-on-idle``). They differ only by the capture patch. For each case (prompt length,
+requests in flight) both are warmed up, then timed rounds alternate between them (plain first in
+even rounds, capture first in odd ones), each round sending the same prompts to both. A round's
+throughput is its prompt tokens over the time from the first request to the last reply.
+
+During a capture round a stand-in for the drain counts each staged dump as it completes and
+removes it (the drain's own throughput is benchmarked by ``bench/drain_throughput.py``): complete
+dumps must equal the round's requests, with no failure marker (``<rid>/failed.json``) and no
+capture log line about lost rows. Reported per case: tokens/s of both (median and spread), the
+ratio of the medians and of each round pair, GB/s staged, and the dump counts.
+
+    python3 bench/capture_server_gpu.py --bundle .gpu   # on the GPU host (bench/gpu/build_bundle.py made .gpu)
+
+``bench/gpu/run_all.py`` runs it after the capture checks, in the same invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "bench" / "gpu"), str(REPO / "files" / "python")]
+
+import gpu_env  # noqa: E402
+from gpu_server import ServerHandle, ServerSpec, start, wait_healthy  # noqa: E402
+from hsextract import staging  # noqa: E402
+from hsextract.staging import DONE_FILE, STATES_FILE, iter_dump_dirs  # noqa: E402
+
+FAILED_FILE = getattr(staging, "FAILED_FILE", "failed.json")
+LOSS_PATTERNS = ("rows are lost", "could not queue", "cannot write", "will not be marked done")
+
+
+@dataclass(frozen=True)
+class Case:
+    prompt_tokens: int
+    in_flight: int
+    requests: int  # per timed round, at most (a time budget may lower it)
+
+    @property
+    def name(self) -> str:
+        return f"{self.prompt_tokens}-tokens-{self.in_flight}-in-flight"
+
+    @classmethod
+    def parse(cls, text: str) -> Case:
+        tokens, in_flight, requests = (int(x) for x in text.split("x"))
+        return cls(tokens, in_flight, requests)
+
+
+GPU_CASES = (Case(1024, 64, 384), Case(128, 256, 2048))
+CPU_CASES = (Case(64, 8, 32),)
+
+
+def server_args(env: gpu_env.GpuEnv) -> tuple[str, ...]:
+    """The flags of both servers (beyond the capture's own, which `gpu_server.start` adds to both)."""
+    if not env.cuda:
+        return ("--chunked-prefill-size", "512", "--max-total-tokens", "8192", "--max-running-requests", "16")
+    # Two 8B servers share one GPU: a capped KV pool (131072 tokens, 16 GiB) each, and a high static
+    # fraction so SGLang's headroom (the rest of the memory it found free at start) stays small.
+    return ("--chunked-prefill-size", "8192", "--max-total-tokens", "131072", "--max-running-requests", "256",
+            "--mem-fraction-static", "0.9", "--cuda-graph-max-bs-decode", "8")
+
+
+def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int) -> dict[str, ServerHandle]:
+    """Start the plain and the capture server on ``gpu`` (no wait)."""
+    args = server_args(env)
+    return {"plain": start(ServerSpec("bench-plain", model, port, (gpu,), False, args), env, work),
+            "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args), env, work)}
+
+
+class StagingCounter(threading.Thread):
+    """Counts and removes the dumps of one round as they complete (a stand-in for the drain)."""
+
+    def __init__(self, dump_dir: Path, run_id: str):
+        super().__init__(daemon=True, name="staging-counter")
+        self.dump_dir, self.prefix = Path(dump_dir), f"hsx-{run_id}-"
+        self.complete = self.failed = self.staged_bytes = 0
+        self.last_seen = time.monotonic()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.sweep()
+            self._done.wait(0.02)
+        self.sweep()
+
+    def sweep(self) -> None:
+        for d in iter_dump_dirs(self.dump_dir):
+            if not d.name.startswith(self.prefix):
+                continue
+            if (d / DONE_FILE).exists():
+                self.staged_bytes += (d / STATES_FILE).stat().st_size
+                self.complete += 1
+            elif (d / FAILED_FILE).exists():
+                self.failed += 1
+            else:
+                continue
+            self.last_seen = time.monotonic()
+            shutil.rmtree(d, ignore_errors=True)
+
+    def wait_for(self, expected: int, quiet_s: float = 30) -> None:
+        """Until ``expected`` dumps are counted, or nothing new came for ``quiet_s`` seconds."""
+        while self.complete + self.failed < expected and time.monotonic() - self.last_seen < quiet_s:
+            time.sleep(0.05)
+        self._done.set()
+        self.join(timeout=10)
+
+
+async def _send(url: str, run_id: str, prompts: list[list[int]], in_flight: int) -> float:
+    import aiohttp
+
+    sem = asyncio.Semaphore(in_flight)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async def one(i: int, ids: list[int]) -> None:
+            body = {"input_ids": ids, "rid": f"hsx-{run_id}-{i}",
+                    "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+            async with sem, session.post(f"{url}/generate", json=body) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"{url} answered {r.status}: {(await r.text())[:500]}")
+                await r.read()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        return time.perf_counter() - t0
+
+
+def make_prompts(case: Case, n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 300) for _ in range(case.prompt_tokens)] for _ in range(n)]
+
+
+def run_round(server: ServerHandle, case: Case, prompts: list[list[int]], capture: bool) -> dict:
+    run_id = secrets.token_hex(4)
+    counter = StagingCounter(server.dump_dir, run_id) if capture else None
+    if counter:
+        counter.start()
+    wall = asyncio.run(_send(server.url, run_id, prompts, case.in_flight))
+    out = {"requests": len(prompts), "tokens": len(prompts) * case.prompt_tokens, "wall_s": round(wall, 3),
+           "tokens_per_s": round(len(prompts) * case.prompt_tokens / wall, 1)}
+    if counter:
+        replied = time.monotonic()
+        counter.wait_for(len(prompts))
+        out.update(complete_dumps=counter.complete, failure_markers=counter.failed,
+                   staged_gb=round(counter.staged_bytes / 1e9, 3),
+                   staged_gb_per_s=round(counter.staged_bytes / 1e9 / wall, 3),
+                   staging_lag_s=round(max(0.0, counter.last_seen - replied), 3))
+    return out
+
+
+def _spread(values: list[float]) -> dict:
+    med = statistics.median(values)
+    return {"median": round(med, 1), "min": round(min(values), 1), "max": round(max(values), 1),
+            "spread_pct": round(100 * (max(values) - min(values)) / med, 2)}
+
+
+def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: int, deadline: float,
+            say=print) -> dict:
+    """Warm both servers up per case, then alternate timed rounds; fewer requests per round where
+    the deadline (time.monotonic) would otherwise be passed. Returns the JSON-ready result."""
+    results = []
+    for n, case in enumerate(cases):
+        warm = make_prompts(case, min(case.requests, max(2 * case.in_flight, 64)), seed=10_000 + n)
+        speeds = []
+        for side in ("plain", "capture"):
+            res = run_round(servers[side], case, warm, side == "capture")
+            speeds.append(res["tokens_per_s"])
+            say(f"warm-up {case.name} {side}: {res}")
+        left = deadline - time.monotonic()
+        share = left / (len(cases) - n) / (2 * rounds) - 5  # seconds per timed round, 5 s for its staging
+        fit = int(share * min(speeds) / case.prompt_tokens)
+        requests = max(case.in_flight, min(case.requests, fit))
+        rows: dict[str, list[dict]] = {"plain": [], "capture": []}
+        for r in range(rounds):
+            prompts = make_prompts(case, requests, seed=r)
+            for side in (("plain", "capture") if r % 2 == 0 else ("capture", "plain")):
+                res = run_round(servers[side], case, prompts, side == "capture")
+                rows[side].append(res)
+                say(f"round {r} {case.name} {side}: {res}")
+        plain = [x["tokens_per_s"] for x in rows["plain"]]
+        capture = [x["tokens_per_s"] for x in rows["capture"]]
+        pairs = [c / p for c, p in zip(capture, plain, strict=True)]
+        dumps_ok = all(x["complete_dumps"] == x["requests"] and x["failure_markers"] == 0 for x in rows["capture"])
+        results.append({
+            "case": case.name, "prompt_tokens": case.prompt_tokens, "in_flight": case.in_flight,
+            "requests_per_round": requests, "rounds": rounds,
+            "plain_tokens_per_s": _spread(plain), "capture_tokens_per_s": _spread(capture),
+            "ratio_of_medians": round(statistics.median(capture) / statistics.median(plain), 4),
+            "ratio_per_round_pair": {"median": round(statistics.median(pairs), 4), "min": round(min(pairs), 4),
+                                     "max": round(max(pairs), 4)},
+            "staged_gb_per_s_median": statistics.median(x["staged_gb_per_s"] for x in rows["capture"]),
+            "complete_dumps_equal_requests": dumps_ok,
+            "per_round": rows,
+        })
+    log = servers["capture"].log_path.read_text(errors="replace")
+    lost = [line for line in log.splitlines() if any(p in line for p in LOSS_PATTERNS)]
+    return {"cases": results, "capture_log_lines_about_lost_rows": len(lost),
+            "capture_blocked_log_lines": log.count("capture blocked"),
+            "ok": not lost and all(c["complete_dumps_equal_requests"] for c in results)}
+
+
+def nvidia_smi_names() -> list[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except OSError:
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", type=Path, default=REPO / ".gpu", help="the bundle built by bench/gpu/build_bundle.py")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a dry run with the tiny Llama")
+    ap.add_argument("--model", type=Path, help="model directory (default: generate the 8B-shaped model)")
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--case", action="append", type=Case.parse, help="TOKENSxIN_FLIGHTxREQUESTS, repeatable")
+    ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--port", type=int, default=30300)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/hsx-gpu-bench"))
+    ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "capture_server_gpu.json")
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.budget_s
+    args.work.mkdir(parents=True, exist_ok=True)
+    env = (gpu_env.install(args.bundle, Path("/tmp/hsx-gpu-site"), args.work / "install.log") if args.device == "cuda"
+           else gpu_env.cpu_env())
+    model = args.model or prepare_model(env, args.work, args.gpu)
+    servers = start_pair(model, env, args.work, args.gpu, args.port)
+    try:
+        for s in servers.values():
+            wait_healthy(s, 600)
+        result = measure(servers, tuple(args.case or (GPU_CASES if env.cuda else CPU_CASES)), args.rounds, deadline)
+    finally:
+        for s in servers.values():
+            s.stop()
+    result.update(describe(env, model))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    for c in result["cases"]:
+        print(f"{c['case']}: capture / plain = {c['ratio_of_medians']:.3f}")
+    return 0 if result["ok"] else 1
+
+
+def prepare_model(env: gpu_env.GpuEnv, work: Path, gpu: int = 0) -> Path:
+    """The tiny Llama (for its tokenizer, and as the dry run's model) and, on the GPU, the 8B one."""
+    from hsextract.tiny_model import ensure_tiny_model
+
+    tiny = ensure_tiny_model("llama", work / "models" / "llama")
+    if not env.cuda:
+        return tiny
+    big = work / "models" / "llama8b"
+    if not (big / "hsextract-llama8b.json").is_file():
+        subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "gen_llama8b.py"), str(big),
+                        "--tokenizer-from", str(tiny)], check=True,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)})
+    return big
+
+
+def describe(env: gpu_env.GpuEnv, model: Path) -> dict:
+    cfg = json.loads((model / "config.json").read_text())
+    return {
+        "benchmark": "capture_server_gpu",
+        "what": "SGLang 0.5.23 prefill-only requests, plain server vs capture server (same flags, same GPU), "
+                f"{cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, random bf16 weights",
+        "device": env.device, "gpus": nvidia_smi_names() if env.cuda else [],
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Write a random-weight model of Llama-3-8B's shape (bf16, 16 GB) for the server-level capture bench.
+
+No model can be downloaded on the GPU test machine, and the bench needs the real per-token cost
+of an 8B forward pass, not real text: the weights are drawn on the GPU (normal, std 0.02; norms
+1), in four safetensors shards of 8 layers, and the tokenizer is copied from a tiny model (the
+bench sends token ids). About 30 s on an H200 host.
+
+    python3 bench/gpu/gen_llama8b.py OUT_DIR --tokenizer-from TINY_LLAMA_DIR [--layers 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+HIDDEN, INTERMEDIATE, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 128256, 32, 8, 128
+LAYERS_PER_SHARD = 8
+
+
+def write_config(out: Path, tokenizer_from: Path, layers: int) -> None:
+    cfg = json.loads((tokenizer_from / "config.json").read_text())
+    cfg.update(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, vocab_size=VOCAB, num_hidden_layers=layers,
+               num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+               max_position_embeddings=8192, torch_dtype="bfloat16", tie_word_embeddings=False)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    for f in tokenizer_from.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "generation_config.json"):
+            shutil.copy(f, out / f.name)
+
+
+def generate(out: str | Path, tokenizer_from: str | Path, layers: int = 32, seed: int = 0) -> Path:
+    out, tokenizer_from = Path(out), Path(tokenizer_from)
+    out.mkdir(parents=True, exist_ok=True)
+    write_config(out, tokenizer_from, layers)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda", generator=gen) * 0.02).to(torch.bfloat16).cpu()
+
+    def ones() -> torch.Tensor:
+        return torch.ones(HIDDEN, dtype=torch.bfloat16)
+
+    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    for first in range(0, layers, LAYERS_PER_SHARD):
+        tensors = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN)} if first == 0 else {}
+        for i in range(first, min(layers, first + LAYERS_PER_SHARD)):
+            p = f"model.layers.{i}."
+            tensors.update({
+                p + "self_attn.q_proj.weight": rand(q, HIDDEN), p + "self_attn.k_proj.weight": rand(kv, HIDDEN),
+                p + "self_attn.v_proj.weight": rand(kv, HIDDEN), p + "self_attn.o_proj.weight": rand(HIDDEN, q),
+                p + "mlp.gate_proj.weight": rand(INTERMEDIATE, HIDDEN),
+                p + "mlp.up_proj.weight": rand(INTERMEDIATE, HIDDEN),
+                p + "mlp.down_proj.weight": rand(HIDDEN, INTERMEDIATE),
+                p + "input_layernorm.weight": ones(), p + "post_attention_layernorm.weight": ones(),
+            })
+        if first + LAYERS_PER_SHARD >= layers:
+            tensors.update({"model.norm.weight": ones(), "lm_head.weight": rand(VOCAB, HIDDEN)})
+        save_file(tensors, str(out / f"model-{first // LAYERS_PER_SHARD:05d}.safetensors"), metadata={"format": "pt"})
+    (out / "hsextract-llama8b.json").write_text(json.dumps({"layers": layers, "seed": seed}))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--tokenizer-from", required=True, help="a tiny Llama directory (config and tokenizer)")
+    ap.add_argument("--layers", type=int, default=32)
+    args = ap.parse_args()
+    generate(args.out, args.tokenizer_from, args.layers)
+    print(json.dumps({"path": args.out, "layers": args.layers}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,451 @@
+"""Dataset files of every shape users have, read as one stream of rows that know where they came from.
+
+A dataset path is a file or a directory:
+
+* JSON Lines: ``.jsonl``, ``.ndjson``, and any file of another name (one JSON value per line;
+  every line is a row, blank ones too, so a row number is the line number);
+* a JSON array (``.json`` whose first character is ``[``; a ``.json`` file of lines is read as
+  lines): streamed element by element, never loaded whole (ShareGPT's original files are GBs);
+* any of those compressed: ``.gz``, ``.zst`` (needs the ``zstandard`` package);
+* Parquet (``.parquet``) and Arrow IPC files or streams (``.arrow``, ``.feather``);
+* a ``datasets`` ``save_to_disk`` directory (``state.json`` lists its Arrow files);
+* a directory of any of these, read in sorted order of their paths (hidden names and files of
+  other suffixes are skipped and logged).
+
+Rows come out in file order, then row order, so a sample's index is stable. A part of a file
+that cannot be read (a corrupt compressed stream, a broken Parquet page) becomes `Unreadable`
+rows, never an exception: `count_rows` counts them exactly as `iter_rows` yields them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from hsextract.errors import HsextractError
+
+log = logging.getLogger("hsextract.dataset")
+
+BLOCK = 1 << 20
+BOM = b"\xef\xbb\xbf"
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+LINE_SUFFIXES = (".jsonl", ".ndjson")
+TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow"}
+KNOWN = (*LINE_SUFFIXES, ".json", *TABLE_SUFFIXES)
+
+# Reasons of unreadable rows (the reader turns them into rejects)
+UNREADABLE_FILE = "unreadable_file"
+MALFORMED_JSON = "malformed_json"
+BLANK = "blank_line"
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """Part of a file that could not be read as rows."""
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a dataset file: JSON text (text formats), a decoded row (tables), or Unreadable."""
+
+    file: str  # the file's path relative to the dataset path (its name for a single file)
+    row: int  # 0-based position in the file: the line of a JSONL file, the element of an array
+    data: bytes | Mapping | Unreadable
+
+
+@dataclass(frozen=True)
+class DataFile:
+    path: Path
+    name: str
+    kind: str  # "text" (JSON lines or a JSON array), "parquet", "arrow"
+    compression: str | None = None
+
+
+# -- which files --------------------------------------------------------------------------------
+
+
+def _describe(path: Path) -> tuple[str, str | None] | None:
+    """(kind, compression) of a file by its name; None for a name no dataset file has."""
+    suffixes = [s.lower() for s in path.suffixes[-2:]]
+    compression = COMPRESSIONS.get(suffixes[-1]) if suffixes else None
+    inner = suffixes[-2] if compression and len(suffixes) == 2 else (None if compression else
+                                                                      (suffixes[-1] if suffixes else None))
+    if inner in TABLE_SUFFIXES and not compression:
+        return TABLE_SUFFIXES[inner], None
+    if inner in (*LINE_SUFFIXES, ".json"):
+        return "text", compression
+    return None
+
+
+def _check_codec(compression: str | None, path: Path) -> None:
+    if compression == "zstd":
+        try:
+            import zstandard  # noqa: F401
+        except ImportError:
+            raise HsextractError(
+                f"dataset file {path} is zstd-compressed, but the zstandard package is not installed in this "
+                "environment; install it (pip install zstandard) or decompress the file (zstd -d)") from None
+
+
+def _save_to_disk_files(d: Path, prefix: str) -> list[DataFile]:
+    try:
+        state = json.loads((d / "state.json").read_text())
+        names = [f["filename"] for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise HsextractError(f"{d}: state.json does not list the data files of a saved dataset ({exc}); "
+                             "is it a directory written by datasets' save_to_disk?") from exc
+    return [DataFile(d / n, f"{prefix}{n}", "arrow") for n in names]
+
+
+def _walk(d: Path, prefix: str, out: list[DataFile], ignored: list[str]) -> None:
+    if (d / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in d.iterdir() if (p / "state.json").is_file())
+        raise HsextractError(f"{d} holds a DatasetDict (splits {', '.join(splits) or 'none'}); "
+                             f"pass one split's directory, e.g. {d / (splits[0] if splits else 'train')}")
+    if (d / "state.json").is_file() and (d / "dataset_info.json").is_file():
+        out.extend(_save_to_disk_files(d, prefix))
+        return
+    for child in sorted(d.iterdir(), key=lambda p: p.name):
+        if child.name.startswith((".", "_")):
+            continue
+        rel = f"{prefix}{child.name}"
+        if child.is_dir():
+            _walk(child, rel + "/", out, ignored)
+        elif (desc := _describe(child)) is not None:
+            _check_codec(desc[1], child)
+            out.append(DataFile(child, rel, *desc))
+        else:
+            ignored.append(rel)
+
+
+def dataset_files(path: str | Path) -> list[DataFile]:
+    """The files of a dataset path, in reading order; HsextractError saying what to pass when unusable."""
+    p = Path(path)
+    if p.is_dir():
+        out: list[DataFile] = []
+        ignored: list[str] = []
+        _walk(p, "", out, ignored)
+        if ignored:
+            log.info("dataset %s: skipping %d files of no dataset format: %s", p, len(ignored),
+                     ", ".join(ignored[:10]) + (" ..." if len(ignored) > 10 else ""))
+        if not out:
+            raise HsextractError(f"dataset directory {p} has no dataset files ({', '.join(KNOWN)}, "
+                                 "optionally .gz or .zst, or a save_to_disk directory)")
+        return out
+    if not p.exists():
+        raise HsextractError(f"dataset {p} does not exist; pass --dataset with a dataset file or directory")
+    try:
+        with p.open("rb"):
+            pass
+    except OSError as exc:
+        raise HsextractError(f"dataset {p}: cannot open ({exc})") from exc
+    kind, compression = _describe(p) or ("text", None)
+    _check_codec(compression, p)
+    return [DataFile(p, p.name, kind, compression)]
+
+
+# -- text files: JSON lines and JSON arrays -------------------------------------------------------
+
+
+def _open(f: DataFile) -> BinaryIO:
+    if f.compression == "gzip":
+        import gzip
+
+        return gzip.open(f.path, "rb")  # type: ignore[return-value]
+    fh = f.path.open("rb")
+    if f.compression == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)  # type: ignore[return-value]
+    return fh
+
+
+def _blocks(f: DataFile) -> Iterator[bytes]:
+    """The (decompressed) bytes of a file in blocks, the leading byte-order mark dropped."""
+    with _open(f) as fh:
+        head = b""
+        while len(head) < len(BOM):  # a stream may return short reads
+            block = fh.read(BLOCK)
+            if not block:
+                break
+            head += block
+        if head.startswith(BOM):
+            head = head[len(BOM):]
+        if head:
+            yield head
+        head = block = b""  # hold one block at a time, not the first one for the whole file
+        while block := fh.read(BLOCK):
+            yield block
+
+
+def _unreadable(f: DataFile, exc: BaseException, where: str) -> Unreadable:
+    return Unreadable(UNREADABLE_FILE, f"{f.name}: cannot read {where} ({type(exc).__name__}: {str(exc)[:200]}); "
+                                       "the rest of this file is skipped")
+
+
+def _first_byte(f: DataFile) -> bytes:
+    """The first non-blank byte of a text file ('' for an empty or unreadable one)."""
+    try:
+        for block in _blocks(f):
+            stripped = block.lstrip()
+            if stripped:
+                return stripped[:1]
+    except Exception:  # the row reader reports it
+        return b""
+    return b""
+
+
+def _lines(f: DataFile) -> Iterator[bytes | Unreadable]:
+    parts: list[bytes] = []
+    n = 0
+    try:
+        for block in _blocks(f):
+            if b"\n" not in block:
+                parts.append(block)
+                continue
+            pieces = block.split(b"\n")
+            parts.append(pieces[0])
+            yield b"".join(parts)
+            n += 1
+            for piece in pieces[1:-1]:
+                yield piece
+                n += 1
+            parts = [pieces[-1]]
+    except Exception as exc:  # a corrupt compressed stream, a vanished file
+        yield _unreadable(f, exc, f"past line {n}")
+        return
+    if any(parts):
+        yield b"".join(parts)
+
+
+def _count_lines(f: DataFile) -> int:
+    n, last = 0, b"\n"
+    try:
+        for block in _blocks(f):
+            n += block.count(b"\n")
+            last = block[-1:]
+    except Exception:  # _lines yields one Unreadable row for it
+        return n + 1
+    return n + (0 if last == b"\n" else 1)
+
+
+# One JSON string whole (skipped in C), a quote whose string goes on past the buffer, or a bracket/comma.
+_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|"|[\[\]{},]', re.DOTALL)
+
+
+def _array_elements(f: DataFile) -> Iterator[bytes | Unreadable]:
+    """The elements of a JSON array as their own JSON texts, found by scanning brackets and strings.
+
+    Only the element being read (and the block it is in) is held in memory. An element is
+    whatever lies between two commas at the array's own level, so a malformed element is one bad
+    row and the next one is read (a closing bracket that matches no opener of the element is
+    ignored, one that skips openers closes them: an element with a missing bracket still ends
+    where it should).
+    """
+    buf = bytearray()
+    start = 0  # where the current element begins in buf
+    pos = 0  # scan position in buf
+    closers: list[bytes] = []  # what the current element still has to close, innermost last
+    state = "before"  # before the '[', inside the array, after its ']'
+    commas = 0
+    try:
+        for block in _blocks(f):
+            del buf[:start]  # drop the elements already yielded, once per block
+            pos -= start
+            start = 0
+            buf += block
+            del block
+            if state == "before":
+                stripped = bytes(buf).lstrip()
+                if not stripped:
+                    buf.clear()
+                    pos = 0
+                    continue
+                if not stripped.startswith(b"["):
+                    yield Unreadable(MALFORMED_JSON, f"{f.name}: not a JSON array (starts with {stripped[:20]!r})")
+                    return
+                start = pos = len(buf) - len(stripped) + 1
+                state = "inside"
+            if state == "after":
+                if bytes(buf).strip():
+                    yield Unreadable(MALFORMED_JSON, f"{f.name}: data after the end of the JSON array")
+                    return
+                buf.clear()
+                pos = 0
+                continue
+            while True:
+                m = _TOKEN.search(buf, pos)
+                if m is None:
+                    pos = len(buf)
+                    break
+                c = m.group()
+                if c[:1] == b'"':
+                    if len(c) == 1:  # the string ends in a later block
+                        pos = m.start()
+                        break
+                    pos = m.end()
+                    continue
+                pos = m.end()
+                if c in b"[{":
+                    closers.append(b"]" if c == b"[" else b"}")
+                elif closers and c in b"]}":
+                    # a closer that does not match (a broken element) closes up to the opener it matches,
+                    # so the element ends at the next comma of the array's own level, not at the file's end
+                    if c in closers:
+                        while closers.pop() != c:
+                            pass
+                elif not closers and c in b",]":
+                    element = bytes(buf[start: m.start()])
+                    start = pos
+                    if c == b"]":
+                        state = "after"
+                    else:
+                        commas += 1
+                    if element.strip():
+                        yield element
+                    elif c == b"," or commas:  # "[]" is an empty array, "[1,]" has an empty element
+                        yield Unreadable(BLANK, f"{f.name}: empty array element")
+                    if state == "after":
+                        if bytes(buf[start:]).strip():
+                            yield Unreadable(MALFORMED_JSON, f"{f.name}: data after the end of the JSON array")
+                            return
+                        buf.clear()
+                        start = pos = 0
+                        break
+    except Exception as exc:
+        yield _unreadable(f, exc, "the JSON array")
+        return
+    if state == "inside":
+        rest = bytes(buf[start:])
+        unterminated_string = pos < len(buf)  # the scan stopped at a quote whose string never ends
+        if rest.strip() and not closers and not unterminated_string:
+            yield rest  # a whole last element: only the array's end is missing
+        yield Unreadable(MALFORMED_JSON, f"{f.name}: the JSON array is not closed (is the file truncated?)")
+
+
+def _text_rows(f: DataFile) -> Iterator[bytes | Unreadable]:
+    return _array_elements(f) if _first_byte(f) == b"[" else _lines(f)
+
+
+def _count_text(f: DataFile) -> int:
+    if _first_byte(f) == b"[":
+        return sum(1 for _ in _array_elements(f))
+    return _count_lines(f)
+
+
+# -- tables: Parquet, Arrow ---------------------------------------------------------------------------
+
+
+def _parquet_rows(f: DataFile) -> Iterator[Mapping | Unreadable]:
+    """Rows of a Parquet file: exactly as many as its metadata says, which is what `_count_parquet` counts."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f.path)
+        total = int(pf.metadata.num_rows)
+    except Exception as exc:  # not Parquet, or its footer is damaged: one row says so
+        yield _unreadable(f, exc, "its metadata")
+        return
+    done = 0
+    try:
+        for batch in pf.iter_batches(batch_size=256):
+            for row in batch.to_pylist():
+                if done == total:
+                    log.warning("%s: more rows than its metadata says; the extra rows are skipped", f.name)
+                    return
+                yield row
+                done += 1
+    except Exception as exc:  # a damaged page: its rows and the rest become rejects
+        bad = _unreadable(f, exc, f"past row {done}")
+        if done == total:
+            log.warning("%s", bad.detail)
+        for _ in range(total - done):
+            yield bad
+        return
+    for _ in range(total - done):
+        yield Unreadable(UNREADABLE_FILE, f"{f.name}: the file holds fewer rows than its metadata says")
+
+
+def _count_parquet(f: DataFile) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.ParquetFile(f.path).metadata.num_rows)
+    except Exception:  # _parquet_rows yields one Unreadable row for it
+        return 1
+
+
+def _arrow_batches(f: DataFile) -> Iterator:
+    import pyarrow as pa
+
+    with pa.memory_map(str(f.path)) as source:
+        try:
+            reader = pa.ipc.open_file(source)
+        except Exception:  # not the file format: try the stream format (save_to_disk's)
+            source.seek(0)
+            yield from pa.ipc.open_stream(source)
+            return
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+
+
+def _arrow_rows(f: DataFile) -> Iterator[Mapping | Unreadable]:
+    done = 0
+    try:
+        for batch in _arrow_batches(f):
+            rows = batch.to_pylist()
+            yield from rows
+            done += len(rows)
+    except Exception as exc:
+        yield _unreadable(f, exc, f"past row {done}")
+
+
+def _count_arrow(f: DataFile) -> int:
+    n = 0
+    try:
+        for batch in _arrow_batches(f):
+            n += batch.num_rows
+    except Exception:  # _arrow_rows yields one Unreadable row for it
+        return n + 1
+    return n
+
+
+# -- the dataset ---------------------------------------------------------------------------------------
+
+
+def file_rows(f: DataFile) -> Iterator[Row]:
+    if f.kind == "parquet":
+        it = _parquet_rows(f)
+    elif f.kind == "arrow":
+        it = _arrow_rows(f)
+    else:
+        it = _text_rows(f)
+    for row, data in enumerate(it):
+        yield Row(f.name, row, data)
+
+
+def file_row_count(f: DataFile) -> int:
+    if f.kind == "parquet":
+        return _count_parquet(f)
+    if f.kind == "arrow":
+        return _count_arrow(f)
+    return _count_text(f)
+
+
+def iter_rows(path: str | Path) -> Iterator[Row]:
+    """Every row of the dataset at `path`, in file order then row order."""
+    for f in dataset_files(path):
+        yield from file_rows(f)
+
+
+def count_rows(path: str | Path) -> int:
+    """How many rows `iter_rows` yields (for progress and shard sizes), reading as little as it can."""
+    return sum(file_row_count(f) for f in dataset_files(path))

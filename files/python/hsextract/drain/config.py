@@ -1,0 +1,55 @@
+"""The drain's settings (``hsextract drain`` builds them from its flags and the run config)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
+
+# One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
+DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
+
+
+@dataclass
+class DrainConfig:
+    dump_dir: Path
+    output: Path
+    format: str
+    # What every dump must look like; None = take it from the manifest header or the first dump.
+    expected_dtype: str | None = None
+    expected_hidden_size: int | None = None
+    eagle_layer_ids: tuple[int, ...] | None = None
+    sglang_layer_ids: tuple[int, ...] | None = None
+    num_hidden_layers: int | None = None
+    model_path: str = ""
+    model_config_sha256: str = ""
+    architecture: str = ""
+    quarantine_dir: Path | None = None
+    workers: int = DEFAULT_WORKERS
+    memory_budget_bytes: int = 2 << 30
+    poll_interval_s: float = 0.5
+    record_grace_s: float = 300.0  # a complete dump with no client record is removed after this
+    incomplete_timeout_s: float = 1800.0  # a dump without done marker is quarantined after this
+    # ...or after this, once the client has finished and listed the sample in its failures.jsonl
+    # (it gave up on it: no done marker will come, and --exit-when-done should not wait 30 min).
+    abandoned_grace_s: float = 60.0
+    enospc_retry_s: float = 5.0
+    status_interval_s: float = 2.0
+    finalize_idle_s: float = 60.0  # rebuild dataset-level files after this long with nothing to do
+    metrics_port: int | None = None
+    exit_when_done: bool = False
+    # With exit_when_done: the share of accepted samples that may end failed, and (separately)
+    # quarantined, before the run counts as failed (exit status RUN_CHECK_FAILED).
+    max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE
+    # Draft vocabulary (hsextract.vocab): loss-masked token counts kept with the manifest, and the
+    # trainers' mapping files written at finalize for each size. vocab_size None = the header's.
+    count_vocab: bool = True
+    draft_vocab_sizes: tuple[int, ...] = (32000,)
+    vocab_size: int | None = None
+    vocab_checkpoint_interval_s: float = 30.0
+
+    @property
+    def quarantine(self) -> Path:
+        return self.quarantine_dir or (self.output / "quarantine")

@@ -1,0 +1,132 @@
+"""Bring an output directory to a consistent state after whatever happened before (a crash, a
+kill -9, a power cut), and refuse to start on a configuration that would write wrong samples.
+
+The crash-safety argument of the drain (see hsextract.drain.core) makes every sample either
+written and recorded once, or still staged. What a crash leaves behind is repaired here:
+
+* a torn last manifest line (a power cut mid-append) is cut off;
+* temporary files of samples never renamed are removed;
+* files at output indices the manifest has not reached (renamed, never recorded) are removed;
+* dump directories half deleted (renamed to a trash name) are deleted.
+
+The checks refuse a staging directory that does not exist, an unwritable output directory, a
+running capture whose final-norm placement the format cannot use, and an output directory
+written with another format, dtype, hidden size or layers.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from hsextract.drain.config import DrainConfig
+from hsextract.errors import ConfigError
+from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT
+from hsextract.formats.base import OutputFormat
+from hsextract.formats.durable import check_writable, fsync_dir
+from hsextract.formats.manifest import (
+    ManifestEntry,
+    ManifestError,
+    ManifestHeader,
+    iter_entries,
+    read_header,
+    repair_torn_tail,
+)
+from hsextract.records import load_or_create_run_id
+from hsextract.staging import TRASH_PREFIX, live_announcements
+
+log = logging.getLogger("hsextract.drain")
+
+
+@dataclass
+class Recovered:
+    """The state of an output directory, consistent again."""
+
+    run_id: str
+    entries: list[ManifestEntry]
+    header: ManifestHeader | None
+
+
+def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
+    """Check the setup, repair what a crash left, and return the manifest as it now stands."""
+    out, dump_dir = Path(cfg.output), Path(cfg.dump_dir)
+    if not dump_dir.is_dir():
+        raise ConfigError(
+            f"staging directory {dump_dir} does not exist: the capture creates it when the server starts. "
+            "Start the server first, or check --dump-dir (it must be the capture's dump_dir and the client's)")
+    check_writable(out, "output directory", "--output")
+    check_captures(dump_dir, cfg.format)
+    run_id = load_or_create_run_id(out)
+    torn = repair_torn_tail(out)
+    if torn:
+        log.warning("manifest: cut off a torn last line (%d bytes) left by a crash", torn)
+    entries = list(iter_entries(out))
+    for n, e in enumerate(entries):
+        if e.output_index != n:
+            raise ManifestError(
+                f"{out}/manifest.jsonl: entry {n} has output index {e.output_index}; "
+                "the manifest must number samples 0, 1, 2... (was it edited?)"
+            )
+    header = read_header(out)
+    if header is not None:
+        check_header_matches_config(out, header, cfg)
+    elif entries:
+        raise ManifestError(f"{out}: manifest.jsonl has entries but manifest.json is missing; restore it")
+    for leftover in dump_dir.glob(f"{TRASH_PREFIX}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    if tmp_dir.exists():
+        shutil.rmtree(tmp_dir)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    removed = remove_orphans(out, fmt, len(entries))
+    if removed:
+        log.warning("removed %d file(s) written but never recorded (crash before the manifest line): %s",
+                    len(removed), ", ".join(removed[:5]))
+    return Recovered(run_id, entries, header)
+
+
+def check_captures(dump_dir: Path, fmt_name: str) -> None:
+    """Refuse to start beside a running capture that writes what this format cannot use."""
+    needed = FINAL_HIDDEN_FOR_FORMAT[fmt_name]
+    for ann in live_announcements(dump_dir):
+        if ann.final_hidden != needed:
+            raise ConfigError(
+                f"the capture of the server on port {ann.port} (pid {ann.pid}) writes {ann.final_hidden} final "
+                f"hidden states into {dump_dir}, but the format {fmt_name!r} needs {needed}: every sample would "
+                f"be quarantined. Render the capture patch with --format {fmt_name} (Ansible: hsextract_format) "
+                "and restart the server, or drain in the format that fits")
+
+
+def remove_orphans(out: Path, fmt: OutputFormat, n_entries: int) -> list[str]:
+    """Files at output indices the manifest has not reached (renamed in order, so contiguous)."""
+    removed = []
+    i = n_entries
+    while True:
+        p = out / fmt.relative_path(i)
+        if not p.exists():
+            break
+        p.unlink()
+        fsync_dir(p.parent)
+        removed.append(str(p.relative_to(out)))
+        i += 1
+    return removed
+
+
+def check_header_matches_config(out: Path, h: ManifestHeader, c: DrainConfig) -> None:
+    problems = []
+    if h.format != c.format:
+        problems.append(f"format {h.format!r} (configured {c.format!r})")
+    if c.expected_dtype and h.dtype != c.expected_dtype:
+        problems.append(f"dtype {h.dtype} (configured {c.expected_dtype})")
+    if c.expected_hidden_size and h.hidden_size != c.expected_hidden_size:
+        problems.append(f"hidden size {h.hidden_size} (configured {c.expected_hidden_size})")
+    if c.eagle_layer_ids and tuple(h.eagle_aux_hidden_state_layer_ids) != tuple(c.eagle_layer_ids):
+        problems.append(
+            f"eagle layer ids {h.eagle_aux_hidden_state_layer_ids} (configured {list(c.eagle_layer_ids)})"
+        )
+    if problems:
+        raise ConfigError(
+            f"output directory {out} was written with " + "; ".join(problems)
+            + ". Use the same configuration to resume, or a new output directory."
+        )

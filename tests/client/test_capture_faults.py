@@ -1,0 +1,98 @@
+"""Batches the capture fails inside a real server lose no sample: each ends in the training set
+exactly once, or in the client's failures with its reason, and the run's counts add up.
+
+The server runs with the capture's test-only fault switch: every 4th prefill batch (of requests
+it has not failed before) is failed through the path a real failure to queue takes, so the
+capture leaves ``failed.json`` for each of its requests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from client_run import (
+    assert_training_set_matches,
+    env,
+    extract_args,
+    start_client,
+    start_drain,
+    stop,
+    tail,
+    wait_exit,
+    write_mixed_dataset,
+)
+from hsextract.client.chat_template import load_tokenizer
+from support.sglang_server import start_server
+
+pytestmark = pytest.mark.server
+
+FAIL_EVERY = 4
+
+
+@pytest.fixture(scope="module")
+def faulty_server(tiny_llama, free_port, tmp_path_factory):
+    base = tmp_path_factory.mktemp("faulty-server")
+    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
+                          capture_extra={"pool_granularity_bytes": 1024, "testonly_fail_every_kth_batch": FAIL_EVERY})
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def _status(out: Path) -> tuple[int, dict]:
+    r = subprocess.run([sys.executable, "-m", "hsextract", "status", "--output", str(out), "--json"], env=env(),
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, json.loads(r.stdout)
+
+
+def _run(server, model: Path, tmp_path: Path, n_lines: int, *client_flags: str) -> tuple[Path, object, int, int]:
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(model), n_lines=n_lines, seed=5)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    drain = start_drain(logs / "drain.log", server.dump_dir, out, model)
+    client = start_client(logs / "client.log", *extract_args(
+        server.url, tmp_path / "data.jsonl", model, server.dump_dir, out, "--max-in-flight", "4",
+        "--max-tokens", "300", "--overlong", "skip", *client_flags))
+    try:
+        client_rc = wait_exit(client, 420, logs / "client.log")
+        drain_rc = wait_exit(drain, 180, logs / "drain.log")
+    finally:
+        stop(client)
+        stop(drain)
+    return out, exp, client_rc, drain_rc
+
+
+def test_failed_batches_are_sent_again_and_every_sample_lands_once(faulty_server, tiny_llama, tmp_path):
+    out, exp, client_rc, drain_rc = _run(faulty_server, tiny_llama, tmp_path, 50)
+    assert client_rc == 0, tail(tmp_path / "logs" / "client.log")
+    assert drain_rc == 0, tail(tmp_path / "logs" / "drain.log")
+    assert_training_set_matches(out, exp)
+    summary = json.loads((out / ".hsextract" / "client-summary.json").read_text())
+    assert summary["retried"].get("capture_failed", 0) >= 1, "the switch failed batches, and they were sent again"
+    assert summary["failed"] == {} and summary["ok"] == len(exp.samples)
+    rc, status = _status(out)
+    accounts = status["accounts"]
+    assert rc == 0 and accounts["final"] and accounts["unaccounted"] == []
+    assert accounts["lines"] == 50 and accounts["in_set"] == len(exp.samples)
+    assert sum(accounts["rejected"].values()) == len(exp.rejects)
+
+
+def test_without_retries_the_failed_samples_are_reported_and_the_run_fails_its_check(faulty_server, tiny_llama,
+                                                                                    tmp_path):
+    out, exp, client_rc, drain_rc = _run(faulty_server, tiny_llama, tmp_path, 30, "--max-attempts", "1")
+    assert client_rc == 0, tail(tmp_path / "logs" / "client.log")
+    assert drain_rc == 3, "more than 1 % of the samples failed: the run fails its check"
+    failures = [json.loads(line) for line in (out / ".hsextract" / "failures.jsonl").read_text().splitlines()]
+    assert failures and all(f["reason"] == "capture_failed" and "fault_injected" in f["detail"] for f in failures)
+    rc, status = _status(out)
+    accounts = status["accounts"]
+    assert rc == 1 and accounts["final"] and accounts["unaccounted"] == []
+    assert accounts["in_set"] + sum(accounts["failed"].values()) == accounts["accepted"] == len(exp.samples)
+    assert any("failed" in p and "failures.jsonl" in p for p in status["problems"]), status["problems"]
+    drain_log = (tmp_path / "logs" / "drain.log").read_text()
+    assert f"{len(failures)} of {len(exp.samples)} accepted samples failed" in drain_log

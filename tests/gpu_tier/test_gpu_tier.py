@@ -1,0 +1,133 @@
+"""The GPU test tier's parts that run without a GPU: the bundle, the stand-ins, the staging counts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+GPU = REPO / "bench" / "gpu"
+STANDIN = GPU / "standin"
+sys.path[:0] = [str(GPU), str(REPO / "bench")]
+
+import capture_checks  # noqa: E402
+from capture_server_gpu import StagingCounter  # noqa: E402
+
+
+def _load(name: str, path: Path) -> types.ModuleType:
+    """A module of the stand-in directory by file, under ``name``: the directory itself is not put on
+    sys.path, where its sgl_kernel would shadow SGLang's CPU fallbacks in this process."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+hsextract_gpu_standin = _load("hsextract_gpu_standin", STANDIN / "hsextract_gpu_standin.py")
+
+
+def _load_standin_kernels() -> types.ModuleType:
+    return _load("standin_sgl_kernel", STANDIN / "sgl_kernel" / "__init__.py")
+
+
+def _moe(num_tokens: int, dtype: torch.dtype):
+    from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+
+    g = torch.Generator().manual_seed(0)
+    experts, hidden, inter, top_k = 8, 64, 32, 2
+    layer = types.SimpleNamespace(w13_weight=(torch.randn(experts, 2 * inter, hidden, generator=g) * 0.1).to(dtype),
+                                  w2_weight=(torch.randn(experts, hidden, inter, generator=g) * 0.1).to(dtype),
+                                  num_experts=experts)
+    x = torch.randn(num_tokens, hidden, generator=g).to(dtype)
+    logits = torch.randn(num_tokens, experts, generator=g)
+    weights, ids = torch.topk(logits.sigmoid(), top_k)
+    return layer, x, (weights, ids.to(torch.int32), logits), MoeRunnerConfig(activation="silu")
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_graph_safe_moe_computes_what_sglangs_native_moe_computes(dtype, tol):
+    from sglang.srt.layers.moe.fused_moe_native import moe_forward_native
+
+    layer, x, topk, cfg = _moe(37, dtype)
+    want = moe_forward_native(layer, x, topk, cfg).float()
+    got = hsextract_gpu_standin.gathered_moe(layer, x, topk, cfg).float()
+    assert hsextract_gpu_standin.gathered_moe_supports(layer, cfg)
+    assert float((got - want).norm() / want.norm()) < tol
+
+
+def test_eager_moe_calls_keep_sglangs_own_path():
+    layer, x, topk, cfg = _moe(5, torch.float32)
+    calls = []
+    hsextract_gpu_standin.moe_forward_native_graph_safe(lambda *a: calls.append(a) or "sglang", layer, x, topk, cfg)
+    assert len(calls) == 1
+
+
+def test_sglang_loads_the_plugin_and_wraps_its_native_moe():
+    probe = ("from sglang.srt.plugins import load_plugins; load_plugins(); "
+             "import sglang.srt.layers.moe.fused_moe_native as m; f = m.moe_forward_native; "
+             "print(f.__wrapped__.__module__, f is not f.__wrapped__)")
+    # The tests' CPU sgl_kernel stub first, as on the CPU test servers; the plugin is found beside it.
+    path = [REPO / "tests" / "stubs", STANDIN, REPO / "files" / "python"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)),
+           "SGLANG_PLUGINS": "hsextract_graph_safe_moe"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["sglang.srt.layers.moe.fused_moe_native", "True"], done.stdout
+
+
+def test_standin_kernels_fail_naming_themselves_when_called():
+    k = _load_standin_kernels()
+    with pytest.raises(NotImplementedError, match=r"standin_sgl_kernel\.moe_align_block_size"):
+        k.moe_align_block_size(None)
+    sub = importlib.import_module("standin_sgl_kernel.kvcacheio")
+    with pytest.raises(NotImplementedError, match=r"kvcacheio\.transfer_kv_direct"):
+        sub.transfer_kv_direct()
+
+
+def test_bundle_carries_a_complete_package_whose_patch_renders(tmp_path, tiny_llama):
+    out = tmp_path / "bundle"
+    done = subprocess.run([sys.executable, str(GPU / "build_bundle.py"), "--out", str(out), "--with-tree",
+                           "--offline"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["tree"] and summary["bundle_mib"] < 5
+    templates = out / "tree" / "files" / "python" / "hsextract" / "data" / "capture_patch"
+    assert not templates.is_symlink() and (templates / "model.py.j2").is_file()
+    assert (out / "standin" / "hsextract_gpu_standin-1.0.dist-info" / "entry_points.txt").is_file()
+    env = {k: v for k, v in os.environ.items() if k != "HSEXTRACT_TEMPLATES"}
+    env["PYTHONPATH"] = str(out / "tree" / "files" / "python")
+    render = subprocess.run([sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(tmp_path / "patch"),
+                             "--model", str(tiny_llama), "--dump-dir", str(tmp_path / "dump")],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert render.returncode == 0, render.stderr
+    assert (tmp_path / "patch" / "hsextract_capture_patch" / "model.py").is_file()
+
+
+def test_staging_counter_counts_this_rounds_dumps_and_failure_markers(tmp_path):
+    for name, marker in (("hsx-aaaa0001-0", "done.json"), ("hsx-aaaa0001-1", "done.json"),
+                         ("hsx-aaaa0001-2", capture_checks.FAILED_FILE), ("hsx-aaaa0001-3", None),
+                         ("hsx-bbbb0002-0", "done.json")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "states.safetensors").write_bytes(b"x" * 100)
+        if marker:
+            (tmp_path / name / marker).write_text("{}")
+    counter = StagingCounter(tmp_path, "aaaa0001")
+    counter.sweep()
+    assert (counter.complete, counter.failed, counter.staged_bytes) == (2, 1, 200)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hsx-aaaa0001-3", "hsx-bbbb0002-0"]
+
+
+def test_chunks_must_cover_the_prompt_once_in_order():
+    assert capture_checks.chunk_problems([[0, 128], [128, 128], [256, 44]], 300) == []
+    assert capture_checks.chunk_problems([[0, 128], [0, 128], [128, 172]], 300)  # a chunk written twice
+    assert capture_checks.chunk_problems([[0, 128], [128, 100]], 300)  # rows missing
+    assert capture_checks.chunk_problems([[0, 300]], 300)  # longer than a chunk, yet one chunk
