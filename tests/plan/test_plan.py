@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from client.client_run import env, extract_args, start_client, stop, tail, wait_exit, wait_for, write_mixed_dataset
 from hsextract.client.chat_template import load_tokenizer
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, FORMAT_NAMES
 from hsextract.formats.manifest import ManifestAppender, ManifestEntry, iter_entries
 from hsextract.records import load_or_create_run_id, parse_rid
 from hsextract.staging import iter_complete
+from support.client_run import env, extract_args, start_client, stop, tail, wait_exit, wait_for, write_mixed_dataset
 from support.drain_proc import hsextract
 
 LIMITS = ("--max-tokens", "300", "--overlong", "skip")
