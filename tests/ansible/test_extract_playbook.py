@@ -214,6 +214,10 @@ def test_the_second_run_changes_nothing_and_waits_for_a_complete_training_set(ho
     expected = sum(1 for line in DATASET.read_text().splitlines() if line.strip())
     assert summary[0] == f"The run is done: {expected} samples are in the training set.", summary
     assert f"  training set   {OUTPUT} (speculators)" in summary, summary
+    assert f"{expected} accepted = {expected} in the set + 0 failed + 0 quarantined" in "\n".join(summary), summary
+    check = host["second"].result_of("Check that every accepted sample is in the training set, the failures or "
+                                     "the quarantine.")
+    assert not check.get("failed"), check
 
 
 def test_the_training_set_holds_every_sample_exactly_once_despite_the_crash(host):
