@@ -1,13 +1,20 @@
-"""Drain throughput versus the disk's own copy speed, measured side by side in one run.
+"""Drain throughput versus the disk's own copy speed, measured side by side in alternating rounds.
 
 Stages a few GB of dumps in /dev/shm (synthetic rows through the staging contract, sized like a
-Llama-8B capture: hidden 4096, 3 aux layers + final, 256-2048 tokens per sample), then for each
-format: copies the same staged bytes to the output disk with ``cp`` + ``sync`` and drains them
-with the real daemon (durable: fsync per file, rename, directory fsync, manifest fsync). Prints
-MB/s of each and their ratio; the LAST line is the speculators ratio. Saves
-bench/results/drain_throughput.json.
+Llama-8B capture: hidden 4096, 3 aux layers + final, 256-2048 tokens per sample, half of each
+sample loss-masked), then for each format runs rounds of
 
-    python bench/drain_throughput.py [--gb 2] [--out-dir .work/bench-drain] [--workers 4]
+    cp -r + sync, drain with the draft vocabulary counted, cp -r + sync, drain without it
+
+(the two drains swap places every other round), each drain on a fresh copy of the staged bytes
+into an empty output directory with the real daemon (durable: fsync per file, rename, directory
+fsync, manifest fsync; finalize included). On a shared disk one pass is noise, so every drain is
+compared with the cp + sync next to it, and the median of those ratios over the rounds is
+reported with its spread (min-max). The counting's cost is the median, over rounds, of the drain
+with counting over the drain without in the same round. Saves bench/results/drain_throughput.json;
+the LAST line is the speculators ratio with counting.
+
+    python bench/drain_throughput.py [--gb 2] [--rounds 5] [--out-dir .work/bench-drain] [--workers N]
 """
 
 from __future__ import annotations
@@ -18,25 +25,30 @@ import logging
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "files" / "python"))
 
-import datasets  # noqa: E402, F401  (process start-up, like torch: the daemon imports it once, before draining)
 import torch  # noqa: E402
+from hsextract.drain import core  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
+from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT  # noqa: E402
 from hsextract.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
 from hsextract.staging import DoneMarker, StateFileLayout, write_done_marker  # noqa: E402
+from hsextract.vocab import counts as counts_mod  # noqa: E402
 
 logging.disable(logging.WARNING)
 
-FORMATS = ("specforge", "speculators-v1", "speculators")  # speculators last: its ratio is the last line
+FORMATS = ("specforge", "speculators-v1", "modelopt", "speculators")  # speculators last: its ratio is the last line
 HIDDEN, NUM_AUX = 4096, 3
+VOCAB = 128256  # Llama 3's vocabulary: the t2d files' length
 
 
 def stage(dump: Path, run_id: str, total_bytes: int, seed: int = 0) -> tuple[int, int]:
@@ -49,8 +61,10 @@ def stage(dump: Path, run_id: str, total_bytes: int, seed: int = 0) -> tuple[int
     while size < total_bytes:
         t = rng.randint(256, 2048)
         rid = make_rid("hsx", run_id, n)
-        ids = [rng.randrange(0, 128000) for _ in range(t)]
-        write_record(dump, SampleRecord(rid=rid, index=n, input_ids=ids, loss_mask=[1] * t, run_id=run_id))
+        # Token ids as text has them: Zipf-like, a few thousand distinct ids in a GB.
+        ids = [min(int(rng.paretovariate(1.1)) - 1, VOCAB - 1) * 7 % VOCAB for _ in range(t)]
+        mask = [0] * (t // 2) + [1] * (t - t // 2)  # the prompt half is not trained on
+        write_record(dump, SampleRecord(rid=rid, index=n, input_ids=ids, loss_mask=mask, run_id=run_id))
         layout = StateFileLayout(prompt_len=t, num_slots=NUM_AUX + 1, hidden_size=HIDDEN)
         d = dump / rid
         d.mkdir(parents=True)
@@ -82,31 +96,161 @@ def cp_sync(src: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
-def drain(fmt: str, dump: Path, out: Path, workers: int | None) -> float:
+class CountingTime:
+    """Seconds spent in the draft vocabulary's code during one drain: per-sample counts (in the
+    workers, in parallel), adding them at commit, and writing the checkpoint and the files."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parts = {"workers": 0.0, "commit": 0.0, "files": 0.0}
+
+    def wrap(self, part: str, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.parts[part] += time.perf_counter() - t0
+        return timed
+
+    def install(self) -> None:
+        core.masked_counts = self.wrap("workers", counts_mod.masked_counts)
+        core.VocabTracker.add = self.wrap("commit", _ORIGINAL["add"])
+        core.VocabTracker.write_files = self.wrap("files", _ORIGINAL["write_files"])
+
+
+_ORIGINAL = {"add": core.VocabTracker.add, "write_files": core.VocabTracker.write_files}
+
+
+class TimedDrainer(Drainer):
+    """The daemon, noting when its last commit ended (the samples are drained; finalize follows)."""
+
+    last_commit = 0.0
+
+    def _commit(self, batch):
+        super()._commit(batch)
+        self.last_commit = time.perf_counter()
+
+
+def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: bool,
+          timing: CountingTime | None = None) -> tuple[float, float, float]:
+    """(seconds to the last commit, seconds of the whole run including finalize, CPU seconds of the run).
+
+    The CPU seconds (user + system, every thread of this process) are what other tenants of a
+    shared machine disturb least: the wall time of a pass varies by a third from one pass to the
+    next, its CPU time by a few percent."""
     drop_caches()
     (out / ".hsextract").mkdir(parents=True, exist_ok=True)
     (out / ".hsextract" / "client-summary.json").write_text("{}")
-    cfg = DrainConfig(dump_dir=dump, output=out, format=fmt,
-                      exit_when_done=True, finalize_idle_s=3600, status_interval_s=1.0)
+    cfg = DrainConfig(dump_dir=dump, output=out, format=fmt, exit_when_done=True, finalize_idle_s=3600,
+                      status_interval_s=1.0, count_vocab=count_vocab, vocab_size=VOCAB)
     if workers:
         cfg.workers = workers
-    d = Drainer(cfg)
-    t0 = time.perf_counter()
+    d = TimedDrainer(cfg)
+    if timing is not None:
+        timing.install()
+    t0, c0 = time.perf_counter(), time.process_time()
     d.run()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    committed = d.last_commit - t0
     if d.stats.samples_total == 0 or any(p.name.startswith("hsx-") for p in dump.iterdir()):
         raise SystemExit(f"{fmt}: the drain left dumps behind")
-    return dt
+    if count_vocab != (out / "draft_vocab.json").exists():
+        raise SystemExit(f"{fmt}: draft vocabulary files {'missing' if count_vocab else 'written'}")
+    return committed, dt, cpu
+
+
+def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None,
+              count_vocab: bool, timing: CountingTime | None = None) -> tuple[float, float, float, int]:
+    """Drain a fresh copy of the staged dumps into an empty directory; (seconds to the last commit,
+    seconds of the whole run, CPU seconds, bytes written)."""
+    out = base / fmt
+    out.mkdir()
+    shutil.copy(master / "run" / "run.json", out / "run.json")  # same run id as the staged rids
+    work = shm / "work"
+    shutil.copytree(master / "dump", work)
+    if FINAL_HIDDEN_FOR_FORMAT[fmt] == "post_norm":  # SpecForge and ModelOpt take the final hidden state post-norm
+        for marker in work.glob("*/done.json"):
+            marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
+    try:
+        committed, whole, cpu = drain(fmt, work, out, workers, count_vocab, timing)
+        written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    return committed, whole, cpu, written
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rounds: int,
+                 workers: int | None) -> dict:
+    """Alternating rounds of cp + sync and drains with and without the vocabulary; the ratios' medians."""
+    runs: dict[str, list[float]] = {"cp_on": [], "on": [], "cp_off": [], "off": [],
+                                    "samples_on": [], "samples_off": [], "cpu_s_on": [], "cpu_s_off": []}
+    counting: list[dict] = []
+    written = 0
+    for r in range(rounds):
+        for vocab in ((True, False) if r % 2 == 0 else (False, True)):
+            key = "on" if vocab else "off"
+            t_cp = cp_sync(master / "dump", base / "cp")
+            shutil.rmtree(base / "cp")
+            timing = CountingTime() if vocab else None
+            t_samples, t_drain, cpu, written = one_drain(fmt, master, shm, base, workers, vocab, timing)
+            runs[f"cpu_s_{key}"].append(cpu)
+            if timing is not None:
+                counting.append({"drain_s": t_drain, **timing.parts})
+            runs[f"cp_{key}"].append(nbytes / t_cp / 1e6)
+            runs[key].append(nbytes / t_drain / 1e6)
+            runs[f"samples_{key}"].append(nbytes / t_samples / 1e6)
+            print(f"  {fmt} round {r} counting {key:3s}: drain {runs[key][-1]:7.1f} MB/s, "
+                  f"cp+sync {runs[f'cp_{key}'][-1]:7.1f} MB/s, ratio {runs[key][-1] / runs[f'cp_{key}'][-1]:.3f}",
+                  flush=True)
+    ratio_on = [d / c for d, c in zip(runs["on"], runs["cp_on"], strict=True)]
+    ratio_off = [d / c for d, c in zip(runs["off"], runs["cp_off"], strict=True)]
+    on_over_off = [a / b for a, b in zip(runs["on"], runs["off"], strict=True)]
+    samples_on = [d / c for d, c in zip(runs["samples_on"], runs["cp_on"], strict=True)]
+    samples_off = [d / c for d, c in zip(runs["samples_off"], runs["cp_off"], strict=True)]
+    return {
+        "written_bytes": written,
+        "ratio": spread(ratio_on),  # drain (counting, the default) / cp + sync beside it
+        "ratio_without_counting": spread(ratio_off),
+        "counting_over_not_counting": spread(on_over_off),  # same round, drain with / without counting
+        "ratio_with_over_without": round(statistics.median(ratio_on) / statistics.median(ratio_off), 3),
+        # The same up to the last commit: the samples' own throughput, without the one-off finalize
+        # (Arrow dataset, sample_lengths.json, the vocabulary files) that follows it.
+        "samples_ratio": spread(samples_on),
+        "samples_ratio_without_counting": spread(samples_off),
+        "samples_ratio_with_over_without": round(statistics.median(samples_on) / statistics.median(samples_off), 3),
+        "drain_mb_per_s": spread(runs["on"]), "drain_without_counting_mb_per_s": spread(runs["off"]),
+        "cp_sync_mb_per_s": spread(runs["cp_on"] + runs["cp_off"]),
+        # CPU seconds of the drain without counting over with it, same round: the throughput ratio a
+        # drain bound by its CPU (the torch formats on 2 cores) would show, with little of the noise.
+        "cpu_without_over_with": spread([b / a for a, b in zip(runs["cpu_s_on"], runs["cpu_s_off"], strict=True)]),
+        "cpu_s": {"with": spread(runs["cpu_s_on"]), "without": spread(runs["cpu_s_off"])},
+        "rounds_mb_per_s": {k: [round(v, 1) for v in vals] for k, vals in runs.items() if not k.startswith("cpu")},
+        # Seconds inside the vocabulary code per drain with counting (workers' share is CPU time spread
+        # over the workers; commit and files are on the committer's and the main thread's path).
+        "counting_s": {part: spread([c[part] for c in counting]) for part in ("workers", "commit", "files")},
+        "counting_share_of_drain": spread([(c["commit"] + c["files"] + c["workers"] / max(1, workers or
+                                           DrainConfig.workers)) / c["drain_s"] for c in counting]),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=2.0, help="GB of dumps to stage in /dev/shm (default 2)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per format (default 5)")
     ap.add_argument("--out-dir", default=str(REPO / ".work" / "bench-drain"), help="directory on the disk to test")
     ap.add_argument("--workers", type=int, default=None, help="drain workers (default: the daemon's default)")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of " + ",".join(FORMATS))
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "drain_throughput.json"))
     a = ap.parse_args()
+    if "speculators" in a.formats.split(","):
+        import datasets  # noqa: F401  (process start-up, like torch: the daemon imports it once, before draining)
 
     shm = Path(tempfile.mkdtemp(prefix="hsx-bench-", dir="/dev/shm"))
     base = Path(a.out_dir)
@@ -119,44 +263,37 @@ def main() -> int:
         samples, nbytes = stage(master / "dump", load_or_create_run_id(master / "run"), int(a.gb * 1e9))
         print(f"staged {samples} samples, {nbytes / 1e9:.2f} GB in /dev/shm ({time.perf_counter() - t0:.0f} s)")
         for fmt in [f for f in FORMATS if f in a.formats.split(",")]:
-            # cp + sync of exactly the staged bytes, then the drain of a fresh copy of them.
-            t_cp = cp_sync(master / "dump", base / "cp")
-            shutil.rmtree(base / "cp")
-            out = base / fmt
-            out.mkdir()
-            shutil.copy(master / "run" / "run.json", out / "run.json")  # same run id as the staged rids
-            work = shm / "work"
-            shutil.copytree(master / "dump", work)
-            if fmt == "specforge":  # SpecForge takes the final hidden state post-norm
-                for marker in work.glob("*/done.json"):
-                    marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
-            t_drain = drain(fmt, work, out, a.workers)
-            shutil.rmtree(work, ignore_errors=True)
-            written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-            shutil.rmtree(out)
-            cp_mbs, drain_mbs = nbytes / t_cp / 1e6, nbytes / t_drain / 1e6
-            results[fmt] = {
-                "samples": samples, "staged_bytes": nbytes, "written_bytes": written,
-                "drain_s": round(t_drain, 3), "cp_sync_s": round(t_cp, 3),
-                "drain_mb_per_s": round(drain_mbs, 1), "cp_sync_mb_per_s": round(cp_mbs, 1),
-                "ratio": round(drain_mbs / cp_mbs, 3),
-            }
-            print(f"{fmt}: drain {drain_mbs:.1f} MB/s, cp+sync {cp_mbs:.1f} MB/s, ratio {drain_mbs / cp_mbs:.2f}")
+            r = bench_format(fmt, master, shm, base, nbytes, a.rounds, a.workers)
+            results[fmt] = {"samples": samples, "staged_bytes": nbytes, **r}
+            same_round, cpu = r["counting_over_not_counting"]["median"], r["cpu_without_over_with"]
+            print(f"{fmt}: ratio {r['ratio']['median']:.3f} ({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f}); "
+                  f"without counting {r['ratio_without_counting']['median']:.3f}; with / without "
+                  f"{r['ratio_with_over_without']:.3f} (same-round drains {same_round:.3f}); to the last commit "
+                  f"{r['samples_ratio']['median']:.3f} vs {r['samples_ratio_without_counting']['median']:.3f} = "
+                  f"{r['samples_ratio_with_over_without']:.3f}; CPU without / with {cpu['median']:.3f} "
+                  f"({cpu['min']:.3f}-{cpu['max']:.3f}); counting took "
+                  f"{100 * r['counting_share_of_drain']['median']:.2f} % of the drain", flush=True)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
     report = {
-        "what": "staged /dev/shm dumps -> durable training set on the repo's disk, vs cp -r + sync of the same bytes",
-        "hidden_size": HIDDEN, "num_aux": NUM_AUX, "workers": a.workers or DrainConfig.workers, "cpus": os.cpu_count(),
+        "what": "staged /dev/shm dumps -> durable training set on the repo's disk, vs cp -r + sync of the same bytes; "
+                "alternating rounds, medians with min-max; drains with and without the draft vocabulary counted",
+        "hidden_size": HIDDEN, "num_aux": NUM_AUX, "vocab_size": VOCAB, "rounds": a.rounds,
+        "workers": a.workers or DrainConfig.workers, "cpus": os.cpu_count(),
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
         "formats": results,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
-    r = results.get("speculators") or next(iter(results.values()))
-    print(f"speculators drain {r['drain_mb_per_s']} MB/s vs cp+sync {r['cp_sync_mb_per_s']} MB/s: "
-          f"ratio {r['ratio']:.2f}")
+    name = "speculators" if "speculators" in results else next(iter(results))
+    r = results[name]
+    print(f"{name}: with counting / without: {r['ratio_with_over_without']:.3f} (whole run), "
+          f"{r['samples_ratio_with_over_without']:.3f} (to the last commit), "
+          f"{r['cpu_without_over_with']['median']:.3f} (CPU seconds)")
+    print(f"{name} drain vs cp+sync: median ratio {r['ratio']['median']:.3f} "
+          f"({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f} over {a.rounds} rounds)")
     return 0
 
 

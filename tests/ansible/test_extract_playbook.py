@@ -151,6 +151,12 @@ def test_the_settings_are_validated_once_per_play(host):
     assert len(specs) == 1, specs
 
 
+def test_the_play_sizes_the_run_from_the_dataset_before_starting_it(host):
+    assert_ok(host["first"], "the first extract.yml run")
+    lines = host["first"].result_of("Stop when the output volume cannot hold the training set.")["msg"]
+    assert "samples   40 of 40 rows" in lines and "output    room" in lines
+
+
 def test_a_leftover_server_on_the_port_is_reaped_and_reported(host):
     box = host["box"]
     report = json.loads(host["first"].result_of("Stop the leftover servers on port 30000.")["stdout"])
@@ -214,6 +220,10 @@ def test_the_second_run_changes_nothing_and_waits_for_a_complete_training_set(ho
     expected = sum(1 for line in DATASET.read_text().splitlines() if line.strip())
     assert summary[0] == f"The run is done: {expected} samples are in the training set.", summary
     assert f"  training set   {OUTPUT} (speculators)" in summary, summary
+    assert f"{expected} accepted = {expected} in the set + 0 failed + 0 quarantined" in "\n".join(summary), summary
+    check = host["second"].result_of("Check that every accepted sample is in the training set, the failures or "
+                                     "the quarantine.")
+    assert not check.get("failed"), check
 
 
 def test_the_training_set_holds_every_sample_exactly_once_despite_the_crash(host):
@@ -318,6 +328,13 @@ def test_a_dev_shm_too_small_fails_shm_guard_with_the_numbers(host):
     assert re.search(rf"{DUMP_DIR} has [0-9.]+ (KiB|MiB) free \(of 8\.0 MiB\)", text), text
     assert "the run needs 16.0 MiB" in text
     assert "hsextract_shm_min_free" in text
+
+
+def test_an_output_volume_too_small_stops_the_play_at_the_plan_with_the_numbers(host):
+    result = failing_run(host, "no-room", "--tags", "plan", extra_vars={"plan_space_margin": "1000T"})
+    text = result.failure_text()
+    assert f"{OUTPUT} has " in text and "but the run needs" in text, text
+    assert "speculators training set" in text and "plan_space_margin" in text
 
 
 # ---- the regeneration stage (hsextract_regenerate), on the converged host --------------------------

@@ -2,14 +2,15 @@
 
 Usage: python load_with_reader.py FORMAT OUTPUT_DIR RESULT.pt --num-aux K --hidden H
 
-Runs with PYTHONPATH=<the reader's --target dir>, because the three readers conflict as one
-install. The call chains are the trainers' own (see the facts on trainer readers): SpecForge's
-offline reader + feature store + loader + eagle3 normalizer; speculators' ArrowDataset (0.9.0) or
-SampleFileDataset (0.7.0.1, v1), each through `_setup_dataloader` with `shift_batch`.
+Runs with PYTHONPATH=<the reader's --target dir>, because the readers conflict as one install.
+The call chains are the trainers' own (see the facts on trainer readers): SpecForge's offline
+reader + feature store + loader + eagle3 normalizer; speculators' ArrowDataset (0.9.0) or
+SampleFileDataset (0.7.0.1, v1), each through `_setup_dataloader` with `shift_batch`; ModelOpt's
+OfflineSupervisedDataset + EagleOfflineDataCollator (nvidia-modelopt 0.47.0).
 
 RESULT.pt gets {"samples": {key: {tensor name: tensor}}, "batches": n, "error_records": n,
 "approx_lengths": [...], "keys": [...]}, where key is the output index read from the file name
-(specforge, v1) or the Arrow row (speculators). The parent test compares it with the captured data.
+(specforge, v1, modelopt) or the Arrow row (speculators). The parent test compares it with the captured data.
 """
 
 from __future__ import annotations
@@ -99,7 +100,35 @@ def load_speculators_v1(root: str, num_aux: int, hidden: int) -> dict:
             "approx_lengths": list(ds.approx_lengths), "keys": keys}
 
 
-LOADERS = {"specforge": load_specforge, "speculators": load_speculators, "speculators-v1": load_speculators_v1}
+def load_modelopt(root: str, num_aux: int, hidden: int) -> dict:
+    # The trainer's offline data module (examples/speculative_decoding/eagle_utils.py,
+    # make_speculative_data_module, a script, not in the wheel) lists the files so:
+    #   dumped_files = [str(p) for p in Path(offline_data_path).rglob("*.pt")]
+    # and hands them to the wheel's OfflineSupervisedDataset and EagleOfflineDataCollator.
+    from pathlib import Path
+
+    from modelopt.torch.speculative.eagle.utils import EagleOfflineDataCollator, OfflineSupervisedDataset
+
+    files = [str(p) for p in Path(root).rglob("*.pt")]
+    ds = OfflineSupervisedDataset(files, answer_only_loss=True)
+    samples, prenorm = {}, []
+    for i, f in enumerate(files):
+        item = ds[i]
+        samples[int(Path(f).stem)] = {k: v.clone() for k, v in item.items() if torch.is_tensor(v)}
+        prenorm.append(bool(item["base_hidden_prenorm"]))
+    train_len = max(64, 2 * max(int(s["input_ids"].shape[0]) for s in samples.values()))
+    batch = EagleOfflineDataCollator(train_len=train_len)([ds[i] for i in range(len(ds))])
+    outputs = batch["base_model_outputs"]
+    assert batch["input_ids"].shape == (len(ds), train_len), batch["input_ids"].shape
+    assert outputs["base_model_hidden_states"].shape == (len(ds), train_len, hidden)
+    assert outputs["aux_hidden_states"].shape == (len(ds), train_len, num_aux * hidden)
+    assert outputs["base_hidden_prenorm"] is False
+    return {"samples": samples, "batches": 1, "error_records": 0, "approx_lengths": [], "keys": sorted(samples),
+            "prenorm": prenorm}
+
+
+LOADERS = {"specforge": load_specforge, "speculators": load_speculators, "speculators-v1": load_speculators_v1,
+           "modelopt": load_modelopt}
 
 
 def main() -> int:

@@ -11,7 +11,8 @@ import torch
 from hsextract.formats.manifest import iter_entries
 
 LOADER = Path(__file__).with_name("load_with_reader.py")
-READER_DIR = {"specforge": "specforge", "speculators": "speculators", "speculators-v1": "speculators-v1"}
+READER_DIR = {"specforge": "specforge", "speculators": "speculators", "speculators-v1": "speculators-v1",
+              "modelopt": "modelopt"}
 
 
 def load_with_reader(readers: Path, fmt: str, root: Path, num_aux: int, hidden: int) -> dict:
@@ -43,12 +44,22 @@ def assert_reader_sees_captured(fmt: str, out: Path, loaded: dict, captured: dic
             assert got["hidden_state"].dtype == torch.bfloat16 and got["hidden_state"].shape == (1, t, k * h)
             assert torch.equal(got["hidden_state"], aux[None])
             assert got["target"].shape == (1, t, h) and torch.equal(got["target"], final[None])
+        elif fmt == "modelopt":
+            assert got["input_ids"].dtype == torch.int64 and torch.equal(got["input_ids"], want.input_ids)
+            assert torch.equal(got["loss_mask"], want.loss_mask)
+            assert torch.equal(got["labels"][:-1], want.input_ids[1:])
+            assert got["base_model_hidden_states"].dtype == torch.bfloat16
+            assert got["base_model_hidden_states"].shape == (t, h)
+            assert torch.equal(got["base_model_hidden_states"], final)
+            assert got["aux_hidden_states"].shape == (t, k * h) and torch.equal(got["aux_hidden_states"], aux)
         else:
             assert got["input_ids"].dtype == torch.int64 and torch.equal(got["input_ids"], want.input_ids)
             assert torch.equal(got["loss_mask"].to(torch.int64), want.loss_mask)
             assert got["hidden_states"].dtype == torch.bfloat16 and got["hidden_states"].shape == (t, k * h)
             assert torch.equal(got["hidden_states"], aux)
             assert torch.equal(got["verifier_last_hidden_states"], final)
-    if fmt != "specforge":
+    if fmt == "modelopt":
+        assert loaded["prenorm"] == [False] * len(entries), "ModelOpt would re-apply the final norm"
+    if fmt not in ("specforge", "modelopt"):
         by_key = {e.output_index: e.tokens for e in entries}
         assert loaded["approx_lengths"] == [by_key[key] for key in loaded["keys"]]

@@ -132,6 +132,20 @@ def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
     return out
 
 
+def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str,
+                  last_turn_only: bool = False, min_loss_tokens: int = 0) -> SampleEncoder:
+    """The client's encoder for `model`: its tokenizer and chat template, and the length limit the client
+    applies (``max_tokens``, else the default, capped at the context length - 1).
+    ``hsextract plan`` encodes with the same one."""
+    info = read_model_info(model)
+    tok = load_tokenizer(model, chat_template)
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+        if info.max_position_embeddings:  # room for the one generated token
+            max_tokens = min(max_tokens, info.max_position_embeddings - 1)
+    return SampleEncoder(tok, max_tokens, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)
+
+
 class _JsonlAppender:
     """A JSONL file rewritten from scratch by each run (its content is re-derived on restart)."""
 
@@ -161,14 +175,9 @@ class ExtractRun:
         final_hidden_for(cfg.format)  # an unknown format stops the run here
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
-        self.tokenizer = load_tokenizer(cfg.model, cfg.chat_template)
-        max_tokens = cfg.max_tokens
-        if max_tokens is None:
-            max_tokens = DEFAULT_MAX_TOKENS
-            if self.model.max_position_embeddings:  # room for the one generated token
-                max_tokens = min(max_tokens, self.model.max_position_embeddings - 1)
-        self.encoder = SampleEncoder(self.tokenizer, max_tokens, cfg.overlong, self.model.vocab_size or None,
+        self.encoder = build_encoder(Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong,
                                      cfg.last_turn_only, cfg.min_loss_tokens)
+        self.tokenizer = self.encoder.tok
         self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
         self.sender = Sender(cfg.server, cfg.retry, self.stop)

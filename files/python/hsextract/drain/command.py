@@ -47,7 +47,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finalize-idle", type=float, default=60.0,
                         help="rebuild dataset-level files after this many idle seconds")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between staging scans")
+    add_draft_vocab_arguments(parser)
+    parser.add_argument("--vocab-checkpoint-interval", type=float, default=30.0,
+                        help="seconds between checkpoints of the token counts (a restart recounts what came after)")
     add_config_argument(parser)
+
+
+def add_draft_vocab_arguments(parser: argparse.ArgumentParser) -> None:
+    """The draft-vocabulary flags shared by `drain` and `finalize`."""
+    from hsextract.vocab.mapping import DEFAULT_DRAFT_VOCAB_SIZE
+
+    g = parser.add_argument_group("draft vocabulary")
+    g.add_argument("--draft-vocab-size", type=int, nargs="+", default=[DEFAULT_DRAFT_VOCAB_SIZE], metavar="N",
+                   help=f"draft vocabulary sizes to write mappings for (default {DEFAULT_DRAFT_VOCAB_SIZE}; a size "
+                        "of at least the model's vocabulary is clamped to it)")
+    g.add_argument("--vocab-size", type=int, default=None,
+                   help="the model's vocabulary size (default: from --model's config.json or the manifest)")
+    g.add_argument("--no-draft-vocab", action="store_true",
+                   help="do not count token frequencies nor write draft vocabulary files")
+
+
+def draft_vocab_settings(args: argparse.Namespace) -> tuple[tuple[int, ...], int | None]:
+    """(sizes, vocabulary size or None) from the flags; ConfigError on a size below 1."""
+    given = args.draft_vocab_size
+    sizes = tuple(int(n) for n in ([given] if isinstance(given, (int, str)) else given or []))
+    bad = [n for n in sizes if n < 1]
+    if not sizes or bad:
+        raise ConfigError(f"--draft-vocab-size {' '.join(map(str, sizes))}: give one or more sizes of at least 1")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise ConfigError(f"--vocab-size {args.vocab_size}: must be at least 1")
+    return sizes, args.vocab_size
 
 
 def build_config(args: argparse.Namespace):  # -> DrainConfig
@@ -76,6 +105,9 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
     )
     if args.workers:
         cfg.workers = args.workers
+    cfg.draft_vocab_sizes, cfg.vocab_size = draft_vocab_settings(args)
+    cfg.count_vocab = not args.no_draft_vocab
+    cfg.vocab_checkpoint_interval_s = args.vocab_checkpoint_interval
     ids = parse_ids(args.aux_layers)
     if args.model:
         from hsextract.model_info import read_model_info
@@ -90,6 +122,7 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         cfg.model_path = str(Path(args.model).resolve())
         cfg.model_config_sha256 = info.config_sha256
         cfg.architecture = info.architecture
+        cfg.vocab_size = cfg.vocab_size or info.vocab_size or None
     elif ids is not None:
         layers = resolve(ids, None, args.layer_convention)  # the range checks that need no model
         cfg.eagle_layer_ids = layers.eagle_aux_hidden_state_layer_ids

@@ -43,6 +43,12 @@ class DrainConfig:
     # With exit_when_done: the share of accepted samples that may end failed, and (separately)
     # quarantined, before the run counts as failed (exit status RUN_CHECK_FAILED).
     max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE
+    # Draft vocabulary (hsextract.vocab): loss-masked token counts kept with the manifest, and the
+    # trainers' mapping files written at finalize for each size. vocab_size None = the header's.
+    count_vocab: bool = True
+    draft_vocab_sizes: tuple[int, ...] = (32000,)
+    vocab_size: int | None = None
+    vocab_checkpoint_interval_s: float = 30.0
 
     @property
     def quarantine(self) -> Path:

@@ -71,6 +71,9 @@ from hsextract.staging import (
     iter_dump_dirs,
     read_done_marker,
 )
+from hsextract.vocab.counts import masked_counts
+from hsextract.vocab.mapping import VocabError
+from hsextract.vocab.tracker import VocabTracker
 
 log = logging.getLogger("hsextract.drain")
 
@@ -148,6 +151,10 @@ class Drainer:
         self._abandoned: set[str] = set()
         self._abandoned_key: tuple[int, int] | None = None
         self._foreign_reported: dict[str, int] = {}
+        # Draft vocabulary: the running token counts, and each prepared sample's counts until its commit.
+        self._vocab: VocabTracker | None = None
+        self._vocab_pending: dict[str, tuple] = {}
+        self._vocab_lock = threading.Lock()
         self.run_id = ""
 
     def stop(self) -> None:
@@ -192,12 +199,20 @@ class Drainer:
         self._committer = Committer(
             self.out, self.fmt, self.tmp_dir, self.dump_dir, found.entries,
             pause_for_space=self._pause_for_space,
-            on_duplicate=lambda p: self._remove_stale(p.dump, p.rid, t.ALREADY_WRITTEN),
+            on_duplicate=self._duplicate,
             on_settled=self._forget, on_written=self._written, on_fatal=self._fail,
         )
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
                        bytes_total=sum(e.bytes for e in found.entries))
+        if self.cfg.count_vocab:
+            self._vocab = VocabTracker(self.out, self.fmt, self.cfg.draft_vocab_sizes,
+                                       self.cfg.vocab_checkpoint_interval_s)
+            try:
+                self._vocab.recover(found.entries)
+            except VocabError as exc:  # the training set comes first: drain on, counting nothing this time
+                log.error("draft vocabulary not counted by this process: %s", exc)
+                self._vocab = None
         self._sweep_records(time.time(), force=True)
 
     def _start(self) -> MetricsServer | None:
@@ -262,8 +277,21 @@ class Drainer:
         self.stop_event.set()
         self._wake.set()
 
+    def _duplicate(self, p: Prepared) -> None:
+        with self._vocab_lock:
+            self._vocab_pending.pop(p.rid, None)
+        self._remove_stale(p.dump, p.rid, t.ALREADY_WRITTEN)
+
     def _written(self, entries: list[ManifestEntry]) -> None:
         self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
+        if self._vocab is not None:
+            with self._vocab_lock:
+                counts = [self._vocab_pending.pop(e.rid, None) for e in entries]
+            try:
+                self._vocab.add(entries, counts, covered=len(self._entries))
+            except VocabError as exc:
+                log.error("draft vocabulary not counted by this process from now on: %s", exc)
+                self._vocab = None
         self._last_activity = time.monotonic()
 
     def expected(self) -> v.Expected:
@@ -294,6 +322,7 @@ class Drainer:
                 model_path=c.model_path or marker.model_path,
                 model_config_sha256=c.model_config_sha256,
                 architecture=c.architecture or marker.architecture,
+                vocab_size=c.vocab_size or 0,
                 sglang_version=marker.sglang_version,
                 hsextract_version=__version__,
                 run_id=self.run_id,
@@ -365,6 +394,13 @@ class Drainer:
         if n == self._finalized_at_count or self._header is None:
             return
         paths = self.fmt.finalize(self.out, self._header, list(self._entries))
+        if self._vocab is not None:
+            try:
+                vocab_files = self._vocab.write_files(self.cfg.vocab_size or self._header.vocab_size)
+                log.info("draft vocabulary of %d samples: %d files written (see draft_vocab.json)", n,
+                         len(vocab_files))
+            except VocabError as exc:  # the counts stay checkpointed; only the mapping files are missing
+                log.error("draft vocabulary files not written: %s", exc)
         self._finalized_at_count = n
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
@@ -613,6 +649,10 @@ class Drainer:
                     raise
                 self._pause_for_space(self.out, exc)
         checksum = f"{self._header.checksum_algorithm}:{hasher.hexdigest()}"
+        if self._vocab is not None:
+            counts = masked_counts(sample.input_ids, sample.loss_mask)  # of the very tensors written
+            with self._vocab_lock:
+                self._vocab_pending[record.rid] = counts
         return Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d)
 
     def _forget(self, rid: str) -> None:

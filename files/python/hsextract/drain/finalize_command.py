@@ -1,7 +1,8 @@
 """``hsextract finalize``: (re)write an output directory's dataset-level files from its manifest.
 
 The drain does this itself when idle and when it stops; this command is for a directory copied
-elsewhere, or to check one: ``--verify`` re-reads every file and compares size and checksum.
+elsewhere, or to check one: ``--verify`` re-reads every file and compares size and checksum, and
+recounts the loss-masked tokens from the files against the draft vocabulary's counts.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import argparse
 from pathlib import Path
 
 from hsextract.config_file import add_config_argument
+from hsextract.drain.command import add_draft_vocab_arguments, draft_vocab_settings
 from hsextract.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="training-set directory (the drain's --output)")
-    parser.add_argument("--verify", action="store_true", help="check every sample's size and checksum")
+    parser.add_argument("--verify", action="store_true",
+                        help="check every sample's size and checksum, and the token counts against a recount")
+    add_draft_vocab_arguments(parser)
     add_config_argument(parser)
 
 
@@ -25,12 +29,14 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.output:
         raise ConfigError("finalize needs --output (on the command line or in --config)")
+    sizes, vocab_size = draft_vocab_settings(args)
     out = Path(args.output)
     header = read_header(out)
     if header is None:
         raise ConfigError(f"{out}: no manifest.json; nothing was drained into this directory yet")
     repair_torn_tail(out)
     entries = list(iter_entries(out))
+    fmt = get_format(header.format)
     bad = 0
     if args.verify:
         for e in entries:
@@ -39,6 +45,30 @@ def run(args: argparse.Namespace) -> int:
                 bad += 1
                 print(f"BAD {e.output_index} ({e.rid}): {problem}")
         print(f"verified {len(entries) - bad}/{len(entries)} samples")
-    paths = get_format(header.format).finalize(out, header, entries)
-    print(f"{out}: {len(entries)} samples ({header.format}); wrote {', '.join(p.name for p in paths) or 'nothing'}")
+    paths = fmt.finalize(out, header, entries)
+    if not args.no_draft_vocab:
+        bad_counts, vocab_paths = _draft_vocab(out, fmt, entries, sizes, vocab_size or header.vocab_size, args.verify)
+        bad += bad_counts
+        paths += vocab_paths
+    names = ", ".join(str(p.relative_to(out)) for p in paths) or "nothing"
+    print(f"{out}: {len(entries)} samples ({header.format}); wrote {names}")
     return 1 if bad else 0
+
+
+def _draft_vocab(out: Path, fmt, entries, sizes, vocab_size: int, verify: bool) -> tuple[int, list[Path]]:
+    """Bring the token counts up to the manifest and write the trainers' files; with `verify`, first
+    recount everything from the files and write nothing from counts that differ."""
+    from hsextract.vocab.tracker import VocabTracker
+
+    tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
+    tracker.recover(entries)
+    if verify:
+        problems = tracker.verify(entries)
+        for problem in problems:
+            print(f"BAD {problem}")
+        counts, _ = tracker.snapshot()
+        print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
+              f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' files")
+        if problems:
+            return len(problems), []
+    return 0, tracker.write_files(vocab_size)

@@ -7,14 +7,16 @@ needs (``sample_lengths.json``, the Arrow dataset). ``FORMATS`` maps the ``--for
 
 from __future__ import annotations
 
-FORMAT_NAMES: tuple[str, ...] = ("specforge", "speculators", "speculators-v1")
+FORMAT_NAMES: tuple[str, ...] = ("specforge", "speculators", "speculators-v1", "modelopt")
 
 # Where each format wants the final hidden state (SpecForge stores SGLang's post-norm output;
-# speculators re-applies a frozen verifier norm, so it needs the pre-norm residual).
+# speculators re-applies a frozen verifier norm, so it needs the pre-norm residual; ModelOpt's
+# offline reader takes the post-norm state unless a file says otherwise).
 FINAL_HIDDEN_FOR_FORMAT: dict[str, str] = {
     "specforge": "post_norm",
     "speculators": "pre_norm",
     "speculators-v1": "pre_norm",
+    "modelopt": "post_norm",
 }
 
 
@@ -50,4 +52,8 @@ def get_format(name: str):  # -> hsextract.formats.base.OutputFormat
         from hsextract.formats.speculators_v1 import SpeculatorsV1Format
 
         return SpeculatorsV1Format()
+    if name == "modelopt":
+        from hsextract.formats.modelopt import ModelOptFormat
+
+        return ModelOptFormat()
     raise ConfigError(f"format {name!r}: expected one of {', '.join(FORMAT_NAMES)}")

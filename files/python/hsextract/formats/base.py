@@ -124,6 +124,9 @@ class OutputFormat(Protocol):
     final_hidden: str  # where this format's trainer expects the final hidden state
     # Matches the file names this format writes, with the output index as group 1 (orphan scan).
     file_pattern: re.Pattern[str]
+    # True when the format's reader takes every file under the output directory whose name ends
+    # in "pt" as a sample (so no other file written there may end that way).
+    reads_every_pt_file: bool
 
     def relative_path(self, output_index: int) -> str:
         """Where sample `output_index` lives, relative to the output directory."""
@@ -136,3 +139,136 @@ class OutputFormat(Protocol):
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         """Write the dataset-level files the reader needs; return the paths written."""
         ...
+
+    def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, loss_mask) of one written sample file, read back from the file."""
+        ...
+
+    def sample_file_bytes(self, shape: SampleShape) -> int:
+        """The exact size of the file `encode` writes for a sample of this shape."""
+        ...
+
+
+# --- sizes without writing ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleShape:
+    """What a sample file's size depends on: its token count, its layers and its dataset index."""
+
+    tokens: int
+    num_aux: int
+    hidden_size: int
+    dtype: torch.dtype = torch.bfloat16
+    dataset_index: int = 0
+
+
+class _CountingSink:
+    """A write-only file object that keeps only the number of bytes written to it."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.n += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+
+def _pickled_int_bytes(n: int) -> int:
+    """Bytes pickle protocol 2 (torch.save's) spends on the int `n`: its opcode class."""
+    if 0 <= n < 1 << 8:
+        return 1
+    if 0 <= n < 1 << 16:
+        return 2
+    if -(1 << 31) <= n < 1 << 31:
+        return 4
+    return 5 + (n.bit_length() + 8) // 8  # LONG1
+
+
+def same_size_index(index: int) -> int:
+    """The smallest dataset index that a format storing the index (modelopt) writes in as many bytes.
+
+    Sample sizes then depend on (tokens, same_size_index(index)) only, which is what ``plan`` tallies.
+    """
+    width = _pickled_int_bytes(index)
+    if index < 0 or width <= 4:
+        return {1: 0, 2: 1 << 8, 4: 1 << 16}.get(width, index)
+    return 1 << (index.bit_length() - 1)
+
+
+def _probe_hidden(shape: SampleShape) -> int:
+    """The smallest hidden size whose ``torch.save`` file has the same overhead as `shape`'s.
+
+    A ``torch.save`` zip aligns each tensor's bytes to 64, and its pickle spends 1, 2, 4 or more
+    bytes on each shape, stride and size integer. A hidden size congruent modulo 32 keeps every
+    tensor's byte count congruent modulo 64 (so the same padding), and one whose integers fall in
+    the same pickle classes keeps the pickle's length: then the two files differ by exactly the
+    tensor bytes. So a 7168-wide sample is sized by writing a few-hundred-wide one to nowhere.
+    """
+    t, k, h = shape.tokens, max(shape.num_aux, 1), shape.hidden_size
+
+    def classes(x: int) -> tuple[int, ...]:
+        return tuple(_pickled_int_bytes(v) for v in (x, k * x, t * x, t * k * x, (k + 1) * x, t * (k + 1) * x))
+
+    want = classes(h)
+    probe = h % 32 or 32
+    while probe < h and classes(probe) != want:
+        probe += 32
+    return min(probe, h)
+
+
+def tensor_data_bytes(shape: SampleShape) -> int:
+    """Bytes of a sample's tensors: ids and mask (int64), then K + 1 hidden rows, as every format stores them."""
+    elem = torch.empty((), dtype=shape.dtype).element_size()
+    return 16 * shape.tokens + shape.tokens * (shape.num_aux + 1) * shape.hidden_size * elem
+
+
+def _overhead_class(shape: SampleShape) -> tuple:
+    """Everything the non-tensor bytes of a ``torch.save`` sample file depend on.
+
+    Those bytes are the pickle (whose integers take 1, 2, 4 or more bytes by their size), the zip
+    headers, and the padding that aligns each tensor's bytes to 64 (which depends on the byte
+    counts modulo 64, so on the token count modulo 64 once the widths are fixed), plus zip64
+    records for files past 4 GiB.
+    """
+    t, k, h = shape.tokens, shape.num_aux, shape.hidden_size
+    widths = tuple(_pickled_int_bytes(v) for v in (t, t * h, t * k * h, t * (k + 1) * h, shape.dataset_index))
+    return t % 64, k, h, shape.dtype, widths, tensor_data_bytes(shape) >= 1 << 32
+
+
+_OVERHEAD: dict[tuple, int] = {}
+
+
+def torch_save_bytes(build: Callable[[SampleShape], Any], shape: SampleShape, key: str) -> int:
+    """The size of ``torch.save(build(shape))``, the file of format `key` for a sample of this shape.
+
+    The first sample of each overhead class (`_overhead_class`) is sized by saving an object
+    built from uninitialized tensors at a probe width (`_probe_hidden`) to a counting sink: nothing
+    is written and only the probe's bytes are read. Its overhead, the bytes beyond the tensors,
+    then serves every sample of the class. `build` must be the format's own object builder.
+    """
+    cls = (key, _overhead_class(shape))
+    if cls not in _OVERHEAD:
+        probe = _probe_hidden(shape)
+        small = SampleShape(shape.tokens, shape.num_aux, probe, shape.dtype, shape.dataset_index)
+        sink = _CountingSink()
+        torch.save(build(small), sink)
+        _OVERHEAD[cls] = sink.n - tensor_data_bytes(small)
+    return _OVERHEAD[cls] + tensor_data_bytes(shape)
+
+
+def empty_rows(shape: SampleShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uninitialized (input_ids [T], loss_mask [T], aux [T, K*H], final [T, H]) of `shape`, for sizing."""
+    t, k, h = shape.tokens, shape.num_aux, shape.hidden_size
+    return (torch.empty(t, dtype=torch.int64), torch.empty(t, dtype=torch.int64),
+            torch.empty(t, k * h, dtype=shape.dtype), torch.empty(t, h, dtype=shape.dtype))
+
+
+def read_torch_tokens(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, loss_mask) of a ``torch.save`` sample file, mapped rather than read whole."""
+    obj = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+    return obj["input_ids"].reshape(-1).clone(), obj["loss_mask"].reshape(-1).clone()

@@ -54,6 +54,7 @@ class ManifestHeader:
     model_path: str = ""
     model_config_sha256: str = ""
     architecture: str = ""
+    vocab_size: int = 0  # the model's vocabulary (config.json), for the draft vocabulary's t2d; 0 = unknown
     sglang_version: str = ""
     hsextract_version: str = ""
     run_id: str = ""

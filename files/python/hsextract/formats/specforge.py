@@ -21,31 +21,56 @@ from pathlib import Path
 
 import torch
 
-from hsextract.formats.base import Payload, Sample, TorchSavePayload, copy_slots
+from hsextract.formats.base import (
+    Payload,
+    Sample,
+    SampleShape,
+    TorchSavePayload,
+    copy_slots,
+    empty_rows,
+    read_torch_tokens,
+    torch_save_bytes,
+)
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
 GROUP_SIZE = 2000
+
+
+def _object(input_ids: torch.Tensor, loss_mask: torch.Tensor, aux: torch.Tensor, final: torch.Tensor) -> dict:
+    """The file's dict from ids, mask, aux rows [T, K*H] and final rows [T, H] (shared by encode and sizing)."""
+    t = input_ids.shape[0]
+    return {
+        "input_ids": input_ids,
+        "loss_mask": loss_mask,
+        "aux_hidden_state": aux.view(1, t, aux.shape[1]),
+        "hidden_state": final.view(1, t, final.shape[1]),
+    }
 
 
 class SpecForgeFormat:
     name = "specforge"
     final_hidden = "post_norm"
     file_pattern = re.compile(r"^rows_\d+-\d+/data_(\d+)\.ckpt$")
+    reads_every_pt_file = False  # the reader walks the tree for *.ckpt only
 
     def relative_path(self, output_index: int) -> str:
         g = (output_index // GROUP_SIZE) * GROUP_SIZE
         return f"rows_{g}-{g + GROUP_SIZE}/data_{output_index}.ckpt"
 
     def encode(self, sample: Sample) -> Payload:
-        t, k = sample.tokens, sample.num_aux
-        hidden = sample.hidden
-        obj = {
-            "input_ids": sample.input_ids.to(torch.int64).clone(),
-            "loss_mask": sample.loss_mask.to(torch.int64).clone(),
-            "aux_hidden_state": copy_slots(hidden, 0, k).view(1, t, k * hidden.shape[2]),
-            "hidden_state": copy_slots(hidden, k, k + 1).view(1, t, hidden.shape[2]),
-        }
-        return TorchSavePayload(obj)
+        k, hidden = sample.num_aux, sample.hidden
+        return TorchSavePayload(_object(
+            sample.input_ids.to(torch.int64).clone(),
+            sample.loss_mask.to(torch.int64).clone(),
+            copy_slots(hidden, 0, k),
+            copy_slots(hidden, k, k + 1),
+        ))
+
+    def sample_file_bytes(self, shape: SampleShape) -> int:
+        return torch_save_bytes(lambda s: _object(*empty_rows(s)), shape, self.name)
+
+    def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+        return read_torch_tokens(path)
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.

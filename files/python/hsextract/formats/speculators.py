@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from hsextract.formats.base import ChunksPayload, Payload, Sample, SourceRange, tensor_bytes
+from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, tensor_bytes
 from hsextract.formats.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader, state_dir
 from hsextract.staging import DTYPES
@@ -54,29 +54,46 @@ def safetensors_header(tensors: Sequence[tuple[str, str, list[int], int]]) -> by
     return struct.pack("<Q", len(body)) + body
 
 
+def _header(tokens: int, slots: int, hidden_size: int, dtype: torch.dtype) -> tuple[bytes, int]:
+    """The file's safetensors header and the byte count of its hidden rows (shared by encode and sizing)."""
+    code, elem = next((code, size) for _, (dt, code, size) in DTYPES.items() if dt == dtype)
+    hidden_nbytes = tokens * slots * hidden_size * elem
+    header = safetensors_header(
+        [
+            ("hidden_states", code, [tokens, slots, hidden_size], hidden_nbytes),
+            ("token_ids", "I64", [tokens], 8 * tokens),
+            ("loss_mask", "I64", [tokens], 8 * tokens),
+        ]
+    )
+    return header, hidden_nbytes
+
+
 class SpeculatorsFormat:
     name = "speculators"
     final_hidden = "pre_norm"
     # The file body is the staged bytes unchanged: the drain streams them (and checks them on the way).
     streams_staged = True
     file_pattern = re.compile(rf"^{HS_DIR}/hs_(\d+)\.safetensors$")
+    reads_every_pt_file = False  # ArrowDataset opens hs_{row}.safetensors by row number only
 
     def relative_path(self, output_index: int) -> str:
         return f"{HS_DIR}/hs_{output_index}.safetensors"
 
+    def sample_file_bytes(self, shape: SampleShape) -> int:
+        header, hidden_nbytes = _header(shape.tokens, shape.num_aux + 1, shape.hidden_size, shape.dtype)
+        return len(header) + hidden_nbytes + 16 * shape.tokens
+
+    def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return f.get_tensor("token_ids"), f.get_tensor("loss_mask")
+
     def encode(self, sample: Sample) -> Payload:
         mask = tensor_bytes(sample.loss_mask.to(torch.int64))
-        hidden_nbytes = sample.hidden.numel() * sample.hidden.element_size()
+        t, slots, h = sample.hidden.shape
+        header, hidden_nbytes = _header(t, slots, h, sample.hidden.dtype)
         ids_nbytes = 8 * sample.tokens
-        st_dtype = next(code for _, (dt, code, _) in DTYPES.items() if dt == sample.hidden.dtype)
-        t = sample.tokens
-        header = safetensors_header(
-            [
-                ("hidden_states", st_dtype, list(sample.hidden.shape), hidden_nbytes),
-                ("token_ids", "I64", [t], ids_nbytes),
-                ("loss_mask", "I64", [t], mask.nbytes),
-            ]
-        )
         body: list[bytes | memoryview | SourceRange]
         if sample.staged is not None and sample.staged.length == hidden_nbytes + ids_nbytes:
             # The staged rows + ids are already this file's layout: let the kernel copy them.

@@ -24,7 +24,15 @@ from pathlib import Path
 
 import torch
 
-from hsextract.formats.base import Payload, Sample, TorchSavePayload, copy_slots
+from hsextract.formats.base import (
+    Payload,
+    Sample,
+    SampleShape,
+    TorchSavePayload,
+    copy_slots,
+    read_torch_tokens,
+    torch_save_bytes,
+)
 from hsextract.formats.durable import atomic_write_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
@@ -32,24 +40,41 @@ LENGTHS_FILE = "sample_lengths.json"
 CONFIG_FILE = "data_config.json"
 
 
+def _object(input_ids: torch.Tensor, loss_mask: torch.Tensor, layers: list[torch.Tensor]) -> dict:
+    """The file's dict from ids, mask and the K + 1 layers [T, H] (shared by encode and sizing)."""
+    return {"input_ids": input_ids, "loss_mask": loss_mask, "hidden_states": layers}
+
+
+def _empty_object(s: SampleShape) -> dict:
+    ids = torch.empty(s.tokens, dtype=torch.int64)
+    layers = [torch.empty(s.tokens, s.hidden_size, dtype=s.dtype) for _ in range(s.num_aux + 1)]
+    return _object(ids, torch.empty(s.tokens, dtype=torch.int64), layers)
+
+
 class SpeculatorsV1Format:
     name = "speculators-v1"
     final_hidden = "pre_norm"
     file_pattern = re.compile(r"^data_(\d+)\.pt$")
+    reads_every_pt_file = True  # SampleFileDataset's list_files: every file whose name ends in "pt"
 
     def relative_path(self, output_index: int) -> str:
         return f"data_{output_index}.pt"
 
     def encode(self, sample: Sample) -> Payload:
         hidden = sample.hidden
-        obj = {
-            "input_ids": sample.input_ids.to(torch.int64).clone(),
-            "loss_mask": sample.loss_mask.to(torch.int64).clone(),
+        return TorchSavePayload(_object(
+            sample.input_ids.to(torch.int64).clone(),
+            sample.loss_mask.to(torch.int64).clone(),
             # One storage per layer: the reader concatenates the list, and a view into a shared
             # storage would make torch.save write every layer for each of them.
-            "hidden_states": [copy_slots(hidden, j, j + 1) for j in range(hidden.shape[1])],
-        }
-        return TorchSavePayload(obj)
+            [copy_slots(hidden, j, j + 1) for j in range(hidden.shape[1])],
+        ))
+
+    def sample_file_bytes(self, shape: SampleShape) -> int:
+        return torch_save_bytes(_empty_object, shape, self.name)
+
+    def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+        return read_torch_tokens(path)
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         out = Path(output_dir)

@@ -1,0 +1,233 @@
+"""``hsextract plan``: read the dataset as the client will, and say what the run needs before it starts.
+
+Prints, and writes as JSON (``--json``; by default ``<output>/.hsextract/plan.json``, or
+``plan.json`` without --output): samples, rejects by reason, tokens, loss-masked tokens, length
+percentiles, overlong samples; the training set's bytes in every format; the /dev/shm the
+configured in-flight limits need (the same estimate as ``check-shm``); the time at a prefill rate;
+and whether the output volume has room. Exits 5 when it has not (with the numbers), unless
+``--no-space-check``: the play runs this first, so a run that cannot fit never starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hsextract.client.chat_template import OVERLONG_POLICIES
+from hsextract.config_file import add_config_argument
+from hsextract.errors import ConfigError, HsextractError
+from hsextract.formats import FORMAT_NAMES
+from hsextract.ops.check_shm import DEFAULT_AUX_LAYERS, human
+
+EXIT_NO_ROOM = 5
+
+
+class OutputVolumeTooSmall(HsextractError):
+    """The training set will not fit on the output volume."""
+
+    exit_code = EXIT_NO_ROOM
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("what to plan")
+    g.add_argument("--dataset", help="the dataset the client will send")
+    g.add_argument("--model", help="the served model's directory (tokenizer, chat template, hidden size)")
+    g.add_argument("--format", choices=FORMAT_NAMES, help="the training set's format (default speculators); "
+                   "bytes are printed for every format, the room check uses this one")
+    g.add_argument("--output", help="the training set's directory: its volume is checked; samples it has are "
+                   "counted as written")
+    g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template instead of the tokenizer's")
+    g.add_argument("--shard", default="0/1", help="this host's share, i/n (default 0/1)")
+    g.add_argument("--max-tokens", type=int, default=None, help="longest sample (default: context length - 1)")
+    g.add_argument("--overlong", choices=OVERLONG_POLICIES, default="truncate")
+    g.add_argument("--last-turn-only", action="store_true", help="the last assistant turn only (as the client)")
+    g.add_argument("--min-loss-tokens", type=int, default=0, help="fewer loss tokens are a reject (as the client)")
+    g.add_argument("--aux-layers", help="aux layer ids; only their number matters here (default 3)")
+    g.add_argument("--draft-vocab-size", type=int, nargs="+", default=[32000], metavar="N")
+    s = parser.add_argument_group("staging (as check-shm)")
+    s.add_argument("--dump-dir", default="/dev/shm", help="the capture's staging directory (default /dev/shm)")
+    s.add_argument("--max-in-flight", type=int, default=32)
+    s.add_argument("--max-staged", type=int, default=4096)
+    s.add_argument("--shm-min-free", default="10%")
+    r = parser.add_argument_group("time and room")
+    r.add_argument("--tokens-per-s", type=float, default=None,
+                   help="prefill tokens/s of the server with the capture on (default: the GPU bench's, if found)")
+    r.add_argument("--bench-results", type=Path, default=None, help="bench/results directory to take the rate from")
+    r.add_argument("--space-margin", default="5%",
+                   help="room to keep free on the output volume beyond the estimate: a percentage or bytes")
+    r.add_argument("--no-space-check", action="store_true", help="report, but do not fail when the volume is short")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="tokenizing processes (default: every core, one per 2000 rows at least)")
+    parser.add_argument("--json", type=Path, default=None, help="where to write the report as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_argument(parser)
+
+
+def _aux_count(text: object) -> int:
+    if text in (None, "", []):
+        return DEFAULT_AUX_LAYERS
+    if isinstance(text, list):
+        return len(text)
+    from hsextract.layers import parse_ids
+
+    ids = parse_ids(str(text))
+    return len(ids) if ids else DEFAULT_AUX_LAYERS
+
+
+def build_report(args: argparse.Namespace) -> dict[str, Any]:
+    """Scan the dataset and estimate everything; the report as a JSON-able dict."""
+    from hsextract.client.dataset import dataset_files
+    from hsextract.client.runner import parse_shard
+    from hsextract.formats.durable import free_bytes
+    from hsextract.formats.manifest import completed_indices
+    from hsextract.model_info import read_model_info
+    from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
+    from hsextract.plan.estimate import Layout, bench_rate, default_results_dir, per_format_bytes
+    from hsextract.plan.scan import ScanSettings, scan
+    from hsextract.staging import DTYPES
+
+    missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
+    if missing:
+        raise ConfigError(f"plan needs {', '.join(missing)} (as flags or keys of --config)")
+    fmt = args.format or "speculators"
+    dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
+    info = read_model_info(args.model)
+    dtype_name = info.torch_dtype if info.torch_dtype in DTYPES else "bfloat16"
+    template = None
+    if args.chat_template:
+        try:
+            template = Path(args.chat_template).read_text()
+        except OSError as exc:
+            raise ConfigError(f"chat template {args.chat_template}: cannot read ({exc})") from exc
+    out = Path(args.output) if args.output else None
+    done = frozenset(completed_indices(out)) if out is not None else frozenset()
+    res = scan(ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
+                            bool(args.last_turn_only), int(args.min_loss_tokens or 0), parse_shard(args.shard), done,
+                            args.workers, progress=not args.no_progress))
+    num_aux = _aux_count(args.aux_layers)
+    layout = Layout(num_aux, info.hidden_size, DTYPES[dtype_name][0])
+    sizes = [int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int)
+                              else args.draft_vocab_size)]
+    pending_samples = res.samples - res.already_written
+    formats = per_format_bytes(res.shapes, res.pending_shapes, res.samples, res.tokens, pending_samples,
+                               res.pending_tokens, layout, info.vocab_size, sizes)
+
+    longest = max(res.lengths, default=1)
+    per_request = min(res.max_tokens or longest, longest)
+    requests = max(int(args.max_in_flight), int(args.max_staged or 0))
+    probe = _existing(args.dump_dir)
+    st = os.statvfs(probe)
+    need = estimate_need(hidden_size=info.hidden_size, aux_layers=num_aux, requests_in_flight=requests,
+                         tokens_per_request=per_request,
+                         watermark_bytes=parse_size(args.shm_min_free, st.f_blocks * st.f_frsize),
+                         dtype=dtype_name if dtype_name in DTYPE_BYTES else "bfloat16")
+    shm_free = st.f_bavail * st.f_frsize
+    shm = {"path": str(args.dump_dir), "mount": mount_point(probe), "free_bytes": shm_free,
+           "need_bytes": need.need_bytes, "ok": shm_free >= need.need_bytes, "requests": requests,
+           "tokens_per_request": per_request, "bytes_per_token": need.bytes_per_token,
+           "estimate_bytes": need.estimate_bytes, "watermark_bytes": need.watermark_bytes}
+
+    if args.tokens_per_s:
+        rate, source = float(args.tokens_per_s), "--tokens-per-s"
+    else:
+        found = bench_rate(args.bench_results or default_results_dir(), info.num_hidden_layers)
+        rate, source = found if found else (None, "no rate: pass --tokens-per-s")
+    time_ = {"tokens_per_s": rate, "source": source,
+             "seconds": round(res.pending_tokens / rate, 1) if rate else None}
+
+    volume_path = out if out is not None else Path(".")
+    free = free_bytes(volume_path)
+    needed = formats[fmt]["remaining_bytes"]
+    margin = parse_size(args.space_margin, needed)
+    room = {"path": str(volume_path), "format": fmt, "free_bytes": free, "need_bytes": needed,
+            "margin_bytes": margin, "margin": str(args.space_margin), "ok": free >= needed + margin}
+    return {
+        "dataset": str(args.dataset), "model": str(args.model), "shard": args.shard, "format": fmt,
+        "rows": res.lines, "rows_in_shard": res.in_shard,
+        "samples": res.samples, "already_written": res.already_written,
+        "rejects": dict(sorted(res.rejects.items())), "reject_examples": res.examples,
+        "tokens": res.tokens, "loss_masked_tokens": res.masked_tokens, "remaining_tokens": res.pending_tokens,
+        "length_percentiles": res.percentiles(),
+        "overlong": {"max_tokens": res.max_tokens, "policy": args.overlong, "samples": res.overlong,
+                     "truncated": res.truncated, "skipped": res.rejects.get("too_long", 0)},
+        "model_layout": {"hidden_size": info.hidden_size, "num_aux": num_aux, "dtype": dtype_name,
+                         "num_hidden_layers": info.num_hidden_layers, "vocab_size": info.vocab_size},
+        "formats": formats,
+        "shm": shm,
+        "time": time_,
+        "output_volume": room,
+        "tokenization": {"workers": res.workers, "seconds": round(res.seconds, 3),
+                         "samples_per_s": round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1)},
+    }
+
+
+def _existing(path: str | Path) -> str:
+    p = str(path)
+    while not os.path.isdir(p):
+        parent = os.path.dirname(p.rstrip("/")) or "/"
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def render(r: dict[str, Any]) -> str:
+    """The report as lines a person reads."""
+    lines = [f"plan: {r['dataset']} with {r['model']} (shard {r['shard']})"]
+    rej = ", ".join(f"{k} {v}" for k, v in r["rejects"].items()) or "none"
+    lines.append(f"  samples   {r['samples']:,} of {r['rows_in_shard']:,} rows in this shard"
+                 f" ({r['already_written']:,} already written); rejects: {rej}")
+    p = r["length_percentiles"]
+    if p:
+        lines.append(f"  tokens    {r['tokens']:,} ({r['loss_masked_tokens']:,} loss-masked); per sample "
+                     f"p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, p99 {p['p99']:.0f}, max {p['max']}")
+    o = r["overlong"]
+    lines.append(f"  overlong  {o['samples']:,} samples over {o['max_tokens']} tokens "
+                 f"({o['truncated']:,} truncated, {o['skipped']:,} skipped)")
+    for name, f in r["formats"].items():
+        mark = " <-" if name == r["format"] else ""
+        lines.append(f"  {name:15s} {human(f['total_bytes']):>11s} ({human(f['sample_bytes'])} of sample files)"
+                     f"{mark}")
+    s = r["shm"]
+    lines.append(f"  /dev/shm  needs {human(s['need_bytes'])} for {s['requests']} requests x "
+                 f"{s['tokens_per_request']} tokens at {s['path']}; {human(s['free_bytes'])} free"
+                 f"{'' if s['ok'] else ' (TOO SMALL)'}")
+    t = r["time"]
+    if t["seconds"] is not None:
+        lines.append(f"  time      {t['seconds'] / 3600:,.2f} h for {r['remaining_tokens']:,} tokens at "
+                     f"{t['tokens_per_s']:,.0f} tokens/s ({t['source']})")
+    else:
+        lines.append(f"  time      unknown ({t['source']})")
+    v = r["output_volume"]
+    verdict = "room" if v["ok"] else "NOT ENOUGH ROOM"
+    lines.append(f"  output    {verdict}: {human(v['free_bytes'])} free at {v['path']}, the run needs "
+                 f"{human(v['need_bytes'])} + {human(v['margin_bytes'])} margin ({r['format']})")
+    k = r["tokenization"]
+    lines.append(f"  tokenized {k['samples_per_s']:,.0f} samples/s on {k['workers']} processes")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = build_report(args)
+    print(render(report))
+    path = args.json
+    if path is None:
+        path = (Path(args.output) / ".hsextract" / "plan.json") if args.output else Path("plan.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"  report    {path}", file=sys.stderr)
+    v = report["output_volume"]
+    if not v["ok"] and not args.no_space_check:
+        f = report["formats"][report["format"]]
+        raise OutputVolumeTooSmall(
+            f"{v['path']} has {human(v['free_bytes'])} free, but the run needs {human(v['need_bytes'])} "
+            f"({human(f['remaining_bytes'])} of {report['format']} training set for {report['remaining_tokens']:,} "
+            f"tokens of {report['samples'] - report['already_written']:,} samples) + {human(v['margin_bytes'])} "
+            f"margin ({v['margin']}). Free space there, point the output elsewhere, plan a shard of the dataset, "
+            f"or lower the margin (--space-margin; --no-space-check to start anyway)."
+        )
+    return 0

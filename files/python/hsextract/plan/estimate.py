@@ -1,0 +1,107 @@
+"""From a dataset scan to the run's cost: training-set bytes per format, staging, time, room.
+
+Sample files are sized exactly by each format's own layout (`OutputFormat.sample_file_bytes`:
+the safetensors header, or the ``torch.save`` zip with its alignment and pickle), from the
+tokens and the model's hidden size, aux layer count and dtype. The bookkeeping beside them (the
+manifest lines, the speculators Arrow dataset, the draft vocabulary files) is estimated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hsextract.formats import FORMAT_NAMES, get_format
+from hsextract.formats.base import SampleShape
+
+MANIFEST_LINE_BYTES = 260  # one manifest.jsonl line: indices, rid, tokens, file, bytes, checksum, time
+ARROW_BYTES_PER_TOKEN = 16  # speculators' Arrow dataset: input_ids + loss_mask, int64 each
+ARROW_BYTES_PER_SAMPLE = 32  # ... list offsets and seq_len
+V1_BYTES_PER_SAMPLE = 16  # speculators-v1's sample_lengths.json entry
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a sample file's size depends on besides its tokens."""
+
+    num_aux: int
+    hidden_size: int
+    dtype: Any  # torch.dtype
+
+
+def sample_bytes(fmt_name: str, shapes: Counter, layout: Layout) -> int:
+    """Exact bytes of the sample files of every (tokens, index class) in `shapes`, in format `fmt_name`."""
+    fmt = get_format(fmt_name)
+    total = 0
+    for (tokens, index), n in shapes.items():
+        shape = SampleShape(tokens, layout.num_aux, layout.hidden_size, layout.dtype, index)
+        total += n * fmt.sample_file_bytes(shape)
+    return total
+
+
+def bookkeeping_bytes(fmt_name: str, samples: int, tokens: int, vocab_size: int, draft_sizes: list[int]) -> int:
+    """An estimate of everything else the output directory holds for these samples."""
+    n = samples * MANIFEST_LINE_BYTES + (64 << 10)  # + manifest.json, state files
+    if fmt_name == "speculators":
+        n += tokens * ARROW_BYTES_PER_TOKEN + samples * ARROW_BYTES_PER_SAMPLE
+    elif fmt_name == "speculators-v1":
+        n += samples * V1_BYTES_PER_SAMPLE
+    # token_freq, and per size: SpecForge's and speculators' d2t + t2d, ModelOpt's d2t (first size twice)
+    n += 24 * min(tokens, vocab_size or tokens)
+    for i, requested in enumerate(draft_sizes):
+        copies = 2 if i == 0 else 1
+        size = min(requested, vocab_size) if vocab_size else requested
+        n += copies * (3 * 8 * size + 2 * vocab_size + 1024)
+    return n
+
+
+def per_format_bytes(shapes: Counter, pending: Counter, samples: int, tokens: int, pending_samples: int,
+                     pending_tokens: int, layout: Layout, vocab_size: int, draft_sizes: list[int]) -> dict:
+    """{format: {sample_bytes, bookkeeping_bytes, total_bytes, remaining_bytes}} for every format."""
+    out = {}
+    for name in FORMAT_NAMES:
+        files = sample_bytes(name, shapes, layout)
+        rest = bookkeeping_bytes(name, samples, tokens, vocab_size, draft_sizes)
+        left = sample_bytes(name, pending, layout) if pending != shapes else files
+        out[name] = {
+            "sample_bytes": files,
+            "bookkeeping_bytes_estimate": rest,
+            "total_bytes": files + rest,
+            "remaining_bytes": left + bookkeeping_bytes(name, pending_samples, pending_tokens, vocab_size, draft_sizes),
+        }
+    return out
+
+
+def bench_rate(results_dir: Path | None, num_hidden_layers: int) -> tuple[float, str] | None:
+    """Prefill tokens/s with the capture on, from the GPU bench, scaled to the model's depth; None if absent.
+
+    The bench runs a stand-in prefill (dense layers at Kimi-K2.5 width on one H200); a model
+    with more layers runs proportionally fewer tokens per second. Measure your host and pass
+    --tokens-per-s for a figure that is more than an estimate.
+    """
+    if results_dir is None:
+        return None
+    p = Path(results_dir) / "capture_overhead.json"
+    try:
+        data = json.loads(p.read_text())
+        rate, layers = float(data["capture_tok_s"]), int(data["layers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    scaled = rate * layers / max(1, num_hidden_layers)
+    source = (f"{p.name}: {rate:,.0f} tokens/s with the capture on ({layers} dense layers at hidden "
+              f"{data.get('hidden', '?')} on {data.get('device', 'a GPU')}), scaled to {num_hidden_layers} layers; "
+              "an estimate: pass --tokens-per-s with your host's rate")
+    return scaled, source
+
+
+def default_results_dir() -> Path | None:
+    """The repository's bench/results, when the package runs from a checkout."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "bench" / "results"
+        if candidate.is_dir():
+            return candidate
+    return None

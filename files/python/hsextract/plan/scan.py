@@ -1,0 +1,216 @@
+"""Tokenize a dataset exactly as the client will, on every core, and tally what the run will send.
+
+The main process reads the dataset with the client's reader (`read_dataset`: same indices, same
+rejects, duplicates judged over the whole file) and takes this host's shard; worker processes
+encode the samples with the client's encoder (`build_encoder`: the model's tokenizer and chat
+template, the same length policy). Workers are forked from a fork server that imported the
+client's modules once (so each worker starts in a fraction of a second, without sharing the
+parent's threads or tokenizer state) and load the tokenizer once each.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hsextract.client.chat_template import TOO_LONG, Encoded
+from hsextract.client.dataset import Reject, Sample, count_rows, read_dataset
+from hsextract.formats.base import same_size_index
+
+CHUNK = 64  # samples per task: large enough to amortize the pickling, small enough for a smooth bar
+# Rows per worker below which another process costs more to start (imports, tokenizer) than it saves:
+# one process tokenizes about a thousand chat samples per second.
+MIN_ROWS_PER_WORKER = 2000
+
+
+def default_workers(rows: int, cores: int) -> int:
+    """Every core, unless the dataset is too small for the extra processes to pay for their start."""
+    return max(1, min(cores, rows // MIN_ROWS_PER_WORKER))
+
+
+@dataclass
+class ScanSettings:
+    dataset: Path
+    model: Path
+    chat_template: str | None = None
+    max_tokens: int | None = None
+    overlong: str = "truncate"
+    last_turn_only: bool = False
+    min_loss_tokens: int = 0
+    shard: tuple[int, int] = (0, 1)
+    done: frozenset[int] = frozenset()  # dataset indices already in the training set
+    workers: int | None = None  # None: `default_workers`
+    progress: bool = True
+
+
+@dataclass
+class ScanResult:
+    """What the client would do with every row of this shard."""
+
+    lines: int = 0  # rows of the dataset (all shards)
+    in_shard: int = 0
+    samples: int = 0  # encoded: what the server will run
+    already_written: int = 0  # of those, in the training set already (the client skips them)
+    rejects: Counter = field(default_factory=Counter)
+    tokens: int = 0
+    masked_tokens: int = 0
+    truncated: int = 0
+    max_tokens: int | None = None
+    lengths: list[int] = field(default_factory=list)
+    # (tokens, same_size_index(dataset index)) -> samples: everything a sample file's size depends on
+    shapes: Counter = field(default_factory=Counter)
+    pending_shapes: Counter = field(default_factory=Counter)  # the same, of samples not yet written
+    pending_tokens: int = 0
+    seconds: float = 0.0
+    workers: int = 1
+    examples: dict[str, str] = field(default_factory=dict)  # reject reason -> one "line N: detail"
+
+    @property
+    def overlong(self) -> int:
+        return self.truncated + self.rejects.get(TOO_LONG, 0)
+
+    def percentiles(self) -> dict[str, float]:
+        if not self.lengths:
+            return {}
+        a = np.asarray(self.lengths)
+        q = np.percentile(a, [50, 90, 99])
+        return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "max": int(a.max()),
+                "min": int(a.min()), "mean": round(float(a.mean()), 1)}
+
+    def reject(self, r: Reject) -> None:
+        self.rejects[r.reason] += 1
+        where = f"{r.file}:{r.line}" if r.file else f"line {r.line}"
+        self.examples.setdefault(r.reason, f"{where}: {r.detail}")
+
+    def take(self, index: int, tokens: int, masked: int, truncated_from: int) -> None:
+        self.samples += 1
+        self.tokens += tokens
+        self.masked_tokens += masked
+        self.truncated += bool(truncated_from)
+        self.lengths.append(tokens)
+        key = (tokens, same_size_index(index))
+        self.shapes[key] += 1
+
+
+# --- the workers ------------------------------------------------------------------------------------
+
+_ENCODER = None
+
+
+def _init_worker(model: str, chat_template: str | None, max_tokens: int | None, overlong: str,
+                 last_turn_only: bool, min_loss_tokens: int) -> None:
+    global _ENCODER
+    from hsextract.client.runner import build_encoder
+
+    _ENCODER = build_encoder(Path(model), chat_template, max_tokens, overlong, last_turn_only, min_loss_tokens)
+
+
+def _encode_chunk(chunk: tuple[int, list[Sample]]) -> tuple[int, list[tuple]]:
+    """(rows covered, [(index, tokens, masked, truncated_from) or (index, reason, detail)])."""
+    rows, samples = chunk
+    out: list[tuple] = []
+    for s in samples:
+        enc = _ENCODER.encode(s)
+        if isinstance(enc, Encoded):
+            out.append((enc.index, len(enc.input_ids), int(sum(enc.loss_mask)), enc.truncated_from))
+        else:
+            out.append((enc.index, enc.reason, enc.detail))
+    return rows, out
+
+
+# --- the main process -------------------------------------------------------------------------------
+
+
+def _chunks(cfg: ScanSettings, res: ScanResult, parse_rejects: list[Reject]) -> Iterator[tuple[int, list[Sample]]]:
+    """Chunks of this shard's samples; rows read, shard membership and reader rejects are tallied here."""
+    i_shard, n_shard = cfg.shard
+    batch: list[Sample] = []
+    rows = 0
+    for item in read_dataset(cfg.dataset):
+        res.lines += 1
+        rows += 1
+        if item.index % n_shard != i_shard:
+            continue
+        res.in_shard += 1
+        if isinstance(item, Reject):
+            parse_rejects.append(item)
+            continue
+        batch.append(item)
+        if len(batch) >= CHUNK:
+            yield rows, batch
+            batch, rows = [], 0
+    yield rows, batch
+
+
+def scan(cfg: ScanSettings) -> ScanResult:
+    """Encode every sample of this shard as the client would; return the tallies."""
+    from hsextract.client.runner import build_encoder
+
+    rows = count_rows(cfg.dataset)
+    res = ScanResult(workers=max(1, cfg.workers or default_workers(rows, os.cpu_count() or 1)))
+    settings = (cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only, cfg.min_loss_tokens)
+    encoder = build_encoder(cfg.model, *settings)  # fails early, in the parent
+    res.max_tokens = encoder.max_tokens
+    parse_rejects: list[Reject] = []
+    bar = _progress(rows, cfg.progress)
+    started = time.perf_counter()
+    chunks = _chunks(cfg, res, parse_rejects)
+    if res.workers == 1:
+        global _ENCODER
+        _ENCODER = encoder
+        results = map(_encode_chunk, chunks)
+        pool = None
+    else:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["hsextract.client.runner", "transformers.models.auto.tokenization_auto"])
+        pool = ctx.Pool(res.workers, initializer=_init_worker, initargs=(str(cfg.model), *settings))
+        results = pool.imap_unordered(_encode_chunk, chunks, chunksize=1)
+    try:
+        for rows, items in results:
+            for item in items:
+                if len(item) == 3:
+                    index, reason, detail = item
+                    res.reject(Reject(index, reason, detail))
+                    continue
+                index, tokens, masked, truncated_from = item
+                res.take(index, tokens, masked, truncated_from)
+                if index in cfg.done:
+                    res.already_written += 1
+                else:
+                    res.pending_tokens += tokens
+                    res.pending_shapes[(tokens, same_size_index(index))] += 1
+            bar.update(rows)
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        bar.close()
+    for r in parse_rejects:
+        res.reject(r)
+    res.seconds = time.perf_counter() - started
+    return res
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=" rows", desc="tokenizing", file=sys.stderr, smoothing=0.1,
+                disable=None)  # None: no bar off a terminal (journald, CI logs)

@@ -1,0 +1,165 @@
+"""Each trainer's draft-vocabulary files, written into the output directory.
+
+::
+
+    vocab_mapping/vocab_mapping.pt       SpecForge: {"d2t": int64 [N], "t2d": bool [V]} (--vocab-mapping-path)
+    vocab_mapping/vocab_mapping-<N>.pt     ... one per size
+    token_freq.pt                        speculators: {token id: count} (prepare_data's file)
+    d2t.npy, t2d.npy                     speculators: int64 [N] offsets, bool [V] (the first size)
+    d2t-<N>.npy, t2d-<N>.npy               ... one per size (speculators >= 0.9 finds them by --draft-vocab-size)
+    draft_vocab_cache/d2t.pt             ModelOpt: int64 [N] offsets in frequency order (data.draft_vocab_cache)
+    draft_vocab_cache/d2t-<N>.pt           ... one per size
+    draft_vocab.json                     what was counted, the sizes, each size's coverage, the files
+
+The unsuffixed files are for the first size given (hard links to its files). Formats whose
+reader takes every file ending in "pt" under the output directory as a sample (speculators-v1,
+modelopt) get the torch files as ``.pth`` instead (same contents; pass them by path), so the
+readers never see them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hsextract.formats.durable import fsync_dir, write_file_durably
+from hsextract.vocab.counts import TokenCounts
+from hsextract.vocab.mapping import DraftSize, check_ids, coverage, frequency_d2t, select_tokens, sorted_mapping
+
+SUMMARY_FILE = "draft_vocab.json"
+SPECFORGE_DIR = "vocab_mapping"
+MODELOPT_DIR = "draft_vocab_cache"
+
+
+def torch_suffix(reads_every_pt_file: bool) -> str:
+    return ".pth" if reads_every_pt_file else ".pt"
+
+
+def token_freq_name(suffix: str) -> str:
+    return f"token_freq{suffix}"
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def write_vocab_files(out: Path, counts: TokenCounts, vocab_size: int, sizes: Sequence[DraftSize],
+                      *, suffix: str, covered: int, also: dict[str, bytes] | None = None) -> list[Path]:
+    """Write every trainer's files for every size, and the files in `also`, in one durable batch;
+    return the paths written.
+
+    When the mappings cannot be built (a trained-on id outside the vocabulary) ``token_freq`` and
+    `also` are still written, then the error is raised. The first size's unsuffixed names are
+    hard links to its suffixed files (the same bytes, written and fsynced once).
+    """
+    import torch
+
+    out = Path(out)
+    files: dict[str, bytes] = {**(also or {}), token_freq_name(suffix): _torch_bytes(counts.to_dict())}
+    try:
+        check_ids(counts, vocab_size)
+    except Exception:
+        write_batch(out, files, {})
+        raise
+    links: dict[str, str] = {}
+    per_size = []
+    for i, d in enumerate(sizes):
+        selected = select_tokens(counts, d.size)
+        d2t, t2d = sorted_mapping(selected, vocab_size)
+        sf, mo = f"{SPECFORGE_DIR}/vocab_mapping-{d.size}{suffix}", f"{MODELOPT_DIR}/d2t-{d.size}{suffix}"
+        files[sf] = _torch_bytes({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)})
+        files[f"d2t-{d.size}.npy"] = _npy_bytes(d2t)
+        files[f"t2d-{d.size}.npy"] = _npy_bytes(t2d)
+        files[mo] = _torch_bytes(torch.from_numpy(frequency_d2t(selected)))
+        names = {"specforge": [sf], "speculators": [f"d2t-{d.size}.npy", f"t2d-{d.size}.npy"], "modelopt": [mo]}
+        if i == 0:
+            first = {f"{SPECFORGE_DIR}/vocab_mapping{suffix}": sf, "d2t.npy": f"d2t-{d.size}.npy",
+                     "t2d.npy": f"t2d-{d.size}.npy", f"{MODELOPT_DIR}/d2t{suffix}": mo}
+            links.update(first)
+            names["specforge"].append(f"{SPECFORGE_DIR}/vocab_mapping{suffix}")
+            names["speculators"] += ["d2t.npy", "t2d.npy"]
+            names["modelopt"].append(f"{MODELOPT_DIR}/d2t{suffix}")
+        per_size.append({"size": d.size, "requested": d.requested, "coverage": round(coverage(counts, selected), 6),
+                         "files": names})
+    summary = {
+        "samples": covered,
+        "masked_tokens": counts.total,
+        "distinct_tokens": counts.distinct,
+        "vocab_size": vocab_size,
+        "token_freq": token_freq_name(suffix),
+        "sizes": per_size,
+        "selection": "loss-masked tokens; count descending, then id ascending; padded with the lowest uncounted ids",
+    }
+    files[SUMMARY_FILE] = (json.dumps(summary, indent=2) + "\n").encode()
+    write_batch(out, files, links)
+    return [*(out / rel for rel in files), *(out / rel for rel in links)]
+
+
+def write_batch(out: Path, files: dict[str, bytes], links: dict[str, str]) -> None:
+    """Replace each file, and each link with a hard link to a file of the batch, all durably.
+
+    Every new file is written and fsynced under a temporary name, then all are renamed into
+    place and each directory is fsynced once: a crash leaves each name with its old or its new
+    bytes, never a partial file. The fsyncs run in parallel, so the filesystem commits them
+    together (measured on 2 cores: 3 ms for seven files, against 15-50 ms one after another).
+    """
+    dirs: set[Path] = set()
+    staged: list[tuple[Path, Path]] = []
+    for rel in files:
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        staged.append((dst.with_name(f".{dst.name}.tmp"), dst))
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(staged)))) as pool:
+        list(pool.map(lambda pair: write_file_durably(pair[0][0], [pair[1]]), zip(staged, files.values(), strict=True)))
+    for rel, src in links.items():
+        dst = out / rel
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        staged.append((tmp, dst))
+        target = next(t for t, d in staged if d == out / src)
+        try:
+            os.link(target, tmp)
+        except OSError:  # a filesystem without hard links: a copy
+            write_file_durably(tmp, [files[src]])
+    for tmp, dst in staged:
+        os.replace(tmp, dst)
+        dirs.add(dst.parent)
+    with ThreadPoolExecutor(max_workers=max(1, len(dirs))) as pool:
+        list(pool.map(fsync_dir, dirs))
+
+
+def write_token_freq_only(out: Path, counts: TokenCounts, *, suffix: str,
+                          also: dict[str, bytes] | None = None) -> list[Path]:
+    files = {**(also or {}), token_freq_name(suffix): _torch_bytes(counts.to_dict())}
+    write_batch(Path(out), files, {})
+    return [Path(out) / rel for rel in files]
+
+
+def read_token_freq(path: Path) -> TokenCounts:
+    import torch
+
+    return TokenCounts.from_dict(torch.load(path, weights_only=True))
+
+
+def read_summary(out: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(out) / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,158 @@
+"""``hsextract plan`` predicts what a real extract of the same dataset sends and writes.
+
+The dataset is the client tests' mixed one (ShareGPT, OpenAI and pre-tokenized lines plus one line
+of each kind of bad input, whose truth is known line by line). The real client sends it to the
+session's real server; its dumps are drained into every format; plan's samples, rejects, tokens
+and loss-masked tokens must equal what was sent, and its bytes per format the manifest's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hsextract.client.chat_template import load_tokenizer
+from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, FORMAT_NAMES
+from hsextract.formats.manifest import ManifestAppender, ManifestEntry, iter_entries
+from hsextract.records import load_or_create_run_id, parse_rid
+from hsextract.staging import iter_complete
+from support.client_run import env, extract_args, start_client, stop, tail, wait_exit, wait_for, write_mixed_dataset
+from support.drain_proc import hsextract
+
+LIMITS = ("--max-tokens", "300", "--overlong", "skip")
+
+
+def plan(dataset: Path, model: Path, report: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    r = subprocess.run([sys.executable, "-m", "hsextract", "plan", "--dataset", str(dataset), "--model", str(model),
+                        "--json", str(report), "--no-progress", *LIMITS, *extra],
+                       env=env(), capture_output=True, text=True, timeout=600)
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return r, data
+
+
+@pytest.mark.server
+@pytest.mark.timeout(900)
+def test_plan_equals_what_a_real_extract_sends_and_writes_in_every_format(llama_server, tiny_llama, tmp_path):
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=80, seed=4)
+    out, logs = tmp_path / "client-out", tmp_path / "logs"
+    logs.mkdir()
+    run_id = load_or_create_run_id(out)
+    client = start_client(logs / "client.log", *extract_args(
+        llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out, *LIMITS,
+        "--max-in-flight", "4"))
+    try:
+        assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
+    finally:
+        stop(client)
+    summary = json.loads((out / ".hsextract" / "client-summary.json").read_text())
+
+    def ours() -> list[Path]:
+        return [d for d in iter_complete(llama_server.dump_dir) if (p := parse_rid(d.name)) and p.run_id == run_id]
+
+    wait_for(lambda: len(ours()) == summary["ok"], 60, "every answered sample's dump")
+    staged = tmp_path / "staged"
+    (staged / "_records").mkdir(parents=True)
+    for d in ours():
+        shutil.move(str(d), staged / d.name)
+        shutil.move(str(llama_server.dump_dir / "_records" / f"{d.name}.json"), staged / "_records")
+
+    written: dict[str, list] = {}
+    for fmt in FORMAT_NAMES:
+        dump, fout = tmp_path / f"dump-{fmt}", tmp_path / f"out-{fmt}"
+        shutil.copytree(staged, dump)
+        fout.mkdir()
+        shutil.copy(out / "run.json", fout / "run.json")
+        shutil.copytree(out / ".hsextract", fout / ".hsextract")  # the client's summary, rejects and failures
+        if FINAL_HIDDEN_FOR_FORMAT[fmt] == "pre_norm":  # the sizes do not depend on where the norm is
+            for marker in dump.glob("*/done.json"):
+                marker.write_text(marker.read_text().replace('"post_norm"', '"pre_norm"'))
+        for record in (dump / "_records").glob("*.json"):  # the client's records, as if it ran for this drain
+            data = json.loads(record.read_text())
+            record.write_text(json.dumps({**data, "format": fmt, "output": str(fout)}))
+        r = hsextract("drain", "--dump-dir", str(dump), "--output", str(fout), "--format", fmt, "--model",
+                      str(tiny_llama), "--exit-when-done", "--poll-interval", "0.1")
+        assert r.returncode == 0, f"{fmt} drain exited {r.returncode}:\n{r.stderr[-3000:]}"
+        written[fmt] = list(iter_entries(fout))
+    masked = json.loads((tmp_path / "out-specforge" / "draft_vocab.json").read_text())["masked_tokens"]
+
+    r, report = plan(tmp_path / "data.jsonl", tiny_llama, tmp_path / "plan.json", "--workers", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    entries = written["specforge"]
+    assert report["samples"] == summary["ok"] == len(entries) == len(exp.samples)
+    assert report["rejects"] == summary["rejected"]
+    assert report["tokens"] == summary["tokens"] == sum(e.tokens for e in entries)
+    assert report["loss_masked_tokens"] == masked == sum(sum(m) for _, m in exp.samples.values())
+    assert report["length_percentiles"]["max"] == max(e.tokens for e in entries)
+    assert report["overlong"]["skipped"] == 1 and report["overlong"]["samples"] == 1
+    for fmt in FORMAT_NAMES:
+        assert report["formats"][fmt]["sample_bytes"] == sum(e.bytes for e in written[fmt]), fmt
+    assert "samples" in r.stdout and "speculators" in r.stdout
+
+
+def _dataset(tmp_path: Path, tiny_llama: Path, n: int = 60) -> tuple[Path, object]:
+    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=n, seed=2)
+    return tmp_path / "data.jsonl", exp
+
+
+def test_plan_in_several_processes_equals_plan_in_one(tiny_llama, tmp_path):
+    data, exp = _dataset(tmp_path, tiny_llama)
+    r1, one = plan(data, tiny_llama, tmp_path / "one.json", "--workers", "1")
+    r2, two = plan(data, tiny_llama, tmp_path / "two.json", "--workers", "2")
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    keep = ("samples", "rejects", "tokens", "loss_masked_tokens", "length_percentiles", "overlong", "formats")
+    assert {k: one[k] for k in keep} == {k: two[k] for k in keep}
+    assert one["samples"] == len(exp.samples) and two["tokenization"]["workers"] == 2
+    assert one["tokens"] == sum(len(ids) for ids, _ in exp.samples.values())
+
+
+def test_samples_already_written_are_counted_and_left_out_of_what_remains(tiny_llama, tmp_path):
+    data, exp = _dataset(tmp_path, tiny_llama)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = sorted(exp.samples)[:10]
+    app = ManifestAppender(out)
+    app.append([ManifestEntry(n, i, f"hsx-0-{i}", len(exp.samples[i][0]), f"f{n}", 1, "sha256:0")
+                for n, i in enumerate(done)])
+    app.close()
+    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--output", str(out), "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert report["already_written"] == 10
+    assert report["remaining_tokens"] == report["tokens"] - sum(len(exp.samples[i][0]) for i in done)
+
+
+def test_a_volume_too_small_fails_with_the_numbers_after_writing_the_report(tiny_llama, tmp_path):
+    data, _ = _dataset(tmp_path, tiny_llama, n=20)
+    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--output", str(tmp_path / "out"),
+                     "--space-margin", "1000T", "--workers", "1", "--format", "specforge")
+    assert r.returncode == 5, r.stdout + r.stderr
+    v = report["output_volume"]
+    assert v["ok"] is False and v["margin_bytes"] == 1000 << 40 and v["format"] == "specforge"
+    assert f"{tmp_path / 'out'} has " in r.stderr and "but the run needs" in r.stderr
+    assert "specforge training set" in r.stderr and "--space-margin" in r.stderr
+    started = subprocess.run([sys.executable, "-m", "hsextract", "plan", "--dataset", str(data), "--model",
+                              str(tiny_llama), "--json", str(tmp_path / "p2.json"), "--no-progress", "--workers", "1",
+                              "--output", str(tmp_path / "out"), "--space-margin", "1000T", "--no-space-check"],
+                             env=env(), capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stderr
+
+
+def test_staging_need_is_check_shms_estimate_for_the_longest_sample(tiny_llama, tmp_path):
+    data, _ = _dataset(tmp_path, tiny_llama, n=20)
+    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1", "--max-in-flight", "3",
+                     "--max-staged", "5", "--shm-min-free", "1M")
+    assert r.returncode == 0, r.stderr
+    s = report["shm"]
+    assert s["tokens_per_request"] == report["length_percentiles"]["max"] and s["requests"] == 5
+    check = hsextract("check-shm", "--model", str(tiny_llama), "--max-in-flight", "3", "--max-staged", "5",
+                      "--max-tokens", str(s["tokens_per_request"]), "--shm-min-free", "1M")
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["need_bytes"] == s["need_bytes"]
+
+
+def test_a_missing_dataset_is_an_error_naming_it(tiny_llama, tmp_path):
+    r, _ = plan(tmp_path / "nope.jsonl", tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    assert r.returncode == 2 and "nope.jsonl does not exist" in r.stderr
