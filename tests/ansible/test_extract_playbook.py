@@ -396,7 +396,7 @@ def regenerated_rows(regen_host) -> list[dict]:
 
 def test_check_mode_with_the_regeneration_to_do_changes_nothing_on_the_host(regen_host):
     assert_ok(regen_host["check"], "extract.yml --check with hsextract_regenerate")
-    assert "regeneration : Start the server in its generation profile." in [
+    assert "regeneration : Install the regeneration unit." in [
         name for name, _ in regen_host["check"].task_results()], "check mode skipped the regeneration"
     assert regen_host["server_pid_after_check"] == regen_host["server_pid_before"], "check mode restarted the server"
     assert regen_host["left_by_check"] == "", f"check mode created {regen_host['left_by_check']}"
