@@ -20,20 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from hsextract.layout import client_status_path
 from hsextract.report import progress_line
 
 log = logging.getLogger("hsextract.client")
-
-STATE_DIR = ".hsextract"
-STATUS_FILE = "client-status.json"
-SUMMARY_FILE = "client-summary.json"
-REJECTS_FILE = "rejects.jsonl"
-FAILURES_FILE = "failures.jsonl"
-
-
-def state_dir(output: str | Path) -> Path:
-    return Path(output) / STATE_DIR
-
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temporary name, fsync, rename: readers see the old file or the new one."""
@@ -149,7 +139,7 @@ class Reporter:
     def __init__(self, stats: RunStats, output: str | Path, stream: TextIO | None = None,
                  status_every: float = 1.0, log_every: float = 30.0):
         self.stats = stats
-        self.status_path = state_dir(output) / STATUS_FILE
+        self.status_path = client_status_path(output)
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.status_every = status_every

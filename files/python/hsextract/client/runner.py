@@ -39,20 +39,13 @@ from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenize
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
 from hsextract.client.dataset import Reject, count_rows, dataset_files, read_dataset
 from hsextract.client.probe import probe_capture
-from hsextract.client.progress import (
-    FAILURES_FILE,
-    REJECTS_FILE,
-    SUMMARY_FILE,
-    Reporter,
-    RunStats,
-    state_dir,
-    write_json_atomic,
-)
+from hsextract.client.progress import Reporter, RunStats, write_json_atomic
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import final_hidden_for
 from hsextract.formats.durable import check_writable
 from hsextract.formats.manifest import completed_indices, read_header
+from hsextract.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.model_info import read_model_info
 from hsextract.records import (
     SampleRecord,
@@ -247,7 +240,7 @@ class ExtractRun:
                     self._resend.append((rid, enc))
             else:
                 log.error("sample %d (%s): %s after %d attempts (%s); reported in %s", enc.index, rid, reason,
-                          attempts, verdict.detail, FAILURES_FILE)
+                          attempts, verdict.detail, FAILURES)
                 with st.lock:
                     st.failed[reason] += 1
                 self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
@@ -306,11 +299,10 @@ class ExtractRun:
                               f"with --format {cfg.format}; use the format of the set, or a new output directory")
         run_id = load_or_create_run_id(out)
         self.run_id = run_id
-        sdir = state_dir(out)
-        sdir.mkdir(parents=True, exist_ok=True)
-        (sdir / SUMMARY_FILE).unlink(missing_ok=True)  # a new run is not finished yet
-        self._rejects = _JsonlAppender(sdir / REJECTS_FILE)
-        self._failures = _JsonlAppender(sdir / FAILURES_FILE)
+        state_dir(out).mkdir(parents=True, exist_ok=True)
+        client_summary_path(out).unlink(missing_ok=True)  # a new run is not finished yet
+        self._rejects = _JsonlAppender(rejects_path(out))
+        self._failures = _JsonlAppender(failures_path(out))
         st.dataset_lines = count_rows(cfg.dataset)
         st.shard = cfg.shard
         st.samples_total = shard_size(st.dataset_lines, cfg.shard)
@@ -351,7 +343,7 @@ class ExtractRun:
             self._rejects.close()
             self._failures.close()
         if st.state == "done":
-            write_json_atomic(sdir / SUMMARY_FILE, st.summary())
+            write_json_atomic(client_summary_path(out), st.summary())
         if isinstance(self.fatal, HsextractError):
             raise self.fatal
         if self.fatal is not None:

@@ -57,11 +57,11 @@ from hsextract.formats.manifest import (
     ManifestHeader,
     default_checksum_algorithm,
     new_hasher,
-    state_dir,
     write_header,
 )
+from hsextract.layout import client_summary_path, drain_tmp_dir, failures_path, records_dir
 from hsextract.reconcile import read_accounts
-from hsextract.records import SampleRecord, parse_rid, read_record, records_dir, remove_record
+from hsextract.records import SampleRecord, parse_rid, read_record, remove_record
 from hsextract.staging import (
     DONE_FILE,
     FAILED_FILE,
@@ -77,9 +77,6 @@ from hsextract.vocab.tracker import VocabTracker
 
 log = logging.getLogger("hsextract.drain")
 
-CLIENT_SUMMARY = "client-summary.json"
-CLIENT_FAILURES = "failures.jsonl"  # the samples the client gave up on, one JSON object with "rid" per line
-TMP_DIR = "tmp"
 # Exit status of `--exit-when-done` when the run's counts do not add up or too many samples failed.
 RUN_CHECK_FAILED = 3
 
@@ -128,7 +125,7 @@ class Drainer:
         self._streams_staged = bool(getattr(self.fmt, "streams_staged", False))
         self.out = Path(cfg.output)
         self.dump_dir = Path(cfg.dump_dir)
-        self.tmp_dir = state_dir(self.out) / TMP_DIR
+        self.tmp_dir = drain_tmp_dir(self.out)
         self.stats = DrainStats(format=cfg.format)
         self.stop_event = threading.Event()
         # Set when a worker frees a queue slot (or on stop): the scan runs again at once instead
@@ -358,13 +355,13 @@ class Drainer:
             log.warning("cannot write the status file (%s)", exc)
 
     def _client_finished(self) -> bool:
-        return (state_dir(self.out) / CLIENT_SUMMARY).exists()
+        return client_summary_path(self.out).exists()
 
     def _abandoned_rids(self) -> set[str]:
         """Rids the client gave up on (its failures.jsonl), once the client has finished; else empty."""
         if not self._client_finished():
             return set()
-        path = state_dir(self.out) / CLIENT_FAILURES
+        path = failures_path(self.out)
         try:
             st = path.stat()
         except FileNotFoundError:

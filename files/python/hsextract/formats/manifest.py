@@ -28,10 +28,9 @@ from typing import Any
 
 from hsextract.errors import HsextractError
 from hsextract.formats.durable import atomic_write_bytes, fsync_dir, write_all
+from hsextract.layout import manifest_entries_path as entries_path
+from hsextract.layout import manifest_header_path as header_path
 
-HEADER_FILE = "manifest.json"
-ENTRIES_FILE = "manifest.jsonl"
-STATE_DIR = ".hsextract"  # the project's own bookkeeping inside an output directory
 MANIFEST_VERSION = 1
 
 
@@ -89,18 +88,6 @@ class ManifestEntry:
     def from_dict(cls, data: dict[str, Any]) -> ManifestEntry:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def header_path(output_dir: str | Path) -> Path:
-    return Path(output_dir) / HEADER_FILE
-
-
-def entries_path(output_dir: str | Path) -> Path:
-    return Path(output_dir) / ENTRIES_FILE
-
-
-def state_dir(output_dir: str | Path) -> Path:
-    return Path(output_dir) / STATE_DIR
 
 
 def read_header(output_dir: str | Path) -> ManifestHeader | None:

@@ -36,7 +36,8 @@ import torch
 
 from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, tensor_bytes
 from hsextract.formats.durable import atomic_write_bytes, fsync_dir
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader, state_dir
+from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.layout import arrow_build_dir
 from hsextract.staging import DTYPES
 
 HS_DIR = "hidden_states"
@@ -186,7 +187,7 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
     ds = datasets.concatenate_datasets([*tail, part]) if tail else part
     ds.set_format("torch")
     build_id = f"{time.time_ns():x}"
-    build = state_dir(out) / f"arrow-build-{build_id}"
+    build = arrow_build_dir(out, build_id)
     if build.exists():
         shutil.rmtree(build)
     build.parent.mkdir(parents=True, exist_ok=True)

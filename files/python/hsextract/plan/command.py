@@ -21,6 +21,7 @@ from hsextract.client.chat_template import OVERLONG_POLICIES
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import FORMAT_NAMES
+from hsextract.layout import PLAN, plan_path
 from hsextract.ops.check_shm import DEFAULT_AUX_LAYERS, human
 
 EXIT_NO_ROOM = 5
@@ -216,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     print(render(report))
     path = args.json
     if path is None:
-        path = (Path(args.output) / ".hsextract" / "plan.json") if args.output else Path("plan.json")
+        path = plan_path(args.output) if args.output else Path(PLAN)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"  report    {path}", file=sys.stderr)
