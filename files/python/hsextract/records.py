@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hsextract.durable import atomic_write_bytes
 from hsextract.errors import ConfigError, StagingError
 from hsextract.layout import record_path, run_file_path
 
@@ -93,11 +94,8 @@ def write_record(dump_dir: str | Path, record: SampleRecord) -> Path:
             f"record {record.rid}: {len(record.input_ids)} input ids but {len(record.loss_mask)} loss-mask values"
         )
     final = record_path(dump_dir, record.rid)
-    d = final.parent
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{record.rid}.json.tmp"
-    tmp.write_text(json.dumps(asdict(record), separators=(",", ":")))
-    os.replace(tmp, final)
+    # Not durable: the staging directory is a ramdisk that a reboot empties anyway.
+    atomic_write_bytes(final, json.dumps(asdict(record), separators=(",", ":")).encode(), durable=False)
     return final
 
 

@@ -9,7 +9,6 @@ written atomically and only by a run that has an answer for every sample.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import sys
@@ -20,21 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from hsextract.durable import atomic_write_json
 from hsextract.layout import client_status_path
 from hsextract.report import progress_line
 
 log = logging.getLogger("hsextract.client")
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary name, fsync, rename: readers see the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with tmp.open("w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
 
 @dataclass
 class RunStats:
@@ -159,7 +148,7 @@ class Reporter:
 
     def tick(self) -> None:
         snap = self.stats.snapshot()
-        write_json_atomic(self.status_path, snap)
+        atomic_write_json(self.status_path, snap)
         if snap["paused_reason"] != self._last_paused:
             if snap["paused_reason"]:
                 log.warning("paused: %s", snap["paused_reason"])

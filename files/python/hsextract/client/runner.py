@@ -39,11 +39,11 @@ from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenize
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
 from hsextract.client.dataset import Reject, count_rows, dataset_files, read_dataset
 from hsextract.client.probe import probe_capture
-from hsextract.client.progress import Reporter, RunStats, write_json_atomic
+from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
+from hsextract.durable import atomic_write_json, check_writable
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import final_hidden_for
-from hsextract.formats.durable import check_writable
 from hsextract.formats.manifest import completed_indices, read_header
 from hsextract.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.model_info import read_model_info
@@ -343,7 +343,7 @@ class ExtractRun:
             self._rejects.close()
             self._failures.close()
         if st.state == "done":
-            write_json_atomic(client_summary_path(out), st.summary())
+            atomic_write_json(client_summary_path(out), st.summary())
         if isinstance(self.fatal, HsextractError):
             raise self.fatal
         if self.fatal is not None:

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsextract.durable import fsync_dir, is_no_space
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.durable import fsync_dir, is_no_space
 from hsextract.formats.manifest import ManifestAppender, ManifestEntry
 from hsextract.records import remove_record
 from hsextract.staging import discard_dump

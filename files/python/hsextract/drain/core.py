@@ -48,10 +48,10 @@ from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
 from hsextract.drain.quarantine import Quarantine, safe_iterdir
 from hsextract.drain.recovery import recover
 from hsextract.drain.staged_io import MappedStates, map_states
+from hsextract.durable import PIECE, free_bytes, is_no_space, write_payload_durably
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.durable import PIECE, free_bytes, is_no_space, write_payload_durably
 from hsextract.formats.manifest import (
     ManifestEntry,
     ManifestHeader,

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from hsextract.formats.durable import atomic_write_bytes
+from hsextract.durable import atomic_write_bytes
 from hsextract.layout import drain_status_path
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from hsextract.formats.durable import is_no_space
+from hsextract.durable import is_no_space
 from hsextract.layout import QUARANTINE_REASON, QUARANTINE_RECORD, QUARANTINE_SOURCE
 from hsextract.records import record_path, remove_record
 from hsextract.staging import discard_dump

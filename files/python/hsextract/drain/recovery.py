@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.drain.config import DrainConfig
+from hsextract.durable import check_writable, fsync_dir
 from hsextract.errors import ConfigError
 from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.durable import check_writable, fsync_dir
 from hsextract.formats.manifest import (
     ManifestEntry,
     ManifestError,

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsextract.durable import atomic_write_bytes, fsync_dir, write_all
 from hsextract.errors import HsextractError
-from hsextract.formats.durable import atomic_write_bytes, fsync_dir, write_all
 from hsextract.layout import manifest_entries_path as entries_path
 from hsextract.layout import manifest_header_path as header_path
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
+from hsextract.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, tensor_bytes
-from hsextract.formats.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.layout import arrow_build_dir
 from hsextract.staging import DTYPES

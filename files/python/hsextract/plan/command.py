@@ -19,6 +19,7 @@ from typing import Any
 
 from hsextract.client.chat_template import OVERLONG_POLICIES
 from hsextract.config_file import add_config_argument
+from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layout import PLAN, plan_path
@@ -83,7 +84,6 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     """Scan the dataset and estimate everything; the report as a JSON-able dict."""
     from hsextract.client.dataset import dataset_files
     from hsextract.client.runner import parse_shard
-    from hsextract.formats.durable import free_bytes
     from hsextract.formats.manifest import completed_indices
     from hsextract.model_info import read_model_info
     from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
@@ -218,8 +218,7 @@ def run(args: argparse.Namespace) -> int:
     path = args.json
     if path is None:
         path = plan_path(args.output) if args.output else Path(PLAN)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_bytes(path, (json.dumps(report, indent=2) + "\n").encode(), durable=False)
     print(f"  report    {path}", file=sys.stderr)
     v = report["output_volume"]
     if not v["ok"] and not args.no_space_check:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
-from hsextract.client.progress import write_json_atomic
 from hsextract.client.runner import shard_size
+from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.layout import regen_status_path, regen_summary_path
 from hsextract.regen import core, reasoning
@@ -288,7 +288,7 @@ class RegenerateRun:
                 st.state = "done"
             reporter.stop()
         if st.state == "done":
-            write_json_atomic(regen_summary_path(out), {**st.summary(), "output": str(self.store.data_path),
+            atomic_write_json(regen_summary_path(out), {**st.summary(), "output": str(self.store.data_path),
                                                     "errors": str(self.store.errors_path),
                                                     "sampling": self.sampling.to_json() if self.sampling else None})
         if self.fatal is not None:

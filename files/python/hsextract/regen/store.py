@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hsextract.client.conversation import Conversation
-from hsextract.client.progress import write_json_atomic
+from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.layout import regen_errors_path, regen_output_path, regen_settings_path, state_dir
 
@@ -121,7 +121,7 @@ class Store:
         try:
             before = json.loads(path.read_text())
         except FileNotFoundError:
-            write_json_atomic(path, settings)
+            atomic_write_json(path, settings)
             return
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: unreadable ({exc}); remove it to start over with this run's settings") from exc

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.formats.durable import atomic_write_bytes
+from hsextract.durable import atomic_write_bytes
 from hsextract.formats.manifest import ManifestEntry
 from hsextract.layout import vocab_checkpoint_path
 from hsextract.vocab.counts import TokenCounts
