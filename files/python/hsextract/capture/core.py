@@ -41,7 +41,6 @@ from hsextract.staging import CAPTURE_MISSING_ROWS, DoneMarker, StateFileLayout
 
 log = logging.getLogger("hsextract.capture")
 
-FINAL_HIDDEN_CHOICES = ("post_norm", "pre_norm")
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
 from hsextract.durable import atomic_write_json, check_writable
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats import final_hidden_for
+from hsextract.formats import DEFAULT_FORMAT, final_hidden_for
 from hsextract.formats.manifest import completed_indices, read_header
 from hsextract.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.model_info import read_model_info
@@ -75,7 +75,7 @@ class ExtractConfig:
     model: Path
     dump_dir: Path
     output: Path
-    format: str = "speculators"
+    format: str = DEFAULT_FORMAT
     rid_prefix: str = "hsx"
     # The defaults of the CLI and of the Ansible roles (roles/hsextract/defaults/main.yml), which a
     # test holds equal: 32 requests in flight keep a server's prefill batches full at 1-4K-token

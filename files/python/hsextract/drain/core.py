@@ -50,7 +50,7 @@ from hsextract.drain.recovery import recover
 from hsextract.drain.staged_io import MappedStates, map_states
 from hsextract.durable import PIECE, free_bytes, is_no_space, write_payload_durably
 from hsextract.errors import ConfigError, StagingError
-from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
+from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
 from hsextract.formats.manifest import (
     ManifestEntry,
@@ -216,7 +216,7 @@ class Drainer:
         # The workers are the parallelism; torch's own intra-op threads in each of them only
         # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
         torch_set_threads(1)
-        if self.cfg.format == "speculators":
+        if FORMATS[self.cfg.format].arrow_dataset:
             # Its finalize builds an Arrow dataset. Importing `datasets` costs about a second of
             # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
             # an import in a background thread cut the first few GB's drain rate by a fifth).
@@ -294,7 +294,7 @@ class Drainer:
     def expected(self) -> v.Expected:
         h, c = self._header, self.cfg
         return v.Expected(
-            final_hidden=FINAL_HIDDEN_FOR_FORMAT[c.format],
+            final_hidden=FORMATS[c.format].final_hidden,
             dtype=h.dtype if h else c.expected_dtype,
             hidden_size=h.hidden_size if h else c.expected_hidden_size,
             eagle_aux_hidden_state_layer_ids=tuple(h.eagle_aux_hidden_state_layer_ids) if h else c.eagle_layer_ids,

@@ -21,7 +21,7 @@ from hsextract.client.chat_template import OVERLONG_POLICIES
 from hsextract.config_file import add_config_argument
 from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats import FORMAT_NAMES
+from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.layout import PLAN, plan_path
 from hsextract.ops.check_shm import DEFAULT_AUX_LAYERS, human
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to plan")
     g.add_argument("--dataset", help="the dataset the client will send")
     g.add_argument("--model", help="the served model's directory (tokenizer, chat template, hidden size)")
-    g.add_argument("--format", choices=FORMAT_NAMES, help="the training set's format (default speculators); "
+    g.add_argument("--format", choices=FORMAT_NAMES, help=f"the training set's format (default {DEFAULT_FORMAT}); "
                    "bytes are printed for every format, the room check uses this one")
     g.add_argument("--output", help="the training set's directory: its volume is checked; samples it has are "
                    "counted as written")
@@ -94,7 +94,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
     if missing:
         raise ConfigError(f"plan needs {', '.join(missing)} (as flags or keys of --config)")
-    fmt = args.format or "speculators"
+    fmt = args.format or DEFAULT_FORMAT
     dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
     info = read_model_info(args.model)
     dtype_name = info.torch_dtype if info.torch_dtype in DTYPES else "bfloat16"
