@@ -622,18 +622,19 @@ class Drainer:
         self._ensure_header(marker)
         assert self._header is not None
         states = mapped.states
+        staged = SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view)
+        if self._streams_staged:
+            h = states.hidden
+            staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
+            staged.check_len = mapped.hidden_len
         sample = Sample(
             rid=record.rid,
             dataset_index=record.index,
             input_ids=states.input_ids,
             loss_mask=_as_int64(record.loss_mask),
             hidden=states.hidden,
-            staged=SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view),
+            staged=staged,
         )
-        if self._streams_staged:
-            h = states.hidden
-            sample.staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
-            sample.staged.check_len = mapped.hidden_len
         payload = self.fmt.encode(sample)
         tmp = self.tmp_dir / f"{record.rid}.tmp"
         while True:

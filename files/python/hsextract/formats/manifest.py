@@ -18,6 +18,7 @@ it off when it starts (`repair_torn_tail`).
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import os
@@ -81,7 +82,7 @@ class ManifestEntry:
     checksum: str  # "<algorithm>:<hex digest>" of the file's bytes
     written_at: float = 0.0
 
-    def to_line(self) -> bytes:
+    def to_line(self) -> builtins.bytes:  # `bytes` alone is the field above
         return (json.dumps(asdict(self), separators=(",", ":")) + "\n").encode()
 
     @classmethod

@@ -31,6 +31,7 @@ import struct
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -177,7 +178,7 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
     tail: list[datasets.Dataset] = []
     if kept and (out / kept[-1]).stat().st_size < TAIL_FILE_LIMIT:
         tail = [datasets.Dataset.from_file(str(out / kept.pop()))]
-    new = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    new: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     for e in rows[covered:]:
         ids, mask = _read_row(out / e.file)
         new["input_ids"].append(ids)

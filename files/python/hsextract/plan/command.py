@@ -132,6 +132,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
            "tokens_per_request": per_request, "bytes_per_token": need.bytes_per_token,
            "estimate_bytes": need.estimate_bytes, "watermark_bytes": need.watermark_bytes}
 
+    rate: float | None
     if args.tokens_per_s:
         rate, source = float(args.tokens_per_s), "--tokens-per-s"
     else:

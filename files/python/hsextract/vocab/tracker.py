@@ -98,16 +98,18 @@ class VocabTracker:
             self.checkpoint()
         return len(tail)
 
-    def add(self, entries: Sequence[ManifestEntry], per_sample: Sequence[tuple[np.ndarray, np.ndarray]],
+    def add(self, entries: Sequence[ManifestEntry], per_sample: Sequence[tuple[np.ndarray, np.ndarray] | None],
             covered: int) -> None:
-        """Count samples just recorded in the manifest, which now has `covered` entries (committer thread)."""
-        if len(per_sample) != len(entries) or any(c is None for c in per_sample):
-            raise VocabError(f"draft vocabulary: {len(entries)} samples committed with {len(per_sample)} counts")
+        """Count samples just recorded in the manifest, which now has `covered` entries (committer thread);
+        a sample without counts (None) is a VocabError."""
+        counts = [c for c in per_sample if c is not None]
+        if len(per_sample) != len(entries) or len(counts) != len(entries):
+            raise VocabError(f"draft vocabulary: {len(entries)} samples committed with {len(counts)} counts")
         with self._lock:
             if self.covered + len(entries) != covered:
                 raise VocabError(f"draft vocabulary: counts cover {self.covered} samples, the manifest "
                                  f"{covered - len(entries)} before this commit")
-            for ids, n in per_sample:
+            for ids, n in counts:
                 self.counts.add(ids, n)
             self.covered = covered
             self.last = entry_identity(entries[-1])
