@@ -44,3 +44,10 @@ def test_the_paths_are_under_the_output_and_staging_directories(tmp_path):
     assert layout.rejects_path(out) == out / ".hsextract" / "rejects.jsonl"
     assert layout.default_quarantine_dir(out) == out / "quarantine"
     assert layout.record_path(dump, "hsx-0123abcd-7") == dump / "_records" / "hsx-0123abcd-7.json"
+
+
+def test_a_writers_temporary_file_among_the_records_is_no_record(tmp_path):
+    path = layout.record_path(tmp_path, "hsx-0123abcd-7")
+    assert layout.record_rid(path.name) == "hsx-0123abcd-7"
+    assert layout.record_rid(f".{path.name}.123.456.0.tmp") is None
+    assert layout.record_rid("notes.txt") is None

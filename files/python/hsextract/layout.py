@@ -59,6 +59,7 @@ QUARANTINE_RECORD = "record.json"  # the client's record of the sample, if it ha
 
 # <dump_dir>/
 RECORDS_DIR = "_records"
+RECORD_SUFFIX = ".json"  # _records/<rid>.json
 CAPTURES_DIR = "_captures"
 
 
@@ -149,7 +150,15 @@ def records_dir(dump_dir: str | Path) -> Path:
 
 
 def record_path(dump_dir: str | Path, rid: str) -> Path:
-    return records_dir(dump_dir) / f"{rid}.json"
+    return records_dir(dump_dir) / f"{rid}{RECORD_SUFFIX}"
+
+
+def record_rid(name: str) -> str | None:
+    """The rid a file name in the records directory is the record of; None for other files
+    (a writer's hidden temporary file among them)."""
+    if name.startswith(".") or not name.endswith(RECORD_SUFFIX):
+        return None
+    return name[: -len(RECORD_SUFFIX)]
 
 
 def captures_dir(dump_dir: str | Path) -> Path:

@@ -59,7 +59,7 @@ from hsextract.formats.manifest import (
     new_hasher,
     write_header,
 )
-from hsextract.layout import client_summary_path, drain_tmp_dir, failures_path, records_dir
+from hsextract.layout import client_summary_path, drain_tmp_dir, failures_path, record_rid, records_dir
 from hsextract.reconcile import read_accounts
 from hsextract.records import SampleRecord, parse_rid, read_record, remove_record
 from hsextract.staging import (
@@ -536,11 +536,9 @@ class Drainer:
         except FileNotFoundError:
             return
         for name in names:
-            if not name.endswith(".json") or name.startswith("."):
-                continue
-            rid = name[: -len(".json")]
-            p = parse_rid(rid)
-            if p is None:
+            rid = record_rid(name)
+            p = parse_rid(rid or "")
+            if rid is None or p is None:
                 continue
             if (self.dump_dir / rid).exists():
                 continue  # the scan decides about its dump first
