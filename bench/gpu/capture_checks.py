@@ -96,7 +96,8 @@ TP2 = ("--tp", "2", "--disable-custom-all-reduce")  # the custom all-reduce is i
 
 
 def gpu_configs(gpus: int) -> list[CheckConfig]:
-    """The configurations for a machine with ``gpus`` GPUs (TP 2 and DP attention need two)."""
+    """The configurations for a machine with ``gpus`` GPUs (TP 2 and DP attention need two; TP 8, alone
+    and with DP attention 8 and 4, needs eight)."""
     configs = [
         CheckConfig("llama-tp1", "llama", (0,)),
         CheckConfig("dsv3-tp1", "dsv3-gpu", (min(1, gpus - 1),), graph_fallback=True),
@@ -107,6 +108,18 @@ def gpu_configs(gpus: int) -> list[CheckConfig]:
             CheckConfig("dsv3-tp2", "dsv3-gpu", (0, 1), TP2, ranks=2, reference="dsv3-tp1", graph_fallback=True),
             CheckConfig("dsv3-tp2-dpattn2", "dsv3-gpu", (0, 1), (*TP2, "--enable-dp-attention", "--dp", "2"),
                         ranks=2, writers=2, reference="dsv3-tp1", graph_fallback=True),
+        ]
+    if gpus >= 8:  # the production parallelism of DeepSeek-V3 and Kimi-K2.5
+        tp8 = ("--tp", "8", "--disable-custom-all-reduce")
+        all8 = tuple(range(8))
+        configs += [
+            CheckConfig("dsv3h8-tp1", "dsv3-gpu8", (2,), graph_fallback=True),
+            CheckConfig("dsv3h8-tp8", "dsv3-gpu8", all8, tp8, ranks=8, reference="dsv3h8-tp1",
+                        graph_fallback=True),
+            CheckConfig("dsv3h8-tp8-dpattn8", "dsv3-gpu8", all8, (*tp8, "--enable-dp-attention", "--dp", "8"),
+                        ranks=8, writers=8, reference="dsv3h8-tp1", graph_fallback=True),
+            CheckConfig("dsv3h8-tp8-dpattn4", "dsv3-gpu8", all8, (*tp8, "--enable-dp-attention", "--dp", "4"),
+                        ranks=8, writers=4, reference="dsv3h8-tp1", graph_fallback=True),
         ]
     return configs
 

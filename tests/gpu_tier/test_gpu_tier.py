@@ -131,3 +131,43 @@ def test_chunks_must_cover_the_prompt_once_in_order():
     assert capture_checks.chunk_problems([[0, 128], [0, 128], [128, 172]], 300)  # a chunk written twice
     assert capture_checks.chunk_problems([[0, 128], [128, 100]], 300)  # rows missing
     assert capture_checks.chunk_problems([[0, 300]], 300)  # longer than a chunk, yet one chunk
+
+
+def _flag(parallel: tuple[str, ...], name: str) -> int:
+    return int(parallel[parallel.index(name) + 1]) if name in parallel else 1
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_every_gpu_configuration_splits_its_model_whole_and_names_a_reference_of_the_same_model(gpus):
+    from hsextract.tiny_model import model_config
+
+    configs = {c.name: c for c in capture_checks.gpu_configs(gpus)}
+    for cfg in configs.values():
+        model = model_config(cfg.kind)
+        tp, dp = _flag(cfg.parallel, "--tp"), _flag(cfg.parallel, "--dp")
+        attn_tp = tp // dp if "--enable-dp-attention" in cfg.parallel else tp
+        assert len(cfg.gpus) == tp == cfg.ranks and max(cfg.gpus) < gpus, cfg
+        assert cfg.writers == (dp if "--enable-dp-attention" in cfg.parallel else 1), cfg
+        heads = model.num_attention_heads
+        assert heads % attn_tp == 0, f"{cfg.name}: {heads} heads at attention TP {attn_tp}"
+        for width in ("intermediate_size", "moe_intermediate_size", "vocab_size"):
+            if hasattr(model, width):
+                assert getattr(model, width) % tp == 0, f"{cfg.name}: {width} {getattr(model, width)} at TP {tp}"
+        if cfg.reference:
+            assert configs[cfg.reference].kind == cfg.kind and configs[cfg.reference].ranks == 1, cfg
+
+
+def test_eight_gpus_add_tp8_alone_and_with_dp_attention_8_and_4():
+    names = {c.name for c in capture_checks.gpu_configs(8)} - {c.name for c in capture_checks.gpu_configs(2)}
+    assert names == {"dsv3h8-tp1", "dsv3h8-tp8", "dsv3h8-tp8-dpattn8", "dsv3h8-tp8-dpattn4"}
+
+
+def test_the_tp8_model_runs_a_forward_pass_in_transformers(tmp_path):
+    from hsextract.tiny_model import make_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    path = make_tiny_model("dsv3-gpu8", tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    out = model(torch.tensor([[5, 6, 7, 8]]), output_hidden_states=True)
+    assert out.logits.shape == (1, 4, model.config.vocab_size)
+    assert torch.isfinite(out.logits).all()

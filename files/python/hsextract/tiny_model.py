@@ -5,7 +5,8 @@ project builds its own. The DeepSeek-V3 model carries the config keys SGLang 0.5
 (``topk_method: noaux_tc``, ``scoring_func: sigmoid`` and yarn rope parameters) and exercises
 MLA and MoE. ``dsv3-gpu`` is the same model with DeepSeek's own MLA head dims (kv_lora_rank 512,
 rope 64, nope 128, v 128): Triton's MLA decode kernel on the GPU does not compile for the CPU
-model's tiny ones (``Cannot make_shape_compatible: 32 and 64``). Generation is deterministic
+model's tiny ones (``Cannot make_shape_compatible: 32 and 64``). ``dsv3-gpu8`` has 8 attention heads
+and wider MLPs, so that every tensor-parallel split of 8 GPUs is whole. Generation is deterministic
 (fixed seeds), so a model directory is reproducible.
 """
 
@@ -16,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-KINDS = ("llama", "dsv3", "dsv3-gpu")
+KINDS = ("llama", "dsv3", "dsv3-gpu", "dsv3-gpu8")
 NUM_LAYERS = 8  # enough for the EAGLE-3 default aux layers [1, L//2-1, L-4] = [1, 3, 4]
 HIDDEN = 64
 VOCAB = 320
@@ -80,7 +81,13 @@ _DSV3_GPU_MLA = {"kv_lora_rank": 512, "q_lora_rank": 96, "qk_rope_head_dim": 64,
                  "v_head_dim": 128}
 
 
-def _dsv3_config(mla: dict[str, int] | None = None):
+# DeepSeek-V3 split 8 ways: 8 attention heads, and MLP widths that stay whole (and a multiple of 8)
+# on each of 8 ranks.
+_DSV3_TP8 = {"num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 512,
+             "moe_intermediate_size": 128}
+
+
+def _dsv3_config(mla: dict[str, int] | None = None, shape: dict[str, int] | None = None):
     from transformers import DeepseekV3Config
 
     dims = {"kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}
@@ -97,12 +104,22 @@ def _dsv3_config(mla: dict[str, int] | None = None):
             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
         },
     )
+    fields.update(shape or {})
     return DeepseekV3Config(**fields)
 
 
 # Keys SGLang 0.5.23 reads from a DeepSeek-V3 config that transformers 5.x no longer writes.
 _DSV3_SGLANG_KEYS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "aux_loss_alpha": 0.001,
                      "seq_aux": True, "ep_size": 1, "num_nextn_predict_layers": 0}
+
+
+def model_config(kind: str):
+    """The transformers config of a tiny model of `kind`."""
+    if kind == "llama":
+        return _llama_config()
+    if kind == "dsv3":
+        return _dsv3_config()
+    return _dsv3_config(_DSV3_GPU_MLA, _DSV3_TP8 if kind == "dsv3-gpu8" else None)
 
 
 def make_tiny_model(kind: str, path: str | Path, seed: int = 0) -> Path:
@@ -115,7 +132,7 @@ def make_tiny_model(kind: str, path: str | Path, seed: int = 0) -> Path:
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    cfg = _llama_config() if kind == "llama" else _dsv3_config(_DSV3_GPU_MLA if kind == "dsv3-gpu" else None)
+    cfg = model_config(kind)
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     # Random init gives near-uniform logits; widen them so greedy decoding is well separated.
     with torch.no_grad():
