@@ -79,6 +79,7 @@ controller: $(CONTROLLER)/.complete
 # tests/ansible/test_ansible_lint.py), without the rest of the suite.
 lint: venv controller
 	$(VENV)/bin/ruff check files/python tests bench
+	cd files/python && $(CONTROLLER)/bin/python -m mypy --python-executable $(VENV)/bin/python hsextract
 	$(CONTROLLER)/bin/yamllint --strict .
 	for playbook in $(PLAYBOOKS); do $(CONTROLLER)/bin/ansible-playbook --syntax-check $$playbook; done
 	$(CONTROLLER)/bin/ansible-lint --offline --profile production --nocolor

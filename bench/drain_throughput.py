@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "files" / "python"))
 import torch  # noqa: E402
 from hsextract.drain import core  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
-from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT  # noqa: E402
+from hsextract.formats import FORMATS as REGISTRY  # noqa: E402
 from hsextract.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
 from hsextract.staging import DoneMarker, StateFileLayout, write_done_marker  # noqa: E402
 from hsextract.vocab import counts as counts_mod  # noqa: E402
@@ -170,7 +170,7 @@ def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None
     shutil.copy(master / "run" / "run.json", out / "run.json")  # same run id as the staged rids
     work = shm / "work"
     shutil.copytree(master / "dump", work)
-    if FINAL_HIDDEN_FOR_FORMAT[fmt] == "post_norm":  # SpecForge and ModelOpt take the final hidden state post-norm
+    if REGISTRY[fmt].final_hidden == "post_norm":  # SpecForge and ModelOpt take the final hidden state post-norm
         for marker in work.glob("*/done.json"):
             marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
     try:

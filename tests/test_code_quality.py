@@ -1,10 +1,13 @@
-"""The Python code base is ruff clean and free of machine-specific paths."""
+"""The Python code base is ruff and mypy clean and free of machine-specific paths."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,6 +18,18 @@ def test_python_sources_pass_ruff():
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, f"ruff found problems:\n{result.stdout}{result.stderr}"
+
+
+def test_the_package_passes_mypy():
+    # mypy is a controller tool (requirements/controller.txt); it checks against this env's packages
+    bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
+    if not bin_dir:
+        pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
+    result = subprocess.run(
+        [str(Path(bin_dir) / "python"), "-m", "mypy", "--python-executable", sys.executable, "hsextract"],
+        cwd=ROOT / "files" / "python", capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, f"mypy found problems:\n{result.stdout}{result.stderr}"
 
 
 def test_committed_files_name_no_path_of_a_developer_machine():

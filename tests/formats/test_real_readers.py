@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT
+from hsextract.formats import FORMATS
 from hsextract.formats.manifest import iter_entries, read_header, verify_entry
 from hsextract.records import load_or_create_run_id
 from support.drain_proc import drain_until_done
@@ -34,7 +34,7 @@ def prenorm_server(request, tmp_path_factory, tiny_llama, free_port):
 
 @pytest.mark.parametrize("fmt", ["specforge", "speculators", "speculators-v1", "modelopt"])
 def test_drained_real_dumps_load_with_the_trainers_reader(request, fmt, readers, tiny_llama, tmp_path):
-    post_norm = FINAL_HIDDEN_FOR_FORMAT[fmt] == "post_norm"
+    post_norm = FORMATS[fmt].final_hidden == "post_norm"
     server = request.getfixturevalue("llama_server" if post_norm else "prenorm_server")
     dump, out = tmp_path / "dump", tmp_path / "out"
     run_id = load_or_create_run_id(out)

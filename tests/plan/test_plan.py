@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.client.chat_template import load_tokenizer
-from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, FORMAT_NAMES
+from hsextract.formats import FORMAT_NAMES, FORMATS
 from hsextract.formats.manifest import ManifestAppender, ManifestEntry, iter_entries
 from hsextract.records import load_or_create_run_id, parse_rid
 from hsextract.staging import iter_complete
@@ -67,7 +67,7 @@ def test_plan_equals_what_a_real_extract_sends_and_writes_in_every_format(llama_
         fout.mkdir()
         shutil.copy(out / "run.json", fout / "run.json")
         shutil.copytree(out / ".hsextract", fout / ".hsextract")  # the client's summary, rejects and failures
-        if FINAL_HIDDEN_FOR_FORMAT[fmt] == "pre_norm":  # the sizes do not depend on where the norm is
+        if FORMATS[fmt].final_hidden == "pre_norm":  # the sizes do not depend on where the norm is
             for marker in dump.glob("*/done.json"):
                 marker.write_text(marker.read_text().replace('"post_norm"', '"pre_norm"'))
         for record in (dump / "_records").glob("*.json"):  # the client's records, as if it ran for this drain

@@ -23,11 +23,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hsextract.layout import (
+    FAILURES,
+    QUARANTINE_DIR,
+    QUARANTINE_REASON,
+    client_status_path,
+    client_summary_path,
+    default_quarantine_dir,
+    failures_path,
+    rejects_path,
+    run_file_path,
+)
 from hsextract.records import parse_rid
 
 DEFAULT_MAX_FAILURE_SHARE = 0.01
-REJECTS_FILE = "rejects.jsonl"
-FAILURES_FILE = "failures.jsonl"
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,8 @@ class Accounts:
             out.append(f"{len(self.unaccounted)} accepted sample(s) are in neither the training set, the failures "
                        f"nor the quarantine (dataset indices {shown}): this is a bug, please report it")
         for what, counts, share, where in (
-            ("failed", self.failed, self.failed_share(), FAILURES_FILE),
-            ("quarantined", self.quarantined, self.quarantined_share(), "quarantine/"),
+            ("failed", self.failed, self.failed_share(), FAILURES),
+            ("quarantined", self.quarantined, self.quarantined_share(), f"{QUARANTINE_DIR}/"),
         ):
             if share > max_share:
                 reasons = ", ".join(f"{r} {n}" for r, n in sorted(counts.items()))
@@ -151,7 +160,7 @@ def quarantined_indices(quarantine: Path, run_id: str) -> dict[int, str]:
         if p is None or p.probe or p.run_id != run_id:
             continue
         try:
-            reason = (d / "reason.txt").read_text().splitlines()[0].strip()
+            reason = (d / QUARANTINE_REASON).read_text().splitlines()[0].strip()
         except (OSError, IndexError):
             reason = "?"
         out[p.index] = reason
@@ -163,15 +172,13 @@ def read_accounts(output: Path, quarantine: Path | None = None, on_the_way: Iter
     """The accounts of the run written to `output`, from its files; None before the client has
     said how large its shard is. ``final`` defaults to "the client has finished"; the caller
     knows whether anything is still staged (``on_the_way``)."""
-    from hsextract.formats.manifest import iter_entries, state_dir
-    from hsextract.records import RUN_FILE
+    from hsextract.formats.manifest import iter_entries
 
-    sdir = state_dir(output)
-    client = _read_json(sdir / "client-summary.json")
+    client = _read_json(client_summary_path(output))
     finished = client is not None
     if client is None:
-        client = _read_json(sdir / "client-status.json")
-    run = _read_json(output / RUN_FILE)
+        client = _read_json(client_status_path(output))
+    run = _read_json(run_file_path(output))
     if not client or not run or not isinstance(client.get("dataset_lines"), int):
         return None
     i, n = (client.get("shard") or [0, 1])[:2]
@@ -179,10 +186,10 @@ def read_accounts(output: Path, quarantine: Path | None = None, on_the_way: Iter
     in_set = {e.dataset_index for e in iter_entries(output)}
     return reconcile(
         shard,
-        rejected=read_indexed_jsonl(sdir / REJECTS_FILE),
+        rejected=read_indexed_jsonl(rejects_path(output)),
         in_set=in_set,
-        failed=read_indexed_jsonl(sdir / FAILURES_FILE),
-        quarantined=quarantined_indices(quarantine or output / "quarantine", str(run.get("run_id", ""))),
+        failed=read_indexed_jsonl(failures_path(output)),
+        quarantined=quarantined_indices(quarantine or default_quarantine_dir(output), str(run.get("run_id", ""))),
         on_the_way=set(on_the_way),
         final=finished if final is None else final,
     )

@@ -26,13 +26,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hsextract.durable import atomic_write_bytes
 from hsextract.errors import ConfigError, StagingError
-from hsextract.staging import RECORDS_DIR
+from hsextract.layout import record_path, run_file_path
 
 _RID_RE = re.compile(
     r"^(?P<prefix>[A-Za-z0-9_.]+)-(?P<run>[0-9a-f]{8,32})-(?:(?P<index>\d+)|p(?P<probe>[0-9a-f]{4,32}))$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.]+$")
-RUN_FILE = "run.json"
 
 
 def check_prefix(prefix: str) -> str:
@@ -87,26 +87,15 @@ class SampleRecord:
     output: str = ""
 
 
-def records_dir(dump_dir: str | Path) -> Path:
-    return Path(dump_dir) / RECORDS_DIR
-
-
-def record_path(dump_dir: str | Path, rid: str) -> Path:
-    return records_dir(dump_dir) / f"{rid}.json"
-
-
 def write_record(dump_dir: str | Path, record: SampleRecord) -> Path:
     """Write a record atomically (temporary name, then rename); return its path."""
     if len(record.input_ids) != len(record.loss_mask):
         raise StagingError(
             f"record {record.rid}: {len(record.input_ids)} input ids but {len(record.loss_mask)} loss-mask values"
         )
-    d = records_dir(dump_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    final = d / f"{record.rid}.json"
-    tmp = d / f".{record.rid}.json.tmp"
-    tmp.write_text(json.dumps(asdict(record), separators=(",", ":")))
-    os.replace(tmp, final)
+    final = record_path(dump_dir, record.rid)
+    # Not durable: the staging directory is a ramdisk that a reboot empties anyway.
+    atomic_write_bytes(final, json.dumps(asdict(record), separators=(",", ":")).encode(), durable=False)
     return final
 
 
@@ -130,7 +119,7 @@ def load_or_create_run_id(output_dir: str | Path) -> str:
     """The run id of an output directory, created once (O_EXCL) by whichever of client or drain starts first."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / RUN_FILE
+    path = run_file_path(out)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:

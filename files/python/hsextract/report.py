@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hsextract.layout import QUARANTINE_REASON
+
 Snapshot = Mapping[str, Any]
 
 
@@ -210,7 +212,7 @@ def _problem_rows(view: RunView) -> list[tuple[str, str]]:
     _by_reason(rows, "rejected", int(client.get("rejected", 0)), client.get("rejected_by_reason"), view.files.rejected)
     _by_reason(rows, "failed", int(client.get("failed", 0)), client.get("failed_by_reason"), view.files.failed)
     _by_reason(rows, "quarantined", int(drain.get("quarantined", 0)), drain.get("quarantined_by_reason"),
-               f"{view.files.quarantined}/<rid>/reason.txt")
+               f"{view.files.quarantined}/<rid>/{QUARANTINE_REASON}")
     stale = int(drain.get("stale_removed", 0))
     if stale:  # staged dumps that were never samples of this run, or were written already: nothing lost
         _by_reason(rows, "stale removed", stale, drain.get("stale_removed_by_reason"), "the drain's journal")

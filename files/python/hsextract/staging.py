@@ -41,12 +41,11 @@ from typing import Any
 import torch
 
 from hsextract.errors import StagingError
+from hsextract.layout import captures_dir
 
 STATES_FILE = "states.safetensors"
 DONE_FILE = "done.json"
 FAILED_FILE = "failed.json"
-RECORDS_DIR = "_records"
-CAPTURES_DIR = "_captures"
 FORMAT_VERSION = 1
 # Data starts on a 4 KiB boundary so row slices stay page aligned in the file.
 _ALIGN = 4096
@@ -264,7 +263,7 @@ class CaptureAnnouncement:
 
 
 def write_announcement(dump_dir: str | Path, ann: CaptureAnnouncement) -> Path:
-    d = Path(dump_dir) / CAPTURES_DIR
+    d = captures_dir(dump_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / ann.file_name
     tmp = d / f".{ann.file_name}.tmp"
@@ -279,7 +278,7 @@ def live_announcements(dump_dir: str | Path) -> list[CaptureAnnouncement]:
 
     host = socket.gethostname()
     out = []
-    for p in sorted((Path(dump_dir) / CAPTURES_DIR).glob("*.json")):
+    for p in sorted(captures_dir(dump_dir).glob("*.json")):
         try:
             data = json.loads(p.read_text())
             known = CaptureAnnouncement.__dataclass_fields__

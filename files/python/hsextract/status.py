@@ -14,16 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hsextract.client.progress import FAILURES_FILE, REJECTS_FILE
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
+from hsextract.layout import client_status_path, default_quarantine_dir, drain_status_path, failures_path, rejects_path
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.report import ProblemFiles, RunView, status_lines
 
-DRAIN_STATUS = "drain-status.json"
-CLIENT_STATUS = "client-status.json"
 FINISHED_STATES = ("done", "stopped")
-QUARANTINE_DIR = "quarantine"  # the drain's default --quarantine-dir, under the output directory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,18 +68,16 @@ def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
 
 def problem_files(output: str | Path, drain: dict[str, Any] | None = None) -> ProblemFiles:
     """The files that list a run's rejected, failed and quarantined samples."""
-    sdir = Path(output) / ".hsextract"
-    quarantine = (drain or {}).get("quarantine_dir") or Path(output) / QUARANTINE_DIR
-    return ProblemFiles(rejected=str(sdir / REJECTS_FILE), failed=str(sdir / FAILURES_FILE),
+    quarantine = (drain or {}).get("quarantine_dir") or default_quarantine_dir(output)
+    return ProblemFiles(rejected=str(rejects_path(output)), failed=str(failures_path(output)),
                         quarantined=str(quarantine))
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise ConfigError("status needs --output (on the command line or in --config)")
-    sdir = Path(args.output) / ".hsextract"
-    drain = _read(sdir / DRAIN_STATUS)
-    client = _read(sdir / CLIENT_STATUS)
+    drain = _read(drain_status_path(args.output))
+    client = _read(client_status_path(args.output))
     now = time.time()
     health = drain_health(drain, args.stale_after, now)
     accounts = run_accounts(Path(args.output), drain)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hsextract.capture.core import FINAL_HIDDEN_CHOICES
 from hsextract.errors import ConfigError
-from hsextract.formats import final_hidden_for
+from hsextract.formats import FINAL_HIDDEN_PLACEMENTS, final_hidden_for
 from hsextract.layers import CONVENTIONS, parse_ids
 from hsextract.records import check_prefix
 
@@ -51,8 +50,9 @@ class CaptureConfig:
                 object.__setattr__(self, name, int(getattr(self, name) or 0))
             except (TypeError, ValueError):
                 raise ConfigError(f"capture config: {name}={getattr(self, name)!r} is not an integer") from None
-        if self.final_hidden not in FINAL_HIDDEN_CHOICES:
-            raise ConfigError(f"final_hidden={self.final_hidden!r}: expected one of {', '.join(FINAL_HIDDEN_CHOICES)}")
+        if self.final_hidden not in FINAL_HIDDEN_PLACEMENTS:
+            raise ConfigError(f"final_hidden={self.final_hidden!r}: expected one of "
+                              f"{', '.join(FINAL_HIDDEN_PLACEMENTS)}")
         if self.format:
             final_hidden_for(self.format, self.final_hidden, what="capture final_hidden")
         if self.layer_convention not in CONVENTIONS:

@@ -41,7 +41,6 @@ from hsextract.staging import CAPTURE_MISSING_ROWS, DoneMarker, StateFileLayout
 
 log = logging.getLogger("hsextract.capture")
 
-FINAL_HIDDEN_CHOICES = ("post_norm", "pre_norm")
 
 
 @dataclass(frozen=True)
@@ -217,7 +216,6 @@ class CapturePlanner:
         return segments
 
     def _plan_one(self, req: BatchRequest, prompt_len: int) -> Segment | None:
-        s = self.settings
         state = self._tracked.get(req.rid)
         create = False
         if state is not None:
@@ -235,21 +233,9 @@ class CapturePlanner:
                           req.rid, req.prefix_len, req.extend_len)
                 return None
         if state is None:
-            if prompt_len <= 0 or req.prefix_len >= prompt_len:
-                return None  # decode rows of a request the capture is not tracking
-            if req.prefix_len > 0:
-                # Either its first rows came from a prefix cache, or this is a decode/re-prefill row
-                # of a request no longer tracked: no complete dump can come of it, write nothing.
-                self.skipped_partial += 1
-                detail = (f"the first forward seen starts at row {req.prefix_len} of {prompt_len}, not 0 (a cached "
-                          "prefix, or a request dropped from tracking); the server must run with --disable-radix-cache")
-                log.warning("rid %s: %s; it is marked failed", req.rid, detail)
-                self.fail(req.rid, CAPTURE_MISSING_ROWS)
-                self._failures.append(Failure(req.rid, CAPTURE_MISSING_ROWS, detail))
+            state = self._start(req, prompt_len)
+            if state is None:
                 return None
-            layout = StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype)
-            state = RequestState(req.rid, layout)
-            self._track(state)
             create = True
         start = req.prefix_len
         end = min(req.prefix_len + req.extend_len, state.prompt_len)
@@ -263,6 +249,25 @@ class CapturePlanner:
             state.complete = True
             state.marker = self._marker(state)
         return Segment(state, req.batch_row + 0, start, end - start, create)
+
+    def _start(self, req: BatchRequest, prompt_len: int) -> RequestState | None:
+        """Track a request seen for the first time, if its dump can be complete."""
+        if prompt_len <= 0 or req.prefix_len >= prompt_len:
+            return None  # decode rows of a request the capture is not tracking
+        if req.prefix_len > 0:
+            # Either its first rows came from a prefix cache, or this is a decode/re-prefill row
+            # of a request no longer tracked: no complete dump can come of it, write nothing.
+            self.skipped_partial += 1
+            detail = (f"the first forward seen starts at row {req.prefix_len} of {prompt_len}, not 0 (a cached "
+                      "prefix, or a request dropped from tracking); the server must run with --disable-radix-cache")
+            log.warning("rid %s: %s; it is marked failed", req.rid, detail)
+            self.fail(req.rid, CAPTURE_MISSING_ROWS)
+            self._failures.append(Failure(req.rid, CAPTURE_MISSING_ROWS, detail))
+            return None
+        s = self.settings
+        state = RequestState(req.rid, StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype))
+        self._track(state)
+        return state
 
     @staticmethod
     def _settled(state: RequestState) -> bool:

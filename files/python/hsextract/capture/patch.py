@@ -20,7 +20,7 @@ from pathlib import Path
 from hsextract.capture.config import CaptureConfig
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
-from hsextract.formats import FORMAT_NAMES, final_hidden_for
+from hsextract.formats import FINAL_HIDDEN_PLACEMENTS, FORMAT_NAMES, final_hidden_for
 from hsextract.layers import parse_ids, resolve
 from hsextract.model_info import read_model_info
 
@@ -173,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rid-prefix", default="hsx")
     parser.add_argument("--format", choices=FORMAT_NAMES,
                         help="the training-set format; sets the final-norm placement it needs")
-    parser.add_argument("--final-hidden", choices=("post_norm", "pre_norm"),
+    parser.add_argument("--final-hidden", choices=FINAL_HIDDEN_PLACEMENTS,
                         help="final hidden state post- or pre-norm (default: what --format needs, else post_norm)")
     parser.add_argument("--package-name", default=DEFAULT_PACKAGE)
     parser.add_argument("--ansible-managed", default=DEFAULT_ANSIBLE_MANAGED)

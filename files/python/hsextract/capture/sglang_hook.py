@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,49 @@ def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts)
         log.warning("hsextract capture: cannot announce itself in %s (%s)", cfg.dump_dir, exc)
 
 
+def _check_settings(cfg: CaptureConfig, facts: ServerFacts, num_hidden_layers: int, writes: bool) -> CaptureLayers:
+    """The capture's layers, once every setting is checked; else a ConfigError listing every problem,
+    so one failed start tells the operator everything to fix."""
+    layers: list[CaptureLayers] = []
+    checks: list[Callable[[], object]] = [
+        lambda: check_sglang_version(sglang_version()),
+        lambda: check_server(facts),
+        lambda: layers.append(resolve(cfg.aux_layer_ids, num_hidden_layers, cfg.layer_convention)),
+    ]
+    if writes:
+        checks.append(lambda: check_dump_dir(cfg.dump_dir))
+    problems: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("hsextract capture: " + " AND ".join(problems))
+    return layers[0]
+
+
+def _states_dtype(inner: Any) -> torch.dtype:
+    """The dtype the states are staged in: the model's embedding's, else bfloat16."""
+    embed = getattr(getattr(inner, "embed_tokens", None), "weight", None)
+    if embed is not None and embed.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        return embed.dtype
+    return torch.bfloat16
+
+
+def _make_writer(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> CaptureWriter:
+    cuda = facts.device != "cpu" and torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return CaptureWriter(
+        Path(cfg.dump_dir),
+        settings,
+        device=device,
+        num_threads=cfg.writer_threads or (8 if cuda else 2),
+        max_bytes_in_flight=cfg.max_bytes_in_flight or ((4 << 30) if cuda else (256 << 20)),
+        pool_granularity=cfg.tunable("pool_granularity_bytes", 2 << 20),
+    )
+
+
 def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     """Switch the capture on for a freshly built SGLang model; raise ConfigError on bad settings."""
     cfg = config if isinstance(config, CaptureConfig) else CaptureConfig.from_dict(config)
@@ -238,39 +282,16 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     causal_lm = causal_lm_of(model, spec)
     text_cfg = text_config_of(causal_lm)
     attn_tp_rank, attn_dp_rank = _parallel_ranks(facts)
-    # Collect every problem, so one failed start tells the operator everything to fix.
-    problems: list[str] = []
-    try:
-        check_sglang_version(sglang_version())
-    except ConfigError as exc:
-        problems.append(str(exc))
-    try:
-        check_server(facts)
-    except ConfigError as exc:
-        problems.append(str(exc))
-    try:
-        layers = resolve(cfg.aux_layer_ids, int(text_cfg.num_hidden_layers), cfg.layer_convention)
-    except ConfigError as exc:
-        problems.append(str(exc))
-    if writes_dumps(attn_tp_rank):
-        try:
-            check_dump_dir(cfg.dump_dir)
-        except ConfigError as exc:
-            problems.append(str(exc))
-    if problems:
-        raise ConfigError("hsextract capture: " + " AND ".join(problems))
+    layers = _check_settings(cfg, facts, int(text_cfg.num_hidden_layers), writes_dumps(attn_tp_rank))
     set_capture_layers(causal_lm, layers)
     if spec.mla and facts.device == "cpu" and facts.attention_backend in (None, "torch_native"):
         register_cpu_mla()
     inner = causal_lm.model
-    embed = getattr(getattr(inner, "embed_tokens", None), "weight", None)
-    dtype = embed.dtype if embed is not None and embed.dtype in (torch.bfloat16, torch.float16, torch.float32) \
-        else torch.bfloat16
     settings = CaptureSettings(
         rid_prefix=cfg.rid_prefix,
         layers=layers,
         hidden_size=int(text_cfg.hidden_size),
-        dtype=dtype_name(dtype),
+        dtype=dtype_name(_states_dtype(inner)),
         final_hidden=cfg.final_hidden,
         architecture=cfg.architecture,
         model_path=cfg.model_path,
@@ -279,19 +300,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
         attn_dp_rank=attn_dp_rank,
         max_tracked=cfg.max_tracked_requests,
     )
-    writer = None
-    if writes_dumps(attn_tp_rank):
-        dump_dir = Path(cfg.dump_dir)
-        cuda = facts.device != "cpu" and torch.cuda.is_available()
-        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        writer = CaptureWriter(
-            dump_dir,
-            settings,
-            device=device,
-            num_threads=cfg.writer_threads or (8 if cuda else 2),
-            max_bytes_in_flight=cfg.max_bytes_in_flight or ((4 << 30) if cuda else (256 << 20)),
-            pool_granularity=cfg.tunable("pool_granularity_bytes", 2 << 20),
-        )
+    writer = _make_writer(cfg, settings, facts) if writes_dumps(attn_tp_rank) else None
     fault_every = cfg.tunable("testonly_fail_every_kth_batch", 0)
     if fault_every and writer is not None:
         log.error("hsextract capture: TEST-ONLY FAULT SWITCH ON: every %dth prefill batch is failed on purpose "

@@ -494,33 +494,8 @@ class CaptureWriter:
                      mapped: _MappedFile | None) -> None:
         state = seg.state
         path = self._states_path(state.rid)
-        error: OSError | None = None
         nbytes = (b - a) * job.row_bytes
-        if not state.failed:
-            try:
-                layout = state.layout
-                src = (seg.batch_row + a) * job.row_bytes
-                dst = layout.hidden_offset(seg.dst_row + a)
-                if with_ids and self._whole(seg, b):
-                    self._write_whole(path, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
-                elif mapped is not None:  # parallel: page faults do not take the inode lock
-                    ctypes.memmove(mapped.addr + dst, job.buf.data_ptr() + src, nbytes)
-                if (mapped is None or with_ids) and not self._whole(seg, b):
-                    fd = os.open(path, os.O_WRONLY)
-                    try:
-                        if mapped is None:  # pwrite: tmpfs serialises these per file
-                            _pwrite_all(fd, mv[src : src + nbytes], dst)
-                        if with_ids:
-                            _pwrite_all(fd, self._ids_view(job, mv, seg), layout.ids_offset(seg.dst_row))
-                    finally:
-                        os.close(fd)
-                with self._stats_lock:
-                    self.bytes_written += nbytes + (8 * seg.rows if with_ids else 0)
-            except OSError as exc:
-                error = exc
-            except Exception as exc:  # a bug must not kill the writer thread silently
-                log.exception("capture: unexpected error writing %s", path)
-                error = OSError(errno.EIO, str(exc))
+        error = None if state.failed else self._put_slice(path, job, mv, seg, a, b, with_ids, mapped)
         if mapped is not None:
             mapped.done(nbytes)
         if error is not None:
@@ -532,6 +507,36 @@ class CaptureWriter:
             last = job.remaining == 0
         if last:
             self._finish_job(job)
+
+    def _put_slice(self, path: str, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+                   mapped: _MappedFile | None) -> OSError | None:
+        """Write rows [a, b) of the segment (and its ids) into the request's file; the error, if any."""
+        try:
+            layout = seg.state.layout
+            nbytes = (b - a) * job.row_bytes
+            src = (seg.batch_row + a) * job.row_bytes
+            dst = layout.hidden_offset(seg.dst_row + a)
+            if with_ids and self._whole(seg, b):
+                self._write_whole(path, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
+            elif mapped is not None:  # parallel: page faults do not take the inode lock
+                ctypes.memmove(mapped.addr + dst, job.buf.data_ptr() + src, nbytes)
+            if (mapped is None or with_ids) and not self._whole(seg, b):
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    if mapped is None:  # pwrite: tmpfs serialises these per file
+                        _pwrite_all(fd, mv[src : src + nbytes], dst)
+                    if with_ids:
+                        _pwrite_all(fd, self._ids_view(job, mv, seg), layout.ids_offset(seg.dst_row))
+                finally:
+                    os.close(fd)
+            with self._stats_lock:
+                self.bytes_written += nbytes + (8 * seg.rows if with_ids else 0)
+        except OSError as exc:
+            return exc
+        except Exception as exc:  # a bug must not kill the writer thread silently
+            log.exception("capture: unexpected error writing %s", path)
+            return OSError(errno.EIO, str(exc))
+        return None
 
     @staticmethod
     def _ids_view(job: _Job, mv: memoryview, seg: Segment) -> memoryview:

@@ -9,7 +9,6 @@ written atomically and only by a run that has an answer for every sample.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import sys
@@ -20,31 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from hsextract.durable import atomic_write_json
+from hsextract.layout import client_status_path
 from hsextract.report import progress_line
 
 log = logging.getLogger("hsextract.client")
-
-STATE_DIR = ".hsextract"
-STATUS_FILE = "client-status.json"
-SUMMARY_FILE = "client-summary.json"
-REJECTS_FILE = "rejects.jsonl"
-FAILURES_FILE = "failures.jsonl"
-
-
-def state_dir(output: str | Path) -> Path:
-    return Path(output) / STATE_DIR
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary name, fsync, rename: readers see the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with tmp.open("w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
 
 @dataclass
 class RunStats:
@@ -149,7 +128,7 @@ class Reporter:
     def __init__(self, stats: RunStats, output: str | Path, stream: TextIO | None = None,
                  status_every: float = 1.0, log_every: float = 30.0):
         self.stats = stats
-        self.status_path = state_dir(output) / STATUS_FILE
+        self.status_path = client_status_path(output)
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.status_every = status_every
@@ -169,7 +148,7 @@ class Reporter:
 
     def tick(self) -> None:
         snap = self.stats.snapshot()
-        write_json_atomic(self.status_path, snap)
+        atomic_write_json(self.status_path, snap)
         if snap["paused_reason"] != self._last_paused:
             if snap["paused_reason"]:
                 log.warning("paused: %s", snap["paused_reason"])

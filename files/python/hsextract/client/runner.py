@@ -37,22 +37,15 @@ from typing import Any
 from hsextract.client.backpressure import Backpressure, Watermark
 from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
-from hsextract.client.dataset import Reject, count_rows, dataset_files, read_dataset
+from hsextract.client.dataset import Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.client.probe import probe_capture
-from hsextract.client.progress import (
-    FAILURES_FILE,
-    REJECTS_FILE,
-    SUMMARY_FILE,
-    Reporter,
-    RunStats,
-    state_dir,
-    write_json_atomic,
-)
+from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
+from hsextract.durable import atomic_write_json, check_writable
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats import final_hidden_for
-from hsextract.formats.durable import check_writable
+from hsextract.formats import DEFAULT_FORMAT, final_hidden_for
 from hsextract.formats.manifest import completed_indices, read_header
+from hsextract.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.model_info import read_model_info
 from hsextract.records import (
     SampleRecord,
@@ -82,7 +75,7 @@ class ExtractConfig:
     model: Path
     dump_dir: Path
     output: Path
-    format: str = "speculators"
+    format: str = DEFAULT_FORMAT
     rid_prefix: str = "hsx"
     # The defaults of the CLI and of the Ansible roles (roles/hsextract/defaults/main.yml), which a
     # test holds equal: 32 requests in flight keep a server's prefill batches full at 1-4K-token
@@ -247,7 +240,7 @@ class ExtractRun:
                     self._resend.append((rid, enc))
             else:
                 log.error("sample %d (%s): %s after %d attempts (%s); reported in %s", enc.index, rid, reason,
-                          attempts, verdict.detail, FAILURES_FILE)
+                          attempts, verdict.detail, FAILURES)
                 with st.lock:
                     st.failed[reason] += 1
                 self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
@@ -298,19 +291,7 @@ class ExtractRun:
     def run(self) -> RunStats:
         cfg, st = self.cfg, self.stats
         out = Path(cfg.output)
-        check_writable(out, "output directory", "--output")
-        check_writable(Path(cfg.dump_dir), "staging directory", "--dump-dir")
-        header = read_header(out)
-        if header is not None and header.format != cfg.format:
-            raise ConfigError(f"output directory {out} holds a {header.format!r} training set, but this client runs "
-                              f"with --format {cfg.format}; use the format of the set, or a new output directory")
-        run_id = load_or_create_run_id(out)
-        self.run_id = run_id
-        sdir = state_dir(out)
-        sdir.mkdir(parents=True, exist_ok=True)
-        (sdir / SUMMARY_FILE).unlink(missing_ok=True)  # a new run is not finished yet
-        self._rejects = _JsonlAppender(sdir / REJECTS_FILE)
-        self._failures = _JsonlAppender(sdir / FAILURES_FILE)
+        run_id = self._open_output(out)
         st.dataset_lines = count_rows(cfg.dataset)
         st.shard = cfg.shard
         st.samples_total = shard_size(st.dataset_lines, cfg.shard)
@@ -320,10 +301,7 @@ class ExtractRun:
         log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
                  cfg.dataset, cfg.server)
         try:
-            if not self.sender.gate.probe():  # under systemd the client may start before the server is up
-                st.paused_reason = f"waiting for the server {cfg.server} to answer /health"
-                self.sender.gate.wait_healthy(since=time.monotonic())
-                st.paused_reason = None
+            self._wait_for_server()
             self._probe(run_id)
             # staging first, then the manifest: a dump drained in between is in the second
             skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
@@ -339,24 +317,52 @@ class ExtractRun:
         finally:
             self._pool_shutdown()
             self._watch.close()
-            if self.fatal is not None:
-                st.state = "failed"
-                st.error = str(self.fatal)
-            elif self.stop.is_set():
-                st.state = "stopped"
-            else:
-                st.state = "done"
-            st.paused_reason = None
+            self._settle_state()
             reporter.stop()
             self._rejects.close()
             self._failures.close()
         if st.state == "done":
-            write_json_atomic(sdir / SUMMARY_FILE, st.summary())
+            atomic_write_json(client_summary_path(out), st.summary())
         if isinstance(self.fatal, HsextractError):
             raise self.fatal
         if self.fatal is not None:
             raise HsextractError(f"client stopped on an internal error: {self.fatal!r}") from self.fatal
         return st
+
+    def _open_output(self, out: Path) -> str:
+        """Check the directories, open this run's files in the output directory; the run id."""
+        cfg = self.cfg
+        check_writable(out, "output directory", "--output")
+        check_writable(Path(cfg.dump_dir), "staging directory", "--dump-dir")
+        header = read_header(out)
+        if header is not None and header.format != cfg.format:
+            raise ConfigError(f"output directory {out} holds a {header.format!r} training set, but this client runs "
+                              f"with --format {cfg.format}; use the format of the set, or a new output directory")
+        self.run_id = load_or_create_run_id(out)
+        state_dir(out).mkdir(parents=True, exist_ok=True)
+        client_summary_path(out).unlink(missing_ok=True)  # a new run is not finished yet
+        self._rejects = _JsonlAppender(rejects_path(out))
+        self._failures = _JsonlAppender(failures_path(out))
+        return self.run_id
+
+    def _wait_for_server(self) -> None:
+        """Under systemd the client may start before the server is up."""
+        if not self.sender.gate.probe():
+            self.stats.paused_reason = f"waiting for the server {self.cfg.server} to answer /health"
+            self.sender.gate.wait_healthy(since=time.monotonic())
+            self.stats.paused_reason = None
+
+    def _settle_state(self) -> None:
+        """The run's final state: failed (with the error), stopped, or done."""
+        st = self.stats
+        if self.fatal is not None:
+            st.state = "failed"
+            st.error = str(self.fatal)
+        elif self.stop.is_set():
+            st.state = "stopped"
+        else:
+            st.state = "done"
+        st.paused_reason = None
 
     def _probe(self, run_id: str) -> None:
         cfg = self.cfg
@@ -375,39 +381,48 @@ class ExtractRun:
             pool.shutdown(wait=True)
 
     def _produce(self, run_id: str, skip: set[int]) -> None:
-        cfg, st = self.cfg, self.stats
+        cfg = self.cfg
         i_shard, n_shard = cfg.shard
         self._bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token, run_id=run_id)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
         for item in read_dataset(cfg.dataset):  # every row, for shard-independent duplicate detection
             if self.stop.is_set() or not self._send_again():
                 return
-            index = item.index
-            if index % n_shard != i_shard:
-                continue
-            if isinstance(item, Reject):
-                self._reject(item)
-                continue
-            if index in skip:
-                with st.lock:
-                    st.skipped += 1
-                continue
-            enc = self.encoder.encode(item)
-            if isinstance(enc, Reject):
-                self._reject(enc)
-                continue
-            if enc.truncated_from:
-                with st.lock:
-                    st.truncated += 1
-            rid = make_rid(cfg.rid_prefix, run_id, index)
-            enc.file, enc.line = item.file, item.line
-            write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
-                                                    item.source, cfg.format, str(Path(cfg.output))))
-            if not self._send(rid, enc):
-                remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
+            if item.index % n_shard == i_shard and not self._produce_one(item, run_id, skip):
                 return
-        # Every line read: wait for the last answers and the capture's word on each, sending again
-        # what the capture failed on.
+        self._wait_for_answers()
+
+    def _produce_one(self, item: Sample | Reject, run_id: str, skip: set[int]) -> bool:
+        """Reject, skip or send one row of this host's shard; False when a stop came before it was sent."""
+        cfg, st = self.cfg, self.stats
+        if isinstance(item, Reject):
+            self._reject(item)
+            return True
+        index = item.index
+        if index in skip:
+            with st.lock:
+                st.skipped += 1
+            return True
+        enc = self.encoder.encode(item)
+        if isinstance(enc, Reject):
+            self._reject(enc)
+            return True
+        if enc.truncated_from:
+            with st.lock:
+                st.truncated += 1
+        rid = make_rid(cfg.rid_prefix, run_id, index)
+        enc.file, enc.line = item.file, item.line
+        write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
+                                                item.source, cfg.format, str(Path(cfg.output))))
+        if not self._send(rid, enc):
+            remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
+            return False
+        return True
+
+    def _wait_for_answers(self) -> None:
+        """Every line read: wait for the last answers and the capture's word on each, sending again
+        what the capture failed on."""
+        st = self.stats
         while not self.stop.is_set():
             if not self._send_again():
                 return

@@ -250,85 +250,124 @@ def _array_elements(f: DataFile) -> Iterator[bytes | Unreadable]:
     ignored, one that skips openers closes them: an element with a missing bracket still ends
     where it should).
     """
-    buf = bytearray()
-    start = 0  # where the current element begins in buf
-    pos = 0  # scan position in buf
-    closers: list[bytes] = []  # what the current element still has to close, innermost last
-    state = "before"  # before the '[', inside the array, after its ']'
-    commas = 0
+    scan = _ArrayScan(f.name)
     try:
         for block in _blocks(f):
-            del buf[:start]  # drop the elements already yielded, once per block
-            pos -= start
-            start = 0
-            buf += block
+            scan.append(block)
             del block
-            if state == "before":
-                stripped = bytes(buf).lstrip()
-                if not stripped:
-                    buf.clear()
-                    pos = 0
-                    continue
-                if not stripped.startswith(b"["):
-                    yield Unreadable(MALFORMED_JSON, f"{f.name}: not a JSON array (starts with {stripped[:20]!r})")
-                    return
-                start = pos = len(buf) - len(stripped) + 1
-                state = "inside"
-            if state == "after":
-                if bytes(buf).strip():
-                    yield Unreadable(MALFORMED_JSON, f"{f.name}: data after the end of the JSON array")
-                    return
-                buf.clear()
-                pos = 0
-                continue
-            while True:
-                m = _TOKEN.search(buf, pos)
-                if m is None:
-                    pos = len(buf)
-                    break
-                c = m.group()
-                if c[:1] == b'"':
-                    if len(c) == 1:  # the string ends in a later block
-                        pos = m.start()
-                        break
-                    pos = m.end()
-                    continue
-                pos = m.end()
-                if c in b"[{":
-                    closers.append(b"]" if c == b"[" else b"}")
-                elif closers and c in b"]}":
-                    # a closer that does not match (a broken element) closes up to the opener it matches,
-                    # so the element ends at the next comma of the array's own level, not at the file's end
-                    if c in closers:
-                        while closers.pop() != c:
-                            pass
-                elif not closers and c in b",]":
-                    element = bytes(buf[start: m.start()])
-                    start = pos
-                    if c == b"]":
-                        state = "after"
-                    else:
-                        commas += 1
-                    if element.strip():
-                        yield element
-                    elif c == b"," or commas:  # "[]" is an empty array, "[1,]" has an empty element
-                        yield Unreadable(BLANK, f"{f.name}: empty array element")
-                    if state == "after":
-                        if bytes(buf[start:]).strip():
-                            yield Unreadable(MALFORMED_JSON, f"{f.name}: data after the end of the JSON array")
-                            return
-                        buf.clear()
-                        start = pos = 0
-                        break
+            yield from scan.scan()
+            if scan.state == "ended":
+                return
     except Exception as exc:
         yield _unreadable(f, exc, "the JSON array")
         return
-    if state == "inside":
-        rest = bytes(buf[start:])
-        unterminated_string = pos < len(buf)  # the scan stopped at a quote whose string never ends
-        if rest.strip() and not closers and not unterminated_string:
+    yield from scan.finish()
+
+
+class _ArrayScan:
+    """Where the scan of one JSON array stands between blocks (see `_array_elements`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.buf = bytearray()
+        self.start = 0  # where the current element begins in buf
+        self.pos = 0  # scan position in buf
+        self.closers: list[bytes] = []  # what the current element still has to close, innermost last
+        self.state = "before"  # before the '[', inside the array, after its ']', or ended by bad data
+        self.commas = 0
+
+    def append(self, block: bytes) -> None:
+        del self.buf[: self.start]  # drop the elements already yielded, once per block
+        self.pos -= self.start
+        self.start = 0
+        self.buf += block
+
+    def scan(self) -> Iterator[bytes | Unreadable]:
+        """The elements (and bad rows) the buffer completes."""
+        if self.state == "before":
+            yield from self._open()
+        if self.state == "after":
+            yield from self._after_end()
+        elif self.state == "inside":
+            yield from self._elements()
+
+    def finish(self) -> Iterator[bytes | Unreadable]:
+        """At the end of the file: an array that was never closed."""
+        if self.state != "inside":
+            return
+        rest = bytes(self.buf[self.start:])
+        unterminated_string = self.pos < len(self.buf)  # the scan stopped at a quote whose string never ends
+        if rest.strip() and not self.closers and not unterminated_string:
             yield rest  # a whole last element: only the array's end is missing
-        yield Unreadable(MALFORMED_JSON, f"{f.name}: the JSON array is not closed (is the file truncated?)")
+        yield Unreadable(MALFORMED_JSON, f"{self.name}: the JSON array is not closed (is the file truncated?)")
+
+    def _open(self) -> Iterator[Unreadable]:
+        stripped = bytes(self.buf).lstrip()
+        if not stripped:
+            self.buf.clear()
+            self.pos = 0
+            return
+        if not stripped.startswith(b"["):
+            self.state = "ended"
+            yield Unreadable(MALFORMED_JSON, f"{self.name}: not a JSON array (starts with {stripped[:20]!r})")
+            return
+        self.start = self.pos = len(self.buf) - len(stripped) + 1
+        self.state = "inside"
+
+    def _after_end(self) -> Iterator[Unreadable]:
+        """Past the array's ']' only blanks may follow."""
+        if bytes(self.buf[self.start:]).strip():
+            self.state = "ended"
+            yield Unreadable(MALFORMED_JSON, f"{self.name}: data after the end of the JSON array")
+            return
+        self.buf.clear()
+        self.start = self.pos = 0
+
+    def _elements(self) -> Iterator[bytes | Unreadable]:
+        buf, closers = self.buf, self.closers
+        while True:
+            m = _TOKEN.search(buf, self.pos)
+            if m is None:
+                self.pos = len(buf)
+                return
+            c = m.group()
+            if c[:1] == b'"':
+                # a whole string is skipped; a lone quote is one whose string ends in a later block
+                self.pos = m.start() if len(c) == 1 else m.end()
+                if len(c) == 1:
+                    return
+                continue
+            self.pos = m.end()
+            if c in b"[{":
+                closers.append(b"]" if c == b"[" else b"}")
+            elif closers and c in b"]}":
+                _close(closers, c)
+            elif not closers and c in b",]":
+                yield from self._end_element(m.start(), c)
+                if self.state != "inside":
+                    return
+
+    def _end_element(self, end: int, c: bytes) -> Iterator[bytes | Unreadable]:
+        element = bytes(self.buf[self.start : end])
+        self.start = self.pos
+        if c == b"]":
+            self.state = "after"
+        else:
+            self.commas += 1
+        if element.strip():
+            yield element
+        elif c == b"," or self.commas:  # "[]" is an empty array, "[1,]" has an empty element
+            yield Unreadable(BLANK, f"{self.name}: empty array element")
+        if self.state == "after":
+            yield from self._after_end()
+
+
+def _close(closers: list[bytes], c: bytes) -> None:
+    """A closer that does not match (a broken element) closes up to the opener it matches, so the
+    element ends at the next comma of the array's own level, not at the file's end."""
+    if c in closers:
+        while closers.pop() != c:
+            pass
 
 
 def _text_rows(f: DataFile) -> Iterator[bytes | Unreadable]:

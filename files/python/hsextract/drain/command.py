@@ -15,6 +15,7 @@ from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import CONVENTIONS, parse_ids, resolve
+from hsextract.layout import FAILURES
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
 
 log = logging.getLogger("hsextract.drain")
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds after which a dump without done marker is quarantined")
     parser.add_argument("--abandoned-grace", type=float, default=60.0,
                         help="seconds after which a dump without done marker is quarantined once the finished "
-                             "client lists its sample in failures.jsonl")
+                             f"client lists its sample in {FAILURES}")
     parser.add_argument("--finalize-idle", type=float, default=60.0,
                         help="rebuild dataset-level files after this many idle seconds")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between staging scans")

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsextract.durable import fsync_dir, is_no_space
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.durable import fsync_dir, is_no_space
 from hsextract.formats.manifest import ManifestAppender, ManifestEntry
 from hsextract.records import remove_record
 from hsextract.staging import discard_dump
@@ -111,7 +111,27 @@ class Committer:
             self._on_fatal(exc)
 
     def _commit(self, batch: list[Prepared]) -> None:
-        assert self._appender is not None
+        entries, done, dirs = self._place(batch)
+        if not entries:
+            return
+        for d in dirs:
+            fsync_dir(d)
+        fsync_dir(self.tmp_dir)
+        self._append(entries)
+        self.entries.extend(entries)
+        for e in entries:
+            self.done_rids.add(e.rid)
+            self.done_indices.add(e.dataset_index)
+        # Only now is the sample safe on disk and recorded: the staged copy may go.
+        for p in done:
+            discard_dump(p.dump)
+            remove_record(self.dump_dir, p.rid)
+            self._on_settled(p.rid)
+        self._on_written(entries)
+
+    def _place(self, batch: list[Prepared]) -> tuple[list[ManifestEntry], list[Prepared], set[Path]]:
+        """Rename each new sample's temporary file to its place in the training set (a second dump of a
+        written sample is dropped); their manifest entries, the samples and the directories to fsync."""
         entries: list[ManifestEntry] = []
         done: list[Prepared] = []
         dirs: set[Path] = set()
@@ -133,26 +153,16 @@ class Committer:
             dirs.add(final.parent)
             entries.append(ManifestEntry(idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, now))
             done.append(p)
-        if not entries:
-            return
-        for d in dirs:
-            fsync_dir(d)
-        fsync_dir(self.tmp_dir)
+        return entries, done, dirs
+
+    def _append(self, entries: list[ManifestEntry]) -> None:
+        """Append the entries to the manifest durably, waiting out a full volume."""
+        assert self._appender is not None
         while True:
             try:
                 self._appender.append(entries)
-                break
+                return
             except OSError as exc:
                 if not is_no_space(exc):
                     raise
                 self._pause_for_space(self.out, exc)
-        self.entries.extend(entries)
-        for e in entries:
-            self.done_rids.add(e.rid)
-            self.done_indices.add(e.dataset_index)
-        # Only now is the sample safe on disk and recorded: the staged copy may go.
-        for p in done:
-            discard_dump(p.dump)
-            remove_record(self.dump_dir, p.rid)
-            self._on_settled(p.rid)
-        self._on_written(entries)

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsextract.layout import default_quarantine_dir
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
 
 # One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
@@ -52,4 +53,4 @@ class DrainConfig:
 
     @property
     def quarantine(self) -> Path:
-        return self.quarantine_dir or (self.output / "quarantine")
+        return self.quarantine_dir or default_quarantine_dir(self.output)

@@ -48,20 +48,20 @@ from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
 from hsextract.drain.quarantine import Quarantine, safe_iterdir
 from hsextract.drain.recovery import recover
 from hsextract.drain.staged_io import MappedStates, map_states
+from hsextract.durable import PIECE, free_bytes, is_no_space, write_payload_durably
 from hsextract.errors import ConfigError, StagingError
-from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT, get_format
+from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.durable import PIECE, free_bytes, is_no_space, write_payload_durably
 from hsextract.formats.manifest import (
     ManifestEntry,
     ManifestHeader,
     default_checksum_algorithm,
     new_hasher,
-    state_dir,
     write_header,
 )
+from hsextract.layout import client_summary_path, drain_tmp_dir, failures_path, record_rid, records_dir
 from hsextract.reconcile import read_accounts
-from hsextract.records import SampleRecord, parse_rid, read_record, records_dir, remove_record
+from hsextract.records import SampleRecord, parse_rid, read_record, remove_record
 from hsextract.staging import (
     DONE_FILE,
     FAILED_FILE,
@@ -77,9 +77,6 @@ from hsextract.vocab.tracker import VocabTracker
 
 log = logging.getLogger("hsextract.drain")
 
-CLIENT_SUMMARY = "client-summary.json"
-CLIENT_FAILURES = "failures.jsonl"  # the samples the client gave up on, one JSON object with "rid" per line
-TMP_DIR = "tmp"
 # Exit status of `--exit-when-done` when the run's counts do not add up or too many samples failed.
 RUN_CHECK_FAILED = 3
 
@@ -128,7 +125,7 @@ class Drainer:
         self._streams_staged = bool(getattr(self.fmt, "streams_staged", False))
         self.out = Path(cfg.output)
         self.dump_dir = Path(cfg.dump_dir)
-        self.tmp_dir = state_dir(self.out) / TMP_DIR
+        self.tmp_dir = drain_tmp_dir(self.out)
         self.stats = DrainStats(format=cfg.format)
         self.stop_event = threading.Event()
         # Set when a worker frees a queue slot (or on stop): the scan runs again at once instead
@@ -219,7 +216,7 @@ class Drainer:
         # The workers are the parallelism; torch's own intra-op threads in each of them only
         # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
         torch_set_threads(1)
-        if self.cfg.format == "speculators":
+        if FORMATS[self.cfg.format].arrow_dataset:
             # Its finalize builds an Arrow dataset. Importing `datasets` costs about a second of
             # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
             # an import in a background thread cut the first few GB's drain rate by a fifth).
@@ -297,7 +294,7 @@ class Drainer:
     def expected(self) -> v.Expected:
         h, c = self._header, self.cfg
         return v.Expected(
-            final_hidden=FINAL_HIDDEN_FOR_FORMAT[c.format],
+            final_hidden=FORMATS[c.format].final_hidden,
             dtype=h.dtype if h else c.expected_dtype,
             hidden_size=h.hidden_size if h else c.expected_hidden_size,
             eagle_aux_hidden_state_layer_ids=tuple(h.eagle_aux_hidden_state_layer_ids) if h else c.eagle_layer_ids,
@@ -358,13 +355,13 @@ class Drainer:
             log.warning("cannot write the status file (%s)", exc)
 
     def _client_finished(self) -> bool:
-        return (state_dir(self.out) / CLIENT_SUMMARY).exists()
+        return client_summary_path(self.out).exists()
 
     def _abandoned_rids(self) -> set[str]:
         """Rids the client gave up on (its failures.jsonl), once the client has finished; else empty."""
         if not self._client_finished():
             return set()
-        path = state_dir(self.out) / CLIENT_FAILURES
+        path = failures_path(self.out)
         try:
             st = path.stat()
         except FileNotFoundError:
@@ -539,11 +536,9 @@ class Drainer:
         except FileNotFoundError:
             return
         for name in names:
-            if not name.endswith(".json") or name.startswith("."):
-                continue
-            rid = name[: -len(".json")]
-            p = parse_rid(rid)
-            if p is None:
+            rid = record_rid(name)
+            p = parse_rid(rid or "")
+            if rid is None or p is None:
                 continue
             if (self.dump_dir / rid).exists():
                 continue  # the scan decides about its dump first
@@ -625,18 +620,19 @@ class Drainer:
         self._ensure_header(marker)
         assert self._header is not None
         states = mapped.states
+        staged = SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view)
+        if self._streams_staged:
+            h = states.hidden
+            staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
+            staged.check_len = mapped.hidden_len
         sample = Sample(
             rid=record.rid,
             dataset_index=record.index,
             input_ids=states.input_ids,
             loss_mask=_as_int64(record.loss_mask),
             hidden=states.hidden,
-            staged=SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view),
+            staged=staged,
         )
-        if self._streams_staged:
-            h = states.hidden
-            sample.staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
-            sample.staged.check_len = mapped.hidden_len
         payload = self.fmt.encode(sample)
         tmp = self.tmp_dir / f"{record.rid}.tmp"
         while True:

@@ -16,17 +16,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from hsextract.formats.durable import atomic_write_bytes
-from hsextract.formats.manifest import state_dir
+from hsextract.durable import atomic_write_bytes
+from hsextract.layout import drain_status_path
 
 log = logging.getLogger(__name__)
 
-STATUS_FILE = "drain-status.json"
 RATE_WINDOW_S = 30.0
 
 
 def status_path(output_dir: str | Path) -> Path:
-    return state_dir(output_dir) / STATUS_FILE
+    return drain_status_path(output_dir)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The copy is made under a temporary name, renamed into place, and only then is the staged dump
 removed. A crash between the rename and the removal leaves the same dump in both places: the
-copy records which staged dump it came from (`SOURCE_FILE`), so the restart only finishes the
+copy records which staged dump it came from (`QUARANTINE_SOURCE`), so the restart only finishes the
 removal instead of quarantining it a second time. A later dump of the same rid (the client sent
 the sample again) is another dump and gets its own directory, ``<rid>.<n>``.
 """
@@ -17,15 +17,13 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from hsextract.formats.durable import is_no_space
+from hsextract.durable import is_no_space
+from hsextract.layout import QUARANTINE_REASON, QUARANTINE_RECORD, QUARANTINE_SOURCE
 from hsextract.records import record_path, remove_record
 from hsextract.staging import discard_dump
 
 log = logging.getLogger("hsextract.drain")
 
-SOURCE_FILE = "source.json"  # in a quarantined dump: which staged dump it is a copy of
-REASON_FILE = "reason.txt"  # first line: the reason code; then the detail
-RECORD_FILE = "record.json"  # the client's record of the sample, if it had one
 
 
 class Quarantine:
@@ -71,9 +69,9 @@ class Quarantine:
         shutil.copytree(d, tmp)
         rec = record_path(self.dump_dir, rid)
         if rec.exists():
-            shutil.copy2(rec, tmp / RECORD_FILE)
-        (tmp / REASON_FILE).write_text(f"{reason}\n{detail}\n")
-        (tmp / SOURCE_FILE).write_text(json.dumps(source) + "\n")
+            shutil.copy2(rec, tmp / QUARANTINE_RECORD)
+        (tmp / QUARANTINE_REASON).write_text(f"{reason}\n{detail}\n")
+        (tmp / QUARANTINE_SOURCE).write_text(json.dumps(source) + "\n")
         os.replace(tmp, target)
 
 
@@ -89,7 +87,7 @@ def dump_identity(d: Path) -> dict[str, object]:
 
 def _read_source(quarantined: Path) -> dict[str, object] | None:
     try:
-        return json.loads((quarantined / SOURCE_FILE).read_text())
+        return json.loads((quarantined / QUARANTINE_SOURCE).read_text())
     except (OSError, ValueError):
         return None
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.drain.config import DrainConfig
+from hsextract.durable import check_writable, fsync_dir
 from hsextract.errors import ConfigError
-from hsextract.formats import FINAL_HIDDEN_FOR_FORMAT
+from hsextract.formats import FORMATS
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.durable import check_writable, fsync_dir
 from hsextract.formats.manifest import (
     ManifestEntry,
     ManifestError,
@@ -88,7 +88,7 @@ def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
 
 def check_captures(dump_dir: Path, fmt_name: str) -> None:
     """Refuse to start beside a running capture that writes what this format cannot use."""
-    needed = FINAL_HIDDEN_FOR_FORMAT[fmt_name]
+    needed = FORMATS[fmt_name].final_hidden
     for ann in live_announcements(dump_dir):
         if ann.final_hidden != needed:
             raise ConfigError(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hsextract.layout import FAILURES
 from hsextract.records import ParsedRid, SampleRecord
 
 
@@ -123,7 +124,7 @@ def triage_unrecorded(dump: DumpFacts, run: RunFacts) -> Decision | None:
                                             f"{run.incomplete_timeout_s:.0f} s): the request never finished")
         if dump.age_s > run.abandoned_grace_s and run.abandoned:
             return Quarantine("incomplete", f"no done.json {dump.age_s:.0f} s after the dump was last written, and "
-                                            "the client, now finished, gave up on this sample (see failures.jsonl)")
+                                            f"the client, now finished, gave up on this sample (see {FAILURES})")
         return Wait()
     return None
 

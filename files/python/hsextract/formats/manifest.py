@@ -18,6 +18,7 @@ it off when it starts (`repair_torn_tail`).
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import os
@@ -26,12 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsextract.durable import atomic_write_bytes, fsync_dir, write_all
 from hsextract.errors import HsextractError
-from hsextract.formats.durable import atomic_write_bytes, fsync_dir, write_all
+from hsextract.layout import manifest_entries_path as entries_path
+from hsextract.layout import manifest_header_path as header_path
 
-HEADER_FILE = "manifest.json"
-ENTRIES_FILE = "manifest.jsonl"
-STATE_DIR = ".hsextract"  # the project's own bookkeeping inside an output directory
 MANIFEST_VERSION = 1
 
 
@@ -82,25 +82,13 @@ class ManifestEntry:
     checksum: str  # "<algorithm>:<hex digest>" of the file's bytes
     written_at: float = 0.0
 
-    def to_line(self) -> bytes:
+    def to_line(self) -> builtins.bytes:  # `bytes` alone is the field above
         return (json.dumps(asdict(self), separators=(",", ":")) + "\n").encode()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ManifestEntry:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def header_path(output_dir: str | Path) -> Path:
-    return Path(output_dir) / HEADER_FILE
-
-
-def entries_path(output_dir: str | Path) -> Path:
-    return Path(output_dir) / ENTRIES_FILE
-
-
-def state_dir(output_dir: str | Path) -> Path:
-    return Path(output_dir) / STATE_DIR
 
 
 def read_header(output_dir: str | Path) -> ManifestHeader | None:

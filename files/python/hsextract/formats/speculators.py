@@ -31,12 +31,14 @@ import struct
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from hsextract.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, tensor_bytes
-from hsextract.formats.durable import atomic_write_bytes, fsync_dir
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader, state_dir
+from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.layout import arrow_build_dir
 from hsextract.staging import DTYPES
 
 HS_DIR = "hidden_states"
@@ -176,7 +178,7 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
     tail: list[datasets.Dataset] = []
     if kept and (out / kept[-1]).stat().st_size < TAIL_FILE_LIMIT:
         tail = [datasets.Dataset.from_file(str(out / kept.pop()))]
-    new = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    new: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     for e in rows[covered:]:
         ids, mask = _read_row(out / e.file)
         new["input_ids"].append(ids)
@@ -186,7 +188,7 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
     ds = datasets.concatenate_datasets([*tail, part]) if tail else part
     ds.set_format("torch")
     build_id = f"{time.time_ns():x}"
-    build = state_dir(out) / f"arrow-build-{build_id}"
+    build = arrow_build_dir(out, build_id)
     if build.exists():
         shutil.rmtree(build)
     build.parent.mkdir(parents=True, exist_ok=True)

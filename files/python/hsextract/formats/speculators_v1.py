@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from hsextract.durable import atomic_write_bytes
 from hsextract.formats.base import (
     Payload,
     Sample,
@@ -33,7 +34,6 @@ from hsextract.formats.base import (
     read_torch_tokens,
     torch_save_bytes,
 )
-from hsextract.formats.durable import atomic_write_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
 LENGTHS_FILE = "sample_lengths.json"

@@ -19,8 +19,10 @@ from typing import Any
 
 from hsextract.client.chat_template import OVERLONG_POLICIES
 from hsextract.config_file import add_config_argument
+from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats import FORMAT_NAMES
+from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from hsextract.layout import PLAN, plan_path
 from hsextract.ops.check_shm import DEFAULT_AUX_LAYERS, human
 
 EXIT_NO_ROOM = 5
@@ -36,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to plan")
     g.add_argument("--dataset", help="the dataset the client will send")
     g.add_argument("--model", help="the served model's directory (tokenizer, chat template, hidden size)")
-    g.add_argument("--format", choices=FORMAT_NAMES, help="the training set's format (default speculators); "
+    g.add_argument("--format", choices=FORMAT_NAMES, help=f"the training set's format (default {DEFAULT_FORMAT}); "
                    "bytes are printed for every format, the room check uses this one")
     g.add_argument("--output", help="the training set's directory: its volume is checked; samples it has are "
                    "counted as written")
@@ -82,7 +84,6 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     """Scan the dataset and estimate everything; the report as a JSON-able dict."""
     from hsextract.client.dataset import dataset_files
     from hsextract.client.runner import parse_shard
-    from hsextract.formats.durable import free_bytes
     from hsextract.formats.manifest import completed_indices
     from hsextract.model_info import read_model_info
     from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
@@ -93,7 +94,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
     if missing:
         raise ConfigError(f"plan needs {', '.join(missing)} (as flags or keys of --config)")
-    fmt = args.format or "speculators"
+    fmt = args.format or DEFAULT_FORMAT
     dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
     info = read_model_info(args.model)
     dtype_name = info.torch_dtype if info.torch_dtype in DTYPES else "bfloat16"
@@ -131,6 +132,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
            "tokens_per_request": per_request, "bytes_per_token": need.bytes_per_token,
            "estimate_bytes": need.estimate_bytes, "watermark_bytes": need.watermark_bytes}
 
+    rate: float | None
     if args.tokens_per_s:
         rate, source = float(args.tokens_per_s), "--tokens-per-s"
     else:
@@ -216,9 +218,8 @@ def run(args: argparse.Namespace) -> int:
     print(render(report))
     path = args.json
     if path is None:
-        path = (Path(args.output) / ".hsextract" / "plan.json") if args.output else Path("plan.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+        path = plan_path(args.output) if args.output else Path(PLAN)
+    atomic_write_bytes(path, (json.dumps(report, indent=2) + "\n").encode(), durable=False)
     print(f"  report    {path}", file=sys.stderr)
     v = report["output_volume"]
     if not v["ok"] and not args.no_space_check:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.formats import FORMAT_NAMES, get_format
+from hsextract.formats import FORMAT_NAMES, FORMATS, get_format
 from hsextract.formats.base import SampleShape
 
 MANIFEST_LINE_BYTES = 260  # one manifest.jsonl line: indices, rid, tokens, file, bytes, checksum, time
@@ -45,7 +45,7 @@ def sample_bytes(fmt_name: str, shapes: Counter, layout: Layout) -> int:
 def bookkeeping_bytes(fmt_name: str, samples: int, tokens: int, vocab_size: int, draft_sizes: list[int]) -> int:
     """An estimate of everything else the output directory holds for these samples."""
     n = samples * MANIFEST_LINE_BYTES + (64 << 10)  # + manifest.json, state files
-    if fmt_name == "speculators":
+    if FORMATS[fmt_name].arrow_dataset:
         n += tokens * ARROW_BYTES_PER_TOKEN + samples * ARROW_BYTES_PER_SAMPLE
     elif fmt_name == "speculators-v1":
         n += samples * V1_BYTES_PER_SAMPLE

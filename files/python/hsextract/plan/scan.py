@@ -117,8 +117,10 @@ def _encode_chunk(chunk: tuple[int, list[Sample]]) -> tuple[int, list[tuple]]:
     """(rows covered, [(index, tokens, masked, truncated_from) or (index, reason, detail)])."""
     rows, samples = chunk
     out: list[tuple] = []
+    encoder = _ENCODER
+    assert encoder is not None, "_init_worker (or scan, in-process) sets the encoder first"
     for s in samples:
-        enc = _ENCODER.encode(s)
+        enc = encoder.encode(s)
         if isinstance(enc, Encoded):
             out.append((enc.index, len(enc.input_ids), int(sum(enc.loss_mask)), enc.truncated_from))
         else:
@@ -166,7 +168,7 @@ def scan(cfg: ScanSettings) -> ScanResult:
     if res.workers == 1:
         global _ENCODER
         _ENCODER = encoder
-        results = map(_encode_chunk, chunks)
+        results: Iterator[tuple[int, list[tuple]]] = map(_encode_chunk, chunks)
         pool = None
     else:
         ctx = multiprocessing.get_context("forkserver")

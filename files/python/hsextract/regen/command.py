@@ -15,6 +15,7 @@ from hsextract import shutdown
 from hsextract.client.runner import parse_shard
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
+from hsextract.layout import REGEN_OUTPUT, STATE_DIR
 from hsextract.regen.progress import progress_line
 from hsextract.regen.reasoning import MODES
 from hsextract.regen.runner import RegenConfig, RegenerateRun
@@ -27,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset", help="what hsextract extract reads: a file or directory of JSONL (.gz, .zst), JSON "
                    "arrays, Parquet, Arrow or save_to_disk; a row without a reply gets one")
     # its own config key: a shared run configuration's "output" is the training set, not this
-    g.add_argument("--output", dest="regen_output", help="directory of the regenerated dataset (conversations.jsonl; "
-                   "state in .hsextract/); config key regen_output")
+    g.add_argument("--output", dest="regen_output", help=f"directory of the regenerated dataset ({REGEN_OUTPUT}; "
+                   f"state in {STATE_DIR}/); config key regen_output")
     g.add_argument("--server", action="append",
                    help="SGLang server base URL; repeat to spread the run over several servers")
     g.add_argument("--model", help="the served model's directory, for the sampling defaults of its "

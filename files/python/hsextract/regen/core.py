@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hsextract.client.conversation import Conversation, Message
+from hsextract.client.conversation import Conversation, Message, ToolCall
 from hsextract.regen import reasoning, tools
 
 # Reasons (stable codes: counted in the status and written to the output and errors files).
@@ -104,10 +104,9 @@ async def regenerate(conv: Conversation, complete: Complete, opts: Options) -> R
     """Regenerate `conv`; raises only what `complete` raises beyond `TurnFailed` (a server gone)."""
     source = list(conv.messages)
     todo = targets(source, opts.last_turn_only)
-    if not todo:
-        return Result(reason=NO_USER_TURN, detail="no assistant turn and no final user turn to reply to")
-    if not any(m.role == "user" for m in source[: todo[0]]):
-        return Result(reason=NO_USER_TURN, detail=f"no user turn before the first reply to regenerate (turn {todo[0]})")
+    unusable = _nothing_to_regenerate(source, todo)
+    if unusable is not None:
+        return unusable
     tool_specs = list(conv.tools) if conv.tools else None
     kwargs = reasoning.template_kwargs(opts.reasoning)
     res = Result()
@@ -127,18 +126,12 @@ async def regenerate(conv: Conversation, complete: Complete, opts: Options) -> R
             return _cut(res, out, i, exc.reason, exc.detail)
         res.completion_tokens += reply.completion_tokens
         message = reasoning.normalize_reply(replace(reply.message, role="assistant"))
-        if not (message.content.strip() or message.tool_calls or (message.reasoning_content or "").strip()):
-            return _cut(res, out, i, EMPTY_REPLY, f"the reply has no text ({reply.completion_tokens} tokens, "
-                                                  f"finish reason {reply.finish_reason!r})")
-        if reply.finish_reason == "length":
-            if opts.drop_truncated:
-                why = f"the reply reached the token limit ({reply.completion_tokens} tokens)"
-                return _cut(res, out, i, TRUNCATED, why)
-            res.truncated.append(len(out))
         source_calls = source[i].tool_calls if i < len(source) else ()
-        differ = tools.mismatch(source_calls, message.tool_calls)
-        if differ is not None:
-            return _cut(res, out, i, TOOL_CALLS_DIFFER, differ)
+        problem = _unkeepable(reply, message, source_calls, opts)
+        if problem is not None:
+            return _cut(res, out, i, *problem)
+        if reply.finish_reason == "length":
+            res.truncated.append(len(out))
         out.append(message)
         res.turns += 1
         if source_calls:
@@ -147,6 +140,27 @@ async def regenerate(conv: Conversation, complete: Complete, opts: Options) -> R
             skip_until = i + 1 + len(results)
     res.messages = out
     return res
+
+
+def _nothing_to_regenerate(source: list[Message], todo: list[int]) -> Result | None:
+    """The failed result of a conversation with no reply to regenerate, or None."""
+    if not todo:
+        return Result(reason=NO_USER_TURN, detail="no assistant turn and no final user turn to reply to")
+    if not any(m.role == "user" for m in source[: todo[0]]):
+        return Result(reason=NO_USER_TURN, detail=f"no user turn before the first reply to regenerate (turn {todo[0]})")
+    return None
+
+
+def _unkeepable(reply: Reply, message: Message, source_calls: Sequence[ToolCall],
+                opts: Options) -> tuple[str, str] | None:
+    """Why a reply ends the conversation before its turn (reason, detail), or None to keep it."""
+    if not (message.content.strip() or message.tool_calls or (message.reasoning_content or "").strip()):
+        return EMPTY_REPLY, (f"the reply has no text ({reply.completion_tokens} tokens, "
+                             f"finish reason {reply.finish_reason!r})")
+    if reply.finish_reason == "length" and opts.drop_truncated:
+        return TRUNCATED, f"the reply reached the token limit ({reply.completion_tokens} tokens)"
+    differ = tools.mismatch(source_calls, message.tool_calls)
+    return None if differ is None else (TOOL_CALLS_DIFFER, differ)
 
 
 def _cut(res: Result, out: list[Message], turn: int, reason: str, detail: str) -> Result:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from hsextract.client.progress import write_json_atomic
+from hsextract.durable import atomic_write_json
 
 log = logging.getLogger("hsextract.regen")
 
@@ -156,7 +156,7 @@ class Reporter:
 
     def tick(self) -> None:
         snap = self.stats.snapshot()
-        write_json_atomic(self.status_path, snap)
+        atomic_write_json(self.status_path, snap)
         if self.tty:
             total = max(1, snap["conversations_total"])
             filled = int(24 * min(1.0, snap["done"] / total))

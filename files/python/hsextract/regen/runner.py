@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
-from hsextract.client.progress import write_json_atomic
 from hsextract.client.runner import shard_size
+from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.layout import regen_status_path, regen_summary_path
 from hsextract.regen import core, reasoning
 from hsextract.regen.progress import RegenStats, Reporter
 from hsextract.regen.sampling import Sampling, resolve
 from hsextract.regen.server import ChatServer, RetryPolicy, ServerGone
-from hsextract.regen.store import STATUS_FILE, SUMMARY_FILE, Store, conversation_key
+from hsextract.regen.store import Store, conversation_key
 
 log = logging.getLogger("hsextract.regen")
 
@@ -262,11 +263,11 @@ class RegenerateRun:
     def run(self) -> RegenStats:
         cfg, st = self.cfg, self.stats
         self.store.open()
-        sdir = self.store.state
-        (sdir / SUMMARY_FILE).unlink(missing_ok=True)  # a new run is not finished yet
+        out = self.store.output
+        regen_summary_path(out).unlink(missing_ok=True)  # a new run is not finished yet
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hsextract-regen-write")
         st.conversations_total = shard_size(count_rows(cfg.dataset), cfg.shard)
-        reporter = Reporter(st, sdir / STATUS_FILE, every=cfg.status_every_s, log_every=cfg.log_every_s)
+        reporter = Reporter(st, regen_status_path(out), every=cfg.status_every_s, log_every=cfg.log_every_s)
         reporter.start()
         try:
             asyncio.run(self._main())
@@ -287,7 +288,7 @@ class RegenerateRun:
                 st.state = "done"
             reporter.stop()
         if st.state == "done":
-            write_json_atomic(sdir / SUMMARY_FILE, {**st.summary(), "output": str(self.store.data_path),
+            atomic_write_json(regen_summary_path(out), {**st.summary(), "output": str(self.store.data_path),
                                                     "errors": str(self.store.errors_path),
                                                     "sampling": self.sampling.to_json() if self.sampling else None})
         if self.fatal is not None:

@@ -23,16 +23,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hsextract.client.conversation import Conversation
-from hsextract.client.progress import state_dir, write_json_atomic
+from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.layout import regen_errors_path, regen_output_path, regen_settings_path, state_dir
 
 log = logging.getLogger("hsextract.regen")
 
-OUTPUT_FILE = "conversations.jsonl"
-ERRORS_FILE = "regen-errors.jsonl"
-SETTINGS_FILE = "regen-settings.json"
-STATUS_FILE = "regen-status.json"
-SUMMARY_FILE = "regen-summary.json"
 
 
 def conversation_key(conv: Conversation) -> str:
@@ -98,8 +94,8 @@ class Store:
     def __init__(self, output: Path):
         self.output = Path(output)
         self.state = state_dir(self.output)
-        self.data_path = self.output / OUTPUT_FILE
-        self.errors_path = self.state / ERRORS_FILE
+        self.data_path = regen_output_path(self.output)
+        self.errors_path = regen_errors_path(self.output)
         self._lock = threading.Lock()
         self._data: BinaryIO | None = None
         self._errors: BinaryIO | None = None
@@ -121,11 +117,11 @@ class Store:
 
     def check_settings(self, settings: dict[str, Any]) -> None:
         """Record the run's settings, or refuse to resume under different ones."""
-        path = self.state / SETTINGS_FILE
+        path = regen_settings_path(self.output)
         try:
             before = json.loads(path.read_text())
         except FileNotFoundError:
-            write_json_atomic(path, settings)
+            atomic_write_json(path, settings)
             return
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{path}: unreadable ({exc}); remove it to start over with this run's settings") from exc

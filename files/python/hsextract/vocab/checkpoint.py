@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.formats.durable import atomic_write_bytes
-from hsextract.formats.manifest import ManifestEntry, state_dir
+from hsextract.durable import atomic_write_bytes
+from hsextract.formats.manifest import ManifestEntry
+from hsextract.layout import vocab_checkpoint_path
 from hsextract.vocab.counts import TokenCounts
 
-CHECKPOINT_FILE = "vocab_counts.json"  # never ends in "pt": some readers take every such file
 VERSION = 1
 
 
 def checkpoint_path(output_dir: str | Path) -> Path:
-    return state_dir(output_dir) / CHECKPOINT_FILE
+    return vocab_checkpoint_path(output_dir)
 
 
 def entry_identity(entry: ManifestEntry) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hsextract.formats.durable import fsync_dir, write_file_durably
+from hsextract.durable import fsync_dir, temporary_name, write_file_durably
 from hsextract.vocab.counts import TokenCounts
 from hsextract.vocab.mapping import DraftSize, check_ids, coverage, frequency_d2t, select_tokens, sorted_mapping
 
@@ -125,13 +125,12 @@ def write_batch(out: Path, files: dict[str, bytes], links: dict[str, str]) -> No
     for rel in files:
         dst = out / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        staged.append((dst.with_name(f".{dst.name}.tmp"), dst))
+        staged.append((temporary_name(dst), dst))
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(staged)))) as pool:
         list(pool.map(lambda pair: write_file_durably(pair[0][0], [pair[1]]), zip(staged, files.values(), strict=True)))
     for rel, src in links.items():
         dst = out / rel
-        tmp = dst.with_name(f".{dst.name}.tmp")
-        tmp.unlink(missing_ok=True)
+        tmp = temporary_name(dst)
         staged.append((tmp, dst))
         target = next(t for t, d in staged if d == out / src)
         try:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hsextract.formats.manifest import STATE_DIR, ManifestEntry
+from hsextract.formats.manifest import ManifestEntry
+from hsextract.layout import vocab_checkpoint_path, vocab_checkpoint_relpath
 from hsextract.vocab.checkpoint import (
-    CHECKPOINT_FILE,
     Checkpoint,
     checkpoint_bytes,
     entry_identity,
@@ -98,16 +98,18 @@ class VocabTracker:
             self.checkpoint()
         return len(tail)
 
-    def add(self, entries: Sequence[ManifestEntry], per_sample: Sequence[tuple[np.ndarray, np.ndarray]],
+    def add(self, entries: Sequence[ManifestEntry], per_sample: Sequence[tuple[np.ndarray, np.ndarray] | None],
             covered: int) -> None:
-        """Count samples just recorded in the manifest, which now has `covered` entries (committer thread)."""
-        if len(per_sample) != len(entries) or any(c is None for c in per_sample):
-            raise VocabError(f"draft vocabulary: {len(entries)} samples committed with {len(per_sample)} counts")
+        """Count samples just recorded in the manifest, which now has `covered` entries (committer thread);
+        a sample without counts (None) is a VocabError."""
+        counts = [c for c in per_sample if c is not None]
+        if len(per_sample) != len(entries) or len(counts) != len(entries):
+            raise VocabError(f"draft vocabulary: {len(entries)} samples committed with {len(counts)} counts")
         with self._lock:
             if self.covered + len(entries) != covered:
                 raise VocabError(f"draft vocabulary: counts cover {self.covered} samples, the manifest "
                                  f"{covered - len(entries)} before this commit")
-            for ids, n in per_sample:
+            for ids, n in counts:
                 self.counts.add(ids, n)
             self.covered = covered
             self.last = entry_identity(entries[-1])
@@ -140,7 +142,7 @@ class VocabTracker:
             with self._lock:
                 ids, n = self.counts.items()
                 cp = Checkpoint(self.covered, self.last, TokenCounts.from_pairs(ids, n))
-            also = {f"{STATE_DIR}/{CHECKPOINT_FILE}": checkpoint_bytes(cp)}
+            also = {vocab_checkpoint_relpath(): checkpoint_bytes(cp)}
             if vocab_size < 1:
                 log.warning("draft vocabulary: the model's vocabulary size is unknown (no --model or --vocab-size), "
                             "so only %s was written; run `hsextract finalize --output %s --vocab-size V` to write "
@@ -169,7 +171,7 @@ class VocabTracker:
             shown = ", ".join(f"id {i}: counted {a}, files {b}" for i, a, b in diff)
             problems.append(
                 f"draft vocabulary counts differ from a recount of the training set's files ({shown}); remove "
-                f"{self.out}/.hsextract/vocab_counts.json and run `hsextract finalize` to recount from the files")
+                f"{vocab_checkpoint_path(self.out)} and run `hsextract finalize` to recount from the files")
         summary = read_summary(self.out)
         freq = self.out / token_freq_name(self.suffix)
         if summary is not None and summary.get("samples") == len(entries) and freq.exists():

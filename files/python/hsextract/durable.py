@@ -1,18 +1,28 @@
-"""Durable file operations: what "written" means for the training set.
+"""Durable and atomic file operations: what "written" means for the training set and every file beside it.
 
 A sample counts as written only when its bytes and its directory entry have reached the disk:
 write under a temporary name, fsync the file, rename it into place, fsync the directory. A crash
 at any instant then leaves either the whole file under its final name or no file there at all.
+
+Every file that is replaced while others read it (the status and summary files, the manifest
+header, the vocabulary checkpoint, the client's records) goes through `atomic_write_bytes` or
+`atomic_write_json`: a reader sees the old file or the new one, never a part of either. Status
+files are written by several threads at once (a reporter and the end of a run), so each write
+takes a temporary name of its own (process, thread, counter) and created exclusively.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
+import json
 import os
 import shutil
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hsextract.errors import ConfigError
 
@@ -39,14 +49,16 @@ def write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
 
 
 @contextlib.contextmanager
-def _new_durable_file(path: str | Path) -> Iterator[int]:
-    """An fd on `path` (created or truncated), fsynced when the block ends; on any failure the
-    partial file is removed, so a half-written sample never stands under any name."""
+def _new_durable_file(path: str | Path, *, exclusive: bool = False, durable: bool = True) -> Iterator[int]:
+    """An fd on `path` (created or truncated; created only with `exclusive`), fsynced when the block
+    ends if `durable`; on any failure the partial file is removed, so a half-written sample never
+    stands under any name."""
     p = Path(path)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC), 0o644)
     try:
         yield fd
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(FileNotFoundError):
@@ -62,18 +74,36 @@ def write_file_durably(path: str | Path, chunks: Iterable[bytes | memoryview]) -
     return n
 
 
+_TMP_COUNTER = itertools.count()  # next() on it is atomic under the GIL
+
+
+def temporary_name(path: Path) -> Path:
+    """A hidden name beside `path` that no other writer (process, thread, earlier write) uses."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{next(_TMP_COUNTER)}.tmp")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> None:
-    """Replace `path` with `data` atomically (temporary name beside it, then rename)."""
+    """Replace `path` with `data` atomically (a temporary name of this write's own beside it, then
+    rename); with `durable`, the file and the rename are fsynced before it returns. Safe to call
+    from several threads and processes on the same path: the last rename wins, whole."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    if durable:
-        write_file_durably(tmp, [data])
-    else:
-        tmp.write_bytes(data)
-    os.replace(tmp, p)
+    tmp = temporary_name(p)
+    with _new_durable_file(tmp, exclusive=True, durable=durable) as fd:
+        write_all(fd, [data])
+    try:
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     if durable:
         fsync_dir(p.parent)
+
+
+def atomic_write_json(path: str | Path, data: Any, *, durable: bool = True, indent: int | None = 1) -> None:
+    """`atomic_write_bytes` of `data` as JSON (keys sorted, so a file's diff shows what changed)."""
+    atomic_write_bytes(path, (json.dumps(data, indent=indent, sort_keys=True) + "\n").encode(), durable=durable)
 
 
 def free_bytes(path: str | Path) -> int:

@@ -1,0 +1,165 @@
+"""Where every file of a run lives: the one owner of the names inside an output directory and a
+staging directory.
+
+The client, the drain, ``hsextract status``, the reconciliation, the planner, the regeneration
+and the Ansible roles all read files the others write; a name spelled twice drifts. So every
+module asks this one for a path, and tests/core/test_layout.py holds the roles' literal copies
+equal to it.
+
+::
+
+    <output>/
+      manifest.json, manifest.jsonl     the training set's manifest (hsextract.formats.manifest)
+      run.json                          the run id, created once per output directory
+      conversations.jsonl               hsextract regenerate's output
+      quarantine/<rid>/                 the drain's default quarantine: reason.txt, source.json, record.json
+      .hsextract/                       the project's own bookkeeping
+        client-status.json, client-summary.json, rejects.jsonl, failures.jsonl
+        drain-status.json, tmp/, arrow-build-<id>/, vocab_counts.json
+        plan.json
+        regen-status.json, regen-summary.json, regen-errors.jsonl, regen-settings.json
+
+    <dump_dir>/                        the staging directory (/dev/shm)
+      <rid>/                            a staged dump: its files and markers are hsextract.staging's
+      _records/<rid>.json               the client's record of a sample (hsextract.records)
+      _captures/<host>-<pid>.json       each writing capture's description of itself
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# <output>/
+MANIFEST_HEADER = "manifest.json"
+MANIFEST_ENTRIES = "manifest.jsonl"
+RUN_FILE = "run.json"
+REGEN_OUTPUT = "conversations.jsonl"
+QUARANTINE_DIR = "quarantine"  # the drain's default --quarantine-dir
+STATE_DIR = ".hsextract"
+
+# <output>/.hsextract/
+CLIENT_STATUS = "client-status.json"
+CLIENT_SUMMARY = "client-summary.json"
+REJECTS = "rejects.jsonl"
+FAILURES = "failures.jsonl"  # the samples the client gave up on, one JSON object with "rid" per line
+DRAIN_STATUS = "drain-status.json"
+DRAIN_TMP_DIR = "tmp"
+ARROW_BUILD_PREFIX = "arrow-build-"
+VOCAB_CHECKPOINT = "vocab_counts.json"  # never ends in "pt": some readers take every such file
+PLAN = "plan.json"
+REGEN_STATUS = "regen-status.json"
+REGEN_SUMMARY = "regen-summary.json"
+REGEN_ERRORS = "regen-errors.jsonl"
+REGEN_SETTINGS = "regen-settings.json"
+
+# <quarantine>/<rid>/
+QUARANTINE_REASON = "reason.txt"  # first line: the reason code; then the detail
+QUARANTINE_SOURCE = "source.json"  # which staged dump it is a copy of
+QUARANTINE_RECORD = "record.json"  # the client's record of the sample, if it had one
+
+# <dump_dir>/
+RECORDS_DIR = "_records"
+RECORD_SUFFIX = ".json"  # _records/<rid>.json
+CAPTURES_DIR = "_captures"
+
+
+def state_dir(output: str | Path) -> Path:
+    """``<output>/.hsextract``: the project's bookkeeping, never read by a trainer."""
+    return Path(output) / STATE_DIR
+
+
+def manifest_header_path(output: str | Path) -> Path:
+    return Path(output) / MANIFEST_HEADER
+
+
+def manifest_entries_path(output: str | Path) -> Path:
+    return Path(output) / MANIFEST_ENTRIES
+
+
+def run_file_path(output: str | Path) -> Path:
+    return Path(output) / RUN_FILE
+
+
+def default_quarantine_dir(output: str | Path) -> Path:
+    return Path(output) / QUARANTINE_DIR
+
+
+def regen_output_path(output: str | Path) -> Path:
+    return Path(output) / REGEN_OUTPUT
+
+
+def client_status_path(output: str | Path) -> Path:
+    return state_dir(output) / CLIENT_STATUS
+
+
+def client_summary_path(output: str | Path) -> Path:
+    return state_dir(output) / CLIENT_SUMMARY
+
+
+def rejects_path(output: str | Path) -> Path:
+    return state_dir(output) / REJECTS
+
+
+def failures_path(output: str | Path) -> Path:
+    return state_dir(output) / FAILURES
+
+
+def drain_status_path(output: str | Path) -> Path:
+    return state_dir(output) / DRAIN_STATUS
+
+
+def drain_tmp_dir(output: str | Path) -> Path:
+    return state_dir(output) / DRAIN_TMP_DIR
+
+
+def arrow_build_dir(output: str | Path, build_id: str) -> Path:
+    return state_dir(output) / f"{ARROW_BUILD_PREFIX}{build_id}"
+
+
+def vocab_checkpoint_relpath() -> str:
+    """The checkpoint's path relative to the output directory (the drain writes it with a sample)."""
+    return f"{STATE_DIR}/{VOCAB_CHECKPOINT}"
+
+
+def vocab_checkpoint_path(output: str | Path) -> Path:
+    return state_dir(output) / VOCAB_CHECKPOINT
+
+
+def plan_path(output: str | Path) -> Path:
+    return state_dir(output) / PLAN
+
+
+def regen_status_path(output: str | Path) -> Path:
+    return state_dir(output) / REGEN_STATUS
+
+
+def regen_summary_path(output: str | Path) -> Path:
+    return state_dir(output) / REGEN_SUMMARY
+
+
+def regen_errors_path(output: str | Path) -> Path:
+    return state_dir(output) / REGEN_ERRORS
+
+
+def regen_settings_path(output: str | Path) -> Path:
+    return state_dir(output) / REGEN_SETTINGS
+
+
+def records_dir(dump_dir: str | Path) -> Path:
+    return Path(dump_dir) / RECORDS_DIR
+
+
+def record_path(dump_dir: str | Path, rid: str) -> Path:
+    return records_dir(dump_dir) / f"{rid}{RECORD_SUFFIX}"
+
+
+def record_rid(name: str) -> str | None:
+    """The rid a file name in the records directory is the record of; None for other files
+    (a writer's hidden temporary file among them)."""
+    if name.startswith(".") or not name.endswith(RECORD_SUFFIX):
+        return None
+    return name[: -len(RECORD_SUFFIX)]
+
+
+def captures_dir(dump_dir: str | Path) -> Path:
+    return Path(dump_dir) / CAPTURES_DIR

@@ -1,0 +1,56 @@
+"""The formats have one registry (hsextract.formats.FORMATS): every CLI's --format choices, the
+drain's writers and the roles' argument specs name the same formats, with the same final-norm
+placement."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from hsextract.formats import DEFAULT_FORMAT, FINAL_HIDDEN_PLACEMENTS, FORMAT_NAMES, FORMATS, get_format
+
+REPO = Path(__file__).resolve().parents[2]
+ROLE = REPO / "roles" / "hsextract"
+
+
+def _options() -> dict:
+    return yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+
+
+def test_the_roles_format_choices_are_the_registrys_names():
+    assert _options()["hsextract_format"]["choices"] == list(FORMAT_NAMES)
+
+
+def test_the_roles_final_hidden_choices_are_the_registrys_placements():
+    assert _options()["hsextract_final_hidden"]["choices"] == list(FINAL_HIDDEN_PLACEMENTS)
+
+
+def test_the_roles_default_final_hidden_follows_the_registry():
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    expr = defaults["hsextract_final_hidden"]
+    m = re.fullmatch(r"\{\{ 'post_norm' if hsextract_format in \[([^\]]*)\] else 'pre_norm' \}\}", expr)
+    assert m, f"hsextract_final_hidden is no longer the expression this test reads: {expr}"
+    post_norm = {s.strip().strip("'\"") for s in m[1].split(",")}
+    assert post_norm == {n for n, s in FORMATS.items() if s.final_hidden == "post_norm"}
+    assert defaults["hsextract_format"] == DEFAULT_FORMAT
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+def test_each_registered_writer_is_the_format_it_is_registered_as(name):
+    spec = FORMATS[name]
+    assert spec.final_hidden in FINAL_HIDDEN_PLACEMENTS
+    assert get_format(name).name == name
+
+
+@pytest.mark.parametrize("module", ["hsextract.client.command", "hsextract.drain.command",
+                                    "hsextract.capture.patch", "hsextract.plan.command"])
+def test_every_cli_offers_the_registrys_formats(module):
+    import importlib
+
+    parser = argparse.ArgumentParser()
+    importlib.import_module(module).add_arguments(parser)
+    action = next(a for a in parser._actions if "--format" in a.option_strings)
+    assert tuple(action.choices) == FORMAT_NAMES
