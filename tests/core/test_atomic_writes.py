@@ -67,3 +67,27 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
         atomic_write_bytes(path, "not bytes")  # type: ignore[arg-type]
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+
+
+def test_a_dead_writers_temporary_is_removed_by_the_next_process_and_a_live_ones_is_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from hsextract import durable
+
+    path = tmp_path / "client-status.json"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        host = durable._HOST
+        orphan = tmp_path / f".{path.name}.{host}.{int(dead.stdout)}.1.0.tmp"  # killed before its rename
+        busy = tmp_path / f".{path.name}.{host}.{live.pid}.1.0.tmp"  # a live writer's, mid-write
+        remote = tmp_path / f".{path.name}.otherhost.{int(dead.stdout)}.1.0.tmp"  # not this host's to judge
+        for f in (orphan, busy, remote):
+            f.write_text("{")
+        assert durable.remove_orphaned_temporaries(path) == [orphan]
+        assert not orphan.exists() and busy.exists() and remote.exists()
+        assert os.getpid() != int(dead.stdout)
+    finally:
+        live.communicate(b"")

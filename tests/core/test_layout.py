@@ -15,7 +15,8 @@ from hsextract import layout
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_FILES = sorted([*(REPO / "roles").rglob("*.yml"), *(REPO / "roles").rglob("*.j2"),
                         *(REPO / "playbooks").glob("*.yml"), REPO / "extract.yml"])
-STATE_FILE_RE = re.compile(r"\}\}/(\.[A-Za-z0-9_-]+)/([A-Za-z0-9_.-]+)")
+# The file name ends in a letter, digit, _ or -: a sentence's full stop after it is not part of it.
+STATE_FILE_RE = re.compile(r"\}\}/(\.[A-Za-z0-9_-]+)/([A-Za-z0-9_.-]*[A-Za-z0-9_-])")
 
 
 def test_the_extraction_role_looks_for_the_summary_the_client_writes():

@@ -8,17 +8,21 @@ Every file that is replaced while others read it (the status and summary files, 
 header, the vocabulary checkpoint, the client's records) goes through `atomic_write_bytes` or
 `atomic_write_json`: a reader sees the old file or the new one, never a part of either. Status
 files are written by several threads at once (a reporter and the end of a run), so each write
-takes a temporary name of its own (process, thread, counter) and created exclusively.
+takes a temporary name of its own (host, process, thread, counter) and created exclusively. A
+process killed between the write and the rename leaves its temporary file behind; the first
+write of a path by a later process removes those of dead processes on this host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import itertools
 import json
 import os
 import shutil
+import socket
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -77,9 +81,49 @@ def write_file_durably(path: str | Path, chunks: Iterable[bytes | memoryview]) -
 _TMP_COUNTER = itertools.count()  # next() on it is atomic under the GIL
 
 
+_HOST = socket.gethostname().replace(".", "_")  # a dot in the name would blur the fields
+_SWEPT: set[Path] = set()  # paths whose orphaned temporaries this process has removed
+_SWEPT_LOCK = threading.Lock()
+
+
 def temporary_name(path: Path) -> Path:
-    """A hidden name beside `path` that no other writer (process, thread, earlier write) uses."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{next(_TMP_COUNTER)}.tmp")
+    """A hidden name beside `path` that no other writer (host, process, thread, earlier write) uses."""
+    return path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{next(_TMP_COUNTER)}.tmp")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def remove_orphaned_temporaries(path: Path) -> list[Path]:
+    """Remove the temporaries of `path` left by processes of this host that died before their rename
+    (a kill -9 mid-write); another host's, or a live process's, are never touched."""
+    removed = []
+    prefix = f".{path.name}.{_HOST}."
+    with contextlib.suppress(OSError):
+        for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            if not tmp.name.startswith(prefix):
+                continue
+            pid = tmp.name[len(prefix):].split(".", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                    removed.append(tmp)
+    return removed
+
+
+def _sweep_once(path: Path) -> None:
+    with _SWEPT_LOCK:
+        if path in _SWEPT:
+            return
+        _SWEPT.add(path)
+    remove_orphaned_temporaries(path)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> None:
@@ -88,6 +132,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -
     from several threads and processes on the same path: the last rename wins, whole."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_once(p)
     tmp = temporary_name(p)
     with _new_durable_file(tmp, exclusive=True, durable=durable) as fd:
         write_all(fd, [data])
