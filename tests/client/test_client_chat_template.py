@@ -321,3 +321,13 @@ def test_dataset_row_with_tools_as_a_json_string_and_thinking_masks_like_the_nor
     assert sample.messages == TOOL_CONV and sample.tools == (WEATHER,)
     got = SampleEncoder(tok, None).encode(sample)
     assert (got.input_ids, got.loss_mask) == tokenize_with_mask(tok, TOOL_CONV, [WEATHER])
+
+
+def test_an_unreadable_chat_template_file_is_a_config_error_naming_it(tmp_path):
+    from hsextract.client.chat_template import read_template_file
+    from hsextract.errors import ConfigError
+
+    missing = tmp_path / "no-such.jinja"
+    with pytest.raises(ConfigError, match=f"chat template {missing}: cannot read"):
+        read_template_file(str(missing))
+    assert read_template_file(None) is None

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample
-from hsextract.errors import HsextractError
+from hsextract.errors import ConfigError, HsextractError
 
 TOO_LONG = "too_long"
 CHAT_TEMPLATE_ERROR = "chat_template_error"
@@ -56,6 +56,16 @@ class Encoded:
 
 class TemplateMismatch(Exception):
     """The template's renderings are not prefixes of one another (see module docstring)."""
+
+
+def read_template_file(path: str | None) -> str | None:
+    """The text of a ``--chat-template`` file (None when no file is given), or a ConfigError naming it."""
+    if not path:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"chat template {path}: cannot read ({exc})") from exc
 
 
 def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 from hsextract import shutdown
 from hsextract.client.backpressure import parse_watermark
-from hsextract.client.chat_template import OVERLONG_POLICIES
+from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
 from hsextract.client.runner import DEFAULT_MAX_TOKENS, DEFAULT_NUM_AUX, ExtractConfig, ExtractRun, parse_shard
 from hsextract.client.sender import RetryPolicy
 from hsextract.config_file import add_config_argument
@@ -92,12 +92,7 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
     missing = [f"--{k.replace('_', '-')}" for k in REQUIRED if not getattr(args, k, None)]
     if missing:
         raise ConfigError(f"hsextract extract needs {', '.join(missing)} (as flags or keys of --config)")
-    template = None
-    if args.chat_template:
-        try:
-            template = Path(args.chat_template).read_text()
-        except OSError as exc:
-            raise ConfigError(f"chat template {args.chat_template}: cannot read ({exc})") from exc
+    template = read_template_file(args.chat_template)
     return ExtractConfig(
         server=args.server,
         dataset=Path(args.dataset),

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hsextract.client.chat_template import OVERLONG_POLICIES
+from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
 from hsextract.config_file import add_config_argument
 from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
@@ -98,12 +98,7 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
     info = read_model_info(args.model)
     dtype_name = info.torch_dtype if info.torch_dtype in DTYPES else "bfloat16"
-    template = None
-    if args.chat_template:
-        try:
-            template = Path(args.chat_template).read_text()
-        except OSError as exc:
-            raise ConfigError(f"chat template {args.chat_template}: cannot read ({exc})") from exc
+    template = read_template_file(args.chat_template)
     out = Path(args.output) if args.output else None
     done = frozenset(completed_indices(out)) if out is not None else frozenset()
     res = scan(ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
