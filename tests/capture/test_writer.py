@@ -197,3 +197,24 @@ def test_unwritable_dump_dir_is_logged_and_never_marked_done(tmp_path, caplog):
         if cleanup:
             subprocess.run(cleanup, check=False)
         shutil.rmtree(ro, ignore_errors=True)
+
+
+def test_a_batch_of_many_short_requests_lands_each_request_whole_and_exact(tmp_path):
+    """Short prompts come hundreds to a batch; the writer groups them into a few tasks, and every
+    one still lands in its own complete file."""
+    w = make_writer(tmp_path, num_threads=3)
+    n, rows = 37, 5
+    aux, final, ids = batch(n * rows, seed=7)
+    reqs = [BatchRequest(f"hsx-ab12cd34-{i}", i * rows, 0, rows, i) for i in range(n)]
+    try:
+        w.submit(reqs, aux, final, ids, [rows] * n)
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    exp = expected_rows(aux, final)
+    assert w.requests_done == n and w.requests_failed == 0
+    for i in range(n):
+        st = read_states(tmp_path / f"hsx-ab12cd34-{i}")
+        assert torch.equal(st.hidden, exp[i * rows : (i + 1) * rows])
+        assert torch.equal(st.input_ids, ids[i * rows : (i + 1) * rows])
+        assert read_done_marker(tmp_path / f"hsx-ab12cd34-{i}").chunks == [[0, rows]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -15,6 +16,8 @@ from hsextract.staging import (
     read_states,
     write_done_marker,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors import safe_open
 
 
@@ -74,3 +77,41 @@ def test_only_directories_with_a_done_marker_count_as_complete(tmp_path):
     assert [p.name for p in iter_complete(tmp_path)] == ["hsx-aaaaaaaa-1"]
     assert read_done_marker(tmp_path / "hsx-aaaaaaaa-1") == marker
     assert not list((tmp_path / "hsx-aaaaaaaa-1").glob(".*tmp"))
+
+
+_markers = st.builds(
+    DoneMarker,
+    rid=st.text(min_size=1, max_size=40),
+    prompt_len=st.integers(1, 1 << 20),
+    num_aux=st.integers(1, 8),
+    hidden_size=st.integers(1, 1 << 16),
+    dtype=st.sampled_from(["bfloat16", "float16", "float32"]),
+    eagle_aux_hidden_state_layer_ids=st.lists(st.integers(0, 200), max_size=8),
+    sglang_layers_to_capture=st.lists(st.integers(0, 200), max_size=8),
+    num_hidden_layers=st.integers(1, 200),
+    final_hidden=st.sampled_from(["post_norm", "pre_norm"]),
+    architecture=st.text(max_size=40),
+    chunks=st.lists(st.lists(st.integers(0, 1 << 20), min_size=2, max_size=2), min_size=1, max_size=5),
+    model_path=st.text(max_size=60),
+    completed_at=st.floats(0, 4e9, allow_nan=False),
+)
+
+
+@given(_markers, st.text(min_size=1, max_size=40), st.floats(0, 4e9, allow_nan=False))
+def test_a_done_marker_reads_back_as_written_with_its_shared_fields_encoded_once(marker, other_rid, other_time):
+    """The capture encodes the fields every marker shares once and passes them to each marker:
+    every marker still reads back exactly, whatever its rid (quotes, unicode) and numbers."""
+    assert DoneMarker.from_dict(json.loads(marker.to_json())) == marker
+    sibling = DoneMarker(**{**vars(marker), "rid": other_rid, "completed_at": other_time, "chunks": [[0, 7]]})
+    assert DoneMarker.from_dict(json.loads(sibling.to_json(marker.shared_json()))) == sibling
+
+
+def test_a_done_marker_is_written_whole_under_its_final_name(tmp_path):
+    marker = DoneMarker(rid="hsx-ab12cd34-3", prompt_len=5, num_aux=3, hidden_size=16, dtype="bfloat16",
+                        eagle_aux_hidden_state_layer_ids=[1, 3, 4], sglang_layers_to_capture=[2, 4, 5],
+                        num_hidden_layers=8, final_hidden="post_norm", architecture="LlamaForCausalLM",
+                        chunks=[[0, 5]], completed_at=1.5)
+    (tmp_path / marker.rid).mkdir()
+    write_done_marker(tmp_path, marker, marker.shared_json())
+    assert read_done_marker(tmp_path / marker.rid) == marker
+    assert sorted(os.listdir(tmp_path / marker.rid)) == ["done.json"]  # no temporary left behind

@@ -29,6 +29,7 @@ request the server answered is ever lost without a word.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -66,6 +67,31 @@ def dtype_name(dtype: torch.dtype) -> str:
     raise StagingError(f"dtype {dtype} cannot be staged; supported: {', '.join(DTYPES)}")
 
 
+@functools.lru_cache(maxsize=16384)
+def _header_bytes(prompt_len: int, num_slots: int, hidden_size: int, dtype: str) -> bytes:
+    """The safetensors header of a states file of this shape (see `StateFileLayout.header`)."""
+    row_bytes = num_slots * hidden_size * DTYPES[dtype][2]
+    hidden_len = prompt_len * row_bytes
+    meta = {
+        "hidden": {
+            "dtype": DTYPES[dtype][1],
+            "shape": [prompt_len, num_slots, hidden_size],
+            "data_offsets": [0, hidden_len],
+        },
+        "input_ids": {
+            "dtype": "I64",
+            "shape": [prompt_len],
+            "data_offsets": [hidden_len, hidden_len + 8 * prompt_len],
+        },
+        "__metadata__": {"hsextract_staging": str(FORMAT_VERSION)},
+    }
+    body = json.dumps(meta, separators=(",", ":")).encode()
+    total = 8 + len(body)
+    pad = (-total) % _ALIGN
+    body += b" " * pad
+    return struct.pack("<Q", len(body)) + body
+
+
 @dataclass(frozen=True)
 class StateFileLayout:
     """Byte layout of one request's ``states.safetensors`` (shared by writer and reader)."""
@@ -84,31 +110,14 @@ class StateFileLayout:
         """Bytes of one token's hidden rows ([K + 1, H])."""
         return self.num_slots * self.hidden_size * self.elem_size
 
-    @functools.cached_property
+    @property
     def header(self) -> bytes:
-        """The 8-byte length prefix plus the JSON header, padded so data starts aligned (computed
-        once per layout: every offset below needs its length, once per row slice written)."""
-        hidden_len = self.prompt_len * self.row_bytes
-        meta = {
-            "hidden": {
-                "dtype": DTYPES[self.dtype][1],
-                "shape": [self.prompt_len, self.num_slots, self.hidden_size],
-                "data_offsets": [0, hidden_len],
-            },
-            "input_ids": {
-                "dtype": "I64",
-                "shape": [self.prompt_len],
-                "data_offsets": [hidden_len, hidden_len + 8 * self.prompt_len],
-            },
-            "__metadata__": {"hsextract_staging": str(FORMAT_VERSION)},
-        }
-        body = json.dumps(meta, separators=(",", ":")).encode()
-        total = 8 + len(body)
-        pad = (-total) % _ALIGN
-        body += b" " * pad
-        return struct.pack("<Q", len(body)) + body
+        """The 8-byte length prefix plus the JSON header, padded so data starts aligned (shared by
+        every layout of the same shape: the capture asks once per request, and short prompts of one
+        length are thousands of requests a minute)."""
+        return _header_bytes(self.prompt_len, self.num_slots, self.hidden_size, self.dtype)
 
-    @functools.cached_property
+    @property
     def data_start(self) -> int:
         return len(self.header)
 
@@ -147,10 +156,22 @@ class DoneMarker:
     completed_at: float = 0.0
     version: int = FORMAT_VERSION
 
-    def to_json(self) -> str:
-        # vars(), not asdict(): the fields are plain values and lists, and asdict's deep copy is
-        # a measurable part of the capture's per-request cost
-        return json.dumps(vars(self), sort_keys=True)
+    def to_json(self, shared_json: str | None = None) -> str:
+        """The marker as one JSON object.
+
+        The capture writes one per request inside the server, so it encodes the fields that every
+        marker of one capture shares once (`shared_json`) and passes them in: only the request's
+        own fields are encoded each time.
+        """
+        chunks = ", ".join(f"[{int(a)}, {int(b)}]" for a, b in self.chunks)
+        return (f'{{"chunks": [{chunks}], "completed_at": {float(self.completed_at)!r}, '
+                f'"prompt_len": {int(self.prompt_len)}, "rid": {json.dumps(self.rid)}, '
+                + (shared_json or self.shared_json())[1:])
+
+    def shared_json(self) -> str:
+        """``{"architecture": ..., ...}``: every field but the request's own (rid, prompt length,
+        chunks, completion time), which all the markers of one capture have in common."""
+        return json.dumps({k: getattr(self, k) for k in _SHARED_FIELDS}, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DoneMarker:
@@ -161,20 +182,30 @@ class DoneMarker:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+_OWN_FIELDS = ("chunks", "completed_at", "prompt_len", "rid")
+_SHARED_FIELDS = tuple(sorted(set(DoneMarker.__dataclass_fields__) - set(_OWN_FIELDS)))
+
+
 def rid_dir(dump_dir: str | Path, rid: str) -> Path:
     return Path(dump_dir) / rid
 
 
-def write_done_marker(dump_dir: str | Path, marker: DoneMarker) -> None:
+def write_done_marker(dump_dir: str | Path, marker: DoneMarker, shared_json: str | None = None) -> None:
     """Write ``done.json`` atomically: the drain sees either no marker or a whole one.
 
-    Plain string paths (no pathlib): this runs once per captured request, inside the server.
+    Plain string paths and file descriptors (no pathlib, no buffered file object): this runs once
+    per captured request, inside the server. ``shared_json``: see `DoneMarker.to_json`.
     """
-    d = os.path.join(os.fspath(dump_dir), marker.rid)
-    tmp = os.path.join(d, f".{DONE_FILE}.tmp")
-    with open(tmp, "w") as f:
-        f.write(marker.to_json())
-    os.replace(tmp, os.path.join(d, DONE_FILE))
+    d = f"{os.fspath(dump_dir)}/{marker.rid}"
+    tmp = f"{d}/.{DONE_FILE}.tmp"
+    data = marker.to_json(shared_json).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if os.write(fd, data) != len(data):  # a few hundred bytes: short only on a full /dev/shm
+            raise OSError(errno.ENOSPC, f"short write of {tmp}")
+    finally:
+        os.close(fd)
+    os.replace(tmp, f"{d}/{DONE_FILE}")
 
 
 def read_done_marker(path: str | Path) -> DoneMarker:

@@ -275,7 +275,9 @@ class CaptureWriter:
         self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda, granularity=pool_granularity)
         self._side_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._jobs: queue.Queue[_Job | _FailJob | None] = queue.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix="hsx-write")
+        self.num_threads = max(1, num_threads)
+        self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="hsx-write")
+        self._marker_shared: str | None = None
         self._outstanding = 0
         self._idle = threading.Condition()
         self.bytes_written = 0
@@ -410,31 +412,51 @@ class CaptureWriter:
                 state = self.planner.fail(f.rid, f.reason)
             self._report_failure(state, f.reason, f.detail)
         mv = memoryview(job.buf.numpy())  # type: ignore[arg-type]  # a uint8 ndarray is a buffer
-        tasks: list[tuple[Segment, int, int, bool, _MappedFile | None]] = []
         per_slice_rows = max(1, self.slice_bytes // job.row_bytes)
-        for seg in segments:
-            if self._whole(seg, per_slice_rows):
-                # The whole request in one slice (short prompts: most of them): its writer creates
-                # the file and writes it in one call, off this thread.
-                tasks.append((seg, 0, seg.rows, True, None))
-                continue
-            if seg.create:
-                self._prepare_file(seg.state)
-            starts = list(range(0, seg.rows, per_slice_rows))
-            mapped = None
-            seg_bytes = seg.rows * job.row_bytes
-            if len(starts) > 1 and not seg.state.failed and self._reserve(seg_bytes):
-                mapped = self._map(seg.state, len(starts), seg_bytes)
-            seg_tasks = [(seg, a, min(a + per_slice_rows, seg.rows), a == 0, mapped) for a in starts]
-            with seg.state.lock:
-                seg.state.pending += len(seg_tasks) - 1  # the planner counted the segment once
-            tasks.extend(seg_tasks)
-        job.remaining = len(tasks)
-        if not tasks:
+        # The whole request in one slice (short prompts: most of them): a writer creates the file
+        # and writes it in one call, off this thread.
+        whole = [seg for seg in segments if self._whole(seg, per_slice_rows)]
+        tasks = [task for seg in segments if not self._whole(seg, per_slice_rows)
+                 for task in self._slices(seg, job.row_bytes, per_slice_rows)]
+        groups = self._group_whole(whole, job.row_bytes)
+        job.remaining = len(tasks) + len(groups)
+        if not job.remaining:
             self._finish_job(job)
             return
+        for group in groups:
+            self._executor.submit(self._write_wholes, job, mv, group)
         for task in tasks:
             self._executor.submit(self._write_slice, job, mv, *task)
+
+    def _slices(self, seg: Segment, row_bytes: int, per_slice_rows: int
+                ) -> list[tuple[Segment, int, int, bool, _MappedFile | None]]:
+        """A segment of a long (or chunked) request as row slices for several writers; its file is
+        created first if this is its first chunk, and mapped where /dev/shm has room to spare."""
+        if seg.create:
+            self._prepare_file(seg.state)
+        starts = list(range(0, seg.rows, per_slice_rows))
+        mapped = None
+        seg_bytes = seg.rows * row_bytes
+        if len(starts) > 1 and not seg.state.failed and self._reserve(seg_bytes):
+            mapped = self._map(seg.state, len(starts), seg_bytes)
+        tasks = [(seg, a, min(a + per_slice_rows, seg.rows), a == 0, mapped) for a in starts]
+        with seg.state.lock:
+            seg.state.pending += len(tasks) - 1  # the planner counted the segment once
+        return tasks
+
+    def _group_whole(self, whole: list[Segment], row_bytes: int) -> list[list[Segment]]:
+        """Whole requests split into a few groups, one writer task each.
+
+        Each task costs the server's process a hand-over between threads under the GIL, which
+        competes with SGLang's scheduler thread: 256 short prompts in flight are hundreds of
+        requests a second. So a batch's whole requests go to as few tasks as keep the writers
+        busy: at most one per writer thread, with at least 4 requests and 8 MiB each.
+        """
+        if not whole:
+            return []
+        nbytes = sum(seg.rows for seg in whole) * row_bytes
+        n = max(1, min(self.num_threads, len(whole) // 4, nbytes // (8 * _MiB)))
+        return [whole[i::n] for i in range(n)]
 
     @staticmethod
     def _whole(seg: Segment, per_slice_rows: int) -> bool:
@@ -490,8 +512,20 @@ class CaptureWriter:
         except OSError as exc:
             self._fail(state, path, exc)
 
+    def _write_wholes(self, job: _Job, mv: memoryview, group: list[Segment]) -> None:
+        """Write a group of whole requests of the batch, one after the other (one task)."""
+        for seg in group:
+            self._write_one(job, mv, seg, 0, seg.rows, True, None)
+        self._task_done(job)
+
     def _write_slice(self, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
                      mapped: _MappedFile | None) -> None:
+        self._write_one(job, mv, seg, a, b, with_ids, mapped)
+        self._task_done(job)
+
+    def _write_one(self, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+                   mapped: _MappedFile | None) -> None:
+        """Rows [a, b) of a segment into its file; a failure is reported, never raised."""
         state = seg.state
         path = self._states_path(state.rid)
         nbytes = (b - a) * job.row_bytes
@@ -501,6 +535,9 @@ class CaptureWriter:
         if error is not None:
             self._fail(state, path, error)
         self._slice_done(state)
+
+    def _task_done(self, job: _Job) -> None:
+        """One writer task of the batch is over; the last one gives the host buffer back."""
         assert job.lock is not None
         with job.lock:
             job.remaining -= 1
@@ -609,7 +646,9 @@ class CaptureWriter:
         if ready:
             assert state.marker is not None
             try:
-                write_done_marker(self.dump_dir, state.marker)
+                if self._marker_shared is None:  # the same for every marker of this writer
+                    self._marker_shared = state.marker.shared_json()
+                write_done_marker(self._root, state.marker, self._marker_shared)
                 with self._stats_lock:
                     self.requests_done += 1
             except OSError as exc:
