@@ -16,6 +16,7 @@ equal to it.
       .hsextract/                       the project's own bookkeeping
         client-status.json, client-summary.json, rejects.jsonl, failures.jsonl
         drain-status.json, tmp/, arrow-build-<id>/, vocab_counts.json
+        dataset.json                    which dataset the training set was extracted from (the client's)
         plan.json
         regen-status.json, regen-summary.json, regen-errors.jsonl, regen-settings.json
 
@@ -46,6 +47,7 @@ DRAIN_STATUS = "drain-status.json"
 DRAIN_TMP_DIR = "tmp"
 ARROW_BUILD_PREFIX = "arrow-build-"
 VOCAB_CHECKPOINT = "vocab_counts.json"  # never ends in "pt": some readers take every such file
+DATASET_RECORD = "dataset.json"  # the dataset the client extracts into this output (hsextract.client.dataset_record)
 PLAN = "plan.json"
 REGEN_STATUS = "regen-status.json"
 REGEN_SUMMARY = "regen-summary.json"
@@ -123,6 +125,10 @@ def vocab_checkpoint_relpath() -> str:
 
 def vocab_checkpoint_path(output: str | Path) -> Path:
     return state_dir(output) / VOCAB_CHECKPOINT
+
+
+def dataset_record_path(output: str | Path) -> Path:
+    return state_dir(output) / DATASET_RECORD
 
 
 def plan_path(output: str | Path) -> Path:

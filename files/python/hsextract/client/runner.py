@@ -38,6 +38,7 @@ from hsextract.client.backpressure import Backpressure, Watermark
 from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
 from hsextract.client.dataset import Reject, Sample, count_rows, dataset_files, read_dataset
+from hsextract.client.dataset_record import check_and_record
 from hsextract.client.probe import probe_capture
 from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
@@ -338,6 +339,8 @@ class ExtractRun:
         if header is not None and header.format != cfg.format:
             raise ConfigError(f"output directory {out} holds a {header.format!r} training set, but this client runs "
                               f"with --format {cfg.format}; use the format of the set, or a new output directory")
+        # Before anything in the output changes: resuming by index from another dataset is refused.
+        check_and_record(out, Path(cfg.dataset), has_samples=header is not None)
         self.run_id = load_or_create_run_id(out)
         state_dir(out).mkdir(parents=True, exist_ok=True)
         client_summary_path(out).unlink(missing_ok=True)  # a new run is not finished yet
