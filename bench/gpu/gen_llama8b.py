@@ -3,7 +3,13 @@
 No model can be downloaded on the GPU test machine, and the bench needs the real per-token cost
 of an 8B forward pass, not real text: the weights are drawn on the GPU (normal, std 0.02; norms
 1), in four safetensors shards of 8 layers, and the tokenizer is copied from a tiny model (the
-bench sends token ids). About 30 s on an H200 host.
+capture bench sends token ids). About 30 s on an H200 host.
+
+The tokenizer is a word-level one over the whole vocabulary (``w0`` ... ``w128248`` and the tiny
+model's special tokens, with its chat template): whatever token the random model generates decodes
+to a word that encodes back to the same id. Regeneration's bench needs that: each turn re-sends the
+replies before it as text, and the radix cache reuses their KV only if the text gives back the
+same tokens (a reply the tiny tokenizer cannot spell would come back empty).
 
     python3 bench/gpu/gen_llama8b.py OUT_DIR --tokenizer-from TINY_LLAMA_DIR [--layers 32]
 """
@@ -13,10 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "files" / "python"))
 
 HIDDEN, INTERMEDIATE, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 128256, 32, 8, 128
 LAYERS_PER_SHARD = 8
@@ -28,9 +37,35 @@ def write_config(out: Path, tokenizer_from: Path, layers: int) -> None:
                num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
                max_position_embeddings=8192, torch_dtype="bfloat16", tie_word_embeddings=False)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    for f in tokenizer_from.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "generation_config.json"):
-            shutil.copy(f, out / f.name)
+    write_word_tokenizer(out, tokenizer_from, VOCAB)
+
+
+def word(i: int) -> str:
+    """The word of token id ``i`` past the special tokens."""
+    return f"w{i}"
+
+
+def write_word_tokenizer(out: Path, tokenizer_from: Path, vocab_size: int) -> None:
+    """A word-level tokenizer of ``vocab_size`` ids that round-trips every id: the tiny model's
+    special tokens first (same ids, same chat template), then one word per remaining id."""
+    from hsextract.tiny_model import CHAT_TEMPLATE, ROLE_TOKENS
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    added = json.loads((tokenizer_from / "tokenizer.json").read_text())["added_tokens"]
+    specials = [t["content"] for t in sorted(added, key=lambda t: t["id"])]
+    if [t["id"] for t in added] != list(range(len(added))):
+        raise ValueError(f"{tokenizer_from}: the special tokens are not ids 0..{len(added) - 1}")
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    vocab.update({word(i): i for i in range(len(specials), vocab_size)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", additional_special_tokens=ROLE_TOKENS)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+    if (tokenizer_from / "generation_config.json").is_file():
+        shutil.copy(tokenizer_from / "generation_config.json", out / "generation_config.json")
 
 
 def generate(out: str | Path, tokenizer_from: str | Path, layers: int = 32, seed: int = 0) -> Path:

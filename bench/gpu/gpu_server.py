@@ -43,6 +43,10 @@ class ServerSpec:
     capture: bool = True
     args: tuple[str, ...] = ()  # parallelism, memory, graph and batch flags
     rid_prefix: str = "hsx"
+    # "capture": the capture's flags (radix cache off, prefill graphs off), with or without the patch;
+    # "generation": regeneration's (radix cache on, CUDA graphs as SGLang sets them, no patch), as the
+    # server unit's generation profile (roles/sglang_server).
+    profile: str = "capture"
 
 
 def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
@@ -51,17 +55,24 @@ def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
     base = Path(work) / spec.name
     base.mkdir(parents=True, exist_ok=True)
     dump_dir = dump_dir_for(spec.name)
+    if spec.profile not in ("capture", "generation") or (spec.profile == "generation" and spec.capture):
+        raise ValueError(f"{spec.name}: profile {spec.profile!r} with capture={spec.capture}: the capture runs only "
+                         "in the capture profile")
     patch_dir = None
     if spec.capture:
         patch_dir = render_patch(base / "patch", architecture=read_model_info(spec.model).architecture,
                                  model_path=str(spec.model), dump_dir=str(dump_dir), rid_prefix=spec.rid_prefix)
     # The capture's server flags for both kinds of server, so that they differ only by the patch.
     launch = server_launch(patch_dir or base, package_name=DEFAULT_PACKAGE, device=env.device)
+    if spec.profile == "generation":
+        launch_args = [a for a in launch.args if a not in ("--disable-radix-cache", "--disable-prefill-cuda-graph")]
+    else:
+        launch_args = list(launch.args)
     run_env = env.server_env(spec.gpus, (patch_dir,) if patch_dir else ())
     if patch_dir:
         run_env.update({k: v for k, v in launch.env.items() if k != "PYTHONPATH"})
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(spec.model), "--host", "127.0.0.1",
-           "--port", str(spec.port), "--log-level", "info", *env.device_args(), *launch.args, *spec.args]
+           "--port", str(spec.port), "--log-level", "info", *env.device_args(), *launch_args, *spec.args]
     log_path = base / "server.log"
     with open(log_path, "wb") as log:
         log.write((" ".join(cmd) + "\n").encode())

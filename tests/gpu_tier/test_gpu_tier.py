@@ -171,3 +171,21 @@ def test_the_tp8_model_runs_a_forward_pass_in_transformers(tmp_path):
     out = model(torch.tensor([[5, 6, 7, 8]]), output_hidden_states=True)
     assert out.logits.shape == (1, 4, model.config.vocab_size)
     assert torch.isfinite(out.logits).all()
+
+
+def test_the_bench_models_tokenizer_spells_every_token_the_model_can_generate(tmp_path, tiny_llama):
+    """Regeneration's GPU bench re-sends each reply as text: any generated id must decode to text
+    that encodes back to the same id, inside the tiny model's chat template."""
+    import gen_llama8b
+    from transformers import AutoTokenizer
+
+    gen_llama8b.write_word_tokenizer(tmp_path, tiny_llama, 2000)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    tiny = AutoTokenizer.from_pretrained(str(tiny_llama))
+    assert len(tok) == 2000
+    ids = list(range(7, 2000))
+    assert tok.encode(tok.decode(ids), add_special_tokens=False) == ids
+    history = [{"role": "user", "content": "w10 w11"}, {"role": "assistant", "content": tok.decode([1500, 7])}]
+    assert tok.apply_chat_template(history, tokenize=False) == tiny.apply_chat_template(history, tokenize=False)
+    assert tok.convert_tokens_to_ids(["<s>", "</s>", "<|user|>", "<|assistant|>"]) == \
+        tiny.convert_tokens_to_ids(["<s>", "</s>", "<|user|>", "<|assistant|>"])
