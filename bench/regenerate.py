@@ -145,9 +145,13 @@ def gpu_servers(work: Path, port: int, bundle: Path, gpu: int, concurrency: int
     sys.path.insert(0, str(GPU_SITE))  # the bundle's openai client, for the plain loop
     model = capture_server_gpu.prepare_model(env, work, gpu)
     # One GPU holds both: a capped KV pool each (131072 tokens, 16 GiB), decode graphs up to the
-    # concurrency (every batch size the bench makes).
+    # concurrency (every batch size the bench makes). Prefill graphs stay off on this machine: SGLang's
+    # breakable prefill graph fails to capture over the tier's pure-torch kernel stand-in
+    # (``assert graph is not None`` in breakable_cuda_graph.py); decode graphs, which regeneration
+    # lives on, capture fine.
     flags = ("--chunked-prefill-size", "8192", "--max-total-tokens", "131072", "--mem-fraction-static", "0.9",
-             "--max-running-requests", str(concurrency), "--cuda-graph-max-bs-decode", str(concurrency))
+             "--max-running-requests", str(concurrency), "--cuda-graph-max-bs-decode", str(concurrency),
+             "--disable-prefill-cuda-graph")
     servers = {"radix_on": start(ServerSpec("regen-generation", model, port, (gpu,), False, flags,
                                             profile="generation"), env, work),
                "radix_off": start(ServerSpec("regen-radix-off", model, port + 1, (gpu,), False, flags), env, work)}
