@@ -155,8 +155,13 @@ def gpu_servers(work: Path, port: int, bundle: Path, gpu: int, concurrency: int
     servers = {"radix_on": start(ServerSpec("regen-generation", model, port, (gpu,), False, flags,
                                             profile="generation"), env, work),
                "radix_off": start(ServerSpec("regen-radix-off", model, port + 1, (gpu,), False, flags), env, work)}
-    for handle in servers.values():
-        wait_healthy(handle, 900)
+    try:
+        for handle in servers.values():
+            wait_healthy(handle, 900)
+    except BaseException:
+        for handle in servers.values():
+            handle.stop()
+        raise
     cfg = json.loads((model / "config.json").read_text())
     words = [gen_llama8b.word(i) for i in range(1000, 1300)]
     return servers, words, (f"SGLang 0.5.23 on {capture_server_gpu.nvidia_smi_names()[gpu]} (random bf16 model of "
