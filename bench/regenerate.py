@@ -68,6 +68,7 @@ def write_dataset(path: Path, n: int, seed: int, words: list[str] = WORDS) -> li
 
 
 def run_hsextract(url: str, dataset: Path, out: Path, concurrency: int, max_new: int) -> dict:
+    shutil.rmtree(out, ignore_errors=True)  # a whole run each time, never a resume of an earlier one
     cfg = RegenConfig(dataset=dataset, output=out, servers=[url], max_new_tokens=max_new, temperature=0.0,
                       concurrency=concurrency, log_every_s=3600)
     started = time.perf_counter()
