@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import secrets
@@ -31,7 +32,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,23 +85,33 @@ def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int
             "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args), env, work)}
 
 
-class StagingCounter(threading.Thread):
-    """Counts and removes the dumps of one round as they complete (a stand-in for the drain)."""
+class StagingCounter:
+    """Counts and removes the dumps of one round as they complete (a stand-in for the drain).
+
+    It runs in a process of its own, as the drain does: as a thread of the bench it would share the
+    GIL with the client's event loop, and its listing and removal of 200 dumps a second in the
+    short-prompt case would slow the sending of the capture rounds alone."""
 
     def __init__(self, dump_dir: Path, run_id: str):
-        super().__init__(daemon=True, name="staging-counter")
         self.dump_dir, self.prefix = Path(dump_dir), f"hsx-{run_id}-"
         self.complete = self.failed = self.staged_bytes = 0
         self.last_seen = time.monotonic()
-        self._done = threading.Event()
+        ctx = multiprocessing.get_context("fork")
+        self._shared = ctx.Array("d", [0, 0, 0, self.last_seen])  # complete, failed, bytes, last seen
+        self._done = ctx.Event()
+        self._proc = ctx.Process(target=self._run, daemon=True, name="staging-counter")
 
-    def run(self) -> None:
+    def start(self) -> None:
+        self._proc.start()
+
+    def _run(self) -> None:
         while not self._done.is_set():
             self.sweep()
             self._done.wait(0.02)
         self.sweep()
 
     def sweep(self) -> None:
+        """Count and remove this round's finished dumps (in the counter's process, or directly)."""
         for d in iter_dump_dirs(self.dump_dir):
             if not d.name.startswith(self.prefix):
                 continue
@@ -114,13 +124,23 @@ class StagingCounter(threading.Thread):
                 continue
             self.last_seen = time.monotonic()
             shutil.rmtree(d, ignore_errors=True)
+            with self._shared.get_lock():
+                self._shared[:] = [self.complete, self.failed, self.staged_bytes, self.last_seen]
+
+    def _read(self) -> None:
+        with self._shared.get_lock():
+            complete, failed, staged, last = self._shared[:]
+        self.complete, self.failed, self.staged_bytes, self.last_seen = int(complete), int(failed), int(staged), last
 
     def wait_for(self, expected: int, quiet_s: float = 30) -> None:
         """Until ``expected`` dumps are counted, or nothing new came for ``quiet_s`` seconds."""
+        self._read()
         while self.complete + self.failed < expected and time.monotonic() - self.last_seen < quiet_s:
             time.sleep(0.05)
+            self._read()
         self._done.set()
-        self.join(timeout=10)
+        self._proc.join(timeout=10)
+        self._read()
 
 
 async def _send(url: str, run_id: str, prompts: list[list[int]], in_flight: int) -> float:

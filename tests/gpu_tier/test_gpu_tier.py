@@ -126,6 +126,20 @@ def test_staging_counter_counts_this_rounds_dumps_and_failure_markers(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hsx-aaaa0001-3", "hsx-bbbb0002-0"]
 
 
+def test_staging_counter_in_its_own_process_counts_every_dump_of_a_round(tmp_path):
+    """The bench's drain stand-in runs beside the client in a process of its own, as the drain does."""
+    counter = StagingCounter(tmp_path, "cccc0003")
+    counter.start()
+    for i in range(40):
+        d = tmp_path / f"hsx-cccc0003-{i}"
+        d.mkdir()
+        (d / "states.safetensors").write_bytes(b"x" * 10)
+        (d / ("done.json" if i % 10 else capture_checks.FAILED_FILE)).write_text("{}")
+    counter.wait_for(40)
+    assert (counter.complete, counter.failed, counter.staged_bytes) == (36, 4, 360)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_chunks_must_cover_the_prompt_once_in_order():
     assert capture_checks.chunk_problems([[0, 128], [128, 128], [256, 44]], 300) == []
     assert capture_checks.chunk_problems([[0, 128], [0, 128], [128, 172]], 300)  # a chunk written twice
