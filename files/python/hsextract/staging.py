@@ -67,7 +67,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     raise StagingError(f"dtype {dtype} cannot be staged; supported: {', '.join(DTYPES)}")
 
 
-@functools.lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=1024)  # 4 KiB each: prompt lengths recur, most of all in a stress
 def _header_bytes(prompt_len: int, num_slots: int, hidden_size: int, dtype: str) -> bytes:
     """The safetensors header of a states file of this shape (see `StateFileLayout.header`)."""
     row_bytes = num_slots * hidden_size * DTYPES[dtype][2]
