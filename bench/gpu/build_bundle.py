@@ -42,7 +42,7 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 26, 27, 28, 34)] + [
     "manylinux2014_x86_64", "manylinux1_x86_64", "any"]
 # The sources the tier runs, relative to the repository (copied by --with-tree).
 TREE = ("bench", "files/python", "tests/support", "tests/stubs")
-TREE_SKIP = ("__pycache__", "results", "*.pyc")
+TREE_SKIP = ("__pycache__", "results", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache")  # caches of lint runs
 LIMIT_MIB = 64
 
 
