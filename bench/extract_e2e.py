@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
+from common import machine_info  # noqa: E402
 from hsextract.client.backpressure import Watermark  # noqa: E402
 from hsextract.client.runner import ExtractConfig, ExtractRun  # noqa: E402
 from hsextract.records import load_or_create_run_id, parse_rid  # noqa: E402
@@ -150,8 +150,7 @@ def main() -> int:
         "ratio_on_over_off": round(ratio, 3),
         "ratio_best_rounds": round(best, 3),
         "per_round": rounds,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_at_end": os.getloadavg()},
+        "machine": machine_info(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "bench")]
 
+from common import machine_info  # noqa: E402
 from extract_e2e import write_dataset  # noqa: E402
 from hsextract.plan.scan import ScanSettings, scan  # noqa: E402
 from hsextract.tiny_model import ensure_tiny_model  # noqa: E402
@@ -58,8 +58,7 @@ def main() -> int:
         "samples_per_s_median": {k: round(v, 1) for k, v in med.items()},
         "samples_per_s_rounds": {k: [round(x, 1) for x in v] for k, v in rounds.items()},
         "speedup": round(med[str(cores)] / med["1"], 3),
-        "machine": {"cpus": cores, "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_at_end": os.getloadavg()},
+        "machine": machine_info(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -8,17 +8,15 @@ delay, so kills land while samples are being read, written, renamed and recorded
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
 import time
 
 import pytest
 import torch
-from hsextract.formats.manifest import entries_path, iter_entries, verify_entry
+from hsextract.formats.manifest import iter_entries, verify_entry
 from hsextract.records import load_or_create_run_id
-from support.drain_proc import drain_until_done, start
+from support.drain_proc import drain_until_done
+from support.kill_loop import kill_drain_repeatedly
 from support.server_dumps import capture
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
@@ -29,49 +27,17 @@ PER_RELEASE = 8
 TIME_BUDGET_S = 480
 
 
-def _manifest_lines(out) -> int:
-    try:
-        return entries_path(out).read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
 def test_kill_9_at_random_instants_loses_and_duplicates_nothing(llama_server, tiny_llama, tmp_path):
     dump, hold, out = tmp_path / "dump", tmp_path / "hold", tmp_path / "out"
     run_id = load_or_create_run_id(out)
     captured = capture(llama_server, dump, hold, run_id, list(range(N_SAMPLES)), min_len=8, max_len=96, seed=3)
-    rng = random.Random(20261129)
-    pending = sorted(captured)
-    kills = kills_with_work = 0
-    deadline = time.monotonic() + TIME_BUDGET_S
-    log = open(tmp_path / "drain.log", "w")  # noqa: SIM115 (closed below)
-    try:
-        while pending and time.monotonic() < deadline:
-            release, pending = pending[:PER_RELEASE], pending[PER_RELEASE:]
-            for i in release:
-                os.rename(hold / captured[i].rid, dump / captured[i].rid)
-            base = _manifest_lines(out)
-            target = base + rng.randint(0, len(release) - 1)
-            proc = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "specforge",
-                         "--model", str(tiny_llama), "--workers", "3", "--poll-interval", "0.05",
-                         stdout=log, stderr=subprocess.STDOUT)
-            try:
-                until = time.monotonic() + 60
-                while _manifest_lines(out) < target and proc.poll() is None and time.monotonic() < until:
-                    time.sleep(0.001)
-                time.sleep(rng.uniform(0, 0.02))
-                if any(p.name.startswith("hsx-") for p in dump.iterdir()):
-                    kills_with_work += 1
-                os.kill(proc.pid, signal.SIGKILL)
-                kills += 1
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-    finally:
-        log.close()
-    assert not pending, f"ran out of time after {kills} kills"
-    assert kills_with_work >= MIN_KILLS, f"only {kills_with_work} of {kills} kills landed while dumps were staged"
+    loop = kill_drain_repeatedly(hold=hold, dump=dump, out=out, names={i: c.rid for i, c in captured.items()},
+                                 drain_args=["--model", str(tiny_llama), "--workers", "3", "--poll-interval", "0.05"],
+                                 per_release=PER_RELEASE, max_delay_s=0.02, rng=random.Random(20261129),
+                                 log=tmp_path / "drain.log", deadline=time.monotonic() + TIME_BUDGET_S)
+    assert not loop.pending, f"ran out of time after {loop.kills} kills"
+    assert loop.kills_while_staged >= MIN_KILLS, \
+        f"only {loop.kills_while_staged} of {loop.kills} kills landed while dumps were staged"
 
     drain_until_done(dump, out, "specforge", "--model", str(tiny_llama), lines=N_SAMPLES)
 

@@ -10,20 +10,18 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import time
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 from hsextract.formats import FORMAT_NAMES, get_format
-from hsextract.formats.manifest import entries_path, iter_entries
+from hsextract.formats.manifest import iter_entries
 from hsextract.records import load_or_create_run_id
 from hsextract.vocab.checkpoint import checkpoint_path
 from hsextract.vocab.tracker import VocabTracker
-from support.drain_proc import drain_until_done, hsextract, start
+from support.drain_proc import drain_until_done, hsextract
+from support.kill_loop import kill_drain_repeatedly
 from vocab.vocab_data import VOCAB, expected_counts, expected_selection, make_samples, stage_all
 
 SIZES = ["16", "64", "1000"]  # 1000 >= the vocabulary (500): clamped to 500
@@ -95,13 +93,6 @@ def test_a_restart_recounts_only_the_samples_past_the_checkpoint(tmp_path):
     assert later.counts.to_dict() == dict(expected_counts(samples))
 
 
-def _manifest_lines(out) -> int:
-    try:
-        return entries_path(out).read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
 def test_counts_survive_kill_9_at_random_instants_and_always_equal_a_recount(tmp_path):
     """The drain checkpoints after every commit here, so kills land between a manifest append and
     the checkpoint, inside the checkpoint's write, and inside the recovery's recount."""
@@ -111,41 +102,25 @@ def test_counts_survive_kill_9_at_random_instants_and_always_equal_a_recount(tmp
     by_index = {int(p.name.rsplit("-", 1)[1]): p.name for p in hold.iterdir() if p.name.startswith("hsx-")}
     dump.mkdir()
     os.rename(hold / "_records", dump / "_records")
-    rng = random.Random(20261130)
-    pending = sorted(by_index)
-    kills = lagging = 0
-    log = open(tmp_path / "drain.log", "w")  # noqa: SIM115 (closed below)
-    try:
-        while pending:
-            release, pending = pending[:10], pending[10:]
-            for i in release:
-                os.rename(hold / by_index[i], dump / by_index[i])
-            target = _manifest_lines(out) + rng.randint(0, len(release) - 1)
-            proc = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "specforge",
-                         "--workers", "2", "--poll-interval", "0.05", "--vocab-checkpoint-interval", "0",
-                         "--vocab-size", str(VOCAB), stdout=log, stderr=subprocess.STDOUT)
-            try:
-                until = time.monotonic() + 60
-                while _manifest_lines(out) < target and proc.poll() is None and time.monotonic() < until:
-                    time.sleep(0.001)
-                time.sleep(rng.uniform(0, 0.01))
-                os.kill(proc.pid, signal.SIGKILL)
-                kills += 1
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-            # After any kill the checkpoint covers a prefix of the manifest, with exactly its counts.
-            entries = list(iter_entries(out))
-            if checkpoint_path(out).exists():
-                cp = json.loads(checkpoint_path(out).read_text())
-                assert cp["covered"] <= len(entries)
-                covered = [e.dataset_index for e in entries[: cp["covered"]]]
-                assert dict(zip(cp["ids"], cp["counts"], strict=True)) == dict(expected_counts(samples, covered))
-                lagging += cp["covered"] < len(entries)
-    finally:
-        log.close()
-    assert kills >= 15 and lagging >= 3, f"{kills} kills, {lagging} left the checkpoint behind the manifest"
+    lagging = 0
+
+    def checkpoint_is_a_prefix_with_its_counts() -> None:
+        # After any kill the checkpoint covers a prefix of the manifest, with exactly its counts.
+        nonlocal lagging
+        entries = list(iter_entries(out))
+        if checkpoint_path(out).exists():
+            cp = json.loads(checkpoint_path(out).read_text())
+            assert cp["covered"] <= len(entries)
+            covered = [e.dataset_index for e in entries[: cp["covered"]]]
+            assert dict(zip(cp["ids"], cp["counts"], strict=True)) == dict(expected_counts(samples, covered))
+            lagging += cp["covered"] < len(entries)
+
+    loop = kill_drain_repeatedly(hold=hold, dump=dump, out=out, names=by_index,
+                                 drain_args=["--workers", "2", "--poll-interval", "0.05",
+                                             "--vocab-checkpoint-interval", "0", "--vocab-size", str(VOCAB)],
+                                 per_release=10, max_delay_s=0.01, rng=random.Random(20261130),
+                                 log=tmp_path / "drain.log", after_kill=checkpoint_is_a_prefix_with_its_counts)
+    assert loop.kills >= 15 and lagging >= 3, f"{loop.kills} kills, {lagging} left the checkpoint behind the manifest"
     drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=len(samples))
     assert sorted(e.dataset_index for e in iter_entries(out)) == sorted(samples)
     assert torch.load(out / "token_freq.pt", weights_only=True) == dict(expected_counts(samples))
