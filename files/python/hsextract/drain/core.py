@@ -21,8 +21,9 @@ thread, so the manifest is always the contiguous prefix 0..n-1 (the Arrow row nu
 while reading, checking, encoding and the big fsyncs run in parallel workers.
 
 The pieces: `recovery` (the start: checks and repairs), `triage` (what to do with each staged
-directory), `quarantine`, `committer` (the ordered commit and the manifest); this module is the
-daemon's life: recover, loop (scan, prepare in workers, commit), shut down.
+directory), `quarantine`, `worker` (one dump in, one durable temporary file out, within the byte
+budget), `committer` (the ordered commit and the manifest); this module is the daemon's life:
+recover, loop (scan, prepare in workers, commit), shut down.
 """
 
 from __future__ import annotations
@@ -47,16 +48,15 @@ from hsextract.drain.config import DrainConfig
 from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
 from hsextract.drain.quarantine import Quarantine, safe_iterdir
 from hsextract.drain.recovery import recover
-from hsextract.drain.staged_io import MappedStates, map_states
-from hsextract.durable import PIECE, free_bytes, is_no_space, write_payload_durably
+from hsextract.drain.worker import SampleWorker, torch_set_threads
+from hsextract.durable import free_bytes
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FORMATS, get_format
-from hsextract.formats.base import OutputFormat, Sample, SourceRange
+from hsextract.formats.base import OutputFormat, Sample
 from hsextract.formats.manifest import (
     ManifestEntry,
     ManifestHeader,
     default_checksum_algorithm,
-    new_hasher,
     write_header,
 )
 from hsextract.layout import client_summary_path, drain_tmp_dir, failures_path, record_rid, records_dir
@@ -65,11 +65,9 @@ from hsextract.records import SampleRecord, parse_rid, read_record, remove_recor
 from hsextract.staging import (
     DONE_FILE,
     FAILED_FILE,
-    STATES_FILE,
     DoneMarker,
     discard_dump,
     iter_dump_dirs,
-    read_done_marker,
 )
 from hsextract.vocab.counts import masked_counts
 from hsextract.vocab.mapping import VocabError
@@ -95,34 +93,12 @@ class _Scan:
     foreign: Counter[str] = field(default_factory=Counter)
 
 
-class _ByteBudget:
-    """Bounds the bytes of samples held in memory at once (one oversized sample may go alone)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.used = 0
-        self._cv = threading.Condition()
-
-    def acquire(self, n: int) -> None:
-        with self._cv:
-            while self.used and self.used + n > self.limit:
-                self._cv.wait()
-            self.used += n
-
-    def release(self, n: int) -> None:
-        with self._cv:
-            self.used -= n
-            self._cv.notify_all()
-
-
 class Drainer:
     """One drain daemon over one dump directory and one output directory."""
 
     def __init__(self, cfg: DrainConfig):
         self.cfg = cfg
         self.fmt: OutputFormat = get_format(cfg.format)
-        # The format's file body is the staged bytes, checked as they are sent (see SourceRange).
-        self._streams_staged = bool(getattr(self.fmt, "streams_staged", False))
         self.out = Path(cfg.output)
         self.dump_dir = Path(cfg.dump_dir)
         self.tmp_dir = drain_tmp_dir(self.out)
@@ -131,13 +107,13 @@ class Drainer:
         # Set when a worker frees a queue slot (or on stop): the scan runs again at once instead
         # of after the poll interval, so the workers never wait for the next scheduled look.
         self._wake = threading.Event()
-        self._budget = _ByteBudget(cfg.memory_budget_bytes)
         self._inflight: set[str] = set()  # submitted and not yet committed (or given up)
         self._preparing = 0  # of those, how many the workers have not finished: the queue's bound
         self._inflight_lock = threading.Lock()
         self._header: ManifestHeader | None = None
         self._header_lock = threading.Lock()
         self._committer: Committer | None = None
+        self._worker: SampleWorker | None = None  # built with the committer it hands samples to
         self._quarantine = Quarantine(cfg.quarantine, self.dump_dir, self._pause_for_space)
         self._fatal: BaseException | None = None
         self._pause_lock = threading.Lock()
@@ -198,6 +174,12 @@ class Drainer:
             pause_for_space=self._pause_for_space,
             on_duplicate=self._duplicate,
             on_settled=self._forget, on_written=self._written, on_fatal=self._fail,
+        )
+        self._worker = SampleWorker(
+            self.fmt, self.out, self.tmp_dir, self.cfg.memory_budget_bytes,
+            expected=self.expected, header_for=self._ensure_header,
+            commit=self._committer.put, quarantine=self._move_to_quarantine, on_settled=self._forget,
+            on_durable=self._count_tokens, pause_for_space=self._pause_for_space,
         )
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
@@ -300,11 +282,11 @@ class Drainer:
             eagle_aux_hidden_state_layer_ids=tuple(h.eagle_aux_hidden_state_layer_ids) if h else c.eagle_layer_ids,
         )
 
-    def _ensure_header(self, marker: DoneMarker) -> None:
-        """Write the manifest header from the configuration and the first valid dump."""
+    def _ensure_header(self, marker: DoneMarker) -> ManifestHeader:
+        """Write the manifest header from the configuration and the first valid dump; return it."""
         with self._header_lock:
             if self._header is not None:
-                return
+                return self._header
             c = self.cfg
             eagle = list(c.eagle_layer_ids or marker.eagle_aux_hidden_state_layer_ids)
             header = ManifestHeader(
@@ -328,6 +310,7 @@ class Drainer:
             )
             write_header(self.out, header)
             self._header = header
+            return header
 
     def _check_run(self) -> int:
         """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
@@ -467,7 +450,7 @@ class Drainer:
                 return 0
             self._inflight.add(record.rid)
             self._preparing += 1
-        fut = pool.submit(self._process, d, record)
+        fut = pool.submit(self._prepare, d, record)
         fut.add_done_callback(self._task_done)
         return 1
 
@@ -558,11 +541,18 @@ class Drainer:
         if self._quarantine.move(d, rid, reason, detail):
             self.stats.add_quarantined(reason)
 
-    # --- workers ----------------------------------------------------------------------------
+    # --- the workers' side of the queue ---------------------------------------------------------
 
-    def _process(self, d: Path, record: SampleRecord) -> None:
+    def _prepare(self, d: Path, record: SampleRecord) -> None:
+        """A submitted sample, in a worker thread (see hsextract.drain.worker); its queue slot is freed after."""
         try:
-            self._process_bounded(d, record)
+            try:
+                assert self._worker is not None
+                self._worker.process(d, record)
+            except BaseException:
+                with self._inflight_lock:
+                    self._inflight.discard(record.rid)
+                raise
         finally:
             # Prepared samples wait for the committer without holding a queue slot: its
             # directory fsyncs must not leave the workers idle.
@@ -570,86 +560,12 @@ class Drainer:
                 self._preparing -= 1
             self._wake.set()
 
-    def _process_bounded(self, d: Path, record: SampleRecord) -> None:
-        rid = record.rid
-        try:
-            if self._streams_staged:
-                size = PIECE  # sent from the mapping piece by piece, whatever the sample's size
-            else:
-                # Mapping the staged file costs no memory (the pages are tmpfs's own), but the
-                # format's reordered copy of the rows does: about the sample's size.
-                try:
-                    size = (d / STATES_FILE).stat().st_size
-                except FileNotFoundError:
-                    size = 0
-            self._budget.acquire(size)
-            try:
-                self._process_in_budget(d, record)
-            finally:
-                self._budget.release(size)
-        except BaseException:
-            with self._inflight_lock:
-                self._inflight.discard(rid)
-            raise
-
-    def _process_in_budget(self, d: Path, record: SampleRecord) -> None:
-        rid = record.rid
-        mapped = None
-        failure: tuple[str, str] | None = None
-        try:
-            marker = read_done_marker(d)
-            mapped = map_states(d / STATES_FILE)
-            v.validate(marker, mapped.states, record, self.expected(), check_values=not self._streams_staged)
-            prepared = self._write_temporary(d, record, marker, mapped)
-        except StagingError as exc:
-            failure = (v.UNREADABLE, str(exc))
-        except v.InvalidDump as exc:  # from the checks, or met while streaming the rows
-            failure = (exc.reason, exc.detail)
-        finally:
-            if mapped is not None:
-                mapped.close()
-        if failure is not None:
-            self._move_to_quarantine(d, rid, *failure)
-            self._forget(rid)
-            return
-        assert self._committer is not None
-        self._committer.put(prepared)
-
-    def _write_temporary(self, d: Path, record: SampleRecord, marker: DoneMarker, mapped: MappedStates) -> Prepared:
-        """Encode a validated dump into its durable temporary file; the committer gives it its name."""
-        self._ensure_header(marker)
-        assert self._header is not None
-        states = mapped.states
-        staged = SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view)
-        if self._streams_staged:
-            h = states.hidden
-            staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
-            staged.check_len = mapped.hidden_len
-        sample = Sample(
-            rid=record.rid,
-            dataset_index=record.index,
-            input_ids=states.input_ids,
-            loss_mask=_as_int64(record.loss_mask),
-            hidden=states.hidden,
-            staged=staged,
-        )
-        payload = self.fmt.encode(sample)
-        tmp = self.tmp_dir / f"{record.rid}.tmp"
-        while True:
-            hasher = new_hasher(self._header.checksum_algorithm)
-            try:
-                nbytes = write_payload_durably(tmp, payload, hasher)
-                break
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                self._pause_for_space(self.out, exc)
-        checksum = f"{self._header.checksum_algorithm}:{hasher.hexdigest()}"
+    def _count_tokens(self, sample: Sample) -> None:
+        """The draft vocabulary's counts of a prepared sample, kept until its commit (in the worker thread)."""
         if self._vocab is not None:
             counts = masked_counts(sample.input_ids, sample.loss_mask)  # of the very tensors written
             with self._vocab_lock:
-                self._vocab_pending[record.rid] = counts
-        return Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d)
+                self._vocab_pending[sample.rid] = counts
 
     def _forget(self, rid: str) -> None:
         with self._inflight_lock:
@@ -670,18 +586,6 @@ class Drainer:
         time.sleep(self.cfg.enospc_retry_s)
         with self._pause_lock:
             self.stats.set(paused_reason="", state="running")
-
-
-def torch_set_threads(n: int) -> None:
-    import torch
-
-    torch.set_num_threads(n)
-
-
-def _as_int64(values: list[int]):  # -> torch.Tensor
-    import torch
-
-    return torch.tensor(values, dtype=torch.int64)
 
 
 def _age(path: Path, now: float) -> float:
