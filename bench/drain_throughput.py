@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "files" / "python"))
 
 import torch  # noqa: E402
 from hsextract.drain import core  # noqa: E402
+from hsextract.drain.committer import Committer  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.formats import FORMATS as REGISTRY  # noqa: E402
 from hsextract.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
@@ -123,14 +124,26 @@ class CountingTime:
 _ORIGINAL = {"add": core.VocabTracker.add, "write_files": core.VocabTracker.write_files}
 
 
-class TimedDrainer(Drainer):
-    """The daemon, noting when its last commit ended (the samples are drained; finalize follows)."""
+class CommitClock:
+    """When the drain's last commit ended (the samples are drained; finalize follows): the
+    committer's batch commit, timed for the length of one run."""
 
-    last_commit = 0.0
+    def __init__(self) -> None:
+        self.last = 0.0
+        self._original = Committer._commit
 
-    def _commit(self, batch):
-        super()._commit(batch)
-        self.last_commit = time.perf_counter()
+    def __enter__(self) -> CommitClock:
+        original = self._original
+
+        def timed(committer: Committer, batch: list) -> None:
+            original(committer, batch)
+            self.last = time.perf_counter()
+
+        Committer._commit = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        Committer._commit = self._original  # type: ignore[method-assign]
 
 
 def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: bool,
@@ -147,13 +160,16 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: boo
                       status_interval_s=1.0, count_vocab=count_vocab, vocab_size=VOCAB)
     if workers:
         cfg.workers = workers
-    d = TimedDrainer(cfg)
+    d = Drainer(cfg)
     if timing is not None:
         timing.install()
-    t0, c0 = time.perf_counter(), time.process_time()
-    d.run()
-    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    committed = d.last_commit - t0
+    with CommitClock() as clock:
+        t0, c0 = time.perf_counter(), time.process_time()
+        d.run()
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if not clock.last:
+        raise SystemExit(f"{fmt}: no commit was seen (the committer's hook moved?)")
+    committed = clock.last - t0
     if d.stats.samples_total == 0 or any(p.name.startswith("hsx-") for p in dump.iterdir()):
         raise SystemExit(f"{fmt}: the drain left dumps behind")
     if count_vocab != (out / "draft_vocab.json").exists():

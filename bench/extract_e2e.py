@@ -1,13 +1,17 @@
 """End-to-end extraction throughput on CPU: the same dataset through the real SGLang server with the
 capture on and with the capture off (plain prefill, no patch), side by side in one run.
 
-Both runs use the real client (``hsextract.client``: tokenization, records, bounded in-flight
-requests, status), the same tiny Llama model, the same server flags and the same 200-sample
-dataset; both servers run at once and the timed runs alternate between them (median of
-``--rounds`` per side), after a short warm-up of each. What differs is only whether
-the capture patch is loaded, so the ratio is the capture's cost as the client sees it. The drain
-does not run during the timed part (its throughput is benchmarked on its own); the staged dumps
-are counted to show the capture really wrote every sample.
+Capture on: the real client (``hsextract.client``: tokenization, records, bounded in-flight
+requests, the capture's confirmation of every sample, status). Capture off: the same samples,
+encoded by the client's own encoder, sent as the same requests by a plain asyncio loop at the
+same in-flight bound (the client checks with the capture that each sample was staged, from its
+start-up probe on, so it does not run against a server without the capture). Same tiny Llama,
+same server flags, same 200-sample dataset; both servers run at once and the timed runs
+alternate between them (median of ``--rounds`` per side), after a short warm-up of each. The
+ratio is the whole capture path's cost as a user sees it: the patch in the server and the
+client's bookkeeping. The drain does not run during the timed part (its throughput is
+benchmarked on its own); the staged dumps are counted to show the capture really wrote every
+sample.
 
     python bench/extract_e2e.py [--samples 200] [--rounds 3] [--port 31290] [--json bench/results/extract_e2e.json]
 
@@ -17,6 +21,7 @@ The last line printed is the ratio (capture on / capture off tokens per second).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -31,7 +36,10 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
 from common import machine_info  # noqa: E402
 from hsextract.client.backpressure import Watermark  # noqa: E402
-from hsextract.client.runner import ExtractConfig, ExtractRun  # noqa: E402
+from hsextract.client.chat_template import Encoded  # noqa: E402
+from hsextract.client.dataset import Reject, read_dataset  # noqa: E402
+from hsextract.client.runner import ExtractConfig, ExtractRun, build_encoder  # noqa: E402
+from hsextract.formats import DEFAULT_FORMAT, final_hidden_for  # noqa: E402
 from hsextract.records import load_or_create_run_id, parse_rid  # noqa: E402
 from hsextract.staging import iter_complete  # noqa: E402
 from hsextract.tiny_model import ensure_tiny_model  # noqa: E402
@@ -81,6 +89,43 @@ def run_client(url: str, dataset: Path, model: Path, dump: Path, output: Path, i
             "tokens_per_s": round(stats.tokens / wall, 1), "complete_dumps": dumps}
 
 
+def encode_dataset(dataset: Path, model: Path) -> list[list[int]]:
+    """Every sample's token ids, as the client's encoder makes them (its defaults)."""
+    encoder = build_encoder(model, None, None, "truncate")
+    out = []
+    for item in read_dataset(dataset):
+        enc = item if isinstance(item, Reject) else encoder.encode(item)
+        if not isinstance(enc, Encoded):
+            raise SystemExit(f"the client's encoder rejects a bench sample: {enc}")
+        out.append(enc.input_ids)
+    return out
+
+
+def run_plain(url: str, prompts: list[list[int]], in_flight: int) -> dict:
+    """The capture-off side: the client's requests (prefill, one greedy token) from a plain loop."""
+    import aiohttp
+
+    async def main() -> None:
+        sem = asyncio.Semaphore(in_flight)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+            async def one(i: int, ids: list[int]) -> None:
+                body = {"input_ids": ids, "rid": f"plain-{i}", "sampling_params": {"max_new_tokens": 1,
+                                                                                  "temperature": 0}}
+                async with sem, session.post(f"{url}/generate", json=body) as r:
+                    if r.status != 200:
+                        raise SystemExit(f"{url} answered {r.status}: {(await r.text())[:300]}")
+                    await r.read()
+
+            await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    started = time.perf_counter()
+    asyncio.run(main())
+    wall = time.perf_counter() - started
+    tokens = sum(map(len, prompts))
+    return {"samples": len(prompts), "tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 1), "complete_dumps": 0}
+
+
 def _median(results: list[dict]) -> dict:
     """The round with the median tokens/s (a real round, not an average of rounds)."""
     return sorted(results, key=lambda r: r["tokens_per_s"])[len(results) // 2]
@@ -117,11 +162,18 @@ def main() -> int:
             dump = Path(tempfile.mkdtemp(prefix=f"hsx-bench-{name}-", dir="/dev/shm"))
             servers[name] = (start_server(model, port=args.port + i, dump_dir=dump, log_dir=work / name / "logs",
                                           capture=capture, chunked_prefill_size=args.chunked_prefill_size,
-                                          max_total_tokens=args.max_total_tokens), dump)
-            run_client(servers[name][0].url, warmup, model, dump, work / name / "warmup-out", args.in_flight)
+                                          max_total_tokens=args.max_total_tokens,
+                                          final_hidden=final_hidden_for(DEFAULT_FORMAT)), dump)
+        prompts, warm_prompts = encode_dataset(dataset, model), encode_dataset(warmup, model)
+        run_plain(servers["capture_off"][0].url, warm_prompts, args.in_flight)
+        run_client(servers["capture_on"][0].url, warmup, model, servers["capture_on"][1], work / "warmup-out",
+                   args.in_flight)
         for r in range(args.rounds):
             for name, (server, dump) in servers.items():
-                res = run_client(server.url, dataset, model, dump, work / name / f"out{r}", args.in_flight)
+                if name == "capture_off":
+                    res = run_plain(server.url, prompts, args.in_flight)
+                else:
+                    res = run_client(server.url, dataset, model, dump, work / name / f"out{r}", args.in_flight)
                 rounds[name].append(res)
                 print(f"round {r} {name:12s} {res['tokens']} tokens in {res['wall_s']:.1f} s = "
                       f"{res['tokens_per_s']:.0f} tokens/s ({res['complete_dumps']} complete dumps)", flush=True)
@@ -140,7 +192,8 @@ def main() -> int:
     best = _best_ratio(rounds)
     result = {
         "benchmark": "extract_e2e",
-        "what": "client -> SGLang 0.5.23 on CPU (tiny Llama, 8 layers, hidden 64) with the capture on vs off",
+        "what": "hsextract's client -> SGLang 0.5.23 on CPU (tiny Llama, 8 layers, hidden 64) with the capture, vs "
+                "the same requests from a plain loop to the same server without it",
         "samples": args.samples,
         "in_flight": args.in_flight,
         "chunked_prefill_size": args.chunked_prefill_size,
