@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from common import machine_info  # noqa: E402
 
 
 def py_work(n: int) -> dict:
@@ -156,7 +159,7 @@ def main() -> int:
         print(f"{side:24s} scheduler work {work:.3f} s ({plain_work / work:.3f} of plain)"
               + (f", CPU per request: {result['sides'][side]['cpu_us_per_request']} us" if n else ""))
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    result["machine"] = {"cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()}
+    result["machine"] = machine_info()
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -42,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
 import requests  # noqa: E402
+from common import machine_info  # noqa: E402
 from hsextract.regen.runner import RegenConfig, RegenerateRun  # noqa: E402
 from hsextract.tiny_model import ensure_tiny_model  # noqa: E402
 from support.sglang_server import ServerHandle, start_server, wait_healthy  # noqa: E402
@@ -241,8 +241,7 @@ def main() -> int:
                             "max": round(max(per_round), 3)},
         "radix_on_over_off": round(radix, 3),
         "per_round": rounds,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_at_end": os.getloadavg()},
+        "machine": machine_info(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     out_json.parent.mkdir(parents=True, exist_ok=True)
