@@ -12,7 +12,15 @@ During a capture round a stand-in for the drain counts each staged dump as it co
 removes it (the drain's own throughput is benchmarked by ``bench/drain_throughput.py``): complete
 dumps must equal the round's requests, with no failure marker (``<rid>/failed.json``) and no
 capture log line about lost rows. Reported per case: tokens/s of both (median and spread), the
-ratio of the medians and of each round pair, GB/s staged, and the dump counts.
+ratio of the medians and of each round pair, GB/s staged, and the dump counts. Each round also
+records what SGLang's scheduler logged of its prefill batches (their size, how often its queue was
+empty, the time between them), which tells whether the GPU, the scheduler or the supply of
+requests set the pace.
+
+Two optional sides isolate parts of the cost: ``--uncaptured-side`` times the capture server sent
+rids outside its prefix (the same process, without any per-request work of the capture), and
+``--kept-side`` times capture rounds whose dumps are removed only after the round (without the
+drain's removals beside it). ``--capture-writer-threads`` sets the capture server's writer threads.
 
     python3 bench/capture_server_gpu.py --bundle .gpu   # on the GPU host (bench/gpu/build_bundle.py made .gpu)
 
@@ -27,6 +35,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import secrets
 import shutil
 import statistics
@@ -78,11 +87,13 @@ def server_args(env: gpu_env.GpuEnv) -> tuple[str, ...]:
             "--mem-fraction-static", "0.9", "--cuda-graph-max-bs-decode", "8")
 
 
-def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int) -> dict[str, ServerHandle]:
+def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int,
+               writer_threads: int = 0) -> dict[str, ServerHandle]:
     """Start the plain and the capture server on ``gpu`` (no wait)."""
     args = server_args(env)
     return {"plain": start(ServerSpec("bench-plain", model, port, (gpu,), False, args), env, work),
-            "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args), env, work)}
+            "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args,
+                                        writer_threads=writer_threads), env, work)}
 
 
 class StagingCounter:
@@ -92,8 +103,9 @@ class StagingCounter:
     GIL with the client's event loop, and its listing and removal of 200 dumps a second in the
     short-prompt case would slow the sending of the capture rounds alone."""
 
-    def __init__(self, dump_dir: Path, run_id: str):
-        self.dump_dir, self.prefix = Path(dump_dir), f"hsx-{run_id}-"
+    def __init__(self, dump_dir: Path, run_id: str, remove: bool = True):
+        self.dump_dir, self.prefix, self.remove = Path(dump_dir), f"hsx-{run_id}-", remove
+        self._counted: set[str] = set()
         self.complete = self.failed = self.staged_bytes = 0
         self.last_seen = time.monotonic()
         ctx = multiprocessing.get_context("fork")
@@ -113,7 +125,7 @@ class StagingCounter:
     def sweep(self) -> None:
         """Count and remove this round's finished dumps (in the counter's process, or directly)."""
         for d in iter_dump_dirs(self.dump_dir):
-            if not d.name.startswith(self.prefix):
+            if not d.name.startswith(self.prefix) or d.name in self._counted:
                 continue
             if (d / DONE_FILE).exists():
                 self.staged_bytes += (d / STATES_FILE).stat().st_size
@@ -123,7 +135,10 @@ class StagingCounter:
             else:
                 continue
             self.last_seen = time.monotonic()
-            shutil.rmtree(d, ignore_errors=True)
+            if self.remove:
+                shutil.rmtree(d, ignore_errors=True)
+            else:
+                self._counted.add(d.name)
             with self._shared.get_lock():
                 self._shared[:] = [self.complete, self.failed, self.staged_bytes, self.last_seen]
 
@@ -142,15 +157,21 @@ class StagingCounter:
         self._proc.join(timeout=10)
         self._read()
 
+    def remove_all(self) -> None:
+        """Remove this round's dumps (after the round, for a counter that kept them during it)."""
+        for d in iter_dump_dirs(self.dump_dir):
+            if d.name.startswith(self.prefix):
+                shutil.rmtree(d, ignore_errors=True)
 
-async def _send(url: str, run_id: str, prompts: list[list[int]], in_flight: int) -> float:
+
+async def _send(url: str, run_id: str, prompts: list[list[int]], in_flight: int, rid_prefix: str = "hsx") -> float:
     import aiohttp
 
     sem = asyncio.Semaphore(in_flight)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async def one(i: int, ids: list[int]) -> None:
-            body = {"input_ids": ids, "rid": f"hsx-{run_id}-{i}",
+            body = {"input_ids": ids, "rid": f"{rid_prefix}-{run_id}-{i}",
                     "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
             async with sem, session.post(f"{url}/generate", json=body) as r:
                 if r.status != 200:
@@ -167,17 +188,48 @@ def make_prompts(case: Case, n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(10, 300) for _ in range(case.prompt_tokens)] for _ in range(n)]
 
 
-def run_round(server: ServerHandle, case: Case, prompts: list[list[int]], capture: bool) -> dict:
+PREFILL_LINE = re.compile(r"Prefill batch.*?#new-seq: (\d+), #new-token: (\d+),.*?#running-req: (\d+), "
+                          r"#queue-req: (\d+),.*?input throughput \(token/s\): ([\d.]+)")
+
+
+def scheduler_stats(log_text: str) -> dict:
+    """What SGLang's scheduler logged of one round's prefill batches: how many, their size, how
+    often its queue was empty when a batch started (the client did not keep it fed), and the time
+    between batches (SGLang's own gap: new tokens over its logged input throughput)."""
+    rows = [tuple(float(x) for x in m.groups()) for m in PREFILL_LINE.finditer(log_text)]
+    gaps_ms = sorted(1000 * tok / thr for _, tok, _, _, thr in rows if thr > 0)
+    if not rows:
+        return {"batches": 0}
+    return {"batches": len(rows), "median_new_seq": statistics.median(r[0] for r in rows),
+            "median_queue_req": statistics.median(r[3] for r in rows),
+            "empty_queue_share": round(sum(r[3] == 0 for r in rows) / len(rows), 3),
+            "median_gap_ms": round(statistics.median(gaps_ms), 1) if gaps_ms else None,
+            "p90_gap_ms": round(gaps_ms[int(0.9 * (len(gaps_ms) - 1))], 1) if gaps_ms else None,
+            "max_gap_ms": round(gaps_ms[-1], 1) if gaps_ms else None,
+            "sum_gap_s": round(sum(gaps_ms) / 1000, 3)}
+
+
+def run_round(server: ServerHandle, case: Case, prompts: list[list[int]], capture: bool,
+              remove_during_round: bool = True, rid_prefix: str = "hsx") -> dict:
+    """One timed round on one server; with the capture, the staged dumps counted (and removed during
+    the round as the drain would, or, with ``remove_during_round`` False, only after it). Rids outside
+    the capture's prefix (``rid_prefix``) are served but never captured."""
     run_id = secrets.token_hex(4)
-    counter = StagingCounter(server.dump_dir, run_id) if capture else None
+    counter = StagingCounter(server.dump_dir, run_id, remove=remove_during_round) if capture else None
     if counter:
         counter.start()
-    wall = asyncio.run(_send(server.url, run_id, prompts, case.in_flight))
+    log_from = server.log_path.stat().st_size
+    wall = asyncio.run(_send(server.url, run_id, prompts, case.in_flight, rid_prefix))
     out = {"requests": len(prompts), "tokens": len(prompts) * case.prompt_tokens, "wall_s": round(wall, 3),
            "tokens_per_s": round(len(prompts) * case.prompt_tokens / wall, 1)}
+    with open(server.log_path, "rb") as f:
+        f.seek(log_from)
+        out["scheduler"] = scheduler_stats(f.read().decode(errors="replace"))
     if counter:
         replied = time.monotonic()
         counter.wait_for(len(prompts))
+        if not remove_during_round:
+            counter.remove_all()
         out.update(complete_dumps=counter.complete, failure_markers=counter.failed,
                    staged_gb=round(counter.staged_bytes / 1e9, 3),
                    staged_gb_per_s=round(counter.staged_bytes / 1e9 / wall, 3),
@@ -191,34 +243,55 @@ def _spread(values: list[float]) -> dict:
             "spread_pct": round(100 * (max(values) - min(values)) / med, 2)}
 
 
+SIDES = ("plain", "capture")
+# The capture server again, its dumps removed only once the round is over: compared with "capture",
+# it tells what the removal of the staged files (the drain's work) costs the server while it runs.
+KEPT = "capture-kept"
+# The capture server again, sent rids outside its prefix: SGLang's own share of the capture (the aux
+# states it gathers at the layer boundaries of every batch) without any per-request work of ours.
+# Compared with "capture", on the same server process, it isolates the per-request cost from
+# everything that differs between two server processes (where the OS placed them, their start).
+UNCAPTURED = "capture-server-uncaptured"
+
+
+def round_order(sides: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """Round ``r``'s order of the sides: rotated each round, so none is always first."""
+    k = r % len(sides)
+    return sides[k:] + sides[:k]
+
+
 def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: int, deadline: float,
-            say=print) -> dict:
+            say=print, kept_side: bool = False, uncaptured_side: bool = False) -> dict:
     """Warm both servers up per case, then alternate timed rounds; fewer requests per round where
     the deadline (time.monotonic) would otherwise be passed. Returns the JSON-ready result."""
     results = []
+    sides = SIDES + ((KEPT,) if kept_side else ()) + ((UNCAPTURED,) if uncaptured_side else ())
     for n, case in enumerate(cases):
         warm = make_prompts(case, min(case.requests, max(2 * case.in_flight, 64)), seed=10_000 + n)
         speeds = []
-        for side in ("plain", "capture"):
+        for side in SIDES:
             res = run_round(servers[side], case, warm, side == "capture")
             speeds.append(res["tokens_per_s"])
             say(f"warm-up {case.name} {side}: {res}")
         left = deadline - time.monotonic()
-        share = left / (len(cases) - n) / (2 * rounds) - 5  # seconds per timed round, 5 s for its staging
+        share = left / (len(cases) - n) / (len(sides) * rounds) - 5  # seconds per timed round, 5 s for staging
         fit = int(share * min(speeds) / case.prompt_tokens)
         requests = max(case.in_flight, min(case.requests, fit))
-        rows: dict[str, list[dict]] = {"plain": [], "capture": []}
+        rows: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(rounds):
             prompts = make_prompts(case, requests, seed=r)
-            for side in (("plain", "capture") if r % 2 == 0 else ("capture", "plain")):
-                res = run_round(servers[side], case, prompts, side == "capture")
+            for side in round_order(sides, r):
+                server = servers["plain" if side == "plain" else "capture"]
+                res = run_round(server, case, prompts, side in ("capture", KEPT), remove_during_round=side != KEPT,
+                                rid_prefix="uncaptured" if side == UNCAPTURED else "hsx")
                 rows[side].append(res)
                 say(f"round {r} {case.name} {side}: {res}")
         plain = [x["tokens_per_s"] for x in rows["plain"]]
         capture = [x["tokens_per_s"] for x in rows["capture"]]
         pairs = [c / p for c, p in zip(capture, plain, strict=True)]
-        dumps_ok = all(x["complete_dumps"] == x["requests"] and x["failure_markers"] == 0 for x in rows["capture"])
-        results.append({
+        captured = [x for side in sides if side in ("capture", KEPT) for x in rows[side]]
+        dumps_ok = all(x["complete_dumps"] == x["requests"] and x["failure_markers"] == 0 for x in captured)
+        result = {
             "case": case.name, "prompt_tokens": case.prompt_tokens, "in_flight": case.in_flight,
             "requests_per_round": requests, "rounds": rounds,
             "plain_tokens_per_s": _spread(plain), "capture_tokens_per_s": _spread(capture),
@@ -227,8 +300,23 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
                                      "max": round(max(pairs), 4)},
             "staged_gb_per_s_median": statistics.median(x["staged_gb_per_s"] for x in rows["capture"]),
             "complete_dumps_equal_requests": dumps_ok,
+            "scheduler_median_gap_ms": {side: statistics.median(x["scheduler"].get("median_gap_ms") or 0
+                                                                for x in rows[side]) for side in sides},
             "per_round": rows,
-        })
+        }
+        if kept_side:
+            kept = [x["tokens_per_s"] for x in rows[KEPT]]
+            result["capture_kept_tokens_per_s"] = _spread(kept)
+            result["ratio_kept_of_medians"] = round(statistics.median(kept) / statistics.median(plain), 4)
+        if uncaptured_side:
+            same = [x["tokens_per_s"] for x in rows[UNCAPTURED]]
+            same_pairs = [c / u for c, u in zip(capture, same, strict=True)]
+            result["capture_server_uncaptured_tokens_per_s"] = _spread(same)
+            result["ratio_to_uncaptured_of_medians"] = round(statistics.median(capture) / statistics.median(same), 4)
+            result["ratio_to_uncaptured_per_round_pair"] = {
+                "median": round(statistics.median(same_pairs), 4), "min": round(min(same_pairs), 4),
+                "max": round(max(same_pairs), 4)}
+        results.append(result)
     log = servers["capture"].log_path.read_text(errors="replace")
     lost = [line for line in log.splitlines() if any(p in line for p in LOSS_PATTERNS)]
     return {"cases": results, "capture_log_lines_about_lost_rows": len(lost),
@@ -257,25 +345,36 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=30300)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hsx-gpu-bench"))
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "capture_server_gpu.json")
+    ap.add_argument("--capture-writer-threads", type=int, default=0,
+                    help="the capture server's writer threads (default: the capture's own, 8 on a GPU)")
+    ap.add_argument("--uncaptured-side", action="store_true",
+                    help="also time the capture server with rids outside its prefix (same process, no capture)")
+    ap.add_argument("--kept-side", action="store_true",
+                    help="also time capture rounds whose dumps are removed only after the round")
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget_s
     args.work.mkdir(parents=True, exist_ok=True)
     env = (gpu_env.install(args.bundle, Path("/tmp/hsx-gpu-site"), args.work / "install.log") if args.device == "cuda"
            else gpu_env.cpu_env())
     model = args.model or prepare_model(env, args.work, args.gpu)
-    servers = start_pair(model, env, args.work, args.gpu, args.port)
+    servers = start_pair(model, env, args.work, args.gpu, args.port, args.capture_writer_threads)
     try:
         for s in servers.values():
             wait_healthy(s, 600)
-        result = measure(servers, tuple(args.case or (GPU_CASES if env.cuda else CPU_CASES)), args.rounds, deadline)
+        result = measure(servers, tuple(args.case or (GPU_CASES if env.cuda else CPU_CASES)), args.rounds, deadline,
+                         kept_side=args.kept_side, uncaptured_side=args.uncaptured_side)
     finally:
         for s in servers.values():
             s.stop()
-    result.update(describe(env, model))
+    result.update(describe(env, model), capture_writer_threads=args.capture_writer_threads or "default")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for c in result["cases"]:
-        print(f"{c['case']}: capture / plain = {c['ratio_of_medians']:.3f}")
+        kept = f", kept until the round ends {c['ratio_kept_of_medians']:.3f}" if "ratio_kept_of_medians" in c else ""
+        if "ratio_to_uncaptured_of_medians" in c:
+            kept += f"; capture / same server uncaptured = {c['ratio_to_uncaptured_of_medians']:.3f}"
+        print(f"{c['case']}: capture / plain = {c['ratio_of_medians']:.3f}{kept}; scheduler's median gap between "
+              f"prefill batches (ms): {c['scheduler_median_gap_ms']}")
     return 0 if result["ok"] else 1
 
 

@@ -47,6 +47,7 @@ class ServerSpec:
     # "generation": regeneration's (radix cache on, CUDA graphs as SGLang sets them, no patch), as the
     # server unit's generation profile (roles/sglang_server).
     profile: str = "capture"
+    writer_threads: int = 0  # the capture's writer threads (0: its default)
 
 
 def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
@@ -61,7 +62,8 @@ def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
     patch_dir = None
     if spec.capture:
         patch_dir = render_patch(base / "patch", architecture=read_model_info(spec.model).architecture,
-                                 model_path=str(spec.model), dump_dir=str(dump_dir), rid_prefix=spec.rid_prefix)
+                                 model_path=str(spec.model), dump_dir=str(dump_dir), rid_prefix=spec.rid_prefix,
+                                 writer_threads=spec.writer_threads)
     # The capture's server flags for both kinds of server, so that they differ only by the patch.
     launch = server_launch(patch_dir or base, package_name=DEFAULT_PACKAGE, device=env.device)
     if spec.profile == "generation":

@@ -19,7 +19,7 @@ STANDIN = GPU / "standin"
 sys.path[:0] = [str(GPU), str(REPO / "bench")]
 
 import capture_checks  # noqa: E402
-from capture_server_gpu import StagingCounter  # noqa: E402
+from capture_server_gpu import StagingCounter, round_order, scheduler_stats  # noqa: E402
 
 
 def _load(name: str, path: Path) -> types.ModuleType:
@@ -138,6 +138,49 @@ def test_staging_counter_in_its_own_process_counts_every_dump_of_a_round(tmp_pat
     counter.wait_for(40)
     assert (counter.complete, counter.failed, counter.staged_bytes) == (36, 4, 360)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_staging_counter_that_keeps_dumps_counts_each_once_and_removes_them_after_the_round(tmp_path):
+    counter = StagingCounter(tmp_path, "dddd0004", remove=False)
+    for i in range(3):
+        d = tmp_path / f"hsx-dddd0004-{i}"
+        d.mkdir()
+        (d / "states.safetensors").write_bytes(b"x" * 10)
+        (d / "done.json").write_text("{}")
+    counter.sweep()
+    counter.sweep()  # the dumps are still there: not counted again
+    assert (counter.complete, counter.staged_bytes) == (3, 30)
+    assert len(list(tmp_path.iterdir())) == 3
+    counter.remove_all()
+    assert list(tmp_path.iterdir()) == []
+
+
+# Three prefill batches as SGLang 0.5.23 logs them on the H200, and a line of another kind.
+SGLANG_PREFILL_LOG = "\n".join(
+    f"[2026-12-01 10:22:11] Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: 0, "
+    f"token usage: 0.03, #running-req: {running}, #queue-req: {queued}, #pending-token: 0, cuda graph: False, "
+    f"input throughput (token/s): {throughput}"
+    for seqs, tokens, running, queued, throughput in ((64, 8192, 1, 0, "41392.10"), (35, 4480, 64, 0, "42920.74"),
+                                                      (1, 128, 35, 12, "1100.43"))
+) + "\n[2026-12-01 10:22:11] hsextract capture: another line\n"
+
+
+def test_scheduler_stats_read_sglangs_prefill_lines_of_a_round():
+    stats = scheduler_stats(SGLANG_PREFILL_LOG)
+    assert stats["batches"] == 3
+    assert stats["median_new_seq"] == 35
+    assert stats["empty_queue_share"] == round(2 / 3, 3)
+    assert stats["median_gap_ms"] == round(1000 * 128 / 1100.43, 1)  # 116.3 ms: 104.4, 116.3, 197.9
+    assert stats["max_gap_ms"] == round(1000 * 8192 / 41392.10, 1)
+    assert scheduler_stats("no prefill here") == {"batches": 0}
+
+
+def test_every_side_leads_some_round_and_each_round_times_every_side_once():
+    sides = ("plain", "capture", "capture-server-uncaptured")
+    orders = [round_order(sides, r) for r in range(3)]
+    assert {o[0] for o in orders} == set(sides)
+    assert all(sorted(o) == sorted(sides) for o in orders)
+    assert round_order(sides[:2], 0) == ("plain", "capture") and round_order(sides[:2], 1) == ("capture", "plain")
 
 
 def test_chunks_must_cover_the_prompt_once_in_order():
