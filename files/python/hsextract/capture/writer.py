@@ -36,6 +36,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,12 +77,20 @@ class HostBufferPool:
     instead of each new size costing a new pinned allocation. The budget bounds the bytes held
     by the pool, in use or free; a request larger than the whole budget is still served when
     nothing else is in use, so an oversized batch cannot deadlock the capture.
+
+    ``allocate(nbytes)`` makes a new buffer (default: ``torch.empty``, pinned when ``pin``) and
+    ``drop(buf)`` is told of each buffer the pool lets go of, so that buffers of another kind
+    (memory shared with the writer process) can be given back where they came from.
     """
 
-    def __init__(self, max_bytes: int, pin: bool, granularity: int = 2 * _MiB):
+    def __init__(self, max_bytes: int, pin: bool, granularity: int = 2 * _MiB,
+                 allocate: Callable[[int], torch.Tensor] | None = None,
+                 drop: Callable[[torch.Tensor], None] | None = None):
         self.max_bytes = int(max_bytes)
         self.pin = pin
         self.granularity = max(1, int(granularity))
+        self._allocate = allocate or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=self.pin))
+        self._drop = drop
         self._cond = threading.Condition()
         self._free: list[torch.Tensor] = []
         self._in_use = 0
@@ -140,13 +149,13 @@ class HostBufferPool:
         need = self.size_class(nbytes)
         while self._free and self._held + need > self.max_bytes:
             largest = max(range(len(self._free)), key=lambda i: self._free[i].numel())
-            self._held -= self._free.pop(largest).numel()
+            self._let_go(self._free.pop(largest))
         if self._held + need > self.max_bytes and self._in_use != 0:
             return None
         # Within the budget, or an oversized request while nothing else is in use (it goes alone,
         # so an oversized batch cannot deadlock the capture).
         t0 = time.monotonic()
-        buf = torch.empty(need, dtype=torch.uint8, pin_memory=self.pin)
+        buf = self._allocate(need)
         took = time.monotonic() - t0
         self.allocations += 1
         self.allocation_seconds += took
@@ -178,6 +187,21 @@ class HostBufferPool:
             self._free.append(buf)
             self._cond.notify_all()
 
+    def clear(self) -> None:
+        """Let go of every free buffer (buffers in use stay the caller's)."""
+        with self._cond:
+            while self._free:
+                self._let_go(self._free.pop())
+
+    def _let_go(self, buf: torch.Tensor) -> None:
+        """A free buffer leaves the pool (under the lock)."""
+        self._held -= buf.numel()
+        if self._drop is not None:
+            try:
+                self._drop(buf)
+            except Exception:  # a failed unmap must not fail the forward pass
+                log.exception("capture: letting go of a %d MiB host buffer failed", buf.numel() // _MiB)
+
 
 @dataclass
 class _FailJob:
@@ -201,6 +225,9 @@ class _Job:
     batch_size: int
     remaining: int = 0
     lock: threading.Lock | None = None
+    # Called once the batch is written, in place of giving ``buf`` back to the writer's pool (a
+    # batch handed over already landed, in a buffer that belongs to someone else).
+    on_finish: Callable[[_Job], None] | None = None
 
 
 class _MappedFile:
@@ -246,64 +273,32 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
-class CaptureWriter:
-    """Stages captured batches as per-request files; see the module docstring."""
+class HostStager:
+    """The forward pass's part of the capture: one batch's rows into a host buffer, nothing more.
 
-    def __init__(
-        self,
-        dump_dir: str | Path,
-        settings: CaptureSettings,
-        *,
-        device: str | torch.device = "cpu",
-        num_threads: int = 8,
-        max_bytes_in_flight: int = 2 << 30,
-        slice_bytes: int = 32 * _MiB,
-        map_margin_bytes: int = 512 * _MiB,
-        pool_granularity: int = 2 * _MiB,
-    ):
-        self.dump_dir = Path(dump_dir)
-        self._root = os.fspath(self.dump_dir)  # string paths on the per-request path: pathlib costs
-        # The planner asks whether a complete dump is still staged before it takes a resend for one.
-        self.planner = CapturePlanner(settings, is_staged=self._complete_dump_staged)
+    Shared by the in-process writer and the writer process's parent side, so that the forward
+    pass pays the same in both modes.
+    """
+
+    def __init__(self, settings: CaptureSettings, device: torch.device, pool: HostBufferPool):
         self.settings = settings
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self.slice_bytes = max(int(slice_bytes), 1)
-        self.map_margin_bytes = int(map_margin_bytes)
-        self._space_lock = threading.Lock()
-        self._reserved = 0
-        self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda, granularity=pool_granularity)
-        self._side_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
-        self._jobs: queue.Queue[_Job | _FailJob | None] = queue.Queue()
-        self.num_threads = max(1, num_threads)
-        self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="hsx-write")
-        self._marker_shared: str | None = None
-        self._outstanding = 0
-        self._idle = threading.Condition()
-        self.bytes_written = 0
-        self.requests_done = 0
-        self.requests_failed = 0
-        self.write_errors = 0  # requests that a failed write lost (not writes: a request has many slices)
-        self._stats_lock = threading.Lock()
-        self._closed = False
-        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
-        self._dispatcher.start()
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.pool = pool
+        self._side_stream = torch.cuda.Stream(device=device) if self.cuda else None
 
-    def _complete_dump_staged(self, rid: str) -> bool:
-        return os.path.exists(f"{self._root}/{rid}/{DONE_FILE}")
-
-    # ---- forward-pass side -------------------------------------------------------------------
-    def submit(
+    def stage(
         self,
         requests: list[BatchRequest],
         aux: torch.Tensor | list[torch.Tensor],
         final: torch.Tensor,
         input_ids: torch.Tensor,
         prompt_lens: torch.Tensor | list[int],
-    ) -> None:
-        """Queue one batch's rows (``aux`` packed ``[T, K*H]`` or K tensors ``[T, H]``)."""
+    ) -> _Job | None:
+        """Concatenate the batch on the device and queue its copy into a pool buffer; the job, or
+        None for a batch without requests."""
         if not requests:
-            return
+            return None
         s = self.settings
         k, h = s.num_aux, s.hidden_size
         rows = max(r.batch_row + r.extend_len for r in requests)
@@ -335,10 +330,7 @@ class CaptureWriter:
             except BaseException:
                 self.pool.release(buf)
                 raise
-        job = _Job(list(requests), buf, event, rows, row_bytes, ids_off, lens_off, bsz, lock=threading.Lock())
-        with self._idle:
-            self._outstanding += 1
-        self._jobs.put(job)
+        return _Job(list(requests), buf, event, rows, row_bytes, ids_off, lens_off, bsz, lock=threading.Lock())
 
     def _copy_to_host(self, buf: torch.Tensor, block: torch.Tensor, ids: torch.Tensor, lens: torch.Tensor,
                       rows: int, row_bytes: int, ids_off: int, lens_off: int, bsz: int) -> object | None:
@@ -366,6 +358,82 @@ class CaptureWriter:
             if t.device.type == "cuda":
                 t.record_stream(stream)
         return event
+
+
+class CaptureWriter:
+    """Stages captured batches as per-request files; see the module docstring."""
+
+    def __init__(
+        self,
+        dump_dir: str | Path,
+        settings: CaptureSettings,
+        *,
+        device: str | torch.device = "cpu",
+        num_threads: int = 8,
+        max_bytes_in_flight: int = 2 << 30,
+        slice_bytes: int = 32 * _MiB,
+        map_margin_bytes: int = 512 * _MiB,
+        pool_granularity: int = 2 * _MiB,
+    ):
+        self.dump_dir = Path(dump_dir)
+        self._root = os.fspath(self.dump_dir)  # string paths on the per-request path: pathlib costs
+        # The planner asks whether a complete dump is still staged before it takes a resend for one.
+        self.planner = CapturePlanner(settings, is_staged=self._complete_dump_staged)
+        self.settings = settings
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.slice_bytes = max(int(slice_bytes), 1)
+        self.map_margin_bytes = int(map_margin_bytes)
+        self._space_lock = threading.Lock()
+        self._reserved = 0
+        self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda, granularity=pool_granularity)
+        self._stager = HostStager(settings, self.device, self.pool)
+        self._jobs: queue.Queue[_Job | _FailJob | None] = queue.Queue()
+        self.num_threads = max(1, num_threads)
+        self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="hsx-write")
+        self._marker_shared: str | None = None
+        self._outstanding = 0
+        self._idle = threading.Condition()
+        self.bytes_written = 0
+        self.requests_done = 0
+        self.requests_failed = 0
+        self.write_errors = 0  # requests that a failed write lost (not writes: a request has many slices)
+        self._stats_lock = threading.Lock()
+        self._closed = False
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
+        self._dispatcher.start()
+
+    def _complete_dump_staged(self, rid: str) -> bool:
+        return os.path.exists(f"{self._root}/{rid}/{DONE_FILE}")
+
+    # ---- forward-pass side -------------------------------------------------------------------
+    def submit(
+        self,
+        requests: list[BatchRequest],
+        aux: torch.Tensor | list[torch.Tensor],
+        final: torch.Tensor,
+        input_ids: torch.Tensor,
+        prompt_lens: torch.Tensor | list[int],
+    ) -> None:
+        """Queue one batch's rows (``aux`` packed ``[T, K*H]`` or K tensors ``[T, H]``)."""
+        job = self._stager.stage(requests, aux, final, input_ids, prompt_lens)
+        if job is None:
+            return
+        with self._idle:
+            self._outstanding += 1
+        self._jobs.put(job)
+
+    def submit_landed(self, requests: list[BatchRequest], buf: torch.Tensor, rows: int, row_bytes: int,
+                      ids_offset: int, lens_offset: int, batch_size: int,
+                      on_finish: Callable[[_Job], None]) -> None:
+        """Queue a batch whose host copy has landed already, in a buffer that is not this writer's
+        (the writer process's, or the parent's after that process died); ``on_finish(job)`` is
+        called once it is written, in place of giving the buffer back to this writer's pool."""
+        job = _Job(list(requests), buf, None, rows, row_bytes, ids_offset, lens_offset, batch_size,
+                   lock=threading.Lock(), on_finish=on_finish)
+        with self._idle:
+            self._outstanding += 1
+        self._jobs.put(job)
 
     def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
         """Mark requests of a batch the forward pass could not hand over as failed (from the forward
@@ -655,7 +723,13 @@ class CaptureWriter:
                 self._fail(state, rid_dir(self.dump_dir, state.rid) / DONE_FILE, exc)
 
     def _finish_job(self, job: _Job) -> None:
-        self.pool.release(job.buf)
+        if job.on_finish is not None:
+            try:
+                job.on_finish(job)
+            except Exception:  # the batch is written; only its buffer's hand-back failed
+                log.exception("capture: handing back the host buffer of a written batch failed")
+        else:
+            self.pool.release(job.buf)
         self._job_done()
 
     def _job_done(self) -> None:
