@@ -225,6 +225,7 @@ CAPTURE_QUEUE_ERROR = "queue_error"  # the batch could not be handed to the writ
 CAPTURE_MISSING_ROWS = "missing_rows"  # the first rows were never run (a cached prefix) or tracking dropped them
 CAPTURE_BATCH_UNUSABLE = "batch_unusable"  # the forward batch lacked what the capture needs
 CAPTURE_FAULT_INJECTED = "fault_injected"  # the test-only fault switch
+CAPTURE_WRITER_DIED = "writer_died"  # the capture's writer process died before it wrote the batch
 
 
 @dataclass

@@ -21,6 +21,20 @@ TEST_TUNABLES: dict[str, str] = {
 }
 
 
+def _flag(name: str, value: Any) -> bool:
+    """A yes/no setting, also as the text a templating engine may make of it ("True", "false", "1", "")."""
+    if isinstance(value, bool):
+        return value
+    if value is None or isinstance(value, int):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0", "", "none", "null"):
+        return False
+    raise ConfigError(f"capture config: {name}={value!r} is not a yes/no value (true or false)")
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     """What one server's capture does. Rendered as a literal dict into the patch package."""
@@ -36,6 +50,9 @@ class CaptureConfig:
     writer_threads: int = 0  # 0: 8 on CUDA, 2 on CPU
     max_bytes_in_flight: int = 0  # 0: 4 GiB on CUDA, 256 MiB on CPU
     max_tracked_requests: int = 4096
+    # Writes from a child process (hsextract.capture.writer_process), so that the scheduler's
+    # process does O(1) work per batch; off: writer threads in the scheduler's process.
+    writer_process: bool = False
     # Test-only tunables, never set by the roles (see TEST_TUNABLES).
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -50,6 +67,7 @@ class CaptureConfig:
                 object.__setattr__(self, name, int(getattr(self, name) or 0))
             except (TypeError, ValueError):
                 raise ConfigError(f"capture config: {name}={getattr(self, name)!r} is not an integer") from None
+        object.__setattr__(self, "writer_process", _flag("writer_process", self.writer_process))
         if self.final_hidden not in FINAL_HIDDEN_PLACEMENTS:
             raise ConfigError(f"final_hidden={self.final_hidden!r}: expected one of "
                               f"{', '.join(FINAL_HIDDEN_PLACEMENTS)}")
@@ -70,6 +88,14 @@ class CaptureConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def rendered_dict(self) -> dict[str, Any]:
+        """`as_dict` without the opt-in settings left at their defaults: a patch rendered without
+        them is the same bytes as before they existed (and as the Ansible role renders it)."""
+        data = self.as_dict()
+        if not self.writer_process:
+            del data["writer_process"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaptureConfig:

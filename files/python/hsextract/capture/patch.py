@@ -65,6 +65,7 @@ def render_patch(
     ansible_managed: str = DEFAULT_ANSIBLE_MANAGED,
     writer_threads: int = 0,
     max_bytes_in_flight: int = 0,
+    writer_process: bool = False,
     extra: dict[str, int] | None = None,
     check_layers: bool = True,
 ) -> Path:
@@ -75,7 +76,9 @@ def render_patch(
     layer ids are checked against the model's depth when its config.json is at hand, so a bad
     id fails here and not only when the server starts (``check_layers=False`` leaves it to the
     server, as a patch rendered without the model at hand would). ``final_hidden`` follows
-    ``format`` when not given (post-norm when neither is).
+    ``format`` when not given (post-norm when neither is). ``writer_process`` moves the capture's
+    writing to a child process (`hsextract.capture.writer_process`); off, the package is rendered
+    exactly as without the setting.
     """
     import jinja2
 
@@ -105,6 +108,7 @@ def render_patch(
         format=format,
         writer_threads=int(writer_threads),
         max_bytes_in_flight=int(max_bytes_in_flight),
+        writer_process=writer_process,
         extra=dict(extra or {}),
     )
     env = jinja2.Environment(
@@ -117,7 +121,7 @@ def render_patch(
     out = Path(out_dir)
     pkg = out / package_name
     pkg.mkdir(parents=True, exist_ok=True)
-    values = {"architecture": architecture, "package_name": package_name, "config": cfg.as_dict(),
+    values = {"architecture": architecture, "package_name": package_name, "config": cfg.rendered_dict(),
               "ansible_managed": ansible_managed}
     for name in TEMPLATE_FILES:
         text = env.get_template(name).render(**values)

@@ -35,6 +35,7 @@ from hsextract.capture.preflight import (
 )
 from hsextract.capture.ranks import attention_ranks, writes_dumps
 from hsextract.capture.writer import CaptureWriter
+from hsextract.capture.writer_process import ProcessCaptureWriter
 from hsextract.errors import ConfigError, UnsupportedArchitecture
 from hsextract.layers import CaptureLayers, resolve
 from hsextract.staging import (
@@ -47,6 +48,8 @@ from hsextract.staging import (
 )
 
 log = logging.getLogger("hsextract.capture")
+
+Writer = CaptureWriter | ProcessCaptureWriter  # in the scheduler's process, or in a child of it
 
 
 def load_base_class(architecture: str) -> type:
@@ -142,7 +145,7 @@ class CaptureHook:
     it must send the sample again.
     """
 
-    def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None, fail_every_kth_batch: int = 0):
+    def __init__(self, settings: CaptureSettings, writer: Writer | None, fail_every_kth_batch: int = 0):
         self.settings = settings
         self.writer = writer
         self._pre_norm: torch.Tensor | None = None
@@ -261,10 +264,11 @@ def _states_dtype(inner: Any) -> torch.dtype:
     return torch.bfloat16
 
 
-def _make_writer(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> CaptureWriter:
+def _make_writer(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> Writer:
     cuda = facts.device != "cpu" and torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    return CaptureWriter(
+    kind = ProcessCaptureWriter if cfg.writer_process else CaptureWriter
+    return kind(
         Path(cfg.dump_dir),
         settings,
         device=device,
@@ -316,6 +320,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
         "hsextract capture on: %s, layers_to_capture=%s (eagle ids %s), final hidden %s, rid prefix %r, "
         "attn_tp_rank %d attn_dp_rank %d, %s", cfg.architecture, list(layers.sglang_layers_to_capture),
         list(layers.eagle_aux_hidden_state_layer_ids), cfg.final_hidden, cfg.rid_prefix, attn_tp_rank, attn_dp_rank,
-        f"writing to {cfg.dump_dir}" if writer else "not writing (another rank writes)")
+        (f"writing to {cfg.dump_dir}" + (" through a writer process" if cfg.writer_process else "")) if writer
+        else "not writing (another rank writes)")
     model._hsextract_capture = hook
     return hook

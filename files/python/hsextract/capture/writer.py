@@ -35,8 +35,8 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -438,11 +438,15 @@ class CaptureWriter:
     def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
         """Mark requests of a batch the forward pass could not hand over as failed (from the forward
         thread: queued behind the batches already submitted, never blocking)."""
-        if not requests:
+        self.fail([Failure(r.rid, reason, detail) for r in requests])
+
+    def fail(self, failures: list[Failure]) -> None:
+        """Queue requests to be marked failed, in order with the batches around them (never blocks)."""
+        if not failures:
             return
         with self._idle:
             self._outstanding += 1
-        self._jobs.put(_FailJob([Failure(r.rid, reason, detail) for r in requests]))
+        self._jobs.put(_FailJob(list(failures)))
 
     # ---- writer side -------------------------------------------------------------------------
     def _dispatch_loop(self) -> None:

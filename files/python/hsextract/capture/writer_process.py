@@ -1,0 +1,649 @@
+"""The capture's writer in a child process: the scheduler process keeps only the forward pass's part.
+
+Why: with short prompts and many requests in flight, SGLang's scheduler is bound by the round
+trip of each request through its own process, not by the GPU. Whatever the capture does in that
+process between a batch and its replies slows it in proportion, and the in-process writer's
+per-request work (planning, mkdir/open/pwritev/close of each ``states.safetensors``, the atomic
+``done.json``, failure markers) runs in threads that take the GIL from the scheduler thread
+about ten times per request. With ``writer_process`` on, all of that runs in a child process
+(``python -m hsextract.capture.writer_process``), and the scheduler process does O(1) work per
+batch: `HostStager` concatenates the batch on the device and queues its asynchronous copy into a
+host buffer (as in-process), and a dispatcher thread waits for the copy and sends one small
+message to the child.
+
+What crosses the process boundary: never the rows. Each host buffer of the pool is a memfd
+mapping (MAP_SHARED; registered with CUDA so the device-to-host copy stays asynchronous), whose
+descriptor goes to the child once over a unix socket pair, with a buffer id. Then, parent to
+child: a batch (buffer id, the offsets of its rows, ids and prompt lengths, and its requests as
+plain tuples), failures to mark (what ``fail_requests`` queues), flush; child to parent: a buffer
+released (its batch is written), a flush acknowledged (with the child's counters). Messages are
+length-prefixed pickles. The child runs the ordinary `CaptureWriter` (planner, writer threads,
+markers), fed with batches that have already landed. memfd memory is freed with the last mapping:
+nothing is left in /dev/shm when either process dies.
+
+If the child dies, nothing is lost silently: the parent sees the socket close, logs the child's
+exit status, writes ``failed.json`` (reason ``writer_died``) for every request of every batch it
+had sent and the child had not released (unless its ``done.json`` is there), and writes later
+batches itself with an in-process `CaptureWriter`. The child exits, after writing what it was
+sent, when the parent goes away (its end of the socket closes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import mmap
+import os
+import pickle
+import queue
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import astuple, dataclass
+from pathlib import Path
+
+import torch
+
+from hsextract.capture.core import BatchRequest, CaptureSettings, Failure
+from hsextract.capture.writer import CaptureWriter, HostBufferPool, HostStager, _FailJob, _Job
+from hsextract.staging import CAPTURE_QUEUE_ERROR, CAPTURE_WRITER_DIED, DONE_FILE
+
+log = logging.getLogger("hsextract.capture")
+
+_MiB = 1 << 20
+_LEN = struct.Struct("<I")
+MEMFD_NAME = "hsx-capture-buffer"  # as it shows in /proc/<pid>/maps
+
+
+# ---- the wire (pure) -----------------------------------------------------------------------------
+def encode(message: tuple) -> bytes:
+    """One message as its length (4 bytes, little endian) and its pickle."""
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(body)) + body
+
+
+def decode(buf: bytearray) -> tuple | None:
+    """The first whole message of ``buf``, removed from it; None while it is incomplete."""
+    if len(buf) < _LEN.size:
+        return None
+    (n,) = _LEN.unpack_from(buf)
+    if len(buf) < _LEN.size + n:
+        return None
+    body = bytes(buf[_LEN.size : _LEN.size + n])
+    del buf[: _LEN.size + n]
+    return pickle.loads(body)
+
+
+def batch_message(buffer_id: int, job: _Job) -> tuple:
+    return ("batch", buffer_id, job.rows, job.row_bytes, job.ids_offset, job.lens_offset, job.batch_size,
+            [astuple(r) for r in job.requests])
+
+
+def exit_status(returncode: int | None) -> str:
+    """A child's exit status in words."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "?"
+        return f"killed by signal {-returncode} ({name})"
+    return f"exit code {returncode}"
+
+
+class MessageReader:
+    """Messages, and the descriptors sent with them, from a unix stream socket.
+
+    A descriptor arrives no later than the bytes it was sent with, so it is in the queue by the
+    time the message that announces it is decoded."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self._buf = bytearray()
+        self._fds: deque[int] = deque()
+
+    def read(self) -> tuple | None:
+        """The next message; None once the other end has closed."""
+        while True:
+            msg = decode(self._buf)
+            if msg is not None:
+                return msg
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 16, 4, socket.MSG_CMSG_CLOEXEC)
+            except ConnectionResetError:  # the other end died with data unread: its end all the same
+                return None
+            self._fds.extend(fds)
+            if not data:
+                return None
+            self._buf += data
+
+    def take_fd(self) -> int:
+        return self._fds.popleft()
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.popleft())
+
+
+def send_message(sock: socket.socket, message: tuple, fd: int | None = None) -> None:
+    data = encode(message)
+    if fd is None:
+        sock.sendall(data)
+        return
+    sent = socket.send_fds(sock, [data], [fd])
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
+# ---- parent side ---------------------------------------------------------------------------------
+def _cuda_register(ptr: int, nbytes: int) -> None:
+    err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of a {nbytes} B shared host buffer failed (error {int(err)})")
+
+
+def _cuda_unregister(ptr: int) -> None:
+    err = torch.cuda.cudart().cudaHostUnregister(ptr)
+    if int(err) != 0:
+        log.warning("capture: cudaHostUnregister of a shared host buffer failed (error %d)", int(err))
+
+
+class SharedHostBuffers:
+    """The allocator of the pool's buffers in writer-process mode: memfd mappings the child maps too.
+
+    A new buffer's descriptor is kept until the dispatcher has sent it to the child (then closed:
+    the mappings hold the memory); a buffer the pool lets go of is unregistered and unmapped here
+    and, once the child has it, named for the child to unmap as well.
+    """
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._ids: dict[int, int] = {}  # data_ptr -> buffer id
+        self._maps: dict[int, mmap.mmap] = {}  # buffer id -> its mapping here
+        self._unsent: dict[int, tuple[int, int]] = {}  # buffer id -> (fd, size), not yet sent to the child
+        self._dropped: list[int] = []  # ids the child maps and must unmap
+        self._child_gone = False
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            buf = torch.frombuffer(mm, dtype=torch.uint8)
+            if self.cuda:
+                _cuda_register(buf.data_ptr(), nbytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            bid = self._next_id
+            self._next_id += 1
+            self._ids[buf.data_ptr()] = bid
+            self._maps[bid] = mm
+            if not self._child_gone:
+                self._unsent[bid] = (fd, nbytes)
+                fd = -1
+        if fd >= 0:
+            os.close(fd)
+        return buf
+
+    def drop(self, buf: torch.Tensor) -> None:
+        """The pool lets go of ``buf``: it is unmapped once the pool's last reference goes."""
+        ptr = buf.data_ptr()
+        if self.cuda:
+            _cuda_unregister(ptr)
+        with self._lock:
+            bid = self._ids.pop(ptr)
+            self._maps.pop(bid, None)
+            unsent = self._unsent.pop(bid, None)
+            if unsent is None and not self._child_gone:
+                self._dropped.append(bid)
+        if unsent is not None:
+            os.close(unsent[0])
+
+    def buffer_id(self, buf: torch.Tensor) -> int:
+        with self._lock:
+            return self._ids[buf.data_ptr()]
+
+    def take_news(self) -> tuple[list[tuple[int, int, int]], list[int]]:
+        """(new buffers as (id, fd, size), dropped ids) not yet told to the child; the caller
+        closes the descriptors once sent."""
+        with self._lock:
+            new = [(bid, fd, n) for bid, (fd, n) in self._unsent.items()]
+            self._unsent.clear()
+            dropped, self._dropped = self._dropped, []
+        return new, dropped
+
+    def close(self) -> None:
+        """The child is gone: close the descriptors never sent, and keep none from now on."""
+        with self._lock:
+            self._child_gone = True
+        new, _ = self.take_news()
+        for _bid, fd, _n in new:
+            os.close(fd)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._maps)
+
+
+@dataclass
+class _Flush:
+    token: int
+
+
+def _spawn(child_sock: socket.socket) -> subprocess.Popen:
+    """Start the child on the parent's interpreter, with this hsextract package importable."""
+    import hsextract
+
+    root = str(Path(hsextract.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the child writes files; it never touches the GPU
+    fd = child_sock.fileno()
+    return subprocess.Popen([sys.executable, "-m", "hsextract.capture.writer_process", "--fd", str(fd)],
+                            pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
+
+
+class ProcessCaptureWriter:
+    """`CaptureWriter`'s interface (``submit``, ``fail_requests``, ``flush``, ``close``), with the
+    writing done by a child process; see the module docstring."""
+
+    def __init__(
+        self,
+        dump_dir: str | Path,
+        settings: CaptureSettings,
+        *,
+        device: str | torch.device = "cpu",
+        num_threads: int = 8,
+        max_bytes_in_flight: int = 2 << 30,
+        slice_bytes: int = 32 * _MiB,
+        map_margin_bytes: int = 512 * _MiB,
+        pool_granularity: int = 2 * _MiB,
+    ):
+        self.dump_dir = Path(dump_dir)
+        self.settings = settings
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._writer_options = {"num_threads": max(1, num_threads), "slice_bytes": slice_bytes,
+                                "map_margin_bytes": map_margin_bytes}
+        self.buffers = SharedHostBuffers(self.cuda)
+        self.pool = HostBufferPool(max_bytes_in_flight, pin=False, granularity=pool_granularity,
+                                   allocate=self.buffers.allocate, drop=self.buffers.drop)
+        self._stager = HostStager(settings, self.device, self.pool)
+        self._jobs: queue.Queue[_Job | _FailJob | _Flush | None] = queue.Queue()
+        self._cond = threading.Condition()  # guards everything below
+        self._in_flight: dict[int, _Job] = {}  # buffer id -> batch sent to the child, not yet released
+        self._outstanding = 0  # batches submitted and not yet released, failures not yet handed over
+        self._acks: dict[int, bool] = {}
+        self._next_token = 0
+        self._dead = False
+        self._closing = False
+        self._closed = False
+        self._fallback: CaptureWriter | None = None
+        # The child's counters, as of its last flush.
+        self.requests_done = self.requests_failed = self.write_errors = self.bytes_written = 0
+        self._sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._proc = _spawn(child_sock)
+        finally:
+            child_sock.close()
+        self.child_pid = self._proc.pid
+        send_message(self._sock, ("init", str(self.dump_dir), settings, self._writer_options))
+        log.info("capture: writing through a writer process (pid %d)", self.child_pid)
+        self._reader = threading.Thread(target=self._read_loop, name="hsx-writer-reader", daemon=True)
+        self._reader.start()
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
+        self._dispatcher.start()
+
+    # ---- forward-pass side ---------------------------------------------------------------------
+    def submit(
+        self,
+        requests: list[BatchRequest],
+        aux: torch.Tensor | list[torch.Tensor],
+        final: torch.Tensor,
+        input_ids: torch.Tensor,
+        prompt_lens: torch.Tensor | list[int],
+    ) -> None:
+        """Queue one batch's rows, as `CaptureWriter.submit` does."""
+        job = self._stager.stage(requests, aux, final, input_ids, prompt_lens)
+        if job is None:
+            return
+        with self._cond:
+            self._outstanding += 1
+        self._jobs.put(job)
+
+    def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
+        """Mark requests the forward pass could not hand over as failed (queued, never blocking)."""
+        if not requests:
+            return
+        with self._cond:
+            self._outstanding += 1
+        self._jobs.put(_FailJob([Failure(r.rid, reason, detail) for r in requests]))
+
+    @property
+    def in_flight_batches(self) -> int:
+        """Batches the child has been sent and has not released."""
+        with self._cond:
+            return len(self._in_flight)
+
+    @property
+    def writing_in_process(self) -> bool:
+        """True once the child died and this process writes the batches itself."""
+        with self._cond:
+            return self._dead and self._fallback is not None
+
+    # ---- dispatcher: one message per batch -----------------------------------------------------
+    def _dispatch_loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            try:
+                if isinstance(item, _Job):
+                    self._hand_over(item)
+                elif isinstance(item, _FailJob):
+                    self._hand_over_failures(item)
+                else:
+                    self._hand_over_flush(item)
+            except Exception:  # never let a bug in the capture take the server down
+                log.exception("capture: handing an item to the writer process failed")
+                if isinstance(item, _Job):
+                    self._fail_here(item, "handing the batch to the writer process failed (see the server log)")
+
+    def _send(self, message: tuple) -> bool:
+        """Send the child what it must know first (new and dropped buffers), then ``message``;
+        False once the child is gone."""
+        new, dropped = self.buffers.take_news()
+        try:
+            while new:
+                bid, fd, n = new[0]
+                try:
+                    send_message(self._sock, ("buffer", bid, n), fd)
+                finally:
+                    new.pop(0)
+                    os.close(fd)  # the mappings hold the memory; the child has its own descriptor
+            for bid in dropped:
+                send_message(self._sock, ("drop", bid))
+            send_message(self._sock, message)
+            return True
+        except OSError as exc:
+            log.debug("capture: sending to the writer process failed: %s", exc)
+            return False
+        finally:
+            for _bid, fd, _n in new:  # not sent: the child is gone
+                os.close(fd)
+
+    def _hand_over(self, job: _Job) -> None:
+        if job.event is not None:
+            job.event.synchronize()  # type: ignore[attr-defined]  # a torch.cuda.Event
+        bid = self.buffers.buffer_id(job.buf)
+        with self._cond:
+            dead = self._dead
+            if not dead:
+                self._in_flight[bid] = job
+        if dead:
+            self._write_here(job)
+            return
+        if self._send(batch_message(bid, job)):
+            return
+        with self._cond:  # not handed over whole: unless the child's death took it already, write it here
+            mine = self._in_flight.pop(bid, None) is not None
+        self._wait_dead()
+        if mine:
+            self._write_here(job)
+
+    def _hand_over_failures(self, item: _FailJob) -> None:
+        with self._cond:
+            dead = self._dead
+        if dead or not self._send(("fail", [astuple(f) for f in item.failures])):
+            self._wait_dead()
+            assert self._fallback is not None
+            self._fallback.fail(item.failures)
+        self._done(1)
+
+    def _hand_over_flush(self, item: _Flush) -> None:
+        with self._cond:
+            dead = self._dead
+        if not dead:
+            self._send(("flush", item.token))  # a failed send: the flush waits for the death instead
+
+    def _write_here(self, job: _Job) -> None:
+        assert self._fallback is not None
+        self._fallback.submit_landed(job.requests, job.buf, job.rows, job.row_bytes, job.ids_offset,
+                                     job.lens_offset, job.batch_size, on_finish=self._release)
+
+    def _fail_here(self, job: _Job, detail: str) -> None:
+        """A batch that could not be handed over: its requests are marked failed (by the child, or
+        here once it is gone), and its buffer goes back to the pool."""
+        failures = [Failure(r.rid, CAPTURE_QUEUE_ERROR, detail) for r in job.requests]
+        with self._cond:
+            for bid, other in list(self._in_flight.items()):
+                if other is job:
+                    del self._in_flight[bid]
+            dead = self._dead
+        if dead or not self._send(("fail", [astuple(f) for f in failures])):
+            self._wait_dead()
+            if self._fallback is not None:
+                self._fallback.fail(failures)
+        self._release(job)
+
+    def _release(self, job: _Job) -> None:
+        self.pool.release(job.buf)
+        self._done(1)
+
+    def _done(self, n: int) -> None:
+        with self._cond:
+            self._outstanding -= n
+            self._cond.notify_all()
+
+    # ---- reader: releases, acknowledgements, the child's death --------------------------------
+    def _read_loop(self) -> None:
+        reader = MessageReader(self._sock)
+        try:
+            while True:
+                msg = reader.read()
+                if msg is None:
+                    break
+                if msg[0] == "released":
+                    with self._cond:
+                        job = self._in_flight.pop(msg[1], None)
+                    if job is not None:
+                        self._release(job)
+                elif msg[0] == "flushed":
+                    with self._cond:
+                        for name, value in msg[2].items():
+                            setattr(self, name, value)
+                        self._acks[msg[1]] = True
+                        self._cond.notify_all()
+        except Exception:
+            log.exception("capture: reading from the writer process (pid %d) failed", self.child_pid)
+        finally:
+            reader.close()
+        with self._cond:
+            quiet = self._closing and not self._in_flight
+        if quiet:
+            with self._cond:
+                self._dead = True
+                self._cond.notify_all()
+            return
+        self._failover()
+
+    def _make_fallback(self) -> CaptureWriter:
+        return CaptureWriter(self.dump_dir, self.settings, device="cpu", max_bytes_in_flight=0,
+                             **self._writer_options)
+
+    def _failover(self) -> None:
+        """The child is gone: fail what it had not written, and write from now on in this process."""
+        try:
+            returncode = self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # its socket closed, yet it lives on: end it
+            self._proc.kill()
+            returncode = self._proc.wait()
+        fallback = self._make_fallback()
+        with self._cond:
+            lost = list(self._in_flight.values())
+            self._in_flight.clear()
+            detail = (f"the capture's writer process (pid {self.child_pid}) died ({exit_status(returncode)}) before "
+                      "it wrote this request")
+            failures = [Failure(r.rid, CAPTURE_WRITER_DIED, detail) for job in lost for r in job.requests
+                        if not os.path.exists(os.path.join(self.dump_dir, r.rid, DONE_FILE))]
+            fallback.fail(failures)  # queued before any batch written here from now on
+            self._fallback = fallback
+            self._dead = True
+            self._cond.notify_all()
+        log.error("capture: the writer process (pid %d) died (%s); %d requests of the %d batches it had not "
+                  "written are marked failed (%s) for the client to send again; from now on this process writes "
+                  "the batches itself", self.child_pid, exit_status(returncode), len(failures), len(lost),
+                  CAPTURE_WRITER_DIED)
+        for job in lost:
+            self._release(job)
+        self.buffers.close()
+
+    def _wait_dead(self) -> None:
+        """Wait until the reader has seen the child go and set up the in-process writer."""
+        with self._cond:
+            while not (self._dead and (self._fallback is not None or self._closing)):
+                self._cond.wait(timeout=1.0)
+
+    # ---- control -------------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every batch submitted so far is written (or failed); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        with self._cond:
+            token = self._next_token
+            self._next_token += 1
+            self._acks[token] = False
+        self._jobs.put(_Flush(token))
+        with self._cond:
+            try:
+                while not (self._acks[token] or self._dead) or self._outstanding:
+                    wait = left()
+                    if wait == 0:
+                        return False
+                    self._cond.wait(timeout=1.0 if wait is None else min(wait, 1.0))
+            finally:
+                self._acks.pop(token, None)
+            fallback = self._fallback
+        return fallback.flush(left()) if fallback is not None else True
+
+    def close(self, timeout: float | None = 60) -> None:
+        """Flush, let the child finish and exit, and give every shared buffer back."""
+        if self._closed:
+            return
+        self._closed = True
+        self.flush(timeout)
+        with self._cond:
+            self._closing = True
+        self._jobs.put(None)
+        self._dispatcher.join(timeout=5)
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)  # the child's EOF: it writes what it has, then exits
+        try:
+            self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.error("capture: the writer process (pid %d) did not exit within %s s of the close; killing it",
+                      self.child_pid, timeout)
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(timeout=30)
+        self._sock.close()
+        if self._fallback is not None:
+            self._fallback.close(timeout)
+        self.pool.clear()
+        self.buffers.close()
+
+
+# ---- child side ----------------------------------------------------------------------------------
+def _counters(writer: CaptureWriter) -> dict[str, int]:
+    return {"requests_done": writer.requests_done, "requests_failed": writer.requests_failed,
+            "write_errors": writer.write_errors, "bytes_written": writer.bytes_written}
+
+
+class _Child:
+    """The child's state: the parent's buffers mapped here, and the writer that writes from them."""
+
+    def __init__(self, sock: socket.socket, reader: MessageReader, writer: CaptureWriter):
+        self.sock, self.reader, self.writer = sock, reader, writer
+        self.buffers: dict[int, torch.Tensor] = {}
+        self._send_lock = threading.Lock()
+
+    def send(self, message: tuple) -> None:
+        with self._send_lock, contextlib.suppress(OSError):  # the parent is gone: the loop sees EOF and ends
+            send_message(self.sock, message)
+
+    def handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "batch":
+            _, bid, rows, row_bytes, ids_off, lens_off, bsz, reqs = msg
+            self.writer.submit_landed([BatchRequest(*r) for r in reqs], self.buffers[bid], rows, row_bytes, ids_off,
+                                      lens_off, bsz, on_finish=lambda job: self.send(("released", bid)))
+        elif kind == "buffer":
+            _, bid, nbytes = msg
+            fd = self.reader.take_fd()
+            try:
+                mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+            self.buffers[bid] = torch.frombuffer(mm, dtype=torch.uint8)
+        elif kind == "drop":
+            self.buffers.pop(msg[1], None)
+        elif kind == "fail":
+            self.writer.fail([Failure(*f) for f in msg[1]])
+        elif kind == "flush":
+            self.writer.flush()
+            self.send(("flushed", msg[1], _counters(self.writer)))
+        else:
+            log.error("capture writer process: unknown message %r; ignored", kind)
+
+
+def serve(sock: socket.socket) -> int:
+    """The child's loop: map the buffers it is sent, write the batches, answer flushes; on the
+    parent's EOF write what it was sent and return."""
+    reader = MessageReader(sock)
+    first = reader.read()
+    if first is None or first[0] != "init":
+        log.error("capture writer process: no init message from the parent (got %r); exiting", first)
+        return 2
+    _, dump_dir, settings, options = first
+    writer = CaptureWriter(dump_dir, settings, device="cpu", max_bytes_in_flight=0, **options)
+    child = _Child(sock, reader, writer)
+    try:
+        while (msg := reader.read()) is not None:
+            child.handle(msg)
+    finally:
+        writer.close(timeout=None)
+        reader.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="the capture's writer process (started by the capture, not by hand)")
+    ap.add_argument("--fd", type=int, required=True, help="the unix socket shared with the parent")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the server: exit on the parent's EOF, flushed
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[%(asctime)s] hsextract capture writer process[%(process)d] %(levelname)s %(message)s")
+    sock = socket.socket(fileno=args.fd)
+    try:
+        return serve(sock)
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
