@@ -131,3 +131,41 @@ def test_capture_patch_reads_the_same_run_config_keys_as_the_other_subcommands(t
     assert baked["rid_prefix"] == "shared"
     assert baked["aux_layer_ids"] == [1, 2, 3]
     assert baked["model_path"] == str(tiny_llama)
+
+
+def _rendered_config(out: Path) -> dict:
+    namespace: dict = {}
+    exec((out / "hsextract_capture_patch" / "__init__.py").read_text(), namespace)
+    return namespace["CONFIG"]
+
+
+def test_writer_process_is_rendered_only_when_on_so_a_default_patch_keeps_its_bytes(tmp_path):
+    from hsextract.capture.config import CaptureConfig
+
+    default = render_patch(tmp_path / "default", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d")
+    off = render_patch(tmp_path / "off", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d",
+                       writer_process=False)
+    on = render_patch(tmp_path / "on", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d",
+                      writer_process=True)
+    assert "writer_process" not in _rendered_config(default)
+    assert (off / "hsextract_capture_patch" / "__init__.py").read_bytes() == \
+        (default / "hsextract_capture_patch" / "__init__.py").read_bytes()
+    assert _rendered_config(on)["writer_process"] is True
+    assert CaptureConfig.from_dict(_rendered_config(on)).writer_process is True
+    assert CaptureConfig.from_dict(_rendered_config(default)).writer_process is False
+
+
+@pytest.mark.parametrize(("text", "value"), [("True", True), ("true", True), ("1", True), ("yes", True),
+                                             ("False", False), ("false", False), ("0", False), ("", False),
+                                             ("None", False), (1, True), (0, False), (None, False)])
+def test_writer_process_given_as_text_is_normalised(text, value):
+    from hsextract.capture.config import CaptureConfig
+
+    assert CaptureConfig("LlamaForCausalLM", "/m", "/d", writer_process=text).writer_process is value
+
+
+def test_writer_process_that_is_not_a_yes_or_no_is_refused_with_its_name():
+    from hsextract.capture.config import CaptureConfig
+
+    with pytest.raises(ConfigError, match="writer_process='sometimes' is not a yes/no value"):
+        CaptureConfig("LlamaForCausalLM", "/m", "/d", writer_process="sometimes")

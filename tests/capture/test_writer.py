@@ -1,4 +1,8 @@
-"""The writer stages rows exactly, in parallel, without unbounded memory, and survives write errors."""
+"""The writer stages rows exactly, in parallel, without unbounded memory, and survives write errors.
+
+The tests that take a ``mode`` run twice: with the writer's threads in the calling process
+(``in_process``, the default) and with the writing done by a child process (``writer_process``).
+"""
 
 from __future__ import annotations
 
@@ -13,16 +17,35 @@ import pytest
 import torch
 from hsextract.capture.core import BatchRequest, CaptureSettings
 from hsextract.capture.writer import CaptureWriter, HostBufferPool
+from hsextract.capture.writer_process import ProcessCaptureWriter
 from hsextract.layers import resolve
-from hsextract.staging import DONE_FILE, STATES_FILE, iter_complete, read_done_marker, read_states
+from hsextract.staging import (
+    CAPTURE_QUEUE_ERROR,
+    DONE_FILE,
+    FAILED_FILE,
+    STATES_FILE,
+    iter_complete,
+    read_done_marker,
+    read_failed_marker,
+    read_states,
+)
 
 H = 16
 K = 3
 
 
-def make_writer(dump_dir, **kw) -> CaptureWriter:
+MODES = ("in_process", "writer_process")
+
+
+@pytest.fixture(params=MODES)
+def mode(request) -> str:
+    return request.param
+
+
+def make_writer(dump_dir, mode: str = "in_process", **kw) -> CaptureWriter | ProcessCaptureWriter:
     s = CaptureSettings(rid_prefix="hsx", layers=resolve(None, 8), hidden_size=H, architecture="LlamaForCausalLM")
-    return CaptureWriter(dump_dir, s, device="cpu", **kw)
+    kind = CaptureWriter if mode == "in_process" else ProcessCaptureWriter
+    return kind(dump_dir, s, device="cpu", **kw)
 
 
 def batch(rows: int, seed: int):
@@ -37,8 +60,8 @@ def expected_rows(aux, final):
     return torch.cat([aux.view(-1, K, H), final.view(-1, 1, H)], 1)
 
 
-def test_chunks_of_several_batches_are_stitched_into_one_exact_file(tmp_path):
-    w = make_writer(tmp_path)
+def test_chunks_of_several_batches_are_stitched_into_one_exact_file(tmp_path, mode):
+    w = make_writer(tmp_path, mode)
     rid = "hsx-ab12cd34-0"
     aux, final, ids = batch(40, seed=1)
     try:
@@ -54,8 +77,8 @@ def test_chunks_of_several_batches_are_stitched_into_one_exact_file(tmp_path):
     assert read_done_marker(tmp_path / rid).chunks == [[0, 16], [16, 16], [32, 8]]
 
 
-def test_requests_packed_in_one_batch_land_in_their_own_files(tmp_path):
-    w = make_writer(tmp_path)
+def test_requests_packed_in_one_batch_land_in_their_own_files(tmp_path, mode):
+    w = make_writer(tmp_path, mode)
     aux, final, ids = batch(30, seed=2)
     reqs = [BatchRequest("hsx-ab12cd34-0", 0, 0, 10, 0), BatchRequest("hsx-ab12cd34-2", 14, 0, 16, 2)]
     try:
@@ -93,11 +116,11 @@ def test_a_long_request_is_written_by_several_threads(tmp_path):
     assert torch.equal(st.hidden, expected_rows(aux, final)) and torch.equal(st.input_ids, ids)
 
 
-def test_a_stale_done_marker_of_an_earlier_run_is_removed_when_the_rid_restarts(tmp_path):
+def test_a_stale_done_marker_of_an_earlier_run_is_removed_when_the_rid_restarts(tmp_path, mode):
     rid = "hsx-ab12cd34-0"
     (tmp_path / rid).mkdir()
     (tmp_path / rid / DONE_FILE).write_text("{}")
-    w = make_writer(tmp_path)
+    w = make_writer(tmp_path, mode)
     aux, final, ids = batch(8, seed=4)
     try:
         w.submit([BatchRequest(rid, 0, 0, 8, 0)], aux, final, ids, [16])  # half of the prompt
@@ -150,8 +173,8 @@ def tiny_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_full_ramdisk_is_logged_with_the_path_and_never_marked_done(tiny_tmpfs, caplog):
-    w = make_writer(tiny_tmpfs, slice_bytes=64 << 10, map_margin_bytes=0)
+def test_full_ramdisk_is_logged_with_the_path_and_never_marked_done(tiny_tmpfs, caplog, capfd, mode):
+    w = make_writer(tiny_tmpfs, mode, slice_bytes=64 << 10, map_margin_bytes=0)
     big, small = "hsx-ab12cd34-0", "hsx-ab12cd34-1"
     aux, final, ids = batch(12000, seed=5)  # 12000 rows x 128 B = 1.5 MB > 1 MiB
     with caplog.at_level(logging.ERROR, logger="hsextract.capture"):
@@ -165,13 +188,15 @@ def test_full_ramdisk_is_logged_with_the_path_and_never_marked_done(tiny_tmpfs, 
             w.close()
     assert not (tiny_tmpfs / big / DONE_FILE).exists()
     assert not (tiny_tmpfs / big / STATES_FILE).exists(), "the partial file should be removed to free space"
+    # In the writer process's mode the error is in the child's stderr (the server's log).
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    errors += [line for line in capfd.readouterr().err.splitlines() if " ERROR " in line]
     assert any(str(tiny_tmpfs / big / STATES_FILE) in m and "No space left" in m for m in errors), errors
     assert w.write_errors == 1
     assert [p.name for p in iter_complete(tiny_tmpfs)] == [small]
 
 
-def test_unwritable_dump_dir_is_logged_and_never_marked_done(tmp_path, caplog):
+def test_unwritable_dump_dir_is_logged_and_never_marked_done(tmp_path, caplog, capfd, mode):
     if os.geteuid() == 0:
         ro = tmp_path / "ro"
         ro.mkdir()
@@ -184,7 +209,7 @@ def test_unwritable_dump_dir_is_logged_and_never_marked_done(tmp_path, caplog):
         ro.mkdir()
         ro.chmod(0o555)
         cleanup = None
-    w = make_writer(ro)
+    w = make_writer(ro, mode)
     aux, final, ids = batch(8, seed=6)
     try:
         with caplog.at_level(logging.ERROR, logger="hsextract.capture"):
@@ -192,17 +217,18 @@ def test_unwritable_dump_dir_is_logged_and_never_marked_done(tmp_path, caplog):
             assert w.flush(timeout=30)
         w.close()
         assert not (ro / "hsx-ab12cd34-0" / DONE_FILE).exists()
-        assert any(str(ro / "hsx-ab12cd34-0") in r.getMessage() for r in caplog.records)
+        logged = [r.getMessage() for r in caplog.records] + capfd.readouterr().err.splitlines()
+        assert any(str(ro / "hsx-ab12cd34-0") in m for m in logged), logged
     finally:
         if cleanup:
             subprocess.run(cleanup, check=False)
         shutil.rmtree(ro, ignore_errors=True)
 
 
-def test_a_batch_of_many_short_requests_lands_each_request_whole_and_exact(tmp_path):
+def test_a_batch_of_many_short_requests_lands_each_request_whole_and_exact(tmp_path, mode):
     """Short prompts come hundreds to a batch; the writer groups them into a few tasks, and every
     one still lands in its own complete file."""
-    w = make_writer(tmp_path, num_threads=3)
+    w = make_writer(tmp_path, mode, num_threads=3)
     n, rows = 37, 5
     aux, final, ids = batch(n * rows, seed=7)
     reqs = [BatchRequest(f"hsx-ab12cd34-{i}", i * rows, 0, rows, i) for i in range(n)]
@@ -218,3 +244,22 @@ def test_a_batch_of_many_short_requests_lands_each_request_whole_and_exact(tmp_p
         assert torch.equal(st.hidden, exp[i * rows : (i + 1) * rows])
         assert torch.equal(st.input_ids, ids[i * rows : (i + 1) * rows])
         assert read_done_marker(tmp_path / f"hsx-ab12cd34-{i}").chunks == [[0, rows]]
+
+
+def test_a_batch_the_forward_pass_could_not_hand_over_leaves_failed_json_and_its_later_chunks_are_ignored(
+        tmp_path, mode):
+    w = make_writer(tmp_path, mode)
+    failed, fine = "hsx-ab12cd34-0", "hsx-ab12cd34-1"
+    aux, final, ids = batch(40, seed=8)
+    try:
+        w.fail_requests([BatchRequest(failed, 0, 0, 16, 0)], CAPTURE_QUEUE_ERROR, "RuntimeError: no room")
+        w.submit([BatchRequest(failed, 0, 16, 16, 0), BatchRequest(fine, 16, 0, 8, 1)], aux[:24], final[:24],
+                 ids[:24], [40, 8])  # the failed request's second chunk, and a whole request beside it
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    marker = read_failed_marker(tmp_path / failed)
+    assert marker is not None and marker.reason == CAPTURE_QUEUE_ERROR and "no room" in marker.detail
+    assert not (tmp_path / failed / DONE_FILE).exists() and not (tmp_path / failed / STATES_FILE).exists()
+    assert not (tmp_path / fine / FAILED_FILE).exists()
+    assert torch.equal(read_states(tmp_path / fine).hidden, expected_rows(aux, final)[16:24])

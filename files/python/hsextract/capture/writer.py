@@ -454,18 +454,22 @@ class CaptureWriter:
             job = self._jobs.get()
             if job is None:
                 return
-            if isinstance(job, _FailJob):
-                self._fail_requests_now(job.failures)
-                self._job_done()
-                continue
-            try:
-                self._dispatch(job)
-            except Exception as exc:  # never let a bug in the capture take the server down
-                log.exception("capture: dispatching a batch of %d requests failed; they are marked failed for the "
-                              "client to send again", len(job.requests))
-                detail = f"dispatching the batch failed: {type(exc).__name__}: {exc}"
-                self._fail_requests_now([Failure(r.rid, CAPTURE_QUEUE_ERROR, detail) for r in job.requests])
-                self._finish_job(job)
+            self._dispatch_one(job)
+            del job  # not held while waiting for the next: its buffer may be unmapped once released
+
+    def _dispatch_one(self, job: _Job | _FailJob) -> None:
+        if isinstance(job, _FailJob):
+            self._fail_requests_now(job.failures)
+            self._job_done()
+            return
+        try:
+            self._dispatch(job)
+        except Exception as exc:  # never let a bug in the capture take the server down
+            log.exception("capture: dispatching a batch of %d requests failed; they are marked failed for the "
+                          "client to send again", len(job.requests))
+            detail = f"dispatching the batch failed: {type(exc).__name__}: {exc}"
+            self._fail_requests_now([Failure(r.rid, CAPTURE_QUEUE_ERROR, detail) for r in job.requests])
+            self._finish_job(job)
 
     def _fail_requests_now(self, failures: list[Failure]) -> None:
         """Mark requests failed in the planner and leave ``failed.json`` for each (dispatcher thread)."""

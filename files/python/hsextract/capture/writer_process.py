@@ -349,17 +349,21 @@ class ProcessCaptureWriter:
             item = self._jobs.get()
             if item is None:
                 return
-            try:
-                if isinstance(item, _Job):
-                    self._hand_over(item)
-                elif isinstance(item, _FailJob):
-                    self._hand_over_failures(item)
-                else:
-                    self._hand_over_flush(item)
-            except Exception:  # never let a bug in the capture take the server down
-                log.exception("capture: handing an item to the writer process failed")
-                if isinstance(item, _Job):
-                    self._fail_here(item, "handing the batch to the writer process failed (see the server log)")
+            self._dispatch_one(item)
+            del item  # not held while waiting for the next: its buffer may be unmapped once released
+
+    def _dispatch_one(self, item: _Job | _FailJob | _Flush) -> None:
+        try:
+            if isinstance(item, _Job):
+                self._hand_over(item)
+            elif isinstance(item, _FailJob):
+                self._hand_over_failures(item)
+            else:
+                self._hand_over_flush(item)
+        except Exception:  # never let a bug in the capture take the server down
+            log.exception("capture: handing an item to the writer process failed")
+            if isinstance(item, _Job):
+                self._fail_here(item, "handing the batch to the writer process failed (see the server log)")
 
     def _send(self, message: tuple) -> bool:
         """Send the child what it must know first (new and dropped buffers), then ``message``;
