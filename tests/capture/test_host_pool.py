@@ -10,7 +10,9 @@ hold for any sequence of sizes:
 * best fit: the smallest free buffer that is large enough is reused; a new buffer is made only
   when no free one fits, and its size is the granularity times the smallest power of two that
   holds the request (size classes, so that batches of many sizes reuse each other's buffers);
-* ``acquire`` never raises, and blocks only when the budget is spent by buffers in use.
+* ``acquire`` never raises, and blocks only when the budget is spent by buffers in use;
+* with the writer process's allocator (memfd mappings shared with the child), every buffer the
+  pool lets go of is dropped from the allocator (unmapped), and no other.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 import time
 
 from hsextract.capture.writer import HostBufferPool
+from hsextract.capture.writer_process import SharedHostBuffers
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -37,8 +40,11 @@ def _size_class(n: int) -> int:
 class PoolMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.pool = HostBufferPool(BUDGET, pin=False, granularity=GRANULARITY)
+        self.pool = self.make_pool()
         self.out: list = []  # buffers handed out and not yet released
+
+    def make_pool(self) -> HostBufferPool:
+        return HostBufferPool(BUDGET, pin=False, granularity=GRANULARITY)
 
     @rule(nbytes=st.integers(min_value=1, max_value=BUDGET * 2))
     def acquire(self, nbytes):
@@ -78,6 +84,28 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestHostBufferPool = PoolMachine.TestCase
 TestHostBufferPool.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+class SharedPoolMachine(PoolMachine):
+    """The same pool, its buffers made by the writer process's allocator."""
+
+    def make_pool(self) -> HostBufferPool:
+        self.shared = SharedHostBuffers(cuda=False)
+        return HostBufferPool(BUDGET, pin=False, granularity=GRANULARITY, allocate=self.shared.allocate,
+                              drop=self.shared.drop)
+
+    @invariant()
+    def the_allocator_maps_exactly_the_buffers_the_pool_holds(self):
+        assert self.shared.count == len(self.out) + len(self.pool.free_sizes)
+
+    def teardown(self):
+        self.out.clear()
+        self.pool.clear()
+        self.shared.close()
+
+
+TestSharedHostBufferPool = SharedPoolMachine.TestCase
+TestSharedHostBufferPool.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
 
 def test_a_pool_with_free_buffers_of_different_sizes_hands_out_the_best_fit():

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 import torch
@@ -274,3 +275,53 @@ def test_a_sample_resent_after_its_dump_was_drained_is_captured_again(llama_serv
         check_against_hf(server, rid, ids)
     finally:
         shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def writer_process_server(request, tmp_path_factory, tiny_llama, free_port):
+    """A Llama server whose capture writes from a child process (``writer_process``)."""
+    base = tmp_path_factory.mktemp("writer-process")
+    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
+                          capture_extra={"pool_granularity_bytes": 1024}, writer_process=True)
+    request.addfinalizer(handle.stop)
+    return handle
+
+
+def writer_processes(server) -> list[psutil.Process]:
+    """The capture's writer processes among the server's processes."""
+    root = psutil.Process(server.proc.pid)
+    return [p for p in root.children(recursive=True)
+            if "hsextract.capture.writer_process" in " ".join(p.cmdline())]
+
+
+def test_a_server_writing_from_a_writer_process_stages_the_same_exact_dumps(writer_process_server):
+    server = writer_process_server
+    assert len(writer_processes(server)) == 1, "the scheduler runs one writer process"
+    assert "through a writer process" in server.log_path.read_text(errors="replace")
+    run = secrets.token_hex(4)
+    prompts = {f"hsx-{run}-{i}": prompt(n, seed=60 + i) for i, n in enumerate((7, 23, 40, 16, 33, 2))}
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        tokens = dict(zip(prompts, pool.map(lambda item: server.generate(item[1], rid=item[0])["output_ids"][0],
+                                            prompts.items()), strict=True))
+    for rid, ids in prompts.items():
+        check_against_hf(server, rid, ids)
+        result = check_dump(server.dump_dir, rid, server.model_dir, ids, tokens[rid])
+        assert result.ok, (rid, result.reasons)
+    assert read_done_marker(rid_dir(server.dump_dir, f"hsx-{run}-2")).chunks == [[0, 16], [16, 16], [32, 8]]
+
+
+def test_a_server_whose_writer_process_is_killed_goes_on_capturing_in_process(writer_process_server):
+    server = writer_process_server
+    [child] = writer_processes(server)
+    child.kill()
+    child.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while "from now on this process writes" not in server.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "the scheduler did not notice its writer process's death"
+        time.sleep(0.1)
+    log = server.log_path.read_text(errors="replace")
+    assert f"writer process (pid {child.pid}) died (killed by signal 9 (SIGKILL))" in log
+    rid, ids = fresh_rid(server), prompt(40, seed=71)
+    server.generate(ids, rid=rid)
+    check_against_hf(server, rid, ids)
+    assert server.alive()

@@ -170,6 +170,7 @@ def start_server(
     capture_extra: dict[str, int] | None = None,
     check_layers: bool = True,
     radix_cache: bool = False,
+    writer_process: bool = False,
 ) -> ServerHandle:
     """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
 
@@ -199,6 +200,7 @@ def start_server(
             final_hidden=final_hidden,
             extra=capture_extra,
             check_layers=check_layers,
+            writer_process=writer_process,
         )
         launch = server_launch(patch_dir, package_name=DEFAULT_PACKAGE, device="cpu", pythonpath=pythonpath)
         run_env.update(launch.env)
