@@ -20,7 +20,8 @@ requests set the pace.
 Two optional sides isolate parts of the cost: ``--uncaptured-side`` times the capture server sent
 rids outside its prefix (the same process, without any per-request work of the capture), and
 ``--kept-side`` times capture rounds whose dumps are removed only after the round (without the
-drain's removals beside it). ``--capture-writer-threads`` sets the capture server's writer threads.
+drain's removals beside it). ``--capture-writer-threads`` sets the capture server's writer threads;
+``--capture-writer-process`` makes its capture write from a child process (``writer_process``).
 
     python3 bench/capture_server_gpu.py --bundle .gpu   # on the GPU host (bench/gpu/build_bundle.py made .gpu)
 
@@ -88,12 +89,12 @@ def server_args(env: gpu_env.GpuEnv) -> tuple[str, ...]:
 
 
 def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int,
-               writer_threads: int = 0) -> dict[str, ServerHandle]:
+               writer_threads: int = 0, writer_process: bool = False) -> dict[str, ServerHandle]:
     """Start the plain and the capture server on ``gpu`` (no wait)."""
     args = server_args(env)
     return {"plain": start(ServerSpec("bench-plain", model, port, (gpu,), False, args), env, work),
             "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args,
-                                        writer_threads=writer_threads), env, work)}
+                                        writer_threads=writer_threads, writer_process=writer_process), env, work)}
 
 
 class StagingCounter:
@@ -347,6 +348,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "capture_server_gpu.json")
     ap.add_argument("--capture-writer-threads", type=int, default=0,
                     help="the capture server's writer threads (default: the capture's own, 8 on a GPU)")
+    ap.add_argument("--capture-writer-process", action="store_true",
+                    help="the capture server writes from a child process (writer_process), not from threads of "
+                         "SGLang's scheduler process")
     ap.add_argument("--uncaptured-side", action="store_true",
                     help="also time the capture server with rids outside its prefix (same process, no capture)")
     ap.add_argument("--kept-side", action="store_true",
@@ -357,7 +361,8 @@ def main() -> int:
     env = (gpu_env.install(args.bundle, Path("/tmp/hsx-gpu-site"), args.work / "install.log") if args.device == "cuda"
            else gpu_env.cpu_env())
     model = args.model or prepare_model(env, args.work, args.gpu)
-    servers = start_pair(model, env, args.work, args.gpu, args.port, args.capture_writer_threads)
+    servers = start_pair(model, env, args.work, args.gpu, args.port, args.capture_writer_threads,
+                         args.capture_writer_process)
     try:
         for s in servers.values():
             wait_healthy(s, 600)
@@ -366,7 +371,8 @@ def main() -> int:
     finally:
         for s in servers.values():
             s.stop()
-    result.update(describe(env, model), capture_writer_threads=args.capture_writer_threads or "default")
+    result.update(describe(env, model), capture_writer_threads=args.capture_writer_threads or "default",
+                  capture_writer_process=args.capture_writer_process)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for c in result["cases"]:

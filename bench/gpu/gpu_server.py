@@ -48,6 +48,14 @@ class ServerSpec:
     # server unit's generation profile (roles/sglang_server).
     profile: str = "capture"
     writer_threads: int = 0  # the capture's writer threads (0: its default)
+    writer_process: bool = False  # the capture writes from a child process (hsextract.capture.writer_process)
+
+
+def render_capture_patch(spec: ServerSpec, out: Path) -> Path:
+    """The capture patch of ``spec``'s server, rendered under ``out`` (for its PYTHONPATH)."""
+    return render_patch(out, architecture=read_model_info(spec.model).architecture, model_path=str(spec.model),
+                        dump_dir=str(dump_dir_for(spec.name)), rid_prefix=spec.rid_prefix,
+                        writer_threads=spec.writer_threads, writer_process=spec.writer_process)
 
 
 def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
@@ -59,11 +67,7 @@ def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
     if spec.profile not in ("capture", "generation") or (spec.profile == "generation" and spec.capture):
         raise ValueError(f"{spec.name}: profile {spec.profile!r} with capture={spec.capture}: the capture runs only "
                          "in the capture profile")
-    patch_dir = None
-    if spec.capture:
-        patch_dir = render_patch(base / "patch", architecture=read_model_info(spec.model).architecture,
-                                 model_path=str(spec.model), dump_dir=str(dump_dir), rid_prefix=spec.rid_prefix,
-                                 writer_threads=spec.writer_threads)
+    patch_dir = render_capture_patch(spec, base / "patch") if spec.capture else None
     # The capture's server flags for both kinds of server, so that they differ only by the patch.
     launch = server_launch(patch_dir or base, package_name=DEFAULT_PACKAGE, device=env.device)
     if spec.profile == "generation":

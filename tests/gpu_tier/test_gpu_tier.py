@@ -112,6 +112,18 @@ def test_bundle_carries_a_complete_package_whose_patch_renders(tmp_path, tiny_ll
     assert (tmp_path / "patch" / "hsextract_capture_patch" / "model.py").is_file()
 
 
+@pytest.mark.parametrize("writer_process", [False, True])
+def test_a_capture_server_spec_renders_its_writer_mode_into_the_patch(tmp_path, tiny_llama, writer_process):
+    from gpu_server import ServerSpec, render_capture_patch
+
+    spec = ServerSpec("bench-capture", tiny_llama, 30301, writer_threads=3, writer_process=writer_process)
+    init = (render_capture_patch(spec, tmp_path) / "hsextract_capture_patch" / "__init__.py").read_text()
+    namespace: dict = {}
+    exec(init, namespace)
+    assert namespace["CONFIG"]["writer_threads"] == 3
+    assert namespace["CONFIG"].get("writer_process", False) is writer_process
+
+
 def test_staging_counter_counts_this_rounds_dumps_and_failure_markers(tmp_path):
     for name, marker in (("hsx-aaaa0001-0", "done.json"), ("hsx-aaaa0001-1", "done.json"),
                          ("hsx-aaaa0001-2", capture_checks.FAILED_FILE), ("hsx-aaaa0001-3", None),
