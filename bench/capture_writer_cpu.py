@@ -1,5 +1,6 @@
 """The capture writer's cost per request beside a Python-bound scheduler, on CPU, side by side in one
-run: no capture, this tree's writer, and optionally the writer of an earlier revision.
+run: no capture, this tree's writer, optionally this tree's writer in a child process
+(``--writer-process``: the ``capture-process`` side) and the writer of an earlier revision.
 
 The short-prompt stress of the GPU bench (hundreds of requests a second) is where the writer's
 per-request Python work shows: its threads share the server's interpreter with SGLang's scheduler.
@@ -9,9 +10,10 @@ then sleeps as if the GPU ran the forward. Each round runs in a fresh process (s
 revision's package can be loaded), and rounds alternate between the sides. Reported per side:
 
 * the stand-in's Python work time (median): what the writer's threads take from the scheduler;
-* the process's CPU time per request beyond the no-capture side (user and system).
+* the process's CPU time per request beyond the no-capture side (user and system; on the
+  ``capture-process`` side with the writer process's own time during the round, read from /proc).
 
-    python3 bench/capture_writer_cpu.py [--compare-with REV] [--rounds 7]
+    python3 bench/capture_writer_cpu.py [--writer-process] [--compare-with REV] [--rounds 7]
 
 A dump-removing process stands in for the drain, so /dev/shm does not fill.
 """
@@ -56,7 +58,16 @@ def one_round(side: str, dump_root: str, a: argparse.Namespace) -> dict:
     aux = torch.randn(rows, 3 * h).to(torch.bfloat16)
     final = torch.randn(rows, h).to(torch.bfloat16)
     ids = torch.randint(0, 1000, (rows,))
-    writer = CaptureWriter(dump_root, settings, device="cpu", num_threads=8) if side != "plain" else None
+    writer = child = None
+    if side == "capture-process":
+        from hsextract.capture.writer_process import ProcessCaptureWriter
+
+        writer = ProcessCaptureWriter(dump_root, settings, device="cpu", num_threads=8)
+        writer.flush()  # the child has started (its start is not the round's)
+        child = writer.child_pid
+    elif side != "plain":
+        writer = CaptureWriter(dump_root, settings, device="cpu", num_threads=8)
+    child0 = _cpu_of(child)
     cpu0, work, n = os.times(), 0.0, 0
     start = time.perf_counter()
     for _ in range(a.batches):
@@ -74,10 +85,22 @@ def one_round(side: str, dump_root: str, a: argparse.Namespace) -> dict:
     if writer:
         writer.flush()
         done = writer.requests_done
+    cpu1, child1 = os.times(), _cpu_of(child)
+    if writer:
         writer.close()
-    cpu1 = os.times()
-    return {"work_s": work, "wall_s": time.perf_counter() - start, "user_s": cpu1.user - cpu0.user,
-            "sys_s": cpu1.system - cpu0.system, "requests_done": done, "requests": a.batches * b if writer else 0}
+    return {"work_s": work, "wall_s": time.perf_counter() - start,
+            "user_s": cpu1.user - cpu0.user + child1[0] - child0[0],
+            "sys_s": cpu1.system - cpu0.system + child1[1] - child0[1],
+            "requests_done": done, "requests": a.batches * b if writer else 0}
+
+
+def _cpu_of(pid: int | None) -> tuple[float, float]:
+    """(user, system) seconds of process ``pid`` so far; zeros without one."""
+    if pid is None:
+        return 0.0, 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def package_of(rev: str, into: Path) -> Path:
@@ -102,6 +125,8 @@ def run_side(side: str, package: Path, dump_root: Path, args: argparse.Namespace
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compare-with", metavar="REV", help="also measure the writer of this git revision")
+    ap.add_argument("--writer-process", action="store_true",
+                    help="also measure this tree's writer in a child process (writer_process)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=128, help="prompt tokens per request")
@@ -120,6 +145,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="hsx-writer-bench-"))
     dump_root = Path(tempfile.mkdtemp(prefix="hsx-writer-bench-", dir="/dev/shm"))
     sides = {"plain": REPO / "files" / "python", "capture": REPO / "files" / "python"}
+    if args.writer_process:
+        sides["capture-process"] = REPO / "files" / "python"
     if args.compare_with:
         sides[f"capture@{args.compare_with}"] = package_of(args.compare_with, tmp)
     drain = subprocess.Popen([sys.executable, "-c", (
