@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from hsextract.capture.core import BatchRequest, CaptureSettings
 from hsextract.capture.writer_process import MEMFD_NAME, ProcessCaptureWriter, decode, encode
@@ -173,3 +174,22 @@ def test_a_writer_process_dead_before_its_first_batch_leaves_every_request_writt
         w.close()
     st = read_states(tmp_path / "hsx-ab12cd34-0")
     assert torch.equal(st.hidden, expected(aux, final)) and torch.equal(st.input_ids, ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_shared_buffers_are_registered_and_the_rows_land_exactly(tmp_path):
+    """The GPU path: memfd buffers registered with CUDA (so the copy is asynchronous), unregistered
+    and unmapped when the pool lets them go."""
+    w = ProcessCaptureWriter(tmp_path, settings(), device="cuda", pool_granularity=1024)
+    try:
+        aux, final, ids = rows(40, seed=3)
+        w.submit([BatchRequest("hsx-ab12cd34-0", 0, 0, 40, 0)], aux.cuda(), final.cuda(), ids.cuda(), [40])
+        assert w.flush(timeout=60)
+        [buf] = [torch.frombuffer(m, dtype=torch.uint8) for m in w.buffers._maps.values()]
+        assert buf.is_pinned(), "the shared buffer is registered with CUDA"
+        del buf
+    finally:
+        w.close()
+    st = read_states(tmp_path / "hsx-ab12cd34-0")
+    assert torch.equal(st.hidden, expected(aux, final)) and torch.equal(st.input_ids, ids)
+    assert memfd_mappings() == 0

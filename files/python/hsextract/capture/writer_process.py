@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -81,8 +81,14 @@ def decode(buf: bytearray) -> tuple | None:
 
 
 def batch_message(buffer_id: int, job: _Job) -> tuple:
+    """A batch as plain values (built field by field: `dataclasses.astuple` deep-copies: 2.5 ms
+    for 256 requests against 0.03 ms, measured on the CPU test host)."""
     return ("batch", buffer_id, job.rows, job.row_bytes, job.ids_offset, job.lens_offset, job.batch_size,
-            [astuple(r) for r in job.requests])
+            [(r.rid, r.batch_row, r.prefix_len, r.extend_len, r.index) for r in job.requests])
+
+
+def failures_message(failures: list[Failure]) -> tuple:
+    return ("fail", [(f.rid, f.reason, f.detail) for f in failures])
 
 
 def exit_status(returncode: int | None) -> str:
@@ -410,7 +416,7 @@ class ProcessCaptureWriter:
     def _hand_over_failures(self, item: _FailJob) -> None:
         with self._cond:
             dead = self._dead
-        if dead or not self._send(("fail", [astuple(f) for f in item.failures])):
+        if dead or not self._send(failures_message(item.failures)):
             self._wait_dead()
             assert self._fallback is not None
             self._fallback.fail(item.failures)
@@ -436,7 +442,7 @@ class ProcessCaptureWriter:
                 if other is job:
                     del self._in_flight[bid]
             dead = self._dead
-        if dead or not self._send(("fail", [astuple(f) for f in failures])):
+        if dead or not self._send(failures_message(failures)):
             self._wait_dead()
             if self._fallback is not None:
                 self._fallback.fail(failures)
