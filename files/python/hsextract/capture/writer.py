@@ -22,6 +22,11 @@ A request that cannot be staged (a write error such as a full /dev/shm, a batch 
 be queued, rows the capture never saw) is logged with the path and the reason, its partial file
 is removed to give the space back, it is never marked done, and ``failed.json`` tells the client
 why, so the client sends the sample again. Nothing here raises into the server.
+
+All of this runs in SGLang's scheduler process, whose GIL the writer threads share with the
+scheduler thread. With ``writer_process`` on, `hsextract.capture.writer_process` keeps only the
+forward pass's part (`HostStager`) in that process and runs this writer, fed with batches that
+have already landed (`CaptureWriter.submit_landed`), in a child process.
 """
 
 from __future__ import annotations

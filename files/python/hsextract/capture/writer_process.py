@@ -370,6 +370,14 @@ class ProcessCaptureWriter:
             log.exception("capture: handing an item to the writer process failed")
             if isinstance(item, _Job):
                 self._fail_here(item, "handing the batch to the writer process failed (see the server log)")
+            elif isinstance(item, _FailJob):
+                log.error("capture: %d requests could not be marked failed: %s", len(item.failures),
+                          ", ".join(f"{f.rid} ({f.reason})" for f in item.failures))
+                self._done(1)
+            else:
+                with self._cond:  # the flush waits for the batches alone
+                    self._acks[item.token] = True
+                    self._cond.notify_all()
 
     def _send(self, message: tuple) -> bool:
         """Send the child what it must know first (new and dropped buffers), then ``message``;
