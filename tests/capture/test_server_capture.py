@@ -307,7 +307,10 @@ def test_a_server_writing_from_a_writer_process_stages_the_same_exact_dumps(writ
         check_against_hf(server, rid, ids)
         result = check_dump(server.dump_dir, rid, server.model_dir, ids, tokens[rid])
         assert result.ok, (rid, result.reasons)
-    assert read_done_marker(rid_dir(server.dump_dir, f"hsx-{run}-2")).chunks == [[0, 16], [16, 16], [32, 8]]
+    # The 40-token prompt took several batches (16-token chunked prefill shared with the others).
+    chunks = read_done_marker(rid_dir(server.dump_dir, f"hsx-{run}-2")).chunks
+    assert len(chunks) >= 3 and [c[0] for c in chunks] == [sum(n for _, n in chunks[:i]) for i in range(len(chunks))]
+    assert sum(n for _, n in chunks) == 40, chunks
 
 
 def test_a_server_whose_writer_process_is_killed_goes_on_capturing_in_process(writer_process_server):
