@@ -41,6 +41,7 @@ from hsextract.drain import core  # noqa: E402
 from hsextract.drain.committer import Committer  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.formats import FORMATS as REGISTRY  # noqa: E402
+from hsextract.layout import client_summary_path  # noqa: E402
 from hsextract.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
 from hsextract.staging import DoneMarker, StateFileLayout, write_done_marker  # noqa: E402
 from hsextract.vocab import counts as counts_mod  # noqa: E402
@@ -154,8 +155,6 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: boo
     shared machine disturb least: the wall time of a pass varies by a third from one pass to the
     next, its CPU time by a few percent."""
     drop_caches()
-    (out / ".hsextract").mkdir(parents=True, exist_ok=True)
-    (out / ".hsextract" / "client-summary.json").write_text("{}")
     cfg = DrainConfig(dump_dir=dump, output=out, format=fmt, exit_when_done=True, finalize_idle_s=3600,
                       status_interval_s=1.0, count_vocab=count_vocab, vocab_size=VOCAB)
     if workers:
@@ -165,8 +164,10 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: boo
         timing.install()
     with CommitClock() as clock:
         t0, c0 = time.perf_counter(), time.process_time()
-        d.run()
+        code = d.run()
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if code != 0:
+        raise SystemExit(f"{fmt}: the drain exited {code}: the run's counts do not add up (see its log)")
     if not clock.last:
         raise SystemExit(f"{fmt}: no commit was seen (the committer's hook moved?)")
     committed = clock.last - t0
@@ -184,6 +185,10 @@ def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None
     out = base / fmt
     out.mkdir()
     shutil.copy(master / "run" / "run.json", out / "run.json")  # same run id as the staged rids
+    # The client's summary of a finished run over exactly the staged samples: the drain's end-of-run
+    # check then proves that every one of them landed in the set.
+    (out / ".hsextract").mkdir(parents=True, exist_ok=True)
+    shutil.copy(master / "client-summary.json", client_summary_path(out))
     work = shm / "work"
     shutil.copytree(master / "dump", work)
     if REGISTRY[fmt].final_hidden == "post_norm":  # SpecForge and ModelOpt take the final hidden state post-norm
@@ -277,6 +282,7 @@ def main() -> int:
         master = shm / "master"
         t0 = time.perf_counter()
         samples, nbytes = stage(master / "dump", load_or_create_run_id(master / "run"), int(a.gb * 1e9))
+        (master / "client-summary.json").write_text(json.dumps({"dataset_lines": samples, "shard": [0, 1]}))
         print(f"staged {samples} samples, {nbytes / 1e9:.2f} GB in /dev/shm ({time.perf_counter() - t0:.0f} s)")
         for fmt in [f for f in FORMATS if f in a.formats.split(",")]:
             r = bench_format(fmt, master, shm, base, nbytes, a.rounds, a.workers)

@@ -49,7 +49,7 @@ def test_layers_out_of_range_and_unwritable_dump_dir_both_fail_server_start(tiny
         subprocess.run(["umount", str(ro)], check=False)
     assert "aux layer ids [1, 3, 7] (eagle convention) out of range for a model with 8 layers" in message
     assert "[7] not in [0, 6]" in message
-    assert f"dump directory {ro / 'dump'} is not writable by the server" in message
+    assert f"dump directory {ro / 'dump'} is not writable" in message
     assert "give the server's user write access" in message
 
 

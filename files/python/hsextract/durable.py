@@ -280,13 +280,13 @@ def write_payload_durably(path: str | Path, payload: object, hasher: object) -> 
     return sink.nbytes
 
 
-def check_writable(path: Path, what: str, flag: str) -> None:
-    """Create `path` if needed and prove it writable, or raise saying which and why."""
+def check_writable(path: Path, what: str, flag: str, fix: str = "fix its permissions or mount") -> None:
+    """Create `path` if needed and prove it writable, or raise saying which, why and how to fix it."""
     probe = path / f".hsextract-write-probe-{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"{what} {path} is not writable ({exc.strerror or exc}); fix its permissions or "
-                          f"mount, or choose another {flag}") from exc
+        raise ConfigError(f"{what} {path} is not writable ({exc.strerror or exc}); {fix}, or choose another "
+                          f"{flag}") from exc

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.capture.ranks import attention_dp_size
+from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
 
 log = logging.getLogger("hsextract.capture")
@@ -79,16 +80,7 @@ def check_server(facts: ServerFacts) -> None:
 def check_dump_dir(dump_dir: str | Path) -> Path:
     """Create the dump directory if needed and prove it is writable, or raise saying how to fix it."""
     d = Path(dump_dir)
-    probe = d / f".hsx-write-probe-{os.getpid()}"
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(
-            f"dump directory {d} is not writable by the server ({exc.strerror or exc}); create it and give the "
-            "server's user write access (or choose another --dump-dir)"
-        ) from exc
+    check_writable(d, "dump directory", "--dump-dir", fix="create it and give the server's user write access")
     return d
 
 
