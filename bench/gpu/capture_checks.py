@@ -90,6 +90,7 @@ class CheckConfig:
     reference: str | None = None  # the configuration whose rows these must equal
     decode_graphs: bool = True
     graph_fallback: bool = False  # retry with decode graphs off if the server cannot start with them
+    writer_process: bool = False  # the capture's writer in a child process (capture config writer_process)
 
 
 TP2 = ("--tp", "2", "--disable-custom-all-reduce")  # the custom all-reduce is in the real sgl_kernel
@@ -101,6 +102,9 @@ def gpu_configs(gpus: int) -> list[CheckConfig]:
     configs = [
         CheckConfig("llama-tp1", "llama", (0,)),
         CheckConfig("dsv3-tp1", "dsv3-gpu", (min(1, gpus - 1),), graph_fallback=True),
+        # The same Llama with the writer in a child process: its dumps must equal the in-process ones.
+        CheckConfig("llama-tp1-writer-process", "llama", (min(1, gpus - 1),), reference="llama-tp1",
+                    writer_process=True),
     ]
     if gpus >= 2:
         configs += [
@@ -398,7 +402,8 @@ def run_config(cfg: CheckConfig, model: Path, env: GpuEnv, work: Path, port: int
     res = ConfigResult(cfg.name, cfg.kind, [], cfg.decode_graphs)
     handle = None
     for attempt in (cfg, replace(cfg, decode_graphs=False)):
-        spec = ServerSpec(attempt.name, model, port, attempt.gpus, True, server_args(attempt, env))
+        spec = ServerSpec(attempt.name, model, port, attempt.gpus, True, server_args(attempt, env),
+                          writer_process=attempt.writer_process)
         res.flags, res.decode_graphs = list(spec.args), attempt.decode_graphs
         shutil.rmtree(dump_dir_for(cfg.name), ignore_errors=True)
         t0 = time.monotonic()

@@ -110,6 +110,7 @@ def main() -> int:
     ap.add_argument("--results", type=Path, help="where the JSON results go (default: bench/results on a GPU)")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per side and case of the bench")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--checks", help="comma-separated names of the capture checks to run (default: all of them)")
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget_s
     args.work.mkdir(parents=True, exist_ok=True)
@@ -152,6 +153,15 @@ def run(args: argparse.Namespace, deadline: float, save: Saver, say: Log) -> boo
         configs = capture_checks.gpu_configs(gpus)
     else:
         env, gpus, configs = gpu_env.cpu_env(), 0, capture_checks.cpu_configs()
+    if args.checks:
+        wanted = set(args.checks.split(","))
+        unknown = wanted - {c.name for c in configs}
+        if unknown:
+            raise SystemExit(f"--checks: unknown {sorted(unknown)}; this machine has {[c.name for c in configs]}")
+        configs = [c for c in configs if c.name in wanted]
+        missing = {c.reference for c in configs if c.reference} - wanted
+        if missing:
+            raise SystemExit(f"--checks: {sorted(missing)} must run too: the others are compared with it")
     say(f"environment ready: {env.device}, {gpus} GPU(s); checks: {[c.name for c in configs]}")
     with ThreadPoolExecutor(max_workers=1) as pool:
         machine_info = pool.submit(machine, env)

@@ -226,6 +226,12 @@ def test_every_gpu_configuration_splits_its_model_whole_and_names_a_reference_of
             assert configs[cfg.reference].kind == cfg.kind and configs[cfg.reference].ranks == 1, cfg
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_every_gpu_machine_checks_the_writer_process_rows_against_the_in_process_ones(gpus):
+    [cfg] = [c for c in capture_checks.gpu_configs(gpus) if c.writer_process]
+    assert cfg.reference == "llama-tp1" and cfg.kind == "llama"
+
+
 def test_eight_gpus_add_tp8_alone_and_with_dp_attention_8_and_4():
     names = {c.name for c in capture_checks.gpu_configs(8)} - {c.name for c in capture_checks.gpu_configs(2)}
     assert names == {"dsv3h8-tp1", "dsv3h8-tp8", "dsv3h8-tp8-dpattn8", "dsv3h8-tp8-dpattn4"}
