@@ -26,7 +26,7 @@ def ansible_bin() -> Path:
     return Path(bin_dir)
 
 
-def render_with_ansible(tmp_path: Path, model: Path, out: Path) -> subprocess.CompletedProcess:
+def render_with_ansible(tmp_path: Path, model: Path, out: Path, **more: object) -> subprocess.CompletedProcess:
     playbook = tmp_path / "render.yml"
     # The role renders the run's settings (roles/hsextract), as in extract.yml, and notifies the
     # "capture changed" topic, which the sglang_server role listens to there and this play here.
@@ -43,6 +43,7 @@ def render_with_ansible(tmp_path: Path, model: Path, out: Path) -> subprocess.Co
         "hsextract_dump_dir": "/dev/shm/hsextract", "hsextract_rid_prefix": "hsx",
         "hsextract_final_hidden": "pre_norm", "hsextract_format": "speculators",
         "ansible_python_interpreter": str(ansible_bin() / "python"),
+        **more,
     }
     env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
@@ -84,17 +85,20 @@ def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_
     assert "CAPTURE-CHANGED" not in second.stdout, "an unchanged package must not restart the server"
 
 
-def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model):
+@pytest.mark.parametrize("writer_process", [False, True], ids=["in-process-writer", "writer-process"])
+def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model, writer_process):
     ansible_out, cli_out = tmp_path / "ansible", tmp_path / "cli"
-    result = render_with_ansible(tmp_path, model, ansible_out)
+    result = render_with_ansible(tmp_path, model, ansible_out, capture_patch_writer_process=writer_process)
     assert result.returncode == 0, result.stdout[-3000:]
     cli = subprocess.run(
         [sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(cli_out), "--model-path", str(model),
          "--aux-layer-ids", "1,3,4", "--dump-dir", "/dev/shm/hsextract", "--final-hidden", "pre_norm",
          "--format", "speculators",
-         "--ansible-managed", "Ansible managed"],
+         "--ansible-managed", "Ansible managed", *(["--writer-process"] if writer_process else [])],
         env={**os.environ, "PYTHONPATH": str(REPO / "files" / "python")}, capture_output=True, text=True,
     )
     assert cli.returncode == 0, cli.stderr
     for name in ("__init__.py", "model.py"):
         assert (ansible_out / PACKAGE / name).read_text() == (cli_out / PACKAGE / name).read_text(), name
+    assert ('"writer_process": true' in (ansible_out / PACKAGE / "__init__.py").read_text().replace('\\"', '"')) \
+        == writer_process

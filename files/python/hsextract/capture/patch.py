@@ -179,6 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the training-set format; sets the final-norm placement it needs")
     parser.add_argument("--final-hidden", choices=FINAL_HIDDEN_PLACEMENTS,
                         help="final hidden state post- or pre-norm (default: what --format needs, else post_norm)")
+    parser.add_argument("--writer-process", action="store_true",
+                        help="write the staged dumps from a child process of the server's scheduler, not from "
+                             "threads inside it (for short prompts with many requests in flight)")
     parser.add_argument("--package-name", default=DEFAULT_PACKAGE)
     parser.add_argument("--ansible-managed", default=DEFAULT_ANSIBLE_MANAGED)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="only affects the printed flags")
@@ -201,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         format=args.format or "",
         package_name=args.package_name,
         ansible_managed=args.ansible_managed,
+        writer_process=bool(getattr(args, "writer_process", False)),
     )
     launch = server_launch(out, package_name=args.package_name, device=args.device)
     print(json.dumps({"patch_dir": str(out), "package": args.package_name, "architecture": architecture,
