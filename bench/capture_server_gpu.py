@@ -21,7 +21,8 @@ Two optional sides isolate parts of the cost: ``--uncaptured-side`` times the ca
 rids outside its prefix (the same process, without any per-request work of the capture), and
 ``--kept-side`` times capture rounds whose dumps are removed only after the round (without the
 drain's removals beside it). ``--capture-writer-threads`` sets the capture server's writer threads;
-``--capture-writer-process`` makes its capture write from a child process (``writer_process``).
+``--capture-writer-process`` makes its capture write from a child process (``writer_process``), and
+``--writer-process-side`` adds a second capture server that does, timed as one more side.
 
     python3 bench/capture_server_gpu.py --bundle .gpu   # on the GPU host (bench/gpu/build_bundle.py made .gpu)
 
@@ -89,12 +90,18 @@ def server_args(env: gpu_env.GpuEnv) -> tuple[str, ...]:
 
 
 def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int,
-               writer_threads: int = 0, writer_process: bool = False) -> dict[str, ServerHandle]:
-    """Start the plain and the capture server on ``gpu`` (no wait)."""
+               writer_threads: int = 0, writer_process: bool = False,
+               writer_process_server: bool = False) -> dict[str, ServerHandle]:
+    """Start the plain and the capture server on ``gpu`` (no wait); with ``writer_process_server``,
+    a second capture server too, whose capture writes from a child process."""
     args = server_args(env)
-    return {"plain": start(ServerSpec("bench-plain", model, port, (gpu,), False, args), env, work),
-            "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args,
-                                        writer_threads=writer_threads, writer_process=writer_process), env, work)}
+    servers = {"plain": start(ServerSpec("bench-plain", model, port, (gpu,), False, args), env, work),
+               "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args,
+                                           writer_threads=writer_threads, writer_process=writer_process), env, work)}
+    if writer_process_server:
+        servers[WRITER_PROCESS] = start(ServerSpec("bench-capture-wp", model, port + 2, (gpu,), True, args,
+                                                   writer_threads=writer_threads, writer_process=True), env, work)
+    return servers
 
 
 class StagingCounter:
@@ -253,6 +260,15 @@ KEPT = "capture-kept"
 # Compared with "capture", on the same server process, it isolates the per-request cost from
 # everything that differs between two server processes (where the OS placed them, their start).
 UNCAPTURED = "capture-server-uncaptured"
+# A second capture server whose capture writes from a child process (capture config writer_process):
+# compared with "capture", it tells what moving the per-request work out of the scheduler's process buys.
+WRITER_PROCESS = "capture-writer-process"
+CAPTURED_SIDES = ("capture", KEPT, WRITER_PROCESS)
+
+
+def server_of(side: str) -> str:
+    """The server a side's rounds go to."""
+    return side if side in ("plain", WRITER_PROCESS) else "capture"
 
 
 def round_order(sides: tuple[str, ...], r: int) -> tuple[str, ...]:
@@ -266,12 +282,13 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
     """Warm both servers up per case, then alternate timed rounds; fewer requests per round where
     the deadline (time.monotonic) would otherwise be passed. Returns the JSON-ready result."""
     results = []
-    sides = SIDES + ((KEPT,) if kept_side else ()) + ((UNCAPTURED,) if uncaptured_side else ())
+    sides = (SIDES + ((KEPT,) if kept_side else ()) + ((UNCAPTURED,) if uncaptured_side else ())
+             + ((WRITER_PROCESS,) if WRITER_PROCESS in servers else ()))
     for n, case in enumerate(cases):
         warm = make_prompts(case, min(case.requests, max(2 * case.in_flight, 64)), seed=10_000 + n)
         speeds = []
-        for side in SIDES:
-            res = run_round(servers[side], case, warm, side == "capture")
+        for side in [s for s in sides if s in servers]:
+            res = run_round(servers[side], case, warm, side in CAPTURED_SIDES)
             speeds.append(res["tokens_per_s"])
             say(f"warm-up {case.name} {side}: {res}")
         left = deadline - time.monotonic()
@@ -282,15 +299,15 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
         for r in range(rounds):
             prompts = make_prompts(case, requests, seed=r)
             for side in round_order(sides, r):
-                server = servers["plain" if side == "plain" else "capture"]
-                res = run_round(server, case, prompts, side in ("capture", KEPT), remove_during_round=side != KEPT,
+                res = run_round(servers[server_of(side)], case, prompts, side in CAPTURED_SIDES,
+                                remove_during_round=side != KEPT,
                                 rid_prefix="uncaptured" if side == UNCAPTURED else "hsx")
                 rows[side].append(res)
                 say(f"round {r} {case.name} {side}: {res}")
         plain = [x["tokens_per_s"] for x in rows["plain"]]
         capture = [x["tokens_per_s"] for x in rows["capture"]]
         pairs = [c / p for c, p in zip(capture, plain, strict=True)]
-        captured = [x for side in sides if side in ("capture", KEPT) for x in rows[side]]
+        captured = [x for side in sides if side in CAPTURED_SIDES for x in rows[side]]
         dumps_ok = all(x["complete_dumps"] == x["requests"] and x["failure_markers"] == 0 for x in captured)
         result = {
             "case": case.name, "prompt_tokens": case.prompt_tokens, "in_flight": case.in_flight,
@@ -309,6 +326,15 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
             kept = [x["tokens_per_s"] for x in rows[KEPT]]
             result["capture_kept_tokens_per_s"] = _spread(kept)
             result["ratio_kept_of_medians"] = round(statistics.median(kept) / statistics.median(plain), 4)
+        if WRITER_PROCESS in rows:
+            wp = [x["tokens_per_s"] for x in rows[WRITER_PROCESS]]
+            wp_pairs = [w / c for w, c in zip(wp, capture, strict=True)]
+            result["capture_writer_process_tokens_per_s"] = _spread(wp)
+            result["ratio_writer_process_of_medians"] = round(statistics.median(wp) / statistics.median(plain), 4)
+            result["writer_process_over_in_process"] = {
+                "of_medians": round(statistics.median(wp) / statistics.median(capture), 4),
+                "round_pairs": {"median": round(statistics.median(wp_pairs), 4), "min": round(min(wp_pairs), 4),
+                                "max": round(max(wp_pairs), 4)}}
         if uncaptured_side:
             same = [x["tokens_per_s"] for x in rows[UNCAPTURED]]
             same_pairs = [c / u for c, u in zip(capture, same, strict=True)]
@@ -351,6 +377,8 @@ def main() -> int:
     ap.add_argument("--capture-writer-process", action="store_true",
                     help="the capture server writes from a child process (writer_process), not from threads of "
                          "SGLang's scheduler process")
+    ap.add_argument("--writer-process-side", action="store_true",
+                    help="also time a second capture server whose capture writes from a child process")
     ap.add_argument("--uncaptured-side", action="store_true",
                     help="also time the capture server with rids outside its prefix (same process, no capture)")
     ap.add_argument("--kept-side", action="store_true",
@@ -362,7 +390,7 @@ def main() -> int:
            else gpu_env.cpu_env())
     model = args.model or prepare_model(env, args.work, args.gpu)
     servers = start_pair(model, env, args.work, args.gpu, args.port, args.capture_writer_threads,
-                         args.capture_writer_process)
+                         args.capture_writer_process, args.writer_process_side)
     try:
         for s in servers.values():
             wait_healthy(s, 600)
@@ -377,6 +405,9 @@ def main() -> int:
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for c in result["cases"]:
         kept = f", kept until the round ends {c['ratio_kept_of_medians']:.3f}" if "ratio_kept_of_medians" in c else ""
+        if "ratio_writer_process_of_medians" in c:
+            kept += (f"; writer process / plain = {c['ratio_writer_process_of_medians']:.3f}, / in-process "
+                     f"{c['writer_process_over_in_process']['of_medians']:.3f}")
         if "ratio_to_uncaptured_of_medians" in c:
             kept += f"; capture / same server uncaptured = {c['ratio_to_uncaptured_of_medians']:.3f}"
         print(f"{c['case']}: capture / plain = {c['ratio_of_medians']:.3f}{kept}; scheduler's median gap between "

@@ -19,7 +19,7 @@ STANDIN = GPU / "standin"
 sys.path[:0] = [str(GPU), str(REPO / "bench")]
 
 import capture_checks  # noqa: E402
-from capture_server_gpu import StagingCounter, round_order, scheduler_stats  # noqa: E402
+from capture_server_gpu import StagingCounter, round_order, scheduler_stats, server_of  # noqa: E402
 
 
 def _load(name: str, path: Path) -> types.ModuleType:
@@ -185,6 +185,12 @@ def test_scheduler_stats_read_sglangs_prefill_lines_of_a_round():
     assert stats["median_gap_ms"] == round(1000 * 128 / 1100.43, 1)  # 116.3 ms: 104.4, 116.3, 197.9
     assert stats["max_gap_ms"] == round(1000 * 8192 / 41392.10, 1)
     assert scheduler_stats("no prefill here") == {"batches": 0}
+
+
+def test_each_side_is_timed_on_its_server():
+    assert [server_of(side) for side in ("plain", "capture", "capture-kept", "capture-server-uncaptured",
+                                         "capture-writer-process")] == [
+        "plain", "capture", "capture", "capture", "capture-writer-process"]
 
 
 def test_every_side_leads_some_round_and_each_round_times_every_side_once():
