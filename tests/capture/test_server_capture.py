@@ -112,7 +112,9 @@ def test_health_checks_and_foreign_requests_are_never_dumped(llama_server):
     server.generate(prompt(12, seed=3))  # no rid: SGLang makes one up
     server.generate(prompt(12, seed=4), rid=f"other-{secrets.token_hex(4)}-0")
     server.generate(prompt(12, seed=5), rid="hsxfoo-1")  # prefix without the separator
-    time.sleep(1.0)
+    own = fresh_rid(server)
+    server.generate(prompt(12, seed=6), rid=own)
+    wait_done(server.dump_dir, own)  # the writer works in order: the requests before it are handled
     names = [p.name for p in iter_dump_dirs(server.dump_dir)]  # request directories (not _records, _captures)
     strangers = [n for n in names if not n.startswith(f"{server.rid_prefix}-")]
     assert not strangers, f"dumps of requests the client did not send: {strangers}"

@@ -137,7 +137,9 @@ def test_pool_blocks_when_the_byte_budget_is_spent_and_says_so(caplog):
     t = threading.Thread(target=lambda: got.append(pool.acquire(2 << 20)))
     with caplog.at_level(logging.WARNING, logger="hsextract.capture"):
         t.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while pool.blocked_count == 0 and time.monotonic() < deadline:  # until the acquirer waits
+            time.sleep(0.01)
         assert not got, "the pool handed out more than its budget"
         pool.release(a)
         t.join(timeout=5)
