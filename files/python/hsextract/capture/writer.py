@@ -365,7 +365,53 @@ class HostStager:
         return event
 
 
-class CaptureWriter:
+class _BatchQueue:
+    """What both writers do on the forward pass's side: stage a batch, count it outstanding and
+    queue it, or queue its requests' failures, for a dispatcher thread that takes the items one at
+    a time (`_dispatch_one`). ``_cond`` guards ``_outstanding``."""
+
+    _stager: HostStager
+    _jobs: queue.Queue
+    _cond: threading.Condition
+    _outstanding: int
+
+    def submit(
+        self,
+        requests: list[BatchRequest],
+        aux: torch.Tensor | list[torch.Tensor],
+        final: torch.Tensor,
+        input_ids: torch.Tensor,
+        prompt_lens: torch.Tensor | list[int],
+    ) -> None:
+        """Queue one batch's rows (``aux`` packed ``[T, K*H]`` or K tensors ``[T, H]``)."""
+        job = self._stager.stage(requests, aux, final, input_ids, prompt_lens)
+        if job is not None:
+            self._enqueue(job)
+
+    def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
+        """Mark requests of a batch the forward pass could not hand over as failed (from the forward
+        thread: queued behind the batches already submitted, never blocking)."""
+        if requests:
+            self._enqueue(_FailJob([Failure(r.rid, reason, detail) for r in requests]))
+
+    def _enqueue(self, item: _Job | _FailJob) -> None:
+        with self._cond:
+            self._outstanding += 1
+        self._jobs.put(item)
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            self._dispatch_one(item)
+            del item  # not held while waiting for the next: its buffer may be unmapped once released
+
+    def _dispatch_one(self, item) -> None:
+        raise NotImplementedError
+
+
+class CaptureWriter(_BatchQueue):
     """Stages captured batches as per-request files; see the module docstring."""
 
     def __init__(
@@ -398,7 +444,7 @@ class CaptureWriter:
         self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="hsx-write")
         self._marker_shared: str | None = None
         self._outstanding = 0
-        self._idle = threading.Condition()
+        self._cond = threading.Condition()
         self.bytes_written = 0
         self.requests_done = 0
         self.requests_failed = 0
@@ -411,57 +457,22 @@ class CaptureWriter:
     def _complete_dump_staged(self, rid: str) -> bool:
         return os.path.exists(f"{self._root}/{rid}/{DONE_FILE}")
 
-    # ---- forward-pass side -------------------------------------------------------------------
-    def submit(
-        self,
-        requests: list[BatchRequest],
-        aux: torch.Tensor | list[torch.Tensor],
-        final: torch.Tensor,
-        input_ids: torch.Tensor,
-        prompt_lens: torch.Tensor | list[int],
-    ) -> None:
-        """Queue one batch's rows (``aux`` packed ``[T, K*H]`` or K tensors ``[T, H]``)."""
-        job = self._stager.stage(requests, aux, final, input_ids, prompt_lens)
-        if job is None:
-            return
-        with self._idle:
-            self._outstanding += 1
-        self._jobs.put(job)
-
+    # ---- forward-pass side (submit, fail_requests: _BatchQueue) --------------------------------
     def submit_landed(self, requests: list[BatchRequest], buf: torch.Tensor, rows: int, row_bytes: int,
                       ids_offset: int, lens_offset: int, batch_size: int,
                       on_finish: Callable[[_Job], None]) -> None:
         """Queue a batch whose host copy has landed already, in a buffer that is not this writer's
         (the writer process's, or the parent's after that process died); ``on_finish(job)`` is
         called once it is written, in place of giving the buffer back to this writer's pool."""
-        job = _Job(list(requests), buf, None, rows, row_bytes, ids_offset, lens_offset, batch_size,
-                   lock=threading.Lock(), on_finish=on_finish)
-        with self._idle:
-            self._outstanding += 1
-        self._jobs.put(job)
-
-    def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
-        """Mark requests of a batch the forward pass could not hand over as failed (from the forward
-        thread: queued behind the batches already submitted, never blocking)."""
-        self.fail([Failure(r.rid, reason, detail) for r in requests])
+        self._enqueue(_Job(list(requests), buf, None, rows, row_bytes, ids_offset, lens_offset, batch_size,
+                           lock=threading.Lock(), on_finish=on_finish))
 
     def fail(self, failures: list[Failure]) -> None:
         """Queue requests to be marked failed, in order with the batches around them (never blocks)."""
-        if not failures:
-            return
-        with self._idle:
-            self._outstanding += 1
-        self._jobs.put(_FailJob(list(failures)))
+        if failures:
+            self._enqueue(_FailJob(list(failures)))
 
-    # ---- writer side -------------------------------------------------------------------------
-    def _dispatch_loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            self._dispatch_one(job)
-            del job  # not held while waiting for the next: its buffer may be unmapped once released
-
+    # ---- writer side (the dispatcher thread: _BatchQueue._dispatch_loop) ----------------------
     def _dispatch_one(self, job: _Job | _FailJob) -> None:
         if isinstance(job, _FailJob):
             self._fail_requests_now(job.failures)
@@ -746,20 +757,20 @@ class CaptureWriter:
         self._job_done()
 
     def _job_done(self) -> None:
-        with self._idle:
+        with self._cond:
             self._outstanding -= 1
-            self._idle.notify_all()
+            self._cond.notify_all()
 
     # ---- control -----------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted batch is written (or failed); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
+        with self._cond:
             while self._outstanding:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._idle.wait(timeout=left)
+                self._cond.wait(timeout=left)
         return True
 
     def close(self, timeout: float | None = 60) -> None:

@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from hsextract.capture.core import BatchRequest, CaptureSettings, Failure
-from hsextract.capture.writer import CaptureWriter, HostBufferPool, HostStager, _FailJob, _Job
+from hsextract.capture.writer import CaptureWriter, HostBufferPool, HostStager, _BatchQueue, _FailJob, _Job
 from hsextract.staging import CAPTURE_QUEUE_ERROR, CAPTURE_WRITER_DIED, DONE_FILE
 
 log = logging.getLogger("hsextract.capture")
@@ -261,7 +261,7 @@ def _spawn(child_sock: socket.socket) -> subprocess.Popen:
                             pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
 
 
-class ProcessCaptureWriter:
+class ProcessCaptureWriter(_BatchQueue):
     """`CaptureWriter`'s interface (``submit``, ``fail_requests``, ``flush``, ``close``), with the
     writing done by a child process; see the module docstring."""
 
@@ -312,31 +312,7 @@ class ProcessCaptureWriter:
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
         self._dispatcher.start()
 
-    # ---- forward-pass side ---------------------------------------------------------------------
-    def submit(
-        self,
-        requests: list[BatchRequest],
-        aux: torch.Tensor | list[torch.Tensor],
-        final: torch.Tensor,
-        input_ids: torch.Tensor,
-        prompt_lens: torch.Tensor | list[int],
-    ) -> None:
-        """Queue one batch's rows, as `CaptureWriter.submit` does."""
-        job = self._stager.stage(requests, aux, final, input_ids, prompt_lens)
-        if job is None:
-            return
-        with self._cond:
-            self._outstanding += 1
-        self._jobs.put(job)
-
-    def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
-        """Mark requests the forward pass could not hand over as failed (queued, never blocking)."""
-        if not requests:
-            return
-        with self._cond:
-            self._outstanding += 1
-        self._jobs.put(_FailJob([Failure(r.rid, reason, detail) for r in requests]))
-
+    # ---- forward-pass side: submit, fail_requests (_BatchQueue) ------------------------------
     @property
     def in_flight_batches(self) -> int:
         """Batches the child has been sent and has not released."""
@@ -349,15 +325,7 @@ class ProcessCaptureWriter:
         with self._cond:
             return self._dead and self._fallback is not None
 
-    # ---- dispatcher: one message per batch -----------------------------------------------------
-    def _dispatch_loop(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            self._dispatch_one(item)
-            del item  # not held while waiting for the next: its buffer may be unmapped once released
-
+    # ---- dispatcher (_BatchQueue._dispatch_loop): one message per batch ----------------------
     def _dispatch_one(self, item: _Job | _FailJob | _Flush) -> None:
         try:
             if isinstance(item, _Job):
