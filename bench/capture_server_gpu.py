@@ -21,8 +21,9 @@ Two optional sides isolate parts of the cost: ``--uncaptured-side`` times the ca
 rids outside its prefix (the same process, without any per-request work of the capture), and
 ``--kept-side`` times capture rounds whose dumps are removed only after the round (without the
 drain's removals beside it). ``--capture-writer-threads`` sets the capture server's writer threads;
-``--capture-writer-process`` makes its capture write from a child process (``writer_process``), and
-``--writer-process-side`` adds a second capture server that does, timed as one more side.
+the capture server writes as the project does by default, from a child process (``writer_process``);
+``--capture-in-process-writer`` makes it write from threads of the scheduler's process instead, and
+``--other-writer-side`` adds a second capture server that writes the other way, timed as one more side.
 
     python3 bench/capture_server_gpu.py --bundle .gpu   # on the GPU host (bench/gpu/build_bundle.py made .gpu)
 
@@ -53,6 +54,7 @@ sys.path[:0] = [str(REPO / "bench" / "gpu"), str(REPO / "files" / "python")]
 import gpu_env  # noqa: E402
 from gpu_server import ServerHandle, ServerSpec, start, wait_healthy  # noqa: E402
 from hsextract import staging  # noqa: E402
+from hsextract.capture.config import WRITER_PROCESS_DEFAULT  # noqa: E402
 from hsextract.staging import DONE_FILE, STATES_FILE, iter_dump_dirs  # noqa: E402
 
 FAILED_FILE = getattr(staging, "FAILED_FILE", "failed.json")
@@ -90,17 +92,19 @@ def server_args(env: gpu_env.GpuEnv) -> tuple[str, ...]:
 
 
 def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int,
-               writer_threads: int = 0, writer_process: bool = False,
-               writer_process_server: bool = False) -> dict[str, ServerHandle]:
-    """Start the plain and the capture server on ``gpu`` (no wait); with ``writer_process_server``,
-    a second capture server too, whose capture writes from a child process."""
+               writer_threads: int = 0, writer_process: bool = WRITER_PROCESS_DEFAULT,
+               other_writer_server: bool = False) -> dict[str, ServerHandle]:
+    """Start the plain and the capture server on ``gpu`` (no wait); with ``other_writer_server``,
+    a second capture server too, whose capture writes the other way (in-process if ``writer_process``,
+    else from a child process)."""
     args = server_args(env)
     servers = {"plain": start(ServerSpec("bench-plain", model, port, (gpu,), False, args), env, work),
                "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args,
                                            writer_threads=writer_threads, writer_process=writer_process), env, work)}
-    if writer_process_server:
-        servers[WRITER_PROCESS] = start(ServerSpec("bench-capture-wp", model, port + 2, (gpu,), True, args,
-                                                   writer_threads=writer_threads, writer_process=True), env, work)
+    if other_writer_server:
+        servers[OTHER_WRITER] = start(ServerSpec("bench-capture-other-writer", model, port + 2, (gpu,), True, args,
+                                                 writer_threads=writer_threads, writer_process=not writer_process),
+                                      env, work)
     return servers
 
 
@@ -260,15 +264,15 @@ KEPT = "capture-kept"
 # Compared with "capture", on the same server process, it isolates the per-request cost from
 # everything that differs between two server processes (where the OS placed them, their start).
 UNCAPTURED = "capture-server-uncaptured"
-# A second capture server whose capture writes from a child process (capture config writer_process):
-# compared with "capture", it tells what moving the per-request work out of the scheduler's process buys.
-WRITER_PROCESS = "capture-writer-process"
-CAPTURED_SIDES = ("capture", KEPT, WRITER_PROCESS)
+# A second capture server whose capture writes the other way (capture config writer_process): compared
+# with "capture", it tells what moving the per-request work out of the scheduler's process buys.
+OTHER_WRITER = "capture-other-writer"
+CAPTURED_SIDES = ("capture", KEPT, OTHER_WRITER)
 
 
 def server_of(side: str) -> str:
     """The server a side's rounds go to."""
-    return side if side in ("plain", WRITER_PROCESS) else "capture"
+    return side if side in ("plain", OTHER_WRITER) else "capture"
 
 
 def round_order(sides: tuple[str, ...], r: int) -> tuple[str, ...]:
@@ -283,7 +287,7 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
     the deadline (time.monotonic) would otherwise be passed. Returns the JSON-ready result."""
     results = []
     sides = (SIDES + ((KEPT,) if kept_side else ()) + ((UNCAPTURED,) if uncaptured_side else ())
-             + ((WRITER_PROCESS,) if WRITER_PROCESS in servers else ()))
+             + ((OTHER_WRITER,) if OTHER_WRITER in servers else ()))
     for n, case in enumerate(cases):
         warm = make_prompts(case, min(case.requests, max(2 * case.in_flight, 64)), seed=10_000 + n)
         speeds = []
@@ -326,15 +330,15 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
             kept = [x["tokens_per_s"] for x in rows[KEPT]]
             result["capture_kept_tokens_per_s"] = _spread(kept)
             result["ratio_kept_of_medians"] = round(statistics.median(kept) / statistics.median(plain), 4)
-        if WRITER_PROCESS in rows:
-            wp = [x["tokens_per_s"] for x in rows[WRITER_PROCESS]]
-            wp_pairs = [w / c for w, c in zip(wp, capture, strict=True)]
-            result["capture_writer_process_tokens_per_s"] = _spread(wp)
-            result["ratio_writer_process_of_medians"] = round(statistics.median(wp) / statistics.median(plain), 4)
-            result["writer_process_over_in_process"] = {
-                "of_medians": round(statistics.median(wp) / statistics.median(capture), 4),
-                "round_pairs": {"median": round(statistics.median(wp_pairs), 4), "min": round(min(wp_pairs), 4),
-                                "max": round(max(wp_pairs), 4)}}
+        if OTHER_WRITER in rows:
+            other = [x["tokens_per_s"] for x in rows[OTHER_WRITER]]
+            other_pairs = [o / c for o, c in zip(other, capture, strict=True)]
+            result["capture_other_writer_tokens_per_s"] = _spread(other)
+            result["ratio_other_writer_of_medians"] = round(statistics.median(other) / statistics.median(plain), 4)
+            result["other_writer_over_capture"] = {
+                "of_medians": round(statistics.median(other) / statistics.median(capture), 4),
+                "round_pairs": {"median": round(statistics.median(other_pairs), 4),
+                                "min": round(min(other_pairs), 4), "max": round(max(other_pairs), 4)}}
         if uncaptured_side:
             same = [x["tokens_per_s"] for x in rows[UNCAPTURED]]
             same_pairs = [c / u for c, u in zip(capture, same, strict=True)]
@@ -374,11 +378,11 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "capture_server_gpu.json")
     ap.add_argument("--capture-writer-threads", type=int, default=0,
                     help="the capture server's writer threads (default: the capture's own, 8 on a GPU)")
-    ap.add_argument("--capture-writer-process", action="store_true",
-                    help="the capture server writes from a child process (writer_process), not from threads of "
-                         "SGLang's scheduler process")
-    ap.add_argument("--writer-process-side", action="store_true",
-                    help="also time a second capture server whose capture writes from a child process")
+    ap.add_argument("--capture-in-process-writer", action="store_true",
+                    help="the capture server writes from threads of SGLang's scheduler process, not from a child "
+                         "process (writer_process, the default)")
+    ap.add_argument("--other-writer-side", action="store_true",
+                    help="also time a second capture server whose capture writes the other way")
     ap.add_argument("--uncaptured-side", action="store_true",
                     help="also time the capture server with rids outside its prefix (same process, no capture)")
     ap.add_argument("--kept-side", action="store_true",
@@ -390,7 +394,7 @@ def main() -> int:
            else gpu_env.cpu_env())
     model = args.model or prepare_model(env, args.work, args.gpu)
     servers = start_pair(model, env, args.work, args.gpu, args.port, args.capture_writer_threads,
-                         args.capture_writer_process, args.writer_process_side)
+                         not args.capture_in_process_writer, args.other_writer_side)
     try:
         for s in servers.values():
             wait_healthy(s, 600)
@@ -400,14 +404,14 @@ def main() -> int:
         for s in servers.values():
             s.stop()
     result.update(describe(env, model), capture_writer_threads=args.capture_writer_threads or "default",
-                  capture_writer_process=args.capture_writer_process)
+                  capture_writer_process=not args.capture_in_process_writer)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for c in result["cases"]:
         kept = f", kept until the round ends {c['ratio_kept_of_medians']:.3f}" if "ratio_kept_of_medians" in c else ""
-        if "ratio_writer_process_of_medians" in c:
-            kept += (f"; writer process / plain = {c['ratio_writer_process_of_medians']:.3f}, / in-process "
-                     f"{c['writer_process_over_in_process']['of_medians']:.3f}")
+        if "ratio_other_writer_of_medians" in c:
+            kept += (f"; other writer / plain = {c['ratio_other_writer_of_medians']:.3f}, / capture "
+                     f"{c['other_writer_over_capture']['of_medians']:.3f}")
         if "ratio_to_uncaptured_of_medians" in c:
             kept += f"; capture / same server uncaptured = {c['ratio_to_uncaptured_of_medians']:.3f}"
         print(f"{c['case']}: capture / plain = {c['ratio_of_medians']:.3f}{kept}; scheduler's median gap between "

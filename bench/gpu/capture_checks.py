@@ -50,6 +50,7 @@ import torch
 from gpu_env import PACKAGE_DIR, GpuEnv
 from gpu_server import ServerHandle, ServerSpec, ServerStartError, dump_dir_for, log_tail, start, wait_healthy
 from hsextract import staging
+from hsextract.capture.config import WRITER_PROCESS_DEFAULT
 from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
 from support.hf_reference import (
     MEDIAN_TOKEN_BOUND,
@@ -90,7 +91,8 @@ class CheckConfig:
     reference: str | None = None  # the configuration whose rows these must equal
     decode_graphs: bool = True
     graph_fallback: bool = False  # retry with decode graphs off if the server cannot start with them
-    writer_process: bool = False  # the capture's writer in a child process (capture config writer_process)
+    # The capture's writer in a child process (capture config writer_process, the default); False: threads.
+    writer_process: bool = WRITER_PROCESS_DEFAULT
 
 
 TP2 = ("--tp", "2", "--disable-custom-all-reduce")  # the custom all-reduce is in the real sgl_kernel
@@ -102,9 +104,10 @@ def gpu_configs(gpus: int) -> list[CheckConfig]:
     configs = [
         CheckConfig("llama-tp1", "llama", (0,)),
         CheckConfig("dsv3-tp1", "dsv3-gpu", (min(1, gpus - 1),), graph_fallback=True),
-        # The same Llama with the writer in a child process: its dumps must equal the in-process ones.
-        CheckConfig("llama-tp1-writer-process", "llama", (min(1, gpus - 1),), reference="llama-tp1",
-                    writer_process=True),
+        # The same Llama with the other writer (threads of the scheduler's process): its dumps must
+        # equal those written from the default writer process.
+        CheckConfig("llama-tp1-in-process-writer", "llama", (min(1, gpus - 1),), reference="llama-tp1",
+                    writer_process=not WRITER_PROCESS_DEFAULT),
     ]
     if gpus >= 2:
         configs += [

@@ -18,6 +18,7 @@ from gpu_env import REPO, GpuEnv
 
 sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
+from hsextract.capture.config import WRITER_PROCESS_DEFAULT  # noqa: E402
 from hsextract.capture.patch import DEFAULT_PACKAGE, render_patch, server_launch  # noqa: E402
 from hsextract.model_info import read_model_info  # noqa: E402
 from support.sglang_server import ServerHandle, ServerStartError, log_tail, wait_healthy  # noqa: E402
@@ -48,7 +49,8 @@ class ServerSpec:
     # server unit's generation profile (roles/sglang_server).
     profile: str = "capture"
     writer_threads: int = 0  # the capture's writer threads (0: its default)
-    writer_process: bool = False  # the capture writes from a child process (hsextract.capture.writer_process)
+    # The capture writes from a child process (hsextract.capture.writer_process); False: from threads.
+    writer_process: bool = WRITER_PROCESS_DEFAULT
 
 
 def render_capture_patch(spec: ServerSpec, out: Path) -> Path:

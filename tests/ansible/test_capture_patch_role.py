@@ -94,11 +94,12 @@ def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model, writer_proce
         [sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(cli_out), "--model-path", str(model),
          "--aux-layer-ids", "1,3,4", "--dump-dir", "/dev/shm/hsextract", "--final-hidden", "pre_norm",
          "--format", "speculators",
-         "--ansible-managed", "Ansible managed", *(["--writer-process"] if writer_process else [])],
+         "--ansible-managed", "Ansible managed", *([] if writer_process else ["--no-writer-process"])],
         env={**os.environ, "PYTHONPATH": str(REPO / "files" / "python")}, capture_output=True, text=True,
     )
     assert cli.returncode == 0, cli.stderr
     for name in ("__init__.py", "model.py"):
         assert (ansible_out / PACKAGE / name).read_text() == (cli_out / PACKAGE / name).read_text(), name
-    assert ('"writer_process": true' in (ansible_out / PACKAGE / "__init__.py").read_text().replace('\\"', '"')) \
-        == writer_process
+    # On by default: only the in-process writer is spelled out in the package.
+    assert ('"writer_process": false' in (ansible_out / PACKAGE / "__init__.py").read_text().replace('\\"', '"')) \
+        == (not writer_process)

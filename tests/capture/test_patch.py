@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import json
@@ -139,26 +140,42 @@ def _rendered_config(out: Path) -> dict:
     return namespace["CONFIG"]
 
 
-def test_writer_process_is_rendered_only_when_on_so_a_default_patch_keeps_its_bytes(tmp_path):
+def test_writer_process_is_on_by_default_and_rendered_only_when_off_so_a_default_patch_keeps_its_bytes(tmp_path):
     from hsextract.capture.config import CaptureConfig
 
     default = render_patch(tmp_path / "default", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d")
-    off = render_patch(tmp_path / "off", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d",
-                       writer_process=False)
     on = render_patch(tmp_path / "on", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d",
                       writer_process=True)
+    off = render_patch(tmp_path / "off", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d",
+                       writer_process=False)
     assert "writer_process" not in _rendered_config(default)
-    assert (off / "hsextract_capture_patch" / "__init__.py").read_bytes() == \
+    assert (on / "hsextract_capture_patch" / "__init__.py").read_bytes() == \
         (default / "hsextract_capture_patch" / "__init__.py").read_bytes()
-    assert _rendered_config(on)["writer_process"] is True
-    assert CaptureConfig.from_dict(_rendered_config(on)).writer_process is True
-    assert CaptureConfig.from_dict(_rendered_config(default)).writer_process is False
+    assert _rendered_config(off)["writer_process"] is False
+    assert CaptureConfig.from_dict(_rendered_config(off)).writer_process is False
+    assert CaptureConfig.from_dict(_rendered_config(default)).writer_process is True
+
+
+def test_the_cli_writes_from_a_writer_process_unless_told_no_writer_process(tmp_path, capsys):
+    from hsextract.capture.patch import add_arguments, run
+
+    def rendered(*flags: str) -> dict:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        out = tmp_path / str(len(flags))
+        run(parser.parse_args(["--out-dir", str(out), "--model", "/m", "--dump-dir", "/d",
+                               "--architecture", "LlamaForCausalLM", *flags]))
+        return _rendered_config(out)
+
+    assert "writer_process" not in rendered()
+    assert rendered("--no-writer-process")["writer_process"] is False
+    assert "writer_process" not in rendered("--writer-process")
 
 
 @pytest.mark.parametrize(("text", "value"), [("True", True), ("true", True), ("1", True), ("yes", True),
-                                             ("False", False), ("false", False), ("0", False), ("", False),
-                                             ("None", False), (1, True), (0, False), (None, False)])
-def test_writer_process_given_as_text_is_normalised(text, value):
+                                             ("False", False), ("false", False), ("0", False), ("", True),
+                                             ("None", True), (1, True), (0, False), (None, True)])
+def test_writer_process_given_as_text_is_normalised_and_unset_is_the_default(text, value):
     from hsextract.capture.config import CaptureConfig
 
     assert CaptureConfig("LlamaForCausalLM", "/m", "/d", writer_process=text).writer_process is value

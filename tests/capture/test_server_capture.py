@@ -281,10 +281,21 @@ def test_a_sample_resent_after_its_dump_was_drained_is_captured_again(llama_serv
 
 @pytest.fixture(scope="module")
 def writer_process_server(request, tmp_path_factory, tiny_llama, free_port):
-    """A Llama server whose capture writes from a child process (``writer_process``)."""
+    """A Llama server whose capture writes from a child process (``writer_process``, the default), of
+    its own: the test that kills its writer process leaves it writing in-process."""
     base = tmp_path_factory.mktemp("writer-process")
     handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
                           capture_extra={"pool_granularity_bytes": 1024}, writer_process=True)
+    request.addfinalizer(handle.stop)
+    return handle
+
+
+@pytest.fixture(scope="module")
+def in_process_writer_server(request, tmp_path_factory, tiny_llama, free_port):
+    """A Llama server whose capture writes from threads of the scheduler's process (writer_process off)."""
+    base = tmp_path_factory.mktemp("in-process-writer")
+    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
+                          capture_extra={"pool_granularity_bytes": 1024}, writer_process=False)
     request.addfinalizer(handle.stop)
     return handle
 
@@ -296,12 +307,11 @@ def writer_processes(server) -> list[psutil.Process]:
             if "hsextract.capture.writer_process" in " ".join(p.cmdline())]
 
 
-def test_a_server_writing_from_a_writer_process_stages_the_same_exact_dumps(writer_process_server):
-    server = writer_process_server
-    assert len(writer_processes(server)) == 1, "the scheduler runs one writer process"
-    assert "through a writer process" in server.log_path.read_text(errors="replace")
+def stages_exact_dumps_of_concurrent_prompts(server, seed: int) -> None:
+    """Six concurrent prompts, one longer than two chunks: each dump equals transformers' states,
+    passes the self-check, and the long one is stitched from its chunks in order."""
     run = secrets.token_hex(4)
-    prompts = {f"hsx-{run}-{i}": prompt(n, seed=60 + i) for i, n in enumerate((7, 23, 40, 16, 33, 2))}
+    prompts = {f"hsx-{run}-{i}": prompt(n, seed=seed + i) for i, n in enumerate((7, 23, 40, 16, 33, 2))}
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         tokens = dict(zip(prompts, pool.map(lambda item: server.generate(item[1], rid=item[0])["output_ids"][0],
                                             prompts.items()), strict=True))
@@ -313,6 +323,20 @@ def test_a_server_writing_from_a_writer_process_stages_the_same_exact_dumps(writ
     chunks = read_done_marker(rid_dir(server.dump_dir, f"hsx-{run}-2")).chunks
     assert len(chunks) >= 3 and [c[0] for c in chunks] == [sum(n for _, n in chunks[:i]) for i in range(len(chunks))]
     assert sum(n for _, n in chunks) == 40, chunks
+
+
+def test_a_server_writing_from_a_writer_process_stages_exact_dumps(writer_process_server):
+    server = writer_process_server
+    assert len(writer_processes(server)) == 1, "the scheduler runs one writer process"
+    assert "through a writer process" in server.log_path.read_text(errors="replace")
+    stages_exact_dumps_of_concurrent_prompts(server, seed=60)
+
+
+def test_a_server_writing_from_its_own_threads_stages_exact_dumps(in_process_writer_server):
+    server = in_process_writer_server
+    assert writer_processes(server) == [], "writer_process off: no writer process"
+    assert "through a writer process" not in server.log_path.read_text(errors="replace")
+    stages_exact_dumps_of_concurrent_prompts(server, seed=80)
 
 
 def test_a_server_whose_writer_process_is_killed_goes_on_capturing_in_process(writer_process_server):

@@ -121,7 +121,7 @@ def test_a_capture_server_spec_renders_its_writer_mode_into_the_patch(tmp_path, 
     namespace: dict = {}
     exec(init, namespace)
     assert namespace["CONFIG"]["writer_threads"] == 3
-    assert namespace["CONFIG"].get("writer_process", False) is writer_process
+    assert namespace["CONFIG"].get("writer_process", True) is writer_process
 
 
 def test_staging_counter_counts_this_rounds_dumps_and_failure_markers(tmp_path):
@@ -189,8 +189,8 @@ def test_scheduler_stats_read_sglangs_prefill_lines_of_a_round():
 
 def test_each_side_is_timed_on_its_server():
     assert [server_of(side) for side in ("plain", "capture", "capture-kept", "capture-server-uncaptured",
-                                         "capture-writer-process")] == [
-        "plain", "capture", "capture", "capture", "capture-writer-process"]
+                                         "capture-other-writer")] == [
+        "plain", "capture", "capture", "capture", "capture-other-writer"]
 
 
 def test_every_side_leads_some_round_and_each_round_times_every_side_once():
@@ -233,9 +233,11 @@ def test_every_gpu_configuration_splits_its_model_whole_and_names_a_reference_of
 
 
 @pytest.mark.parametrize("gpus", [1, 2])
-def test_every_gpu_machine_checks_the_writer_process_rows_against_the_in_process_ones(gpus):
-    [cfg] = [c for c in capture_checks.gpu_configs(gpus) if c.writer_process]
+def test_every_gpu_machine_checks_the_in_process_writers_rows_against_the_default_writer_process(gpus):
+    configs = capture_checks.gpu_configs(gpus)
+    [cfg] = [c for c in configs if not c.writer_process]
     assert cfg.reference == "llama-tp1" and cfg.kind == "llama"
+    assert next(c for c in configs if c.name == "llama-tp1").writer_process
 
 
 def test_eight_gpus_add_tp8_alone_and_with_dp_attention_8_and_4():

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 import requests
+from hsextract.capture.config import WRITER_PROCESS_DEFAULT
 from hsextract.capture.patch import DEFAULT_PACKAGE, render_patch, server_launch
 from hsextract.model_info import read_model_info
 
@@ -170,7 +171,7 @@ def start_server(
     capture_extra: dict[str, int] | None = None,
     check_layers: bool = True,
     radix_cache: bool = False,
-    writer_process: bool = False,
+    writer_process: bool = WRITER_PROCESS_DEFAULT,
 ) -> ServerHandle:
     """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
 

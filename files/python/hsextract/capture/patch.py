@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.capture.config import CaptureConfig
+from hsextract.capture.config import WRITER_PROCESS_DEFAULT, CaptureConfig
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FINAL_HIDDEN_PLACEMENTS, FORMAT_NAMES, final_hidden_for
@@ -65,7 +65,7 @@ def render_patch(
     ansible_managed: str = DEFAULT_ANSIBLE_MANAGED,
     writer_threads: int = 0,
     max_bytes_in_flight: int = 0,
-    writer_process: bool = False,
+    writer_process: bool = WRITER_PROCESS_DEFAULT,
     extra: dict[str, int] | None = None,
     check_layers: bool = True,
 ) -> Path:
@@ -76,9 +76,9 @@ def render_patch(
     layer ids are checked against the model's depth when its config.json is at hand, so a bad
     id fails here and not only when the server starts (``check_layers=False`` leaves it to the
     server, as a patch rendered without the model at hand would). ``final_hidden`` follows
-    ``format`` when not given (post-norm when neither is). ``writer_process`` moves the capture's
-    writing to a child process (`hsextract.capture.writer_process`); off, the package is rendered
-    exactly as without the setting.
+    ``format`` when not given (post-norm when neither is). ``writer_process`` (on by default) writes
+    the dumps from a child process (`hsextract.capture.writer_process`); off, from threads of the
+    scheduler's process. At its default, the package is rendered exactly as without the setting.
     """
     import jinja2
 
@@ -179,9 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the training-set format; sets the final-norm placement it needs")
     parser.add_argument("--final-hidden", choices=FINAL_HIDDEN_PLACEMENTS,
                         help="final hidden state post- or pre-norm (default: what --format needs, else post_norm)")
-    parser.add_argument("--writer-process", action="store_true",
-                        help="write the staged dumps from a child process of the server's scheduler, not from "
-                             "threads inside it (for short prompts with many requests in flight)")
+    parser.add_argument("--writer-process", action=argparse.BooleanOptionalAction, default=WRITER_PROCESS_DEFAULT,
+                        help="write the staged dumps from a child process of the server's scheduler (the "
+                             "default); --no-writer-process: from threads inside it")
     parser.add_argument("--package-name", default=DEFAULT_PACKAGE)
     parser.add_argument("--ansible-managed", default=DEFAULT_ANSIBLE_MANAGED)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="only affects the printed flags")
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         format=args.format or "",
         package_name=args.package_name,
         ansible_managed=args.ansible_managed,
-        writer_process=bool(getattr(args, "writer_process", False)),
+        writer_process=bool(getattr(args, "writer_process", WRITER_PROCESS_DEFAULT)),
     )
     launch = server_launch(out, package_name=args.package_name, device=args.device)
     print(json.dumps({"patch_dir": str(out), "package": args.package_name, "architecture": architecture,
