@@ -60,3 +60,22 @@ def test_staged_dumps_at_the_limit_pause_until_the_drain_catches_up(tmp_path):
     assert "drain is behind" in bp.reason(inflight_requests=1)
     (tmp_path / "hsx-0123abcd-0").rmdir()
     assert bp.reason(inflight_requests=1) is None
+
+
+def test_the_status_counts_a_pause_under_way_and_the_summary_every_pause(monkeypatch):
+    from hsextract.client import progress
+
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    stats = progress.RunStats()
+    stats.pause_begins("staging below the watermark")
+    now[0] += 4.0
+    stats.pause_begins("staging below the watermark")  # the loop looks again: the same pause goes on
+    assert stats.snapshot()["state"] == "paused" and stats.snapshot()["paused_s"] == 4.0
+    stats.pause_ends()
+    now[0] += 10.0
+    stats.pause_begins("too many staged dumps")
+    now[0] += 1.5
+    assert stats.snapshot()["paused_s"] == 5.5
+    stats.pause_ends()
+    assert stats.summary()["paused_s"] == 5.5 and stats.snapshot()["paused_reason"] is None

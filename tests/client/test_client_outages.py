@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -104,8 +103,9 @@ def test_nearly_full_dump_filesystem_pauses_the_client_and_the_run_completes(own
         assert "watermark" in status["paused_reason"] and str(own_server.dump) in status["paused_reason"]
         held = wait_for(lambda: (s := client_status(out)).get("in_flight") == 0 and s, 120,
                         "the requests in flight to be answered", logs / "client.log")
-        time.sleep(3)
-        again = client_status(out)
+        # Paused for 3 s by the client's own account: its watermark loop has looked again six times.
+        again = wait_for(lambda: (s := client_status(out)).get("paused_s", 0) >= 3 and s, 60,
+                         "the client to have been paused for 3 s", logs / "client.log")
         assert client.poll() is None, "the client must wait, not exit"
         assert again["state"] == "paused" and again["failed"] == 0
         assert again["sent"] == held["sent"] < len(exp.samples), "nothing is sent while paused"

@@ -121,12 +121,27 @@ def test_the_client_summary_is_awaited_before_exit_when_done(tmp_path):
     dump, out = tmp_path / "dump", tmp_path / "out"
     stage_sample(dump, load_or_create_run_id(out), 0)
     d = Drainer(_cfg(dump, out))
+    asked = threading.Semaphore(0)
+    client_finished = d._client_finished
+
+    def counted() -> bool:
+        answer = client_finished()
+        asked.release()
+        return answer
+
+    d._client_finished = counted
     t = threading.Thread(target=d.run)
     t.start()
     try:
-        time.sleep(1.5)
+        deadline = time.monotonic() + 60
+        while [e.dataset_index for e in iter_entries(out)] != [0]:
+            assert time.monotonic() < deadline, "the staged sample was never written"
+            time.sleep(0.05)
+        while asked.acquire(blocking=False):  # asked before the sample was in: not the state meant
+            pass
+        for _ in range(3):  # with its sample written, the drain asked three more times and was told no
+            assert asked.acquire(timeout=60), "the drain never asked whether the client had finished"
         assert t.is_alive(), "exited before the client said it had finished"
-        assert [e.dataset_index for e in iter_entries(out)] == [0]
         finish_client(out, 1)
         t.join(10)
         assert not t.is_alive()

@@ -44,7 +44,8 @@ class RunStats:
     in_flight: int = 0
     in_flight_tokens: int = 0
     paused_reason: str | None = None
-    paused_s: float = 0.0
+    paused_s: float = 0.0  # pauses that have ended
+    paused_since: float | None = None  # time.monotonic() of the pause under way, if one is
     state: str = "running"
     error: str = ""
     started: float = field(default_factory=time.monotonic)
@@ -56,6 +57,24 @@ class RunStats:
     def done(self) -> int:
         """Samples that need nothing more from this run."""
         return self.ok + self.skipped + sum(self.failed.values()) + sum(self.rejected.values())
+
+    def pause_begins(self, reason: str) -> None:
+        """A pause for ``reason`` starts now, or goes on (its reason may change)."""
+        if self.paused_since is None:
+            self.paused_since = time.monotonic()
+        self.paused_reason = reason
+
+    def pause_ends(self) -> None:
+        if self.paused_since is not None:
+            self.paused_s += time.monotonic() - self.paused_since
+            self.paused_since = None
+        self.paused_reason = None
+
+    @property
+    def paused_total_s(self) -> float:
+        """Seconds paused so far, the pause under way included: the status shows a pause growing."""
+        since = self.paused_since
+        return self.paused_s + (time.monotonic() - since if since is not None else 0.0)
 
     def record_ok(self, tokens: int) -> None:
         with self.lock:
@@ -96,7 +115,7 @@ class RunStats:
             "tokens_per_s": round(tok_s, 1),
             "eta_s": None if eta is None else round(eta, 1),
             "paused_reason": self.paused_reason,
-            "paused_s": round(self.paused_s, 1),
+            "paused_s": round(self.paused_total_s, 1),
             "error": self.error,
             "pid": os.getpid(),
             "started_at": self.started_at,
@@ -117,7 +136,7 @@ class RunStats:
             "retried": dict(self.retried),
             "tokens": self.tokens,
             "wall_s": round(time.monotonic() - self.started, 2),
-            "paused_s": round(self.paused_s, 1),
+            "paused_s": round(self.paused_total_s, 1),
             "finished_at": time.time(),
         }
 

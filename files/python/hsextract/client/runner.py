@@ -271,19 +271,17 @@ class ExtractRun:
                 self.stats.paused_reason = down_reason
         if down_reason is not None and self.stats.paused_reason == down_reason:
             self.stats.paused_reason = None
-        paused_at = None
+        paused = False
         while not self.stop.is_set():
             st = self.stats
             reason = bp.reason(st.in_flight, st.in_flight_tokens, n_tokens)
             if reason is None:
                 break
-            if paused_at is None:
-                paused_at = time.monotonic()
-            st.paused_reason = reason
+            paused = True
+            st.pause_begins(reason)
             self.stop.wait(0.5)
-        if paused_at is not None:
-            self.stats.paused_s += time.monotonic() - paused_at
-            self.stats.paused_reason = None
+        if paused:
+            self.stats.pause_ends()
         if self.stop.is_set():
             self._slots.release()
             return False
