@@ -17,7 +17,7 @@ import pytest
 import requests
 import torch
 from hsextract.capture.selfcheck import check_dump
-from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
+from hsextract.staging import DONE_FILE, STATES_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
 from support.hf_reference import reference, row_problems
 from support.sglang_server import start_server
 
@@ -354,3 +354,36 @@ def test_a_server_whose_writer_process_is_killed_goes_on_capturing_in_process(wr
     server.generate(ids, rid=rid)
     check_against_hf(server, rid, ids)
     assert server.alive()
+
+
+@pytest.fixture(scope="module")
+def dp2_server(request, tmp_path_factory, tiny_llama, free_port):
+    """A Llama server with two data-parallel replicas (`--dp 2`): two scheduler processes, each with
+    its own capture and writer process (SGLang wants one CPU core named per rank on a CPU host)."""
+    base = tmp_path_factory.mktemp("dp2")
+    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
+                          extra_args=["--dp", "2"], env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    request.addfinalizer(handle.stop)
+    return handle
+
+
+def test_each_data_parallel_replica_writes_its_own_requests_through_its_own_writer_process(dp2_server):
+    server = dp2_server
+    writers = writer_processes(server)
+    assert sorted(w.parent().name() for w in writers) == ["sglang::scheduler_DP0", "sglang::scheduler_DP1"]
+    written_before = {w.pid: w.io_counters().write_chars for w in writers}
+    run = secrets.token_hex(4)
+    prompts = {f"hsx-{run}-{i}": prompt(5 + 3 * i, seed=90 + i) for i in range(16)}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        tokens = dict(zip(prompts, pool.map(lambda item: server.generate(item[1], rid=item[0])["output_ids"][0],
+                                            prompts.items()), strict=True))
+    for rid, ids in prompts.items():
+        check_against_hf(server, rid, ids)
+        result = check_dump(server.dump_dir, rid, server.model_dir, ids, tokens[rid])
+        assert result.ok, (rid, result.reasons)
+    assert sorted(d.name for d in iter_dump_dirs(server.dump_dir)) == sorted(prompts), "one dump per request"
+    smallest = min((rid_dir(server.dump_dir, rid) / STATES_FILE).stat().st_size for rid in prompts)
+    # SGLang deals requests to the replicas in turn (its default load balancing without PD):
+    # both writer processes wrote dumps.
+    wrote = {w.pid: w.io_counters().write_chars - written_before[w.pid] for w in writers}
+    assert all(n >= smallest for n in wrote.values()), f"bytes written by each writer process: {wrote}"
