@@ -72,10 +72,12 @@ def test_the_status_counts_a_pause_under_way_and_the_summary_every_pause(monkeyp
     now[0] += 4.0
     stats.pause_begins("staging below the watermark")  # the loop looks again: the same pause goes on
     assert stats.snapshot()["state"] == "paused" and stats.snapshot()["paused_s"] == 4.0
+    assert stats.snapshot()["paused_for_s"] == 4.0
     stats.pause_ends()
+    assert stats.snapshot()["paused_for_s"] is None
     now[0] += 10.0
     stats.pause_begins("too many staged dumps")
     now[0] += 1.5
-    assert stats.snapshot()["paused_s"] == 5.5
+    assert stats.snapshot()["paused_s"] == 5.5 and stats.snapshot()["paused_for_s"] == 1.5
     stats.pause_ends()
     assert stats.summary()["paused_s"] == 5.5 and stats.snapshot()["paused_reason"] is None

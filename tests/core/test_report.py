@@ -83,6 +83,8 @@ def test_a_running_run_lists_each_problem_by_reason_with_the_file_that_holds_the
      "The client has not started yet; 40 samples are in the training set."),
     ({**CLIENT_RUNNING, "state": "paused", "paused_reason": "/dev/shm below 10% free"}, True, "",
      "The run is paused (/dev/shm below 10% free): 1,228 of 40,000 samples done."),
+    ({**CLIENT_RUNNING, "state": "paused", "paused_reason": "/dev/shm below 10% free", "paused_for_s": 127.4},
+     True, "", "The run is paused for 2 min 07 s (/dev/shm below 10% free): 1,228 of 40,000 samples done."),
     ({**CLIENT_RUNNING, "state": "failed", "error": "server down for 3600 s"}, True, "",
      "The client failed: server down for 3600 s."),
     ({**CLIENT_RUNNING, "state": "stopped"}, True, "",

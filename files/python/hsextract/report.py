@@ -166,7 +166,9 @@ def headline(view: RunView) -> str:
     if state == "stopped":
         return f"The client was stopped after {done} of {total} samples; run it again to resume."
     if state == "paused":
-        return f"The run is paused ({client.get('paused_reason')}): {done} of {total} samples done."
+        since = client.get("paused_for_s")
+        for_how_long = f" for {duration(since)}" if since is not None else ""
+        return f"The run is paused{for_how_long} ({client.get('paused_reason')}): {done} of {total} samples done."
     return f"The run is going: {done} of {total} samples done, ETA {duration(client.get('eta_s'))}."
 
 

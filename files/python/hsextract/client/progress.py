@@ -116,6 +116,7 @@ class RunStats:
             "eta_s": None if eta is None else round(eta, 1),
             "paused_reason": self.paused_reason,
             "paused_s": round(self.paused_total_s, 1),
+            "paused_for_s": None if self.paused_since is None else round(time.monotonic() - self.paused_since, 1),
             "error": self.error,
             "pid": os.getpid(),
             "started_at": self.started_at,
