@@ -70,11 +70,16 @@ class RunStats:
             self.paused_since = None
         self.paused_reason = None
 
+    def pause_under_way_s(self) -> float | None:
+        """Seconds of the pause under way, None if there is none (read once: the sender ends pauses
+        in its own thread)."""
+        since = self.paused_since
+        return None if since is None else time.monotonic() - since
+
     @property
     def paused_total_s(self) -> float:
         """Seconds paused so far, the pause under way included: the status shows a pause growing."""
-        since = self.paused_since
-        return self.paused_s + (time.monotonic() - since if since is not None else 0.0)
+        return self.paused_s + (self.pause_under_way_s() or 0.0)
 
     def record_ok(self, tokens: int) -> None:
         with self.lock:
@@ -116,7 +121,7 @@ class RunStats:
             "eta_s": None if eta is None else round(eta, 1),
             "paused_reason": self.paused_reason,
             "paused_s": round(self.paused_total_s, 1),
-            "paused_for_s": None if self.paused_since is None else round(time.monotonic() - self.paused_since, 1),
+            "paused_for_s": None if (under_way := self.pause_under_way_s()) is None else round(under_way, 1),
             "error": self.error,
             "pid": os.getpid(),
             "started_at": self.started_at,
