@@ -307,18 +307,24 @@ def writer_processes(server) -> list[psutil.Process]:
             if "hsextract.capture.writer_process" in " ".join(p.cmdline())]
 
 
-def stages_exact_dumps_of_concurrent_prompts(server, seed: int) -> None:
-    """Six concurrent prompts, one longer than two chunks: each dump equals transformers' states,
-    passes the self-check, and the long one is stitched from its chunks in order."""
-    run = secrets.token_hex(4)
-    prompts = {f"hsx-{run}-{i}": prompt(n, seed=seed + i) for i, n in enumerate((7, 23, 40, 16, 33, 2))}
-    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+def send_concurrently_and_check(server, prompts: dict[str, list[int]], workers: int) -> None:
+    """Send ``prompts`` (rid -> token ids) at once; each dump must equal transformers' states and pass
+    the self-check against the greedy token the server answered."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         tokens = dict(zip(prompts, pool.map(lambda item: server.generate(item[1], rid=item[0])["output_ids"][0],
                                             prompts.items()), strict=True))
     for rid, ids in prompts.items():
         check_against_hf(server, rid, ids)
         result = check_dump(server.dump_dir, rid, server.model_dir, ids, tokens[rid])
         assert result.ok, (rid, result.reasons)
+
+
+def stages_exact_dumps_of_concurrent_prompts(server, seed: int) -> None:
+    """Six concurrent prompts, one longer than two chunks: each dump equals transformers' states,
+    passes the self-check, and the long one is stitched from its chunks in order."""
+    run = secrets.token_hex(4)
+    prompts = {f"hsx-{run}-{i}": prompt(n, seed=seed + i) for i, n in enumerate((7, 23, 40, 16, 33, 2))}
+    send_concurrently_and_check(server, prompts, workers=len(prompts))
     # The 40-token prompt took several batches (16-token chunked prefill shared with the others).
     chunks = read_done_marker(rid_dir(server.dump_dir, f"hsx-{run}-2")).chunks
     assert len(chunks) >= 3 and [c[0] for c in chunks] == [sum(n for _, n in chunks[:i]) for i in range(len(chunks))]
@@ -374,13 +380,7 @@ def test_each_data_parallel_replica_writes_its_own_requests_through_its_own_writ
     written_before = {w.pid: w.io_counters().write_chars for w in writers}
     run = secrets.token_hex(4)
     prompts = {f"hsx-{run}-{i}": prompt(5 + 3 * i, seed=90 + i) for i in range(16)}
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        tokens = dict(zip(prompts, pool.map(lambda item: server.generate(item[1], rid=item[0])["output_ids"][0],
-                                            prompts.items()), strict=True))
-    for rid, ids in prompts.items():
-        check_against_hf(server, rid, ids)
-        result = check_dump(server.dump_dir, rid, server.model_dir, ids, tokens[rid])
-        assert result.ok, (rid, result.reasons)
+    send_concurrently_and_check(server, prompts, workers=8)
     assert sorted(d.name for d in iter_dump_dirs(server.dump_dir)) == sorted(prompts), "one dump per request"
     smallest = min((rid_dir(server.dump_dir, rid) / STATES_FILE).stat().st_size for rid in prompts)
     # SGLang deals requests to the replicas in turn (its default load balancing without PD):
