@@ -8,8 +8,10 @@ requests in flight) both are warmed up, then timed rounds alternate between them
 even rounds, capture first in odd ones), each round sending the same prompts to both. A round's
 throughput is its prompt tokens over the time from the first request to the last reply.
 
-During a capture round a stand-in for the drain counts each staged dump as it completes and
-removes it (the drain's own throughput is benchmarked by ``bench/drain_throughput.py``): complete
+During a capture round a stand-in for the drain checks each staged dump as it completes and
+removes it (the drain's own throughput is benchmarked by ``bench/drain_throughput.py``, the whole
+product by ``bench/gpu/pipeline_gpu.py``): each dump's token ids must be the ones its request sent
+and its rows must have the fingerprint the forward pass computed (``done.json``); complete, valid
 dumps must equal the round's requests, with no failure marker (``<rid>/failed.json``) and no
 capture log line about lost rows. Reported per case: tokens/s of both (median and spread), the
 ratio of the medians and of each round pair, GB/s staged, and the dump counts. Each round also
@@ -53,7 +55,7 @@ sys.path[:0] = [str(REPO / "bench" / "gpu"), str(REPO / "files" / "python")]
 
 import gpu_env  # noqa: E402
 from gpu_server import ServerHandle, ServerSpec, start, wait_healthy  # noqa: E402
-from hsextract import staging  # noqa: E402
+from hsextract import fingerprint, staging  # noqa: E402
 from hsextract.capture.config import WRITER_PROCESS_DEFAULT  # noqa: E402
 from hsextract.staging import DONE_FILE, STATES_FILE, iter_dump_dirs  # noqa: E402
 
@@ -109,19 +111,22 @@ def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int
 
 
 class StagingCounter:
-    """Counts and removes the dumps of one round as they complete (a stand-in for the drain).
+    """Checks, counts and removes the dumps of one round as they complete (a stand-in for the drain):
+    a dump counts as complete only if its ids are its request's and its rows have the fingerprint
+    the forward pass computed; any other is counted as wrong.
 
     It runs in a process of its own, as the drain does: as a thread of the bench it would share the
     GIL with the client's event loop, and its listing and removal of 200 dumps a second in the
     short-prompt case would slow the sending of the capture rounds alone."""
 
-    def __init__(self, dump_dir: Path, run_id: str, remove: bool = True):
+    def __init__(self, dump_dir: Path, run_id: str, prompts: list[list[int]], remove: bool = True):
         self.dump_dir, self.prefix, self.remove = Path(dump_dir), f"hsx-{run_id}-", remove
+        self.prompts = prompts
         self._counted: set[str] = set()
-        self.complete = self.failed = self.staged_bytes = 0
+        self.complete = self.failed = self.staged_bytes = self.wrong = 0
         self.last_seen = time.monotonic()
         ctx = multiprocessing.get_context("fork")
-        self._shared = ctx.Array("d", [0, 0, 0, self.last_seen])  # complete, failed, bytes, last seen
+        self._shared = ctx.Array("d", [0, 0, 0, self.last_seen, 0])  # complete, failed, bytes, last seen, wrong
         self._done = ctx.Event()
         self._proc = ctx.Process(target=self._run, daemon=True, name="staging-counter")
 
@@ -141,7 +146,10 @@ class StagingCounter:
                 continue
             if (d / DONE_FILE).exists():
                 self.staged_bytes += (d / STATES_FILE).stat().st_size
-                self.complete += 1
+                if self.valid(d):
+                    self.complete += 1
+                else:
+                    self.wrong += 1
             elif (d / FAILED_FILE).exists():
                 self.failed += 1
             else:
@@ -152,17 +160,28 @@ class StagingCounter:
             else:
                 self._counted.add(d.name)
             with self._shared.get_lock():
-                self._shared[:] = [self.complete, self.failed, self.staged_bytes, self.last_seen]
+                self._shared[:] = [self.complete, self.failed, self.staged_bytes, self.last_seen, self.wrong]
+
+    def valid(self, d: Path) -> bool:
+        """The dump holds its request's ids, and the rows the forward pass fingerprinted."""
+        try:
+            marker, states = staging.read_done_marker(d), staging.read_states(d)
+        except Exception:
+            return False
+        index = int(d.name.rsplit("-", 1)[1])
+        return (states.input_ids.tolist() == self.prompts[index]
+                and marker.fingerprint == fingerprint.of_states(states.hidden, states.input_ids))
 
     def _read(self) -> None:
         with self._shared.get_lock():
-            complete, failed, staged, last = self._shared[:]
+            complete, failed, staged, last, wrong = self._shared[:]
         self.complete, self.failed, self.staged_bytes, self.last_seen = int(complete), int(failed), int(staged), last
+        self.wrong = int(wrong)
 
     def wait_for(self, expected: int, quiet_s: float = 30) -> None:
         """Until ``expected`` dumps are counted, or nothing new came for ``quiet_s`` seconds."""
         self._read()
-        while self.complete + self.failed < expected and time.monotonic() - self.last_seen < quiet_s:
+        while self.complete + self.failed + self.wrong < expected and time.monotonic() - self.last_seen < quiet_s:
             time.sleep(0.05)
             self._read()
         self._done.set()
@@ -227,7 +246,7 @@ def run_round(server: ServerHandle, case: Case, prompts: list[list[int]], captur
     the round as the drain would, or, with ``remove_during_round`` False, only after it). Rids outside
     the capture's prefix (``rid_prefix``) are served but never captured."""
     run_id = secrets.token_hex(4)
-    counter = StagingCounter(server.dump_dir, run_id, remove=remove_during_round) if capture else None
+    counter = StagingCounter(server.dump_dir, run_id, prompts, remove=remove_during_round) if capture else None
     if counter:
         counter.start()
     log_from = server.log_path.stat().st_size
@@ -242,7 +261,7 @@ def run_round(server: ServerHandle, case: Case, prompts: list[list[int]], captur
         counter.wait_for(len(prompts))
         if not remove_during_round:
             counter.remove_all()
-        out.update(complete_dumps=counter.complete, failure_markers=counter.failed,
+        out.update(complete_dumps=counter.complete, failure_markers=counter.failed, wrong_dumps=counter.wrong,
                    staged_gb=round(counter.staged_bytes / 1e9, 3),
                    staged_gb_per_s=round(counter.staged_bytes / 1e9 / wall, 3),
                    staging_lag_s=round(max(0.0, counter.last_seen - replied), 3))

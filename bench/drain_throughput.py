@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "files" / "python"))
 
 import torch  # noqa: E402
+from hsextract import fingerprint  # noqa: E402
 from hsextract.drain import core  # noqa: E402
 from hsextract.drain.committer import Committer  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
@@ -79,6 +80,7 @@ def stage(dump: Path, run_id: str, total_bytes: int, seed: int = 0) -> tuple[int
             eagle_aux_hidden_state_layer_ids=[1, 15, 27], sglang_layers_to_capture=[2, 16, 28],
             num_hidden_layers=32, final_hidden="pre_norm", architecture="LlamaForCausalLM",
             chunks=[[0, t]], sglang_version="0.5.23",
+            fingerprint=fingerprint.of_states(pool[:t], torch.tensor(ids, dtype=torch.int64)),
         ))
         size += layout.file_size
         n += 1

@@ -29,13 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "files" / "python")
 
 HIDDEN, INTERMEDIATE, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 128256, 32, 8, 128
 LAYERS_PER_SHARD = 8
+# Long enough for the pipeline check's near-context samples (16K-32K tokens; bench/gpu/pipeline_gpu.py).
+MAX_POSITIONS = 32768
 
 
 def write_config(out: Path, tokenizer_from: Path, layers: int) -> None:
     cfg = json.loads((tokenizer_from / "config.json").read_text())
     cfg.update(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, vocab_size=VOCAB, num_hidden_layers=layers,
                num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-               max_position_embeddings=8192, torch_dtype="bfloat16", tie_word_embeddings=False)
+               max_position_embeddings=MAX_POSITIONS, torch_dtype="bfloat16", tie_word_embeddings=False)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     write_word_tokenizer(out, tokenizer_from, VOCAB)
 

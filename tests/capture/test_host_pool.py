@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 
-from hsextract.capture.writer import HostBufferPool
+from hsextract.capture.host_stage import HostBufferPool
 from hsextract.capture.writer_process import SharedHostBuffers
 from hypothesis import settings
 from hypothesis import strategies as st

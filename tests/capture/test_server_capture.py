@@ -16,8 +16,19 @@ import psutil
 import pytest
 import requests
 import torch
+from hsextract import fingerprint
 from hsextract.capture.selfcheck import check_dump
-from hsextract.staging import DONE_FILE, STATES_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
+from hsextract.staging import (
+    CAPTURE_SERVER_ABORTED,
+    DONE_FILE,
+    FAILED_FILE,
+    STATES_FILE,
+    iter_dump_dirs,
+    read_done_marker,
+    read_failed_marker,
+    read_states,
+    rid_dir,
+)
 from support.hf_reference import reference, row_problems
 from support.sglang_server import start_server
 
@@ -387,3 +398,57 @@ def test_each_data_parallel_replica_writes_its_own_requests_through_its_own_writ
     # both writer processes wrote dumps.
     wrote = {w.pid: w.io_counters().write_chars - written_before[w.pid] for w in writers}
     assert all(n >= smallest for n in wrote.values()), f"bytes written by each writer process: {wrote}"
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("server_name", ["llama_server", "dsv3_server"])
+def test_done_json_records_the_token_the_server_returned_and_the_fingerprint_of_its_rows(request, server_name):
+    """Across chunks (40 tokens, chunks of 16): the greedy token is the one of the chunk that ends
+    the prompt, and the fingerprint taken in the forward pass is the staged file's."""
+    server = request.getfixturevalue(server_name)
+    rid = fresh_rid(server)
+    ids = prompt(40, seed=21)
+    try:
+        reply = server.generate(ids, rid=rid)
+        d = wait_done(server.dump_dir, rid)
+        marker = read_done_marker(d)
+        states = read_states(d)
+        assert marker.greedy_token == reply["output_ids"][0]
+        assert marker.fingerprint and marker.fingerprint == fingerprint.of_states(states.hidden, states.input_ids)
+    finally:
+        shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+@pytest.mark.server
+def test_a_request_the_server_refuses_leaves_a_failure_marker_not_a_complete_dump(llama_server):
+    """SGLang's scheduler refuses a prompt within the context but over its own input limit (the
+    context less a few tokens) with HTTP 400, and runs a 1-token placeholder under the request's rid;
+    the capture marks it failed instead of staging a 1-token sample."""
+    server = llama_server
+    rid = fresh_rid(server)
+    too_long = prompt(server_context_len(server) - 2, seed=22)
+    try:
+        r = requests.post(f"{server.url}/generate", timeout=120, json={
+            "input_ids": too_long, "rid": rid, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+        assert r.status_code == 400, r.text
+        failed = wait_failed(server.dump_dir, rid)
+        assert failed.reason == CAPTURE_SERVER_ABORTED
+        assert not (rid_dir(server.dump_dir, rid) / DONE_FILE).exists()
+    finally:
+        shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
+
+
+def server_context_len(server) -> int:
+    return int(requests.get(f"{server.url}/get_model_info", timeout=30).json().get("max_context_length")
+               or json.loads((Path(server.model_dir) / "config.json").read_text())["max_position_embeddings"])
+
+
+def wait_failed(dump_dir: Path, rid: str, timeout: float = 30):
+    d = rid_dir(dump_dir, rid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        marker = read_failed_marker(d)
+        if marker is not None:
+            return marker
+        time.sleep(0.05)
+    raise AssertionError(f"no {FAILED_FILE} for {rid} in {dump_dir} after {timeout} s")

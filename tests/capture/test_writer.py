@@ -15,12 +15,17 @@ import time
 
 import pytest
 import torch
+from hsextract import fingerprint
 from hsextract.capture.core import BatchRequest, CaptureSettings
-from hsextract.capture.writer import CaptureWriter, HostBufferPool
+from hsextract.capture.host_stage import HostBufferPool, own_batch
+from hsextract.capture.sink import WriterOptions
+from hsextract.capture.writer import CaptureWriter
 from hsextract.capture.writer_process import ProcessCaptureWriter
 from hsextract.layers import resolve
 from hsextract.staging import (
+    CAPTURE_FINGERPRINT,
     CAPTURE_QUEUE_ERROR,
+    CAPTURE_SERVER_ABORTED,
     DONE_FILE,
     FAILED_FILE,
     STATES_FILE,
@@ -45,7 +50,7 @@ def mode(request) -> str:
 def make_writer(dump_dir, mode: str = "in_process", **kw) -> CaptureWriter | ProcessCaptureWriter:
     s = CaptureSettings(rid_prefix="hsx", layers=resolve(None, 8), hidden_size=H, architecture="LlamaForCausalLM")
     kind = CaptureWriter if mode == "in_process" else ProcessCaptureWriter
-    return kind(dump_dir, s, device="cpu", **kw)
+    return kind(dump_dir, s, WriterOptions(**kw), device="cpu")
 
 
 def batch(rows: int, seed: int):
@@ -265,3 +270,57 @@ def test_a_batch_the_forward_pass_could_not_hand_over_leaves_failed_json_and_its
     assert not (tmp_path / failed / DONE_FILE).exists() and not (tmp_path / failed / STATES_FILE).exists()
     assert not (tmp_path / fine / FAILED_FILE).exists()
     assert torch.equal(read_states(tmp_path / fine).hidden, expected_rows(aux, final)[16:24])
+
+
+def test_done_json_carries_the_fingerprint_of_the_staged_rows_and_the_greedy_token(tmp_path, mode):
+    w = make_writer(tmp_path, mode)
+    rid = "hsx-ab12cd34-0"
+    aux, final, ids = batch(40, seed=11)
+    try:
+        for start, n, token in [(0, 16, 5), (16, 16, 6), (32, 8, 42)]:  # chunks: only the last one's token counts
+            w.submit([BatchRequest(rid, 0, start, n, 0)], aux[start:start + n], final[start:start + n],
+                     ids[start:start + n], [40], tokens=torch.tensor([token]))
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    marker = read_done_marker(tmp_path / rid)
+    st = read_states(tmp_path / rid)
+    assert marker.fingerprint == fingerprint.of_states(st.hidden, st.input_ids)
+    assert marker.greedy_token == 42
+
+
+def test_rows_that_differ_from_the_forward_pass_values_are_failed_not_staged(tmp_path, mode):
+    """The writer recomputes each row's fingerprint value from its host copy: a copy that landed
+    other bytes than the forward pass computed is failed (the client sends it again)."""
+    w = make_writer(tmp_path, mode)
+    bad, good = "hsx-ab12cd34-0", "hsx-ab12cd34-1"
+    aux, final, ids = batch(24, seed=12)
+    settings_ = w.settings
+    reqs = [BatchRequest(bad, 0, 0, 8, 0), BatchRequest(good, 8, 0, 16, 1)]
+    owned = own_batch(settings_, reqs, aux, final, ids, [8, 16])
+    owned.row_values[3] += 1  # what a copy that read changed memory looks like to the writer
+    try:
+        w.submit_owned(owned)
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    failed = read_failed_marker(tmp_path / bad)
+    assert failed is not None and failed.reason == CAPTURE_FINGERPRINT and "prompt row 3" in failed.detail
+    assert not (tmp_path / bad / DONE_FILE).exists() and not (tmp_path / bad / STATES_FILE).exists()
+    assert read_done_marker(tmp_path / good).rid == good
+
+
+def test_sglangs_one_token_placeholder_of_a_refused_request_is_failed_not_marked_done(tmp_path, mode):
+    """SGLang runs a refused request (a prompt longer than it accepts) as the single token 0: that
+    is no sample, and the drain must not wait for its record or take it for a token mismatch."""
+    w = make_writer(tmp_path, mode)
+    rid = "hsx-ab12cd34-7"
+    aux, final, _ = batch(1, seed=13)
+    try:
+        w.submit([BatchRequest(rid, 0, 0, 1, 0)], aux, final, torch.tensor([0]), [1])
+        assert w.flush(timeout=30)
+    finally:
+        w.close()
+    failed = read_failed_marker(tmp_path / rid)
+    assert failed is not None and failed.reason == CAPTURE_SERVER_ABORTED
+    assert not (tmp_path / rid / DONE_FILE).exists()

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from hsextract.capture import wire
 from hsextract.capture.core import BatchRequest, CaptureSettings
-from hsextract.capture.writer_process import MEMFD_NAME, ProcessCaptureWriter, decode, encode
+from hsextract.capture.sink import WriterOptions
+from hsextract.capture.writer_process import MEMFD_NAME, ProcessCaptureWriter
 from hsextract.layers import resolve
 from hsextract.staging import (
     CAPTURE_MISSING_ROWS,
@@ -71,17 +73,19 @@ def open_fds() -> int:
 
 
 def test_messages_survive_the_wire_whole_and_in_pieces():
-    wire = bytearray(encode(("batch", 3, 16, 128, 2048, 2176, 1, [("hsx-a-0", 0, 0, 16, 0)])) + encode(("flush", 7)))
-    part = bytearray(wire[:5])
-    assert decode(part) is None and part == wire[:5], "an incomplete message stays in the buffer"
-    assert decode(wire) == ("batch", 3, 16, 128, 2048, 2176, 1, [("hsx-a-0", 0, 0, 16, 0)])
-    assert decode(wire) == ("flush", 7) and not wire
+    batch = wire.batch_message(3, 16, 128, 2048, 1, [BatchRequest("hsx-a-0", 0, 0, 16, 0)])
+    stream = bytearray(wire.encode(batch) + wire.encode(wire.Flush(7)))
+    part = bytearray(stream[:5])
+    assert wire.decode(part) is None and part == stream[:5], "an incomplete message stays in the buffer"
+    got = wire.decode(stream)
+    assert got == batch and got.batch_requests() == [BatchRequest("hsx-a-0", 0, 0, 16, 0)]
+    assert wire.decode(stream) == wire.Flush(7) and not stream
 
 
 def test_a_killed_writer_process_leaves_done_or_failed_json_for_every_request(tmp_path, caplog):
     """Killed while it holds four batches it has not written: those requests get failed.json
     (writer_died), what it wrote before stays done, and later batches are written in-process."""
-    w = ProcessCaptureWriter(tmp_path, settings(), device="cpu", pool_granularity=1024)
+    w = ProcessCaptureWriter(tmp_path, settings(), WriterOptions(pool_granularity=1024), device="cpu")
     before, lost, after = "hsx-ab12cd34-0", [f"hsx-ab12cd34-{i}" for i in range(1, 5)], "hsx-ab12cd34-5"
     chunked = "hsx-ab12cd34-9"  # its first chunk written by the child, its second after the death
     aux, final, ids = rows(40, seed=1)
@@ -122,8 +126,8 @@ def test_shared_buffers_are_reused_unmapped_when_dropped_and_leave_no_descriptor
     granule = 1024
     # One 2 KiB buffer for batches of up to 2 KiB, and a budget of 16 KiB: a 16 KiB batch must
     # drop the free 2 KiB buffer (in both processes) to stay within it.
-    w = ProcessCaptureWriter(tmp_path, settings(), device="cpu", pool_granularity=granule,
-                             max_bytes_in_flight=16 * granule)
+    w = ProcessCaptureWriter(tmp_path, settings(), WriterOptions(pool_granularity=granule,
+                                                                 max_bytes_in_flight=16 * granule), device="cpu")
     child = w.child_pid
     try:
         for i in range(3):
@@ -150,7 +154,7 @@ def test_shared_buffers_are_reused_unmapped_when_dropped_and_leave_no_descriptor
 def test_the_child_exits_after_writing_what_it_was_sent_when_its_parent_goes_away(tmp_path):
     """The parent's end of the socket closes without a flush (as when the server process dies):
     the child writes the batch it was sent, then exits by itself."""
-    w = ProcessCaptureWriter(tmp_path, settings(), device="cpu", pool_granularity=1024)
+    w = ProcessCaptureWriter(tmp_path, settings(), WriterOptions(pool_granularity=1024), device="cpu")
     try:
         submit_whole(w, "hsx-ab12cd34-0", 8, seed=1)
         wait_until("the batch is handed over", lambda: w.in_flight_batches == 1 or
@@ -164,7 +168,7 @@ def test_the_child_exits_after_writing_what_it_was_sent_when_its_parent_goes_awa
 
 
 def test_a_writer_process_dead_before_its_first_batch_leaves_every_request_written_in_process(tmp_path):
-    w = ProcessCaptureWriter(tmp_path, settings(), device="cpu", pool_granularity=1024)
+    w = ProcessCaptureWriter(tmp_path, settings(), WriterOptions(pool_granularity=1024), device="cpu")
     try:
         os.kill(w.child_pid, signal.SIGKILL)
         wait_until("the parent writes in-process", lambda: w.writing_in_process)
@@ -180,7 +184,7 @@ def test_a_writer_process_dead_before_its_first_batch_leaves_every_request_writt
 def test_on_cuda_the_shared_buffers_are_registered_and_the_rows_land_exactly(tmp_path):
     """The GPU path: memfd buffers registered with CUDA (so the copy is asynchronous), unregistered
     and unmapped when the pool lets them go."""
-    w = ProcessCaptureWriter(tmp_path, settings(), device="cuda", pool_granularity=1024)
+    w = ProcessCaptureWriter(tmp_path, settings(), WriterOptions(pool_granularity=1024), device="cuda")
     try:
         aux, final, ids = rows(40, seed=3)
         w.submit([BatchRequest("hsx-ab12cd34-0", 0, 0, 40, 0)], aux.cuda(), final.cuda(), ids.cuda(), [40])

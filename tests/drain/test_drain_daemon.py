@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from hsextract import fingerprint
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.errors import ConfigError
 from hsextract.formats.manifest import entries_path, iter_entries, read_header, verify_entry
@@ -21,7 +22,7 @@ from hsextract.records import load_or_create_run_id
 from hsextract.staging import StateFileLayout
 from safetensors.torch import load_file
 from support.drain_proc import finish_client, hsextract, start
-from support.staged_dumps import stage_sample
+from support.staged_dumps import restamp_fingerprint, stage_sample
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -288,6 +289,7 @@ def test_a_nan_met_while_streaming_rows_quarantines_the_dump_and_leaves_no_file(
     with open(dump / bad.rid / "states.safetensors", "r+b") as f:
         f.seek(layout.hidden_offset(2999) + 2 * 64)  # slot 1 of the last token
         f.write(torch.full((64,), float("nan"), dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
+    restamp_fingerprint(dump / bad.rid)  # a NaN the forward pass itself computed
     d = _drain(dump, out)
     reason = (out / "quarantine" / bad.rid / "reason.txt").read_text().splitlines()
     assert reason[0] == "non_finite" and "token 2999" in reason[1]
@@ -295,6 +297,34 @@ def test_a_nan_met_while_streaming_rows_quarantines_the_dump_and_leaves_no_file(
     assert sorted(p.name for p in (out / "hidden_states").iterdir()) == ["hs_0.safetensors"]
     assert not list((out / ".hsextract" / "tmp").iterdir())
     assert dict(d.stats.quarantined) == {"non_finite": 1}
+
+
+def test_rows_changed_after_the_forward_pass_are_quarantined_as_a_fingerprint_mismatch(tmp_path):
+    """The capture fingerprints each sample's rows inside the forward pass; a staged file that holds
+    anything else (another batch's rows, a corrupted copy) never reaches the training set."""
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    stage_sample(dump, run, 0)
+    bad = stage_sample(dump, run, 1)
+    layout = StateFileLayout(prompt_len=12, num_slots=4, hidden_size=64)
+    with open(dump / bad.rid / "states.safetensors", "r+b") as f:  # two rows swapped
+        f.seek(layout.hidden_offset(3))
+        f.write(bad.hidden[7].contiguous().view(torch.uint8).numpy().tobytes())
+        f.seek(layout.hidden_offset(7))
+        f.write(bad.hidden[3].contiguous().view(torch.uint8).numpy().tobytes())
+    d = _drain(dump, out)
+    reason = (out / "quarantine" / bad.rid / "reason.txt").read_text().splitlines()
+    assert reason[0] == "fingerprint_mismatch" and "the forward pass computed" in reason[1]
+    assert [e.dataset_index for e in iter_entries(out)] == [0]
+    assert dict(d.stats.quarantined) == {"fingerprint_mismatch": 1}
+
+
+def test_the_manifest_keeps_each_samples_fingerprint(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    staged = stage_sample(dump, load_or_create_run_id(out), 0)
+    _drain(dump, out)
+    [entry] = list(iter_entries(out))
+    assert entry.fingerprint == fingerprint.of_states(staged.hidden, staged.input_ids)
 
 
 def test_the_workers_do_not_wait_for_the_poll_interval_between_samples(tmp_path):

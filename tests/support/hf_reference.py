@@ -41,8 +41,11 @@ def _model(model_dir: str):
     return model
 
 
-def reference(model_dir: str | Path, input_ids: list[int]) -> Reference:
-    model = _model(str(model_dir))
+def reference(model_dir: str | Path, input_ids: list[int], model=None) -> Reference:
+    """The reference of ``input_ids``: from the model of ``model_dir`` in float32 on the CPU, or from
+    ``model`` (a transformers model already loaded, on any device; the results come back on the CPU)."""
+    model = model if model is not None else _model(str(model_dir))
+    device = next(model.parameters()).device
     seen: dict[str, torch.Tensor] = {}
 
     def hook(module, args, output):
@@ -52,14 +55,14 @@ def reference(model_dir: str | Path, input_ids: list[int]) -> Reference:
     handle = model.model.norm.register_forward_hook(hook)
     try:
         with torch.no_grad():
-            out = model(torch.tensor([input_ids]), output_hidden_states=True)
+            out = model(torch.tensor([input_ids], device=device), output_hidden_states=True)
     finally:
         handle.remove()
     return Reference(
-        hidden_states=tuple(h[0] for h in out.hidden_states),
-        pre_norm=seen["pre"][0],
-        post_norm=seen["post"][0],
-        logits=out.logits[0],
+        hidden_states=tuple(h[0].cpu() for h in out.hidden_states),
+        pre_norm=seen["pre"][0].cpu(),
+        post_norm=seen["post"][0].cpu(),
+        logits=out.logits[0].cpu(),
     )
 
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from hsextract import fingerprint
 from hsextract.records import SampleRecord, make_rid, write_record
-from hsextract.staging import DoneMarker, StateFileLayout, write_done_marker
+from hsextract.staging import DONE_FILE, DoneMarker, StateFileLayout, read_done_marker, read_states, write_done_marker
 
 EAGLE_IDS = [1, 3, 4]
 HIDDEN = 64
@@ -73,5 +74,16 @@ def stage_sample(
             eagle_aux_hidden_state_layer_ids=eagle, sglang_layers_to_capture=[i + 1 for i in eagle],
             num_hidden_layers=8, final_hidden=final_hidden, architecture="LlamaForCausalLM",
             chunks=[[0, tokens]], model_path="tiny", sglang_version="0.5.23",
+            fingerprint=fingerprint.of_states(hidden, ids),
         ))
     return Staged(rid, index, ids, mask, hidden)
+
+
+def restamp_fingerprint(d: Path) -> None:
+    """Give the dump in ``d`` the fingerprint of its rows as they are now: what the capture writes
+    when the forward pass itself computed them (a NaN the model produced, say)."""
+    marker = read_done_marker(d)
+    states = read_states(d)
+    marker.fingerprint = fingerprint.of_states(states.hidden, states.input_ids)
+    (d / DONE_FILE).unlink()
+    write_done_marker(d.parent, marker)

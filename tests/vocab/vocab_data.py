@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from hsextract import fingerprint
 from hsextract.records import SampleRecord, make_rid, write_record
 from hsextract.staging import DoneMarker, write_done_marker
 from support.staged_dumps import write_states
@@ -27,13 +28,14 @@ def stage(dump: Path, run_id: str, index: int, ids: list[int], mask: list[int], 
     d = dump / rid
     d.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(index)
-    write_states(d / "states.safetensors", torch.randn(t, len(EAGLE) + 1, hidden, generator=g).bfloat16(),
-                 torch.tensor(ids, dtype=torch.int64))
+    rows = torch.randn(t, len(EAGLE) + 1, hidden, generator=g).bfloat16()
+    write_states(d / "states.safetensors", rows, torch.tensor(ids, dtype=torch.int64))
     write_done_marker(dump, DoneMarker(
         rid=rid, prompt_len=t, num_aux=len(EAGLE), hidden_size=hidden, dtype="bfloat16",
         eagle_aux_hidden_state_layer_ids=EAGLE, sglang_layers_to_capture=[i + 1 for i in EAGLE],
         num_hidden_layers=8, final_hidden="post_norm", architecture="LlamaForCausalLM",
         chunks=[[0, t]], model_path="tiny", sglang_version="0.5.23",
+        fingerprint=fingerprint.of_states(rows, torch.tensor(ids, dtype=torch.int64)),
     ))
 
 

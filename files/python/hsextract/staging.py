@@ -155,6 +155,10 @@ class DoneMarker:
     attn_dp_rank: int = 0
     completed_at: float = 0.0
     version: int = FORMAT_VERSION
+    # hsextract.fingerprint of the rows and ids as the forward pass computed them ("" from a capture
+    # that took none), and the token SGLang's greedy sampler picked after the prompt (-1: not seen).
+    fingerprint: str = ""
+    greedy_token: int = -1
 
     def to_json(self, shared_json: str | None = None) -> str:
         """The marker as one JSON object.
@@ -165,6 +169,7 @@ class DoneMarker:
         """
         chunks = ", ".join(f"[{int(a)}, {int(b)}]" for a, b in self.chunks)
         return (f'{{"chunks": [{chunks}], "completed_at": {float(self.completed_at)!r}, '
+                f'"fingerprint": "{self.fingerprint}", "greedy_token": {int(self.greedy_token)}, '
                 f'"prompt_len": {int(self.prompt_len)}, "rid": {json.dumps(self.rid)}, '
                 + (shared_json or self.shared_json())[1:])
 
@@ -182,7 +187,7 @@ class DoneMarker:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-_OWN_FIELDS = ("chunks", "completed_at", "prompt_len", "rid")
+_OWN_FIELDS = ("chunks", "completed_at", "fingerprint", "greedy_token", "prompt_len", "rid")
 _SHARED_FIELDS = tuple(sorted(set(DoneMarker.__dataclass_fields__) - set(_OWN_FIELDS)))
 
 
@@ -226,6 +231,10 @@ CAPTURE_MISSING_ROWS = "missing_rows"  # the first rows were never run (a cached
 CAPTURE_BATCH_UNUSABLE = "batch_unusable"  # the forward batch lacked what the capture needs
 CAPTURE_FAULT_INJECTED = "fault_injected"  # the test-only fault switch
 CAPTURE_WRITER_DIED = "writer_died"  # the capture's writer process died before it wrote the batch
+# The host copy of the rows differs from what the forward pass computed (hsextract.fingerprint).
+CAPTURE_FINGERPRINT = "fingerprint_mismatch"
+# SGLang refused the request before running it and ran a 1-token placeholder in its place.
+CAPTURE_SERVER_ABORTED = "server_aborted"
 
 
 @dataclass

@@ -24,7 +24,12 @@ Rules, each one a reason a training sample could otherwise be silently wrong:
 * tracking is bounded (LRU): an abandoned request cannot grow memory forever;
 * a request the capture cannot stage (rows it never saw, a write or queue error) is marked
   failed, and the writer leaves ``failed.json`` with the reason for the client, which sends the
-  sample again; later chunks of a failed request are ignored, and the resend starts a new dump.
+  sample again; later chunks of a failed request are ignored, and the resend starts a new dump;
+* a request SGLang refused before running it (it runs a 1-token placeholder, token id 0, in its
+  place: ``Req.set_finish_with_abort``) is never marked done: it is failed as ``server_aborted``;
+* each chunk adds its rows' fingerprint values (`hsextract.fingerprint`) to its request's
+  fingerprint, and the chunk that ends at the prompt's last row records the token SGLang's greedy
+  sampler picked: both go into ``done.json``, for the drain to check.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hsextract import fingerprint
 from hsextract.layers import CaptureLayers
-from hsextract.staging import CAPTURE_MISSING_ROWS, DoneMarker, StateFileLayout
+from hsextract.staging import CAPTURE_MISSING_ROWS, CAPTURE_SERVER_ABORTED, DoneMarker, StateFileLayout
 
 log = logging.getLogger("hsextract.capture")
 
@@ -106,6 +112,29 @@ def select_requests(
     return out
 
 
+@dataclass(frozen=True)
+class LandedMeta:
+    """What a batch's host copy says besides its rows, each indexed as SGLang's batch is: prompt
+    lengths and greedy tokens by request (`BatchRequest.index`), ids and fingerprint values by row
+    (`BatchRequest.batch_row` onwards). Only the prompt lengths are required."""
+
+    prompt_lens: Sequence[int]
+    ids: Sequence[int] | None = None
+    row_values: Sequence[int] | None = None  # int64 per row: hsextract.fingerprint.row_values
+    greedy_tokens: Sequence[int] | None = None  # -1 where unknown
+
+
+ABORT_PLACEHOLDER_ID = 0  # the one token SGLang runs in place of a request it refused (0.5.23)
+
+
+def is_abort_placeholder(prompt_len: int, first_id: int | None) -> bool:
+    """Is this SGLang's stand-in for a request it refused at validation (a prompt longer than it
+    accepts, say)? ``Req.set_finish_with_abort`` replaces the prompt with the single token 0 and
+    runs it to finish the request. The client never sends a 1-token prompt (a chat template alone
+    is longer), so a 1-token prompt of id 0 is that stand-in, never a sample."""
+    return prompt_len == 1 and first_id == ABORT_PLACEHOLDER_ID
+
+
 @dataclass
 class RequestState:
     """What the capture knows about one request while (and after) it is staged."""
@@ -122,6 +151,8 @@ class RequestState:
     failed: str = ""  # why the capture gave up on it (first error); a failed dump is never marked done
     reported: bool = False  # its failure marker is written (once)
     done_written: bool = False
+    fingerprint: int = 0  # the sum of its planned chunks' partial fingerprints
+    greedy_token: int = -1
 
     @property
     def prompt_len(self) -> int:
@@ -205,17 +236,35 @@ class CapturePlanner:
                 state.failed = reason
         return state
 
-    def plan(self, requests: Sequence[BatchRequest], prompt_lens: Sequence[int]) -> list[Segment]:
-        """Segments for the selected requests of one batch; ``prompt_lens`` is indexed by
-        `BatchRequest.index` (SGLang's ``orig_seq_lens``)."""
+    def plan(self, requests: Sequence[BatchRequest], meta: LandedMeta | Sequence[int]) -> list[Segment]:
+        """Segments for the selected requests of one batch; ``meta`` (or the prompt lengths alone,
+        SGLang's ``orig_seq_lens``) as `LandedMeta` says."""
+        if not isinstance(meta, LandedMeta):
+            meta = LandedMeta(prompt_lens=meta)
         segments: list[Segment] = []
         for req in requests:
-            seg = self._plan_one(req, int(prompt_lens[req.index]))
+            first_id = None if meta.ids is None else int(meta.ids[req.batch_row])
+            seg = self._plan_one(req, int(meta.prompt_lens[req.index]), first_id)
             if seg is not None:
+                self._note_content(seg, req, meta)
                 segments.append(seg)
         return segments
 
-    def _plan_one(self, req: BatchRequest, prompt_len: int) -> Segment | None:
+    @staticmethod
+    def _note_content(seg: Segment, req: BatchRequest, meta: LandedMeta) -> None:
+        """Add the segment's rows to its request's fingerprint, and its greedy token when the
+        segment ends the prompt; then the marker of a completed request carries both."""
+        state = seg.state
+        if meta.row_values is not None:
+            values = meta.row_values[seg.batch_row : seg.batch_row + seg.rows]
+            state.fingerprint = fingerprint.add(state.fingerprint, fingerprint.combine(values, seg.dst_row))
+        if meta.greedy_tokens is not None and seg.dst_row + seg.rows == state.prompt_len:
+            state.greedy_token = int(meta.greedy_tokens[req.index])
+        if state.marker is not None:
+            state.marker.fingerprint = fingerprint.to_hex(state.fingerprint) if meta.row_values is not None else ""
+            state.marker.greedy_token = state.greedy_token
+
+    def _plan_one(self, req: BatchRequest, prompt_len: int, first_id: int | None = None) -> Segment | None:
         state = self._tracked.get(req.rid)
         create = False
         if state is not None:
@@ -233,7 +282,7 @@ class CapturePlanner:
                           req.rid, req.prefix_len, req.extend_len)
                 return None
         if state is None:
-            state = self._start(req, prompt_len)
+            state = self._start(req, prompt_len, first_id)
             if state is None:
                 return None
             create = True
@@ -250,10 +299,17 @@ class CapturePlanner:
             state.marker = self._marker(state)
         return Segment(state, req.batch_row + 0, start, end - start, create)
 
-    def _start(self, req: BatchRequest, prompt_len: int) -> RequestState | None:
+    def _start(self, req: BatchRequest, prompt_len: int, first_id: int | None = None) -> RequestState | None:
         """Track a request seen for the first time, if its dump can be complete."""
         if prompt_len <= 0 or req.prefix_len >= prompt_len:
             return None  # decode rows of a request the capture is not tracking
+        if req.prefix_len == 0 and is_abort_placeholder(prompt_len, first_id):
+            detail = ("SGLang refused this request before running it and ran a 1-token placeholder in its place; "
+                      "the server's reply to the request (and its log) says why")
+            log.warning("rid %s: %s; it is marked failed", req.rid, detail)
+            self.fail(req.rid, CAPTURE_SERVER_ABORTED)
+            self._failures.append(Failure(req.rid, CAPTURE_SERVER_ABORTED, detail))
+            return None
         if req.prefix_len > 0:
             # Either its first rows came from a prefix cache, or this is a decode/re-prefill row
             # of a request no longer tracked: no complete dump can come of it, write nothing.

@@ -8,10 +8,8 @@ RMSNorm when the dump stores it pre-norm), must give the token the server return
 weights needed are read from the model's safetensors files, by name, so the check runs on a
 CPU in seconds even for a 1T-parameter model.
 
-Tolerance (bf16 ties): the server's logits come from a bf16 matmul, ours from float32 over the
-bf16-rounded hidden state. The check passes when our argmax is the server's token, or when the
-server's token is within ``2**-7 * max(1, |top logit|)`` (one bf16 ulp, relative) of our top
-logit; such a near-tie pass is reported in the details.
+The token check and its bf16 tolerance are `hsextract.greedy_check`'s, which the drain runs on a
+share of real samples too.
 """
 
 from __future__ import annotations
@@ -23,10 +21,9 @@ from typing import Any
 
 import torch
 
-from hsextract.errors import StagingError
+from hsextract.errors import ConfigError, StagingError
+from hsextract.greedy_check import GreedyHead
 from hsextract.staging import DTYPES, read_done_marker, read_states, rid_dir
-
-BF16_REL_TIE = 2.0**-7
 
 
 @dataclass
@@ -38,50 +35,6 @@ class SelfCheckResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
-
-
-def _weight_files(model_path: Path) -> list[Path]:
-    index = model_path / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_path / n for n in names]
-    return sorted(model_path.glob("*.safetensors"))
-
-
-def load_named_tensors(model_path: str | Path, wanted: dict[str, list[str]]) -> dict[str, torch.Tensor]:
-    """For each key of `wanted`, the first of its candidate tensor names found in the model's files."""
-    from safetensors import safe_open
-
-    model_path = Path(model_path)
-    index = model_path / "model.safetensors.index.json"
-    weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else None
-    found: dict[str, torch.Tensor] = {}
-    files = _weight_files(model_path)
-    for key, candidates in wanted.items():
-        for name in candidates:
-            paths = files if weight_map is None else [model_path / weight_map[n] for n in [name] if n in weight_map]
-            for p in paths:
-                with safe_open(str(p), framework="pt") as f:
-                    if name in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
-                        found[key] = f.get_tensor(name)
-                        break
-            if key in found:
-                break
-    return found
-
-
-def _head_names(config: dict[str, Any]) -> dict[str, list[str]]:
-    prefixes = ["", "language_model.", "model.language_model."]
-    head = [f"{p}lm_head.weight" for p in prefixes]
-    if config.get("tie_word_embeddings") or (config.get("text_config") or {}).get("tie_word_embeddings"):
-        head += [f"{p}model.embed_tokens.weight" for p in prefixes]
-    norm = [f"{p}model.norm.weight" for p in prefixes]
-    return {"lm_head": head, "norm": norm}
-
-
-def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = h.float()
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
 
 
 def check_dump(
@@ -131,34 +84,21 @@ def check_dump(
     if int(text_cfg.get("hidden_size", marker.hidden_size)) != marker.hidden_size:
         res.reasons.append(f"dump hidden size {marker.hidden_size} != model's {text_cfg.get('hidden_size')}")
     if server_token is not None and not res.reasons:
-        _check_token(res, hidden, marker.final_hidden, model_path, config, text_cfg, int(server_token))
+        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token))
     res.ok = not res.reasons
     return res
 
 
 def _check_token(res: SelfCheckResult, hidden: torch.Tensor, final_hidden: str, model_path: Path,
-                 config: dict[str, Any], text_cfg: dict[str, Any], server_token: int) -> None:
-    weights = load_named_tensors(model_path, _head_names(config))
-    if "lm_head" not in weights:
-        res.reasons.append(f"no lm_head weight found in {model_path}")
+                 server_token: int) -> None:
+    try:
+        verdict = GreedyHead(model_path).check(hidden[-1, -1], final_hidden, server_token)
+    except ConfigError as exc:
+        res.reasons.append(str(exc))
         return
-    h = hidden[-1, -1].float()
-    if final_hidden == "pre_norm":
-        if "norm" not in weights:
-            res.reasons.append(f"dump is pre-norm but no final norm weight found in {model_path}")
-            return
-        h = rms_norm(h, weights["norm"], float(text_cfg.get("rms_norm_eps", 1e-6)))
-    logits = weights["lm_head"].float() @ h
-    top = int(logits.argmax())
-    gap = float(logits[top] - logits[server_token]) if 0 <= server_token < logits.numel() else float("inf")
-    tol = BF16_REL_TIE * max(1.0, abs(float(logits[top])))
-    res.details.update(predicted_token=top, server_token=server_token, logit_gap=gap, tie_tolerance=tol)
-    if top == server_token:
-        return
-    if gap <= tol:
+    res.details.update(predicted_token=verdict.predicted, server_token=server_token, logit_gap=verdict.logit_gap,
+                       tie_tolerance=verdict.tolerance)
+    if verdict.near_tie:
         res.details["near_tie"] = True
-        return
-    res.reasons.append(
-        f"the captured final hidden state of the last position predicts token {top}, but the server returned "
-        f"{server_token} (logit gap {gap:.4g} > tolerance {tol:.4g}): the dump does not hold the states the "
-        "server computed (wrong layer, norm placement or rows)")
+    if not verdict.ok:
+        res.reasons.append(verdict.explain())

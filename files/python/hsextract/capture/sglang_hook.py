@@ -9,6 +9,12 @@ Kimi-K2.5 ``model.language_model.model``) that hands each prefill batch to the w
 Captured per token: the aux layers (SGLang's own capture: the residual stream entering layer
 ``i``), and the final hidden state: post-norm is the decoder's output, pre-norm is the residual
 sum that enters the final norm (taken from a hook on ``model.norm``).
+
+The decoder's hook takes the batch (`own_batch`: tensors of the capture's own, made before the
+hook returns, since SGLang reuses its input buffers for the next batch); a hook on the model's
+logits processor, which runs next in the same forward, adds the token SGLang's greedy sampler will
+pick for each request (the argmax of its next-token logits; the client always asks for
+temperature 0) and hands the batch to the writer.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from hsextract import __version__ as hsextract_version
 from hsextract.archs import ArchSpec, lookup
 from hsextract.capture.config import CaptureConfig
 from hsextract.capture.core import CaptureSettings, select_requests
+from hsextract.capture.host_stage import OwnedBatch, greedy_tokens, own_batch
 from hsextract.capture.preflight import (
     ServerFacts,
     check_dump_dir,
@@ -34,6 +41,7 @@ from hsextract.capture.preflight import (
     sglang_version,
 )
 from hsextract.capture.ranks import attention_ranks, writes_dumps
+from hsextract.capture.sink import CaptureSink, WriterOptions
 from hsextract.capture.writer import CaptureWriter
 from hsextract.capture.writer_process import ProcessCaptureWriter
 from hsextract.errors import ConfigError, UnsupportedArchitecture
@@ -48,9 +56,6 @@ from hsextract.staging import (
 )
 
 log = logging.getLogger("hsextract.capture")
-
-Writer = CaptureWriter | ProcessCaptureWriter  # in the scheduler's process, or in a child of it
-
 
 def load_base_class(architecture: str) -> type:
     """SGLang's own class for `architecture`; raise naming the supported ones if there is none."""
@@ -145,13 +150,16 @@ class CaptureHook:
     it must send the sample again.
     """
 
-    def __init__(self, settings: CaptureSettings, writer: Writer | None, fail_every_kth_batch: int = 0):
+    def __init__(self, settings: CaptureSettings, writer: CaptureSink | None, fail_every_kth_batch: int = 0):
         self.settings = settings
         self.writer = writer
+        self.tokens_hooked = False  # set once the logits processor's hook is installed
         self._pre_norm: torch.Tensor | None = None
+        self._pending: tuple[Any, OwnedBatch] | None = None  # (forward batch, its rows) awaiting the tokens
         self._fail_every = fail_every_kth_batch  # test-only fault switch (0: off)
         self._batches = 0
         self._faulted: set[str] = set()  # rids the switch failed once: their resends go through
+        self._warned_tokens = False
 
     def on_final_norm(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         """Keep the residual sum entering the final norm (the pre-norm final hidden state)."""
@@ -164,6 +172,8 @@ class CaptureHook:
 
     def on_decoder(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         pre_norm, self._pre_norm = self._pre_norm, None
+        if self._pending is not None:  # the last batch's logits hook never came: hand it over as it is
+            self._hand_over(None)
         if self.writer is None or not isinstance(output, tuple) or len(output) != 2:
             return
         fb = args[2] if len(args) > 2 else kwargs.get("forward_batch")
@@ -187,13 +197,49 @@ class CaptureHook:
             return
         try:
             self._maybe_inject_fault(requests)
-            self.writer.submit(requests, aux, final, fb.input_ids, prompt_lens)
+            batch = own_batch(self.settings, requests, aux, final, fb.input_ids, prompt_lens)
         except Exception as exc:
-            injected = isinstance(exc, InjectedFault)
-            if not injected:
-                log.exception("capture: could not queue a batch of %d requests", len(requests))
-            reason = CAPTURE_FAULT_INJECTED if injected else CAPTURE_QUEUE_ERROR
-            self.writer.fail_requests(requests, reason, f"{type(exc).__name__}: {exc}")
+            self._not_queued(requests, exc)
+            return
+        self._pending = (fb, batch)
+        if not self.tokens_hooked:
+            self._hand_over(None)
+
+    def on_logits(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        """The logits processor ran for the pending batch: its greedy tokens, then the hand-over."""
+        if self._pending is None:
+            return
+        fb = args[3] if len(args) > 3 else kwargs.get("logits_metadata")
+        if fb is not None and fb is not self._pending[0]:
+            self._hand_over(None)  # the logits of another batch: the pending one goes without tokens
+            return
+        try:
+            tokens = greedy_tokens(getattr(output, "next_token_logits", None), self._pending[1].batch_size)
+        except Exception:
+            log.exception("capture: reading the batch's greedy tokens failed; its dumps record none")
+            tokens = None
+        if tokens is None and not self._warned_tokens:
+            self._warned_tokens = True
+            log.warning("capture: the logits processor's output holds no next-token logits per request; dumps "
+                        "record no greedy token (the drain's self-check skips them)")
+        self._hand_over(tokens)
+
+    def _hand_over(self, tokens: torch.Tensor | None) -> None:
+        assert self._pending is not None and self.writer is not None
+        _, batch = self._pending
+        self._pending = None
+        try:
+            self.writer.submit_owned(batch, tokens)
+        except Exception as exc:
+            self._not_queued(batch.requests, exc)
+
+    def _not_queued(self, requests: list, exc: Exception) -> None:
+        assert self.writer is not None
+        injected = isinstance(exc, InjectedFault)
+        if not injected:
+            log.exception("capture: could not queue a batch of %d requests", len(requests))
+        reason = CAPTURE_FAULT_INJECTED if injected else CAPTURE_QUEUE_ERROR
+        self.writer.fail_requests(requests, reason, f"{type(exc).__name__}: {exc}")
 
     def _maybe_inject_fault(self, requests: list) -> None:
         """The test-only fault switch: fail every k-th batch of requests it has not failed before
@@ -264,18 +310,17 @@ def _states_dtype(inner: Any) -> torch.dtype:
     return torch.bfloat16
 
 
-def _make_writer(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> Writer:
+def _make_writer(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> CaptureSink:
     cuda = facts.device != "cpu" and torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    kind = ProcessCaptureWriter if cfg.writer_process else CaptureWriter
-    return kind(
-        Path(cfg.dump_dir),
-        settings,
-        device=device,
+    options = WriterOptions(
         num_threads=cfg.writer_threads or (8 if cuda else 2),
         max_bytes_in_flight=cfg.max_bytes_in_flight or ((4 << 30) if cuda else (256 << 20)),
         pool_granularity=cfg.tunable("pool_granularity_bytes", 2 << 20),
+        verify_rows=bool(cfg.tunable("verify_rows", 1)),
     )
+    kind = ProcessCaptureWriter if cfg.writer_process else CaptureWriter
+    return kind(Path(cfg.dump_dir), settings, options, device=device)
 
 
 def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
@@ -316,6 +361,10 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     if cfg.final_hidden == "pre_norm":
         inner.norm.register_forward_hook(hook.on_final_norm, with_kwargs=True)
     inner.register_forward_hook(hook.on_decoder, with_kwargs=True)
+    logits_processor = getattr(causal_lm, "logits_processor", None)
+    if isinstance(logits_processor, torch.nn.Module):
+        logits_processor.register_forward_hook(hook.on_logits, with_kwargs=True)
+        hook.tokens_hooked = True
     log.warning(
         "hsextract capture on: %s, layers_to_capture=%s (eagle ids %s), final hidden %s, rid prefix %r, "
         "attn_tp_rank %d attn_dp_rank %d, %s", cfg.architecture, list(layers.sglang_layers_to_capture),

@@ -40,19 +40,21 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from hsextract.capture.core import BatchRequest, CapturePlanner, CaptureSettings, Failure, RequestState, Segment
+from hsextract import fingerprint
+from hsextract.capture.core import CapturePlanner, CaptureSettings, Failure, LandedMeta, RequestState, Segment
+from hsextract.capture.host_stage import FailedRequests, HostBufferPool, HostStager, StagedBatch, failures_of
+from hsextract.capture.sink import BatchQueue, WriterOptions
 from hsextract.staging import (
+    CAPTURE_FINGERPRINT,
     CAPTURE_QUEUE_ERROR,
     CAPTURE_WRITE_ERROR,
     DONE_FILE,
-    DTYPES,
     FAILED_FILE,
     STATES_FILE,
     FailureMarker,
@@ -64,175 +66,7 @@ from hsextract.staging import (
 
 log = logging.getLogger("hsextract.capture")
 
-_ALIGN = 64
 _MiB = 1 << 20
-
-
-def _round_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-class HostBufferPool:
-    """Reusable host buffers (pinned when CUDA is used) under a byte budget.
-
-    Pinned allocations are slow (cudaHostAlloc pins every page: tens of milliseconds for a
-    batch of short prompts at 8B width, inside the forward pass), so buffers are kept and reused.
-    Their sizes are powers of two times the granularity: batches of many sizes (short prompts
-    batched 1 to 50 at a time) then share a few size classes and reuse each other's buffers,
-    instead of each new size costing a new pinned allocation. The budget bounds the bytes held
-    by the pool, in use or free; a request larger than the whole budget is still served when
-    nothing else is in use, so an oversized batch cannot deadlock the capture.
-
-    ``allocate(nbytes)`` makes a new buffer (default: ``torch.empty``, pinned when ``pin``) and
-    ``drop(buf)`` is told of each buffer the pool lets go of, so that buffers of another kind
-    (memory shared with the writer process) can be given back where they came from.
-    """
-
-    def __init__(self, max_bytes: int, pin: bool, granularity: int = 2 * _MiB,
-                 allocate: Callable[[int], torch.Tensor] | None = None,
-                 drop: Callable[[torch.Tensor], None] | None = None):
-        self.max_bytes = int(max_bytes)
-        self.pin = pin
-        self.granularity = max(1, int(granularity))
-        self._allocate = allocate or (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=self.pin))
-        self._drop = drop
-        self._cond = threading.Condition()
-        self._free: list[torch.Tensor] = []
-        self._in_use = 0
-        self._held = 0  # bytes allocated (in use + free)
-        self.blocked_seconds = 0.0
-        self.blocked_count = 0
-        self._last_block_log = 0.0
-        self.allocations = 0
-        self.allocation_seconds = 0.0
-
-    @property
-    def in_use(self) -> int:
-        return self._in_use
-
-    def acquire(self, nbytes: int) -> torch.Tensor:
-        """A uint8 buffer of at least ``nbytes``; blocks while the budget is spent."""
-        t0 = None
-        with self._cond:
-            while True:
-                buf = self._take(nbytes)
-                if buf is not None:
-                    break
-                if t0 is None:
-                    t0 = time.monotonic()
-                    self.blocked_count += 1
-                    if t0 - self._last_block_log > 10:
-                        self._last_block_log = t0
-                        log.warning(
-                            "capture blocked: %d MiB of host buffers in flight reached the limit of %d MiB; "
-                            "the forward pass waits for the writers (raise the in-flight limit or add writer "
-                            "threads if this repeats)", self._in_use // _MiB, self.max_bytes // _MiB)
-                self._cond.wait(timeout=1.0)
-        if t0 is not None:
-            self.blocked_seconds += time.monotonic() - t0
-        return buf
-
-    def try_acquire(self, nbytes: int) -> torch.Tensor | None:
-        """`acquire` without waiting: None where it would block."""
-        with self._cond:
-            return self._take(nbytes)
-
-    def _take(self, nbytes: int) -> torch.Tensor | None:
-        """The smallest free buffer that fits, else a new one within the budget, else None (under the lock).
-
-        Free buffers are found by index, never by value: ``list.remove`` would compare tensors
-        with ``==`` (element-wise), which raises once the pool holds buffers of different sizes.
-        """
-        best = None
-        for i, b in enumerate(self._free):
-            if b.numel() >= nbytes and (best is None or b.numel() < self._free[best].numel()):
-                best = i
-        if best is not None:
-            buf = self._free.pop(best)
-            self._in_use += buf.numel()
-            return buf
-        need = self.size_class(nbytes)
-        while self._free and self._held + need > self.max_bytes:
-            largest = max(range(len(self._free)), key=lambda i: self._free[i].numel())
-            self._let_go(self._free.pop(largest))
-        if self._held + need > self.max_bytes and self._in_use != 0:
-            return None
-        # Within the budget, or an oversized request while nothing else is in use (it goes alone,
-        # so an oversized batch cannot deadlock the capture).
-        t0 = time.monotonic()
-        buf = self._allocate(need)
-        took = time.monotonic() - t0
-        self.allocations += 1
-        self.allocation_seconds += took
-        self._held += need
-        self._in_use += need
-        if took > 0.01:
-            log.info("capture: a new %d MiB host buffer took %.0f ms (pool: %d MiB in %d buffers, %d allocations)",
-                     need // _MiB, took * 1000, self._held // _MiB, len(self._free) + 1, self.allocations)
-        return buf
-
-    def size_class(self, nbytes: int) -> int:
-        """The size of a new buffer for ``nbytes``: the granularity times a power of two."""
-        units = -(-max(int(nbytes), 1) // self.granularity)
-        return self.granularity * (1 << (units - 1).bit_length())
-
-    @property
-    def held(self) -> int:
-        """Bytes the pool holds, in use or free."""
-        return self._held
-
-    @property
-    def free_sizes(self) -> list[int]:
-        with self._cond:
-            return [b.numel() for b in self._free]
-
-    def release(self, buf: torch.Tensor) -> None:
-        with self._cond:
-            self._in_use -= buf.numel()
-            self._free.append(buf)
-            self._cond.notify_all()
-
-    def clear(self) -> None:
-        """Let go of every free buffer (buffers in use stay the caller's)."""
-        with self._cond:
-            while self._free:
-                self._let_go(self._free.pop())
-
-    def _let_go(self, buf: torch.Tensor) -> None:
-        """A free buffer leaves the pool (under the lock)."""
-        self._held -= buf.numel()
-        if self._drop is not None:
-            try:
-                self._drop(buf)
-            except Exception:  # a failed unmap must not fail the forward pass
-                log.exception("capture: letting go of a %d MiB host buffer failed", buf.numel() // _MiB)
-
-
-@dataclass
-class _FailJob:
-    """Requests the forward pass could not hand over: the dispatcher marks them failed, in order
-    with the batches before and after them (so a later chunk of one finds it failed)."""
-
-    failures: list[Failure]
-
-
-@dataclass
-class _Job:
-    """One batch in flight: the host copy, the event that says it landed, and what it holds."""
-
-    requests: list[BatchRequest]
-    buf: torch.Tensor
-    event: object | None
-    rows: int
-    row_bytes: int
-    ids_offset: int  # byte offset of the int64 input ids in buf
-    lens_offset: int  # byte offset of the int64 prompt lengths in buf
-    batch_size: int
-    remaining: int = 0
-    lock: threading.Lock | None = None
-    # Called once the batch is written, in place of giving ``buf`` back to the writer's pool (a
-    # batch handed over already landed, in a buffer that belongs to someone else).
-    on_finish: Callable[[_Job], None] | None = None
 
 
 class _MappedFile:
@@ -278,154 +112,13 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
-class HostStager:
-    """The forward pass's part of the capture: one batch's rows into a host buffer, nothing more.
-
-    Shared by the in-process writer and the writer process's parent side, so that the forward
-    pass pays the same in both modes.
-    """
-
-    def __init__(self, settings: CaptureSettings, device: torch.device, pool: HostBufferPool):
-        self.settings = settings
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.pool = pool
-        self._side_stream = torch.cuda.Stream(device=device) if self.cuda else None
-
-    def stage(
-        self,
-        requests: list[BatchRequest],
-        aux: torch.Tensor | list[torch.Tensor],
-        final: torch.Tensor,
-        input_ids: torch.Tensor,
-        prompt_lens: torch.Tensor | list[int],
-    ) -> _Job | None:
-        """Concatenate the batch on the device and queue its copy into a pool buffer; the job, or
-        None for a batch without requests."""
-        if not requests:
-            return None
-        s = self.settings
-        k, h = s.num_aux, s.hidden_size
-        rows = max(r.batch_row + r.extend_len for r in requests)
-        dtype = DTYPES[s.dtype][0]
-        with torch.no_grad():
-            if torch.is_tensor(aux):
-                if aux.shape[-1] != k * h:
-                    raise ValueError(f"aux hidden states have width {aux.shape[-1]}, expected {k} x {h}")
-                parts = [aux[:rows].reshape(rows, k, h), final[:rows].reshape(rows, 1, h)]
-                block = torch.cat(parts, dim=1)
-            else:
-                if len(aux) != k:
-                    raise ValueError(f"got {len(aux)} aux hidden states, expected {k}")
-                block = torch.stack([a[:rows] for a in aux] + [final[:rows]], dim=1)
-            if block.dtype != dtype:
-                block = block.to(dtype)
-            ids = input_ids[:rows].to(torch.int64)
-            if not torch.is_tensor(prompt_lens):
-                prompt_lens = torch.tensor(list(prompt_lens), dtype=torch.int64)
-            lens = prompt_lens.to(torch.int64)
-            bsz = int(lens.numel())
-            row_bytes = (k + 1) * h * DTYPES[s.dtype][2]
-            ids_off = _round_up(rows * row_bytes, _ALIGN)
-            lens_off = _round_up(ids_off + 8 * rows, _ALIGN)
-            total = lens_off + 8 * bsz
-            buf = self.pool.acquire(total)
-            try:
-                event = self._copy_to_host(buf, block, ids, lens, rows, row_bytes, ids_off, lens_off, bsz)
-            except BaseException:
-                self.pool.release(buf)
-                raise
-        return _Job(list(requests), buf, event, rows, row_bytes, ids_off, lens_off, bsz, lock=threading.Lock())
-
-    def _copy_to_host(self, buf: torch.Tensor, block: torch.Tensor, ids: torch.Tensor, lens: torch.Tensor,
-                      rows: int, row_bytes: int, ids_off: int, lens_off: int, bsz: int) -> object | None:
-        """Copy the batch into ``buf`` (asynchronously on the side stream on CUDA); the event that
-        says it landed, or None when the copy was synchronous."""
-        dtype = block.dtype
-        host_block = buf[: rows * row_bytes].view(dtype).view(rows, block.shape[1], block.shape[2])
-        host_ids = buf[ids_off : ids_off + 8 * rows].view(torch.int64)
-        host_lens = buf[lens_off : lens_off + 8 * bsz].view(torch.int64)
-        if not self.cuda:
-            host_block.copy_(block)
-            host_ids.copy_(ids)
-            host_lens.copy_(lens)
-            return None
-        stream = self._side_stream
-        assert stream is not None  # made with the writer on CUDA
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            host_block.copy_(block, non_blocking=True)
-            host_ids.copy_(ids, non_blocking=True)
-            host_lens.copy_(lens, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        for t in (block, ids, lens):
-            if t.device.type == "cuda":
-                t.record_stream(stream)
-        return event
-
-
-class _BatchQueue:
-    """What both writers do on the forward pass's side: stage a batch, count it outstanding and
-    queue it, or queue its requests' failures, for a dispatcher thread that takes the items one at
-    a time (`_dispatch_one`). ``_cond`` guards ``_outstanding``."""
-
-    _stager: HostStager
-    _jobs: queue.Queue
-    _cond: threading.Condition
-    _outstanding: int
-
-    def submit(
-        self,
-        requests: list[BatchRequest],
-        aux: torch.Tensor | list[torch.Tensor],
-        final: torch.Tensor,
-        input_ids: torch.Tensor,
-        prompt_lens: torch.Tensor | list[int],
-    ) -> None:
-        """Queue one batch's rows (``aux`` packed ``[T, K*H]`` or K tensors ``[T, H]``)."""
-        job = self._stager.stage(requests, aux, final, input_ids, prompt_lens)
-        if job is not None:
-            self._enqueue(job)
-
-    def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
-        """Mark requests of a batch the forward pass could not hand over as failed (from the forward
-        thread: queued behind the batches already submitted, never blocking)."""
-        if requests:
-            self._enqueue(_FailJob([Failure(r.rid, reason, detail) for r in requests]))
-
-    def _enqueue(self, item: _Job | _FailJob) -> None:
-        with self._cond:
-            self._outstanding += 1
-        self._jobs.put(item)
-
-    def _dispatch_loop(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            self._dispatch_one(item)
-            del item  # not held while waiting for the next: its buffer may be unmapped once released
-
-    def _dispatch_one(self, item) -> None:
-        raise NotImplementedError
-
-
-class CaptureWriter(_BatchQueue):
+class CaptureWriter(BatchQueue):
     """Stages captured batches as per-request files; see the module docstring."""
 
-    def __init__(
-        self,
-        dump_dir: str | Path,
-        settings: CaptureSettings,
-        *,
-        device: str | torch.device = "cpu",
-        num_threads: int = 8,
-        max_bytes_in_flight: int = 2 << 30,
-        slice_bytes: int = 32 * _MiB,
-        map_margin_bytes: int = 512 * _MiB,
-        pool_granularity: int = 2 * _MiB,
-    ):
+    def __init__(self, dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions | None = None, *,
+                 device: str | torch.device = "cpu"):
+        options = options or WriterOptions()
+        self.options = options
         self.dump_dir = Path(dump_dir)
         self._root = os.fspath(self.dump_dir)  # string paths on the per-request path: pathlib costs
         # The planner asks whether a complete dump is still staged before it takes a resend for one.
@@ -433,14 +126,14 @@ class CaptureWriter(_BatchQueue):
         self.settings = settings
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.slice_bytes = max(int(slice_bytes), 1)
-        self.map_margin_bytes = int(map_margin_bytes)
+        self.slice_bytes = max(int(options.slice_bytes), 1)
+        self.map_margin_bytes = int(options.map_margin_bytes)
         self._space_lock = threading.Lock()
         self._reserved = 0
-        self.pool = HostBufferPool(max_bytes_in_flight, pin=self.cuda, granularity=pool_granularity)
+        self.pool = HostBufferPool(options.max_bytes_in_flight, pin=self.cuda, granularity=options.pool_granularity)
         self._stager = HostStager(settings, self.device, self.pool)
-        self._jobs: queue.Queue[_Job | _FailJob | None] = queue.Queue()
-        self.num_threads = max(1, num_threads)
+        self._jobs: queue.Queue[StagedBatch | FailedRequests | None] = queue.Queue()
+        self.num_threads = max(1, options.num_threads)
         self._executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="hsx-write")
         self._marker_shared: str | None = None
         self._outstanding = 0
@@ -449,6 +142,7 @@ class CaptureWriter(_BatchQueue):
         self.requests_done = 0
         self.requests_failed = 0
         self.write_errors = 0  # requests that a failed write lost (not writes: a request has many slices)
+        self.fingerprint_mismatches = 0  # requests whose host copy differed from the forward pass's rows
         self._stats_lock = threading.Lock()
         self._closed = False
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
@@ -457,24 +151,21 @@ class CaptureWriter(_BatchQueue):
     def _complete_dump_staged(self, rid: str) -> bool:
         return os.path.exists(f"{self._root}/{rid}/{DONE_FILE}")
 
-    # ---- forward-pass side (submit, fail_requests: _BatchQueue) --------------------------------
-    def submit_landed(self, requests: list[BatchRequest], buf: torch.Tensor, rows: int, row_bytes: int,
-                      ids_offset: int, lens_offset: int, batch_size: int,
-                      on_finish: Callable[[_Job], None]) -> None:
+    # ---- forward-pass side (submit_owned, submit, fail_requests: BatchQueue) -------------------
+    def submit_landed(self, batch: StagedBatch) -> None:
         """Queue a batch whose host copy has landed already, in a buffer that is not this writer's
-        (the writer process's, or the parent's after that process died); ``on_finish(job)`` is
+        (the writer process's, or the parent's after that process died); its ``on_finish`` is
         called once it is written, in place of giving the buffer back to this writer's pool."""
-        self._enqueue(_Job(list(requests), buf, None, rows, row_bytes, ids_offset, lens_offset, batch_size,
-                           lock=threading.Lock(), on_finish=on_finish))
+        self._enqueue(batch)
 
     def fail(self, failures: list[Failure]) -> None:
         """Queue requests to be marked failed, in order with the batches around them (never blocks)."""
         if failures:
-            self._enqueue(_FailJob(list(failures)))
+            self._enqueue(FailedRequests(list(failures)))
 
-    # ---- writer side (the dispatcher thread: _BatchQueue._dispatch_loop) ----------------------
-    def _dispatch_one(self, job: _Job | _FailJob) -> None:
-        if isinstance(job, _FailJob):
+    # ---- writer side (the dispatcher thread: BatchQueue._dispatch_loop) -----------------------
+    def _dispatch_one(self, job: StagedBatch | FailedRequests) -> None:
+        if isinstance(job, FailedRequests):
             self._fail_requests_now(job.failures)
             self._job_done()
             return
@@ -484,7 +175,7 @@ class CaptureWriter(_BatchQueue):
             log.exception("capture: dispatching a batch of %d requests failed; they are marked failed for the "
                           "client to send again", len(job.requests))
             detail = f"dispatching the batch failed: {type(exc).__name__}: {exc}"
-            self._fail_requests_now([Failure(r.rid, CAPTURE_QUEUE_ERROR, detail) for r in job.requests])
+            self._fail_requests_now(failures_of(job.requests, CAPTURE_QUEUE_ERROR, detail))
             self._finish_job(job)
 
     def _fail_requests_now(self, failures: list[Failure]) -> None:
@@ -493,11 +184,12 @@ class CaptureWriter(_BatchQueue):
             state = self.planner.fail(f.rid, f.reason)
             self._report_failure(state, f.reason, f.detail)
 
-    def _dispatch(self, job: _Job) -> None:
+    def _dispatch(self, job: StagedBatch) -> None:
         if job.event is not None:
             job.event.synchronize()  # type: ignore[attr-defined]  # a torch.cuda.Event
-        lens = job.buf[job.lens_offset : job.lens_offset + 8 * job.batch_size].view(torch.int64).tolist()
-        segments = self.planner.plan(job.requests, lens)
+        meta = LandedMeta(prompt_lens=job.prompt_lens.tolist(), ids=job.ids.numpy(),
+                          row_values=job.row_values.numpy(), greedy_tokens=job.greedy_tokens.tolist())
+        segments = self.planner.plan(job.requests, meta)
         for f in self.planner.take_failures():
             state = self.planner.get(f.rid)
             if state is None:  # dropped from tracking
@@ -555,6 +247,11 @@ class CaptureWriter(_BatchQueue):
         """Does this segment hold every row of a new request, in one slice?"""
         return seg.create and seg.dst_row == 0 and seg.rows == seg.state.prompt_len and seg.rows <= per_slice_rows
 
+    @staticmethod
+    def _is_whole_slice(seg: Segment, a: int, b: int) -> bool:
+        """Is rows ``[a, b)`` of the segment a whole new request, written in one call?"""
+        return seg.create and seg.dst_row == 0 and a == 0 and b == seg.rows == seg.state.prompt_len
+
     def _reserve(self, nbytes: int) -> bool:
         """Room for ``nbytes`` written through a mapping? A page fault on a full tmpfs is a SIGBUS
         (fatal), not an error, so mapped writes are used only with free space to spare; otherwise
@@ -604,40 +301,61 @@ class CaptureWriter(_BatchQueue):
         except OSError as exc:
             self._fail(state, path, exc)
 
-    def _write_wholes(self, job: _Job, mv: memoryview, group: list[Segment]) -> None:
+    def _write_wholes(self, job: StagedBatch, mv: memoryview, group: list[Segment]) -> None:
         """Write a group of whole requests of the batch, one after the other (one task)."""
         for seg in group:
             self._write_one(job, mv, seg, 0, seg.rows, True, None)
         self._task_done(job)
 
-    def _write_slice(self, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+    def _write_slice(self, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
                      mapped: _MappedFile | None) -> None:
         self._write_one(job, mv, seg, a, b, with_ids, mapped)
         self._task_done(job)
 
-    def _write_one(self, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+    def _write_one(self, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
                    mapped: _MappedFile | None) -> None:
-        """Rows [a, b) of a segment into its file; a failure is reported, never raised."""
+        """Rows [a, b) of a segment into its file, once they are checked against the forward pass's
+        fingerprint values; a failure is reported, never raised."""
         state = seg.state
         path = self._states_path(state.rid)
         nbytes = (b - a) * job.row_bytes
-        error = None if state.failed else self._put_slice(path, job, mv, seg, a, b, with_ids, mapped)
+        mismatch = None if state.failed or not self.options.verify_rows else self._check_rows(job, mv, seg, a, b)
+        error = None if state.failed or mismatch else self._put_slice(path, job, mv, seg, a, b, with_ids, mapped)
         if mapped is not None:
             mapped.done(nbytes)
-        if error is not None:
+        if mismatch:
+            with self._stats_lock:
+                self.fingerprint_mismatches += 1
+            self._report_failure(state, CAPTURE_FINGERPRINT, mismatch)
+        elif error is not None:
             self._fail(state, path, error)
         self._slice_done(state)
 
-    def _task_done(self, job: _Job) -> None:
+    @staticmethod
+    def _check_rows(job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int) -> str:
+        """"" if rows [a, b) of the segment in the host buffer have the values the forward pass
+        computed on the device; else what differs."""
+        first = seg.batch_row + a
+        src = first * job.row_bytes
+        ids = job.ids.numpy()[first : seg.batch_row + b]
+        got = fingerprint.row_values_np(mv[src : src + (b - a) * job.row_bytes], ids, job.row_bytes)
+        want = job.row_values.numpy()[first : seg.batch_row + b]
+        bad = np.flatnonzero(got != want)
+        if not len(bad):
+            return ""
+        return (f"{len(bad)} of rows {seg.dst_row + a}..{seg.dst_row + b - 1} of the host copy differ from what the "
+                f"forward pass computed (first: prompt row {seg.dst_row + a + int(bad[0])}); the copy to the host "
+                "read memory that had changed")
+
+    def _task_done(self, job: StagedBatch) -> None:
         """One writer task of the batch is over; the last one gives the host buffer back."""
-        assert job.lock is not None
         with job.lock:
             job.remaining -= 1
             last = job.remaining == 0
         if last:
             self._finish_job(job)
 
-    def _put_slice(self, path: str, job: _Job, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+    def _put_slice(self, path: str, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
                    mapped: _MappedFile | None) -> OSError | None:
         """Write rows [a, b) of the segment (and its ids) into the request's file; the error, if any."""
         try:
@@ -645,11 +363,12 @@ class CaptureWriter(_BatchQueue):
             nbytes = (b - a) * job.row_bytes
             src = (seg.batch_row + a) * job.row_bytes
             dst = layout.hidden_offset(seg.dst_row + a)
-            if with_ids and self._whole(seg, b):
+            whole = with_ids and self._is_whole_slice(seg, a, b)
+            if whole:
                 self._write_whole(path, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
             elif mapped is not None:  # parallel: page faults do not take the inode lock
                 ctypes.memmove(mapped.addr + dst, job.buf.data_ptr() + src, nbytes)
-            if (mapped is None or with_ids) and not self._whole(seg, b):
+            if (mapped is None or with_ids) and not whole:
                 fd = os.open(path, os.O_WRONLY)
                 try:
                     if mapped is None:  # pwrite: tmpfs serialises these per file
@@ -668,8 +387,8 @@ class CaptureWriter(_BatchQueue):
         return None
 
     @staticmethod
-    def _ids_view(job: _Job, mv: memoryview, seg: Segment) -> memoryview:
-        start = job.ids_offset + 8 * seg.batch_row
+    def _ids_view(job: StagedBatch, mv: memoryview, seg: Segment) -> memoryview:
+        start = job.ids_offset(seg.batch_row)
         return mv[start : start + 8 * seg.rows]
 
     def _states_path(self, rid: str) -> str:
@@ -746,7 +465,7 @@ class CaptureWriter(_BatchQueue):
             except OSError as exc:
                 self._fail(state, rid_dir(self.dump_dir, state.rid) / DONE_FILE, exc)
 
-    def _finish_job(self, job: _Job) -> None:
+    def _finish_job(self, job: StagedBatch) -> None:
         if job.on_finish is not None:
             try:
                 job.on_finish(job)

@@ -35,60 +35,28 @@ import contextlib
 import logging
 import mmap
 import os
-import pickle
 import queue
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from hsextract.capture.core import BatchRequest, CaptureSettings, Failure
-from hsextract.capture.writer import CaptureWriter, HostBufferPool, HostStager, _BatchQueue, _FailJob, _Job
+from hsextract.capture import wire
+from hsextract.capture.core import CaptureSettings
+from hsextract.capture.host_stage import FailedRequests, HostBufferPool, HostStager, StagedBatch, failures_of
+from hsextract.capture.sink import BatchQueue, WriterOptions
+from hsextract.capture.wire import MessageReader, send_message
+from hsextract.capture.writer import CaptureWriter
 from hsextract.staging import CAPTURE_QUEUE_ERROR, CAPTURE_WRITER_DIED, DONE_FILE
 
 log = logging.getLogger("hsextract.capture")
 
-_MiB = 1 << 20
-_LEN = struct.Struct("<I")
 MEMFD_NAME = "hsx-capture-buffer"  # as it shows in /proc/<pid>/maps
-
-
-# ---- the wire (pure) -----------------------------------------------------------------------------
-def encode(message: tuple) -> bytes:
-    """One message as its length (4 bytes, little endian) and its pickle."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LEN.pack(len(body)) + body
-
-
-def decode(buf: bytearray) -> tuple | None:
-    """The first whole message of ``buf``, removed from it; None while it is incomplete."""
-    if len(buf) < _LEN.size:
-        return None
-    (n,) = _LEN.unpack_from(buf)
-    if len(buf) < _LEN.size + n:
-        return None
-    body = bytes(buf[_LEN.size : _LEN.size + n])
-    del buf[: _LEN.size + n]
-    return pickle.loads(body)
-
-
-def batch_message(buffer_id: int, job: _Job) -> tuple:
-    """A batch as plain values (built field by field: `dataclasses.astuple` deep-copies: 2.5 ms
-    for 256 requests against 0.03 ms, measured on the CPU test host)."""
-    return ("batch", buffer_id, job.rows, job.row_bytes, job.ids_offset, job.lens_offset, job.batch_size,
-            [(r.rid, r.batch_row, r.prefix_len, r.extend_len, r.index) for r in job.requests])
-
-
-def failures_message(failures: list[Failure]) -> tuple:
-    return ("fail", [(f.rid, f.reason, f.detail) for f in failures])
 
 
 def exit_status(returncode: int | None) -> str:
@@ -102,50 +70,6 @@ def exit_status(returncode: int | None) -> str:
             name = "?"
         return f"killed by signal {-returncode} ({name})"
     return f"exit code {returncode}"
-
-
-class MessageReader:
-    """Messages, and the descriptors sent with them, from a unix stream socket.
-
-    A descriptor arrives no later than the bytes it was sent with, so it is in the queue by the
-    time the message that announces it is decoded."""
-
-    def __init__(self, sock: socket.socket):
-        self._sock = sock
-        self._buf = bytearray()
-        self._fds: deque[int] = deque()
-
-    def read(self) -> tuple | None:
-        """The next message; None once the other end has closed."""
-        while True:
-            msg = decode(self._buf)
-            if msg is not None:
-                return msg
-            try:
-                data, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 16, 4, socket.MSG_CMSG_CLOEXEC)
-            except ConnectionResetError:  # the other end died with data unread: its end all the same
-                return None
-            self._fds.extend(fds)
-            if not data:
-                return None
-            self._buf += data
-
-    def take_fd(self) -> int:
-        return self._fds.popleft()
-
-    def close(self) -> None:
-        while self._fds:
-            os.close(self._fds.popleft())
-
-
-def send_message(sock: socket.socket, message: tuple, fd: int | None = None) -> None:
-    data = encode(message)
-    if fd is None:
-        sock.sendall(data)
-        return
-    sent = socket.send_fds(sock, [data], [fd])
-    if sent < len(data):
-        sock.sendall(data[sent:])
 
 
 # ---- parent side ---------------------------------------------------------------------------------
@@ -243,11 +167,6 @@ class SharedHostBuffers:
             return len(self._maps)
 
 
-@dataclass
-class _Flush:
-    token: int
-
-
 def _spawn(child_sock: socket.socket) -> subprocess.Popen:
     """Start the child on the parent's interpreter, with this hsextract package importable."""
     import hsextract
@@ -261,35 +180,23 @@ def _spawn(child_sock: socket.socket) -> subprocess.Popen:
                             pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
 
 
-class ProcessCaptureWriter(_BatchQueue):
-    """`CaptureWriter`'s interface (``submit``, ``fail_requests``, ``flush``, ``close``), with the
-    writing done by a child process; see the module docstring."""
+class ProcessCaptureWriter(BatchQueue):
+    """`CaptureSink` with the writing done by a child process; see the module docstring."""
 
-    def __init__(
-        self,
-        dump_dir: str | Path,
-        settings: CaptureSettings,
-        *,
-        device: str | torch.device = "cpu",
-        num_threads: int = 8,
-        max_bytes_in_flight: int = 2 << 30,
-        slice_bytes: int = 32 * _MiB,
-        map_margin_bytes: int = 512 * _MiB,
-        pool_granularity: int = 2 * _MiB,
-    ):
+    def __init__(self, dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions | None = None, *,
+                 device: str | torch.device = "cpu"):
         self.dump_dir = Path(dump_dir)
         self.settings = settings
+        self.options = options = options or WriterOptions()
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self._writer_options = {"num_threads": max(1, num_threads), "slice_bytes": slice_bytes,
-                                "map_margin_bytes": map_margin_bytes}
         self.buffers = SharedHostBuffers(self.cuda)
-        self.pool = HostBufferPool(max_bytes_in_flight, pin=False, granularity=pool_granularity,
+        self.pool = HostBufferPool(options.max_bytes_in_flight, pin=False, granularity=options.pool_granularity,
                                    allocate=self.buffers.allocate, drop=self.buffers.drop)
         self._stager = HostStager(settings, self.device, self.pool)
-        self._jobs: queue.Queue[_Job | _FailJob | _Flush | None] = queue.Queue()
+        self._jobs: queue.Queue[StagedBatch | FailedRequests | wire.Flush | None] = queue.Queue()
         self._cond = threading.Condition()  # guards everything below
-        self._in_flight: dict[int, _Job] = {}  # buffer id -> batch sent to the child, not yet released
+        self._in_flight: dict[int, StagedBatch] = {}  # buffer id -> batch sent to the child, not yet released
         self._outstanding = 0  # batches submitted and not yet released, failures not yet handed over
         self._acks: dict[int, bool] = {}
         self._next_token = 0
@@ -299,20 +206,21 @@ class ProcessCaptureWriter(_BatchQueue):
         self._fallback: CaptureWriter | None = None
         # The child's counters, as of its last flush.
         self.requests_done = self.requests_failed = self.write_errors = self.bytes_written = 0
+        self.fingerprint_mismatches = 0
         self._sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = _spawn(child_sock)
         finally:
             child_sock.close()
         self.child_pid = self._proc.pid
-        send_message(self._sock, ("init", str(self.dump_dir), settings, self._writer_options))
+        send_message(self._sock, wire.Init(str(self.dump_dir), settings, options))
         log.info("capture: writing through a writer process (pid %d)", self.child_pid)
         self._reader = threading.Thread(target=self._read_loop, name="hsx-writer-reader", daemon=True)
         self._reader.start()
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="hsx-dispatch", daemon=True)
         self._dispatcher.start()
 
-    # ---- forward-pass side: submit, fail_requests (_BatchQueue) ------------------------------
+    # ---- forward-pass side: submit_owned, submit, fail_requests (BatchQueue) -------------------
     @property
     def in_flight_batches(self) -> int:
         """Batches the child has been sent and has not released."""
@@ -325,20 +233,21 @@ class ProcessCaptureWriter(_BatchQueue):
         with self._cond:
             return self._dead and self._fallback is not None
 
-    # ---- dispatcher (_BatchQueue._dispatch_loop): one message per batch ----------------------
-    def _dispatch_one(self, item: _Job | _FailJob | _Flush) -> None:
+    # ---- dispatcher (BatchQueue._dispatch_loop): one message per batch -----------------------
+    def _dispatch_one(self, item: StagedBatch | FailedRequests | wire.Flush) -> None:
         try:
-            if isinstance(item, _Job):
-                self._hand_over(item)
-            elif isinstance(item, _FailJob):
-                self._hand_over_failures(item)
-            else:
-                self._hand_over_flush(item)
+            match item:
+                case StagedBatch():
+                    self._hand_over(item)
+                case FailedRequests():
+                    self._hand_over_failures(item)
+                case wire.Flush():
+                    self._hand_over_flush(item)
         except Exception:  # never let a bug in the capture take the server down
             log.exception("capture: handing an item to the writer process failed")
-            if isinstance(item, _Job):
+            if isinstance(item, StagedBatch):
                 self._fail_here(item, "handing the batch to the writer process failed (see the server log)")
-            elif isinstance(item, _FailJob):
+            elif isinstance(item, FailedRequests):
                 log.error("capture: %d requests could not be marked failed: %s", len(item.failures),
                           ", ".join(f"{f.rid} ({f.reason})" for f in item.failures))
                 self._done(1)
@@ -347,7 +256,7 @@ class ProcessCaptureWriter(_BatchQueue):
                     self._acks[item.token] = True
                     self._cond.notify_all()
 
-    def _send(self, message: tuple) -> bool:
+    def _send(self, message: object) -> bool:
         """Send the child what it must know first (new and dropped buffers), then ``message``;
         False once the child is gone."""
         new, dropped = self.buffers.take_news()
@@ -355,12 +264,12 @@ class ProcessCaptureWriter(_BatchQueue):
             while new:
                 bid, fd, n = new[0]
                 try:
-                    send_message(self._sock, ("buffer", bid, n), fd)
+                    send_message(self._sock, wire.NewBuffer(bid, n), fd)
                 finally:
                     new.pop(0)
                     os.close(fd)  # the mappings hold the memory; the child has its own descriptor
             for bid in dropped:
-                send_message(self._sock, ("drop", bid))
+                send_message(self._sock, wire.DropBuffer(bid))
             send_message(self._sock, message)
             return True
         except OSError as exc:
@@ -370,7 +279,7 @@ class ProcessCaptureWriter(_BatchQueue):
             for _bid, fd, _n in new:  # not sent: the child is gone
                 os.close(fd)
 
-    def _hand_over(self, job: _Job) -> None:
+    def _hand_over(self, job: StagedBatch) -> None:
         if job.event is not None:
             job.event.synchronize()  # type: ignore[attr-defined]  # a torch.cuda.Event
         bid = self.buffers.buffer_id(job.buf)
@@ -381,7 +290,7 @@ class ProcessCaptureWriter(_BatchQueue):
         if dead:
             self._write_here(job)
             return
-        if self._send(batch_message(bid, job)):
+        if self._send(wire.batch_message(bid, job.rows, job.row_bytes, job.meta_offset, job.batch_size, job.requests)):
             return
         with self._cond:  # not handed over whole: unless the child's death took it already, write it here
             mine = self._in_flight.pop(bid, None) is not None
@@ -389,42 +298,42 @@ class ProcessCaptureWriter(_BatchQueue):
         if mine:
             self._write_here(job)
 
-    def _hand_over_failures(self, item: _FailJob) -> None:
+    def _hand_over_failures(self, item: FailedRequests) -> None:
         with self._cond:
             dead = self._dead
-        if dead or not self._send(failures_message(item.failures)):
+        if dead or not self._send(wire.fail_message(item.failures)):
             self._wait_dead()
             assert self._fallback is not None
             self._fallback.fail(item.failures)
         self._done(1)
 
-    def _hand_over_flush(self, item: _Flush) -> None:
+    def _hand_over_flush(self, item: wire.Flush) -> None:
         with self._cond:
             dead = self._dead
         if not dead:
-            self._send(("flush", item.token))  # a failed send: the flush waits for the death instead
+            self._send(item)  # a failed send: the flush waits for the death instead
 
-    def _write_here(self, job: _Job) -> None:
+    def _write_here(self, job: StagedBatch) -> None:
         assert self._fallback is not None
-        self._fallback.submit_landed(job.requests, job.buf, job.rows, job.row_bytes, job.ids_offset,
-                                     job.lens_offset, job.batch_size, on_finish=self._release)
+        job.event, job.on_finish = None, self._release
+        self._fallback.submit_landed(job)
 
-    def _fail_here(self, job: _Job, detail: str) -> None:
+    def _fail_here(self, job: StagedBatch, detail: str) -> None:
         """A batch that could not be handed over: its requests are marked failed (by the child, or
         here once it is gone), and its buffer goes back to the pool."""
-        failures = [Failure(r.rid, CAPTURE_QUEUE_ERROR, detail) for r in job.requests]
+        failures = failures_of(job.requests, CAPTURE_QUEUE_ERROR, detail)
         with self._cond:
             for bid, other in list(self._in_flight.items()):
                 if other is job:
                     del self._in_flight[bid]
             dead = self._dead
-        if dead or not self._send(failures_message(failures)):
+        if dead or not self._send(wire.fail_message(failures)):
             self._wait_dead()
             if self._fallback is not None:
                 self._fallback.fail(failures)
         self._release(job)
 
-    def _release(self, job: _Job) -> None:
+    def _release(self, job: StagedBatch) -> None:
         self.pool.release(job.buf)
         self._done(1)
 
@@ -441,17 +350,18 @@ class ProcessCaptureWriter(_BatchQueue):
                 msg = reader.read()
                 if msg is None:
                     break
-                if msg[0] == "released":
-                    with self._cond:
-                        job = self._in_flight.pop(msg[1], None)
-                    if job is not None:
-                        self._release(job)
-                elif msg[0] == "flushed":
-                    with self._cond:
-                        for name, value in msg[2].items():
-                            setattr(self, name, value)
-                        self._acks[msg[1]] = True
-                        self._cond.notify_all()
+                match msg:
+                    case wire.Released(buffer_id=bid):
+                        with self._cond:
+                            job = self._in_flight.pop(bid, None)
+                        if job is not None:
+                            self._release(job)
+                    case wire.Flushed(token=token, counters=counters):
+                        with self._cond:
+                            for name, value in counters.items():
+                                setattr(self, name, value)
+                            self._acks[token] = True
+                            self._cond.notify_all()
         except Exception:
             log.exception("capture: reading from the writer process (pid %d) failed", self.child_pid)
         finally:
@@ -466,8 +376,7 @@ class ProcessCaptureWriter(_BatchQueue):
         self._failover()
 
     def _make_fallback(self) -> CaptureWriter:
-        return CaptureWriter(self.dump_dir, self.settings, device="cpu", max_bytes_in_flight=0,
-                             **self._writer_options)
+        return landed_batch_writer(self.dump_dir, self.settings, self.options)
 
     def _failover(self) -> None:
         """The child is gone: fail what it had not written, and write from now on in this process."""
@@ -482,8 +391,8 @@ class ProcessCaptureWriter(_BatchQueue):
             self._in_flight.clear()
             detail = (f"the capture's writer process (pid {self.child_pid}) died ({exit_status(returncode)}) before "
                       "it wrote this request")
-            failures = [Failure(r.rid, CAPTURE_WRITER_DIED, detail) for job in lost for r in job.requests
-                        if not os.path.exists(os.path.join(self.dump_dir, r.rid, DONE_FILE))]
+            failures = [f for job in lost for f in failures_of(job.requests, CAPTURE_WRITER_DIED, detail)
+                        if not os.path.exists(os.path.join(self.dump_dir, f.rid, DONE_FILE))]
             fallback.fail(failures)  # queued before any batch written here from now on
             self._fallback = fallback
             self._dead = True
@@ -514,7 +423,7 @@ class ProcessCaptureWriter(_BatchQueue):
             token = self._next_token
             self._next_token += 1
             self._acks[token] = False
-        self._jobs.put(_Flush(token))
+        self._jobs.put(wire.Flush(token))
         with self._cond:
             try:
                 while not (self._acks[token] or self._dead) or self._outstanding:
@@ -555,9 +464,17 @@ class ProcessCaptureWriter(_BatchQueue):
 
 
 # ---- child side ----------------------------------------------------------------------------------
+def landed_batch_writer(dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions) -> CaptureWriter:
+    """The writer of batches that have landed already (the child's, and the parent's after the
+    child died): on the CPU, with no pool of its own."""
+    return CaptureWriter(dump_dir, settings, WriterOptions(**{**options.__dict__, "max_bytes_in_flight": 0}),
+                         device="cpu")
+
+
 def _counters(writer: CaptureWriter) -> dict[str, int]:
     return {"requests_done": writer.requests_done, "requests_failed": writer.requests_failed,
-            "write_errors": writer.write_errors, "bytes_written": writer.bytes_written}
+            "write_errors": writer.write_errors, "bytes_written": writer.bytes_written,
+            "fingerprint_mismatches": writer.fingerprint_mismatches}
 
 
 class _Child:
@@ -568,33 +485,32 @@ class _Child:
         self.buffers: dict[int, torch.Tensor] = {}
         self._send_lock = threading.Lock()
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: object) -> None:
         with self._send_lock, contextlib.suppress(OSError):  # the parent is gone: the loop sees EOF and ends
             send_message(self.sock, message)
 
-    def handle(self, msg: tuple) -> None:
-        kind = msg[0]
-        if kind == "batch":
-            _, bid, rows, row_bytes, ids_off, lens_off, bsz, reqs = msg
-            self.writer.submit_landed([BatchRequest(*r) for r in reqs], self.buffers[bid], rows, row_bytes, ids_off,
-                                      lens_off, bsz, on_finish=lambda job: self.send(("released", bid)))
-        elif kind == "buffer":
-            _, bid, nbytes = msg
-            fd = self.reader.take_fd()
-            try:
-                mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
-            self.buffers[bid] = torch.frombuffer(mm, dtype=torch.uint8)
-        elif kind == "drop":
-            self.buffers.pop(msg[1], None)
-        elif kind == "fail":
-            self.writer.fail([Failure(*f) for f in msg[1]])
-        elif kind == "flush":
-            self.writer.flush()
-            self.send(("flushed", msg[1], _counters(self.writer)))
-        else:
-            log.error("capture writer process: unknown message %r; ignored", kind)
+    def handle(self, msg: object) -> None:
+        match msg:
+            case wire.Batch(buffer_id=bid):
+                self.writer.submit_landed(StagedBatch(
+                    msg.batch_requests(), self.buffers[bid], msg.rows, msg.row_bytes, msg.meta_offset, msg.batch_size,
+                    on_finish=lambda job: self.send(wire.Released(bid))))
+            case wire.NewBuffer(buffer_id=bid, nbytes=nbytes):
+                fd = self.reader.take_fd()
+                try:
+                    mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                finally:
+                    os.close(fd)
+                self.buffers[bid] = torch.frombuffer(mm, dtype=torch.uint8)
+            case wire.DropBuffer(buffer_id=bid):
+                self.buffers.pop(bid, None)
+            case wire.Fail():
+                self.writer.fail(msg.as_failures())
+            case wire.Flush(token=token):
+                self.writer.flush()
+                self.send(wire.Flushed(token, _counters(self.writer)))
+            case _:
+                log.error("capture writer process: unknown message %r; ignored", type(msg).__name__)
 
 
 def serve(sock: socket.socket) -> int:
@@ -602,11 +518,10 @@ def serve(sock: socket.socket) -> int:
     parent's EOF write what it was sent and return."""
     reader = MessageReader(sock)
     first = reader.read()
-    if first is None or first[0] != "init":
+    if not isinstance(first, wire.Init):
         log.error("capture writer process: no init message from the parent (got %r); exiting", first)
         return 2
-    _, dump_dir, settings, options = first
-    writer = CaptureWriter(dump_dir, settings, device="cpu", max_bytes_in_flight=0, **options)
+    writer = landed_batch_writer(first.dump_dir, first.settings, first.options)
     child = _Child(sock, reader, writer)
     try:
         while (msg := reader.read()) is not None:

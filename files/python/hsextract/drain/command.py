@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finalize-idle", type=float, default=60.0,
                         help="rebuild dataset-level files after this many idle seconds")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between staging scans")
+    parser.add_argument("--selfcheck-share", type=float, default=0.01,
+                        help="share of samples whose last final hidden state is put through the model's head and "
+                             "must give the token the server sampled (default 0.01; needs --model)")
+    parser.add_argument("--selfcheck-first", type=int, default=8,
+                        help="the first samples a drain sees that are always self-checked (default 8)")
     add_draft_vocab_arguments(parser)
     parser.add_argument("--vocab-checkpoint-interval", type=float, default=30.0,
                         help="seconds between checkpoints of the token counts (a restart recounts what came after)")
@@ -103,7 +108,12 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         abandoned_grace_s=args.abandoned_grace,
         finalize_idle_s=args.finalize_idle,
         poll_interval_s=args.poll_interval,
+        selfcheck_share=float(args.selfcheck_share),
+        selfcheck_first=int(args.selfcheck_first),
     )
+    if not 0.0 <= cfg.selfcheck_share <= 1.0 or cfg.selfcheck_first < 0:
+        raise ConfigError(f"--selfcheck-share {args.selfcheck_share} / --selfcheck-first {args.selfcheck_first}: "
+                          "give a share from 0 to 1 and a count of at least 0")
     if args.workers:
         cfg.workers = args.workers
     cfg.draft_vocab_sizes, cfg.vocab_size = draft_vocab_settings(args)

@@ -45,6 +45,8 @@ class Prepared:
     nbytes: int
     checksum: str
     dump: Path
+    fingerprint: str = ""
+    greedy_check: str = ""
 
 
 class Committer:
@@ -151,7 +153,8 @@ class Committer:
                 fsync_dir(final.parent.parent)
             os.replace(p.tmp, final)
             dirs.add(final.parent)
-            entries.append(ManifestEntry(idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, now))
+            entries.append(ManifestEntry(idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, now,
+                                         p.fingerprint, p.greedy_check))
             done.append(p)
         return entries, done, dirs
 

@@ -50,6 +50,10 @@ class DrainConfig:
     draft_vocab_sizes: tuple[int, ...] = (32000,)
     vocab_size: int | None = None
     vocab_checkpoint_interval_s: float = 30.0
+    # The greedy self-check (hsextract.drain.selfcheck): the first samples the drain sees, then this
+    # share by rid, go through the model's head; needs model_path.
+    selfcheck_share: float = 0.01
+    selfcheck_first: int = 8
 
     @property
     def quarantine(self) -> Path:

@@ -48,6 +48,7 @@ from hsextract.drain.config import DrainConfig
 from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
 from hsextract.drain.quarantine import Quarantine, safe_iterdir
 from hsextract.drain.recovery import recover
+from hsextract.drain.selfcheck import GreedySelfCheck
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.durable import free_bytes
 from hsextract.errors import ConfigError, StagingError
@@ -59,6 +60,7 @@ from hsextract.formats.manifest import (
     default_checksum_algorithm,
     write_header,
 )
+from hsextract.greedy_check import GreedyHead
 from hsextract.layout import client_summary_path, drain_tmp_dir, failures_path, record_rid, records_dir
 from hsextract.reconcile import read_accounts
 from hsextract.records import SampleRecord, parse_rid, read_record, remove_record
@@ -128,6 +130,7 @@ class Drainer:
         self._vocab: VocabTracker | None = None
         self._vocab_pending: dict[str, tuple] = {}
         self._vocab_lock = threading.Lock()
+        self._selfcheck: GreedySelfCheck | None = None
         self.run_id = ""
 
     def stop(self) -> None:
@@ -180,6 +183,7 @@ class Drainer:
             expected=self.expected, header_for=self._ensure_header,
             commit=self._committer.put, quarantine=self._move_to_quarantine, on_settled=self._forget,
             on_durable=self._count_tokens, pause_for_space=self._pause_for_space,
+            selfcheck=self._make_selfcheck(),
         )
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
@@ -312,6 +316,16 @@ class Drainer:
             self._header = header
             return header
 
+    def _make_selfcheck(self) -> GreedySelfCheck | None:
+        """The greedy self-check of the configured share, or None (no model, or a share and first of 0)."""
+        cfg = self.cfg
+        if not cfg.model_path or (cfg.selfcheck_share <= 0 and cfg.selfcheck_first <= 0):
+            if cfg.selfcheck_share > 0 or cfg.selfcheck_first > 0:
+                log.warning("greedy self-check off: the drain was given no --model to read the head from")
+            return None
+        self._selfcheck = GreedySelfCheck(GreedyHead(cfg.model_path), cfg.selfcheck_share, cfg.selfcheck_first)
+        return self._selfcheck
+
     def _check_run(self) -> int:
         """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
         accounts = read_accounts(self.out, self.cfg.quarantine, final=True)
@@ -320,6 +334,11 @@ class Drainer:
             return RUN_CHECK_FAILED
         for line in accounts.lines_of_text():
             log.info("%s", line)
+        if self._selfcheck is not None:
+            c = self._selfcheck.counts
+            log.info("greedy self-check: %d samples checked by this process (%d near bf16 ties), all passed or "
+                     "quarantined as greedy_mismatch; %d chosen had no greedy token recorded", c.checked,
+                     c.near_ties, c.no_token)
         self.stats.set(accounts=accounts.as_dict())
         problems = accounts.problems(self.cfg.max_failure_share)
         for problem in problems:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hsextract import fingerprint
 from hsextract.records import SampleRecord
 from hsextract.staging import DTYPES, DoneMarker, StagedStates
 
@@ -26,6 +27,8 @@ LAYERS = "layers"  # captured at other layers than configured
 NON_FINITE = "non_finite"
 FINAL_HIDDEN = "final_hidden"  # pre-/post-norm placement does not match the format
 RECORD = "record"  # the client's record itself is inconsistent
+FINGERPRINT = "fingerprint_mismatch"  # the staged rows are not those the forward pass fingerprinted
+GREEDY = "greedy_mismatch"  # the final hidden state does not give the token the server sampled
 
 
 class InvalidDump(Exception):
@@ -149,3 +152,18 @@ def _check_tokens(marker: DoneMarker, states: StagedStates, record: SampleRecord
             TOKEN_MISMATCH,
             f"the server ran token {int(ids[first])} at position {first}, the client sent {int(want[first])}",
         )
+
+
+def check_fingerprint(marker: DoneMarker, states: StagedStates) -> str:
+    """The staged rows and ids are those the capture fingerprinted inside the forward pass; the
+    fingerprint (hex) if so, else InvalidDump. A dump without one comes from a capture that took
+    none, and cannot be proven right."""
+    if not marker.fingerprint:
+        raise InvalidDump(FINGERPRINT, f"done.json carries no fingerprint (staged by hsextract "
+                                       f"{marker.hsextract_version or 'of an unknown version'}); the capture and "
+                                       "the drain must be of one version: re-run the playbook")
+    got = fingerprint.of_states(states.hidden, states.input_ids)
+    if got != marker.fingerprint:
+        raise InvalidDump(FINGERPRINT, f"the staged rows have fingerprint {got}, the forward pass computed "
+                                       f"{marker.fingerprint}: the rows changed between the GPU and the file")
+    return got

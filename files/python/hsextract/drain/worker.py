@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hsextract.drain import validate as v
 from hsextract.drain.committer import Prepared
+from hsextract.drain.selfcheck import GreedySelfCheck
 from hsextract.drain.staged_io import MappedStates, map_states
 from hsextract.durable import PIECE, is_no_space, write_payload_durably
 from hsextract.errors import StagingError
@@ -59,7 +60,7 @@ class SampleWorker:
                  expected: Callable[[], v.Expected], header_for: Callable[[DoneMarker], ManifestHeader],
                  commit: Callable[[Prepared], None], quarantine: Callable[[Path, str, str, str], None],
                  on_settled: Callable[[str], None], on_durable: Callable[[Sample], None],
-                 pause_for_space: Callable[[Path, OSError], None]):
+                 pause_for_space: Callable[[Path, OSError], None], selfcheck: GreedySelfCheck | None = None):
         self.fmt = fmt
         # The format's file body is the staged bytes, checked as they are sent (see SourceRange).
         self._streams_staged = bool(getattr(fmt, "streams_staged", False))
@@ -73,6 +74,7 @@ class SampleWorker:
         self._on_settled = on_settled  # a sample left the drain's hands (here: quarantined)
         self._on_durable = on_durable  # a sample's file is durable: the tensors just written, before the commit
         self._pause_for_space = pause_for_space  # a full volume waits for space, it does not fail
+        self._selfcheck = selfcheck  # the greedy self-check of a share of samples (None: off)
 
     def process(self, d: Path, record: SampleRecord) -> None:
         """Prepare the staged dump `d` of `record` within the byte budget, and commit or quarantine it."""
@@ -99,7 +101,10 @@ class SampleWorker:
             marker = read_done_marker(d)
             mapped = map_states(d / STATES_FILE)
             v.validate(marker, mapped.states, record, self._expected(), check_values=not self._streams_staged)
+            fp = v.check_fingerprint(marker, mapped.states)
+            greedy = self._selfcheck.check(marker, mapped.states) if self._selfcheck is not None else ""
             prepared = self._write_temporary(d, record, marker, mapped)
+            prepared.fingerprint, prepared.greedy_check = fp, greedy
         except StagingError as exc:
             failure = (v.UNREADABLE, str(exc))
         except v.InvalidDump as exc:  # from the checks, or met while streaming the rows

@@ -81,6 +81,9 @@ class ManifestEntry:
     bytes: int
     checksum: str  # "<algorithm>:<hex digest>" of the file's bytes
     written_at: float = 0.0
+    fingerprint: str = ""  # hsextract.fingerprint of the rows as the forward pass computed them
+    # The greedy self-check: "passed", "near_tie", or "" where the sample was not among those checked.
+    greedy_check: str = ""
 
     def to_line(self) -> builtins.bytes:  # `bytes` alone is the field above
         return (json.dumps(asdict(self), separators=(",", ":")) + "\n").encode()

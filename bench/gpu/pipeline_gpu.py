@@ -1,0 +1,566 @@
+"""The product end to end on a GPU: `hsextract extract` and `hsextract drain` as the units run them,
+against a capture server at SGLang's production defaults, on a dataset of realistic varied lengths,
+with every sample validated.
+
+What runs, for each model (``--models``: the 8B-shaped Llama and the tiny DeepSeek-V3):
+
+1. servers on the chosen GPUs: a capture server at SGLang's defaults (the overlap scheduler on),
+   the same with ``--disable-overlap-schedule``, and a plain server (no capture patch), with the
+   parallelism of ``--tp`` / ``--dp-attention``;
+2. a generated dataset: conversations of 1 to 3 turns, message lengths drawn from an exponential
+   distribution, a share of long ones (several chunks of chunked prefill) and, where the model's
+   context allows, a few of 16K-30K tokens;
+3. ``correctness``: the real client and drain, as two processes, at each ``--in-flight`` bound
+   (the default 32 first) on the overlap server, then at the default on the no-overlap server. The
+   drain validates every sample (ids against the client's record, the forward pass's fingerprint,
+   finite values, the greedy self-check on a share) and its run check must pass: the accounts
+   reconcile with 0 failed and 0 quarantined. The rows of the overlap run are then compared, sample
+   by sample, with the no-overlap run's, and a few samples with transformers;
+4. ``throughput`` (``--rounds`` > 0): alternating rounds of a plain asyncio loop sending the same
+   encoded prompts to the plain server, and of the whole pipeline on the overlap capture server:
+   the client's own wall time, and the whole pipeline's (start of both processes to the drain's
+   exit), each process's start-up, and the drain's GB/s beside the disk's own (``dd conv=fsync``).
+
+    python3 bench/gpu/pipeline_gpu.py --bundle .gpu                    # on the GPU host
+    python3 bench/gpu/pipeline_gpu.py --device cpu --samples 40        # dry run on a CPU (tiny models)
+
+Results: ``pipeline_gpu.json`` in ``--results`` (bench/results on a GPU) and in ``$OUT`` where set.
+Exits 0 only if every correctness run passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(REPO / "bench"), str(REPO / "files" / "python"), str(REPO / "tests")]
+
+import gpu_env  # noqa: E402
+from gpu_server import ServerHandle, ServerSpec, start, wait_healthy  # noqa: E402
+
+SITE = Path("/tmp/hsx-gpu-site")
+FORMAT = "speculators"  # one file per sample, [T, K + 1, H]: the simplest to compare run against run
+PORT = 30400
+MODEL_KINDS = ("llama8b", "dsv3")
+
+
+@dataclass
+class ModelPlan:
+    """One model's servers and dataset shape."""
+
+    kind: str
+    path: Path
+    context: int
+    words: str  # "w" for the word tokenizer of the 8B model (w<id>), else English words
+    chunk: int
+    server_args: tuple[str, ...]
+    servers: dict[str, ServerHandle] = field(default_factory=dict)
+
+
+# ---- dataset ---------------------------------------------------------------------------------------
+_TEXT = ("the capital city of france is paris hello world this is a tiny test model for sglang deep learning "
+         "models produce hidden states at every layer we dump auxiliary during prefill to shared memory quick "
+         "brown fox jumps over lazy dog user asks question and assistant answers it politely")
+_ENGLISH = _TEXT.split()
+
+
+def write_dataset(path: Path, n: int, context: int, words: str, seed: int = 0, mean_words: int = 120) -> dict:
+    """``n`` conversations (1-3 turns) of varied lengths; returns what was made (word counts)."""
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(100, 120_000)] if words == "w" else _ENGLISH
+    budget = context - 64  # the chat template's tokens and the reply's
+
+    def message(k: int) -> str:
+        return " ".join(rng.choice(vocab) for _ in range(max(1, k)))
+
+    lengths = []
+    with path.open("w") as f:
+        for i in range(n):
+            turns = 1 + rng.randrange(3)
+            sizes = [int(rng.expovariate(1 / mean_words)) + 2 for _ in range(2 * turns)]
+            if i % 20 == 7:  # long: several chunks of the prefill
+                sizes[0] = rng.randint(min(2_000, budget // 4), min(8_000, budget // 2))
+            if i in (3, 11, 19) and budget >= 20_000:  # near the context
+                sizes[0] = rng.randint(16_000, min(30_000, budget - sum(sizes[1:]) - 200))
+            while sum(sizes) > budget - 20 * len(sizes):
+                sizes[sizes.index(max(sizes))] //= 2
+            msgs = [{"role": "user" if j % 2 == 0 else "assistant", "content": message(k)} for j, k in enumerate(sizes)]
+            f.write(json.dumps({"messages": msgs}) + "\n")
+            lengths.append(sum(sizes))
+    lengths.sort()
+    return {"samples": n, "words_total": sum(lengths), "words_min": lengths[0], "words_median": lengths[n // 2],
+            "words_max": lengths[-1], "over_4096": sum(x > 4096 for x in lengths),
+            "over_16000": sum(x > 16000 for x in lengths)}
+
+
+def encode(dataset: Path, model: Path, max_tokens: int) -> list[list[int]]:
+    """Every sample's ids, as the client's own encoder makes them."""
+    from hsextract.client.chat_template import Encoded
+    from hsextract.client.dataset import Reject, read_dataset
+    from hsextract.client.runner import build_encoder
+
+    encoder = build_encoder(model, None, max_tokens, "truncate")
+    out = []
+    for item in read_dataset(dataset):
+        enc = item if isinstance(item, Reject) else encoder.encode(item)
+        if not isinstance(enc, Encoded):
+            raise RuntimeError(f"the client's encoder rejects a bench sample: {enc}")
+        out.append(enc.input_ids)
+    return out
+
+
+# ---- the product as the units run it ---------------------------------------------------------------
+def product_env(env: gpu_env.GpuEnv) -> dict[str, str]:
+    """The environment of `hsextract extract` and `hsextract drain`: the bundle's packages, no GPU."""
+    run_env = env.server_env(())
+    run_env["CUDA_VISIBLE_DEVICES"] = ""
+    return run_env
+
+
+def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset: Path, out: Path, in_flight: int,
+                 max_tokens: int, selfcheck_share: float = 0.05) -> dict:
+    """The drain and the client, started together as separate processes; what they report."""
+    shutil.rmtree(out, ignore_errors=True)
+    logs = out.parent / f"{out.name}-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    py = [sys.executable, "-m", "hsextract"]
+    drain_cmd = [*py, "drain", "--dump-dir", str(server.dump_dir), "--output", str(out), "--format", FORMAT,
+                 "--model", str(model), "--exit-when-done", "--selfcheck-share", str(selfcheck_share)]
+    client_cmd = [*py, "extract", "--server", server.url, "--dataset", str(dataset), "--model", str(model),
+                  "--dump-dir", str(server.dump_dir), "--output", str(out), "--format", FORMAT,
+                  "--max-in-flight", str(in_flight), "--max-tokens", str(max_tokens), "--log-every", "5"]
+    run_env = product_env(env)
+    t0 = time.monotonic()
+    with open(logs / "drain.log", "wb") as dlog, open(logs / "client.log", "wb") as clog:
+        drain = subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT, env=run_env)
+        client = subprocess.Popen(client_cmd, stdout=clog, stderr=subprocess.STDOUT, env=run_env)
+        first_request = wait_first_record(server.dump_dir, client, t0)
+        client_rc = client.wait(timeout=1800)
+        client_done = time.monotonic()
+        drain_rc = drain.wait(timeout=1800)
+    wall = time.monotonic() - t0
+    return summarize(out, logs, client_rc, drain_rc, wall, client_done - t0, first_request)
+
+
+def wait_first_record(dump_dir: Path, client: subprocess.Popen, t0: float) -> float | None:
+    """Seconds from the start until the client wrote its first sample's record (just before it sends it)."""
+    records = Path(dump_dir) / "_records"
+    while client.poll() is None:
+        try:
+            if any(True for p in os.scandir(records) if "-p" not in p.name):
+                return round(time.monotonic() - t0, 2)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.02)
+    return None
+
+
+def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float, client_wall: float,
+              first_request: float | None) -> dict:
+    from hsextract.formats.manifest import iter_entries
+    from hsextract.layout import client_summary_path
+    from hsextract.reconcile import read_accounts
+
+    summary = json.loads(client_summary_path(out).read_text()) if client_summary_path(out).exists() else {}
+    accounts = read_accounts(out, out / "quarantine", final=True)
+    entries = list(iter_entries(out))
+    quarantined = sorted(p.name for p in (out / "quarantine").iterdir()) if (out / "quarantine").is_dir() else []
+    reasons: dict[str, int] = {}
+    for name in quarantined:
+        reason_file = out / "quarantine" / name / "reason.txt"
+        reason = reason_file.read_text().splitlines()[0] if reason_file.exists() else "?"
+        reasons[reason] = reasons.get(reason, 0) + 1
+    tokens = sum(e.tokens for e in entries)
+    nbytes = sum(e.bytes for e in entries)
+    acc = accounts.as_dict() if accounts else {}
+    ok = (client_rc == 0 and drain_rc == 0 and not quarantined and acc.get("failed") == 0
+          and acc.get("unaccounted") == 0 and acc.get("in_set") == acc.get("accepted") and bool(entries))
+    return {
+        "ok": ok, "client_rc": client_rc, "drain_rc": drain_rc, "samples": len(entries), "tokens": tokens,
+        "gb": round(nbytes / 1e9, 3), "accounts": acc, "quarantined_by_reason": reasons,
+        "selfchecked": sum(1 for e in entries if e.greedy_check),
+        "fingerprinted": sum(1 for e in entries if e.fingerprint),
+        "client_summary": {k: summary.get(k) for k in ("ok", "failed", "retried", "truncated", "tokens", "wall_s")},
+        "client_tokens_per_s": round(summary["tokens"] / summary["wall_s"], 1) if summary.get("wall_s") else None,
+        "pipeline_wall_s": round(wall, 2), "client_process_wall_s": round(client_wall, 2),
+        "pipeline_tokens_per_s": round(tokens / wall, 1) if wall else None,
+        "client_startup_s": first_request, "drain_gb_per_s": round(nbytes / 1e9 / wall, 3) if wall else None,
+        "logs_tail": None if ok else {n: tail(logs / n) for n in ("client.log", "drain.log")},
+    }
+
+
+def tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def run_plain_loop(url: str, prompts: list[list[int]], in_flight: int) -> dict:
+    """The comparison: the same requests (prefill, one greedy token) from a plain asyncio loop."""
+    import aiohttp
+
+    async def main() -> None:
+        sem = asyncio.Semaphore(in_flight)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+            async def one(i: int, ids: list[int]) -> None:
+                body = {"input_ids": ids, "rid": f"plain-{i}",
+                        "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+                async with sem, session.post(f"{url}/generate", json=body) as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"{url} answered {r.status}: {(await r.text())[:300]}")
+                    await r.read()
+
+            await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    t0 = time.perf_counter()
+    asyncio.run(main())
+    wall = time.perf_counter() - t0
+    tokens = sum(map(len, prompts))
+    return {"samples": len(prompts), "tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 1)}
+
+
+# ---- row comparisons -------------------------------------------------------------------------------
+def load_rows(out: Path) -> dict[int, Path]:
+    from hsextract.formats.manifest import iter_entries
+
+    return {e.dataset_index: out / e.file for e in iter_entries(out)}
+
+
+def compare_runs(a: Path, b: Path) -> dict:
+    """Sample by sample, the rows of run ``a`` against run ``b`` (relative L2 per sample, over all slots)."""
+    import torch
+    from safetensors.torch import load_file
+
+    rows_a, rows_b = load_rows(a), load_rows(b)
+    common = sorted(set(rows_a) & set(rows_b))
+    errs, equal, ids_differ = [], 0, []
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for i in common:
+        ta, tb = load_file(str(rows_a[i]), device=device), load_file(str(rows_b[i]), device=device)
+        if not torch.equal(ta["input_ids"], tb["input_ids"]):
+            ids_differ.append(i)
+            continue
+        ha, hb = ta["hidden_states"].float(), tb["hidden_states"].float()
+        if torch.equal(ha, hb):
+            equal += 1
+        errs.append(float((ha - hb).norm() / hb.norm().clamp_min(1e-12)))
+    errs.sort()
+    return {"samples": len(common), "only_in_one": len(set(rows_a) ^ set(rows_b)), "ids_differ": ids_differ,
+            "bit_equal": equal, "rel_err_median": errs[len(errs) // 2] if errs else None,
+            "rel_err_max": errs[-1] if errs else None,
+            "ok": bool(common) and not ids_differ and len(set(rows_a) ^ set(rows_b)) == 0
+            and (errs[-1] if errs else 1.0) < 0.05}
+
+
+def compare_with_transformers(out: Path, model: Path, samples: int, max_tokens: int, device: str) -> dict:
+    """A few short samples of a run against transformers (float32), with the CPU tests' bounds."""
+    import torch
+    from hsextract.formats.manifest import read_header
+    from safetensors.torch import load_file
+    from support import hf_reference
+    from transformers import AutoModelForCausalLM
+
+    header = read_header(out)
+    rows = load_rows(out)
+    picked = [i for i, p in sorted(rows.items()) if load_file(str(p))["input_ids"].numel() <= max_tokens][:samples]
+    hf = AutoModelForCausalLM.from_pretrained(str(model), torch_dtype=torch.float32).to(device).eval()
+    problems = {}
+    for i in picked:
+        t = load_file(str(rows[i]))
+        ref = hf_reference.reference(model, t["input_ids"].tolist(), model=hf)
+        found = hf_reference.row_problems(t["hidden_states"], header.sglang_layers_to_capture, header.architecture,
+                                          ref, header.final_hidden)
+        if found:
+            problems[i] = found
+    del hf
+    return {"samples": picked, "problems": problems, "ok": bool(picked) and not problems}
+
+
+def disk_speed(directory: Path, gb: float = 2.0) -> dict:
+    """The output disk's own sequential write speed (dd, fsync at the end)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / "dd.bin"
+    t0 = time.monotonic()
+    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={int(gb * 1e9 / (16 << 20))}",
+                    "conv=fsync"], check=True, capture_output=True)
+    wall = time.monotonic() - t0
+    nbytes = target.stat().st_size
+    target.unlink()
+    return {"gb": round(nbytes / 1e9, 2), "gb_per_s": round(nbytes / 1e9 / wall, 3)}
+
+
+# ---- servers ---------------------------------------------------------------------------------------
+def parallel_args(tp: int, dp_attention: int) -> tuple[str, ...]:
+    args: list[str] = []
+    if tp > 1:
+        args += ["--tp", str(tp), "--disable-custom-all-reduce"]
+    if dp_attention > 1:
+        args += ["--enable-dp-attention", "--dp", str(dp_attention)]
+    return tuple(args)
+
+
+def plan_models(kinds: list[str], env: gpu_env.GpuEnv, work: Path, gpu: int, say) -> list[ModelPlan]:
+    """Each model's directory (generated here) and the server flags it runs with."""
+    from hsextract.tiny_model import ensure_tiny_model
+
+    plans = []
+    tiny_llama = ensure_tiny_model("llama", work / "models" / "llama")
+    for kind in kinds:
+        if kind == "llama8b" and env.cuda:
+            import capture_server_gpu
+
+            t0 = time.monotonic()
+            path = capture_server_gpu.prepare_model(env, work, gpu)
+            say(f"8B-shaped model ready in {time.monotonic() - t0:.0f} s")
+            plans.append(ModelPlan(kind, path, 32768, "w", 8192, (
+                "--chunked-prefill-size", "8192", "--max-total-tokens", "131072", "--max-running-requests", "256",
+                "--mem-fraction-static", "0.9", "--cuda-graph-max-bs-decode", "8")))
+        elif kind == "llama8b":  # the dry run: the tiny Llama in its place
+            plans.append(ModelPlan(kind, tiny_llama, 2048, "en", 64, (
+                "--chunked-prefill-size", "64", "--max-total-tokens", "8192", "--max-running-requests", "32")))
+        else:
+            path = ensure_tiny_model("dsv3-gpu" if env.cuda else "dsv3", work / "models" / "dsv3")
+            gpu_args = ("--disable-cuda-graph",) if env.cuda else ()
+            plans.append(ModelPlan(kind, path, 2048, "en", 128, (
+                "--chunked-prefill-size", "128", "--max-total-tokens", "16384", "--max-running-requests", "64",
+                "--mem-fraction-static", "0.05", *gpu_args) if env.cuda else (
+                "--chunked-prefill-size", "64", "--max-total-tokens", "8192", "--max-running-requests", "32")))
+    return plans
+
+
+def start_servers(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, gpus: tuple[int, ...], port: int,
+                  extra: tuple[str, ...], plain: bool) -> None:
+    """Overlap capture, no-overlap capture and (for the throughput rounds) plain servers of ``plan``."""
+    if not env.cuda:  # the CPU engine has no overlap scheduler to switch off: two capture servers alike
+        extra = ()
+    specs = {"capture": ServerSpec(f"{plan.kind}-capture", plan.path, port, gpus, True, (*plan.server_args, *extra)),
+             "no_overlap": ServerSpec(f"{plan.kind}-capture-no-overlap", plan.path, port + 1, gpus, True,
+                                      (*plan.server_args, *extra, "--disable-overlap-schedule"))}
+    if plain:
+        specs["plain"] = ServerSpec(f"{plan.kind}-plain", plan.path, port + 2, gpus, False, (*plan.server_args, *extra))
+    plan.servers = {name: start(spec, env, work) for name, spec in specs.items()}
+
+
+def wait_servers(plan: ModelPlan, deadline: float) -> None:
+    for handle in plan.servers.values():
+        wait_healthy(handle, max(60.0, deadline - time.monotonic()))
+
+
+def stop_servers(plan: ModelPlan) -> None:
+    with ThreadPoolExecutor() as pool:
+        list(pool.map(lambda h: h.stop(), plan.servers.values()))
+    plan.servers = {}
+
+
+# ---- the runs --------------------------------------------------------------------------------------
+def correctness(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.Namespace, say, deadline: float
+                ) -> dict:
+    dataset = work / f"{plan.kind}-data.jsonl"
+    made = write_dataset(dataset, args.samples, plan.context, plan.words, seed=args.seed)
+    say(f"{plan.kind}: dataset {made}")
+    max_tokens = plan.context - 16
+    res: dict = {"dataset": made, "runs": {}}
+    outs = {}
+    for n in args.in_flight:
+        if time.monotonic() > deadline:
+            res["runs"][f"overlap-{n}"] = {"ok": False, "skipped": "out of time"}
+            continue
+        out = work / f"{plan.kind}-overlap-{n}"
+        r = run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n, max_tokens)
+        res["runs"][f"overlap-{n}"] = r
+        outs[n] = out
+        say(f"{plan.kind} overlap, {n} in flight: {brief(r)}")
+    default = args.in_flight[0]
+    out_b = work / f"{plan.kind}-no-overlap-{default}"
+    r = run_pipeline(env, plan.servers["no_overlap"], plan.path, dataset, out_b, default, max_tokens)
+    res["runs"][f"no-overlap-{default}"] = r
+    say(f"{plan.kind} no overlap, {default} in flight: {brief(r)}")
+    if default in outs and r["samples"]:
+        res["overlap_vs_no_overlap"] = compare_runs(outs[default], out_b)
+        say(f"{plan.kind} rows, overlap vs no overlap: {res['overlap_vs_no_overlap']}")
+    for n, out in outs.items():  # the runs at other bounds are checked by the drain; keep the disk free
+        if n != default:
+            shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out_b, ignore_errors=True)
+    res["ok"] = all(r.get("ok") for r in res["runs"].values()) and res.get("overlap_vs_no_overlap", {}).get("ok", False)
+    res["_default_output"] = str(outs.get(default, ""))
+    return res
+
+
+def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.Namespace, say, deadline: float
+               ) -> dict:
+    dataset = work / f"{plan.kind}-data.jsonl"
+    max_tokens = plan.context - 16
+    prompts = encode(dataset, plan.path, max_tokens)
+    res: dict = {"disk": disk_speed(work / "dd"), "cases": []}
+    for n in args.in_flight[:2]:
+        rows: dict[str, list[dict]] = {"plain_loop": [], "pipeline": []}
+        for r in range(args.rounds):
+            if time.monotonic() > deadline:
+                break
+            for side in (("plain_loop", "pipeline") if r % 2 == 0 else ("pipeline", "plain_loop")):
+                if side == "plain_loop":
+                    rows[side].append(run_plain_loop(plan.servers["plain"].url, prompts, n))
+                else:
+                    out = work / f"{plan.kind}-bench-{n}-{r}"
+                    rows[side].append(run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n,
+                                                   max_tokens, selfcheck_share=0.01))
+                    shutil.rmtree(out, ignore_errors=True)
+                say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
+        res["cases"].append(case_result(n, rows))
+    return res
+
+
+def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
+    plain = [x["tokens_per_s"] for x in rows["plain_loop"]]
+    client = [x["client_tokens_per_s"] for x in rows["pipeline"] if x.get("client_tokens_per_s")]
+    whole = [x["pipeline_tokens_per_s"] for x in rows["pipeline"] if x.get("pipeline_tokens_per_s")]
+    med = statistics.median
+
+    def spread(v: list[float]) -> dict:
+        return {"median": med(v), "min": min(v), "max": max(v)} if v else {}
+
+    return {"in_flight": in_flight, "rounds": len(plain), "plain_loop_tokens_per_s": spread(plain),
+            "client_phase_tokens_per_s": spread(client), "whole_pipeline_tokens_per_s": spread(whole),
+            "client_phase_over_plain": round(med(client) / med(plain), 4) if client and plain else None,
+            "whole_pipeline_over_plain": round(med(whole) / med(plain), 4) if whole and plain else None,
+            "client_startup_s": spread([x["client_startup_s"] for x in rows["pipeline"] if x.get("client_startup_s")]),
+            "drain_gb_per_s": spread([x["drain_gb_per_s"] for x in rows["pipeline"] if x.get("drain_gb_per_s")]),
+            "all_validated": all(x["ok"] for x in rows["pipeline"]), "per_round": rows}
+
+
+def brief(r: dict) -> str:
+    keys = ("ok", "samples", "tokens", "client_tokens_per_s", "pipeline_tokens_per_s", "tokens_per_s",
+            "client_startup_s", "quarantined_by_reason", "selfchecked", "accounts")
+    return json.dumps({k: r[k] for k in keys if k in r})
+
+
+def gpu_tests(env: gpu_env.GpuEnv, work: Path) -> dict:
+    """The CUDA-only unit tests of the capture (the overwrite race, the shared buffers) on this GPU."""
+    tests = ["tests/capture/test_owned_batch.py", "tests/capture/test_writer_process.py::"
+             "test_on_cuda_the_shared_buffers_are_registered_and_the_rows_land_exactly"]
+    run_env = env.server_env((0,))
+    run_env["PYTHONPATH"] += os.pathsep + str(REPO / "tests")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests],
+                          cwd=REPO, env=run_env, capture_output=True, text=True, timeout=600)
+    return {"ok": done.returncode == 0, "tail": "\n".join((done.stdout + done.stderr).splitlines()[-15:])}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--bundle", type=Path, default=REPO / ".gpu")
+    ap.add_argument("--models", default=",".join(MODEL_KINDS), help=f"comma-separated, of {MODEL_KINDS}")
+    ap.add_argument("--samples", type=int, default=600)
+    ap.add_argument("--in-flight", default="32,128,256", help="in-flight bounds; the first is the default's")
+    ap.add_argument("--rounds", type=int, default=0, help="alternating throughput rounds per side (0: none)")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--dp-attention", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-gpu-tests", action="store_true")
+    ap.add_argument("--transformers-samples", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=560)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/hsx-pipeline"))
+    ap.add_argument("--results", type=Path)
+    args = ap.parse_args()
+    args.in_flight = [int(x) for x in args.in_flight.split(",")]
+    deadline = time.monotonic() + args.budget_s
+    args.work.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    results_dir = args.results or (REPO / "bench" / "results" if args.device == "cuda" else args.work / "results")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        line = f"[{time.monotonic() - t0:6.1f}s] {msg}"
+        print(line, flush=True)
+        if out_dir:
+            with open(out_dir / "pipeline_gpu.log", "a") as f:
+                f.write(line + "\n")
+
+    result: dict = {"benchmark": "pipeline_gpu", "device": args.device, "tp": args.tp,
+                    "dp_attention": args.dp_attention, "in_flight": args.in_flight, "samples": args.samples,
+                    "format": FORMAT, "models": {}, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def save() -> None:
+        for d in (results_dir, out_dir):
+            if d:
+                (d / "pipeline_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    try:
+        run(args, result, say, save, deadline)
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()[-4000:]
+        say(f"FAILED: {result['error']}")
+    finally:
+        save()
+        if out_dir:
+            excluded = [f"--exclude={x}" for x in ("*.safetensors", "*.bin", "*.pt", "*.arrow", "models")]
+            subprocess.run(["tar", "czf", str(out_dir / "pipeline-logs.tar.gz"), "-C", str(args.work), *excluded, "."],
+                           check=False, capture_output=True)
+    ok = result.get("ok", False)
+    say("ALL PASSED" if ok else "SOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+def run(args: argparse.Namespace, result: dict, say, save, deadline: float) -> None:
+    env = gpu_env.install(args.bundle, SITE, args.work / "install.log") if args.device == "cuda" else gpu_env.cpu_env()
+    gpus = tuple(range(max(args.tp, args.dp_attention)))
+    extra = parallel_args(args.tp, args.dp_attention)
+    plans = plan_models(args.models.split(","), env, args.work, gpus[0], say)
+    for k, plan in enumerate(plans):  # every server starts at once: their start-ups overlap
+        start_servers(plan, env, args.work, gpus, PORT + 10 * k, extra, plain=args.rounds > 0)
+    checks = ThreadPoolExecutor(max_workers=1).submit(gpu_tests, env, args.work) if args.device == "cuda" \
+        and not args.skip_gpu_tests else None
+    oks = []
+    try:
+        for plan in plans:
+            wait_servers(plan, deadline)
+        say("servers healthy")
+        for plan in plans:
+            model_res = result["models"].setdefault(plan.kind, {"model": plan.path.name})
+            model_res["correctness"] = correctness(plan, env, args.work, args, say, deadline - 60)
+            oks.append(model_res["correctness"]["ok"])
+            save()
+            if args.rounds > 0 and plan.kind == plans[0].kind:
+                model_res["throughput"] = throughput(plan, env, args.work, args, say, deadline - 90)
+                save()
+    finally:
+        for plan in plans:
+            stop_servers(plan)
+    if checks is not None:
+        result["gpu_unit_tests"] = checks.result()
+        oks.append(result["gpu_unit_tests"]["ok"])
+        say(f"GPU unit tests: {result['gpu_unit_tests']}")
+    for plan in plans:
+        corr = result["models"][plan.kind]["correctness"]
+        out = Path(corr.pop("_default_output", "") or "/nonexistent")
+        if args.transformers_samples and out.is_dir() and time.monotonic() < deadline - 30:
+            corr["transformers"] = compare_with_transformers(out, plan.path, args.transformers_samples, 2048,
+                                                             args.device)
+            say(f"{plan.kind} vs transformers: {corr['transformers']}")
+            oks.append(corr["transformers"]["ok"])
+        shutil.rmtree(out, ignore_errors=True)
+        save()
+    result["ok"] = bool(oks) and all(oks)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Does a captured final hidden state give the token the server's greedy sampler picked?
+
+The end-to-end check of a sample's content: the final hidden state of the prompt's last position,
+through the final RMSNorm where it is stored pre-norm, then through the model's own ``lm_head``,
+must have its argmax at the token SGLang sampled (temperature 0). Wrong rows (another batch's,
+another layer's, another position's) fail it. Used by the smoke test on its probe and by the
+drain on a share of real samples.
+
+Memory and time: only the two weights needed are read, by name, from the model's safetensors
+files, and ``lm_head`` is read with plain reads in chunks of rows (a 160K x 7168 head is 2.3 GB in
+bf16; a chunk is 64 MiB by default; nothing is mapped), so a check runs on a CPU beside the drain
+for a 1T-parameter model. Each chunk's logits are computed in the head's own dtype (bf16: 15x faster
+than converting the chunk to float32 on a CPU) to find the best few candidates; the logits of
+those candidates and of the server's token are then recomputed in float32 from their rows. The
+float32 argmax is among the candidates unless more than `CANDIDATES` tokens tie within bf16's
+rounding, and a missed one could only make the check more lenient, never fail a right sample.
+``bench/selfcheck_cost.py`` measures it.
+
+Tolerance (bf16 ties): the server's logits come from a bf16 matmul, ours from float32 over the
+bf16-rounded hidden state. The check passes when our argmax is the server's token, or when the
+server's token is within ``2**-7 * max(1, |top logit|)`` (one bf16 ulp, relative) of our top
+logit; such a near-tie pass is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hsextract.errors import ConfigError
+
+BF16_REL_TIE = 2.0**-7
+DEFAULT_CHUNK_BYTES = 64 << 20
+CANDIDATES = 16
+_ST_DTYPES = {"BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2), "F32": (torch.float32, 4)}
+_PREFIXES = ("", "language_model.", "model.language_model.")
+
+
+@dataclass(frozen=True)
+class GreedyVerdict:
+    ok: bool
+    predicted: int  # our argmax
+    token: int  # the server's token
+    logit_gap: float  # our top logit minus the server token's logit
+    tolerance: float
+    near_tie: bool = False
+
+    def explain(self) -> str:
+        return (f"the captured final hidden state of the last position predicts token {self.predicted}, but the "
+                f"server's greedy sampler picked {self.token} (logit gap {self.logit_gap:.4g} > tolerance "
+                f"{self.tolerance:.4g}): the dump does not hold the states the server computed (wrong rows, layer "
+                "or norm placement)")
+
+
+def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = h.float()
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+
+
+def _weight_map(model_path: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file, from the index or by reading every file's header."""
+    index = model_path / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: model_path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    found: dict[str, Path] = {}
+    for p in sorted(model_path.glob("*.safetensors")):
+        found.update((k, p) for k in _read_header(p)[0] if k != "__metadata__")
+    return found
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header and the offset its data starts at."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)), 8 + n
+
+
+class _Rows:
+    """Rows of a tensor in a safetensors file (a 1-D one is one row), read with pread: no mapping,
+    no whole load."""
+
+    def __init__(self, path: Path, name: str):
+        header, start = _read_header(path)
+        meta = header[name]
+        shape = list(meta["shape"])
+        if meta["dtype"] not in _ST_DTYPES or len(shape) not in (1, 2):
+            raise ConfigError(f"greedy self-check: {name} in {path} is {meta['dtype']} {shape}; a 1-D or 2-D "
+                              f"tensor of {', '.join(_ST_DTYPES)} is needed")
+        self.path, self.dtype, self.elem = path, *_ST_DTYPES[meta["dtype"]]
+        self.rows, self.width = ([1] + shape)[-2:]
+        self.offset = start + meta["data_offsets"][0]
+
+    def read(self, fd: int, first: int, count: int) -> torch.Tensor:
+        row_bytes = self.width * self.elem
+        buf = bytearray(count * row_bytes)
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            n = os.preadv(fd, [view[got:]], self.offset + first * row_bytes + got)
+            if n <= 0:
+                raise ConfigError(f"greedy self-check: {self.path} is shorter than its header says")
+            got += n
+        return torch.frombuffer(buf, dtype=self.dtype).view(count, self.width)
+
+
+class GreedyHead:
+    """The model's ``lm_head`` and final norm, read lazily and in chunks; `check` is thread-safe."""
+
+    def __init__(self, model_path: str | Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+        self.model_path = Path(model_path)
+        try:
+            config: dict[str, Any] = json.loads((self.model_path / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"greedy self-check: cannot read {self.model_path / 'config.json'}: {exc}") from exc
+        text = config.get("text_config") or config
+        self.eps = float(text.get("rms_norm_eps", 1e-6))
+        tied = bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+        names = _weight_map(self.model_path)
+        heads = [f"{p}lm_head.weight" for p in _PREFIXES] + ([f"{p}model.embed_tokens.weight" for p in _PREFIXES]
+                                                            if tied else [])
+        self.head_name = next((n for n in heads if n in names), "")
+        if not self.head_name:
+            raise ConfigError(f"greedy self-check: no lm_head weight in {self.model_path} (looked for {heads[0]})")
+        self.head_file = names[self.head_name]
+        self._head = _Rows(self.head_file, self.head_name)
+        self.norm_name = next((n for n in (f"{p}model.norm.weight" for p in _PREFIXES) if n in names), "")
+        self.norm_file = names.get(self.norm_name)
+        self.chunk_bytes = max(1, int(chunk_bytes))
+        self._norm: torch.Tensor | None = None
+        self._lock = threading.Lock()
+
+    def _norm_weight(self) -> torch.Tensor:
+        if self._norm is None:
+            if self.norm_file is None:
+                raise ConfigError(f"greedy self-check: the dump is pre-norm but {self.model_path} has no final norm "
+                                  "weight (model.norm.weight)")
+            norm = _Rows(self.norm_file, self.norm_name)
+            fd = os.open(self.norm_file, os.O_RDONLY)
+            try:
+                self._norm = norm.read(fd, 0, 1)[0].float()
+            finally:
+                os.close(fd)
+        return self._norm
+
+    def logits_top(self, h: torch.Tensor, token: int) -> tuple[int, float, float]:
+        """(argmax, its logit, the logit of ``token``) of ``lm_head @ h`` in float32: a pass over the
+        head in its own dtype for the candidates, then their rows in float32 (see the module docstring)."""
+        head = self._head
+        if head.width != h.numel():
+            raise ConfigError(f"greedy self-check: lm_head is {head.rows} x {head.width}, the dump's hidden size is "
+                              f"{h.numel()}")
+        h32 = h.float()
+        h_low = h32.to(head.dtype)
+        rows = max(1, self.chunk_bytes // (head.width * head.elem))
+        best_vals = torch.empty(0)
+        best_idx = torch.empty(0, dtype=torch.int64)
+        fd = os.open(head.path, os.O_RDONLY)
+        try:
+            for a in range(0, head.rows, rows):
+                logits = (head.read(fd, a, min(rows, head.rows - a)) @ h_low).float()
+                vals, idx = torch.topk(logits, min(CANDIDATES, logits.numel()))
+                best_vals = torch.cat([best_vals, vals])
+                best_idx = torch.cat([best_idx, idx + a])
+                if best_vals.numel() > CANDIDATES:
+                    keep = torch.topk(best_vals, CANDIDATES).indices
+                    best_vals, best_idx = best_vals[keep], best_idx[keep]
+            exact = {int(i): float(head.read(fd, int(i), 1)[0].float() @ h32) for i in best_idx}
+            if 0 <= token < head.rows and token not in exact:
+                exact[token] = float(head.read(fd, token, 1)[0].float() @ h32)
+        finally:
+            os.close(fd)
+        top = max((i for i in exact if i in set(best_idx.tolist())), key=lambda i: exact[i])
+        return top, exact[top], exact.get(token, float("nan"))
+
+    def check(self, final_row: torch.Tensor, final_hidden: str, token: int) -> GreedyVerdict:
+        """The verdict on one sample's last final hidden state (``[H]``) against the server's token."""
+        with self._lock:  # one check at a time: each reads the whole head once
+            h = final_row.float()
+            if final_hidden == "pre_norm":
+                h = rms_norm(h, self._norm_weight(), self.eps)
+            top, top_logit, token_logit = self.logits_top(h, token)
+        gap = top_logit - token_logit if token_logit == token_logit else float("inf")
+        tol = BF16_REL_TIE * max(1.0, abs(top_logit))
+        if top == token:
+            return GreedyVerdict(True, top, token, 0.0, tol)
+        return GreedyVerdict(gap <= tol, top, token, gap, tol, near_tie=gap <= tol)
