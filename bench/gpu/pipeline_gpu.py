@@ -53,7 +53,7 @@ import gpu_env  # noqa: E402
 from gpu_server import ServerHandle, ServerSpec, start, wait_healthy  # noqa: E402
 
 SITE = Path("/tmp/hsx-gpu-site")
-FORMAT = "speculators"  # one file per sample, [T, K + 1, H]: the simplest to compare run against run
+FORMAT = "specforge"  # the project's default format (the capture patch's default final-norm placement)
 PORT = 30400
 MODEL_KINDS = ("llama8b", "dsv3")
 
@@ -242,21 +242,31 @@ def load_rows(out: Path) -> dict[int, Path]:
     return {e.dataset_index: out / e.file for e in iter_entries(out)}
 
 
+def load_sample(path: Path, device: str = "cpu"):
+    """(ids, rows [T, K + 1, H]) of one SpecForge sample file."""
+    import torch
+
+    t = torch.load(path, map_location=device, weights_only=True)
+    aux, final = t["aux_hidden_state"][0], t["hidden_state"][0]
+    k = aux.shape[1] // final.shape[1]
+    rows = torch.cat([aux.view(aux.shape[0], k, -1), final.view(final.shape[0], 1, -1)], dim=1)
+    return t["input_ids"], rows
+
+
 def compare_runs(a: Path, b: Path) -> dict:
     """Sample by sample, the rows of run ``a`` against run ``b`` (relative L2 per sample, over all slots)."""
     import torch
-    from safetensors.torch import load_file
 
     rows_a, rows_b = load_rows(a), load_rows(b)
     common = sorted(set(rows_a) & set(rows_b))
     errs, equal, ids_differ = [], 0, []
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for i in common:
-        ta, tb = load_file(str(rows_a[i]), device=device), load_file(str(rows_b[i]), device=device)
-        if not torch.equal(ta["input_ids"], tb["input_ids"]):
+        (ids_a, ha), (ids_b, hb) = load_sample(rows_a[i], device), load_sample(rows_b[i], device)
+        if not torch.equal(ids_a, ids_b):
             ids_differ.append(i)
             continue
-        ha, hb = ta["hidden_states"].float(), tb["hidden_states"].float()
+        ha, hb = ha.float(), hb.float()
         if torch.equal(ha, hb):
             equal += 1
         errs.append(float((ha - hb).norm() / hb.norm().clamp_min(1e-12)))
@@ -271,20 +281,20 @@ def compare_runs(a: Path, b: Path) -> dict:
 def compare_with_transformers(out: Path, model: Path, samples: int, max_tokens: int, device: str) -> dict:
     """A few short samples of a run against transformers (float32), with the CPU tests' bounds."""
     import torch
-    from hsextract.formats.manifest import read_header
-    from safetensors.torch import load_file
+    from hsextract.formats.manifest import iter_entries, read_header
     from support import hf_reference
     from transformers import AutoModelForCausalLM
 
     header = read_header(out)
     rows = load_rows(out)
-    picked = [i for i, p in sorted(rows.items()) if load_file(str(p))["input_ids"].numel() <= max_tokens][:samples]
+    short = {e.dataset_index for e in iter_entries(out) if e.tokens <= max_tokens}
+    picked = [i for i in sorted(rows) if i in short][:samples]
     hf = AutoModelForCausalLM.from_pretrained(str(model), torch_dtype=torch.float32).to(device).eval()
     problems = {}
     for i in picked:
-        t = load_file(str(rows[i]))
-        ref = hf_reference.reference(model, t["input_ids"].tolist(), model=hf)
-        found = hf_reference.row_problems(t["hidden_states"], header.sglang_layers_to_capture, header.architecture,
+        ids, hidden = load_sample(rows[i])
+        ref = hf_reference.reference(model, ids.tolist(), model=hf)
+        found = hf_reference.row_problems(hidden, header.sglang_layers_to_capture, header.architecture,
                                           ref, header.final_hidden)
         if found:
             problems[i] = found

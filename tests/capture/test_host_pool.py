@@ -21,7 +21,7 @@ import threading
 import time
 
 from hsextract.capture.host_stage import HostBufferPool
-from hsextract.capture.writer_process import SharedHostBuffers
+from hsextract.capture.shared_buffers import SharedHostBuffers
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule

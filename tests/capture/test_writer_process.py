@@ -18,8 +18,9 @@ import pytest
 import torch
 from hsextract.capture import wire
 from hsextract.capture.core import BatchRequest, CaptureSettings
+from hsextract.capture.shared_buffers import MEMFD_NAME
 from hsextract.capture.sink import WriterOptions
-from hsextract.capture.writer_process import MEMFD_NAME, ProcessCaptureWriter
+from hsextract.capture.writer_process import ProcessCaptureWriter
 from hsextract.layers import resolve
 from hsextract.staging import (
     CAPTURE_MISSING_ROWS,

@@ -23,6 +23,8 @@ This is a check against data landing in the wrong place, not a cryptographic has
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -63,7 +65,7 @@ def row_values_np(rows: np.ndarray | memoryview | bytes, ids: np.ndarray, row_by
     return sums + np.asarray(ids, dtype=np.int64) * np.int64(_ID_MULT)
 
 
-def combine(values: np.ndarray, first_row: int) -> int:
+def combine(values: np.ndarray | Sequence[int], first_row: int) -> int:
     """The partial fingerprint of rows ``first_row ..`` of a request, from their values (an int in
     [0, 2**64)); partial sums of a request's chunks add modulo 2**64."""
     v = np.asarray(values, dtype=np.int64).view(np.uint64)

@@ -94,7 +94,7 @@ class _Rows:
             raise ConfigError(f"greedy self-check: {name} in {path} is {meta['dtype']} {shape}; a 1-D or 2-D "
                               f"tensor of {', '.join(_ST_DTYPES)} is needed")
         self.path, self.dtype, self.elem = path, *_ST_DTYPES[meta["dtype"]]
-        self.rows, self.width = ([1] + shape)[-2:]
+        self.rows, self.width = [1, *shape][-2:]
         self.offset = start + meta["data_offsets"][0]
 
     def read(self, fd: int, first: int, count: int) -> torch.Tensor:

@@ -41,6 +41,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hsextract import fingerprint
 from hsextract.layers import CaptureLayers
 from hsextract.staging import CAPTURE_MISSING_ROWS, CAPTURE_SERVER_ABORTED, DoneMarker, StateFileLayout
@@ -119,8 +121,8 @@ class LandedMeta:
     (`BatchRequest.batch_row` onwards). Only the prompt lengths are required."""
 
     prompt_lens: Sequence[int]
-    ids: Sequence[int] | None = None
-    row_values: Sequence[int] | None = None  # int64 per row: hsextract.fingerprint.row_values
+    ids: Sequence[int] | np.ndarray | None = None
+    row_values: Sequence[int] | np.ndarray | None = None  # int64 per row: hsextract.fingerprint.row_values
     greedy_tokens: Sequence[int] | None = None  # -1 where unknown
 
 
