@@ -61,7 +61,8 @@ class CaptureConfig:
     # Writes from a child process (hsextract.capture.writer_process), so that the scheduler's
     # process does O(1) work per batch; off: writer threads in the scheduler's process. On by
     # default since it measured 0.984 of a plain server's throughput with short prompts on an H200,
-    # where the in-process writer measured 0.91-1.06 (README, "Proven on a GPU", run 7).
+    # where the in-process writer measured 0.91-1.06 (bench/results/capture_server_gpu_writer_process_series.json,
+    # bench/results/capture_server_gpu_short_series.json; docs/benchmarks.md).
     writer_process: bool = WRITER_PROCESS_DEFAULT
     # Test-only tunables, never set by the roles (see TEST_TUNABLES).
     extra: dict[str, Any] = field(default_factory=dict)
