@@ -543,7 +543,9 @@ def run(args: argparse.Namespace, result: dict, say, save, deadline: float) -> N
     extra = parallel_args(args.tp, args.dp_attention)
     plans = plan_models(args.models.split(","), env, args.work, gpus[0], say)
     for k, plan in enumerate(plans):  # every server starts at once: their start-ups overlap
-        start_servers(plan, env, args.work, gpus, PORT + 10 * k, extra, plain=args.rounds > 0 and k == 0)
+        # The throughput rounds run on the 8B-shaped model only (the tiny ones answer at once).
+        plain = args.rounds > 0 and plan.kind == "llama8b"
+        start_servers(plan, env, args.work, gpus, PORT + 10 * k, extra, plain=plain)
     checks = ThreadPoolExecutor(max_workers=1).submit(gpu_tests, env, args.work) if args.device == "cuda" \
         and not args.skip_gpu_tests else None
     oks = []
