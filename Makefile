@@ -31,18 +31,15 @@ export PYTHONPATH := $(CURDIR)/files/python:$(CURDIR)/tests
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 PYTEST_ARGS ?=
-# What `make lint` (and the suite's lint tests) check besides the Python code.
-PLAYBOOKS := extract.yml playbooks/smoke.yml playbooks/status.yml playbooks/teardown.yml
-SHELL_SCRIPTS := scripts/*.sh .ci/run
 # What pytest runs: the whole suite, or e.g. TESTS=tests/drain for one area.
 TESTS ?= tests
 
-.PHONY: help venv controller test lint extract bench clean-venvs
+.PHONY: help venv controller test test-fast lint extract bench clean-venvs
 
 help:
 	@echo "make extract   run the extraction end to end on the embedded defaults"
 	@echo "make test      run the whole test suite"
-	@echo "make venv | controller | lint | bench"
+	@echo "make test-fast | lint | venv | controller | bench"
 
 # The ml-env: SGLang 0.5.23, torch and the test tools.
 # The path carries the lock's hash, so the stamp alone says whether this exact env is built
@@ -75,18 +72,19 @@ $(CONTROLLER)/.complete:
 controller: $(CONTROLLER)/.complete
 	@echo $(CONTROLLER)
 
-# Every linter the suite's lint tests run (tests/test_code_quality.py, tests/test_shell_scripts.py,
-# tests/ansible/test_ansible_lint.py), without the rest of the suite.
+# Every linter of the suite (ruff, mypy, yamllint, the playbooks' syntax checks, ansible-lint,
+# shellcheck): the suite's tests marked `lint`, without the rest, so each linter is written once.
 lint: venv controller
-	$(VENV)/bin/ruff check files/python tests bench
-	cd files/python && $(CONTROLLER)/bin/python -m mypy --python-executable $(VENV)/bin/python hsextract
-	$(CONTROLLER)/bin/yamllint --strict .
-	for playbook in $(PLAYBOOKS); do $(CONTROLLER)/bin/ansible-playbook --syntax-check $$playbook; done
-	$(CONTROLLER)/bin/ansible-lint --offline --profile production --nocolor
-	shellcheck $(SHELL_SCRIPTS)
+	$(VENV)/bin/python -m pytest -m lint tests -q -p no:cacheprovider
 
 test: venv controller
 	$(VENV)/bin/python -m pytest $(TESTS) $(PYTEST_ARGS)
+
+# The unit and pure tests, an answer within minutes while working: no SGLang server, no systemd
+# sandbox, no linter. A test that starts a server or a sandbox without its marker fails here.
+test-fast: venv controller
+	HSEXTRACT_FAST_TIER=1 $(VENV)/bin/python -m pytest $(TESTS) -m "not server and not sandbox and not lint" \
+		-q -p no:cacheprovider $(PYTEST_ARGS)
 
 extract: venv controller
 	bash scripts/extract-local.sh

@@ -58,6 +58,14 @@ def _tiny_model(kind: str) -> Path:
     return path
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses a fixture whose name ends in ``_server`` starts or uses a real SGLang
+    server: mark it `server`, so the fast tier leaves it out whatever marks its module forgot."""
+    for item in items:
+        if any(name.endswith("_server") for name in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> Path:
     return _tiny_model("llama")

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.lint
 def test_python_sources_pass_ruff():
     result = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--no-cache", "files/python", "tests", "bench"],
@@ -20,6 +21,7 @@ def test_python_sources_pass_ruff():
     assert result.returncode == 0, f"ruff found problems:\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.lint
 def test_the_package_passes_mypy():
     # mypy is a controller tool (requirements/controller.txt); it checks against this env's packages
     bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")

@@ -22,6 +22,7 @@ def start_expecting_failure(model_dir, free_port, tmp_path, **kw) -> str:
     return str(info.value)
 
 
+@pytest.mark.server
 def test_unknown_architecture_fails_server_start_naming_it_and_the_supported_ones(tiny_llama, free_port, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(tiny_llama, model)
@@ -34,6 +35,7 @@ def test_unknown_architecture_fails_server_start_naming_it_and_the_supported_one
     assert "LlamaForCausalLM" in message and "KimiK25ForConditionalGeneration" in message
 
 
+@pytest.mark.server
 def test_layers_out_of_range_and_unwritable_dump_dir_both_fail_server_start(tiny_llama, free_port, tmp_path):
     """One start, two mistakes: the message names both (layer range, dump dir), with how to fix them.
     (`hsextract capture-patch` refuses such layers already; this is the server's own check, for a

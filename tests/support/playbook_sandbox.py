@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from support.tiers import refuse_in_fast_tier
+
 REPO = Path(__file__).resolve().parents[2]
 SDBOX = REPO / "scripts" / "sdbox.sh"
 
@@ -104,6 +106,7 @@ class Sandbox:
         }
 
     def start(self) -> None:
+        refuse_in_fast_tier("a systemd sandbox", "sandbox")
         r = subprocess.run([str(SDBOX), "start"], env=self._env(), capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"sandbox {self.name} did not start:\n{r.stdout}\n{r.stderr}")

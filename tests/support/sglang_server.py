@@ -28,6 +28,8 @@ from hsextract.capture.config import WRITER_PROCESS_DEFAULT
 from hsextract.capture.patch import DEFAULT_PACKAGE, render_patch, server_launch
 from hsextract.model_info import read_model_info
 
+from support.tiers import refuse_in_fast_tier
+
 REPO = Path(__file__).resolve().parents[2]
 STUB_DIR = REPO / "tests" / "stubs"
 PACKAGE_DIR = REPO / "files" / "python"
@@ -179,6 +181,7 @@ def start_server(
     prefix cache on, as regeneration wants it.
     On failure the process group is stopped and `ServerStartError` carries the log's tail.
     """
+    refuse_in_fast_tier("a SGLang server", "server")
     if radix_cache and capture:
         raise ValueError("the capture needs the radix cache off; radix_cache=True needs capture=False")
     model_dir = Path(model_dir)
