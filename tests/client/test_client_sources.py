@@ -321,6 +321,26 @@ def test_an_empty_dataset_file_is_refused_as_an_empty_directory_is(tmp_path):
     assert len(list(read_dataset(tmp_path))) == 1  # an empty file beside data is a file of no rows
 
 
+def test_a_row_over_the_size_bound_is_rejected_unparsed_and_the_next_row_is_read(tmp_path):
+    big = {"messages": [{"role": "user", "content": "x" * 5000}, {"role": "assistant", "content": "ok"}]}
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(_jsonl([ROWS[0], big, ROWS[1]]))
+    items = list(read_dataset(path, ds.DatasetReader(max_row_bytes=4096)))
+    assert [type(i).__name__ for i in items] == ["Sample", "Reject", "Sample"]
+    rej = items[1].to_json()
+    assert (rej["reason"], rej["file"], rej["line"], rej["max_row_bytes"]) == (ds.ROW_TOO_LARGE, "d.jsonl", 2, 4096)
+    assert rej["size"] == len(json.dumps(big)) and "--max-row-bytes" in rej["detail"]
+    assert all(isinstance(i, Sample) for i in read_dataset(path, ds.DatasetReader(max_row_bytes=8192)))
+
+
+def test_a_table_row_over_the_size_bound_is_rejected_by_its_characters(tmp_path):
+    pq.write_table(pa.Table.from_pylist([ROWS[1], {"messages": [
+        {"role": "user", "content": "y" * 5000}, {"role": "assistant", "content": "ok"}]}]), tmp_path / "d.parquet")
+    items = list(read_dataset(tmp_path / "d.parquet", ds.DatasetReader(max_row_bytes=4096)))
+    assert isinstance(items[0], Sample) and (items[1].reason, items[1].line) == (ds.ROW_TOO_LARGE, 2)
+    assert "characters" in items[1].detail
+
+
 def test_hidden_files_of_a_directory_are_skipped_and_logged(tmp_path, caplog):
     (tmp_path / "a.jsonl").write_bytes(_jsonl(ROWS[:1]))
     (tmp_path / ".hidden.jsonl").write_bytes(_jsonl(ROWS[1:2]))

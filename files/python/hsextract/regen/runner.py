@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsextract.client import defaults
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.client.runner import shard_size
 from hsextract.durable import atomic_write_json
@@ -51,6 +52,7 @@ class RegenConfig:
     top_k: int | None = None
     max_new_tokens: int | None = None
     concurrency: int = 64  # per server
+    max_row_bytes: int = defaults.MAX_ROW_BYTES
     shard: tuple[int, int] = (0, 1)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     status_every_s: float = 1.0
@@ -120,7 +122,8 @@ class RegenerateRun:
     async def _produce(self) -> None:
         i_shard, n_shard = self.cfg.shard
         seen: set[str] = set()
-        reader = DatasetReader(require_assistant=False)  # a prompt without a reply gets one
+        # a prompt without a reply gets one
+        reader = DatasetReader(require_assistant=False, max_row_bytes=self.cfg.max_row_bytes)
         for item in read_dataset(self.cfg.dataset, reader):
             if item.index % n_shard != i_shard:
                 continue
