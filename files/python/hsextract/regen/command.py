@@ -96,5 +96,5 @@ def run(args: argparse.Namespace) -> int:
         run_.stop.set()
         raise
     print(progress_line(stats.snapshot()), file=sys.stderr)
-    print(json.dumps(stats.summary(), sort_keys=True))
+    print(json.dumps(run_.summary(), sort_keys=True))
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +264,14 @@ class RegenerateRun:
                 t.cancel()
             await asyncio.gather(*ends, producer, *workers, return_exceptions=True)
 
+    def summary(self) -> dict[str, Any]:
+        """The whole regeneration, over every run that wrote to its output (counted from its files, so
+        a resumed run's summary agrees with the errors file), and what this run did of it."""
+        st = self.stats
+        return {"state": st.state, "conversations_total": st.conversations_total, **self.store.totals.to_json(),
+                "this_run": st.summary(), "output": str(self.store.data_path), "errors": str(self.store.errors_path),
+                "sampling": self.sampling.to_json() if self.sampling else None, "finished_at": time.time()}
+
     def run(self) -> RegenStats:
         cfg, st = self.cfg, self.stats
         self.store.open()
@@ -291,9 +300,7 @@ class RegenerateRun:
                 st.state = "done"
             reporter.stop()
         if st.state == "done":
-            atomic_write_json(regen_summary_path(out), {**st.summary(), "output": str(self.store.data_path),
-                                                    "errors": str(self.store.errors_path),
-                                                    "sampling": self.sampling.to_json() if self.sampling else None})
+            atomic_write_json(regen_summary_path(out), self.summary())
         if self.fatal is not None:
             raise self.fatal
         return st
