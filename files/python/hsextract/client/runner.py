@@ -43,7 +43,7 @@ from hsextract.client.dataset_record import check_and_record
 from hsextract.client.probe import probe_capture
 from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
-from hsextract.client.server_limit import server_limit
+from hsextract.client.server_limit import ServerLimit, server_limit
 from hsextract.durable import atomic_write_json, check_writable
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for
@@ -126,17 +126,18 @@ def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
 
 def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str,
                   last_turn_only: bool = False, min_loss_tokens: int = 0, context_length: int | None = None,
-                  kv_pool_tokens: int | None = None) -> SampleEncoder:
+                  kv_pool_tokens: int | None = None, quiet: bool = False) -> SampleEncoder:
     """The client's encoder for `model`: its tokenizer and chat template, and the length limit the client
     applies (``max_tokens``, else the default, at most the longest prompt the server runs: see
     `hsextract.prompt_limit`; ``context_length`` and ``kv_pool_tokens`` are the server's settings
     where they are known, else the model's context). ``hsextract plan`` encodes with the same one;
-    the client then sets the limit the running server reports (`ExtractRun._take_server_limit`)."""
+    the client then sets the limit the running server reports (`ExtractRun._take_server_limit`), and
+    says there, not here (`quiet`), when it lowers ``max_tokens``."""
     info = read_model_info(model)
     tok = load_tokenizer(model, chat_template)
     context = context_length or info.context_length
     limit = resolve_max_tokens(max_tokens, defaults.MAX_TOKENS, longest_prompt(context, kv_pool_tokens),
-                               f"a context of {context}")
+                               f"a context of {context}", quiet)
     return SampleEncoder(tok, limit, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)
 
 
@@ -170,7 +171,7 @@ class ExtractRun:
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
         self.encoder = build_encoder(Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong,
-                                     cfg.last_turn_only, cfg.min_loss_tokens)
+                                     cfg.last_turn_only, cfg.min_loss_tokens, quiet=True)
         self.tokenizer = self.encoder.tok
         self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
@@ -357,9 +358,9 @@ class ExtractRun:
     def _take_server_limit(self) -> None:
         """Cut samples to what the running server accepts (`hsextract.prompt_limit`): the figure
         computed from the model's config at start does not know the server's own settings."""
-        limit = server_limit(self.cfg.server, self.model.context_length, self.cfg.retry.connect_timeout_s)
-        if limit is None:
-            return
+        context = self.model.context_length
+        limit = server_limit(self.cfg.server, context, self.cfg.retry.connect_timeout_s) \
+            or ServerLimit(longest_prompt(context), f"SGLang's rule for the model's context of {context}")
         self.encoder.max_tokens = resolve_max_tokens(self.cfg.max_tokens, defaults.MAX_TOKENS, limit.longest,
                                                      limit.source)
         log.info("samples longer than %d tokens are %s (the server runs at most %d: %s)", self.encoder.max_tokens,
