@@ -23,7 +23,9 @@ class Totals:
     failed: Counter = field(default_factory=Counter)  # lines of the errors file, by reason
 
     def add_ok(self, record: dict[str, Any]) -> None:
-        done = record.get("regenerated") if isinstance(record.get("regenerated"), dict) else {}
+        done = record.get("regenerated")
+        if not isinstance(done, dict):
+            done = {}
         self.ok += 1
         self.turns += int(done.get("turns") or 0)
         self.truncated += int(done.get("truncated") or 0)
