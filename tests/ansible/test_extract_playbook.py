@@ -407,7 +407,8 @@ def test_extract_with_regeneration_generates_first_then_captures_with_the_captur
     box = regen_host["box"]
     done = regen_host["first"].result_of("Print the regeneration's summary.")["msg"]
     written = len(regenerated_rows(regen_host))
-    assert done.startswith(f"The regeneration is done: {written} conversations regenerated in this pass"), done
+    assert done.startswith(f"The regeneration is done: {written} conversations regenerated of "), done
+    assert f"; {written} in this pass)" in done, done
     assert done.endswith(f"The extraction reads {REGENERATED}."), done
     assert box.unit("hsextract-regenerate.service", "ActiveState", "Result") == {"ActiveState": "inactive",
                                                                                 "Result": "success"}

@@ -323,6 +323,30 @@ def test_dataset_row_with_tools_as_a_json_string_and_thinking_masks_like_the_nor
     assert (got.input_ids, got.loss_mask) == tokenize_with_mask(tok, TOOL_CONV, [WEATHER])
 
 
+@pytest.mark.parametrize("template", ["llama3", "qwen3_tools"])
+def test_null_content_is_rendered_as_empty_in_a_tool_calling_conversation(tiny_llama, template):
+    """OpenAI messages say "no content" with null: a tool-calling turn's, a tool result's, and the
+    system prompt's of frameworks that write one unset. Each renders as empty content."""
+    import json
+
+    tok = make_tokenizer(tiny_llama, template)
+    row = {"tools": [WEATHER], "messages": [
+        {"role": "system", "content": None},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "content": None, "tool_call_id": "c1"},
+        {"role": "assistant", "content": "No word from the tool."}]}
+    sample = parse_line(0, json.dumps(row).encode())
+    assert isinstance(sample, Sample), sample
+    empty = [Message("system", ""), Message("user", "Weather in Paris?"),
+             Message("assistant", "", tool_calls=(_weather("Paris", "c1"),)), Message("tool", "", tool_call_id="c1"),
+             Message("assistant", "No word from the tool.")]
+    assert sample.messages == empty
+    got = SampleEncoder(tok, None).encode(sample)
+    assert (got.input_ids, got.loss_mask) == tokenize_with_mask(tok, empty, [WEATHER])
+
+
 def test_an_unreadable_chat_template_file_is_a_config_error_naming_it(tmp_path):
     from hsextract.client.chat_template import read_template_file
     from hsextract.errors import ConfigError

@@ -24,6 +24,13 @@ def test_missing_dataset_stops_at_once_naming_it(capsys, tmp_path, tiny_llama):
     assert "absent.jsonl does not exist" in err and "--dataset" in err
 
 
+def test_an_empty_dataset_file_stops_at_once_as_an_empty_directory_does(capsys, tmp_path, tiny_llama):
+    (tmp_path / "d.jsonl").write_bytes(b"")
+    code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "d.jsonl"))
+    assert code == 2 and "d.jsonl is empty (0 bytes)" in err
+    assert not (tmp_path / "out").exists(), "nothing is written before the setup is known to be usable"
+
+
 def test_model_without_tokenizer_stops_at_once(capsys, tmp_path, tiny_llama):
     model = tmp_path / "model"
     model.mkdir()

@@ -156,20 +156,33 @@ def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(ll
     assert sent[0] | sent[1] == set(exp.samples) - {5}
 
 
-def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_server, tiny_llama, tmp_path):
+def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_server, tiny_llama, tmp_path,
+                                                                          free_port):
+    """The client cuts samples to the longest prompt the server reports; behind a front end that does
+    not report it, with a model config that claims a longer context than the server serves, a long
+    sample is refused by the server (HTTP 400): it is recorded failed and the others go on."""
+    import shutil
+
     from hsextract.cli import main
     from hsextract.records import load_or_create_run_id, make_rid, record_path
+    from support.recording_proxy import RecordingProxy
 
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
     data = tmp_path / "data.jsonl"
-    longer_than_context = list(range(4, 200)) * 11  # 2156 tokens; the model's context is 2048
+    longer_than_context = list(range(4, 200)) * 11  # 2156 tokens; the server's context is 2048
     data.write_text("\n".join(json.dumps(x) for x in (
         {"input_ids": [1, 5, 6, 7, 8]}, {"input_ids": longer_than_context}, {"input_ids": [1, 9, 10, 11]})) + "\n")
     out = tmp_path / "out"
     run_id = load_or_create_run_id(out)
+    proxy = RecordingProxy(llama_server.url, free_port(), hidden=("/server_info", "/get_server_info", "/v1/models"))
+    proxy.start()
     try:
-        assert main(["extract", "--server", llama_server.url, "--dataset", str(data), "--model", str(tiny_llama),
+        assert main(["extract", "--server", proxy.url, "--dataset", str(data), "--model", str(model),
                      "--dump-dir", str(llama_server.dump_dir), "--output", str(out), "--format", "specforge",
-                     "--max-tokens", "4000", "--max-attempts", "2"]) == 0
+                     "--max-attempts", "2"]) == 0
         summary = _summary(out)
         assert summary["ok"] == 2 and summary["failed"] == {"http_4xx": 1}
         failures = [json.loads(line) for line in (out / ".hsextract" / "failures.jsonl").read_text().splitlines()]
@@ -178,6 +191,7 @@ def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_
         assert not record_path(llama_server.dump_dir, failures[0]["rid"]).exists(), "no dump will come: no record"
         assert record_path(llama_server.dump_dir, make_rid("hsx", run_id, 0)).exists(), "the drain needs the others'"
     finally:
+        proxy.stop()
         _remove_run(llama_server.dump_dir, run_id)
 
 

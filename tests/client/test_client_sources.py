@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
+import subprocess
 import tracemalloc
 
 import pyarrow as pa
@@ -166,6 +168,46 @@ def test_truncated_gzip_keeps_the_lines_before_the_damage_and_rejects_the_rest(t
     assert len(items) == count_rows(path)
 
 
+def _numbered_rows(n: int) -> bytes:
+    return b"".join(json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"Question {i}?"},
+                                                            {"role": "assistant", "content": f"Answer {i}."}]}
+                               ).encode() + b"\n" for i in range(n))
+
+
+def _complete_lines_recovered(tool: list[str], path) -> list[bytes]:
+    """What the codec's own tool recovers from a damaged file, cut to its complete lines."""
+    out = subprocess.run([*tool, str(path)], capture_output=True).stdout
+    return out[: out.rfind(b"\n") + 1].splitlines()
+
+
+@pytest.mark.parametrize(("rows", "name", "pack", "tool"), [
+    (40_000, "big.jsonl.gz", gzip.compress, ["zcat"]),
+    (154, "small.jsonl.gz", gzip.compress, ["zcat"]),
+    (40_000, "big.jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b), ["zstd", "-dc"]),
+])
+def test_a_compressed_file_cut_in_half_gives_every_complete_row_before_the_cut_and_one_reject_for_the_rest(
+        tmp_path, rows, name, pack, tool):
+    packed = pack(_numbered_rows(rows))
+    path = tmp_path / name
+    path.write_bytes(packed[: len(packed) // 2])
+    recovered = _complete_lines_recovered(tool, path)
+    assert len(recovered) > 0
+    items = list(read_dataset(path))
+    assert [json.loads(line)["id"] for line in recovered] == [i.id for i in items[:-1]]
+    assert all(isinstance(i, Sample) for i in items[:-1])
+    lost = items[-1]
+    assert lost.reason == sources.UNREADABLE_FILE and lost.line == len(recovered) + 1
+    assert f"{name}: cannot read past line {len(recovered)}" in lost.detail
+    assert "how many is unknown" in lost.detail
+    assert count_rows(path) == len(items)
+
+
+def test_gzip_members_and_the_zero_padding_after_them_read_like_one_file(tmp_path):
+    path = tmp_path / "d.jsonl.gz"
+    path.write_bytes(gzip.compress(_jsonl(ROWS[:2])) + gzip.compress(_jsonl(ROWS[2:])) + b"\0" * 512)
+    assert _summary(read_dataset(path)) == _expected(tmp_path)
+
+
 def test_zstd_without_the_package_says_so(tmp_path, monkeypatch):
     import builtins
 
@@ -269,6 +311,48 @@ def test_directory_without_dataset_files_is_refused(tmp_path):
         read_dataset(tmp_path)
 
 
+def test_an_empty_dataset_file_is_refused_as_an_empty_directory_is(tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(b"")
+    with pytest.raises(HsextractError, match=r"dataset file .*d\.jsonl is empty \(0 bytes\)"):
+        read_dataset(tmp_path / "d.jsonl")
+    with pytest.raises(HsextractError, match=r"its dataset files are all empty \(0 bytes: d\.jsonl\)"):
+        read_dataset(tmp_path)
+    (tmp_path / "e.jsonl").write_bytes(_jsonl(ROWS[:1]))
+    assert len(list(read_dataset(tmp_path))) == 1  # an empty file beside data is a file of no rows
+
+
+def test_a_row_over_the_size_bound_is_rejected_unparsed_and_the_next_row_is_read(tmp_path):
+    big = {"messages": [{"role": "user", "content": "x" * 5000}, {"role": "assistant", "content": "ok"}]}
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(_jsonl([ROWS[0], big, ROWS[1]]))
+    items = list(read_dataset(path, ds.DatasetReader(max_row_bytes=4096)))
+    assert [type(i).__name__ for i in items] == ["Sample", "Reject", "Sample"]
+    rej = items[1].to_json()
+    assert (rej["reason"], rej["file"], rej["line"], rej["max_row_bytes"]) == (ds.ROW_TOO_LARGE, "d.jsonl", 2, 4096)
+    assert rej["size"] == len(json.dumps(big)) and "--max-row-bytes" in rej["detail"]
+    assert all(isinstance(i, Sample) for i in read_dataset(path, ds.DatasetReader(max_row_bytes=8192)))
+
+
+def test_a_table_row_over_the_size_bound_is_rejected_by_its_characters(tmp_path):
+    pq.write_table(pa.Table.from_pylist([ROWS[1], {"messages": [
+        {"role": "user", "content": "y" * 5000}, {"role": "assistant", "content": "ok"}]}]), tmp_path / "d.parquet")
+    items = list(read_dataset(tmp_path / "d.parquet", ds.DatasetReader(max_row_bytes=4096)))
+    assert isinstance(items[0], Sample) and (items[1].reason, items[1].line) == (ds.ROW_TOO_LARGE, 2)
+    assert "characters" in items[1].detail
+
+
+def test_hidden_files_of_a_directory_are_skipped_and_logged(tmp_path, caplog):
+    (tmp_path / "a.jsonl").write_bytes(_jsonl(ROWS[:1]))
+    (tmp_path / ".hidden.jsonl").write_bytes(_jsonl(ROWS[1:2]))
+    (tmp_path / "_cache").mkdir()
+    (tmp_path / "_cache" / "b.jsonl").write_bytes(_jsonl(ROWS[2:3]))
+    with caplog.at_level(logging.INFO, logger="hsextract.dataset"):
+        items = list(read_dataset(tmp_path))
+    assert [i.file for i in items] == ["a.jsonl"]
+    assert any("skipping 2 hidden files and directories" in m and ".hidden.jsonl" in m and "_cache" in m
+               for m in caplog.messages), caplog.messages
+
+
 # -- properties: arbitrary input of every shape never crashes, every row is accounted for ------------
 
 def _write(path, data: bytes):
@@ -305,7 +389,12 @@ def _check_accounted(path):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(sorted(SHAPES)), st.binary(max_size=300))
 def test_arbitrary_bytes_in_any_dataset_file_never_crash_and_every_row_is_accounted_for(tmp_path, name, data):
-    _check_accounted(_write(tmp_path / name, SHAPES[name](data)))
+    path = _write(tmp_path / name, SHAPES[name](data))
+    if path.stat().st_size == 0:  # refused as a whole (see test_an_empty_dataset_file_is_refused)
+        with pytest.raises(HsextractError, match="is empty"):
+            read_dataset(path)
+        return
+    _check_accounted(path)
 
 
 _json_values = st.recursive(

@@ -77,7 +77,7 @@ def write_model_config(path: Path, hidden: int = 64) -> Path:
 def test_the_cli_reads_the_hidden_size_from_the_model_and_the_layer_count_from_the_ids(tmp_path):
     model = write_model_config(tmp_path / "m")
     result = run_cli("--model", str(model), "--aux-layers", "1,3", "--max-in-flight", "2", "--max-tokens", "10",
-                     "--dump-dir", str(tmp_path / "not-yet" / "dumps"))
+                     "--max-staged", "0", "--dump-dir", str(tmp_path / "not-yet" / "dumps"))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["bytes_per_token"] == 64 * 3 * 2 + 8 and report["tokens_in_flight"] == 20
@@ -88,7 +88,7 @@ def test_the_cli_takes_its_settings_from_the_shared_run_config(tmp_path):
     model = write_model_config(tmp_path / "m", hidden=128)
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"model": str(model), "max_in_flight": 3, "max_tokens": 7, "dump_dir": str(tmp_path),
-                                  "rid_prefix": "hsx", "format": "speculators"}))
+                                  "max_staged": 0, "rid_prefix": "hsx", "format": "speculators"}))
     result = run_cli("--config", str(config))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

@@ -156,3 +156,58 @@ def test_staging_need_is_check_shms_estimate_for_the_longest_sample(tiny_llama, 
 def test_a_missing_dataset_is_an_error_naming_it(tiny_llama, tmp_path):
     r, _ = plan(tmp_path / "nope.jsonl", tiny_llama, tmp_path / "plan.json", "--workers", "1")
     assert r.returncode == 2 and "nope.jsonl does not exist" in r.stderr
+
+
+def test_an_empty_dataset_file_is_an_error_as_an_empty_directory_is(tiny_llama, tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(b"")
+    r, report = plan(tmp_path / "d.jsonl", tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    assert r.returncode == 2 and "d.jsonl is empty (0 bytes)" in r.stderr and not report
+
+
+def _conversation(i: int, text: str = "") -> str:
+    return json.dumps({"messages": [{"role": "user", "content": f"Question {i}? {text}"},
+                                    {"role": "assistant", "content": f"Answer {i}."}]})
+
+
+def test_a_row_over_the_size_bound_is_a_reject_of_its_own_and_the_bound_can_be_raised(tiny_llama, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join([_conversation(0), _conversation(1, "x" * 300_000), _conversation(2)]) + "\n")
+    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1", "--max-row-bytes", "100000")
+    assert r.returncode == 0, r.stderr
+    assert report["samples"] == 2 and report["rejects"] == {"row_too_large": 1}
+    assert report["reject_examples"]["row_too_large"].startswith("data.jsonl:2: the row has 300,")
+    r, report = plan(data, tiny_llama, tmp_path / "plan2.json", "--workers", "1", "--max-row-bytes", "1000000")
+    assert r.returncode == 0 and "row_too_large" not in report["rejects"], r.stderr
+
+
+def test_reject_examples_name_the_file_and_row_of_every_reason(tiny_llama, tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "a.jsonl").write_text(_conversation(0) + "\n")
+    (d / "b.jsonl").write_text(_conversation(1) + "\n" + json.dumps({"input_ids": [1, 10**6]}) + "\n{bad\n")
+    r, report = plan(d, tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    examples = report["reject_examples"]
+    assert examples["bad_input_ids"].startswith("b.jsonl:2: token id 1000000 is outside the vocabulary")
+    assert examples["malformed_json"].startswith("b.jsonl:3: ")
+
+
+def test_planning_a_read_only_output_reports_and_says_in_one_line_that_the_report_was_not_kept(tiny_llama, tmp_path):
+    from support.read_only import hsextract_read_only
+
+    data, _ = _dataset(tmp_path, tiny_llama, n=10)
+    out = tmp_path / "out"
+    out.mkdir()
+    base = ["plan", "--dataset", str(data), "--model", str(tiny_llama), "--output", str(out), "--no-progress",
+            "--workers", "1"]
+    r = hsextract_read_only([out], *base)
+    assert r.returncode == 0, r.stderr
+    assert "samples" in r.stdout and "output    room" in r.stdout
+    kept = [line for line in r.stderr.splitlines() if "report" in line]
+    assert kept == [f"  report    not kept: cannot write {out / '.hsextract' / 'plan.json'} (Read-only file system); "
+                    "the plan above stands, --json PATH keeps it elsewhere"], r.stderr
+    asked = hsextract_read_only([out], *base, "--json", str(out / "plan.json"))
+    assert asked.returncode == 73
+    assert asked.stderr.strip().splitlines()[-1] == (
+        f"hsextract plan: error: cannot write the report to {out / 'plan.json'} (Read-only file system); "
+        "pass --json with a writable path")

@@ -24,6 +24,14 @@ def test_missing_dataset_stops_at_once_naming_it(capsys, tmp_path):
     assert not (tmp_path / "out").exists(), "nothing is written before the setup is known to be usable"
 
 
+def test_an_empty_dataset_file_stops_at_once_as_an_empty_directory_does(capsys, tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(b"")
+    code, err = _run(capsys, "--server", "http://127.0.0.1:9", "--dataset", str(tmp_path / "d.jsonl"),
+                     "--output", str(tmp_path / "out"))
+    assert code == 2 and "d.jsonl is empty (0 bytes)" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_output_inside_the_dataset_directory_is_refused(capsys, tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -262,7 +263,8 @@ def test_bad_input_gets_a_reason_in_the_errors_file_and_the_rest_is_done(regen_s
                       "--last-turn-only", "--max-attempts", "2") == 0
     assert len(output_rows(tmp_path / "out")) == 1 and len(error_rows(tmp_path / "out")) == 5
     again = json.loads((tmp_path / "out" / ".hsextract" / "regen-summary.json").read_text())
-    assert again["skipped"] == 6 and again["ok"] == 0
+    assert (again["ok"], again["failed"]) == (summary["ok"], summary["failed"]), "the whole regeneration's counts"
+    assert again["this_run"]["skipped"] == 6 and again["this_run"]["ok"] == 0
 
 
 def test_regeneration_through_a_capturing_server_leaves_no_dump(llama_server, tmp_path):
@@ -346,10 +348,43 @@ def test_killed_five_times_every_conversation_is_done_exactly_once(regen_server,
     # the random model answers a few prompts with blanks only: those are cut, with their reason
     assert {e["reason"] for e in error_rows(out)} <= {"empty_reply"}
     summary = json.loads((out / ".hsextract" / "regen-summary.json").read_text())
-    assert summary["state"] == "done" and summary["skipped"] >= 72
-    assert summary["ok"] + summary["skipped"] + sum(summary["failed"].values()) == 100
+    assert summary["state"] == "done" and summary["this_run"]["skipped"] >= 72
+    assert summary["ok"] == len(output_rows(out)) and sum(summary["failed"].values()) == len(error_rows(out))
+    assert summary["ok"] + sum(summary["failed"].values()) == 100
     status = json.loads((out / ".hsextract" / "regen-status.json").read_text())
     assert status["state"] == "done" and status["done"] == 100
+
+
+def test_the_summary_of_a_resumed_regeneration_counts_what_every_run_wrote(regen_server, tmp_path):
+    """The summary is of the whole regeneration: the rows the first run rejected and the
+    conversations it wrote count, as the errors file and the output list them."""
+    data, out, log = tmp_path / "d.jsonl", tmp_path / "out", tmp_path / "regen.log"
+    write_conversations(data, 12, seed=8)
+    data.write_text("{broken\n[1]\n" + data.read_text())  # two rows the first run rejects at once
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(REPO / "files" / "python"), os.environ.get("PYTHONPATH", "")])}
+    with log.open("ab") as fh:
+        first = subprocess.Popen([sys.executable, "-m", "hsextract", "regenerate", "--server", regen_server.url,
+                                  "--dataset", str(data), "--output", str(out), "--max-new-tokens", "6",
+                                  "--concurrency", "1"], stdout=fh, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_for(lambda: _lines(out / "conversations.jsonl") >= 3 or first.poll() is not None, 300,
+                  "3 conversations", log)
+        assert first.poll() is None, "the first run ended before it could be stopped"
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(120) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert not (out / ".hsextract" / "regen-summary.json").exists(), "a stopped run writes no summary"
+    assert regenerate(regen_server.url, data, out, "--max-new-tokens", "6") == 0
+    summary = json.loads((out / ".hsextract" / "regen-summary.json").read_text())
+    errors = Counter(e["reason"] for e in error_rows(out))
+    assert errors["malformed_json"] == 1 and errors["not_an_object"] == 1
+    assert summary["failed"] == dict(errors) and summary["ok"] == len(output_rows(out))
+    assert summary["ok"] + sum(summary["failed"].values()) == summary["conversations_total"] == 14
+    assert summary["turns"] == sum(r["regenerated"]["turns"] for r in output_rows(out))
+    assert summary["this_run"]["skipped"] >= 5 and summary["this_run"]["ok"] < summary["ok"]
 
 
 def test_conversations_of_a_server_that_goes_away_are_done_by_the_others(regen_server, proxy, free_port, tmp_path):

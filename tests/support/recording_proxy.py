@@ -1,7 +1,8 @@
 """An HTTP proxy in front of a real server that keeps a copy of every chat completion request and answer.
 
 Tests use it to see the requests the regenerator actually sent (the history of each turn), not
-what it meant to send; everything is forwarded unchanged to the server behind it.
+what it meant to send; everything is forwarded unchanged to the server behind it, but for the
+paths it is told to hide, which answer 404 as a front end that does not expose them does.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from aiohttp import web
 
 
 class RecordingProxy:
-    def __init__(self, target: str, port: int):
+    def __init__(self, target: str, port: int, hidden: tuple[str, ...] = ()):
         self.target = target.rstrip("/")
+        self.hidden = hidden
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.exchanges: list[tuple[dict[str, Any], int, Any]] = []  # (request body, status, answer)
@@ -38,6 +40,8 @@ class RecordingProxy:
             self.exchanges.clear()
 
     async def _forward(self, request: web.Request) -> web.Response:
+        if request.path in self.hidden:
+            return web.Response(status=404, text="not found")
         body = await request.read()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session, session.request(
                 request.method, self.target + request.rel_url.path_qs, data=body,

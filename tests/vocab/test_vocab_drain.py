@@ -160,6 +160,30 @@ def test_finalize_verify_detects_a_tampered_count_and_writes_nothing_from_it(tmp
     assert bad.returncode == 1 and "checkpoint could not be used" in bad.stdout, bad.stdout
 
 
+def test_finalize_verify_of_a_read_only_set_checks_every_sample_and_writes_nothing(tmp_path):
+    from support.read_only import hsextract_read_only
+
+    dump, out, _ = _staged(tmp_path, "speculators", n=3)
+    _drain(dump, out, "speculators", lines=3)
+    r = hsextract_read_only([out], "finalize", "--output", str(out), "--verify")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verified 3/3 samples" in r.stdout and "equal a recount of the 3 samples' files" in r.stdout
+    assert f"{out}: checked, nothing written" in r.stdout and "error" not in r.stderr
+
+
+def test_finalize_verify_reports_a_torn_manifest_line_and_leaves_the_cut_to_finalize(tmp_path):
+    dump, out, _ = _staged(tmp_path, "specforge", n=3)
+    _drain(dump, out, "specforge", lines=3)
+    manifest = out / "manifest.jsonl"
+    torn = manifest.read_bytes() + b'{"output_index": 3, "da'
+    manifest.write_bytes(torn)
+    r = hsextract("finalize", "--output", str(out), "--verify")
+    assert r.returncode == 1 and "ends with a torn line (23 bytes" in r.stdout and "verified 3/3" in r.stdout
+    assert manifest.read_bytes() == torn
+    assert hsextract("finalize", "--output", str(out)).returncode == 0
+    assert manifest.read_bytes() == torn[:-23]
+
+
 def test_finalize_verify_detects_a_tampered_token_freq_file(tmp_path):
     dump, out, samples = _staged(tmp_path, "specforge", n=10)
     drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=10)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import re
+import select
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -34,6 +37,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 EX_IOERR = 74  # sysexits.h: an input/output error
+# What a shell reports for a command killed by SIGPIPE (`yes | head -1`): the status of a command
+# whose reader stopped reading (`hsextract status | head -1`), which is no error of the command's.
+EXIT_READER_GONE = 128 + signal.SIGPIPE
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hsextract", description=__doc__.splitlines()[0])
@@ -58,6 +64,8 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
     previous = shutdown.install(shutdown.GRACEFUL_STOP.get(top.command, ()))
     try:
         return _run(top, rest)
+    except BrokenPipeError:  # raised again by `_run` only when stdout's reader is gone
+        return _reader_gone()
     finally:
         if exiting:
             shutdown.ignore_from_now()
@@ -66,8 +74,41 @@ def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
 
 
 def entry() -> NoReturn:
-    """The ``hsextract`` command and ``python -m hsextract``."""
-    sys.exit(main(exiting=True))
+    """The ``hsextract`` command and ``python -m hsextract``.
+
+    Python ignores SIGPIPE, so a reader that stops reading (``hsextract status | head -1``) shows
+    up as a BrokenPipeError: at a write inside the command, or when the interpreter flushes stdout
+    at exit, where it could only print a traceback. Stdout is flushed here instead, and either way
+    the command ends as one killed by SIGPIPE would, silently with status 141.
+    """
+    try:
+        try:
+            code = main(exiting=True)
+        except SystemExit as done:  # argparse's --help, --version and usage errors
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _reader_gone()
+    sys.exit(code)
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reading end was closed."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # replaced by a test's capture, or closed
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _reader_gone() -> int:
+    """Point stdout at /dev/null, so that nothing else tries to write to the closed pipe (the
+    interpreter's last flush included); the status of a command killed by SIGPIPE."""
+    with open(os.devnull, "wb") as devnull:
+        os.dup2(devnull.fileno(), sys.stdout.fileno())
+    return EXIT_READER_GONE
 
 
 # Options whose value may start with '-' (a negative layer id is a value, wrongly, not a flag:
@@ -111,6 +152,8 @@ def _run(top: argparse.Namespace, rest: list[str]) -> int:
         print(f"hsextract {top.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_reader_gone():
+            raise  # not the command's error: the one reading its output stopped (see `entry`)
         # A file the command needs cannot be read or written (a read-only or full volume, a
         # permission): say which and why, not a traceback.
         where = f"{exc.filename}: " if exc.filename else ""

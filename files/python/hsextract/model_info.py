@@ -26,12 +26,36 @@ class ModelInfo:
     vocab_size: int
     torch_dtype: str
     config_sha256: str
-    max_position_embeddings: int | None = None  # the context length, where the config says it
+    context_length: int = 2048  # tokens, as SGLang derives it from the config (`sglang_context_length`)
 
     @property
     def state_bytes_per_token(self) -> int:
         """Bytes of one token of one captured layer in bf16 (2 bytes per element)."""
         return self.hidden_size * 2
+
+
+# SGLang 0.5.23's keys for the context length, in its order of preference
+# (sglang/srt/utils/hf_transformers/common.py, get_context_length).
+CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                       "max_position_embeddings")
+SGLANG_DEFAULT_CONTEXT = 2048
+
+
+def sglang_context_length(text: dict[str, Any]) -> int:
+    """The context length SGLang serves a model with when no ``--context-length`` is given.
+
+    Computed as SGLang does, so that what the client and the plan cut samples to is what the
+    server runs: the first key of `CONTEXT_LENGTH_KEYS` present, times the RoPE scaling factor
+    (unless the scaling names its original length, or is Llama 3's), else 2048.
+    """
+    rope = text.get("rope_scaling") or text.get("rope_parameters")
+    factor = 1.0
+    if isinstance(rope, dict) and "original_max_position_embeddings" not in rope and rope.get("rope_type") != "llama3":
+        factor = float(rope.get("factor", 1) or 1)
+    for key in CONTEXT_LENGTH_KEYS:
+        if text.get(key) is not None:
+            return int(factor * int(text[key]))
+    return SGLANG_DEFAULT_CONTEXT
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -75,6 +99,5 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
         vocab_size=int(text.get("vocab_size", cfg.get("vocab_size", 0)) or 0),
         torch_dtype=dtype,
         config_sha256=hashlib.sha256(raw).hexdigest(),
-        max_position_embeddings=int(ctx) if (ctx := text.get("max_position_embeddings")
-                                              or cfg.get("max_position_embeddings")) else None,
+        context_length=sglang_context_length(text),
     )

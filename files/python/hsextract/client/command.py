@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from hsextract import shutdown
+from hsextract.client import defaults
 from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
-from hsextract.client.runner import DEFAULT_MAX_TOKENS, DEFAULT_NUM_AUX, ExtractConfig, ExtractRun, parse_shard
+from hsextract.client.dataset import add_max_row_bytes_argument
+from hsextract.client.runner import ExtractConfig, ExtractRun, parse_shard
 from hsextract.client.sender import RetryPolicy
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
@@ -58,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--max-in-flight", type=int, default=_default("max_in_flight"),
                    help=f"requests in flight at once (default {_default('max_in_flight')})")
     s.add_argument("--max-tokens", type=int, default=None,
-                   help=f"longest sample in tokens (default {DEFAULT_MAX_TOKENS}, or the model's context - 1 if less)")
+                   help=f"longest sample in tokens (default {defaults.MAX_TOKENS}, or the longest prompt the "
+                        "server runs if fewer; a larger value is lowered to it)")
+    add_max_row_bytes_argument(s)
     s.add_argument("--overlong", choices=OVERLONG_POLICIES, default=_default("overlong"),
                    help=f"what to do with longer samples (default: {_default('overlong')})")
     s.add_argument("--shm-min-free", default=str(_default("shm_min_free")),
@@ -103,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         rid_prefix=args.rid_prefix,
         max_in_flight=int(args.max_in_flight),
         max_tokens=args.max_tokens,
+        max_row_bytes=int(args.max_row_bytes),
         overlong=args.overlong,
         shard=parse_shard(args.shard),
         shm_min_free=parse_watermark(args.shm_min_free),
@@ -121,7 +126,7 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
 
 def _count_layers(text: str | None) -> int:
     ids = parse_ids(text)
-    return len(ids) if ids else DEFAULT_NUM_AUX
+    return len(ids) if ids else defaults.NUM_AUX
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ loss mask) and the regenerator (requests to ``/v1/chat/completions``, and the da
 see the same thing:
 
 * ``role``: ``system``, ``user``, ``assistant`` or ``tool``;
-* ``content``: text (a list of text parts is joined; an assistant turn that only calls tools has "");
+* ``content``: text (a list of text parts is joined; ``null`` is empty, as in OpenAI's messages: an
+  assistant turn that only calls tools has "", and so may a system turn, rendered empty);
 * ``reasoning_content``: the assistant's reasoning, whatever the source called it;
 * ``tool_calls``: `ToolCall`s (name, arguments as an object where the source's JSON string is one);
 * ``tool_call_id``: on tool results, the call it answers.
@@ -149,9 +150,7 @@ def _text(content: object, where: str, allow_empty: bool = False) -> str:
             else:
                 raise BadConversation(BAD_MESSAGE, f"{where}: content part {str(part)[:60]!r} is not a text part")
         text = "".join(parts)
-    elif content is None:
-        if not allow_empty:
-            raise BadConversation(EMPTY_CONTENT, f"{where}: content is missing")
+    elif content is None:  # OpenAI's "no content" (a tool-calling turn's, a default system prompt's): empty
         text = ""
     else:
         raise BadConversation(BAD_MESSAGE, f"{where}: content is a {type(content).__name__}, expected a string")
@@ -306,7 +305,9 @@ def _message(role: str, turn: Mapping[str, Any], text_key: str, where: str) -> M
         call_id = turn.get("tool_call_id")
         return Message("tool", _text(turn.get(text_key), where, allow_empty=True),
                        tool_call_id=None if call_id is None else str(call_id))
-    return Message(role, _text(turn.get(text_key), where))
+    # An empty system prompt renders as one (frameworks write `"content": null` where none was set);
+    # an empty user turn asks nothing, so it is refused.
+    return Message(role, _text(turn.get(text_key), where, allow_empty=role == "system"))
 
 
 def _check_order(messages: Sequence[Message], key: str, require_assistant: bool = True) -> None:

@@ -27,12 +27,14 @@ arbitrary bytes.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hsextract.client import defaults
 from hsextract.client.conversation import (
     BAD_MESSAGE,
     BAD_TOOL_CALL,
@@ -53,6 +55,7 @@ from hsextract.client.conversation import (
     parse_conversation,
 )
 from hsextract.client.sources import BOM, UNREADABLE_FILE, Row, Unreadable, count_rows, dataset_files, file_rows
+from hsextract.errors import ConfigError
 
 # Reject reason codes (stable: they are counted in the summary and grepped in rejects files); the
 # conversation's own are in `hsextract.client.conversation`.
@@ -62,13 +65,15 @@ NOT_AN_OBJECT = "not_an_object"
 BAD_INPUT_IDS = "bad_input_ids"
 BAD_LOSS_MASK = "bad_loss_mask"
 DUPLICATE = "duplicate"
+ROW_TOO_LARGE = "row_too_large"
 
 __all__ = [
     "BAD_INPUT_IDS", "BAD_LOSS_MASK", "BAD_MESSAGE", "BAD_TOOLS", "BAD_TOOL_CALL", "BLANK_LINE", "DUPLICATE",
     "EMPTY_CONTENT", "EMPTY_CONVERSATION", "MALFORMED_JSON", "NOT_AN_OBJECT", "NOT_UTF8", "NO_ASSISTANT_TURN",
-    "OPENAI_ROLES", "SHAREGPT_ROLES", "TOOL_WITHOUT_CALL", "UNKNOWN_ROLE", "UNKNOWN_SHAPE", "UNREADABLE_FILE",
-    "Conversation", "DatasetReader", "Message", "Reject", "Sample", "ToolCall", "count_rows", "dataset_files",
-    "parse_line", "parse_object", "parse_row", "read_dataset",
+    "OPENAI_ROLES", "ROW_TOO_LARGE", "SHAREGPT_ROLES", "TOOL_WITHOUT_CALL", "UNKNOWN_ROLE", "UNKNOWN_SHAPE",
+    "UNREADABLE_FILE", "Conversation", "DatasetReader", "Message", "Reject", "Sample", "ToolCall",
+    "add_max_row_bytes_argument", "count_rows", "dataset_files", "parse_line", "parse_object", "parse_row",
+    "read_dataset",
 ]
 
 
@@ -228,17 +233,45 @@ def sample_key(sample: Sample) -> int:
     return int.from_bytes(hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
+def row_size(data: bytes | Mapping | Unreadable, limit: int) -> int:
+    """The size a row is judged by: a JSON text's bytes, a table row's characters of text (counted
+    until they pass `limit`, so a huge row costs no more than the count)."""
+    if isinstance(data, (bytes, bytearray)):
+        return len(data)
+    if isinstance(data, Unreadable):
+        return 0
+    total = 0
+    stack: list[object] = [data]
+    while stack and total <= limit:
+        value = stack.pop()
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, Mapping):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return total
+
+
 class DatasetReader:
-    """Turns rows into Samples and Rejects, rejecting repeats of earlier samples.
+    """Turns rows into Samples and Rejects, rejecting repeats of earlier samples and rows too large to tokenize.
 
     The first occurrence of a sample wins, judged over the whole dataset, so every shard of a
     multi-host run agrees on which copy is the duplicate: read every row even when only one
     shard's samples are used.
+
+    A row over `max_row_bytes` is rejected (`ROW_TOO_LARGE`) before it is parsed: rendering and
+    tokenizing it with offsets would cost a few hundred bytes of memory per byte of it (one 50 MB
+    line took 17 GB in each of plan's workers), and no context holds it anyway.
     """
 
-    def __init__(self, dedupe: bool = True, require_assistant: bool = True) -> None:
+    def __init__(self, dedupe: bool = True, require_assistant: bool = True,
+                 max_row_bytes: int = defaults.MAX_ROW_BYTES) -> None:
+        if max_row_bytes < 1:
+            raise ConfigError(f"--max-row-bytes {max_row_bytes}: must be at least 1")
         self.dedupe = dedupe
         self.require_assistant = require_assistant
+        self.max_row_bytes = max_row_bytes
         self._seen: dict[int, tuple[int, str]] = {}
 
     def _dedupe(self, item: Sample | Reject) -> Sample | Reject:
@@ -248,9 +281,18 @@ class DatasetReader:
                 return Reject(item.index, DUPLICATE, f"same sample as {where}", file=item.file, row=item.row)
         return item
 
+    def _too_large(self, index: int, data: bytes | Mapping | Unreadable) -> Reject | None:
+        size = row_size(data, self.max_row_bytes)
+        if size <= self.max_row_bytes:
+            return None
+        unit = "bytes" if isinstance(data, (bytes, bytearray)) else "characters of text"
+        detail = (f"the row has {size:,} {unit}{'' if unit == 'bytes' else ' or more'}, more than --max-row-bytes "
+                  f"{self.max_row_bytes:,}; raise --max-row-bytes to read it")
+        return Reject(index, ROW_TOO_LARGE, detail, {"size": size, "max_row_bytes": self.max_row_bytes})
+
     def feed(self, index: int, raw: bytes) -> Sample | Reject:
         """A JSONL line (index = its 0-based line number)."""
-        item = parse_line(index, raw)
+        item = self._too_large(index, raw) or parse_line(index, raw)
         if isinstance(item, Sample) and self.dedupe:
             first, _ = self._seen.setdefault(sample_key(item), (index, ""))
             if first != index:
@@ -258,11 +300,22 @@ class DatasetReader:
         return item
 
     def feed_row(self, index: int, row: Row) -> Sample | Reject:
+        too_large = self._too_large(index, row.data)
+        if too_large is not None:
+            too_large.file, too_large.row = row.file, row.row
+            return too_large
         return self._dedupe(parse_row(index, row, self.require_assistant))
 
     def read_lines(self, lines: Iterable[bytes]) -> Iterator[Sample | Reject]:
         for index, raw in enumerate(lines):
             yield self.feed(index, raw)
+
+
+def add_max_row_bytes_argument(parser: argparse._ActionsContainer) -> None:
+    """``--max-row-bytes``: the bound of `DatasetReader`, a flag of every command that reads a dataset."""
+    parser.add_argument("--max-row-bytes", type=int, default=defaults.MAX_ROW_BYTES, metavar="N",
+                        help=f"reject rows larger than N bytes (a table row: characters) before tokenizing them "
+                             f"(reason {ROW_TOO_LARGE}; default {defaults.MAX_ROW_BYTES:,})")
 
 
 def read_dataset(path: str | Path, reader: DatasetReader | None = None) -> Iterator[Sample | Reject]:

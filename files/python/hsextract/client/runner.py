@@ -34,20 +34,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsextract.client.backpressure import Backpressure, Watermark
+from hsextract.client import defaults
+from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark
 from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
-from hsextract.client.dataset import Reject, Sample, count_rows, dataset_files, read_dataset
+from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.client.dataset_record import check_and_record
 from hsextract.client.probe import probe_capture
 from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
+from hsextract.client.server_limit import ServerLimit, server_limit
 from hsextract.durable import atomic_write_json, check_writable
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for
 from hsextract.formats.manifest import completed_indices, read_header
 from hsextract.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.model_info import read_model_info
+from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
 from hsextract.records import (
     SampleRecord,
     check_prefix,
@@ -63,9 +66,6 @@ log = logging.getLogger("hsextract.client")
 
 # Bytes a token's captured states take in staging, per hidden unit: K aux layers (EAGLE-3: 3) plus
 # the final hidden state, 2 bytes each (bf16). Used only to reserve room for requests in flight.
-DEFAULT_NUM_AUX = 3
-# The longest sample by default (the drafter trainers' usual maximum); --max-tokens raises it.
-DEFAULT_MAX_TOKENS = 4096
 STAGED_ELEM_BYTES = 2
 
 
@@ -77,21 +77,19 @@ class ExtractConfig:
     dump_dir: Path
     output: Path
     format: str = DEFAULT_FORMAT
-    rid_prefix: str = "hsx"
-    # The defaults of the CLI and of the Ansible roles (roles/hsextract/defaults/main.yml), which a
-    # test holds equal: 32 requests in flight keep a server's prefill batches full at 1-4K-token
-    # prompts (measured on the H200 with 64), and 256 staged dumps are a few seconds of the drain's
-    # work at Kimi width, long enough to ride out its fsyncs, short enough to notice it stalled.
-    max_in_flight: int = 32
-    max_tokens: int | None = None  # None: DEFAULT_MAX_TOKENS, or the model's context - 1 if shorter
-    overlong: str = "truncate"
+    # The defaults of the CLI, of plan and check-shm and of the Ansible roles: `hsextract.client.defaults`.
+    rid_prefix: str = defaults.RID_PREFIX
+    max_in_flight: int = defaults.MAX_IN_FLIGHT
+    max_tokens: int | None = None  # None: defaults.MAX_TOKENS, or the longest prompt the server accepts if fewer
+    overlong: str = defaults.OVERLONG
     shard: tuple[int, int] = (0, 1)
-    shm_min_free: Watermark = field(default_factory=lambda: Watermark(fraction=0.10))
-    max_staged: int | None = 256
+    shm_min_free: Watermark = field(default_factory=lambda: parse_watermark(defaults.SHM_MIN_FREE))
+    max_staged: int | None = defaults.MAX_STAGED
+    max_row_bytes: int = defaults.MAX_ROW_BYTES
     chat_template: str | None = None
     last_turn_only: bool = False
     min_loss_tokens: int = 0
-    num_aux: int = DEFAULT_NUM_AUX  # only sizes the staging reserve of requests in flight
+    num_aux: int = defaults.NUM_AUX  # only sizes the staging reserve of requests in flight
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     capture_timeout_s: float = 120.0  # how long an answered sample may wait for its dump or failure marker
     probe_timeout_s: float = 60.0  # how long the start-up probe's dump may take to appear
@@ -127,17 +125,20 @@ def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
 
 
 def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str,
-                  last_turn_only: bool = False, min_loss_tokens: int = 0) -> SampleEncoder:
+                  last_turn_only: bool = False, min_loss_tokens: int = 0, context_length: int | None = None,
+                  kv_pool_tokens: int | None = None, quiet: bool = False) -> SampleEncoder:
     """The client's encoder for `model`: its tokenizer and chat template, and the length limit the client
-    applies (``max_tokens``, else the default, capped at the context length - 1).
-    ``hsextract plan`` encodes with the same one."""
+    applies (``max_tokens``, else the default, at most the longest prompt the server runs: see
+    `hsextract.prompt_limit`; ``context_length`` and ``kv_pool_tokens`` are the server's settings
+    where they are known, else the model's context). ``hsextract plan`` encodes with the same one;
+    the client then sets the limit the running server reports (`ExtractRun._take_server_limit`), and
+    says there, not here (`quiet`), when it lowers ``max_tokens``."""
     info = read_model_info(model)
     tok = load_tokenizer(model, chat_template)
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-        if info.max_position_embeddings:  # room for the one generated token
-            max_tokens = min(max_tokens, info.max_position_embeddings - 1)
-    return SampleEncoder(tok, max_tokens, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)
+    context = context_length or info.context_length
+    limit = resolve_max_tokens(max_tokens, defaults.MAX_TOKENS, longest_prompt(context, kv_pool_tokens),
+                               f"a context of {context}", quiet)
+    return SampleEncoder(tok, limit, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)
 
 
 class _JsonlAppender:
@@ -170,7 +171,7 @@ class ExtractRun:
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
         self.encoder = build_encoder(Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong,
-                                     cfg.last_turn_only, cfg.min_loss_tokens)
+                                     cfg.last_turn_only, cfg.min_loss_tokens, quiet=True)
         self.tokenizer = self.encoder.tok
         self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
@@ -301,6 +302,7 @@ class ExtractRun:
                  cfg.dataset, cfg.server)
         try:
             self._wait_for_server()
+            self._take_server_limit()
             self._probe(run_id)
             # staging first, then the manifest: a dump drained in between is in the second
             skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
@@ -353,6 +355,17 @@ class ExtractRun:
             self.sender.gate.wait_healthy(since=time.monotonic())
             self.stats.paused_reason = None
 
+    def _take_server_limit(self) -> None:
+        """Cut samples to what the running server accepts (`hsextract.prompt_limit`): the figure
+        computed from the model's config at start does not know the server's own settings."""
+        context = self.model.context_length
+        limit = server_limit(self.cfg.server, context, self.cfg.retry.connect_timeout_s) \
+            or ServerLimit(longest_prompt(context), f"SGLang's rule for the model's context of {context}")
+        self.encoder.max_tokens = resolve_max_tokens(self.cfg.max_tokens, defaults.MAX_TOKENS, limit.longest,
+                                                     limit.source)
+        log.info("samples longer than %d tokens are %s (the server runs at most %d: %s)", self.encoder.max_tokens,
+                 "cut" if self.cfg.overlong == "truncate" else "rejected", limit.longest, limit.source)
+
     def _settle_state(self) -> None:
         """The run's final state: failed (with the error), stopped, or done."""
         st = self.stats
@@ -386,7 +399,8 @@ class ExtractRun:
         i_shard, n_shard = cfg.shard
         self._bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token, run_id=run_id)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
-        for item in read_dataset(cfg.dataset):  # every row, for shard-independent duplicate detection
+        reader = DatasetReader(max_row_bytes=cfg.max_row_bytes)
+        for item in read_dataset(cfg.dataset, reader):  # every row, for shard-independent duplicate detection
             if self.stop.is_set() or not self._send_again():
                 return
             if item.index % n_shard == i_shard and not self._produce_one(item, run_id, skip):

@@ -9,8 +9,8 @@ A dataset path is a file or a directory:
 * any of those compressed: ``.gz``, ``.zst`` (needs the ``zstandard`` package);
 * Parquet (``.parquet``) and Arrow IPC files or streams (``.arrow``, ``.feather``);
 * a ``datasets`` ``save_to_disk`` directory (``state.json`` lists its Arrow files);
-* a directory of any of these, read in sorted order of their paths (hidden names and files of
-  other suffixes are skipped and logged).
+* a directory of any of these, read in sorted order of their paths (hidden names, those starting
+  with ``.`` or ``_``, and files of other suffixes are skipped and logged).
 
 Rows come out in file order, then row order, so a sample's index is stable. A part of a file
 that cannot be read (a corrupt compressed stream, a broken Parquet page) becomes `Unreadable`
@@ -105,7 +105,7 @@ def _save_to_disk_files(d: Path, prefix: str) -> list[DataFile]:
     return [DataFile(d / n, f"{prefix}{n}", "arrow") for n in names]
 
 
-def _walk(d: Path, prefix: str, out: list[DataFile], ignored: list[str]) -> None:
+def _walk(d: Path, prefix: str, out: list[DataFile], ignored: list[str], hidden: list[str]) -> None:
     if (d / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in d.iterdir() if (p / "state.json").is_file())
         raise HsextractError(f"{d} holds a DatasetDict (splits {', '.join(splits) or 'none'}); "
@@ -114,11 +114,12 @@ def _walk(d: Path, prefix: str, out: list[DataFile], ignored: list[str]) -> None
         out.extend(_save_to_disk_files(d, prefix))
         return
     for child in sorted(d.iterdir(), key=lambda p: p.name):
-        if child.name.startswith((".", "_")):
-            continue
         rel = f"{prefix}{child.name}"
+        if child.name.startswith((".", "_")):
+            hidden.append(rel)
+            continue
         if child.is_dir():
-            _walk(child, rel + "/", out, ignored)
+            _walk(child, rel + "/", out, ignored, hidden)
         elif (desc := _describe(child)) is not None:
             _check_codec(desc[1], child)
             out.append(DataFile(child, rel, *desc))
@@ -126,19 +127,41 @@ def _walk(d: Path, prefix: str, out: list[DataFile], ignored: list[str]) -> None
             ignored.append(rel)
 
 
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
+
+
+def _empty(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False  # an unreadable file is reported by its reader
+
+
 def dataset_files(path: str | Path) -> list[DataFile]:
-    """The files of a dataset path, in reading order; HsextractError saying what to pass when unusable."""
+    """The files of a dataset path, in reading order; HsextractError saying what to pass when unusable.
+
+    A dataset with nothing in it (a directory without dataset files, or whose files are all empty,
+    or an empty file) is refused: a run of 0 samples that ends "done" looks like a success and
+    hides a wrong path or a failed copy.
+    """
     p = Path(path)
     if p.is_dir():
         out: list[DataFile] = []
         ignored: list[str] = []
-        _walk(p, "", out, ignored)
+        hidden: list[str] = []
+        _walk(p, "", out, ignored, hidden)
+        if hidden:
+            log.info("dataset %s: skipping %d hidden files and directories (names starting with . or _): %s", p,
+                     len(hidden), _names(hidden))
         if ignored:
-            log.info("dataset %s: skipping %d files of no dataset format: %s", p, len(ignored),
-                     ", ".join(ignored[:10]) + (" ..." if len(ignored) > 10 else ""))
+            log.info("dataset %s: skipping %d files of no dataset format: %s", p, len(ignored), _names(ignored))
         if not out:
             raise HsextractError(f"dataset directory {p} has no dataset files ({', '.join(KNOWN)}, "
                                  "optionally .gz or .zst, or a save_to_disk directory)")
+        if all(_empty(f.path) for f in out):
+            raise HsextractError(f"dataset directory {p}: its dataset files are all empty (0 bytes: "
+                                 f"{_names([f.name for f in out])}); pass --dataset with the data")
         return out
     if not p.exists():
         raise HsextractError(f"dataset {p} does not exist; pass --dataset with a dataset file or directory")
@@ -147,6 +170,9 @@ def dataset_files(path: str | Path) -> list[DataFile]:
             pass
     except OSError as exc:
         raise HsextractError(f"dataset {p}: cannot open ({exc})") from exc
+    if _empty(p):
+        raise HsextractError(f"dataset file {p} is empty (0 bytes); pass --dataset with the data (was it copied "
+                             "completely?)")
     kind, compression = _describe(p) or ("text", None)
     _check_codec(compression, p)
     return [DataFile(p, p.name, kind, compression)]
@@ -155,40 +181,78 @@ def dataset_files(path: str | Path) -> list[DataFile]:
 # -- text files: JSON lines and JSON arrays -------------------------------------------------------
 
 
-def _open(f: DataFile) -> BinaryIO:
-    if f.compression == "gzip":
-        import gzip
+# Compressed input is fed to the decompressor in pieces this large, which bounds what one call
+# returns (gzip's ratio is at most about 1000:1) as the 1 MiB blocks bound plain reads.
+INFLATE_PIECE = 64 << 10
 
-        return gzip.open(f.path, "rb")  # type: ignore[return-value]
-    fh = f.path.open("rb")
-    if f.compression == "zstd":
-        import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)
-    return fh
+class TruncatedStream(EOFError):
+    """A compressed file ends inside a member (gzip) or frame (zstd): everything before was read."""
+
+
+def _decompressor(compression: str) -> Any:
+    if compression == "gzip":
+        import zlib
+
+        return zlib.decompressobj(wbits=31)  # a gzip member, header and checksum checked
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompressobj()
+
+
+def _inflate(fh: BinaryIO, compression: str) -> Iterator[bytes]:
+    """The decompressed bytes of a gzip or zstd file, each piece as soon as it is decompressed.
+
+    ``gzip.open`` raises at a truncated end and throws away what that last read had decompressed
+    (up to a whole 1 MiB block: a small file's every row), and zstd's stream reader ends a
+    truncated file silently. Here everything decompressed is yielded first, then a truncated end
+    raises `TruncatedStream`. Files of several gzip members or zstd frames are read whole (and
+    the zero bytes gzip allows after a member are skipped), as ``gzip`` and ``zstd -d`` do.
+    """
+    d: Any = None
+    while block := fh.read(INFLATE_PIECE):
+        data = block
+        while data:
+            if d is None:  # a new member or frame starts here
+                data = data.lstrip(b"\0") if compression == "gzip" else data
+                if not data:
+                    break
+                d = _decompressor(compression)
+            out = d.decompress(data)
+            data = b""
+            if out:
+                yield out
+            if d.eof:
+                data, d = d.unused_data, None
+    if d is not None:
+        raise TruncatedStream("the compressed data ends before its end marker (is the file truncated?)")
 
 
 def _blocks(f: DataFile) -> Iterator[bytes]:
     """The (decompressed) bytes of a file in blocks, the leading byte-order mark dropped."""
-    with _open(f) as fh:
+    with f.path.open("rb") as fh:
+        source: Iterator[bytes] = _inflate(fh, f.compression) if f.compression else iter(lambda: fh.read(BLOCK), b"")
+        first = True
         head = b""
-        while len(head) < len(BOM):  # a stream may return short reads
-            block = fh.read(BLOCK)
-            if not block:
-                break
-            head += block
-        if head.startswith(BOM):
-            head = head[len(BOM):]
-        if head:
-            yield head
-        head = block = b""  # hold one block at a time, not the first one for the whole file
-        while block := fh.read(BLOCK):
+        for block in source:
+            if first:
+                head += block  # a stream may return short pieces: the mark may span two
+                if len(head) < len(BOM):
+                    continue
+                block, head, first = head[len(BOM):] if head.startswith(BOM) else head, b"", False
             yield block
+        if first and head:  # shorter than a byte-order mark
+            yield head
 
 
-def _unreadable(f: DataFile, exc: BaseException, where: str) -> Unreadable:
+# What an unreadable part of a file means for the rows after it: where the rows cannot be counted
+# (a compressed stream cut short, a JSON array, an Arrow stream), one reject stands for them all.
+REST_UNKNOWN = "the rows after it are lost, and how many is unknown: this one reject stands for them all"
+
+
+def _unreadable(f: DataFile, exc: BaseException, where: str, rest: str = REST_UNKNOWN) -> Unreadable:
     return Unreadable(UNREADABLE_FILE, f"{f.name}: cannot read {where} ({type(exc).__name__}: {str(exc)[:200]}); "
-                                       "the rest of this file is skipped")
+                                       f"{rest}")
 
 
 def _first_byte(f: DataFile) -> bytes:
@@ -219,7 +283,7 @@ def _lines(f: DataFile) -> Iterator[bytes | Unreadable]:
                 yield piece
                 n += 1
             parts = [pieces[-1]]
-    except Exception as exc:  # a corrupt compressed stream, a vanished file
+    except Exception as exc:  # a corrupt or truncated compressed stream, a vanished file
         yield _unreadable(f, exc, f"past line {n}")
         return
     if any(parts):
@@ -251,15 +315,18 @@ def _array_elements(f: DataFile) -> Iterator[bytes | Unreadable]:
     where it should).
     """
     scan = _ArrayScan(f.name)
+    n = 0
     try:
         for block in _blocks(f):
             scan.append(block)
             del block
-            yield from scan.scan()
+            for row in scan.scan():
+                n += 1
+                yield row
             if scan.state == "ended":
                 return
     except Exception as exc:
-        yield _unreadable(f, exc, "the JSON array")
+        yield _unreadable(f, exc, f"the JSON array past element {n}")
         return
     yield from scan.finish()
 
@@ -391,7 +458,8 @@ def _parquet_rows(f: DataFile) -> Iterator[Mapping | Unreadable]:
         pf = pq.ParquetFile(f.path)
         total = int(pf.metadata.num_rows)
     except Exception as exc:  # not Parquet, or its footer is damaged: one row says so
-        yield _unreadable(f, exc, "its metadata")
+        yield _unreadable(f, exc, "its metadata", "none of its rows can be read, and how many there are is unknown: "
+                                                  "this one reject stands for them all")
         return
     done = 0
     try:
@@ -403,7 +471,8 @@ def _parquet_rows(f: DataFile) -> Iterator[Mapping | Unreadable]:
                 yield row
                 done += 1
     except Exception as exc:  # a damaged page: its rows and the rest become rejects
-        bad = _unreadable(f, exc, f"past row {done}")
+        bad = _unreadable(f, exc, f"past row {done}", f"the {total - done} rows from there on are lost (one reject "
+                                                       "each: the metadata counts them)")
         if done == total:
             log.warning("%s", bad.detail)
         for _ in range(total - done):

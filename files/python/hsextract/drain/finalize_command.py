@@ -2,7 +2,9 @@
 
 The drain does this itself when idle and when it stops; this command is for a directory copied
 elsewhere, or to check one: ``--verify`` re-reads every file and compares size and checksum, and
-recounts the loss-masked tokens from the files against the draft vocabulary's counts.
+recounts the loss-masked tokens from the files against the draft vocabulary's counts. A check
+writes nothing, so it runs on a finished set on a read-only volume, on a copy a trainer is
+reading, or beside a drain; ``finalize`` without it writes what the check would only report.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hsextract.formats import get_format
-    from hsextract.formats.manifest import iter_entries, read_header, repair_torn_tail, verify_entry
+    from hsextract.formats.manifest import iter_entries, read_header, repair_torn_tail
+    from hsextract.vocab.tracker import VocabTracker
 
     if not args.output:
         raise ConfigError("finalize needs --output (on the command line or in --config)")
@@ -34,41 +37,58 @@ def run(args: argparse.Namespace) -> int:
     header = read_header(out)
     if header is None:
         raise ConfigError(f"{out}: no manifest.json; nothing was drained into this directory yet")
+    fmt = get_format(header.format)
+    if args.verify:
+        return _verify(out, fmt, sizes, check_vocab=not args.no_draft_vocab)
     repair_torn_tail(out)
     entries = list(iter_entries(out))
-    fmt = get_format(header.format)
-    bad = 0
-    if args.verify:
-        for e in entries:
-            problem = verify_entry(out, e)
-            if problem:
-                bad += 1
-                print(f"BAD {e.output_index} ({e.rid}): {problem}")
-        print(f"verified {len(entries) - bad}/{len(entries)} samples")
     paths = fmt.finalize(out, header, entries)
     if not args.no_draft_vocab:
-        bad_counts, vocab_paths = _draft_vocab(out, fmt, entries, sizes, vocab_size or header.vocab_size, args.verify)
-        bad += bad_counts
-        paths += vocab_paths
+        tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
+        tracker.recover(entries)  # the counts brought up to the manifest
+        paths += tracker.write_files(vocab_size or header.vocab_size)
     names = ", ".join(str(p.relative_to(out)) for p in paths) or "nothing"
     print(f"{out}: {len(entries)} samples ({header.format}); wrote {names}")
-    return 1 if bad else 0
+    return 0
 
 
-def _draft_vocab(out: Path, fmt, entries, sizes, vocab_size: int, verify: bool) -> tuple[int, list[Path]]:
-    """Bring the token counts up to the manifest and write the trainers' files; with `verify`, first
-    recount everything from the files and write nothing from counts that differ."""
+def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
+    """Check every sample's file against the manifest and the draft vocabulary's counts against a
+    recount of the files; print a BAD line per problem, write nothing; 1 if any was found."""
+    from hsextract.formats.manifest import entries_path, iter_entries, verify_entry
     from hsextract.vocab.tracker import VocabTracker
 
-    tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
-    tracker.recover(entries)
-    if verify:
+    torn = _torn_tail(entries_path(out))
+    if torn:
+        print(f"BAD {entries_path(out)} ends with a torn line ({torn} bytes, a crash mid-append; not a sample): "
+              "`hsextract finalize` cuts it")
+    entries = list(iter_entries(out))
+    bad_samples = 0
+    for e in entries:
+        problem = verify_entry(out, e)
+        if problem:
+            bad_samples += 1
+            print(f"BAD {e.output_index} ({e.rid}): {problem}")
+    print(f"verified {len(entries) - bad_samples}/{len(entries)} samples")
+    bad = bad_samples + bool(torn)
+    if check_vocab:
+        tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
+        tracker.recover(entries, save=False)
         problems = tracker.verify(entries)
         for problem in problems:
             print(f"BAD {problem}")
         counts, _ = tracker.snapshot()
         print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
               f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' files")
-        if problems:
-            return len(problems), []
-    return 0, tracker.write_files(vocab_size)
+        bad += len(problems)
+    print(f"{out}: checked, nothing written (`hsextract finalize --output {out}` writes the dataset-level files)")
+    return 1 if bad else 0
+
+
+def _torn_tail(path: Path) -> int:
+    """Bytes after the manifest's last newline: a line torn by a crash mid-append."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    return len(data) - (data.rfind(b"\n") + 1)

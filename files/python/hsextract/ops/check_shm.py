@@ -21,13 +21,13 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
+from hsextract.client import defaults
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError, HsextractError
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 PAGE = 4096
 PAGES_PER_REQUEST = 3  # states file header page, done.json, the client's record
-DEFAULT_AUX_LAYERS = 3  # EAGLE-3: three aux layers
 
 
 class ShmTooSmall(HsextractError):
@@ -149,37 +149,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model dir: the hidden size is read from its config.json")
     parser.add_argument("--hidden-size", type=int, help="hidden size, instead of --model")
     parser.add_argument("--aux-layers", help="aux layer ids (e.g. 1,29,57); only their number matters here (default 3)")
-    parser.add_argument("--max-in-flight", type=int, default=8, help="requests the client keeps in flight (default 8)")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="longest request in tokens (default 4096)")
+    # The client's defaults (`hsextract.client.defaults`): a check by hand sizes the run the client makes.
+    parser.add_argument("--max-in-flight", type=int, default=defaults.MAX_IN_FLIGHT,
+                        help=f"requests the client keeps in flight (default {defaults.MAX_IN_FLIGHT})")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help=f"longest request in tokens (default {defaults.MAX_TOKENS}, or the longest prompt the "
+                             "server runs for --model if fewer)")
     parser.add_argument(
-        "--max-staged", type=int, default=0,
+        "--max-staged", type=int, default=defaults.MAX_STAGED,
         help="the client pauses while staged dumps + requests in flight reach this many (0: no limit, "
-        "then only --max-in-flight counts)",
+        f"then only --max-in-flight counts; default {defaults.MAX_STAGED})",
     )
-    parser.add_argument("--shm-min-free", default="", help="the client's free-space watermark: bytes, 512M, 2G or 10%%")
+    parser.add_argument("--shm-min-free", default=defaults.SHM_MIN_FREE,
+                        help="the client's free-space watermark: bytes, 512M, 2G or a percentage "
+                             f"(default {defaults.SHM_MIN_FREE.replace('%', '%%')})")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES), help="dtype of the captured states")
     add_config_argument(parser)
 
 
-def _aux_count(aux: object) -> int:
+def aux_count(aux: object) -> int:
+    """The number of aux layers of ``--aux-layers`` (ids, or a list of them); the default without."""
     if aux in (None, "", []):
-        return DEFAULT_AUX_LAYERS
+        return defaults.NUM_AUX
     if isinstance(aux, list):
         return len(aux)
     from hsextract.layers import parse_ids
 
     ids = parse_ids(str(aux))
-    return len(ids) if ids else DEFAULT_AUX_LAYERS
+    return len(ids) if ids else defaults.NUM_AUX
 
 
 def run(args: argparse.Namespace) -> int:
     if args.hidden_size is None and not args.model:
         raise ConfigError("check-shm needs --model (to read the hidden size) or --hidden-size")
     hidden = args.hidden_size
-    if hidden is None:
+    max_tokens = args.max_tokens if args.max_tokens is not None else defaults.MAX_TOKENS
+    if args.model:
         from hsextract.model_info import read_model_info
+        from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
 
-        hidden = read_model_info(args.model).hidden_size
+        info = read_model_info(args.model)
+        hidden = info.hidden_size if hidden is None else hidden
+        max_tokens = resolve_max_tokens(args.max_tokens, defaults.MAX_TOKENS, longest_prompt(info.context_length),
+                                        f"a context of {info.context_length}")
     path = args.dump_dir
     probe = path
     while not os.path.isdir(probe):  # the dump dir may not exist yet: check the filesystem it will live on
@@ -192,8 +204,8 @@ def run(args: argparse.Namespace) -> int:
     # The client's --max-staged bounds staged dumps and requests in flight together.
     requests = max(args.max_in_flight, args.max_staged or 0)
     need = estimate_need(
-        hidden_size=hidden, aux_layers=_aux_count(args.aux_layers), requests_in_flight=requests,
-        tokens_per_request=args.max_tokens, watermark_bytes=watermark, dtype=args.dtype,
+        hidden_size=hidden, aux_layers=aux_count(args.aux_layers), requests_in_flight=requests,
+        tokens_per_request=max_tokens, watermark_bytes=watermark, dtype=args.dtype,
     )
-    print(json.dumps(check(probe, need, requests, args.max_tokens)))
+    print(json.dumps(check(probe, need, requests, max_tokens)))
     return 0

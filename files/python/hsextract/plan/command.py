@@ -17,13 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hsextract.client import defaults
 from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
+from hsextract.client.dataset import add_max_row_bytes_argument
 from hsextract.config_file import add_config_argument
 from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.layout import PLAN, plan_path
-from hsextract.ops.check_shm import DEFAULT_AUX_LAYERS, human
+from hsextract.ops.check_shm import aux_count, human
 
 EXIT_NO_ROOM = 5
 
@@ -32,6 +34,12 @@ class OutputVolumeTooSmall(HsextractError):
     """The training set will not fit on the output volume."""
 
     exit_code = EXIT_NO_ROOM
+
+
+class ReportNotWritten(HsextractError):
+    """The report could not be written where ``--json`` asked."""
+
+    exit_code = 73  # sysexits.h EX_CANTCREAT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,17 +52,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "counted as written")
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template instead of the tokenizer's")
     g.add_argument("--shard", default="0/1", help="this host's share, i/n (default 0/1)")
-    g.add_argument("--max-tokens", type=int, default=None, help="longest sample (default: context length - 1)")
-    g.add_argument("--overlong", choices=OVERLONG_POLICIES, default="truncate")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help=f"longest sample (default {defaults.MAX_TOKENS}, or the longest prompt the server runs if "
+                        "fewer)")
+    g.add_argument("--overlong", choices=OVERLONG_POLICIES, default=defaults.OVERLONG)
+    add_max_row_bytes_argument(g)
     g.add_argument("--last-turn-only", action="store_true", help="the last assistant turn only (as the client)")
     g.add_argument("--min-loss-tokens", type=int, default=0, help="fewer loss tokens are a reject (as the client)")
     g.add_argument("--aux-layers", help="aux layer ids; only their number matters here (default 3)")
     g.add_argument("--draft-vocab-size", type=int, nargs="+", default=[32000], metavar="N")
-    s = parser.add_argument_group("staging (as check-shm)")
+    v = parser.add_argument_group("the server's settings, where it is given them (they bound the longest prompt)")
+    v.add_argument("--context-length", type=int, default=None, help="its --context-length (default: the model's)")
+    v.add_argument("--max-total-tokens", type=int, default=None,
+                   help="its --max-total-tokens, the KV pool's size (default: a pool that holds a whole context)")
+    s = parser.add_argument_group("staging (as check-shm, with the client's defaults)")
     s.add_argument("--dump-dir", default="/dev/shm", help="the capture's staging directory (default /dev/shm)")
-    s.add_argument("--max-in-flight", type=int, default=32)
-    s.add_argument("--max-staged", type=int, default=4096)
-    s.add_argument("--shm-min-free", default="10%")
+    s.add_argument("--max-in-flight", type=int, default=defaults.MAX_IN_FLIGHT)
+    s.add_argument("--max-staged", type=int, default=defaults.MAX_STAGED)
+    s.add_argument("--shm-min-free", default=defaults.SHM_MIN_FREE)
     r = parser.add_argument_group("time and room")
     r.add_argument("--tokens-per-s", type=float, default=None,
                    help="prefill tokens/s of the server with the capture on (default: the GPU bench's, if found)")
@@ -67,17 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="where to write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_argument(parser)
-
-
-def _aux_count(text: object) -> int:
-    if text in (None, "", []):
-        return DEFAULT_AUX_LAYERS
-    if isinstance(text, list):
-        return len(text)
-    from hsextract.layers import parse_ids
-
-    ids = parse_ids(str(text))
-    return len(ids) if ids else DEFAULT_AUX_LAYERS
 
 
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,8 +107,9 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     done = frozenset(completed_indices(out)) if out is not None else frozenset()
     res = scan(ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
                             bool(args.last_turn_only), int(args.min_loss_tokens or 0), parse_shard(args.shard), done,
-                            args.workers, progress=not args.no_progress))
-    num_aux = _aux_count(args.aux_layers)
+                            args.workers, progress=not args.no_progress, max_row_bytes=int(args.max_row_bytes),
+                            context_length=args.context_length, kv_pool_tokens=args.max_total_tokens))
+    num_aux = aux_count(args.aux_layers)
     layout = Layout(num_aux, info.hidden_size, DTYPES[dtype_name][0])
     sizes = [int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int)
                               else args.draft_vocab_size)]
@@ -208,14 +213,28 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _keep_report(report: dict[str, Any], asked: Path | None, default: Path) -> None:
+    """Write the report as JSON. Planning needs no write: where the default place cannot be written
+    (a read-only output volume), one line says so and the plan stands; a ``--json`` path asked for
+    that cannot be written is an error that says which and why."""
+    path = asked or default
+    try:
+        atomic_write_bytes(path, (json.dumps(report, indent=2) + "\n").encode(), durable=False)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if asked is not None:
+            raise ReportNotWritten(f"cannot write the report to {path} ({why}); pass --json with a writable path") \
+                from exc
+        print(f"  report    not kept: cannot write {path} ({why}); the plan above stands, --json PATH keeps it "
+              "elsewhere", file=sys.stderr)
+        return
+    print(f"  report    {path}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     report = build_report(args)
     print(render(report))
-    path = args.json
-    if path is None:
-        path = plan_path(args.output) if args.output else Path(PLAN)
-    atomic_write_bytes(path, (json.dumps(report, indent=2) + "\n").encode(), durable=False)
-    print(f"  report    {path}", file=sys.stderr)
+    _keep_report(report, args.json, plan_path(args.output) if args.output else Path(PLAN))
     v = report["output_volume"]
     if not v["ok"] and not args.no_space_check:
         f = report["formats"][report["format"]]

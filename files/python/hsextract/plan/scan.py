@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hsextract.client import defaults
 from hsextract.client.chat_template import TOO_LONG, Encoded
-from hsextract.client.dataset import Reject, Sample, count_rows, read_dataset
+from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, read_dataset
 from hsextract.formats.base import same_size_index
 
 CHUNK = 64  # samples per task: large enough to amortize the pickling, small enough for a smooth bar
@@ -49,6 +50,9 @@ class ScanSettings:
     done: frozenset[int] = frozenset()  # dataset indices already in the training set
     workers: int | None = None  # None: `default_workers`
     progress: bool = True
+    max_row_bytes: int = defaults.MAX_ROW_BYTES
+    context_length: int | None = None  # the server's --context-length, if it is given one
+    kv_pool_tokens: int | None = None  # the server's --max-total-tokens, if it is given one
 
 
 @dataclass
@@ -105,18 +109,17 @@ class ScanResult:
 _ENCODER = None
 
 
-def _init_worker(model: str, chat_template: str | None, max_tokens: int | None, overlong: str,
-                 last_turn_only: bool, min_loss_tokens: int) -> None:
+def _init_worker(model: str, *settings) -> None:
     global _ENCODER
     from hsextract.client.runner import build_encoder
 
-    _ENCODER = build_encoder(Path(model), chat_template, max_tokens, overlong, last_turn_only, min_loss_tokens)
+    _ENCODER = build_encoder(Path(model), *settings)
 
 
-def _encode_chunk(chunk: tuple[int, list[Sample]]) -> tuple[int, list[tuple]]:
-    """(rows covered, [(index, tokens, masked, truncated_from) or (index, reason, detail)])."""
+def _encode_chunk(chunk: tuple[int, list[Sample]]) -> tuple[int, list[tuple | Reject]]:
+    """(rows covered, [(index, tokens, masked, truncated_from) or a Reject])."""
     rows, samples = chunk
-    out: list[tuple] = []
+    out: list[tuple | Reject] = []
     encoder = _ENCODER
     assert encoder is not None, "_init_worker (or scan, in-process) sets the encoder first"
     for s in samples:
@@ -124,7 +127,7 @@ def _encode_chunk(chunk: tuple[int, list[Sample]]) -> tuple[int, list[tuple]]:
         if isinstance(enc, Encoded):
             out.append((enc.index, len(enc.input_ids), int(sum(enc.loss_mask)), enc.truncated_from))
         else:
-            out.append((enc.index, enc.reason, enc.detail))
+            out.append(enc)  # a Reject, with its file and row
     return rows, out
 
 
@@ -136,7 +139,7 @@ def _chunks(cfg: ScanSettings, res: ScanResult, parse_rejects: list[Reject]) -> 
     i_shard, n_shard = cfg.shard
     batch: list[Sample] = []
     rows = 0
-    for item in read_dataset(cfg.dataset):
+    for item in read_dataset(cfg.dataset, DatasetReader(max_row_bytes=cfg.max_row_bytes)):
         res.lines += 1
         rows += 1
         if item.index % n_shard != i_shard:
@@ -158,9 +161,12 @@ def scan(cfg: ScanSettings) -> ScanResult:
 
     rows = count_rows(cfg.dataset)
     res = ScanResult(workers=max(1, cfg.workers or default_workers(rows, os.cpu_count() or 1)))
-    settings = (cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only, cfg.min_loss_tokens)
-    encoder = build_encoder(cfg.model, *settings)  # fails early, in the parent
+    encoder = build_encoder(cfg.model, cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only,
+                            cfg.min_loss_tokens, cfg.context_length, cfg.kv_pool_tokens)  # fails early, in the parent
     res.max_tokens = encoder.max_tokens
+    # the workers cut to the limit the parent resolved (and said so, once)
+    settings = (cfg.chat_template, encoder.max_tokens, cfg.overlong, cfg.last_turn_only, cfg.min_loss_tokens,
+                cfg.context_length, cfg.kv_pool_tokens)
     parse_rejects: list[Reject] = []
     bar = _progress(rows, cfg.progress)
     started = time.perf_counter()
@@ -168,7 +174,7 @@ def scan(cfg: ScanSettings) -> ScanResult:
     if res.workers == 1:
         global _ENCODER
         _ENCODER = encoder
-        results: Iterator[tuple[int, list[tuple]]] = map(_encode_chunk, chunks)
+        results: Iterator[tuple[int, list[tuple | Reject]]] = map(_encode_chunk, chunks)
         pool = None
     else:
         ctx = multiprocessing.get_context("forkserver")
@@ -178,9 +184,8 @@ def scan(cfg: ScanSettings) -> ScanResult:
     try:
         for rows, items in results:
             for item in items:
-                if len(item) == 3:
-                    index, reason, detail = item
-                    res.reject(Reject(index, reason, detail))
+                if isinstance(item, Reject):
+                    res.reject(item)
                     continue
                 index, tokens, masked, truncated_from = item
                 res.take(index, tokens, masked, truncated_from)

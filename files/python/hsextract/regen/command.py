@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from hsextract import shutdown
+from hsextract.client.dataset import add_max_row_bytes_argument
 from hsextract.client.runner import parse_shard
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="the served model's directory, for the sampling defaults of its "
                    "generation_config.json (default: the path the server names, when it exists here)")
     g.add_argument("--shard", default="0/1", help="take rows with index %% n == i (i/n; default 0/1)")
+    add_max_row_bytes_argument(g)
     t = parser.add_argument_group("turns")
     t.add_argument("--last-turn-only", action="store_true", help="regenerate only the last assistant turn")
     t.add_argument("--reasoning", choices=MODES, default="strip-history",
@@ -78,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> RegenConfig:
         top_k=args.top_k,
         max_new_tokens=args.max_new_tokens,
         concurrency=int(args.concurrency),
+        max_row_bytes=int(args.max_row_bytes),
         shard=parse_shard(args.shard),
         retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
                           request_timeout_s=float(args.request_timeout)),
@@ -93,5 +96,5 @@ def run(args: argparse.Namespace) -> int:
         run_.stop.set()
         raise
     print(progress_line(stats.snapshot()), file=sys.stderr)
-    print(json.dumps(stats.summary(), sort_keys=True))
+    print(json.dumps(run_.summary(), sort_keys=True))
     return 0

@@ -102,9 +102,8 @@ class RegenStats:
         }
 
     def summary(self) -> dict[str, Any]:
+        """What this run did: the whole regeneration's counts are its files' (`hsextract.regen.totals`)."""
         return {
-            "state": self.state,
-            "conversations_total": self.conversations_total,
             "ok": self.ok,
             "skipped": self.skipped,
             "failed": dict(self.failed),
@@ -113,7 +112,6 @@ class RegenStats:
             "turns": self.turns,
             "completion_tokens": self.completion_tokens,
             "wall_s": round(time.monotonic() - self.started, 2),
-            "finished_at": time.time(),
         }
 
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsextract.client import defaults
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.client.runner import shard_size
 from hsextract.durable import atomic_write_json
@@ -51,6 +53,7 @@ class RegenConfig:
     top_k: int | None = None
     max_new_tokens: int | None = None
     concurrency: int = 64  # per server
+    max_row_bytes: int = defaults.MAX_ROW_BYTES
     shard: tuple[int, int] = (0, 1)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     status_every_s: float = 1.0
@@ -120,7 +123,8 @@ class RegenerateRun:
     async def _produce(self) -> None:
         i_shard, n_shard = self.cfg.shard
         seen: set[str] = set()
-        reader = DatasetReader(require_assistant=False)  # a prompt without a reply gets one
+        # a prompt without a reply gets one
+        reader = DatasetReader(require_assistant=False, max_row_bytes=self.cfg.max_row_bytes)
         for item in read_dataset(self.cfg.dataset, reader):
             if item.index % n_shard != i_shard:
                 continue
@@ -260,6 +264,14 @@ class RegenerateRun:
                 t.cancel()
             await asyncio.gather(*ends, producer, *workers, return_exceptions=True)
 
+    def summary(self) -> dict[str, Any]:
+        """The whole regeneration, over every run that wrote to its output (counted from its files, so
+        a resumed run's summary agrees with the errors file), and what this run did of it."""
+        st = self.stats
+        return {"state": st.state, "conversations_total": st.conversations_total, **self.store.totals.to_json(),
+                "this_run": st.summary(), "output": str(self.store.data_path), "errors": str(self.store.errors_path),
+                "sampling": self.sampling.to_json() if self.sampling else None, "finished_at": time.time()}
+
     def run(self) -> RegenStats:
         cfg, st = self.cfg, self.stats
         self.store.open()
@@ -288,9 +300,7 @@ class RegenerateRun:
                 st.state = "done"
             reporter.stop()
         if st.state == "done":
-            atomic_write_json(regen_summary_path(out), {**st.summary(), "output": str(self.store.data_path),
-                                                    "errors": str(self.store.errors_path),
-                                                    "sampling": self.sampling.to_json() if self.sampling else None})
+            atomic_write_json(regen_summary_path(out), self.summary())
         if self.fatal is not None:
             raise self.fatal
         return st

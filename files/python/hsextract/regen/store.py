@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -26,6 +27,7 @@ from hsextract.client.conversation import Conversation
 from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.layout import regen_errors_path, regen_output_path, regen_settings_path, state_dir
+from hsextract.regen.totals import Totals
 
 log = logging.getLogger("hsextract.regen")
 
@@ -69,23 +71,22 @@ def repair_torn_tail(path: Path) -> int:
     return size - keep
 
 
-def read_keys(path: Path) -> dict[str, int]:
-    """key -> line number of every record in a JSONL state file; HsextractError for a line that is not one."""
-    keys: dict[str, int] = {}
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record of a JSONL state file; HsextractError for a line that is not one."""
     try:
         f = path.open("rb")
     except FileNotFoundError:
-        return keys
+        return
     with f:
         for n, raw in enumerate(f, 1):
             try:
-                key = json.loads(raw)["key"]
+                record = json.loads(raw)
+                record["key"] = str(record["key"])
             except (ValueError, KeyError, TypeError):
                 raise HsextractError(f"{path}: line {n} is not a record of this tool ({raw[:80]!r}); the file was "
                                      "changed by something else: remove that line (its conversation is then done "
                                      "again)") from None
-            keys.setdefault(str(key), n)
-    return keys
+            yield record
 
 
 class Store:
@@ -101,6 +102,7 @@ class Store:
         self._errors: BinaryIO | None = None
         self.done: set[str] = set()
         self.ok_keys: set[str] = set()
+        self.totals = Totals()  # what both files hold, over every run that wrote them
 
     def open(self) -> None:
         """Repair torn last lines, rebuild the done set, open both files for appending."""
@@ -110,8 +112,14 @@ class Store:
             if cut:
                 log.warning("%s: removed a torn last line (%d bytes) left by a run that was killed while writing it; "
                             "its conversation is done again", path, cut)
-        self.ok_keys = set(read_keys(self.data_path))
-        self.done = self.ok_keys | set(read_keys(self.errors_path))
+        self.totals = Totals()
+        for record in read_records(self.data_path):
+            self.ok_keys.add(record["key"])
+            self.totals.add_ok(record)
+        for record in read_records(self.errors_path):
+            self.done.add(record["key"])
+            self.totals.add_error(record)
+        self.done |= self.ok_keys
         self._data = self.data_path.open("ab")
         self._errors = self.errors_path.open("ab")
 
@@ -131,20 +139,21 @@ class Store:
             raise ConfigError(f"{self.output} was regenerated with other settings ({what}); use another --output, "
                               f"or remove {path} to mix them on purpose")
 
-    def _append(self, f, record: dict[str, Any]) -> None:
+    def _append(self, f, record: dict[str, Any], count) -> None:
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
         with self._lock:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
             self.done.add(record["key"])
+            count(record)
 
     def write_ok(self, record: dict[str, Any]) -> None:
-        self._append(self._data, record)
+        self._append(self._data, record, self.totals.add_ok)
         self.ok_keys.add(record["key"])
 
     def write_error(self, record: dict[str, Any]) -> None:
-        self._append(self._errors, record)
+        self._append(self._errors, record, self.totals.add_error)
 
     def close(self) -> None:
         for f in (self._data, self._errors):

@@ -75,8 +75,9 @@ class VocabTracker:
         self._saved_covered = -1
         self.discarded = ""  # why the checkpoint was not used, when samples had to be recounted for it
 
-    def recover(self, entries: Sequence[ManifestEntry]) -> int:
-        """Load the checkpoint and count the entries past it from their files; return how many were recounted."""
+    def recover(self, entries: Sequence[ManifestEntry], save: bool = True) -> int:
+        """Load the checkpoint and count the entries past it from their files; return how many were recounted.
+        The new counts are checkpointed, unless `save` is false (a check, which writes nothing)."""
         entries = list(entries)
         cp, why = read_checkpoint(self.out)
         if cp is not None and not cp.matches(entries):
@@ -95,7 +96,8 @@ class VocabTracker:
             self.last = entry_identity(entries[-1]) if entries else None
         if tail:
             log.info("draft vocabulary: counted the %d samples written after the last checkpoint", len(tail))
-            self.checkpoint()
+            if save:
+                self.checkpoint()
         return len(tail)
 
     def add(self, entries: Sequence[ManifestEntry], per_sample: Sequence[tuple[np.ndarray, np.ndarray] | None],
