@@ -102,14 +102,14 @@ def test_requests_packed_in_one_batch_land_in_their_own_files(tmp_path, mode):
 def test_a_long_request_is_written_by_several_threads(tmp_path):
     w = make_writer(tmp_path, num_threads=4, slice_bytes=4096)  # 32 rows per slice
     seen: set[str] = set()
-    real = w._write_slice
+    real = w._write_slice_task
 
     def spy(*args, **kw):
         seen.add(threading.current_thread().name)
         time.sleep(0.01)
         return real(*args, **kw)
 
-    w._write_slice = spy
+    w._write_slice_task = spy
     aux, final, ids = batch(1024, seed=3)
     try:
         w.submit([BatchRequest("hsx-ab12cd34-0", 0, 0, 1024, 0)], aux, final, ids, [1024])

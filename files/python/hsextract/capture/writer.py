@@ -1,32 +1,30 @@
-"""Moves captured rows from the forward pass to /dev/shm without making the forward pass wait.
+"""Writes staged batches from host buffers into per-request files in /dev/shm.
 
-Inside the forward (``CaptureWriter.submit``) the batch's aux and final hidden states are
-concatenated on the device into one contiguous ``[T, K + 1, H]`` block (one kernel), and an
-asynchronous device-to-host copy into a reusable pinned host buffer is queued on a side CUDA
-stream, followed by an event. That is all the forward pays for. A dispatcher thread waits for
-the event, asks the `CapturePlanner` where the rows go, and hands slices of them to a pool of
-writer threads that copy straight from the pinned buffer into each request's
-``states.safetensors``. A long request is split across threads and written through a shared
-mapping of its file, because tmpfs serialises pwrite(2) on one file (~2.4 GB/s for any number
-of threads on the H200 host) while mapped copies run in parallel (~4.9 GB/s with 8 threads).
-Small segments, and any write while /dev/shm is nearly full, use pwrite: a page fault on a full
-tmpfs would be a fatal SIGBUS, whereas pwrite reports ENOSPC. When every planned row of a complete request is on
-disk, its ``done.json`` is written atomically.
+The forward pass's part is `hsextract.capture.host_stage` (the batch taken at hook time, copied
+asynchronously into a pooled host buffer) and `hsextract.capture.sink` (the queue). Here a
+dispatcher thread waits for a batch's copy to land, asks the `CapturePlanner` where the rows go,
+and hands the work to a pool of writer threads:
 
-Host memory is bounded: buffers come from a `HostBufferPool` with a byte budget. When the
-writers fall behind and the budget is spent, ``submit`` blocks (and says so in the log) rather
-than let memory grow. On a CPU-only server the same path runs with plain host buffers and a
-synchronous copy.
+* the whole requests of a batch (short prompts: most of them) in a few groups, each request's file
+  created and written in one call;
+* a long or chunked request in slices, written in parallel through a shared mapping of its file
+  where /dev/shm has room to spare, else with pwrite (`hsextract.capture.file_io`).
 
-A request that cannot be staged (a write error such as a full /dev/shm, a batch that could not
-be queued, rows the capture never saw) is logged with the path and the reason, its partial file
-is removed to give the space back, it is never marked done, and ``failed.json`` tells the client
-why, so the client sends the sample again. Nothing here raises into the server.
+Before a writer writes rows it recomputes their fingerprint values from the host copy and compares
+them with the forward pass's (`hsextract.fingerprint`). When every planned row of a complete
+request is on disk, its ``done.json`` is written atomically, with the request's fingerprint and
+greedy token.
 
-All of this runs in SGLang's scheduler process, whose GIL the writer threads share with the
-scheduler thread. With ``writer_process`` on, `hsextract.capture.writer_process` keeps only the
-forward pass's part (`HostStager`) in that process and runs this writer, fed with batches that
-have already landed (`CaptureWriter.submit_landed`), in a child process.
+Every way a request can fail (a write error such as a full /dev/shm, a batch that could not be
+queued, rows the capture never saw, rows that differ from the forward pass's, SGLang's placeholder
+of a refused request) ends in `CaptureWriter._give_up`: logged with the reason, its partial file
+removed to give the space back, never marked done, and ``failed.json`` tells the client why, so the
+client sends the sample again. Nothing here raises into the server.
+
+With ``writer_process`` off, this runs in SGLang's scheduler process, whose GIL the writer threads
+share with the scheduler thread; with it on (the default), `hsextract.capture.writer_process` runs
+this writer in a child process, fed with batches that have already landed
+(`CaptureWriter.submit_landed`).
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ import contextlib
 import ctypes
 import errno
 import logging
-import mmap
 import os
 import queue
 import threading
@@ -48,6 +45,7 @@ import torch
 
 from hsextract import fingerprint
 from hsextract.capture.core import CapturePlanner, CaptureSettings, Failure, LandedMeta, RequestState, Segment
+from hsextract.capture.file_io import MappedFile, pwrite_all
 from hsextract.capture.host_stage import FailedRequests, HostBufferPool, HostStager, StagedBatch, failures_of
 from hsextract.capture.sink import BatchQueue, WriterOptions
 from hsextract.staging import (
@@ -67,49 +65,6 @@ from hsextract.staging import (
 log = logging.getLogger("hsextract.capture")
 
 _MiB = 1 << 20
-
-
-class _MappedFile:
-    """A shared mapping of one request's file that several writer threads fill at once.
-
-    tmpfs serialises pwrite(2) on one file under its inode lock (~2.4 GB/s whatever the thread
-    count, measured on the H200 host), while copies into a shared mapping fault pages in
-    parallel (~4.9 GB/s with 8 threads). The mapping is closed when its last slice is written.
-    """
-
-    def __init__(self, path: Path, size: int, users: int, reserved: int, unreserve):
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        self._anchor = ctypes.c_char.from_buffer(self._mm)
-        self.addr = ctypes.addressof(self._anchor)
-        self._users = users
-        self._reserved = reserved
-        self._unreserve = unreserve
-        self._lock = threading.Lock()
-
-    def done(self, nbytes: int) -> None:
-        with self._lock:
-            self._users -= 1
-            self._reserved -= nbytes
-            last = self._users == 0
-        self._unreserve(nbytes)
-        if last:
-            if self._reserved:
-                self._unreserve(self._reserved)
-            del self._anchor
-            self._mm.close()
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while len(data):
-        n = os.pwrite(fd, data, offset)
-        if n <= 0:
-            raise OSError(errno.EIO, "short write")
-        data = data[n:]
-        offset += n
 
 
 class CaptureWriter(BatchQueue):
@@ -158,7 +113,7 @@ class CaptureWriter(BatchQueue):
         called once it is written, in place of giving the buffer back to this writer's pool."""
         self._enqueue(batch)
 
-    def fail(self, failures: list[Failure]) -> None:
+    def queue_failures(self, failures: list[Failure]) -> None:
         """Queue requests to be marked failed, in order with the batches around them (never blocks)."""
         if failures:
             self._enqueue(FailedRequests(list(failures)))
@@ -166,7 +121,7 @@ class CaptureWriter(BatchQueue):
     # ---- writer side (the dispatcher thread: BatchQueue._dispatch_loop) -----------------------
     def _dispatch_one(self, job: StagedBatch | FailedRequests) -> None:
         if isinstance(job, FailedRequests):
-            self._fail_requests_now(job.failures)
+            self._mark_failed(job.failures)
             self._job_done()
             return
         try:
@@ -175,14 +130,14 @@ class CaptureWriter(BatchQueue):
             log.exception("capture: dispatching a batch of %d requests failed; they are marked failed for the "
                           "client to send again", len(job.requests))
             detail = f"dispatching the batch failed: {type(exc).__name__}: {exc}"
-            self._fail_requests_now(failures_of(job.requests, CAPTURE_QUEUE_ERROR, detail))
+            self._mark_failed(failures_of(job.requests, CAPTURE_QUEUE_ERROR, detail))
             self._finish_job(job)
 
-    def _fail_requests_now(self, failures: list[Failure]) -> None:
+    def _mark_failed(self, failures: list[Failure]) -> None:
         """Mark requests failed in the planner and leave ``failed.json`` for each (dispatcher thread)."""
         for f in failures:
             state = self.planner.fail(f.rid, f.reason)
-            self._report_failure(state, f.reason, f.detail)
+            self._give_up(state, f.reason, f.detail)
 
     def _dispatch(self, job: StagedBatch) -> None:
         if job.event is not None:
@@ -194,7 +149,7 @@ class CaptureWriter(BatchQueue):
             state = self.planner.get(f.rid)
             if state is None:  # dropped from tracking
                 state = self.planner.fail(f.rid, f.reason)
-            self._report_failure(state, f.reason, f.detail)
+            self._give_up(state, f.reason, f.detail)
         mv = memoryview(job.buf.numpy())  # type: ignore[arg-type]  # a uint8 ndarray is a buffer
         per_slice_rows = max(1, self.slice_bytes // job.row_bytes)
         # The whole request in one slice (short prompts: most of them): a writer creates the file
@@ -208,12 +163,12 @@ class CaptureWriter(BatchQueue):
             self._finish_job(job)
             return
         for group in groups:
-            self._executor.submit(self._write_wholes, job, mv, group)
+            self._executor.submit(self._write_group_task, job, mv, group)
         for task in tasks:
-            self._executor.submit(self._write_slice, job, mv, *task)
+            self._executor.submit(self._write_slice_task, job, mv, *task)
 
     def _slices(self, seg: Segment, row_bytes: int, per_slice_rows: int
-                ) -> list[tuple[Segment, int, int, bool, _MappedFile | None]]:
+                ) -> list[tuple[Segment, int, int, bool, MappedFile | None]]:
         """A segment of a long (or chunked) request as row slices for several writers; its file is
         created first if this is its first chunk, and mapped where /dev/shm has room to spare."""
         if seg.create:
@@ -271,10 +226,10 @@ class CaptureWriter(BatchQueue):
         with self._space_lock:
             self._reserved -= nbytes
 
-    def _map(self, state: RequestState, users: int, reserved: int) -> _MappedFile | None:
+    def _map(self, state: RequestState, users: int, reserved: int) -> MappedFile | None:
         path = rid_dir(self.dump_dir, state.rid) / STATES_FILE
         try:
-            return _MappedFile(path, state.layout.file_size, users, reserved, self._unreserve)
+            return MappedFile(path, state.layout.file_size, users, reserved, self._unreserve)
         except (OSError, ValueError) as exc:
             self._unreserve(reserved)
             log.warning("capture: cannot map %s (%s); writing it with pwrite", path, exc)
@@ -295,40 +250,40 @@ class CaptureWriter(BatchQueue):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.ftruncate(fd, state.layout.file_size)
-                _pwrite_all(fd, memoryview(state.layout.header), 0)
+                pwrite_all(fd, memoryview(state.layout.header), 0)
             finally:
                 os.close(fd)
         except OSError as exc:
-            self._fail(state, path, exc)
+            self._write_failed(state, path, exc)
 
-    def _write_wholes(self, job: StagedBatch, mv: memoryview, group: list[Segment]) -> None:
+    def _write_group_task(self, job: StagedBatch, mv: memoryview, group: list[Segment]) -> None:
         """Write a group of whole requests of the batch, one after the other (one task)."""
         for seg in group:
-            self._write_one(job, mv, seg, 0, seg.rows, True, None)
+            self._write_rows(job, mv, seg, 0, seg.rows, True, None)
         self._task_done(job)
 
-    def _write_slice(self, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
-                     mapped: _MappedFile | None) -> None:
-        self._write_one(job, mv, seg, a, b, with_ids, mapped)
+    def _write_slice_task(self, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+                     mapped: MappedFile | None) -> None:
+        self._write_rows(job, mv, seg, a, b, with_ids, mapped)
         self._task_done(job)
 
-    def _write_one(self, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
-                   mapped: _MappedFile | None) -> None:
+    def _write_rows(self, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+                   mapped: MappedFile | None) -> None:
         """Rows [a, b) of a segment into its file, once they are checked against the forward pass's
         fingerprint values; a failure is reported, never raised."""
         state = seg.state
         path = self._states_path(state.rid)
         nbytes = (b - a) * job.row_bytes
         mismatch = None if state.failed or not self.options.verify_rows else self._check_rows(job, mv, seg, a, b)
-        error = None if state.failed or mismatch else self._put_slice(path, job, mv, seg, a, b, with_ids, mapped)
+        error = None if state.failed or mismatch else self._put_rows(path, job, mv, seg, a, b, with_ids, mapped)
         if mapped is not None:
             mapped.done(nbytes)
         if mismatch:
             with self._stats_lock:
                 self.fingerprint_mismatches += 1
-            self._report_failure(state, CAPTURE_FINGERPRINT, mismatch)
+            self._give_up(state, CAPTURE_FINGERPRINT, mismatch)
         elif error is not None:
-            self._fail(state, path, error)
+            self._write_failed(state, path, error)
         self._slice_done(state)
 
     @staticmethod
@@ -355,8 +310,8 @@ class CaptureWriter(BatchQueue):
         if last:
             self._finish_job(job)
 
-    def _put_slice(self, path: str, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
-                   mapped: _MappedFile | None) -> OSError | None:
+    def _put_rows(self, path: str, job: StagedBatch, mv: memoryview, seg: Segment, a: int, b: int, with_ids: bool,
+                   mapped: MappedFile | None) -> OSError | None:
         """Write rows [a, b) of the segment (and its ids) into the request's file; the error, if any."""
         try:
             layout = seg.state.layout
@@ -365,16 +320,16 @@ class CaptureWriter(BatchQueue):
             dst = layout.hidden_offset(seg.dst_row + a)
             whole = with_ids and self._is_whole_slice(seg, a, b)
             if whole:
-                self._write_whole(path, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
+                self._create_whole_file(path, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
             elif mapped is not None:  # parallel: page faults do not take the inode lock
                 ctypes.memmove(mapped.addr + dst, job.buf.data_ptr() + src, nbytes)
             if (mapped is None or with_ids) and not whole:
                 fd = os.open(path, os.O_WRONLY)
                 try:
                     if mapped is None:  # pwrite: tmpfs serialises these per file
-                        _pwrite_all(fd, mv[src : src + nbytes], dst)
+                        pwrite_all(fd, mv[src : src + nbytes], dst)
                     if with_ids:
-                        _pwrite_all(fd, self._ids_view(job, mv, seg), layout.ids_offset(seg.dst_row))
+                        pwrite_all(fd, self._ids_view(job, mv, seg), layout.ids_offset(seg.dst_row))
                 finally:
                     os.close(fd)
             with self._stats_lock:
@@ -394,7 +349,7 @@ class CaptureWriter(BatchQueue):
     def _states_path(self, rid: str) -> str:
         return f"{self._root}/{rid}/{STATES_FILE}"
 
-    def _write_whole(self, path: str, layout: StateFileLayout, rows: memoryview, ids: memoryview) -> None:
+    def _create_whole_file(self, path: str, layout: StateFileLayout, rows: memoryview, ids: memoryview) -> None:
         """Create a request's file and write all of it (header, rows, ids: contiguous) in one call."""
         d = os.path.dirname(path)
         try:
@@ -409,17 +364,17 @@ class CaptureWriter(BatchQueue):
             written = os.pwritev(fd, parts, 0)
             if written < layout.file_size:  # a short write: the rest, piece by piece
                 flat = b"".join(parts)
-                _pwrite_all(fd, memoryview(flat)[written:], written)
+                pwrite_all(fd, memoryview(flat)[written:], written)
         finally:
             os.close(fd)
 
-    def _fail(self, state: RequestState, path: str | Path, exc: OSError) -> None:
+    def _write_failed(self, state: RequestState, path: str | Path, exc: OSError) -> None:
         """A write of the request failed: give up on it and tell the client why."""
         hint = " (/dev/shm is full: the client should pause, or the drain is not keeping up)" \
             if exc.errno == errno.ENOSPC else ""
-        self._report_failure(state, CAPTURE_WRITE_ERROR, f"cannot write {path}: {exc.strerror or exc}{hint}")
+        self._give_up(state, CAPTURE_WRITE_ERROR, f"cannot write {path}: {exc.strerror or exc}{hint}")
 
-    def _report_failure(self, state: RequestState, reason: str, detail: str) -> None:
+    def _give_up(self, state: RequestState, reason: str, detail: str) -> None:
         """Once per request: mark it failed, remove its partial rows, leave ``failed.json``."""
         with state.lock:
             first = not state.reported
@@ -435,9 +390,9 @@ class CaptureWriter(BatchQueue):
                   state.rid, reason, detail)
         with contextlib.suppress(OSError):
             (rid_dir(self.dump_dir, state.rid) / STATES_FILE).unlink()  # give the space back
-        self._write_failure_marker(state.rid, reason, detail)
+        self._leave_failure_marker(state.rid, reason, detail)
 
-    def _write_failure_marker(self, rid: str, reason: str, detail: str) -> None:
+    def _leave_failure_marker(self, rid: str, reason: str, detail: str) -> None:
         with self._stats_lock:
             self.requests_failed += 1
         try:
@@ -463,7 +418,7 @@ class CaptureWriter(BatchQueue):
                 with self._stats_lock:
                     self.requests_done += 1
             except OSError as exc:
-                self._fail(state, rid_dir(self.dump_dir, state.rid) / DONE_FILE, exc)
+                self._write_failed(state, rid_dir(self.dump_dir, state.rid) / DONE_FILE, exc)
 
     def _finish_job(self, job: StagedBatch) -> None:
         if job.on_finish is not None:

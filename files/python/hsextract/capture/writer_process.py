@@ -151,7 +151,7 @@ class ProcessCaptureWriter(BatchQueue):
         except Exception:  # never let a bug in the capture take the server down
             log.exception("capture: handing an item to the writer process failed")
             if isinstance(item, StagedBatch):
-                self._fail_here(item, "handing the batch to the writer process failed (see the server log)")
+                self._not_handed_over(item, "handing the batch to the writer process failed (see the server log)")
             elif isinstance(item, FailedRequests):
                 log.error("capture: %d requests could not be marked failed: %s", len(item.failures),
                           ", ".join(f"{f.rid} ({f.reason})" for f in item.failures))
@@ -209,7 +209,7 @@ class ProcessCaptureWriter(BatchQueue):
         if dead or not self._send(wire.fail_message(item.failures)):
             self._wait_dead()
             assert self._fallback is not None
-            self._fallback.fail(item.failures)
+            self._fallback.queue_failures(item.failures)
         self._done(1)
 
     def _hand_over_flush(self, item: wire.Flush) -> None:
@@ -223,7 +223,7 @@ class ProcessCaptureWriter(BatchQueue):
         job.event, job.on_finish = None, self._release
         self._fallback.submit_landed(job)
 
-    def _fail_here(self, job: StagedBatch, detail: str) -> None:
+    def _not_handed_over(self, job: StagedBatch, detail: str) -> None:
         """A batch that could not be handed over: its requests are marked failed (by the child, or
         here once it is gone), and its buffer goes back to the pool."""
         failures = failures_of(job.requests, CAPTURE_QUEUE_ERROR, detail)
@@ -235,7 +235,7 @@ class ProcessCaptureWriter(BatchQueue):
         if dead or not self._send(wire.fail_message(failures)):
             self._wait_dead()
             if self._fallback is not None:
-                self._fallback.fail(failures)
+                self._fallback.queue_failures(failures)
         self._release(job)
 
     def _release(self, job: StagedBatch) -> None:
@@ -298,7 +298,7 @@ class ProcessCaptureWriter(BatchQueue):
                       "it wrote this request")
             failures = [f for job in lost for f in failures_of(job.requests, CAPTURE_WRITER_DIED, detail)
                         if not os.path.exists(os.path.join(self.dump_dir, f.rid, DONE_FILE))]
-            fallback.fail(failures)  # queued before any batch written here from now on
+            fallback.queue_failures(failures)  # queued before any batch written here from now on
             self._fallback = fallback
             self._dead = True
             self._cond.notify_all()
@@ -410,7 +410,7 @@ class _Child:
             case wire.DropBuffer(buffer_id=bid):
                 self.buffers.pop(bid, None)
             case wire.Fail():
-                self.writer.fail(msg.as_failures())
+                self.writer.queue_failures(msg.as_failures())
             case wire.Flush(token=token):
                 self.writer.flush()
                 self.send(wire.Flushed(token, _counters(self.writer)))
