@@ -1,0 +1,89 @@
+"""Which host outputs a collect takes: the reference they are held to, and a refusal line for each other.
+
+A refused host output gives nothing to the collected set this time, and is named in one line
+with the field, the value expected and the value found (`hsextract.collect.identity`). Besides
+identity, a host is refused
+
+* under ``--final``, while its drain still writes it or its client has not finished: a final
+  collect is the last, so it must see every host's last sample;
+* under ``--move``, while its drain still writes it: the drain re-reads committed files (the
+  Arrow dataset, the vocabulary recount), so they may not be taken from under it.
+
+Without ``--final`` a host that is still being extracted is collected as far as it is committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hsextract.collect.hosts import HostOutput
+from hsextract.collect.identity import Difference, dataset_difference, header_differences, lines_difference
+from hsextract.formats.manifest import ManifestHeader
+
+
+@dataclass
+class Reference:
+    """What every host output is held to, and where it comes from (for the refusal's wording)."""
+
+    header: ManifestHeader | None
+    dataset: dict[str, Any] | None
+    lines: int | None
+    source: str  # "the collected set" or "host <name>"
+
+
+@dataclass
+class Admission:
+    admitted: list[HostOutput] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # one line each
+
+
+def choose_reference(collected_header: ManifestHeader | None, collected_dataset: dict[str, Any] | None,
+                     collected_lines: int | None, hosts: Sequence[HostOutput]) -> Reference:
+    """The collected set's own identity when it has one, else the first host output that has a header."""
+    if collected_header is not None:
+        return Reference(collected_header, collected_dataset, collected_lines, "the collected set")
+    first = next((h for h in hosts if h.header is not None), hosts[0] if hosts else None)
+    if first is None:
+        return Reference(None, None, None, "nothing")
+    lines = first.clients[0].dataset_lines if first.clients else None
+    return Reference(first.header, first.dataset, lines, f"host {first.name}")
+
+
+def differences(ref: Reference, h: HostOutput) -> list[Difference]:
+    """How `h` differs from the reference in what makes samples interchangeable."""
+    out = []
+    if ref.header is not None and h.header is not None:
+        out += header_differences(ref.header, h.header)
+    if h.header is not None or h.dataset is not None:
+        d = dataset_difference(ref.dataset, h.dataset)
+        if d is not None:
+            out.append(d)
+    for c in h.clients:
+        d = lines_difference(ref.lines, c.dataset_lines)
+        if d is not None:
+            out.append(d)
+            break
+    return out
+
+
+def admit(hosts: Sequence[HostOutput], ref: Reference, *, final: bool, move: bool) -> Admission:
+    """Split `hosts` into those collected and those refused (see the module docstring)."""
+    result = Admission()
+    for h in hosts:
+        diffs = differences(ref, h)
+        if diffs:
+            what = "; ".join(d.describe() for d in diffs)
+            result.refused.append(f"host {h.name} ({h.path}) refused: {what} (as {ref.source} has it); "
+                                  "it is not of this training set, nothing of it was collected")
+        elif (final or move) and h.drain_busy:
+            flag = "--final" if final else "--move"
+            result.refused.append(f"host {h.name} ({h.path}) refused for {flag}: a drain still writes it "
+                                  f"({h.drain_busy}); stop it or wait for it to finish, then collect again")
+        elif final and not (h.clients and all(c.finished for c in h.clients)):
+            result.refused.append(f"host {h.name} ({h.path}) refused for --final: its client has not finished "
+                                  "(no client summary in .hsextract/); finish its extraction, then collect again")
+        else:
+            result.admitted.append(h)
+    return result
