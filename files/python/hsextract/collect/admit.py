@@ -41,13 +41,17 @@ class Admission:
 
 def choose_reference(collected_header: ManifestHeader | None, collected_dataset: dict[str, Any] | None,
                      collected_lines: int | None, hosts: Sequence[HostOutput]) -> Reference:
-    """The collected set's own identity when it has one, else the first host output that has a header."""
+    """The collected set's own identity when it has one, else the first host output that has a
+    header. The dataset's size is the collected set's record of it, else the first host's that has one."""
+    lines = collected_lines
+    if lines is None:
+        lines = next((h.clients[0].dataset_lines for h in hosts if h.clients), None)
+    first = next((h for h in hosts if h.header is not None), None)
     if collected_header is not None:
-        return Reference(collected_header, collected_dataset, collected_lines, "the collected set")
-    first = next((h for h in hosts if h.header is not None), hosts[0] if hosts else None)
+        dataset = collected_dataset if collected_dataset is not None else first.dataset if first else None
+        return Reference(collected_header, dataset, lines, "the collected set")
     if first is None:
-        return Reference(None, None, None, "nothing")
-    lines = first.clients[0].dataset_lines if first.clients else None
+        return Reference(None, None, lines, "nothing")
     return Reference(first.header, first.dataset, lines, f"host {first.name}")
 
 

@@ -70,33 +70,52 @@ class SpacePolicy:
 class Committer:
     """Appends verified samples to the collected set, numbered from its current size on."""
 
-    def __init__(self, out: Path, relative_path: Callable[[int], str], count: int, space: SpacePolicy):
+    def __init__(self, out: Path, relative_path: Callable[[int], str], count: int):
         self.out = out
         self.relative_path = relative_path
         self.n = count
-        self.space = space
         self._appender = ManifestAppender(out)
 
-    def commit(self, fetched: Sequence[Fetched], samples_left: int, bytes_left: int) -> list[ManifestEntry]:
-        """Rename the verified files of `fetched` (in order) into place and record them; return their entries."""
-        new: list[ManifestEntry] = []
+    def commit(self, fetched: Sequence[Fetched]) -> tuple[list[ManifestEntry], OSError | None]:
+        """Rename the verified files of `fetched` (in order) into place and record them.
+
+        Returns the entries recorded, a prefix of `fetched`, and the full-volume error that cut
+        it short (None when all were). When the manifest's lines find no room, the last files
+        renamed are removed again, one by one, until they do: their space is what the lines of
+        the others need, and they are fetched again later under the same numbers.
+        """
+        placed: list[ManifestEntry] = []
         dirs: set[Path] = set()
+        full: OSError | None = None
         for f in fetched:
             assert f.tmp is not None
-            rel = self.relative_path(self.n)
+            rel = self.relative_path(self.n + len(placed))
             final = self.out / rel
-            if not final.parent.is_dir():
-                self.space.retrying(lambda d=final.parent: d.mkdir(parents=True, exist_ok=True),  # type: ignore[misc]
-                                    samples_left, bytes_left)
-                dirs.add(final.parent.parent)
-            os.replace(f.tmp, final)
+            try:
+                if not final.parent.is_dir():
+                    final.parent.mkdir(parents=True)
+                    dirs.add(final.parent.parent)
+                os.replace(f.tmp, final)
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                full = exc
+                break
             dirs.add(final.parent)
-            new.append(collected_entry(f.pending, self.n, rel))
-            self.n += 1
+            placed.append(collected_entry(f.pending, self.n + len(placed), rel))
         for d in dirs:
             fsync_dir(d)
-        self.space.retrying(lambda: self._appender.append(new), samples_left, bytes_left)
-        return new
+        while placed:
+            try:
+                self._appender.append(placed)
+                break
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                full = exc
+                (self.out / placed.pop().file).unlink()
+        self.n += len(placed)
+        return placed, full
 
     def close(self) -> None:
         self._appender.close()
@@ -112,7 +131,7 @@ class FailureJournal:
         self.lines = read_failures(self.path)
         self._seen = {_key(d) for d in self.lines}
 
-    def record(self, failed: Sequence[Fetched]) -> int:
+    def record(self, failed: Sequence[Fetched], space: SpacePolicy) -> int:
         """Append the failures not recorded yet (fsynced); return how many were new."""
         new = []
         for f in failed:
@@ -123,10 +142,8 @@ class FailureJournal:
                 self._seen.add(_key(line))
                 new.append(line)
         if new:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write("".join(json.dumps(d, sort_keys=True) + "\n" for d in new))
-                fh.flush()
-                os.fsync(fh.fileno())
+            space.retrying(lambda: _append_fsynced(self.path, "".join(json.dumps(d, sort_keys=True) + "\n"
+                                                                      for d in new)), 0, 0)
             self.lines.extend(new)
         return len(new)
 
@@ -145,6 +162,19 @@ def read_failures(path: Path) -> list[dict]:
             except ValueError:
                 continue
     return out
+
+
+def _append_fsynced(path: Path, text: str) -> None:
+    """Append `text` and fsync; on failure (a full volume) cut the file back to where it was."""
+    with open(path, "a", encoding="utf-8") as fh:
+        size = fh.tell()
+        try:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        except OSError:
+            fh.truncate(size)
+            raise
 
 
 def _cut_torn_tail(path: Path) -> None:

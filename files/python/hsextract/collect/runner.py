@@ -102,9 +102,9 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     fetcher = _fetcher(cfg, out, adm)
     plan = plan_collect(entries, {h.name: h.entries for h in adm.admitted})
     fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
+    write_identity(out, ref.header.run_id, ref.dataset)
     if header is None and plan.pending:
         write_header(out, ref.header)
-    write_identity(out, ref.header.run_id, ref.dataset)
     journal = FailureJournal(out)
     new = _fetch_and_commit(cfg, out, fmt, len(entries), plan, fetcher, journal)
     return finish(Collected(cfg, ref, fmt, entries + new, adm, plan, len(new), notes, journal))
@@ -136,33 +136,47 @@ def _fetcher(cfg: CollectConfig, out: Path, adm: Admission) -> Fetcher:
 def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Plan, fetcher: Fetcher,
                       journal: FailureJournal) -> list[ManifestEntry]:
     """Fetch the plan's samples BATCH at a time in parallel and commit each batch in plan order;
-    a full volume stops (or pauses) the collect after the samples before it are committed."""
+    on a full volume, what precedes the first sample that found no room is committed, then the
+    collect stops (or waits, and goes on from that sample)."""
     space = SpacePolicy(out, cfg.wait_for_space_s)
-    committer = Committer(out, fmt.relative_path, count, space)
+    committer = Committer(out, fmt.relative_path, count)
     pending, new, k = plan.pending, [], 0
     last_log = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="collect") as pool:
             while k < len(pending):
-                batch = list(enumerate(pending[k:k + BATCH], start=k))
-                results: list[Fetched] = list(pool.map(lambda a: fetcher.fetch(*a), batch))
-                cut = next((j for j, r in enumerate(results) if r.no_space), len(results))
-                left, left_bytes = len(pending) - k - cut, plan.bytes_to_fetch(k + cut)
-                ok = [r for r in results[:cut] if r.tmp is not None]
-                new += committer.commit(ok, left, left_bytes)
-                journal.record([r for r in results[:cut] if r.tmp is None])
-                fetcher.release([r.pending for r in ok])
-                for r in results[cut:]:
-                    if r.tmp is not None:
-                        r.tmp.unlink(missing_ok=True)
-                if cut < len(results):
-                    no_space = results[cut].no_space
-                    assert no_space is not None
-                    space.handle(no_space, left, left_bytes)
-                k += cut
+                results: list[Fetched] = list(pool.map(lambda a: fetcher.fetch(*a),
+                                                       enumerate(pending[k:k + BATCH], start=k)))
+                done, settled, full = _commit_batch(results, committer, journal, fetcher, space)
+                new += done
+                k += settled
+                if full is not None:
+                    space.handle(full, len(pending) - k, plan.bytes_to_fetch(k))
                 if time.monotonic() - last_log >= 10:
                     log.info("collect: %d of %d samples fetched", k, len(pending))
                     last_log = time.monotonic()
     finally:
         committer.close()
     return new
+
+
+def _commit_batch(results: list[Fetched], committer: Committer, journal: FailureJournal, fetcher: Fetcher,
+                  space: SpacePolicy) -> tuple[list[ManifestEntry], int, OSError | None]:
+    """Commit a fetched batch in order up to the first sample that found no room; record the
+    failures before it. Returns the entries committed, how many results are settled (committed
+    or failed), and the full-volume error that stopped it (None when none did)."""
+    cut = next((j for j, r in enumerate(results) if r.no_space), len(results))
+    full = results[cut].no_space if cut < len(results) else None
+    for r in results[cut:]:  # fetched again after the wait: their space is needed now
+        if r.tmp is not None:
+            r.tmp.unlink(missing_ok=True)
+    ok = [r for r in results[:cut] if r.tmp is not None]
+    done, commit_full = committer.commit(ok)
+    if len(done) < len(ok):
+        full = commit_full
+        for r in ok[len(done):]:
+            r.tmp.unlink(missing_ok=True)  # type: ignore[union-attr]
+        cut = next(j for j, r in enumerate(results) if r is ok[len(done)])
+    journal.record([r for r in results[:cut] if r.tmp is None], space)
+    fetcher.release([r.pending for r in ok[:len(done)]])
+    return done, cut, full

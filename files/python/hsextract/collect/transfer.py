@@ -67,6 +67,8 @@ class Fetcher:
             try:
                 self.place(p, tmp)
                 problem = file_problem(tmp, p.entry)
+                if problem is not None:  # say it of the host's file, the temporary name means nothing later
+                    problem = (problem[0], f"{src} as fetched: {problem[1].removeprefix(f'{tmp}: ')}")
             except FileNotFoundError:
                 problem = ("missing", f"{src}: missing")
             except OSError as exc:
