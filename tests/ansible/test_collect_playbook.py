@@ -1,12 +1,14 @@
 """playbooks/collect.yml on this machine: it pulls each host's output with rsync (the manifest first,
 then the samples) into a staging directory per host and collects them into one verified set; run
-again it changes nothing; a host refused stops the play naming it. The hosts here are reached
+again it changes nothing; a copy damaged in transit is pulled again by checksum; a host refused or
+not pulled stops the play naming it, after the others are collected. The hosts here are reached
 without SSH (ansible_connection local); over SSH only rsync's source differs (user@host:path)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -60,6 +62,24 @@ def test_the_play_pulls_every_host_and_collects_them_then_changes_nothing(tmp_pa
                                                     ).st_ino, "the staged copy is linked into the set"
     again = play(tmp_path, fleet.hosts, collect_final=True)
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
+
+
+def test_a_sample_damaged_in_transit_is_pulled_again_by_checksum_and_collected(tmp_path):
+    fleet = make_fleet(tmp_path / "hosts", "speculators", three_hosts(), 30)
+    src = fleet.hosts["b"] / "hidden_states" / "hs_3.safetensors"
+    staged = tmp_path / "collected-staging" / "b" / "hidden_states" / "hs_3.safetensors"
+    staged.parent.mkdir(parents=True)
+    data = bytearray(src.read_bytes())
+    data[200] ^= 0x40
+    staged.write_bytes(bytes(data))  # same size and time as the host's: rsync's quick check keeps it
+    st = src.stat()
+    os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = play(tmp_path, fleet.hosts)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert re.search(r"TASK \[Pull again, by checksum, [^\n]*\nchanged: \[localhost\] => \(item=b\)", r.stdout)
+    assert re.search(r"TASK \[Collect what was fetched anew\.\] \**\nchanged: \[localhost\]", r.stdout)
+    assert sorted(e.dataset_index for e in iter_entries(tmp_path / "collected")) == sorted(fleet.samples)
+    assert staged.read_bytes() == src.read_bytes()
 
 
 def test_a_host_of_another_run_and_one_not_pulled_stop_the_play_naming_each_after_the_others_are_collected(tmp_path):

@@ -184,6 +184,18 @@ def test_move_takes_the_sample_files_from_the_hosts(fleets, collect, tmp_path):
     assert code == 0 and "collected 0 new sample(s)" in err, err
 
 
+def test_move_removes_the_host_files_a_killed_move_had_committed_but_not_removed(fleets, collect, tmp_path):
+    fleet = fleets("speculators").copy(tmp_path / "hosts")
+    into = tmp_path / "collected"
+    assert collect("--into", str(into), "--link", *fleet.args())[0] == 0  # committed, host files still there
+    before = snapshot(into)
+    code, err = collect("--into", str(into), "--move", *fleet.args())
+    assert code == 0 and "collected 0 new sample(s)" in err, err
+    assert not [f for p in fleet.hosts.values() for f in (p / "hidden_states").glob("hs_*.safetensors")]
+    assert snapshot(into) == before
+    assert all(verify_entry(into, e) is None for e in iter_entries(into))
+
+
 def test_a_damaged_host_file_is_fetched_again_then_listed_failed_with_its_reason(fleets, collect, tmp_path):
     fleet = fleets("speculators").copy(tmp_path / "hosts")
     victim = next(e for e in iter_entries(fleet.hosts["b"]) if e.dataset_index == 7)

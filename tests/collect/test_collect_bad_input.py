@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 
 import pytest
@@ -106,6 +107,16 @@ def test_a_final_collect_refuses_a_host_a_drain_still_writes_and_a_plain_one_tak
         drain.wait(60)
 
 
+def test_a_final_collect_refuses_a_host_whose_output_lock_a_process_holds(fleets, collect, tmp_path):
+    fleet, into = fleets("speculators").copy(tmp_path / "hosts"), tmp_path / "collected"
+    with collected_set_lock(fleet.hosts["c"]):  # the lock a drain of the output holds while it writes
+        code, err = collect("--into", str(into), "--final", *fleet.args())
+    assert code == 3
+    assert "host c (" in err and "refused for --final: a drain still writes it (a process holds its lock " \
+        "(.hsextract/output.lock))" in err
+    assert _indices(into) == _of_hosts(fleet, "a", "b")
+
+
 def test_a_collect_into_a_set_another_collect_holds_is_refused_naming_it(fleets, tmp_path):
     fleet, into = fleets("speculators"), tmp_path / "collected"
     with collected_set_lock(into):
@@ -149,7 +160,8 @@ def test_a_full_collector_volume_is_waited_out_with_wait_for_space(fleets, tmp_p
     with small_volume(tmp_path / "small", "80k") as mnt:
         into = mnt / "collected"
         proc = subprocess.Popen(
-            [*start_args(), "collect", "--into", str(into), "--wait-for-space", "0.2", *fleet.args()],
+            [sys.executable, "-m", "hsextract", "collect", "--into", str(into), "--wait-for-space", "0.2",
+             *fleet.args()],
             env=env(), stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stderr is not None
@@ -169,8 +181,3 @@ def test_a_full_collector_volume_is_waited_out_with_wait_for_space(fleets, tmp_p
         assert json.loads(out.splitlines()[-1])["samples"] == len(fleet.samples)
         assert _indices(into) == sorted(fleet.samples)
 
-
-def start_args() -> list[str]:
-    import sys
-
-    return [sys.executable, "-m", "hsextract"]
