@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hsextract.formats.manifest import iter_entries
+from hsextract.formats.manifest import iter_entries, verify_entry
 from support.fleet import make_fleet, three_hosts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,13 +47,24 @@ def play(tmp_path: Path, hosts: dict[str, Path], **extra) -> subprocess.Complete
                           capture_output=True, text=True, timeout=600)
 
 
-def test_the_play_pulls_every_host_and_collects_them_then_changes_nothing(tmp_path):
+def test_the_play_pulls_every_host_and_collects_them_fetching_a_damaged_copy_again_then_changes_nothing(tmp_path):
     fleet = make_fleet(tmp_path / "hosts", "speculators", three_hosts(), 30)
+    src = fleet.hosts["b"] / "hidden_states" / "hs_3.safetensors"
+    damaged = tmp_path / "collected-staging" / "b" / "hidden_states" / "hs_3.safetensors"
+    damaged.parent.mkdir(parents=True)
+    data = bytearray(src.read_bytes())
+    data[200] ^= 0x40
+    damaged.write_bytes(bytes(data))  # damaged in transit: same size and time, which rsync's quick check trusts
+    st = src.stat()
+    os.utime(damaged, ns=(st.st_atime_ns, st.st_mtime_ns))
     r = play(tmp_path, fleet.hosts, collect_final=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert re.search(r"TASK \[Pull again, by checksum, [^\n]*\nchanged: \[localhost\] => \(item=b\)", r.stdout)
+    assert re.search(r"TASK \[Collect what was fetched anew\.\] \**\nchanged: \[localhost\]", r.stdout)
     assert "fleet: 29 accepted = 27 in the set + 1 failed + 1 quarantined" in r.stdout
     into = tmp_path / "collected"
     assert sorted(e.dataset_index for e in iter_entries(into)) == sorted(fleet.samples)
+    assert all(verify_entry(into, e) is None for e in iter_entries(into))
     staged = tmp_path / "collected-staging"
     assert sorted(p.name for p in staged.iterdir()) == ["a", "b", "c"]
     assert not list(staged.glob("*/quarantine/*/states.safetensors")), "quarantined states are not pulled"
@@ -62,24 +73,6 @@ def test_the_play_pulls_every_host_and_collects_them_then_changes_nothing(tmp_pa
                                                     ).st_ino, "the staged copy is linked into the set"
     again = play(tmp_path, fleet.hosts, collect_final=True)
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
-
-
-def test_a_sample_damaged_in_transit_is_pulled_again_by_checksum_and_collected(tmp_path):
-    fleet = make_fleet(tmp_path / "hosts", "speculators", three_hosts(), 30)
-    src = fleet.hosts["b"] / "hidden_states" / "hs_3.safetensors"
-    staged = tmp_path / "collected-staging" / "b" / "hidden_states" / "hs_3.safetensors"
-    staged.parent.mkdir(parents=True)
-    data = bytearray(src.read_bytes())
-    data[200] ^= 0x40
-    staged.write_bytes(bytes(data))  # same size and time as the host's: rsync's quick check keeps it
-    st = src.stat()
-    os.utime(staged, ns=(st.st_atime_ns, st.st_mtime_ns))
-    r = play(tmp_path, fleet.hosts)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert re.search(r"TASK \[Pull again, by checksum, [^\n]*\nchanged: \[localhost\] => \(item=b\)", r.stdout)
-    assert re.search(r"TASK \[Collect what was fetched anew\.\] \**\nchanged: \[localhost\]", r.stdout)
-    assert sorted(e.dataset_index for e in iter_entries(tmp_path / "collected")) == sorted(fleet.samples)
-    assert staged.read_bytes() == src.read_bytes()
 
 
 def test_a_host_of_another_run_and_one_not_pulled_stop_the_play_naming_each_after_the_others_are_collected(tmp_path):

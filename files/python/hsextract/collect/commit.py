@@ -46,17 +46,18 @@ class SpacePolicy:
     out: Path
     wait_s: float = 0.0
 
-    def handle(self, exc: OSError, samples_left: int, bytes_left: int) -> None:
-        """Raise CollectorFull, or say so and sleep before the caller retries."""
+    def handle(self, exc: OSError, left: str) -> None:
+        """Raise CollectorFull, or say so and sleep before the caller retries; `left` says what
+        is still to do ("12 sample(s), 3456 bytes, still to fetch")."""
         what = (f"the collected set's volume is full: {self.out} has {free_bytes(self.out)} bytes free "
-                f"({exc.strerror or exc}); {samples_left} sample(s), {bytes_left} bytes, still to fetch")
+                f"({exc.strerror or exc}); {left}")
         if self.wait_s <= 0:
             raise CollectorFull(f"{what}. Free space or collect into a larger volume, then run collect again: "
                                 "every sample collected so far stays, and it goes on from there")
         log.warning("%s; retrying every %g s", what, self.wait_s)
         time.sleep(self.wait_s)
 
-    def retrying(self, fn: Callable[[], T], samples_left: int, bytes_left: int) -> T:
+    def retrying(self, fn: Callable[[], T], left: str) -> T:
         """fn(), retried (or stopped) on a full volume."""
         while True:
             try:
@@ -64,7 +65,7 @@ class SpacePolicy:
             except OSError as exc:
                 if not is_no_space(exc):
                     raise
-                self.handle(exc, samples_left, bytes_left)
+                self.handle(exc, left)
 
 
 class Committer:
@@ -142,8 +143,8 @@ class FailureJournal:
                 self._seen.add(_key(line))
                 new.append(line)
         if new:
-            space.retrying(lambda: _append_fsynced(self.path, "".join(json.dumps(d, sort_keys=True) + "\n"
-                                                                      for d in new)), 0, 0)
+            text = "".join(json.dumps(d, sort_keys=True) + "\n" for d in new)
+            space.retrying(lambda: _append_fsynced(self.path, text), "the failures of this collect are still to record")
             self.lines.extend(new)
         return len(new)
 

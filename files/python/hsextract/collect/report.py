@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from hsextract.collect.accounts import fleet_accounts
@@ -23,7 +22,6 @@ from hsextract.collect.bookkeeping import (
     write_merged_lists,
 )
 from hsextract.collect.card import HostLine, card_text
-from hsextract.collect.commit import SpacePolicy
 from hsextract.collect.config import Collected, CollectResult
 from hsextract.collect.finalize import finalize_collected
 from hsextract.collect.shards import Coverage, check_coverage
@@ -34,6 +32,8 @@ RUN_CHECK_FAILED = 3
 
 
 def finish(c: Collected) -> CollectResult:
+    """Everything after the samples: every write replaces a file only when its bytes change, so
+    it is repeated safely (after a kill, or a full volume waited out)."""
     out, cfg, header = c.cfg.into, c.cfg, c.ref.header
     lines = [*c.notes, *c.admission.refused]
     if header is None:
@@ -48,9 +48,8 @@ def finish(c: Collected) -> CollectResult:
     coverage = check_coverage(shards, dataset_lines)
     final = bool(shards) and coverage.complete and all(h.finished for h in c.admission.admitted)
     write_fleet_client_files(out, dataset_lines, final, {h: [list(s) for s in ss] for h, ss in shards.items()})
-    space = SpacePolicy(out, cfg.wait_for_space_s)
-    space.retrying(lambda: finalize_collected(out, c.fmt, header, c.entries, c.admission.admitted,
-                                              cfg.draft_vocab_sizes, cfg.vocab_size or header.vocab_size), 0, 0)
+    finalize_collected(out, c.fmt, header, c.entries, c.admission.admitted, cfg.draft_vocab_sizes,
+                       cfg.vocab_size or header.vocab_size)
     accounts = fleet_accounts(c.admission.admitted, dataset_lines, in_set,
                               {int(d["index"]): str(d.get("reason")) for d in failures}, final)
     by_host = Counter(e.host for e in c.entries)
@@ -106,6 +105,3 @@ def _report(c: Collected, failures: list[dict], coverage: Coverage, fleet: dict[
         "accounts": fleet,
     }
 
-
-def report_path(out: Path) -> Path:
-    return collect_report_path(out)

@@ -107,7 +107,9 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
         write_header(out, ref.header)
     journal = FailureJournal(out)
     new = _fetch_and_commit(cfg, out, fmt, len(entries), plan, fetcher, journal)
-    return finish(Collected(cfg, ref, fmt, entries + new, adm, plan, len(new), notes, journal))
+    done = Collected(cfg, ref, fmt, entries + new, adm, plan, len(new), notes, journal)
+    return SpacePolicy(out, cfg.wait_for_space_s).retrying(
+        lambda: finish(done), "the set's bookkeeping, dataset-level files and card are still to write")
 
 
 def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
@@ -151,7 +153,7 @@ def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Plan
                 new += done
                 k += settled
                 if full is not None:
-                    space.handle(full, len(pending) - k, plan.bytes_to_fetch(k))
+                    space.handle(full, f"{len(pending) - k} sample(s), {plan.bytes_to_fetch(k)} bytes, still to fetch")
                 if time.monotonic() - last_log >= 10:
                     log.info("collect: %d of %d samples fetched", k, len(pending))
                     last_log = time.monotonic()
