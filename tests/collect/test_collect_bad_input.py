@@ -1,7 +1,7 @@
 """Bad input to hsextract collect: one clear line each, the other hosts still collected, nothing
 already collected lost. A wrong path, a host of another dataset or other layers, a missing host,
-a host a drain still writes, a set another collect holds, a full collector volume, a hard link
-across filesystems."""
+a host whose drain has not caught up (for a final collect) or still runs (for a move), a set
+another collect holds, a full collector volume, a hard link across filesystems."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ import sys
 import time
 
 import pytest
+from hsextract.client.dataset_record import check_and_record
 from hsextract.collect.lock import collected_set_lock
 from hsextract.formats.manifest import iter_entries, verify_entry
 from support.drain_proc import env, hsextract, start
-from support.fleet import make_fleet, snapshot, three_hosts, write_dataset
+from support.fleet import RUN_ID, HostPlan, drain_host, make_fleet, snapshot, three_hosts, tokens_of, write_dataset
+from support.kill_loop import manifest_lines
+from support.staged_dumps import stage_sample
 from support.volumes import resize, small_volume
 
 pytestmark = pytest.mark.timeout(300)
@@ -77,44 +80,48 @@ def test_a_missing_host_is_named_by_its_shard_a_warning_until_the_final_collect(
     assert _indices(into) == sorted(fleet.samples)
 
 
-def test_a_final_collect_refuses_a_host_a_drain_still_writes_and_a_plain_one_takes_what_it_committed(fleets, collect,
-                                                                                                        tmp_path):
-    fleet = fleets("speculators").copy(tmp_path / "hosts")
-    dump = tmp_path / "dump-b"
-    dump.mkdir()
-    drain = start("drain", "--dump-dir", str(dump), "--output", str(fleet.hosts["b"]), "--format", "speculators",
+def test_a_final_collect_refuses_a_host_whose_drain_has_not_caught_up_and_takes_it_once_it_has(collect, tmp_path):
+    fleet = make_fleet(tmp_path / "hosts", "speculators", [three_hosts()[0], three_hosts()[2]], 30)
+    b, dump = tmp_path / "hosts" / "b", tmp_path / "dump-b"
+    check_and_record(b, fleet.dataset, has_samples=False)
+    drain_host(b, dump, "speculators", HostPlan("b", (1, 3)), 30, range(1, 20, 3))  # client done, drain stopped
+    left = {x: stage_sample(dump, RUN_ID, x, tokens_of(x)) for x in range(22, 30, 3)}  # staged, not drained yet
+    hosts = [*fleet.args(), f"b={b}"]
+    into = tmp_path / "collected"
+    code, err = collect("--into", str(into), "--final", *hosts)
+    assert code == 3
+    assert (f"host b ({b}) refused for --final: its drain has not caught up: 3 accepted sample(s) (dataset indices "
+            "22, 25, 28) are in neither its set, its failures nor its quarantine; no drain runs on it: start its "
+            "drain") in err
+    code, err = collect("--into", str(into), *hosts)  # not final: what b has committed
+    assert code == 0, err
+    assert "host b: 10 accepted = 7 in the set + 0 failed + 0 quarantined + 3 on the way" in err
+    drain = start("drain", "--dump-dir", str(dump), "--output", str(b), "--format", "speculators",
                   "--poll-interval", "0.1", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        status = fleet.hosts["b"] / ".hsextract" / "drain-status.json"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if status.exists() and json.loads(status.read_text()).get("pid") == drain.pid:
-                break
+        deadline = time.monotonic() + 120
+        while manifest_lines(b) < 10 and time.monotonic() < deadline:
             time.sleep(0.05)
-        else:
-            pytest.fail("the drain never wrote its status")
-        into = tmp_path / "collected"
-        code, err = collect("--into", str(into), "--final", *fleet.args())
-        assert code == 3
-        assert f"host b ({fleet.hosts['b']}) refused for --final: a drain still writes it (its drain's status says" \
-               in err
-        assert _indices(into) == _of_hosts(fleet, "a", "c")
-        code, err = collect("--into", str(into), *fleet.args())
+        assert drain.poll() is None, "the drain daemon runs on, idle"
+        code, err = collect("--into", str(into), "--final", *hosts)
         assert code == 0, err
-        assert _indices(into) == sorted(fleet.samples)
+        assert "collected 3 new sample(s)" in err
+        assert _indices(into) == sorted([*fleet.samples, *range(1, 30, 3)])
+        assert left.keys() <= set(_indices(into))
     finally:
         drain.terminate()
         drain.wait(60)
 
 
-def test_a_final_collect_refuses_a_host_whose_output_lock_a_process_holds(fleets, collect, tmp_path):
+def test_a_move_refuses_a_host_whose_output_lock_a_process_holds(fleets, collect, tmp_path):
     fleet, into = fleets("speculators").copy(tmp_path / "hosts"), tmp_path / "collected"
-    with collected_set_lock(fleet.hosts["c"]):  # the lock a drain of the output holds while it writes
-        code, err = collect("--into", str(into), "--final", *fleet.args())
+    with collected_set_lock(fleet.hosts["c"]):  # the lock a drain of the output holds while it runs
+        code, err = collect("--into", str(into), "--move", *fleet.args())
     assert code == 3
-    assert "host c (" in err and "refused for --final: a drain still writes it (a process holds its lock " \
-        "(.hsextract/output.lock))" in err
+    assert f"host c ({fleet.hosts['c']}) refused for --move: a drain runs on it (a process holds its lock " \
+        "(.hsextract/output.lock)); stop it first" in err
     assert _indices(into) == _of_hosts(fleet, "a", "b")
+    assert list((fleet.hosts["c"] / "hidden_states").glob("hs_*.safetensors")), "c's files stay"
 
 
 def test_a_collect_into_a_set_another_collect_holds_is_refused_naming_it(fleets, tmp_path):

@@ -29,9 +29,9 @@ def _entry(i: int, x: int, host: str = "", host_index: int = -1) -> ManifestEntr
 
 
 def _host(name: str, shard=(0, 3), header: ManifestHeader | None = HEADER, dataset=DATASET, lines=30,
-          finished=True, drain_busy="") -> HostOutput:
+          finished=True, drain_busy="", behind=()) -> HostOutput:
     return HostOutput(name, Path(f"/staging/{name}"), header, [], dataset,
-                      [ClientShard(shard, lines, finished)], drain_busy)
+                      [ClientShard(shard, lines, finished)], drain_busy, list(behind))
 
 
 # -- shards -----------------------------------------------------------------------------------------
@@ -119,17 +119,30 @@ def test_the_collected_sets_own_header_is_the_reference_once_it_has_one():
     assert "run identity is '0badc0de', expected 'c011ec70' (as the collected set has it)" in adm.refused[0]
 
 
-def test_a_final_collect_refuses_a_host_still_written_which_a_plain_collect_takes():
-    busy = _host("b", (1, 3), drain_busy="its drain's status says 'running', 2 s ago")
+def test_a_final_collect_refuses_a_host_not_finished_which_a_plain_collect_takes():
+    behind = _host("b", (1, 3), drain_busy="its drain's status says 'running', 2 s ago", behind=[4, 7])
     running = _host("c", (2, 3), finished=False)
-    hosts = [_host("a"), busy, running]
+    hosts = [_host("a"), behind, running]
     ref = choose_reference(None, None, None, hosts)
     assert [h.name for h in admit(hosts, ref, final=False, move=False).admitted] == ["a", "b", "c"]
     adm = admit(hosts, ref, final=True, move=False)
     assert [h.name for h in adm.admitted] == ["a"]
-    assert "host b (/staging/b) refused for --final: a drain still writes it (its drain's status says" in adm.refused[0]
+    assert adm.refused[0] == (
+        "host b (/staging/b) refused for --final: its drain has not caught up: 2 accepted sample(s) (dataset indices "
+        "4, 7) are in neither its set, its failures nor its quarantine; its drain is at it (its drain's status says "
+        "'running', 2 s ago): wait for it, then collect again")
     assert "host c (/staging/c) refused for --final: its client has not finished" in adm.refused[1]
-    assert [h.name for h in admit(hosts, ref, final=False, move=True).admitted] == ["a", "c"]
+
+
+def test_a_drain_idling_on_a_finished_host_refuses_a_move_but_not_a_final_collect():
+    idle = _host("b", (1, 3), drain_busy="a process holds its lock (.hsextract/output.lock)")
+    hosts = [_host("a"), idle]
+    ref = choose_reference(None, None, None, hosts)
+    assert [h.name for h in admit(hosts, ref, final=True, move=False).admitted] == ["a", "b"]
+    adm = admit(hosts, ref, final=False, move=True)
+    assert [h.name for h in adm.admitted] == ["a"]
+    assert adm.refused == ["host b (/staging/b) refused for --move: a drain runs on it (a process holds its lock "
+                           "(.hsextract/output.lock)); stop it first, then collect again"]
 
 
 def test_a_host_output_is_named_after_its_directory_unless_named():

@@ -4,10 +4,12 @@ A refused host output gives nothing to the collected set this time, and is named
 with the field, the value expected and the value found (`hsextract.collect.identity`). Besides
 identity, a host is refused
 
-* under ``--final``, while its drain still writes it or its client has not finished: a final
-  collect is the last, so it must see every host's last sample;
-* under ``--move``, while its drain still writes it: the drain re-reads committed files (the
-  Arrow dataset, the vocabulary recount), so they may not be taken from under it.
+* under ``--final``, while its client has not finished or its drain has not caught up with it
+  (accepted samples in neither its set, its failures nor its quarantine): a final collect is the
+  last, so it must see every host's last sample. A drain daemon that idles after the run is no
+  reason: it has nothing left to write;
+* under ``--move``, while a drain runs on it: the drain re-reads committed files (the Arrow
+  dataset, the vocabulary recount), so they may not be taken from under it.
 
 Without ``--final`` a host that is still being extracted is collected as far as it is committed.
 """
@@ -81,13 +83,22 @@ def admit(hosts: Sequence[HostOutput], ref: Reference, *, final: bool, move: boo
             what = "; ".join(d.describe() for d in diffs)
             result.refused.append(f"host {h.name} ({h.path}) refused: {what} (as {ref.source} has it); "
                                   "it is not of this training set, nothing of it was collected")
-        elif (final or move) and h.drain_busy:
-            flag = "--final" if final else "--move"
-            result.refused.append(f"host {h.name} ({h.path}) refused for {flag}: a drain still writes it "
-                                  f"({h.drain_busy}); stop it or wait for it to finish, then collect again")
-        elif final and not (h.clients and all(c.finished for c in h.clients)):
-            result.refused.append(f"host {h.name} ({h.path}) refused for --final: its client has not finished "
-                                  "(no client summary in .hsextract/); finish its extraction, then collect again")
+        elif final and not h.finished:
+            result.refused.append(f"host {h.name} ({h.path}) refused for --final: {_unfinished(h)}")
+        elif move and h.drain_busy:
+            result.refused.append(f"host {h.name} ({h.path}) refused for --move: a drain runs on it "
+                                  f"({h.drain_busy}); stop it first, then collect again")
         else:
             result.admitted.append(h)
     return result
+
+
+def _unfinished(h: HostOutput) -> str:
+    if not h.clients_finished:
+        return ("its client has not finished (no client summary in .hsextract/); finish its extraction, then "
+                "collect again")
+    shown = ", ".join(map(str, h.behind[:8])) + (" ..." if len(h.behind) > 8 else "")
+    drain = (f"its drain is at it ({h.drain_busy}): wait for it" if h.drain_busy else
+             "no drain runs on it: start its drain (hsextract drain, or its service)")
+    return (f"its drain has not caught up: {len(h.behind)} accepted sample(s) (dataset indices {shown}) are in "
+            f"neither its set, its failures nor its quarantine; {drain}, then collect again")

@@ -2,8 +2,12 @@
 
 A host output is a training set written by ``hsextract drain`` (on the host itself, on a shared
 mount, or a copy rsync pulled into a local staging directory): its manifest header and entries,
-its run id, the client's record of the dataset and of its shard, and whether a drain or a client
-still writes it. Reading it never changes it.
+its run id, the client's record of the dataset and of its shard, whether a drain still runs on
+it, and whether its drain has caught up with its finished client. Reading it never changes it.
+
+A host is *finished* when every client of it has finished and its own reconciliation
+(hsextract.reconcile, final) places every accepted sample in its set, its failures or its
+quarantine: nothing more will be committed to it, whether its drain daemon still idles or not.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from hsextract.collect.lock import held_by_a_process
 from hsextract.errors import HsextractError
 from hsextract.formats.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
 from hsextract.layout import CLIENT_STATUS, CLIENT_SUMMARY, drain_status_path, output_lock_path, state_dir
+from hsextract.reconcile import read_accounts
 
 # A drain's status says it is working in these states (see hsextract.drain.metrics).
 _DRAIN_WORKING = ("starting", "running", "paused", "stopping")
@@ -45,12 +50,19 @@ class HostOutput:
     entries: list[ManifestEntry]
     dataset: dict[str, Any] | None  # the client's .hsextract/dataset.json
     clients: list[ClientShard] = field(default_factory=list)
-    drain_busy: str = ""  # why collect thinks a drain still writes it; "" when none does
+    drain_busy: str = ""  # why collect thinks a drain runs on it; "" when none does
+    # Accepted samples of its finished clients not yet in its set, failures or quarantine (dataset
+    # indices): what its drain has still to commit. Empty while a client runs (not known yet).
+    behind: list[int] = field(default_factory=list)
+
+    @property
+    def clients_finished(self) -> bool:
+        return bool(self.clients) and all(c.finished for c in self.clients)
 
     @property
     def finished(self) -> bool:
-        """Every client of the output has finished and no drain writes it."""
-        return bool(self.clients) and all(c.finished for c in self.clients) and not self.drain_busy
+        """Nothing more will be committed to it (see the module docstring)."""
+        return self.clients_finished and not self.behind
 
 
 def parse_host_argument(text: str) -> tuple[str, Path]:
@@ -79,8 +91,13 @@ def read_host(name: str, path: Path, *, stale_after_s: float, now: float | None 
         raise HostUnreadable(f"{path}: manifest.jsonl has entries but manifest.json is missing")
     if header is None and not (state_dir(path)).is_dir():
         raise HostUnreadable(f"{path}: not the output of hsextract (no manifest.json, no .hsextract/)")
-    return HostOutput(name, path, header, entries, dataset, read_clients(path),
-                      drain_busy(path, stale_after_s, time.time() if now is None else now))
+    clients = read_clients(path)
+    behind: list[int] = []
+    if clients and all(c.finished for c in clients):
+        accounts = read_accounts(path, final=True)
+        behind = list(accounts.unaccounted) if accounts else []
+    return HostOutput(name, path, header, entries, dataset, clients,
+                      drain_busy(path, stale_after_s, time.time() if now is None else now), behind)
 
 
 def read_clients(out: Path) -> list[ClientShard]:
@@ -102,7 +119,7 @@ def read_clients(out: Path) -> list[ClientShard]:
 
 
 def drain_busy(out: Path, stale_after_s: float, now: float) -> str:
-    """Why a drain seems to write `out` now, or "": a process holds its lock, or its status says it
+    """Why a drain seems to run on `out` now, or "": a process holds its lock, or its status says it
     works and was written within `stale_after_s` (the only sign left on a copy of a remote host's output)."""
     if held_by_a_process(output_lock_path(out)):
         return "a process holds its lock (.hsextract/output.lock)"

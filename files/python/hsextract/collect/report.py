@@ -78,7 +78,8 @@ def _write_card(c: Collected, dataset_lines: int, account_lines: list[str]) -> N
     out = c.cfg.into
     counts = Counter(e.host for e in c.entries)
     hosts = [HostLine(h.name, ", ".join(f"{i}/{n}" for i, n in (x.shard for x in h.clients)) or "?",
-                      counts.get(h.name, 0), "finished" if h.finished else "still extracting")
+                      counts.get(h.name, 0),
+                      "finished" if h.finished else "draining" if h.clients_finished else "extracting")
              for h in c.admission.admitted]
     assert c.ref.header is not None
     text = card_text(str(out), c.ref.header, len(c.entries), sum(e.tokens for e in c.entries),
