@@ -24,7 +24,7 @@ from hsextract.errors import ConfigError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("hosts", nargs="*", metavar="[NAME=]HOST_OUTPUT",
                         help="each host's output directory (the drain's --output, or rsync's copy of it); NAME "
-                             "defaults to the directory's name")
+                             "defaults to the directory's name. After --draft-vocab-size, put them after --")
     parser.add_argument("--into", help="the collected set's directory (created; collecting again adds what is new)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--link", action="store_true",
