@@ -32,16 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "outputs must be on the collected set's filesystem, else it is refused)")
     mode.add_argument("--move", action="store_true",
                       help="move the hosts' sample files (a hard link on one filesystem, else a copy; each host "
-                           "file is removed once its sample is committed); refused for a host a drain still writes")
+                           "file is removed once its sample is committed); refused for a host a drain runs on")
     parser.add_argument("--final", action="store_true",
-                        help="the last collect of the run: refuse a host whose drain still writes it or whose "
-                             "client has not finished, and fail (exit 3) unless the shards cover the dataset "
-                             "exactly once and every sample is accounted for")
+                        help="the last collect of the run: refuse a host whose client has not finished or whose "
+                             "drain has not caught up with it, and fail (exit 3) unless the shards cover the "
+                             "dataset exactly once and every sample is accounted for")
     parser.add_argument("--wait-for-space", type=float, default=0.0, metavar="SECONDS",
                         help="when the collected set's volume is full, say so and retry every SECONDS "
                              "(default 0: stop with the numbers, exit 5; run it again once there is room)")
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
-                        help=f"samples fetched and verified at once (default {DEFAULT_WORKERS})")
+                        help="samples fetched and verified at once (default: one per core, at most 4)")
     parser.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
                         help="a host drain's status older than this no longer counts as a drain at work "
                              "(default 60)")
