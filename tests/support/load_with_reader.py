@@ -53,7 +53,10 @@ def load_specforge(root: str, num_aux: int, hidden: int) -> dict:
         (sample_id,) = batch.sample_ids
         samples[_index_of(uri_of[sample_id])] = {k: v.clone() for k, v in batch.tensors.items()}
         n += 1
-    return {"samples": samples, "batches": n, "error_records": 0, "approx_lengths": [], "keys": sorted(samples)}
+    # The reader's own numbering: sample_id "<run>:<position>", the position in its sorted list of files.
+    order = [_index_of(r.feature_store_uri) for r in sorted(refs, key=lambda r: r.sample_id)]
+    return {"samples": samples, "batches": n, "error_records": 0, "approx_lengths": [], "keys": sorted(samples),
+            "order": order}
 
 
 def _collate_all(ds, num_aux: int, hidden: int) -> tuple[int, int]:

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regenerate": ("hsextract.regen.command", "let the served model write a dataset's replies (resumable)"),
     "drain": ("hsextract.drain.command", "move staged dumps into the training set (daemon)"),
     "finalize": ("hsextract.drain.finalize_command", "write the dataset-level files of an output directory"),
+    "collect": ("hsextract.collect.command", "bring many hosts' training sets into one, verified (resumable)"),
     "plan": ("hsextract.plan.command", "size a run from its dataset before starting it (bytes, time, room)"),
     "status": ("hsextract.status", "show the progress of a run"),
     "selfcheck": ("hsextract.capture.selfcheck_command", "check a staged dump against the model (smoke test)"),

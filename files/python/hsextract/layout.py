@@ -13,11 +13,15 @@ equal to it.
       run.json                          the run id, created once per output directory
       conversations.jsonl               hsextract regenerate's output
       quarantine/<rid>/                 the drain's default quarantine: reason.txt, source.json, record.json
+                                        (in a collected set: those three and host.json, the host it came from)
+      README.md, reader_order.json      a collected set's dataset card, and SpecForge's reading order
       .hsextract/                       the project's own bookkeeping
         client-status.json, client-summary.json, rejects.jsonl, failures.jsonl
         drain-status.json, tmp/, arrow-build-<id>/, vocab_counts.json
         dataset.json                    which dataset the training set was extracted from (the client's)
         plan.json
+        output.lock                     held by the process that writes the set (hsextract collect)
+        collect-tmp/, collect-failures.jsonl, collect-report.json, collect-state.json   hsextract collect's
         regen-status.json, regen-summary.json, regen-errors.jsonl, regen-settings.json
 
     <dump_dir>/                        the staging directory (/dev/shm)
@@ -49,6 +53,11 @@ ARROW_BUILD_PREFIX = "arrow-build-"
 VOCAB_CHECKPOINT = "vocab_counts.json"  # never ends in "pt": some readers take every such file
 DATASET_RECORD = "dataset.json"  # the dataset the client extracts into this output (hsextract.client.dataset_record)
 PLAN = "plan.json"
+OUTPUT_LOCK = "output.lock"
+COLLECT_TMP_DIR = "collect-tmp"
+COLLECT_FAILURES = "collect-failures.jsonl"  # samples a collect could not verify: the same lines as FAILURES, plus host
+COLLECT_REPORT = "collect-report.json"
+COLLECT_STATE = "collect-state.json"
 REGEN_STATUS = "regen-status.json"
 REGEN_SUMMARY = "regen-summary.json"
 REGEN_ERRORS = "regen-errors.jsonl"
@@ -58,6 +67,11 @@ REGEN_SETTINGS = "regen-settings.json"
 QUARANTINE_REASON = "reason.txt"  # first line: the reason code; then the detail
 QUARANTINE_SOURCE = "source.json"  # which staged dump it is a copy of
 QUARANTINE_RECORD = "record.json"  # the client's record of the sample, if it had one
+QUARANTINE_HOST = "host.json"  # in a collected set: which host output quarantined it
+
+# <collected set>/
+DATASET_CARD = "README.md"
+READER_ORDER = "reader_order.json"  # SpecForge's reading order of a collected set (hsextract.collect.order)
 
 # <dump_dir>/
 RECORDS_DIR = "_records"
@@ -133,6 +147,26 @@ def dataset_record_path(output: str | Path) -> Path:
 
 def plan_path(output: str | Path) -> Path:
     return state_dir(output) / PLAN
+
+
+def output_lock_path(output: str | Path) -> Path:
+    return state_dir(output) / OUTPUT_LOCK
+
+
+def collect_tmp_dir(output: str | Path) -> Path:
+    return state_dir(output) / COLLECT_TMP_DIR
+
+
+def collect_failures_path(output: str | Path) -> Path:
+    return state_dir(output) / COLLECT_FAILURES
+
+
+def collect_report_path(output: str | Path) -> Path:
+    return state_dir(output) / COLLECT_REPORT
+
+
+def collect_state_path(output: str | Path) -> Path:
+    return state_dir(output) / COLLECT_STATE
 
 
 def regen_status_path(output: str | Path) -> Path:

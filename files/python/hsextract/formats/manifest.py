@@ -84,9 +84,16 @@ class ManifestEntry:
     fingerprint: str = ""  # hsextract.fingerprint of the rows as the forward pass computed them
     # The greedy self-check: "passed", "near_tie", or "" where the sample was not among those checked.
     greedy_check: str = ""
+    # In a collected set (``hsextract collect``): the host output the sample came from and its
+    # output index there. A drain's own manifest leaves them out of its lines (`to_line`).
+    host: str = ""
+    host_index: int = -1
 
     def to_line(self) -> builtins.bytes:  # `bytes` alone is the field above
-        return (json.dumps(asdict(self), separators=(",", ":")) + "\n").encode()
+        data = asdict(self)
+        if not self.host:
+            del data["host"], data["host_index"]
+        return (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ManifestEntry:
@@ -229,15 +236,21 @@ def checksum_file(path: str | Path, algorithm: str, block: int = 16 << 20) -> st
 
 def verify_entry(output_dir: str | Path, entry: ManifestEntry) -> str | None:
     """None if the entry's file exists with its recorded size and checksum, else what is wrong."""
-    p = Path(output_dir) / entry.file
+    problem = file_problem(Path(output_dir) / entry.file, entry)
+    return problem[1] if problem else None
+
+
+def file_problem(p: Path, entry: ManifestEntry) -> tuple[str, str] | None:
+    """None if the file `p` has the size and checksum `entry` records (by the entry's own
+    algorithm), else (kind, what is wrong), kind one of "missing", "size", "checksum"."""
     try:
         size = p.stat().st_size
     except FileNotFoundError:
-        return f"{p}: missing"
+        return "missing", f"{p}: missing"
     if size != entry.bytes:
-        return f"{p}: {size} bytes, manifest says {entry.bytes}"
+        return "size", f"{p}: {size} bytes, manifest says {entry.bytes}"
     algorithm = entry.checksum.split(":", 1)[0]
     actual = checksum_file(p, algorithm)
     if actual != entry.checksum:
-        return f"{p}: checksum {actual}, manifest says {entry.checksum}"
+        return "checksum", f"{p}: checksum {actual}, manifest says {entry.checksum}"
     return None

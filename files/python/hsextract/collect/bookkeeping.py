@@ -1,0 +1,147 @@
+"""The collected set's own bookkeeping, in the files a drain's output has, for the whole fleet.
+
+So that the collected set is read like any output directory (``hsextract.reconcile.read_accounts``,
+``hsextract finalize --verify``, the card), collect writes into it:
+
+* ``run.json`` and ``.hsextract/dataset.json``: the fleet's run id and dataset record (the hosts');
+* ``.hsextract/rejects.jsonl`` and ``failures.jsonl``: every host's lines, each with its ``host``,
+  plus the samples that failed verification at collect; a host not given this time keeps the
+  lines it had;
+* ``quarantine/<rid>/``: each host's quarantine reasons (``reason.txt``, ``source.json``,
+  ``record.json``, not the staged states) and ``host.json`` naming the host;
+* ``.hsextract/client-summary.json`` once every host has finished and the shards cover the
+  dataset, ``client-status.json`` before: the dataset's lines as one shard, 0/1.
+
+Every file is replaced only when its bytes change, so a collect that adds nothing changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hsextract.collect.hosts import HostOutput
+from hsextract.durable import atomic_write_bytes
+from hsextract.layout import (
+    FAILURES,
+    QUARANTINE_HOST,
+    QUARANTINE_REASON,
+    QUARANTINE_RECORD,
+    QUARANTINE_SOURCE,
+    REJECTS,
+    client_status_path,
+    client_summary_path,
+    dataset_record_path,
+    default_quarantine_dir,
+    failures_path,
+    rejects_path,
+    run_file_path,
+    state_dir,
+)
+
+
+def write_if_changed(path: Path, data: bytes) -> bool:
+    """Replace `path` atomically and durably with `data` unless it holds those bytes already."""
+    with contextlib.suppress(OSError):
+        if path.read_bytes() == data:
+            return False
+    atomic_write_bytes(path, data)
+    return True
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+
+
+def write_identity(out: Path, run_id: str, dataset: dict[str, Any] | None) -> None:
+    write_if_changed(run_file_path(out), json.dumps({"run_id": run_id}).encode())
+    if dataset is not None:
+        write_if_changed(dataset_record_path(out), _json_bytes(dataset))
+
+
+def host_lines(h: HostOutput, base: str) -> list[dict[str, Any]]:
+    """The lines of every file of kind `base` of a host output, each with its host."""
+    stem, _, ext = base.rpartition(".")
+    out = []
+    for p in sorted(state_dir(h.path).glob(f"{stem}*.{ext}")):
+        with contextlib.suppress(OSError), open(p, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                with contextlib.suppress(ValueError):
+                    obj = json.loads(line)
+                    if isinstance(obj, dict) and "index" in obj:
+                        out.append({**obj, "host": h.name})
+    return out
+
+
+def merge_lines(path: Path, hosts: Sequence[HostOutput], base: str, extra: Iterable[dict[str, Any]] = ()) -> bool:
+    """Write the merged `base` file: the given hosts' lines now, the earlier lines of hosts not
+    given, and `extra` (keyed lines replace none: each is one event)."""
+    given = {h.name for h in hosts}
+    kept = [d for d in _read_lines(path) if d.get("host") not in given and not d.get("collect")]
+    lines = kept + [d for h in hosts for d in host_lines(h, base)] + [{**d, "collect": True} for d in extra]
+    lines.sort(key=lambda d: (int(d.get("index", -1)), str(d.get("host")), json.dumps(d, sort_keys=True)))
+    return write_if_changed(path, "".join(json.dumps(d, sort_keys=True, ensure_ascii=False) + "\n"
+                                          for d in lines).encode())
+
+
+def write_merged_lists(out: Path, hosts: Sequence[HostOutput], collect_failures: Iterable[dict[str, Any]]) -> None:
+    merge_lines(rejects_path(out), hosts, REJECTS)
+    merge_lines(failures_path(out), hosts, FAILURES, collect_failures)
+
+
+def copy_quarantine(out: Path, hosts: Sequence[HostOutput]) -> int:
+    """Bring each host's quarantine reasons into the collected set; return how many are new."""
+    new = 0
+    for h in hosts:
+        src_root = default_quarantine_dir(h.path)
+        if not src_root.is_dir():
+            continue
+        for d in sorted(src_root.iterdir()):
+            if d.name.startswith(".") or not (d / QUARANTINE_REASON).is_file():
+                continue
+            dst = default_quarantine_dir(out) / d.name
+            new += not dst.is_dir()
+            for name in (QUARANTINE_REASON, QUARANTINE_SOURCE, QUARANTINE_RECORD):
+                with contextlib.suppress(FileNotFoundError):
+                    write_if_changed(dst / name, (d / name).read_bytes())
+            write_if_changed(dst / QUARANTINE_HOST, _json_bytes({"host": h.name, "path": str(h.path / d.name)}))
+    return new
+
+
+def write_fleet_client_files(out: Path, lines: int, final: bool, hosts: dict[str, list[list[int]]]) -> None:
+    """The fleet's lines as one shard, as a client would record them: a summary once final."""
+    body = {"state": "done" if final else "collecting", "dataset_lines": lines, "shard": [0, 1],
+            "collected_from": hosts}
+    keep, drop = (client_summary_path(out), client_status_path(out))[:: 1 if final else -1]
+    write_if_changed(keep, _json_bytes(body))
+    if drop.exists():
+        drop.unlink()
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line)
+                if isinstance(obj, dict):
+                    out.append(obj)
+    return out
+
+
+def clear_dir(d: Path) -> int:
+    """Empty a temporary directory of what a killed collect left there (create it if needed; an
+    empty one is left as it is); return how many entries were removed."""
+    d.mkdir(parents=True, exist_ok=True)
+    removed = 0
+    for p in list(d.iterdir()):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed += 1
+    return removed

@@ -1,0 +1,99 @@
+"""The collected set's dataset card (``README.md``): what it holds, where it came from, how to load it.
+
+A training set of many hosts outlives the run that made it and is handed to people who never saw
+the fleet; the card tells them in one page what the manifest header, the hosts' records and the
+reconciliation say. It holds no time stamp, so a collect that changes nothing rewrites nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hsextract.formats import FORMATS
+from hsextract.formats.manifest import ManifestHeader
+
+# How each trainer is pointed at the set ("<set>" is replaced by its path).
+LOADING = {
+    "specforge": "SpecForge: `--train-hidden-states-path <set>` (its offline reader walks the tree for `*.ckpt`, "
+                 "sorted by path: `reader_order.json` lists that order), `--vocab-mapping-path "
+                 "<set>/vocab_mapping/vocab_mapping.pt`.",
+    "speculators": "speculators >= 0.8: `--data-path <set>` (`hidden_states/hs_{i}.safetensors` is row i of the "
+                   "Arrow dataset); it finds `d2t.npy`/`t2d.npy` (or `d2t-<N>.npy` with `--draft-vocab-size N`) there.",
+    "speculators-v1": "speculators 0.7 (`--legacy-data`): `--data-path <set>` (`data_{i}.pt` with "
+                      "`sample_lengths.json`); the vocabulary files end in `.pth`, pass them by path.",
+    "modelopt": "ModelOpt: `offline_data_path: <set>` (every `*.pt`; `conversation_id` is the dataset index, unique "
+                "across hosts), `data.draft_vocab_cache: <set>/draft_vocab_cache/d2t.pth`.",
+}
+
+
+@dataclass(frozen=True)
+class HostLine:
+    name: str
+    shards: str  # "0/3" or "0/6, 3/6"
+    collected: int
+    state: str  # "finished", "extracting", ...
+
+
+def card_text(path: str, header: ManifestHeader, samples: int, tokens: int, nbytes: int, hosts: Sequence[HostLine],
+              dataset: dict[str, Any] | None, dataset_lines: int | None, accounts: Sequence[str],
+              vocab: dict[str, Any] | None) -> str:
+    """The card's Markdown."""
+    spec = FORMATS.get(header.format)
+    model = header.model_path or "?"
+    lines = [
+        f"# EAGLE-3 training data: {model.rstrip('/').rsplit('/', 1)[-1]}",
+        "",
+        f"Hidden states of `{model}` ({header.architecture or '?'}, {header.num_hidden_layers} layers), captured "
+        f"inside SGLang {header.sglang_version or '?'}'s forward pass by hsextract {header.hsextract_version or '?'} "
+        f"on {len(hosts)} host(s) and collected by `hsextract collect`. Every sample was re-hashed against its "
+        "host's manifest before it was added.",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| format | `{header.format}` ({spec.trainer if spec else '?'}) |",
+        f"| samples | {samples} ({tokens} tokens, {nbytes} bytes of sample files) |",
+        f"| aux layers | {header.eagle_aux_hidden_state_layer_ids} (eagle convention), "
+        f"{header.sglang_layers_to_capture} (sglang) |",
+        f"| final hidden state | {header.final_hidden} |",
+        f"| dtype, hidden size | {header.dtype}, {header.hidden_size} |",
+        f"| model config sha256 | `{header.model_config_sha256 or '?'}` |",
+        f"| dataset | `{(dataset or {}).get('path', '?')}`, {'?' if dataset_lines is None else dataset_lines} lines |",
+        f"| run id | `{header.run_id}` |",
+        "",
+        "## Hosts",
+        "",
+        "| host | shards | samples collected | state |",
+        "| --- | --- | --- | --- |",
+        *(f"| {h.name} | {h.shards} | {h.collected} | {h.state} |" for h in hosts),
+        "",
+        "## Every sample accounted for",
+        "",
+        "```",
+        *accounts,
+        "```",
+        "",
+        "Rejected rows are in `.hsextract/rejects.jsonl`, failed samples (with their host and reason) in "
+        "`.hsextract/failures.jsonl`, quarantined ones in `quarantine/`.",
+        "",
+        *_vocab_lines(vocab),
+        "## Loading it",
+        "",
+        LOADING.get(header.format, "").replace("<set>", path),
+        "",
+        "`manifest.jsonl` maps each sample's output index to its dataset index, its host (`host`) and its index "
+        "there (`host_index`), with its size, checksum and fingerprint; `hsextract finalize --output <set> "
+        "--verify` re-checks every file.".replace("<set>", path),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _vocab_lines(vocab: dict[str, Any] | None) -> list[str]:
+    if not vocab:
+        return []
+    sizes = ", ".join(f"{s['size']} (covers {s['coverage']:.1%} of the trained-on tokens)" for s in vocab["sizes"])
+    return ["## Draft vocabulary", "",
+            f"Counted over the {vocab['masked_tokens']} loss-masked tokens ({vocab['distinct_tokens']} distinct) of "
+            f"all hosts' samples; sizes {sizes or 'none'}. `draft_vocab.json` lists every trainer's files.", ""]

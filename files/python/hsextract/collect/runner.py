@@ -1,0 +1,184 @@
+"""One collect, start to end: the order of the steps, each done by its own module.
+
+1. Take the collected set's lock; repair what a killed collect left (a torn manifest line, files
+   past the manifest's end, temporary files).
+2. Read every host output; admit those of this training set, refuse the others by name.
+3. Plan what is missing, in dataset-index order; fetch and verify it in parallel, commit it in
+   order, batch by batch; record what failed verification.
+4. Write the fleet's bookkeeping, the dataset-level files, the card and the report; reconcile.
+
+Every step is safe to kill at any instant and to repeat: what is committed is never rewritten,
+what is not is done again, and files are replaced only when their bytes change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from hsextract.client.dataset_record import read_record
+from hsextract.collect.admit import Admission, admit, choose_reference
+from hsextract.collect.bookkeeping import clear_dir, write_identity
+from hsextract.collect.commit import Committer, FailureJournal, SpacePolicy
+from hsextract.collect.config import CollectConfig, Collected, CollectResult
+from hsextract.collect.hosts import HostOutput, HostUnreadable, read_clients, read_host
+from hsextract.collect.lock import collected_set_lock
+from hsextract.collect.plan import Plan, plan_collect
+from hsextract.collect.report import finish
+from hsextract.collect.transfer import Fetched, Fetcher, same_filesystem
+from hsextract.drain.recovery import remove_orphans
+from hsextract.durable import check_writable
+from hsextract.errors import ConfigError
+from hsextract.formats import get_format
+from hsextract.formats.manifest import (
+    ManifestEntry,
+    ManifestError,
+    iter_entries,
+    read_header,
+    repair_torn_tail,
+    write_header,
+)
+from hsextract.layout import collect_tmp_dir
+
+log = logging.getLogger("hsextract.collect")
+
+BATCH = 32  # samples fetched in parallel, then committed together (one manifest fsync)
+
+
+def check_arguments(cfg: CollectConfig) -> None:
+    """Refuse what cannot be a collect before anything is read: no host, a name or path twice,
+    the collected set inside a host output (or one inside it)."""
+    if not cfg.hosts:
+        raise ConfigError("collect needs at least one host output (PATH or NAME=PATH)")
+    names = [n for n, _ in cfg.hosts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"host name(s) {', '.join(twice)} given twice: name each host output once (NAME=PATH)")
+    into = cfg.into.resolve()
+    seen: dict[Path, str] = {}
+    for name, path in cfg.hosts:
+        real = path.resolve()
+        if real in seen:
+            raise ConfigError(f"hosts {seen[real]} and {name} are the same directory {real}: give each output once")
+        seen[real] = name
+        if into == real or into.is_relative_to(real) or real.is_relative_to(into):
+            raise ConfigError(f"the collected set {into} and host {name}'s output {real} lie inside each other: "
+                              "collect into a directory of its own")
+
+
+def collect(cfg: CollectConfig) -> CollectResult:
+    check_arguments(cfg)
+    out = cfg.into
+    check_writable(out, "collected set", "--into")
+    with collected_set_lock(out):
+        return _collect_locked(cfg, out)
+
+
+def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
+    notes: list[str] = []
+    if repair_torn_tail(out):
+        notes.append("cut off a torn last manifest line left by a killed collect")
+    entries = list(iter_entries(out))
+    if [e.output_index for e in entries] != list(range(len(entries))):
+        raise ManifestError(f"{out}/manifest.jsonl: output indices are not 0, 1, 2...: was it edited?")
+    header = read_header(out)
+    if header is None and entries:
+        raise ManifestError(f"{out}: manifest.jsonl has entries but manifest.json is missing; restore it")
+    hosts, unreadable = _read_hosts(cfg)
+    fleet_lines = next((c.dataset_lines for c in read_clients(out)), None)
+    ref = choose_reference(header, read_record(out), fleet_lines, hosts)
+    adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move")
+    adm.refused[:0] = unreadable
+    if ref.header is None:
+        return finish(Collected(cfg, ref, None, entries, adm, notes=notes))
+    fmt = get_format(ref.header.format)
+    removed = remove_orphans(out, fmt, len(entries))
+    if removed:
+        notes.append(f"removed {len(removed)} file(s) a killed collect renamed but never recorded")
+    clear_dir(collect_tmp_dir(out))
+    fetcher = _fetcher(cfg, out, adm)
+    plan = plan_collect(entries, {h.name: h.entries for h in adm.admitted})
+    fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
+    write_identity(out, ref.header.run_id, ref.dataset)
+    if header is None and plan.pending:
+        write_header(out, ref.header)
+    journal = FailureJournal(out)
+    new = _fetch_and_commit(cfg, out, fmt, len(entries), plan, fetcher, journal)
+    done = Collected(cfg, ref, fmt, entries + new, adm, plan, len(new), notes, journal)
+    return SpacePolicy(out, cfg.wait_for_space_s).retrying(
+        lambda: finish(done), "the set's bookkeeping, dataset-level files and card are still to write")
+
+
+def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
+    hosts, unreadable = [], []
+    for name, path in cfg.hosts:
+        try:
+            hosts.append(read_host(name, path, stale_after_s=cfg.stale_after_s))
+        except HostUnreadable as exc:
+            unreadable.append(f"host {name} refused: {exc}; nothing of it was collected")
+    return hosts, unreadable
+
+
+def _fetcher(cfg: CollectConfig, out: Path, adm: Admission) -> Fetcher:
+    same = {h.name: same_filesystem(h.path, out) for h in adm.admitted}
+    if cfg.mode == "link":
+        other = [h for h in adm.admitted if not same[h.name]]
+        if other:
+            h = other[0]
+            raise ConfigError(
+                f"--link: host {h.name}'s output {h.path} is on another filesystem than the collected set {out} "
+                f"(device {os.stat(h.path).st_dev} versus {os.stat(out).st_dev}), and hard links cannot cross "
+                "filesystems. Collect without --link (a copy), or into a directory on that filesystem")
+    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same)
+
+
+def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Plan, fetcher: Fetcher,
+                      journal: FailureJournal) -> list[ManifestEntry]:
+    """Fetch the plan's samples BATCH at a time in parallel and commit each batch in plan order;
+    on a full volume, what precedes the first sample that found no room is committed, then the
+    collect stops (or waits, and goes on from that sample)."""
+    space = SpacePolicy(out, cfg.wait_for_space_s)
+    committer = Committer(out, fmt.relative_path, count)
+    pending, new, k = plan.pending, [], 0
+    last_log = time.monotonic()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="collect") as pool:
+            while k < len(pending):
+                results: list[Fetched] = list(pool.map(lambda a: fetcher.fetch(*a),
+                                                       enumerate(pending[k:k + BATCH], start=k)))
+                done, settled, full = _commit_batch(results, committer, journal, fetcher, space)
+                new += done
+                k += settled
+                if full is not None:
+                    space.handle(full, f"{len(pending) - k} sample(s), {plan.bytes_to_fetch(k)} bytes, still to fetch")
+                if time.monotonic() - last_log >= 10:
+                    log.info("collect: %d of %d samples fetched", k, len(pending))
+                    last_log = time.monotonic()
+    finally:
+        committer.close()
+    return new
+
+
+def _commit_batch(results: list[Fetched], committer: Committer, journal: FailureJournal, fetcher: Fetcher,
+                  space: SpacePolicy) -> tuple[list[ManifestEntry], int, OSError | None]:
+    """Commit a fetched batch in order up to the first sample that found no room; record the
+    failures before it. Returns the entries committed, how many results are settled (committed
+    or failed), and the full-volume error that stopped it (None when none did)."""
+    cut = next((j for j, r in enumerate(results) if r.no_space), len(results))
+    full = results[cut].no_space if cut < len(results) else None
+    for r in results[cut:]:  # fetched again after the wait: their space is needed now
+        if r.tmp is not None:
+            r.tmp.unlink(missing_ok=True)
+    ok = [r for r in results[:cut] if r.tmp is not None]
+    done, commit_full = committer.commit(ok)
+    if len(done) < len(ok):
+        full = commit_full
+        for r in ok[len(done):]:
+            r.tmp.unlink(missing_ok=True)  # type: ignore[union-attr]
+        cut = next(j for j, r in enumerate(results) if r is ok[len(done)])
+    journal.record([r for r in results[:cut] if r.tmp is None], space)
+    fetcher.release([r.pending for r in ok[:len(done)]])
+    return done, cut, full
