@@ -34,7 +34,7 @@ from support.sglang_server import start_server
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.server, pytest.mark.timeout(600)]
 
 
 def fresh_rid(server, index: int = 0) -> str:

@@ -20,6 +20,7 @@ sys.path[:0] = [str(GPU), str(REPO / "bench")]
 
 import capture_checks  # noqa: E402
 from capture_server_gpu import StagingCounter, round_order, scheduler_stats, server_of  # noqa: E402
+from support.staged_dumps import stage_sample  # noqa: E402
 
 
 def _load(name: str, path: Path) -> types.ModuleType:
@@ -124,44 +125,64 @@ def test_a_capture_server_spec_renders_its_writer_mode_into_the_patch(tmp_path, 
     assert namespace["CONFIG"].get("writer_process", True) is writer_process
 
 
-def test_staging_counter_counts_this_rounds_dumps_and_failure_markers(tmp_path):
-    for name, marker in (("hsx-aaaa0001-0", "done.json"), ("hsx-aaaa0001-1", "done.json"),
-                         ("hsx-aaaa0001-2", capture_checks.FAILED_FILE), ("hsx-aaaa0001-3", None),
-                         ("hsx-bbbb0002-0", "done.json")):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "states.safetensors").write_bytes(b"x" * 100)
-        if marker:
-            (tmp_path / name / marker).write_text("{}")
-    counter = StagingCounter(tmp_path, "aaaa0001")
+def stage_round(dump: Path, run_id: str, n: int, failed: set[int] = frozenset(), incomplete: set[int] = frozenset()
+                ) -> list[list[int]]:
+    """``n`` staged dumps of one round as the capture writes them (ids, rows, fingerprint), some
+    failed or incomplete; the prompts their requests sent."""
+    prompts = []
+    for i in range(n):
+        staged = stage_sample(dump, run_id, i, tokens=8, record=False, done=i not in failed | incomplete)
+        prompts.append(staged.input_ids.tolist())
+        if i in failed:
+            (dump / staged.rid / capture_checks.FAILED_FILE).write_text("{}")
+    return prompts
+
+
+def test_staging_counter_counts_this_rounds_valid_dumps_and_failure_markers(tmp_path):
+    prompts = stage_round(tmp_path, "aaaa0001", 4, failed={2}, incomplete={3})
+    stage_round(tmp_path, "bbbb0002", 1)  # another round's
+    counter = StagingCounter(tmp_path, "aaaa0001", prompts)
     counter.sweep()
-    assert (counter.complete, counter.failed, counter.staged_bytes) == (2, 1, 200)
+    size = (tmp_path / "hsx-bbbb0002-0" / "states.safetensors").stat().st_size
+    assert (counter.complete, counter.failed, counter.wrong, counter.staged_bytes) == (2, 1, 0, 2 * size)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hsx-aaaa0001-3", "hsx-bbbb0002-0"]
+
+
+def test_staging_counter_counts_a_dump_of_other_ids_or_other_rows_as_wrong(tmp_path):
+    """The bench's drain stand-in validates what it counts: a dump holding another request's ids, or
+    rows other than those the forward pass fingerprinted, is not a complete dump of its round."""
+    prompts = stage_round(tmp_path, "eeee0005", 3)
+    prompts[0] = prompts[0][::-1]  # the request sent other ids than the dump holds
+    states = tmp_path / "hsx-eeee0005-1" / "states.safetensors"
+    data = bytearray(states.read_bytes())
+    data[-200] ^= 0xFF  # a byte of the rows changed after the forward pass
+    states.write_bytes(bytes(data))
+    counter = StagingCounter(tmp_path, "eeee0005", prompts)
+    counter.sweep()
+    assert (counter.complete, counter.wrong) == (1, 2)
 
 
 def test_staging_counter_in_its_own_process_counts_every_dump_of_a_round(tmp_path):
     """The bench's drain stand-in runs beside the client in a process of its own, as the drain does."""
-    counter = StagingCounter(tmp_path, "cccc0003")
+    made, watched = tmp_path / "made", tmp_path / "staging"
+    watched.mkdir()
+    prompts = stage_round(made, "cccc0003", 40, failed={0, 10, 20, 30})  # the round's requests, known up front
+    counter = StagingCounter(watched, "cccc0003", prompts)
     counter.start()
-    for i in range(40):
-        d = tmp_path / f"hsx-cccc0003-{i}"
-        d.mkdir()
-        (d / "states.safetensors").write_bytes(b"x" * 10)
-        (d / ("done.json" if i % 10 else capture_checks.FAILED_FILE)).write_text("{}")
+    for d in sorted(made.iterdir()):  # the dumps arrive while it runs
+        if d.name.startswith("hsx-"):
+            d.rename(watched / d.name)
     counter.wait_for(40)
-    assert (counter.complete, counter.failed, counter.staged_bytes) == (36, 4, 360)
-    assert list(tmp_path.iterdir()) == []
+    assert (counter.complete, counter.wrong, counter.failed) == (36, 0, 4)
+    assert list(watched.iterdir()) == []
 
 
 def test_staging_counter_that_keeps_dumps_counts_each_once_and_removes_them_after_the_round(tmp_path):
-    counter = StagingCounter(tmp_path, "dddd0004", remove=False)
-    for i in range(3):
-        d = tmp_path / f"hsx-dddd0004-{i}"
-        d.mkdir()
-        (d / "states.safetensors").write_bytes(b"x" * 10)
-        (d / "done.json").write_text("{}")
+    prompts = stage_round(tmp_path, "dddd0004", 3)
+    counter = StagingCounter(tmp_path, "dddd0004", prompts, remove=False)
     counter.sweep()
     counter.sweep()  # the dumps are still there: not counted again
-    assert (counter.complete, counter.staged_bytes) == (3, 30)
+    assert counter.complete == 3
     assert len(list(tmp_path.iterdir())) == 3
     counter.remove_all()
     assert list(tmp_path.iterdir()) == []
