@@ -18,7 +18,7 @@ from hsextract import shutdown
 from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
 from hsextract.client.runner import DEFAULT_MAX_TOKENS, DEFAULT_NUM_AUX, ExtractConfig, ExtractRun, parse_shard
-from hsextract.client.sender import RetryPolicy
+from hsextract.client.sender import RetryPolicy, StopRequested
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
@@ -127,8 +127,13 @@ def _count_layers(text: str | None) -> int:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     # systemd stops the unit with SIGTERM: finish the requests in flight, then exit 0 (the CLI
-    # turned the signal into this event before the imports, see hsextract.shutdown)
-    run_ = ExtractRun(cfg, shutdown.requested())
+    # turned the signal into this event before the imports, see hsextract.shutdown). A stop before
+    # the run began (loading the tokenizer, reading the dataset, the probe) ends it at once.
+    try:
+        run_ = ExtractRun(cfg, shutdown.requested())
+    except StopRequested:
+        print("The client was stopped before its run began; nothing was sent or written.", file=sys.stderr)
+        return 0
     try:
         stats = run_.run()
     except KeyboardInterrupt:
