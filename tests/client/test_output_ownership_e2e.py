@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.client.chat_template import load_tokenizer
-from hsextract.records import parse_rid
+from hsextract.records import parse_rid, read_record
 from hsextract.staging import live_announcements, process_start_ticks
 from support.client_run import (
     assert_training_set_matches,
@@ -113,6 +113,8 @@ def test_a_client_given_a_relative_output_writes_records_the_drain_takes(llama_s
     drain = None
     try:
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
+        records = [read_record(llama_server.dump_dir, f"hsx-{_run_id(out)}-{i}") for i in exp.samples]
+        assert {r.output for r in records if r} == {str(out.resolve())}, "the records name the resolved path"
         drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)  # its own working directory
         assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
     finally:
