@@ -11,6 +11,11 @@ shard), so that none rewrites another's. `hsextract status`, the reconciliation 
 * a shard's files are told apart by the shard they are named for; files of the whole dataset
   written by an older client carry their shard inside (``shard`` of the summary).
 
+What "every shard" is: the shards whose clients have started (written a status). A client of a
+sub-shard that has not started yet is unknown to the others' readers, so several clients of one
+output are started together, before the first of them can finish (a run's list of its sub-shards,
+written by whatever launches them, would lift this).
+
 A summary also says which start of the client wrote it (``attempt``, a random id per start), so
 that a drain can tell the summary of the run it already finished from a new one (see
 `summary_id`). Pure reading: the files are written by hsextract.client.

@@ -131,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
     # the run began (loading the tokenizer, reading the dataset, the probe) ends it at once.
     try:
         run_ = ExtractRun(cfg, shutdown.requested())
-    except StopRequested:
-        print("The client was stopped before its run began; nothing was sent or written.", file=sys.stderr)
+    except StopRequested as stopped:
+        print(f"The client was stopped before its run began ({stopped}); nothing was sent or written.",
+              file=sys.stderr)
         return 0
     try:
         stats = run_.run()
@@ -140,6 +141,6 @@ def run(args: argparse.Namespace) -> int:
         run_.stop.set()
         raise
     # People read the report (the journal under systemd); machines read the JSON summary on stdout.
-    print("\n".join(client_lines(stats.snapshot(), problem_files(cfg.output))), file=sys.stderr)
+    print("\n".join(client_lines(stats.snapshot(), problem_files(cfg.output, shards=[cfg.shard]))), file=sys.stderr)
     print(json.dumps(stats.summary(), sort_keys=True))
     return 0
