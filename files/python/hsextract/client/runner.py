@@ -15,7 +15,10 @@ The flow per sample (the producer is the calling thread, senders are a thread po
    the attempt limit, after which it is reported failed with the reason.
 
 Before the first sample, a probe request checks that the server's capture stages into this
-client's staging directory, in the final-norm placement of the format (`probe`).
+client's staging directory, in the final-norm placement of the format (`probe`). The client holds
+the lock of its shard of the output for its whole life (hsextract.output_lock: a client of an
+overlapping shard refuses), and until those start-up checks pass it changes none of the last
+run's files (`start_state`); a stop during the start ends it at once (`stoppable`).
 
 The summary is written only once every sample of the shard has an outcome, because the drain's
 ``--exit-when-done`` treats it as "no more dumps will come".
