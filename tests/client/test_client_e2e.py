@@ -29,7 +29,9 @@ pytestmark = pytest.mark.server
 
 
 def _summary(output):
-    return json.loads((output / ".hsextract" / "client-summary.json").read_text())
+    """The client's summary (client-summary.json; client-summary.shard-i-of-n.json of a shard's client)."""
+    (path,) = (output / ".hsextract").glob("client-summary*.json")
+    return json.loads(path.read_text())
 
 
 def _done(output) -> int:

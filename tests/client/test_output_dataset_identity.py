@@ -62,9 +62,13 @@ def _summary(r: subprocess.CompletedProcess) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+# What a refused start does write: the lock it held while it checked, and its refusal in the status.
+REFUSAL_BOOKKEEPING = (".hsextract/client-0-of-1.lock", ".hsextract/clients.lock", ".hsextract/client-status.json")
+
+
 def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
     return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and str(p.relative_to(root)) not in REFUSAL_BOOKKEEPING}
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +104,8 @@ def test_an_output_of_one_dataset_refuses_another_naming_both_and_changes_nothin
     assert "keep" in r.stderr and "samples under them" in r.stderr, "it says what resuming would do"
     assert "into a new --output" in r.stderr and f"or run with the original dataset {extracted.dataset}" in r.stderr
     assert _snapshot(output) == before, "the refusal changed the output directory"
+    status = json.loads((output / ".hsextract" / "client-status.json").read_text())
+    assert status["state"] == "done" and "which is another dataset" in status["start_refused"]["error"], status
 
 
 def test_the_same_dataset_at_another_path_resumes_the_output(llama_server, tiny_llama, extracted, output, tmp_path):

@@ -7,6 +7,7 @@ fail the moment the two spellings differ.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from pathlib import Path
 
@@ -19,10 +20,14 @@ ANSIBLE_FILES = sorted([*(REPO / "roles").rglob("*.yml"), *(REPO / "roles").rglo
 STATE_FILE_RE = re.compile(r"\}\}/(\.[A-Za-z0-9_-]+)/([A-Za-z0-9_.-]*[A-Za-z0-9_-])")
 
 
-def test_the_extraction_role_looks_for_the_summary_the_client_writes():
+def test_the_extraction_role_looks_for_the_summary_the_client_writes_of_any_shard():
     tasks = (REPO / "roles" / "extraction" / "tasks" / "main.yml").read_text()
-    expected = f"{{{{ hsextract_output_dir }}}}/{layout.STATE_DIR}/{layout.CLIENT_SUMMARY}"
-    assert expected in tasks, f"roles/extraction/tasks/main.yml must look for {expected}"
+    where = f"paths: \"{{{{ hsextract_output_dir }}}}/{layout.STATE_DIR}\""
+    stem, _, ext = layout.CLIENT_SUMMARY.partition(".")
+    pattern = f"patterns: \"{stem}*.{ext}\""
+    assert where in tasks and pattern in tasks, f"roles/extraction/tasks/main.yml must look for {pattern} in {where}"
+    names = [layout.client_summary_path("o").name, layout.client_summary_path("o", (1, 4)).name]
+    assert all(fnmatch.fnmatch(name, f"{stem}*.{ext}") for name in names), names
 
 
 def test_every_state_file_a_role_names_is_one_the_layout_defines():

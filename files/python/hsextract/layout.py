@@ -16,7 +16,10 @@ equal to it.
                                         (in a collected set: those three and host.json, the host it came from)
       README.md, reader_order.json      a collected set's dataset card, and SpecForge's reading order
       .hsextract/                       the project's own bookkeeping
-        client-status.json, client-summary.json, rejects.jsonl, failures.jsonl
+        client-status.json, client-summary.json, rejects.jsonl, failures.jsonl   the client of the whole dataset's
+        client-status.shard-<i>-of-<n>.json, ...   the same four files of a client of shard i/n (n > 1)
+        output.lock                     held by the training set's writer (the drain, finalize)
+        client-<i>-of-<n>.lock, clients.lock   held by the client of each shard (hsextract.output_lock)
         drain-status.json, tmp/, arrow-build-<id>/, vocab_counts.json
         dataset.json                    which dataset the training set was extracted from (the client's)
         plan.json
@@ -32,6 +35,8 @@ equal to it.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 # <output>/
@@ -53,7 +58,6 @@ ARROW_BUILD_PREFIX = "arrow-build-"
 VOCAB_CHECKPOINT = "vocab_counts.json"  # never ends in "pt": some readers take every such file
 DATASET_RECORD = "dataset.json"  # the dataset the client extracts into this output (hsextract.client.dataset_record)
 PLAN = "plan.json"
-OUTPUT_LOCK = "output.lock"
 COLLECT_TMP_DIR = "collect-tmp"
 COLLECT_FAILURES = "collect-failures.jsonl"  # samples a collect could not verify: the same lines as FAILURES, plus host
 COLLECT_REPORT = "collect-report.json"
@@ -62,6 +66,13 @@ REGEN_STATUS = "regen-status.json"
 REGEN_SUMMARY = "regen-summary.json"
 REGEN_ERRORS = "regen-errors.jsonl"
 REGEN_SETTINGS = "regen-settings.json"
+OUTPUT_LOCK = "output.lock"  # hsextract.output_lock: the drain's (and finalize's) exclusive lock
+CLIENTS_LOCK = "clients.lock"  # ... held for a moment while a client checks the other shards' locks
+CLIENT_LOCK_RE = r"client-(?P<i>\d+)-of-(?P<n>\d+)\.lock"  # ... and each client's lock on its shard
+# A client of shard i/n (n > 1) writes its status, summary, rejects and failures under names of its
+# own, so that clients of disjoint shards of one output never write each other's files; the client
+# of the whole dataset (0/1) keeps the plain names above.
+SHARD_TAG_RE = r"\.shard-(?P<i>\d+)-of-(?P<n>\d+)"
 
 # <quarantine>/<rid>/
 QUARANTINE_REASON = "reason.txt"  # first line: the reason code; then the detail
@@ -104,20 +115,70 @@ def regen_output_path(output: str | Path) -> Path:
     return Path(output) / REGEN_OUTPUT
 
 
-def client_status_path(output: str | Path) -> Path:
-    return state_dir(output) / CLIENT_STATUS
+WHOLE_DATASET = (0, 1)
 
 
-def client_summary_path(output: str | Path) -> Path:
-    return state_dir(output) / CLIENT_SUMMARY
+def shard_tag(shard: tuple[int, int] = WHOLE_DATASET) -> str:
+    """What a client file's name carries of its shard: nothing for the whole dataset, else ``.shard-i-of-n``."""
+    i, n = shard
+    return "" if (i, n) == WHOLE_DATASET else f".shard-{i}-of-{n}"
 
 
-def rejects_path(output: str | Path) -> Path:
-    return state_dir(output) / REJECTS
+def _tagged(name: str, shard: tuple[int, int]) -> str:
+    stem, dot, ext = name.partition(".")
+    return f"{stem}{shard_tag(shard)}{dot}{ext}"
 
 
-def failures_path(output: str | Path) -> Path:
-    return state_dir(output) / FAILURES
+def client_status_path(output: str | Path, shard: tuple[int, int] = WHOLE_DATASET) -> Path:
+    return state_dir(output) / _tagged(CLIENT_STATUS, shard)
+
+
+def client_summary_path(output: str | Path, shard: tuple[int, int] = WHOLE_DATASET) -> Path:
+    return state_dir(output) / _tagged(CLIENT_SUMMARY, shard)
+
+
+def rejects_path(output: str | Path, shard: tuple[int, int] = WHOLE_DATASET) -> Path:
+    return state_dir(output) / _tagged(REJECTS, shard)
+
+
+def failures_path(output: str | Path, shard: tuple[int, int] = WHOLE_DATASET) -> Path:
+    return state_dir(output) / _tagged(FAILURES, shard)
+
+
+def client_file_shard(name: str, base: str) -> tuple[int, int] | None:
+    """The shard a client file of kind `base` (``CLIENT_STATUS``, ``REJECTS``...) is named for, or
+    None if `name` is no such file."""
+    stem, _, ext = base.partition(".")
+    m = re.fullmatch(re.escape(stem) + f"(?:{SHARD_TAG_RE})?" + re.escape("." + ext), name)
+    if not m:
+        return None
+    return (int(m["i"]), int(m["n"])) if m["n"] else WHOLE_DATASET
+
+
+def client_files(output: str | Path, base: str) -> dict[tuple[int, int], Path]:
+    """Every client file of kind `base` in the output directory, by the shard its name carries."""
+    out: dict[tuple[int, int], Path] = {}
+    try:
+        names = sorted(os.listdir(state_dir(output)))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        shard = client_file_shard(name, base)
+        if shard is not None:
+            out[shard] = state_dir(output) / name
+    return out
+
+
+def output_lock_path(output: str | Path) -> Path:
+    return state_dir(output) / OUTPUT_LOCK
+
+
+def clients_registry_path(output: str | Path) -> Path:
+    return state_dir(output) / CLIENTS_LOCK
+
+
+def client_lock_path(output: str | Path, shard: tuple[int, int]) -> Path:
+    return state_dir(output) / f"client-{shard[0]}-of-{shard[1]}.lock"
 
 
 def drain_status_path(output: str | Path) -> Path:
@@ -147,10 +208,6 @@ def dataset_record_path(output: str | Path) -> Path:
 
 def plan_path(output: str | Path) -> Path:
     return state_dir(output) / PLAN
-
-
-def output_lock_path(output: str | Path) -> Path:
-    return state_dir(output) / OUTPUT_LOCK
 
 
 def collect_tmp_dir(output: str | Path) -> Path:

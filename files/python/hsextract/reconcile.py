@@ -23,15 +23,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hsextract.client_state import all_finished, read_shards
 from hsextract.layout import (
     FAILURES,
     QUARANTINE_DIR,
     QUARANTINE_REASON,
-    client_status_path,
-    client_summary_path,
+    REJECTS,
+    client_files,
     default_quarantine_dir,
-    failures_path,
-    rejects_path,
     run_file_path,
 )
 from hsextract.records import parse_rid
@@ -169,30 +168,43 @@ def quarantined_indices(quarantine: Path, run_id: str) -> dict[int, str]:
 
 def read_accounts(output: Path, quarantine: Path | None = None, on_the_way: Iterable[int] = (),
                   final: bool | None = None) -> Accounts | None:
-    """The accounts of the run written to `output`, from its files; None before the client has
-    said how large its shard is. ``final`` defaults to "the client has finished"; the caller
-    knows whether anything is still staged (``on_the_way``)."""
+    """The accounts of the run written to `output`, from its files; None before every client has
+    said how large its shard is (its summary). Several clients of disjoint shards are counted
+    together (hsextract.client_state). ``final`` defaults to "every client has finished"; the
+    caller knows whether anything is still staged (``on_the_way``)."""
     from hsextract.formats.manifest import iter_entries
 
-    client = _read_json(client_summary_path(output))
-    finished = client is not None
-    if client is None:
-        client = _read_json(client_status_path(output))
+    shards = read_shards(output)
+    clients = [s.summary or s.status for s in shards]
     run = _read_json(run_file_path(output))
-    if not client or not run or not isinstance(client.get("dataset_lines"), int):
+    if not clients or not run or not all(c and isinstance(c.get("dataset_lines"), int) for c in clients):
         return None
-    i, n = (client.get("shard") or [0, 1])[:2]
-    shard = range(int(i), int(client["dataset_lines"]), int(n))
     in_set = {e.dataset_index for e in iter_entries(output)}
     return reconcile(
-        shard,
-        rejected=read_indexed_jsonl(rejects_path(output)),
+        _shard_indices([(s.shard, int(c["dataset_lines"])) for s, c in zip(shards, clients, strict=True) if c]),
+        rejected=_read_all(output, REJECTS),
         in_set=in_set,
-        failed=read_indexed_jsonl(failures_path(output)),
+        failed=_read_all(output, FAILURES),
         quarantined=quarantined_indices(quarantine or default_quarantine_dir(output), str(run.get("run_id", ""))),
         on_the_way=set(on_the_way),
-        final=finished if final is None else final,
+        final=all_finished(shards) if final is None else final,
     )
+
+
+def _shard_indices(shards: list[tuple[tuple[int, int], int]]) -> Iterable[int]:
+    """The dataset indices of the clients' shards ((i, n), dataset lines), in order, each once."""
+    ranges = [range(i, lines, n) for (i, n), lines in shards]
+    if len(ranges) == 1:
+        return ranges[0]
+    return sorted(set().union(*ranges))
+
+
+def _read_all(output: Path, base: str) -> dict[int, str]:
+    """index -> reason over every client's rejects (or failures) file."""
+    out: dict[int, str] = {}
+    for path in client_files(output, base).values():
+        out.update(read_indexed_jsonl(path))
+    return out
 
 
 def _read_json(path: Path) -> dict | None:

@@ -29,6 +29,7 @@ request the server answered is ever lost without a word.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -297,10 +298,26 @@ class CaptureAnnouncement:
     pid: int = 0
     port: int = 0
     started_at: float = 0.0
+    # The process's start time in clock ticks since boot (/proc/<pid>/stat): with the pid, it names
+    # the process, where a pid alone may be reused by another one after it died. 0: not known.
+    proc_start: int = 0
 
     @property
     def file_name(self) -> str:
         return f"{self.host}-{self.pid}.json"
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat); None if
+    there is no such process (or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:  # the command name (field 2) is in parentheses and may hold spaces and parentheses
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
 
 
 def write_announcement(dump_dir: str | Path, ann: CaptureAnnouncement) -> Path:
@@ -313,8 +330,21 @@ def write_announcement(dump_dir: str | Path, ann: CaptureAnnouncement) -> Path:
     return path
 
 
+def remove_announcement(path: Path, pid: int) -> None:
+    """Remove an announcement at the exit of the process that wrote it (`pid`): a process forked
+    from it, which inherits its exit handlers, leaves it alone."""
+    if os.getpid() == pid:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 def live_announcements(dump_dir: str | Path) -> list[CaptureAnnouncement]:
-    """The captures that announced themselves in ``dump_dir`` and still run (their process lives)."""
+    """The captures that announced themselves in ``dump_dir`` and still run.
+
+    An announcement of this host whose process is gone (no process of that pid, or one started at
+    another time: the pid was reused) is left behind by a capture that could not remove it (SGLang
+    stops its schedulers with SIGKILL): it is removed here, so it misleads nobody later.
+    """
     import socket
 
     host = socket.gethostname()
@@ -326,10 +356,22 @@ def live_announcements(dump_dir: str | Path) -> list[CaptureAnnouncement]:
             ann = CaptureAnnouncement(**{k: v for k, v in data.items() if k in known})
         except (OSError, ValueError, TypeError):
             continue
-        if ann.host == host and not _pid_alive(ann.pid):
+        if ann.host == host and not announced_process_alive(ann):
+            with contextlib.suppress(OSError):
+                p.unlink()
             continue
         out.append(ann)
     return out
+
+
+def announced_process_alive(ann: CaptureAnnouncement) -> bool:
+    """Whether the process that wrote `ann` (on this host) still runs: its pid, started when it says."""
+    if ann.pid <= 0:
+        return False
+    started = process_start_ticks(ann.pid)
+    if started is None:
+        return _pid_alive(ann.pid)  # no /proc: the pid alone
+    return not ann.proc_start or started == ann.proc_start
 
 
 def _pid_alive(pid: int) -> bool:

@@ -14,9 +14,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hsextract.client_state import combined_status, read_shards
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
-from hsextract.layout import client_status_path, default_quarantine_dir, drain_status_path, failures_path, rejects_path
+from hsextract.layout import (
+    FAILURES,
+    REJECTS,
+    WHOLE_DATASET,
+    default_quarantine_dir,
+    drain_status_path,
+    failures_path,
+    rejects_path,
+    state_dir,
+)
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.report import ProblemFiles, RunView, status_lines
 
@@ -66,28 +76,54 @@ def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
     return accounts
 
 
-def problem_files(output: str | Path, drain: dict[str, Any] | None = None) -> ProblemFiles:
-    """The files that list a run's rejected, failed and quarantined samples."""
+def problem_files(output: str | Path, drain: dict[str, Any] | None = None,
+                  shards: list[tuple[int, int]] | None = None) -> ProblemFiles:
+    """The files that list a run's rejected, failed and quarantined samples (of one client's
+    shard, or a pattern for the files of several)."""
     quarantine = (drain or {}).get("quarantine_dir") or default_quarantine_dir(output)
-    return ProblemFiles(rejected=str(rejects_path(output)), failed=str(failures_path(output)),
+    if shards is not None and len(shards) > 1:
+        return ProblemFiles(rejected=_every_shard(output, REJECTS), failed=_every_shard(output, FAILURES),
+                            quarantined=str(quarantine))
+    shard = shards[0] if shards else WHOLE_DATASET
+    return ProblemFiles(rejected=str(rejects_path(output, shard)), failed=str(failures_path(output, shard)),
                         quarantined=str(quarantine))
+
+
+def _every_shard(output: str | Path, base: str) -> str:
+    """``<output>/.hsextract/rejects*.jsonl``: the files of that kind of every shard's client."""
+    stem, _, ext = base.partition(".")
+    return str(state_dir(output) / f"{stem}*.{ext}")
+
+
+def start_refusal(client: dict[str, Any] | None) -> str:
+    """The problem of a client whose last start was refused, or ''."""
+    refused = (client or {}).get("start_refused")
+    if not isinstance(refused, dict):
+        return ""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(refused.get("at") or 0)))
+    return f"the client's start at {at} was refused: {refused.get('error') or '?'}"
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise ConfigError("status needs --output (on the command line or in --config)")
     drain = _read(drain_status_path(args.output))
-    client = _read(client_status_path(args.output))
+    shards = read_shards(args.output)
+    client = combined_status(shards)
     now = time.time()
     health = drain_health(drain, args.stale_after, now)
     accounts = run_accounts(Path(args.output), drain)
     problems = accounts.problems(args.max_failure_share) if accounts else []
+    refusal = start_refusal(client)
+    if refusal:
+        problems = [refusal, *problems]
     ok = health[0] and not problems
     if args.json:
         print(json.dumps({"ok": ok, "why": health[1], "problems": problems, "drain": drain, "client": client,
                           "accounts": accounts.as_dict() if accounts else None}, indent=2))
     else:
-        view = RunView(output=str(args.output), files=problem_files(args.output, drain), drain=drain, client=client,
+        view = RunView(output=str(args.output), files=problem_files(args.output, drain, [s.shard for s in shards]),
+                       drain=drain, client=client,
                        healthy=health[0], health=health[1], now=now, problems=problems,
                        counts=accounts.lines_of_text() if accounts else [])
         print("\n".join(status_lines(view)))

@@ -258,12 +258,17 @@ class CaptureHook:
 
 
 def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> None:
-    """Leave this capture's description in its dump dir, for the client's and the drain's checks."""
+    """Leave this capture's description in its dump dir, for the client's and the drain's checks;
+    removed at this process's exit where it gets one (SGLang kills its schedulers with SIGKILL:
+    then the readers remove it, see hsextract.staging.live_announcements)."""
+    import atexit
     import socket
     import time
 
+    from hsextract.staging import process_start_ticks, remove_announcement
+
     try:
-        write_announcement(cfg.dump_dir, CaptureAnnouncement(
+        path = write_announcement(cfg.dump_dir, CaptureAnnouncement(
             dump_dir=str(Path(cfg.dump_dir).resolve()),
             rid_prefix=cfg.rid_prefix,
             final_hidden=cfg.final_hidden,
@@ -275,7 +280,9 @@ def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts)
             pid=os.getpid(),
             port=facts.port,
             started_at=time.time(),
+            proc_start=process_start_ticks(os.getpid()) or 0,
         ))
+        atexit.register(remove_announcement, path, os.getpid())
     except OSError as exc:
         log.warning("hsextract capture: cannot announce itself in %s (%s)", cfg.dump_dir, exc)
 

@@ -20,7 +20,7 @@ from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
 from hsextract.client.dataset import add_max_row_bytes_argument
 from hsextract.client.runner import ExtractConfig, ExtractRun, parse_shard
-from hsextract.client.sender import RetryPolicy
+from hsextract.client.sender import RetryPolicy, StopRequested
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
@@ -132,14 +132,20 @@ def _count_layers(text: str | None) -> int:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     # systemd stops the unit with SIGTERM: finish the requests in flight, then exit 0 (the CLI
-    # turned the signal into this event before the imports, see hsextract.shutdown)
-    run_ = ExtractRun(cfg, shutdown.requested())
+    # turned the signal into this event before the imports, see hsextract.shutdown). A stop before
+    # the run began (loading the tokenizer, reading the dataset, the probe) ends it at once.
+    try:
+        run_ = ExtractRun(cfg, shutdown.requested())
+    except StopRequested as stopped:
+        print(f"The client was stopped before its run began ({stopped}); nothing was sent or written.",
+              file=sys.stderr)
+        return 0
     try:
         stats = run_.run()
     except KeyboardInterrupt:
         run_.stop.set()
         raise
     # People read the report (the journal under systemd); machines read the JSON summary on stdout.
-    print("\n".join(client_lines(stats.snapshot(), problem_files(cfg.output))), file=sys.stderr)
+    print("\n".join(client_lines(stats.snapshot(), problem_files(cfg.output, shards=[cfg.shard]))), file=sys.stderr)
     print(json.dumps(stats.summary(), sort_keys=True))
     return 0

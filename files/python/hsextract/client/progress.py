@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import secrets
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hsextract.durable import atomic_write_json
-from hsextract.layout import client_status_path
+from hsextract.layout import WHOLE_DATASET, client_status_path
 from hsextract.report import progress_line
 
 log = logging.getLogger("hsextract.client")
@@ -50,6 +51,9 @@ class RunStats:
     error: str = ""
     started: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)
+    # Which start of the client this is: its summary carries it, so a drain tells a new run's end
+    # from the last run's summary (hsextract.client_state.summary_id).
+    attempt: str = field(default_factory=lambda: secrets.token_hex(8))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _window: collections.deque = field(default_factory=lambda: collections.deque(maxlen=600), repr=False)
 
@@ -123,6 +127,8 @@ class RunStats:
             "paused_s": round(self.paused_total_s, 1),
             "paused_for_s": None if (under_way := self.pause_under_way_s()) is None else round(under_way, 1),
             "error": self.error,
+            "shard": list(self.shard),
+            "attempt": self.attempt,
             "pid": os.getpid(),
             "started_at": self.started_at,
             "updated_at": time.time(),
@@ -143,6 +149,7 @@ class RunStats:
             "tokens": self.tokens,
             "wall_s": round(time.monotonic() - self.started, 2),
             "paused_s": round(self.paused_total_s, 1),
+            "attempt": self.attempt,
             "finished_at": time.time(),
         }
 
@@ -151,9 +158,9 @@ class Reporter:
     """Writes the status file every `status_every` s and shows progress (a bar on a TTY, else log lines)."""
 
     def __init__(self, stats: RunStats, output: str | Path, stream: TextIO | None = None,
-                 status_every: float = 1.0, log_every: float = 30.0):
+                 status_every: float = 1.0, log_every: float = 30.0, shard: tuple[int, int] = WHOLE_DATASET):
         self.stats = stats
-        self.status_path = client_status_path(output)
+        self.status_path = client_status_path(output, shard)
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.status_every = status_every
@@ -194,10 +201,13 @@ class Reporter:
         self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {progress_line(snap)}\x1b[K")
         self.stream.flush()
 
-    def stop(self) -> None:
+    def stop(self, final_tick: bool = True) -> None:
+        """Stop reporting; ``final_tick``: write the last status (else the caller writes it)."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
+        if not final_tick:
+            return
         self.tick()
         if self.tty:
             self.stream.write("\n")

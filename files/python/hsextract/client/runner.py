@@ -15,7 +15,10 @@ The flow per sample (the producer is the calling thread, senders are a thread po
    the attempt limit, after which it is reported failed with the reason.
 
 Before the first sample, a probe request checks that the server's capture stages into this
-client's staging directory, in the final-norm placement of the format (`probe`).
+client's staging directory, in the final-norm placement of the format (`probe`). The client holds
+the lock of its shard of the output for its whole life (hsextract.output_lock: a client of an
+overlapping shard refuses), and until those start-up checks pass it changes none of the last
+run's files (`start_state`); a stop during the start ends it at once (`stoppable`).
 
 The summary is written only once every sample of the shard has an outcome, because the drain's
 ``--exit-when-done`` treats it as "no more dumps will come".
@@ -44,12 +47,15 @@ from hsextract.client.probe import probe_capture
 from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
 from hsextract.client.server_limit import ServerLimit, server_limit
+from hsextract.client.start_state import begin_run, read_previous, record_unstarted
+from hsextract.client.stoppable import call_unless_stopped
 from hsextract.durable import atomic_write_json, check_writable
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for
 from hsextract.formats.manifest import completed_indices, read_header
 from hsextract.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.model_info import read_model_info
+from hsextract.output_lock import ShardLock
 from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
 from hsextract.records import (
     SampleRecord,
@@ -170,9 +176,13 @@ class ExtractRun:
         final_hidden_for(cfg.format)  # an unknown format stops the run here
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
-        self.encoder = build_encoder(Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong,
-                                     cfg.last_turn_only, cfg.min_loss_tokens, quiet=True)
+        # Seconds (transformers' import, the tokenizer's files): a stop must not wait for it.
+        self.encoder = call_unless_stopped(self.stop, "loading the tokenizer", functools.partial(
+            build_encoder, Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only,
+            cfg.min_loss_tokens, quiet=True))
         self.tokenizer = self.encoder.tok
+        # Resolved once: records name it for the drain, whose working directory is not this one.
+        self.output = Path(cfg.output).resolve()
         self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
         self.sender = Sender(cfg.server, cfg.retry, self.stop)
@@ -289,21 +299,61 @@ class ExtractRun:
         return True
 
     def run(self) -> RunStats:
-        cfg, st = self.cfg, self.stats
-        out = Path(cfg.output)
-        run_id = self._open_output(out)
-        st.dataset_lines = count_rows(cfg.dataset)
-        st.shard = cfg.shard
-        st.samples_total = shard_size(st.dataset_lines, cfg.shard)
-        self._watch = CaptureWatch(cfg.dump_dir, cfg.capture_timeout_s, self._on_verdict)
-        reporter = Reporter(st, out, status_every=cfg.status_every_s, log_every=cfg.log_every_s)
-        reporter.start()
-        log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
-                 cfg.dataset, cfg.server)
+        """Take the shard's lock, check the start, then run; a stop before the run began returns the
+        stats as stopped, with the output's client files as they were (hsextract.client.start_state)."""
+        cfg = self.cfg
+        check_writable(self.output, "output directory", "--output")
+        check_writable(Path(cfg.dump_dir), "staging directory", "--dump-dir")
         try:
+            with ShardLock(self.output, cfg.shard):  # a client of an overlapping shard refuses here
+                return self._run_locked()
+        except StopRequested:
+            self.stats.state = "stopped"
+            return self.stats
+
+    def _run_locked(self) -> RunStats:
+        cfg, st, out = self.cfg, self.stats, self.output
+        st.shard = cfg.shard
+        previous = read_previous(out, cfg.shard)
+        reporter: Reporter | None = None
+        try:
+            run_id = self._check_output(out)
+            st.dataset_lines = call_unless_stopped(self.stop, "counting the dataset's rows",
+                                                   functools.partial(count_rows, cfg.dataset))
+            st.samples_total = shard_size(st.dataset_lines, cfg.shard)
+            reporter = Reporter(st, out, status_every=cfg.status_every_s, log_every=cfg.log_every_s, shard=cfg.shard)
+            reporter.start()
+            log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
+                     cfg.dataset, cfg.server)
             self._wait_for_server()
             self._take_server_limit()
             self._probe(run_id)
+        except BaseException as exc:
+            self._unstarted(reporter, previous, exc)
+            raise
+        return self._run_started(out, run_id, reporter)
+
+    def _unstarted(self, reporter: Reporter | None, previous: dict[str, Any] | None, exc: BaseException) -> None:
+        """The start ended before its run began: refused (an error), or stopped. The status shows
+        the run before it again, with the refusal; a stop before the status was first written
+        writes nothing."""
+        st = self.stats
+        if reporter is not None:
+            reporter.stop(final_tick=False)
+        stopped = isinstance(exc, (StopRequested, KeyboardInterrupt))
+        if stopped and reporter is None:
+            return
+        st.state, st.error, st.paused_reason = ("stopped", "", None) if stopped else ("failed", str(exc), None)
+        record_unstarted(self.output, self.cfg.shard, previous, st.snapshot(), None if stopped else str(exc))
+
+    def _run_started(self, out: Path, run_id: str, reporter: Reporter) -> RunStats:
+        cfg, st = self.cfg, self.stats
+        for path in begin_run(out, cfg.shard):
+            log.info("removed %s: a client file of an overlapping shard, superseded by this run's", path)
+        self._rejects = _JsonlAppender(rejects_path(out, cfg.shard))
+        self._failures = _JsonlAppender(failures_path(out, cfg.shard))
+        self._watch = CaptureWatch(cfg.dump_dir, cfg.capture_timeout_s, self._on_verdict)
+        try:
             # staging first, then the manifest: a dump drained in between is in the second
             skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
             self._produce(run_id, skip)
@@ -323,18 +373,16 @@ class ExtractRun:
             self._rejects.close()
             self._failures.close()
         if st.state == "done":
-            atomic_write_json(client_summary_path(out), st.summary())
+            atomic_write_json(client_summary_path(out, cfg.shard), st.summary())
         if isinstance(self.fatal, HsextractError):
             raise self.fatal
         if self.fatal is not None:
             raise HsextractError(f"client stopped on an internal error: {self.fatal!r}") from self.fatal
         return st
 
-    def _open_output(self, out: Path) -> str:
-        """Check the directories, open this run's files in the output directory; the run id."""
+    def _check_output(self, out: Path) -> str:
+        """The checks of the output directory that change none of its client files; the run id."""
         cfg = self.cfg
-        check_writable(out, "output directory", "--output")
-        check_writable(Path(cfg.dump_dir), "staging directory", "--dump-dir")
         header = read_header(out)
         if header is not None and header.format != cfg.format:
             raise ConfigError(f"output directory {out} holds a {header.format!r} training set, but this client runs "
@@ -343,9 +391,6 @@ class ExtractRun:
         check_and_record(out, Path(cfg.dataset), has_samples=header is not None)
         self.run_id = load_or_create_run_id(out)
         state_dir(out).mkdir(parents=True, exist_ok=True)
-        client_summary_path(out).unlink(missing_ok=True)  # a new run is not finished yet
-        self._rejects = _JsonlAppender(rejects_path(out))
-        self._failures = _JsonlAppender(failures_path(out))
         return self.run_id
 
     def _wait_for_server(self) -> None:
@@ -428,7 +473,7 @@ class ExtractRun:
         rid = make_rid(cfg.rid_prefix, run_id, index)
         enc.file, enc.line = item.file, item.line
         write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
-                                                item.source, cfg.format, str(Path(cfg.output))))
+                                                item.source, cfg.format, str(self.output)))
         if not self._send(rid, enc):
             remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
             return False

@@ -1,8 +1,8 @@
 """The collected set's lock: one collect writes a collected set at a time.
 
 Two collects into one set would give two samples the same output index. The lock is an
-exclusive ``flock`` on ``.hsextract/output.lock``, the file the drain's own lock uses, so a
-collect into a directory a drain writes is refused too. The kernel releases it when its holder
+exclusive ``flock`` on ``.hsextract/output.lock``, the drain's own lock (`hsextract.output_lock`),
+so a collect into a directory a drain writes is refused too. The kernel releases it when its holder
 dies (kill -9 included), so a collect killed mid-copy never leaves the set locked. The holder
 writes who it is into the file, so the refusal names it.
 
@@ -14,16 +14,13 @@ cannot make a drain starting at that instant fail to get its own lock.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import os
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from hsextract.errors import HsextractError
 from hsextract.layout import output_lock_path
+from hsextract.output_lock import OutputBusy, OutputLock, read_holder
 
 
 class SetBusy(HsextractError):
@@ -34,30 +31,19 @@ class SetBusy(HsextractError):
 
 @contextlib.contextmanager
 def collected_set_lock(out: Path) -> Iterator[None]:
-    """Hold the collected set's lock for the block, or raise SetBusy naming the holder."""
-    path = output_lock_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    """Hold the collected set's lock (the output lock every writer of a training set takes:
+    `hsextract.output_lock.OutputLock`) for the block, or raise SetBusy naming the holder."""
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SetBusy(f"the collected set {out} is in use by {_holder(path)}: one process writes it at a time. "
-                          "Wait for that one to finish, or collect into another --into") from None
-        me = {"role": "collect", "pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(me).encode(), 0)
+        lock = OutputLock(out, "collect").acquire()
+    except OutputBusy:
+        holder = read_holder(output_lock_path(out))
+        who = f"hsextract {holder.role} (pid {holder.pid} on {holder.host})" if holder else "another process"
+        raise SetBusy(f"the collected set {out} is in use by {who}: one process writes it at a time. Wait for that "
+                      "one to finish, or collect into another --into") from None
+    try:
         yield
     finally:
-        os.close(fd)  # releases the flock
-
-
-def _holder(path: Path) -> str:
-    try:
-        h = json.loads(path.read_text())
-        return f"hsextract {h['role']} (pid {h['pid']} on {h['host']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
+        lock.release()
 
 
 def held_by_a_process(path: Path) -> bool:

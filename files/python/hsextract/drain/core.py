@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hsextract import __version__
+from hsextract.client_state import read_shards, run_finished, summary_ids
 from hsextract.drain import triage as t
 from hsextract.drain import validate as v
 from hsextract.drain.committer import Committer, Prepared
@@ -50,7 +51,7 @@ from hsextract.drain.quarantine import Quarantine, safe_iterdir
 from hsextract.drain.recovery import recover
 from hsextract.drain.selfcheck import GreedySelfCheck
 from hsextract.drain.worker import SampleWorker, torch_set_threads
-from hsextract.durable import free_bytes
+from hsextract.durable import check_writable, free_bytes
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat, Sample
@@ -61,7 +62,8 @@ from hsextract.formats.manifest import (
     write_header,
 )
 from hsextract.greedy_check import GreedyHead
-from hsextract.layout import client_summary_path, drain_tmp_dir, failures_path, record_rid, records_dir
+from hsextract.layout import FAILURES, client_files, drain_status_path, drain_tmp_dir, record_rid, records_dir
+from hsextract.output_lock import OutputLock, running_clients
 from hsextract.reconcile import read_accounts
 from hsextract.records import SampleRecord, parse_rid, read_record, remove_record
 from hsextract.staging import (
@@ -124,7 +126,11 @@ class Drainer:
         self._last_record_sweep = 0.0
         self._last_full_scan = 0.0
         self._abandoned: set[str] = set()
-        self._abandoned_key: tuple[int, int] | None = None
+        self._abandoned_key: tuple | None = None
+        self._consumed: set[str] = set()  # the client summaries a drain of this output finished on
+        self._finished = False
+        self._finished_asked_at = -1.0
+        self._told_rerun = False
         self._foreign_reported: dict[str, int] = {}
         # Draft vocabulary: the running token counts, and each prepared sample's counts until its commit.
         self._vocab: VocabTracker | None = None
@@ -146,7 +152,15 @@ class Drainer:
     # --- the daemon's life: recover, loop, shut down ---------------------------------------------
 
     def run(self) -> int:
-        """Drain until stopped (or, with exit_when_done, until the client is finished); return an exit code."""
+        """Drain until stopped (or, with exit_when_done, until the client is finished); return an exit code.
+
+        The output's lock (hsextract.output_lock) is held from before the recovery to the end: a
+        second drain of this output refuses at start, naming this one."""
+        check_writable(self.out, "output directory", "--output")
+        with OutputLock(self.out, "drain"):
+            return self._run_locked()
+
+    def _run_locked(self) -> int:
         self._recover()
         metrics = self._start()
         pool = ThreadPoolExecutor(max_workers=max(1, self.cfg.workers), thread_name_prefix="drain-worker")
@@ -185,6 +199,8 @@ class Drainer:
             on_durable=self._count_tokens, pause_for_space=self._pause_for_space,
             selfcheck=self._make_selfcheck(),
         )
+        self._consumed = _finished_client_runs(self.out)
+        self.stats.set(finished_client_runs=sorted(self._consumed))
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
                        bytes_total=sum(e.bytes for e in found.entries))
@@ -233,6 +249,7 @@ class Drainer:
             if submitted == 0 and self._idle():
                 if self.cfg.exit_when_done and self._client_finished() and not self._our_dumps_left():
                     log.info("the client has finished and staging holds no dump of this run: finalizing")
+                    self.stats.set(finished_client_runs=summary_ids(read_shards(self.out)))
                     return True
                 if now - self._last_activity >= self.cfg.finalize_idle_s:
                     self._finalize_if_changed()
@@ -357,26 +374,32 @@ class Drainer:
             log.warning("cannot write the status file (%s)", exc)
 
     def _client_finished(self) -> bool:
-        return client_summary_path(self.out).exists()
+        """Whether the run's clients have all finished: every shard's summary is there, no client
+        runs, and the summaries are not those of the run a drain of this output finished already
+        (a drain started before a rerun's client would else finalize and exit at once). Asked at
+        most every 0.2 s (the scan asks for every unfinished dump)."""
+        now = time.monotonic()
+        if now - self._finished_asked_at >= 0.2:
+            shards = read_shards(self.out)
+            finished = run_finished(shards, len(running_clients(self.out)), self._consumed)
+            if not finished and self.cfg.exit_when_done and self._consumed and \
+                    set(summary_ids(shards)) == self._consumed and not self._told_rerun:
+                self._told_rerun = True
+                log.info("the client summary in %s is of the run a drain of this output finished already; "
+                         "waiting for the next client run to finish (--exit-when-done)", self.out)
+            self._finished, self._finished_asked_at = finished, now
+        return self._finished
 
     def _abandoned_rids(self) -> set[str]:
-        """Rids the client gave up on (its failures.jsonl), once the client has finished; else empty."""
+        """Rids the clients gave up on (their failures files), once they have finished; else empty."""
         if not self._client_finished():
             return set()
-        path = failures_path(self.out)
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            return set()
-        key = (st.st_size, st.st_mtime_ns)
+        paths = list(client_files(self.out, FAILURES).values())
+        key = tuple(_file_key(p) for p in paths)
         if key != self._abandoned_key:
-            rids = set()
-            with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    with contextlib.suppress(ValueError, TypeError, AttributeError):
-                        rid = json.loads(line).get("rid")
-                        if isinstance(rid, str):
-                            rids.add(rid)
+            rids: set[str] = set()
+            for path in paths:
+                rids |= _failed_rids(path)
             self._abandoned, self._abandoned_key = rids, key
         return self._abandoned
 
@@ -605,6 +628,35 @@ class Drainer:
         time.sleep(self.cfg.enospc_retry_s)
         with self._pause_lock:
             self.stats.set(paused_reason="", state="running")
+
+
+def _finished_client_runs(out: Path) -> set[str]:
+    """The client summaries the last drain of `out` finished a run on (from its status file)."""
+    try:
+        status = json.loads(drain_status_path(out).read_text())
+        return {str(s) for s in status.get("finished_client_runs") or []}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return set()
+
+
+def _file_key(path: Path) -> tuple[str, int, int]:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return (path.name, -1, -1)
+    return (path.name, st.st_size, st.st_mtime_ns)
+
+
+def _failed_rids(path: Path) -> set[str]:
+    """The rids of a client's failures file (a torn or foreign line is skipped)."""
+    rids = set()
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                rid = json.loads(line).get("rid")
+                if isinstance(rid, str):
+                    rids.add(rid)
+    return rids
 
 
 def _age(path: Path, now: float) -> float:

@@ -10,11 +10,13 @@ reading, or beside a drain; ``finalize`` without it writes what the check would 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from hsextract.config_file import add_config_argument
 from hsextract.drain.command import add_draft_vocab_arguments, draft_vocab_settings
 from hsextract.errors import ConfigError
+from hsextract.output_lock import OutputLock
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,14 +28,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hsextract.formats import get_format
-    from hsextract.formats.manifest import iter_entries, read_header, repair_torn_tail
-    from hsextract.vocab.tracker import VocabTracker
-
     if not args.output:
         raise ConfigError("finalize needs --output (on the command line or in --config)")
     sizes, vocab_size = draft_vocab_settings(args)
     out = Path(args.output)
+    # A drain of this output rewrites what finalize writes and reads (hsextract.output_lock): refuse
+    # while one runs, and keep one from starting meanwhile. Verifying alone needs no write access.
+    with OutputLock(out, "finalize", read_only=not os.access(out, os.W_OK)):
+        return _finalize(args, out, sizes, vocab_size)
+
+
+def _finalize(args: argparse.Namespace, out: Path, sizes: tuple[int, ...], vocab_size: int | None) -> int:
+    from hsextract.formats import get_format
+    from hsextract.formats.manifest import iter_entries, read_header, repair_torn_tail
+    from hsextract.vocab.tracker import VocabTracker
+
     header = read_header(out)
     if header is None:
         raise ConfigError(f"{out}: no manifest.json; nothing was drained into this directory yet")

@@ -4,23 +4,25 @@ The scan looks at each directory of the staging area and turns what it sees (its
 markers, its age, the client's record) into one `Decision`. Keeping this a pure function keeps
 the rules in one place, testable without files, threads or a drain:
 
+* a probe (the client's start-up check, the smoke test) belongs to whoever sent it, and is
+  removed only once it is old enough to have been forgotten, whichever run it is of;
 * a dump that is not this run's (another run id, or a name no client makes) is left alone and
   reported: another drain may own it, and deleting it could lose that run's samples;
-* a probe of this run (the client's start-up check, the smoke test) belongs to whoever sent it,
-  and is removed only once it is old enough to have been forgotten;
 * a dump whose sample is already in the training set is garbage;
 * a dump with ``failed.json`` belongs to the client, which sends the sample again (or reports
   it failed); it is removed only once long abandoned;
 * a dump without ``done.json`` is still being written, or abandoned: quarantined as incomplete
   after a long silence, or soon after the finished client gave up on its sample;
 * a complete dump joins its client record: no record (the client gave up on it, or never sent
-  it) makes it stale after a grace period; a record of another format or output directory is a
-  configuration mismatch that stops the drain; otherwise it is written.
+  it) makes it stale after a grace period; a record of another format or output directory (see
+  `same_output`) is a configuration mismatch that stops the drain; otherwise it is written.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from hsextract.layout import FAILURES
 from hsextract.records import ParsedRid, SampleRecord
@@ -101,15 +103,38 @@ class RunFacts:
     abandoned_grace_s: float
 
 
+def same_output(recorded: str, output: str) -> bool:
+    """Whether a record's output directory is this drain's (`output`, resolved).
+
+    Clients resolve --output before they write it into a record. Older ones wrote it as typed, so a
+    relative path names a directory relative to a working directory the drain does not know. Such a
+    record is accepted when its path, without its leading ``.``/``..`` parts, is the end of the
+    drain's path (``out`` or ``runs/out`` for ``/data/runs/out``). That is safe: the record's rid
+    carries this output's run id, which a client reads from this very directory's run.json, so the
+    path check only guards against a client of a copied directory, and a copy under the same name
+    is no sample of another run either (the run id would be the same).
+    """
+    if recorded == output:
+        return True
+    rec = PurePosixPath(recorded)
+    if rec.is_absolute():
+        return False
+    parts = [part for part in PurePosixPath(os.path.normpath(rec)).parts if part not in (".", "..")]
+    return bool(parts) and list(PurePosixPath(output).parts[-len(parts):]) == parts
+
+
 def triage_unrecorded(dump: DumpFacts, run: RunFacts) -> Decision | None:
     """The decision that needs no client record, or None when the record must be read."""
     p = dump.parsed
     if p is None:
         return Foreign("unknown")
+    if p.probe:
+        # Of any run: a probe is never a sample, and its sender waits seconds for it, then removes
+        # it; one still here after the grace was sent from a client whose --dump-dir is another
+        # (the probe landed here, it waited there), and reporting it would go on forever.
+        return Remove(PROBE_DONE) if dump.age_s > run.record_grace_s else Wait()
     if p.run_id != run.run_id:
         return Foreign(f"run {p.run_id}")
-    if p.probe:
-        return Remove(PROBE_DONE) if dump.age_s > run.record_grace_s else Wait()
     if run.written:
         # Written and recorded: whatever is left of its dump is garbage (even an incomplete one;
         # the client never resends a sample the manifest has).
@@ -140,7 +165,7 @@ def triage_recorded(dump: DumpFacts, run: RunFacts, record: SampleRecord | None)
         return Refuse(f"the client of run {run.run_id} writes records for the format {record.format!r}, but this "
                       f"drain writes {run.format!r} (record of {dump.name}); run the client and the drain with the "
                       "same --format (one run configuration)")
-    if record.output and record.output != run.output:
+    if record.output and not same_output(record.output, run.output):
         return Refuse(f"the client of run {run.run_id} names the output directory {record.output}, but this drain "
                       f"writes {run.output} (record of {dump.name}); run the client and the drain with the same "
                       "--output")

@@ -1,0 +1,70 @@
+"""What a client's start may change in the output directory's client files, and when.
+
+A client start is not yet a run: it checks the output (format, dataset, run id), waits for the
+server and sends its probe (hsextract.client.probe), and any of these may refuse it, or a stop
+may end it. Until they have all passed, the files of the run before it stay as they were: its
+summary (a finished run stays finished: ``hsextract status`` and the drain's ``--exit-when-done``
+read it), its rejects and failures (the accounts of that run). Only the status file shows the
+start under way (waiting for the server, checking the capture), and when the start ends without
+a run it gets back the run before it (`record_unstarted`), with the refusal's error beside it
+(``start_refused``: ``hsextract status`` shows it and fails on it) if the start was refused.
+
+`begin_run` is the moment the start becomes the run: the summary of the client's shard goes
+(the run is not finished any more), and so do the files of shards that overlap it and that no
+client runs (the output was extracted with another sharding before: those files speak of
+samples this run will now give an outcome to).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hsextract.durable import atomic_write_json
+from hsextract.layout import CLIENT_STATUS, CLIENT_SUMMARY, FAILURES, REJECTS, client_files, client_status_path
+from hsextract.output_lock import Shard, shards_overlap
+
+
+def read_previous(output: Path, shard: Shard) -> dict[str, Any] | None:
+    """The status file of the shard's last client, as it stands before this start (None: none)."""
+    try:
+        data = json.loads(client_status_path(output, shard).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def record_unstarted(output: Path, shard: Shard, previous: dict[str, Any] | None, snapshot: dict[str, Any],
+                     error: str | None) -> None:
+    """A start that ended before its run began: put the last run's status back, noting the refusal's
+    `error` (None for a stop), or, if there was no run before, this start's own final `snapshot`."""
+    path = client_status_path(output, shard)
+    if previous is None:
+        atomic_write_json(path, snapshot)
+        return
+    status = {k: v for k, v in previous.items() if k != "start_refused"}
+    if error is not None:
+        status["start_refused"] = {"error": error, "at": time.time(), "pid": os.getpid()}
+    atomic_write_json(path, status)
+
+
+def begin_run(output: Path, shard: Shard) -> list[Path]:
+    """The start-up checks passed: remove the shard's summary and the superseded files of
+    overlapping shards (see the module docstring); return what was removed besides the summary.
+    The caller holds its shard's lock, so no running client overlaps it."""
+    removed = []
+    for base in (CLIENT_SUMMARY, CLIENT_STATUS, REJECTS, FAILURES):
+        for named, path in client_files(output, base).items():
+            if named == shard:
+                if base == CLIENT_SUMMARY:
+                    path.unlink(missing_ok=True)  # this run is not finished yet
+                continue
+            if shards_overlap(named, shard):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed.append(path)
+    return removed
