@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -66,13 +67,19 @@ def write_dataset(path: Path, n: int, seed: int) -> None:
             f.write(json.dumps({"messages": msgs}) + "\n")
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time (all threads, user + system): the client's cost whatever the server does."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def run_client(url: str, dataset: Path, model: Path, dump: Path, output: Path, in_flight: int) -> dict:
     cfg = ExtractConfig(server=url, dataset=dataset, model=model, dump_dir=dump, output=output,
                         max_in_flight=in_flight, shm_min_free=Watermark(bytes=0), max_staged=None,
                         log_every_s=3600)
-    started = time.perf_counter()
+    started, cpu0 = time.perf_counter(), cpu_seconds()
     stats = ExtractRun(cfg).run()
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu0
     if stats.ok != stats.samples_total:
         raise SystemExit(f"run through {url} answered {stats.ok} of {stats.samples_total} samples: {stats.summary()}")
     run_id = load_or_create_run_id(output)
@@ -86,7 +93,8 @@ def run_client(url: str, dataset: Path, model: Path, dump: Path, output: Path, i
     for d in list(Path(dump).iterdir()):  # keep staging small between rounds
         shutil.rmtree(d, ignore_errors=True)
     return {"samples": stats.ok, "tokens": stats.tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(stats.tokens / wall, 1), "complete_dumps": dumps}
+            "tokens_per_s": round(stats.tokens / wall, 1), "complete_dumps": dumps,
+            "cpu_ms_per_sample": round(1000 * cpu / max(stats.ok, 1), 3)}
 
 
 def encode_dataset(dataset: Path, model: Path) -> list[list[int]]:
@@ -118,12 +126,13 @@ def run_plain(url: str, prompts: list[list[int]], in_flight: int) -> dict:
 
             await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
-    started = time.perf_counter()
+    started, cpu0 = time.perf_counter(), cpu_seconds()
     asyncio.run(main())
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu0
     tokens = sum(map(len, prompts))
     return {"samples": len(prompts), "tokens": tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 1), "complete_dumps": 0}
+            "tokens_per_s": round(tokens / wall, 1), "complete_dumps": 0,
+            "cpu_ms_per_sample": round(1000 * cpu / max(len(prompts), 1), 3)}
 
 
 def _median(results: list[dict]) -> dict:
@@ -202,12 +211,17 @@ def main() -> int:
         "capture_on": on,
         "ratio_on_over_off": round(ratio, 3),
         "ratio_best_rounds": round(best, 3),
+        # The client's own CPU per sample (all its threads) against the plain loop's, in the same process:
+        # what one client process can sustain, whatever the (slow, CPU) server does.
+        "client_cpu_ms_per_sample": on["cpu_ms_per_sample"],
+        "plain_loop_cpu_ms_per_sample": off["cpu_ms_per_sample"],
         "per_round": rounds,
         "machine": machine_info(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"client CPU per sample: {on['cpu_ms_per_sample']:.2f} ms; plain loop: {off['cpu_ms_per_sample']:.2f} ms")
     print(f"capture on / off (best rounds): {best:.3f}")
     print(f"capture on / off: {ratio:.3f}")
     return 0
