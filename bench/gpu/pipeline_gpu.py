@@ -35,6 +35,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -211,25 +212,11 @@ def tail(path: Path, n: int = 30) -> str:
 
 
 def run_plain_loop(url: str, prompts: list[list[int]], in_flight: int) -> dict:
-    """The comparison: the same requests (prefill, one greedy token) from a plain asyncio loop."""
-    import aiohttp
+    """The comparison: the same requests (prefill, one greedy token) from a plain asyncio loop (the
+    overhead bench's, with rids outside any capture's prefix)."""
+    from capture_server_gpu import _send
 
-    async def main() -> None:
-        sem = asyncio.Semaphore(in_flight)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
-            async def one(i: int, ids: list[int]) -> None:
-                body = {"input_ids": ids, "rid": f"plain-{i}",
-                        "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-                async with sem, session.post(f"{url}/generate", json=body) as r:
-                    if r.status != 200:
-                        raise RuntimeError(f"{url} answered {r.status}: {(await r.text())[:300]}")
-                    await r.read()
-
-            await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-
-    t0 = time.perf_counter()
-    asyncio.run(main())
-    wall = time.perf_counter() - t0
+    wall = asyncio.run(_send(url, secrets.token_hex(4), prompts, in_flight, rid_prefix="plain"))
     tokens = sum(map(len, prompts))
     return {"samples": len(prompts), "tokens": tokens, "wall_s": round(wall, 3),
             "tokens_per_s": round(tokens / wall, 1)}
