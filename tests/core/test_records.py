@@ -60,3 +60,34 @@ def test_run_id_is_created_once_even_when_client_and_drain_start_together(tmp_pa
     ids = {queue.get(timeout=5) for _ in procs}
     assert len(ids) == 1
     assert json.loads((tmp_path / "run.json").read_text())["run_id"] == ids.pop()
+
+
+def test_records_temporaries_of_dead_writers_are_removed_and_a_live_ones_are_kept(tmp_path):
+    """A client killed mid-write leaves a hidden temporary in the records directory; the next
+    process that writes records there removes it (once, not at every write) and keeps another live
+    process's."""
+    import os
+    import subprocess
+
+    from hsextract import durable
+
+    records = tmp_path / "_records"
+    records.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = records / f".hsx-ab12cd34-7.json.{durable._HOST}.{dead.pid}.1.1.tmp"
+    live = records / f".hsx-ab12cd34-8.json.{durable._HOST}.{os.getppid()}.1.1.tmp"
+    orphan.write_text("{")
+    live.write_text("{")
+    write_record(tmp_path, SampleRecord("hsx-ab12cd34-0", 0, [1, 2], [0, 1], run_id="ab12cd34"))
+    assert not orphan.exists() and live.exists()
+    assert read_record(tmp_path, "hsx-ab12cd34-0").input_ids == [1, 2]
+
+
+def test_a_record_is_written_again_whole_after_its_directory_was_removed(tmp_path):
+    import shutil
+
+    write_record(tmp_path, SampleRecord("hsx-ab12cd34-0", 0, [1, 2], [0, 1], run_id="ab12cd34"))
+    shutil.rmtree(tmp_path / "_records")
+    write_record(tmp_path, SampleRecord("hsx-ab12cd34-1", 1, [3], [1], run_id="ab12cd34"))
+    assert read_record(tmp_path, "hsx-ab12cd34-1").input_ids == [3]

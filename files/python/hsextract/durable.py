@@ -118,6 +118,25 @@ def remove_orphaned_temporaries(path: Path) -> list[Path]:
     return removed
 
 
+def remove_orphaned_temporaries_in(directory: Path) -> list[Path]:
+    """`remove_orphaned_temporaries` for every file of `directory` at once: one listing, for a
+    directory of many files each written once (the client's records), where a sweep per file
+    would list the directory once per write."""
+    removed = []
+    marker = f".{_HOST}."
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            name = entry.name
+            if not (name.startswith(".") and name.endswith(".tmp")) or marker not in name:
+                continue
+            pid = name.rsplit(marker, 1)[1].split(".", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
 def _sweep_once(path: Path) -> None:
     with _SWEPT_LOCK:
         if path in _SWEPT:
@@ -126,13 +145,17 @@ def _sweep_once(path: Path) -> None:
     remove_orphaned_temporaries(path)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True, swept: bool = False) -> None:
     """Replace `path` with `data` atomically (a temporary name of this write's own beside it, then
     rename); with `durable`, the file and the rename are fsynced before it returns. Safe to call
-    from several threads and processes on the same path: the last rename wins, whole."""
+    from several threads and processes on the same path: the last rename wins, whole.
+
+    ``swept``: the caller removed the directory's orphaned temporaries itself
+    (`remove_orphaned_temporaries_in`) and the directory exists; skip both per write."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    _sweep_once(p)
+    if not swept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        _sweep_once(p)
     tmp = temporary_name(p)
     with _new_durable_file(tmp, exclusive=True, durable=durable) as fd:
         write_all(fd, [data])

@@ -23,10 +23,10 @@ import os
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from hsextract.durable import atomic_write_bytes
+from hsextract.durable import atomic_write_bytes, remove_orphaned_temporaries_in
 from hsextract.errors import ConfigError, StagingError
 from hsextract.layout import record_path, run_file_path
 
@@ -87,16 +87,36 @@ class SampleRecord:
     output: str = ""
 
 
+_RECORDS_SWEPT: set[str] = set()  # records directories this process has swept and created
+
+
 def write_record(dump_dir: str | Path, record: SampleRecord) -> Path:
-    """Write a record atomically (temporary name, then rename); return its path."""
+    """Write a record atomically (temporary name, then rename); return its path.
+
+    Once per sample, so kept cheap: the record's fields are encoded as they are (`asdict` would
+    deep-copy its id lists first), and the records directory is created and swept of dead writers'
+    temporaries once per process rather than listed at every write."""
     if len(record.input_ids) != len(record.loss_mask):
         raise StagingError(
             f"record {record.rid}: {len(record.input_ids)} input ids but {len(record.loss_mask)} loss-mask values"
         )
     final = record_path(dump_dir, record.rid)
-    # Not durable: the staging directory is a ramdisk that a reboot empties anyway.
-    atomic_write_bytes(final, json.dumps(asdict(record), separators=(",", ":")).encode(), durable=False)
+    directory = str(final.parent)
+    if directory not in _RECORDS_SWEPT:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_orphaned_temporaries_in(final.parent)
+        _RECORDS_SWEPT.add(directory)
+    body = json.dumps({f: getattr(record, f) for f in _RECORD_FIELDS}, separators=(",", ":")).encode()
+    try:
+        # Not durable: the staging directory is a ramdisk that a reboot empties anyway.
+        atomic_write_bytes(final, body, durable=False, swept=True)
+    except FileNotFoundError:  # the records directory was removed since (a test, an operator): again, whole
+        _RECORDS_SWEPT.discard(directory)
+        return write_record(dump_dir, record)
     return final
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(SampleRecord))
 
 
 def read_record(dump_dir: str | Path, rid: str) -> SampleRecord | None:
