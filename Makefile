@@ -78,7 +78,7 @@ controller: $(CONTROLLER)/.complete
 # Every linter the suite's lint tests run (tests/test_code_quality.py, tests/test_shell_scripts.py,
 # tests/ansible/test_ansible_lint.py), without the rest of the suite.
 lint: venv controller
-	$(VENV)/bin/ruff check files/python tests bench
+	$(VENV)/bin/ruff check files/python tests bench roles
 	cd files/python && $(CONTROLLER)/bin/python -m mypy --python-executable $(VENV)/bin/python hsextract
 	$(CONTROLLER)/bin/yamllint --strict .
 	for playbook in $(PLAYBOOKS); do $(CONTROLLER)/bin/ansible-playbook --syntax-check $$playbook; done

@@ -145,7 +145,8 @@ def test_extract_converges_from_nothing(host):
 
 def test_the_settings_are_validated_once_per_play(host):
     names = [name for name, _ in host["first"].task_results()]
-    for check in ("hsextract : Check that the rid prefix is a plain word.", "hsextract : Check the shard setting."):
+    for check in ("hsextract : Check the rid prefix, the shard, the aux layer ids and the regenerated dataset's path "
+                  "with hsextract's own code.", "hsextract : Check the aux layer ids against the model's depth."):
         assert names.count(check) == 1, f"{check!r} ran {names.count(check)} times"
     specs = [n for n in names if n.startswith("hsextract : Validating arguments against arg spec")]
     assert len(specs) == 1, specs
