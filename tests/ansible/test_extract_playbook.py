@@ -145,7 +145,8 @@ def test_extract_converges_from_nothing(host):
 
 def test_the_settings_are_validated_once_per_play(host):
     names = [name for name, _ in host["first"].task_results()]
-    for check in ("hsextract : Check that the rid prefix is a plain word.", "hsextract : Check the shard setting."):
+    for check in ("hsextract : Check the rid prefix, the shard, the aux layer ids and the regenerated dataset's path "
+                  "with hsextract's own code.", "hsextract : Check the aux layer ids against the model's depth."):
         assert names.count(check) == 1, f"{check!r} ran {names.count(check)} times"
     specs = [n for n in names if n.startswith("hsextract : Validating arguments against arg spec")]
     assert len(specs) == 1, specs
@@ -245,8 +246,8 @@ def test_a_new_package_restarts_the_running_server_and_drain_and_leaves_the_fini
     assert_ok(host["update"], "extract.yml after the package changed")
     box = host["box"]
     changed = [name for name in host["update"].changed_tasks() if not name.startswith("ml_env : ")]
-    assert changed == ["sglang_server : Restart the server if it is running.",
-                       "drain_daemon : Restart the drain daemon if it is running."], host["update"].changed_tasks()
+    assert changed == ["service_handlers : Restart the server if it is running.",
+                       "service_handlers : Restart the drain daemon if it is running."], host["update"].changed_tasks()
     for unit, pid in host["pids_before_update"].items():
         assert box.main_pid(unit) != pid, f"{unit} still runs the process of the old package"
     assert box.unit("hsextract-server.service", "ActiveState")["ActiveState"] == "active"

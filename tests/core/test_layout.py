@@ -1,8 +1,9 @@
-"""The names of a run's files have one owner, hsextract.layout, and the roles' copies equal it.
+"""The names of a run's files have one owner, hsextract.layout, and the roles take theirs from it.
 
 Ansible reads some of the files the client and the drain write (whether a run has finished is
-the client's summary file); a role cannot import Python, so it spells the path, and these tests
-fail the moment the two spellings differ.
+the client's summary file). The roles never spell such a path: roles/hsextract/vars/main.yml
+derives each one from the output directory with the hsextract_layout_path filter, which asks this
+module (tests/ansible/test_settings_filters.py), and every task uses those variables.
 """
 
 from __future__ import annotations
@@ -11,34 +12,41 @@ import fnmatch
 import re
 from pathlib import Path
 
+import yaml
 from hsextract import layout
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_FILES = sorted([*(REPO / "roles").rglob("*.yml"), *(REPO / "roles").rglob("*.j2"),
                         *(REPO / "playbooks").glob("*.yml"), REPO / "extract.yml"])
-# The file name ends in a letter, digit, _ or -: a sentence's full stop after it is not part of it.
-STATE_FILE_RE = re.compile(r"\}\}/(\.[A-Za-z0-9_-]+)/([A-Za-z0-9_.-]*[A-Za-z0-9_-])")
+DERIVED = re.compile(r"^\{\{ (hsextract_\w+_dir) \| hsextract_layout_path\('(\w+)'\) \}\}$")
+
+
+def test_no_role_or_playbook_spells_a_path_inside_the_output_bookkeeping():
+    spelled = [str(p.relative_to(REPO)) for p in ANSIBLE_FILES if f"/{layout.STATE_DIR}/" in p.read_text()]
+    assert not spelled, f"paths under {layout.STATE_DIR}/ written out (use roles/hsextract/vars/main.yml): {spelled}"
+
+
+def test_the_roles_derive_each_file_they_read_from_the_layout():
+    derived = yaml.safe_load((REPO / "roles" / "hsextract" / "vars" / "main.yml").read_text())
+    names = {}
+    for variable, value in derived.items():
+        m = DERIVED.match(value)
+        assert m, f"{variable}: {value!r} is not derived with hsextract_layout_path"
+        assert callable(getattr(layout, f"{m[2]}_path", None)), f"{variable}: hsextract.layout has no {m[2]}_path"
+        names[variable] = m[2]
+    assert names == {"hsextract_dataset_record_file": "dataset_record",
+                     "hsextract_client_summary_file": "client_summary",
+                     "hsextract_regen_summary_file": "regen_summary"}
 
 
 def test_the_extraction_role_looks_for_the_summary_the_client_writes_of_any_shard():
-    tasks = (REPO / "roles" / "extraction" / "tasks" / "main.yml").read_text()
-    where = f"paths: \"{{{{ hsextract_output_dir }}}}/{layout.STATE_DIR}\""
-    stem, _, ext = layout.CLIENT_SUMMARY.partition(".")
-    pattern = f"patterns: \"{stem}*.{ext}\""
-    assert where in tasks and pattern in tasks, f"roles/extraction/tasks/main.yml must look for {pattern} in {where}"
+    tasks = yaml.safe_load((REPO / "roles" / "extraction" / "tasks" / "main.yml").read_text())
+    lookup = next(t for t in tasks if t["name"] == "Look for the summary of a finished run.")["ansible.builtin.find"]
+    assert lookup["paths"] == "{{ hsextract_client_summary_file | dirname }}"
+    assert lookup["patterns"] == "{{ (hsextract_client_summary_file | basename | splitext)[0] }}*.json"
+    stem = layout.client_summary_path("o").name.rsplit(".", 1)[0]
     names = [layout.client_summary_path("o").name, layout.client_summary_path("o", (1, 4)).name]
-    assert all(fnmatch.fnmatch(name, f"{stem}*.{ext}") for name in names), names
-
-
-def test_every_state_file_a_role_names_is_one_the_layout_defines():
-    known = {v for k, v in vars(layout).items() if k.isupper() and isinstance(v, str)}
-    named = []
-    for path in ANSIBLE_FILES:
-        for m in STATE_FILE_RE.finditer(path.read_text()):
-            named.append((path.relative_to(REPO), m[1], m[2]))
-    assert named, "the roles name no file of an output directory's bookkeeping: is the pattern stale?"
-    wrong = [f"{p}: {d}/{f}" for p, d, f in named if d != layout.STATE_DIR or f not in known]
-    assert not wrong, f"files named by the roles that hsextract.layout does not define: {wrong}"
+    assert all(fnmatch.fnmatch(name, f"{stem}*.json") for name in names), names
 
 
 def test_the_paths_are_under_the_output_and_staging_directories(tmp_path):

@@ -1,0 +1,163 @@
+"""Filters that check the run's settings with hsextract's own code, on the controller.
+
+The play must refuse a bad setting in seconds, before it builds the environment or loads a model,
+and refuse exactly what hsextract itself would refuse hours later. So the checks are not written
+again in Jinja: each filter calls the function the client, the drain or the capture calls
+(`hsextract.records.check_prefix`, `hsextract.shard.parse_shard`, `hsextract.layers.resolve`) and
+returns the problem as one line that names the Ansible variable, or "" when there is none; the
+role asserts that the problems are empty. The paths of the files a run keeps in an output
+directory come from `hsextract.layout`, their one owner.
+
+The modules imported here use only the standard library (the controller's Python has neither
+torch nor SGLang; tests/ansible/test_settings_filters.py holds them to that). They are imported
+from the repository's files/python, the tree that the ml_env role installs on the host.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import posixpath
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+_SOURCE = Path(__file__).resolve().parents[3] / "files" / "python"
+if str(_SOURCE) not in sys.path:
+    sys.path.insert(0, str(_SOURCE))
+
+from hsextract import layers, layout, model_info, records, shard  # noqa: E402
+from hsextract.errors import ConfigError  # noqa: E402
+
+
+def rid_prefix_problem(prefix: str) -> str:
+    """What is wrong with ``hsextract_rid_prefix`` for the client and the capture ("" if nothing)."""
+    try:
+        records.check_prefix(str(prefix))
+    except ConfigError as exc:
+        return f"hsextract_rid_prefix: {exc}."
+    return ""
+
+
+def shard_problem(text: str) -> str:
+    """What is wrong with ``hsextract_shard`` ("" if nothing; "" itself is the whole dataset).
+
+    The setting is also written unquoted into the regeneration unit's command line, so it must be
+    spelled as the parser's canonical ``i/n`` (no spaces, signs or leading zeros).
+    """
+    text = str(text)
+    if text == "":
+        return ""
+    try:
+        i, n = shard.parse_shard(text)
+    except ConfigError as exc:
+        return f"hsextract_shard: {exc}; '' sends the whole dataset."
+    if text != f"{i}/{n}":
+        return f"hsextract_shard: shard {text!r}: write it as '{i}/{n}'."
+    return ""
+
+
+def aux_layer_problem(ids: str | Sequence[int] | None, convention: str,
+                      model_config: Mapping[str, Any] | None = None, model_path: str = "") -> str:
+    """What is wrong with ``hsextract_aux_layer_ids`` ("" if nothing), checked as the capture does.
+
+    Without `model_config` (the model's parsed config.json) only the order and the lower bound are
+    known, and [] (the EAGLE-3 default, which depends on the depth) passes; with it, the ids, or
+    the default for [], are checked against the model's depth.
+    """
+    shown = f"hsextract_aux_layer_ids={ids!r}" if isinstance(ids, str) else f"hsextract_aux_layer_ids={list(ids or [])}"
+    try:
+        parsed = layers.parse_ids(ids if isinstance(ids, str) else list(ids or [])) or None
+    except ConfigError as exc:
+        return f"{shown}: {exc}."
+    if model_config is None:
+        depth, where = None, ""
+        if parsed is None:
+            return ""
+    else:
+        depth, where = model_info.text_model_layers(dict(model_config)), f" with hsextract_model_path={model_path}"
+        if depth is None:
+            return (f"hsextract_model_path={model_path}: its config.json gives no num_hidden_layers "
+                    "(needed to place the capture layers).")
+        if parsed is None:
+            shown += " (the EAGLE-3 default)"
+    try:
+        layers.resolve(parsed, depth, str(convention))
+    except ConfigError as exc:
+        return f"{shown}{where}: {exc}."
+    return ""
+
+
+def regenerated_dir_problem(regenerated_dir: str, dataset: str) -> str:
+    """What is wrong with ``hsextract_regenerated_dir`` ("" if nothing): the regeneration writes
+    it while it reads the dataset, so it must be an absolute path outside the dataset."""
+    out, src = posixpath.normpath(str(regenerated_dir)), posixpath.normpath(str(dataset))
+    if posixpath.isabs(out) and out != src and not out.startswith(src.rstrip("/") + "/"):
+        return ""
+    return ("hsextract_regenerated_dir must be an absolute path on the host outside the dataset (the regeneration "
+            f"would read what it writes); got hsextract_regenerated_dir='{regenerated_dir}', "
+            f"hsextract_dataset='{dataset}'.")
+
+
+def dataset_switch_problem(record_text: str, output_dir: str, extract_dataset: str, regenerated_dir: str,
+                           regenerate: bool) -> str:
+    """Whether switching the regeneration on or off would resume a training set of the other dataset.
+
+    The client resumes by sample index and refuses another dataset at its start (its record's
+    fingerprint), but only after a regeneration of hours. The play knows only paths: the record
+    (`record_text`, the output's dataset record as the client wrote it) names the dataset the
+    set was extracted from, and the two datasets of a run are hsextract_dataset and
+    hsextract_regenerated_dir. A set of one of them resumed from the other is refused ("" when
+    the set's dataset is the one the extraction reads, or is neither of the two).
+    """
+    record_file = layout.dataset_record_path(output_dir)
+    try:
+        record = json.loads(record_text)
+        recorded_path = str(record.get("path", "")) if isinstance(record, dict) else ""
+    except ValueError as exc:
+        return (f"{record_file}: unreadable ({exc}); it records which dataset the training set in "
+                f"hsextract_output_dir={output_dir} was extracted from. Restore it, or set hsextract_output_dir "
+                "to a new directory.")
+    recorded = posixpath.normpath(recorded_path)
+    reads = posixpath.normpath(str(extract_dataset))
+    regenerated = posixpath.normpath(str(regenerated_dir))
+    if recorded == reads or regenerated not in (recorded, reads):
+        return ""
+    regenerate = bool(regenerate)
+    return (f"hsextract_output_dir={output_dir} holds a training set extracted from {recorded} (recorded in "
+            f"{record_file}), but with hsextract_regenerate={regenerate} the extraction reads {reads} (expected: the "
+            "set's dataset is the one the extraction reads). Resumed, the client would skip every sample index already "
+            f"written and keep the samples of {recorded} under them. Set hsextract_output_dir to a new directory for "
+            f"this dataset, or hsextract_regenerate back to {not regenerate} to go on with the training set of "
+            f"{recorded}.")
+
+
+def _layout_files() -> dict[str, Callable[[str], Path]]:
+    """hsextract.layout's ``<name>_path(directory)`` functions, by name."""
+    return {name[: -len("_path")]: function for name, function in vars(layout).items()
+            if name.endswith("_path") and callable(function) and len(inspect.signature(function).parameters) == 1}
+
+
+def layout_path(directory: str, name: str) -> str:
+    """The path of a run's file `name` in `directory` (an output or staging directory), as
+    `hsextract.layout.<name>_path` gives it: e.g. ``output | hsextract_layout_path('client_summary')``."""
+    files = _layout_files()
+    if name not in files:
+        raise ValueError(f"hsextract_layout_path: hsextract.layout has no file {name!r}; "
+                         f"it has {', '.join(sorted(files))}")
+    return str(files[name](str(directory)))
+
+
+class FilterModule:
+    """The filters, as Ansible names them."""
+
+    def filters(self) -> dict[str, Callable[..., str]]:
+        return {
+            "hsextract_rid_prefix_problem": rid_prefix_problem,
+            "hsextract_shard_problem": shard_problem,
+            "hsextract_aux_layer_problem": aux_layer_problem,
+            "hsextract_regenerated_dir_problem": regenerated_dir_problem,
+            "hsextract_dataset_switch_problem": dataset_switch_problem,
+            "hsextract_layout_path": layout_path,
+        }
