@@ -134,9 +134,14 @@ def dataset_switch_problem(record_text: str, output_dir: str, extract_dataset: s
 
 
 def _layout_files() -> dict[str, Callable[[str], Path]]:
-    """hsextract.layout's ``<name>_path(directory)`` functions, by name."""
+    """hsextract.layout's ``<name>_path(directory)`` functions (any further parameter has a default:
+    a client file's shard is the whole dataset's), by name."""
+    def takes_one(function: Callable) -> bool:
+        params = inspect.signature(function).parameters.values()
+        return sum(p.default is inspect.Parameter.empty for p in params) == 1
+
     return {name[: -len("_path")]: function for name, function in vars(layout).items()
-            if name.endswith("_path") and callable(function) and len(inspect.signature(function).parameters) == 1}
+            if name.endswith("_path") and callable(function) and takes_one(function)}
 
 
 def layout_path(directory: str, name: str) -> str:
