@@ -65,6 +65,16 @@ def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def text_model_layers(cfg: dict[str, Any]) -> int | None:
+    """The language model's layer count in a parsed config.json, or None when it does not say.
+
+    For a caller that has the config but not the model directory: the Ansible role reads the
+    file from the host and checks the aux layer ids on the controller with this count.
+    """
+    layers = _text_config(cfg).get("num_hidden_layers")
+    return None if layers is None else int(layers)
+
+
 def read_model_info(model_path: str | Path) -> ModelInfo:
     """Read `config.json` of a model directory; raise ConfigError naming the path if it is unusable."""
     path = Path(model_path)

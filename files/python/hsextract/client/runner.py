@@ -66,6 +66,7 @@ from hsextract.records import (
     remove_record,
     write_record,
 )
+from hsextract.shard import parse_shard as parse_shard  # its old home: plan/, regen/ and the CLI import it here
 from hsextract.staging import DONE_FILE, FAILED_FILE, discard_dump, iter_dump_dirs, rid_dir
 
 log = logging.getLogger("hsextract.client")
@@ -101,18 +102,6 @@ class ExtractConfig:
     probe_timeout_s: float = 60.0  # how long the start-up probe's dump may take to appear
     status_every_s: float = 1.0
     log_every_s: float = 30.0
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"i/n"`` -> (i, n) with 0 <= i < n."""
-    try:
-        i_s, n_s = str(text).split("/")
-        i, n = int(i_s), int(n_s)
-    except ValueError:
-        raise ConfigError(f"shard {text!r}: expected i/n, e.g. 0/4 for the first of four hosts") from None
-    if n < 1 or not 0 <= i < n:
-        raise ConfigError(f"shard {text!r}: need 0 <= i < n")
-    return i, n
 
 
 def shard_size(lines: int, shard: tuple[int, int]) -> int:
