@@ -66,7 +66,7 @@ from hsextract.records import (
     remove_record,
     write_record,
 )
-from hsextract.shard import parse_shard as parse_shard  # its old home: plan/, regen/ and the CLI import it here
+from hsextract.shard import shard_size
 from hsextract.staging import DONE_FILE, FAILED_FILE, discard_dump, iter_dump_dirs, rid_dir
 
 log = logging.getLogger("hsextract.client")
@@ -102,11 +102,6 @@ class ExtractConfig:
     probe_timeout_s: float = 60.0  # how long the start-up probe's dump may take to appear
     status_every_s: float = 1.0
     log_every_s: float = 30.0
-
-
-def shard_size(lines: int, shard: tuple[int, int]) -> int:
-    i, n = shard
-    return len(range(i, lines, n))
 
 
 def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
