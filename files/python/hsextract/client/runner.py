@@ -39,7 +39,7 @@ from typing import Any
 
 from hsextract.client import defaults
 from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark
-from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
+from hsextract.client.chat_template import Encoded, build_encoder
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.client.dataset_record import check_and_record
@@ -112,23 +112,6 @@ def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
         if parsed and parsed.prefix == prefix and parsed.run_id == run_id and (d / DONE_FILE).exists():
             out.add(parsed.index)
     return out
-
-
-def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str,
-                  last_turn_only: bool = False, min_loss_tokens: int = 0, context_length: int | None = None,
-                  kv_pool_tokens: int | None = None, quiet: bool = False) -> SampleEncoder:
-    """The client's encoder for `model`: its tokenizer and chat template, and the length limit the client
-    applies (``max_tokens``, else the default, at most the longest prompt the server runs: see
-    `hsextract.prompt_limit`; ``context_length`` and ``kv_pool_tokens`` are the server's settings
-    where they are known, else the model's context). ``hsextract plan`` encodes with the same one;
-    the client then sets the limit the running server reports (`ExtractRun._take_server_limit`), and
-    says there, not here (`quiet`), when it lowers ``max_tokens``."""
-    info = read_model_info(model)
-    tok = load_tokenizer(model, chat_template)
-    context = context_length or info.context_length
-    limit = resolve_max_tokens(max_tokens, defaults.MAX_TOKENS, longest_prompt(context, kv_pool_tokens),
-                               f"a context of {context}", quiet)
-    return SampleEncoder(tok, limit, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)
 
 
 class _JsonlAppender:
