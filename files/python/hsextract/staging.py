@@ -44,6 +44,7 @@ import torch
 
 from hsextract.errors import StagingError
 from hsextract.layout import captures_dir
+from hsextract.records import ParsedRid, parse_rid
 
 STATES_FILE = "states.safetensors"
 DONE_FILE = "done.json"
@@ -396,6 +397,25 @@ def iter_dump_dirs(dump_dir: str | Path) -> Iterator[Path]:
     for entry in entries:
         if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(("_", ".")):
             yield Path(entry.path)
+
+
+def run_dumps(dump_dir: str | Path, run_id: str) -> Iterator[tuple[Path, ParsedRid]]:
+    """The run's dumps in staging (complete or not, probes included), each with its parsed rid.
+
+    One definition for everyone who counts them: the drain (what it waits for before a finished
+    run ends), the client (what it need not send again) and the client's backpressure (what the
+    drain has yet to take). Dumps of other runs sharing the directory are their own drain's.
+    """
+    for d in iter_dump_dirs(dump_dir):
+        p = parse_rid(d.name)
+        if p is not None and p.run_id == run_id:
+            yield d, p
+
+
+def staged_indices(dump_dir: str | Path, prefix: str, run_id: str) -> set[int]:
+    """Dataset indices of the run whose dump is complete in staging (the drain will write them)."""
+    return {p.index for d, p in run_dumps(dump_dir, run_id)
+            if p.prefix == prefix and not p.probe and (d / DONE_FILE).exists()}
 
 
 TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)

@@ -62,12 +62,11 @@ from hsextract.records import (
     check_prefix,
     load_or_create_run_id,
     make_rid,
-    parse_rid,
     remove_record,
     write_record,
 )
 from hsextract.shard import shard_size
-from hsextract.staging import DONE_FILE, FAILED_FILE, discard_dump, iter_dump_dirs, rid_dir
+from hsextract.staging import FAILED_FILE, discard_dump, rid_dir, staged_indices
 
 log = logging.getLogger("hsextract.client")
 
@@ -102,16 +101,6 @@ class ExtractConfig:
     probe_timeout_s: float = 60.0  # how long the start-up probe's dump may take to appear
     status_every_s: float = 1.0
     log_every_s: float = 30.0
-
-
-def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
-    """Dataset indices of this run whose dump is complete in staging (the drain will write them)."""
-    out = set()
-    for d in iter_dump_dirs(dump_dir):
-        parsed = parse_rid(d.name)
-        if parsed and parsed.prefix == prefix and parsed.run_id == run_id and (d / DONE_FILE).exists():
-            out.add(parsed.index)
-    return out
 
 
 class _JsonlAppender:

@@ -72,6 +72,7 @@ from hsextract.staging import (
     DoneMarker,
     discard_dump,
     iter_dump_dirs,
+    run_dumps,
 )
 from hsextract.vocab.counts import masked_counts
 from hsextract.vocab.mapping import VocabError
@@ -405,11 +406,7 @@ class Drainer:
 
     def _our_dumps_left(self) -> int:
         """This run's sample dumps in staging (probes are not samples)."""
-        n = 0
-        for d in iter_dump_dirs(self.dump_dir):
-            p = parse_rid(d.name)
-            n += p is not None and not p.probe and p.run_id == self.run_id
-        return n
+        return sum(not p.probe for _, p in run_dumps(self.dump_dir, self.run_id))
 
     def _finalize_if_changed(self) -> None:
         n = len(self._entries)
