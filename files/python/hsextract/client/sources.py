@@ -293,7 +293,7 @@ def _count_lines(f: DataFile) -> int:
     try:
         for block in _blocks(f):
             n += block.count(b"\n")
-            last = block[-1:]
+            last = block[-1:] or last  # an empty block (a lone byte-order mark) ends no line
     except Exception:  # _lines yields one Unreadable row for it
         return n + 1
     return n + (0 if last == b"\n" else 1)
