@@ -91,7 +91,10 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{next(_TMP_COUNTER)}.tmp")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid runs on this host (another user's too)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -111,7 +114,7 @@ def remove_orphaned_temporaries(path: Path) -> list[Path]:
             if not tmp.name.startswith(prefix):
                 continue
             pid = tmp.name[len(prefix):].split(".", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
                     removed.append(tmp)
