@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from hsextract.durable import atomic_write_bytes
 from hsextract.errors import StagingError
 from hsextract.records import ParsedRid, parse_rid
 
@@ -252,14 +253,15 @@ class FailureMarker:
 
 
 def write_failed_marker(dump_dir: str | Path, marker: FailureMarker) -> None:
-    """Write ``<rid>/failed.json`` atomically, unless the dump is complete already (a done dump stays)."""
+    """Write ``<rid>/failed.json`` atomically, unless the dump is complete already (a done dump stays).
+
+    Through `atomic_write_bytes`, unlike ``done.json``: a failure is rare, not once per request."""
     d = rid_dir(dump_dir, marker.rid)
     d.mkdir(parents=True, exist_ok=True)
     if (d / DONE_FILE).exists():
         return
-    tmp = d / f".{FAILED_FILE}.tmp"
-    tmp.write_text(marker.to_json())
-    os.replace(tmp, d / FAILED_FILE)
+    # Not durable: the staging directory is a ramdisk that a reboot empties anyway.
+    atomic_write_bytes(d / FAILED_FILE, marker.to_json().encode(), durable=False)
 
 
 def read_failed_marker(path: str | Path) -> FailureMarker | None:
