@@ -50,11 +50,12 @@ from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
 from hsextract.drain.quarantine import Quarantine, safe_iterdir
 from hsextract.drain.recovery import recover
 from hsextract.drain.selfcheck import GreedySelfCheck
+from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.durable import check_writable, free_bytes
 from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FORMATS, get_format
-from hsextract.formats.base import OutputFormat, Sample
+from hsextract.formats.base import OutputFormat
 from hsextract.formats.manifest import (
     ManifestEntry,
     ManifestHeader,
@@ -74,9 +75,6 @@ from hsextract.staging import (
     iter_dump_dirs,
     run_dumps,
 )
-from hsextract.vocab.counts import masked_counts
-from hsextract.vocab.mapping import VocabError
-from hsextract.vocab.tracker import VocabTracker
 
 log = logging.getLogger("hsextract.drain")
 
@@ -133,10 +131,7 @@ class Drainer:
         self._finished_asked_at = -1.0
         self._told_rerun = False
         self._foreign_reported: dict[str, int] = {}
-        # Draft vocabulary: the running token counts, and each prepared sample's counts until its commit.
-        self._vocab: VocabTracker | None = None
-        self._vocab_pending: dict[str, tuple] = {}
-        self._vocab_lock = threading.Lock()
+        self._vocab = DrainVocab(cfg, self.fmt)
         self._selfcheck: GreedySelfCheck | None = None
         self.run_id = ""
 
@@ -197,7 +192,7 @@ class Drainer:
             self.fmt, self.out, self.tmp_dir, self.cfg.memory_budget_bytes,
             expected=self.expected, header_for=self._ensure_header,
             commit=self._committer.put, quarantine=self._move_to_quarantine, on_settled=self._forget,
-            on_durable=self._count_tokens, pause_for_space=self._pause_for_space,
+            on_durable=self._vocab.count, pause_for_space=self._pause_for_space,
             selfcheck=self._make_selfcheck(),
         )
         self._consumed = _finished_client_runs(self.out)
@@ -205,14 +200,7 @@ class Drainer:
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
                        bytes_total=sum(e.bytes for e in found.entries))
-        if self.cfg.count_vocab:
-            self._vocab = VocabTracker(self.out, self.fmt, self.cfg.draft_vocab_sizes,
-                                       self.cfg.vocab_checkpoint_interval_s)
-            try:
-                self._vocab.recover(found.entries)
-            except VocabError as exc:  # the training set comes first: drain on, counting nothing this time
-                log.error("draft vocabulary not counted by this process: %s", exc)
-                self._vocab = None
+        self._vocab.recover(found.entries)
         self._sweep_records(time.time(), force=True)
 
     def _start(self) -> MetricsServer | None:
@@ -279,20 +267,12 @@ class Drainer:
         self._wake.set()
 
     def _duplicate(self, p: Prepared) -> None:
-        with self._vocab_lock:
-            self._vocab_pending.pop(p.rid, None)
+        self._vocab.forget(p.rid)
         self._remove_stale(p.dump, p.rid, t.ALREADY_WRITTEN)
 
     def _written(self, entries: list[ManifestEntry]) -> None:
         self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
-        if self._vocab is not None:
-            with self._vocab_lock:
-                counts = [self._vocab_pending.pop(e.rid, None) for e in entries]
-            try:
-                self._vocab.add(entries, counts, covered=len(self._entries))
-            except VocabError as exc:
-                log.error("draft vocabulary not counted by this process from now on: %s", exc)
-                self._vocab = None
+        self._vocab.commit(entries, covered=len(self._entries))
         self._last_activity = time.monotonic()
 
     def expected(self) -> v.Expected:
@@ -413,13 +393,7 @@ class Drainer:
         if n == self._finalized_at_count or self._header is None:
             return
         paths = self.fmt.finalize(self.out, self._header, list(self._entries))
-        if self._vocab is not None:
-            try:
-                vocab_files = self._vocab.write_files(self.cfg.vocab_size or self._header.vocab_size)
-                log.info("draft vocabulary of %d samples: %d files written (see draft_vocab.json)", n,
-                         len(vocab_files))
-            except VocabError as exc:  # the counts stay checkpointed; only the mapping files are missing
-                log.error("draft vocabulary files not written: %s", exc)
+        self._vocab.write_files(self.cfg.vocab_size or self._header.vocab_size, n)
         self._finalized_at_count = n
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
@@ -598,13 +572,6 @@ class Drainer:
             with self._inflight_lock:
                 self._preparing -= 1
             self._wake.set()
-
-    def _count_tokens(self, sample: Sample) -> None:
-        """The draft vocabulary's counts of a prepared sample, kept until its commit (in the worker thread)."""
-        if self._vocab is not None:
-            counts = masked_counts(sample.input_ids, sample.loss_mask)  # of the very tensors written
-            with self._vocab_lock:
-                self._vocab_pending[sample.rid] = counts
 
     def _forget(self, rid: str) -> None:
         with self._inflight_lock:
