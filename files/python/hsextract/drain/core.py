@@ -40,12 +40,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract import __version__
 from hsextract.client_state import read_shards, run_finished, summary_ids
 from hsextract.drain import triage as t
 from hsextract.drain import validate as v
 from hsextract.drain.committer import Committer, Prepared
 from hsextract.drain.config import DrainConfig
+from hsextract.drain.header import RunHeader
 from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
 from hsextract.drain.quarantine import Quarantine, safe_iterdir
 from hsextract.drain.recovery import recover
@@ -58,9 +58,6 @@ from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
 from hsextract.formats.manifest import (
     ManifestEntry,
-    ManifestHeader,
-    default_checksum_algorithm,
-    write_header,
 )
 from hsextract.greedy_check import GreedyHead
 from hsextract.layout import FAILURES, client_files, drain_status_path, drain_tmp_dir, record_rid, records_dir
@@ -70,7 +67,6 @@ from hsextract.records import SampleRecord, parse_rid, read_record, remove_recor
 from hsextract.staging import (
     DONE_FILE,
     FAILED_FILE,
-    DoneMarker,
     discard_dump,
     iter_dump_dirs,
     run_dumps,
@@ -113,8 +109,7 @@ class Drainer:
         self._inflight: set[str] = set()  # submitted and not yet committed (or given up)
         self._preparing = 0  # of those, how many the workers have not finished: the queue's bound
         self._inflight_lock = threading.Lock()
-        self._header: ManifestHeader | None = None
-        self._header_lock = threading.Lock()
+        self._header: RunHeader | None = None  # built by the recovery
         self._committer: Committer | None = None
         self._worker: SampleWorker | None = None  # built with the committer it hands samples to
         self._quarantine = Quarantine(cfg.quarantine, self.dump_dir, self._pause_for_space)
@@ -181,7 +176,7 @@ class Drainer:
         """Bring the output directory to a consistent state after whatever happened before."""
         found = recover(self.cfg, self.fmt, self.tmp_dir)
         self.run_id = found.run_id
-        self._header = found.header
+        self._header = RunHeader(self.cfg, found.run_id, found.header)
         self._committer = Committer(
             self.out, self.fmt, self.tmp_dir, self.dump_dir, found.entries,
             pause_for_space=self._pause_for_space,
@@ -190,7 +185,7 @@ class Drainer:
         )
         self._worker = SampleWorker(
             self.fmt, self.out, self.tmp_dir, self.cfg.memory_budget_bytes,
-            expected=self.expected, header_for=self._ensure_header,
+            expected=self._header.expected, header_for=self._header.for_dump,
             commit=self._committer.put, quarantine=self._move_to_quarantine, on_settled=self._forget,
             on_durable=self._vocab.count, pause_for_space=self._pause_for_space,
             selfcheck=self._make_selfcheck(),
@@ -275,45 +270,6 @@ class Drainer:
         self._vocab.commit(entries, covered=len(self._entries))
         self._last_activity = time.monotonic()
 
-    def expected(self) -> v.Expected:
-        h, c = self._header, self.cfg
-        return v.Expected(
-            final_hidden=FORMATS[c.format].final_hidden,
-            dtype=h.dtype if h else c.expected_dtype,
-            hidden_size=h.hidden_size if h else c.expected_hidden_size,
-            eagle_aux_hidden_state_layer_ids=tuple(h.eagle_aux_hidden_state_layer_ids) if h else c.eagle_layer_ids,
-        )
-
-    def _ensure_header(self, marker: DoneMarker) -> ManifestHeader:
-        """Write the manifest header from the configuration and the first valid dump; return it."""
-        with self._header_lock:
-            if self._header is not None:
-                return self._header
-            c = self.cfg
-            eagle = list(c.eagle_layer_ids or marker.eagle_aux_hidden_state_layer_ids)
-            header = ManifestHeader(
-                format=c.format,
-                final_hidden=marker.final_hidden,
-                dtype=c.expected_dtype or marker.dtype,
-                hidden_size=c.expected_hidden_size or marker.hidden_size,
-                num_aux=len(eagle),
-                eagle_aux_hidden_state_layer_ids=eagle,
-                sglang_layers_to_capture=list(c.sglang_layer_ids or marker.sglang_layers_to_capture),
-                num_hidden_layers=c.num_hidden_layers or marker.num_hidden_layers,
-                model_path=c.model_path or marker.model_path,
-                model_config_sha256=c.model_config_sha256,
-                architecture=c.architecture or marker.architecture,
-                vocab_size=c.vocab_size or 0,
-                sglang_version=marker.sglang_version,
-                hsextract_version=__version__,
-                run_id=self.run_id,
-                checksum_algorithm=default_checksum_algorithm(),
-                created_at=time.time(),
-            )
-            write_header(self.out, header)
-            self._header = header
-            return header
-
     def _make_selfcheck(self) -> GreedySelfCheck | None:
         """The greedy self-check of the configured share, or None (no model, or a share and first of 0)."""
         cfg = self.cfg
@@ -390,10 +346,11 @@ class Drainer:
 
     def _finalize_if_changed(self) -> None:
         n = len(self._entries)
-        if n == self._finalized_at_count or self._header is None:
+        header = self._header.header if self._header is not None else None
+        if n == self._finalized_at_count or header is None:
             return
-        paths = self.fmt.finalize(self.out, self._header, list(self._entries))
-        self._vocab.write_files(self.cfg.vocab_size or self._header.vocab_size, n)
+        paths = self.fmt.finalize(self.out, header, list(self._entries))
+        self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
         self._finalized_at_count = n
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
