@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import logging
 import os
 import threading
@@ -40,9 +39,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.client_state import read_shards, run_finished, summary_ids
 from hsextract.drain import triage as t
 from hsextract.drain import validate as v
+from hsextract.drain.clients import ClientRuns
 from hsextract.drain.committer import Committer, Prepared
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.header import RunHeader
@@ -60,8 +59,8 @@ from hsextract.formats.manifest import (
     ManifestEntry,
 )
 from hsextract.greedy_check import GreedyHead
-from hsextract.layout import FAILURES, client_files, drain_status_path, drain_tmp_dir, record_rid, records_dir
-from hsextract.output_lock import OutputLock, running_clients
+from hsextract.layout import drain_tmp_dir, record_rid, records_dir
+from hsextract.output_lock import OutputLock
 from hsextract.reconcile import read_accounts
 from hsextract.records import SampleRecord, parse_rid, read_record, remove_record
 from hsextract.staging import (
@@ -119,12 +118,7 @@ class Drainer:
         self._finalized_at_count = -1
         self._last_record_sweep = 0.0
         self._last_full_scan = 0.0
-        self._abandoned: set[str] = set()
-        self._abandoned_key: tuple | None = None
-        self._consumed: set[str] = set()  # the client summaries a drain of this output finished on
-        self._finished = False
-        self._finished_asked_at = -1.0
-        self._told_rerun = False
+        self._clients = ClientRuns(self.out, cfg.exit_when_done)
         self._foreign_reported: dict[str, int] = {}
         self._vocab = DrainVocab(cfg, self.fmt)
         self._selfcheck: GreedySelfCheck | None = None
@@ -190,8 +184,8 @@ class Drainer:
             on_durable=self._vocab.count, pause_for_space=self._pause_for_space,
             selfcheck=self._make_selfcheck(),
         )
-        self._consumed = _finished_client_runs(self.out)
-        self.stats.set(finished_client_runs=sorted(self._consumed))
+        self._clients.recover()
+        self.stats.set(finished_client_runs=sorted(self._clients.consumed))
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
                        bytes_total=sum(e.bytes for e in found.entries))
@@ -233,7 +227,7 @@ class Drainer:
             if submitted == 0 and self._idle():
                 if self.cfg.exit_when_done and self._client_finished() and not self._our_dumps_left():
                     log.info("the client has finished and staging holds no dump of this run: finalizing")
-                    self.stats.set(finished_client_runs=summary_ids(read_shards(self.out)))
+                    self.stats.set(finished_client_runs=self._clients.summaries())
                     return True
                 if now - self._last_activity >= self.cfg.finalize_idle_s:
                     self._finalize_if_changed()
@@ -311,34 +305,8 @@ class Drainer:
             log.warning("cannot write the status file (%s)", exc)
 
     def _client_finished(self) -> bool:
-        """Whether the run's clients have all finished: every shard's summary is there, no client
-        runs, and the summaries are not those of the run a drain of this output finished already
-        (a drain started before a rerun's client would else finalize and exit at once). Asked at
-        most every 0.2 s (the scan asks for every unfinished dump)."""
-        now = time.monotonic()
-        if now - self._finished_asked_at >= 0.2:
-            shards = read_shards(self.out)
-            finished = run_finished(shards, len(running_clients(self.out)), self._consumed)
-            if not finished and self.cfg.exit_when_done and self._consumed and \
-                    set(summary_ids(shards)) == self._consumed and not self._told_rerun:
-                self._told_rerun = True
-                log.info("the client summary in %s is of the run a drain of this output finished already; "
-                         "waiting for the next client run to finish (--exit-when-done)", self.out)
-            self._finished, self._finished_asked_at = finished, now
-        return self._finished
-
-    def _abandoned_rids(self) -> set[str]:
-        """Rids the clients gave up on (their failures files), once they have finished; else empty."""
-        if not self._client_finished():
-            return set()
-        paths = list(client_files(self.out, FAILURES).values())
-        key = tuple(_file_key(p) for p in paths)
-        if key != self._abandoned_key:
-            rids: set[str] = set()
-            for path in paths:
-                rids |= _failed_rids(path)
-            self._abandoned, self._abandoned_key = rids, key
-        return self._abandoned
+        """Whether the run's clients have all finished (hsextract.drain.clients)."""
+        return self._clients.finished()
 
     def _our_dumps_left(self) -> int:
         """This run's sample dumps in staging (probes are not samples)."""
@@ -456,7 +424,7 @@ class Drainer:
             format=self.cfg.format,
             output=str(self.out.resolve()),
             written=written,
-            abandoned=(dump.failed or not dump.complete) and dump.name in self._abandoned_rids(),
+            abandoned=(dump.failed or not dump.complete) and dump.name in self._clients.abandoned_rids(),
             record_grace_s=self.cfg.record_grace_s,
             incomplete_timeout_s=self.cfg.incomplete_timeout_s,
             abandoned_grace_s=self.cfg.abandoned_grace_s,
@@ -549,35 +517,6 @@ class Drainer:
         time.sleep(self.cfg.enospc_retry_s)
         with self._pause_lock:
             self.stats.set(paused_reason="", state="running")
-
-
-def _finished_client_runs(out: Path) -> set[str]:
-    """The client summaries the last drain of `out` finished a run on (from its status file)."""
-    try:
-        status = json.loads(drain_status_path(out).read_text())
-        return {str(s) for s in status.get("finished_client_runs") or []}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return set()
-
-
-def _file_key(path: Path) -> tuple[str, int, int]:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return (path.name, -1, -1)
-    return (path.name, st.st_size, st.st_mtime_ns)
-
-
-def _failed_rids(path: Path) -> set[str]:
-    """The rids of a client's failures file (a torn or foreign line is skipped)."""
-    rids = set()
-    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                rid = json.loads(line).get("rid")
-                if isinstance(rid, str):
-                    rids.add(rid)
-    return rids
 
 
 def _age(path: Path, now: float) -> float:
