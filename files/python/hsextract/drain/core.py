@@ -20,28 +20,24 @@ restart finishes the job. Files are renamed and recorded in output-index order b
 thread, so the manifest is always the contiguous prefix 0..n-1 (the Arrow row numbering needs it),
 while reading, checking, encoding and the big fsyncs run in parallel workers.
 
-The pieces: `recovery` (the start: checks and repairs), `triage` (what to do with each staged
-directory), `quarantine`, `worker` (one dump in, one durable temporary file out, within the byte
-budget), `committer` (the ordered commit and the manifest); this module is the daemon's life:
-recover, loop (scan, prepare in workers, commit), shut down.
+The pieces: `recovery` (the start: checks and repairs), `scan` (a look at each staged directory;
+`triage` decides what to do with it), `worker` (one dump in, one durable temporary file out,
+within the byte budget), `committer` (the ordered commit and the manifest), `header` (the
+manifest header), `outcomes` (where every part reports what became of a sample: the stats, the
+samples in hand (`inflight`), the draft vocabulary (`vocab`), the quarantine), `clients` (have
+the clients finished?); this module is the daemon's life: recover, loop (scan, prepare in
+workers, commit), shut down.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib
 import logging
-import os
 import threading
 import time
-from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hsextract.drain import triage as t
-from hsextract.drain import validate as v
 from hsextract.drain.clients import ClientRuns
 from hsextract.drain.committer import Committer
 from hsextract.drain.config import DrainConfig
@@ -49,21 +45,19 @@ from hsextract.drain.header import RunHeader
 from hsextract.drain.inflight import InFlight
 from hsextract.drain.metrics import DrainStats, MetricsServer
 from hsextract.drain.outcomes import Outcomes
-from hsextract.drain.quarantine import safe_iterdir
 from hsextract.drain.recovery import recover
+from hsextract.drain.scan import Scanner
 from hsextract.drain.selfcheck import GreedySelfCheck
 from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.durable import check_writable
-from hsextract.errors import ConfigError, StagingError
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
 from hsextract.greedy_check import GreedyHead
-from hsextract.layout import drain_tmp_dir, record_rid, records_dir
+from hsextract.layout import drain_tmp_dir
 from hsextract.output_lock import OutputLock
 from hsextract.reconcile import read_accounts
-from hsextract.records import SampleRecord, parse_rid, read_record
-from hsextract.staging import DONE_FILE, FAILED_FILE, iter_dump_dirs, run_dumps
+from hsextract.staging import run_dumps
 
 log = logging.getLogger("hsextract.drain")
 
@@ -73,17 +67,6 @@ RUN_CHECK_FAILED = 3
 __all__ = ["RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
 
 
-@dataclass
-class _Scan:
-    """One pass over the staging directory: what it found so far."""
-
-    now: float
-    full: bool  # every dump is looked at and the lag counted (else it stops once the queue is full)
-    submitted: int = 0
-    lag: int = 0
-    foreign: Counter[str] = field(default_factory=Counter)
-
-
 class Drainer:
     """One drain daemon over one dump directory and one output directory."""
 
@@ -91,7 +74,6 @@ class Drainer:
         self.cfg = cfg
         self.fmt: OutputFormat = get_format(cfg.format)
         self.out = Path(cfg.output)
-        self.dump_dir = Path(cfg.dump_dir)
         self.stats = DrainStats(format=cfg.format)
         self.stop_event = threading.Event()
         self.run_id = ""  # the output's, once recovered
@@ -101,13 +83,8 @@ class Drainer:
         self._clients = ClientRuns(self.out, cfg.exit_when_done)
         # Built by the recovery, from what the output holds.
         self._header: RunHeader | None = None
-        self._committer: Committer | None = None
-        self._worker: SampleWorker | None = None
         self._selfcheck: GreedySelfCheck | None = None
         self._finalized_at_count = -1
-        self._last_full_scan = 0.0
-        self._last_record_sweep = 0.0
-        self._foreign_reported: dict[str, int] = {}
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -126,12 +103,12 @@ class Drainer:
             return self._run_locked()
 
     def _run_locked(self) -> int:
-        committer = self._recover()
+        committer, scanner = self._recover()
         metrics = self._start(committer)
         pool = ThreadPoolExecutor(max_workers=max(1, self.cfg.workers), thread_name_prefix="drain-worker")
         finished_run = False
         try:
-            finished_run = self._loop(pool, committer)
+            finished_run = self._loop(pool, scanner, committer)
         finally:
             self._shut_down(pool, metrics, committer)
         fatal = self._outcomes.fatal
@@ -147,25 +124,26 @@ class Drainer:
                  self.stats.samples, self.stats.samples_total)
         return exit_code
 
-    def _recover(self) -> Committer:
+    def _recover(self) -> tuple[Committer, Scanner]:
         """Bring the output directory to a consistent state after whatever happened before, and
         build the parts that work on it."""
         cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
         found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
-        committer = self._committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries,
-                                                self._outcomes)
-        self._worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
-                                    commit=committer.put, events=self._outcomes, selfcheck=self._make_selfcheck())
+        committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
+        worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
+                              commit=committer.put, events=self._outcomes, selfcheck=self._make_selfcheck())
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
                        bytes_total=sum(e.bytes for e in found.entries))
         self._vocab.recover(found.entries)
-        self._sweep_records(time.time(), force=True)
-        return committer
+        scanner = Scanner(cfg, found.run_id, inflight=self._inflight, committer=committer, worker=worker,
+                          clients=self._clients, outcomes=self._outcomes, stop=self.stop_event)
+        scanner.sweep_records(time.time(), force=True)
+        return committer, scanner
 
     def _start(self, committer: Committer) -> MetricsServer | None:
         # The workers are the parallelism; torch's own intra-op threads in each of them only
@@ -189,12 +167,12 @@ class Drainer:
         )
         return metrics
 
-    def _loop(self, pool: ThreadPoolExecutor, committer: Committer) -> bool:
+    def _loop(self, pool: ThreadPoolExecutor, scanner: Scanner, committer: Committer) -> bool:
         """Scan and submit until stopped; True when the run is finished (exit_when_done)."""
         last_status = 0.0
         wake = self._inflight.wake
         while not self.stop_event.is_set() and self._outcomes.fatal is None:
-            submitted = self._scan_and_submit(pool)
+            submitted = scanner.scan_and_submit(pool)
             now = time.monotonic()
             if now - last_status >= self.cfg.status_interval_s:
                 self._outcomes.write_status()
@@ -271,153 +249,3 @@ class Drainer:
         for problem in problems:
             log.error("run check: %s", problem)
         return RUN_CHECK_FAILED if problems else 0
-
-    # --- scanning ---------------------------------------------------------------------------
-
-    def _scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
-        """Look at the staged dumps: submit complete ones, act on the others (see triage); return
-        how many were submitted.
-
-        A full scan (every dump looked at, the lag counted) runs at most once per poll interval.
-        A scan woken early by a worker that freed a slot stops as soon as the queue is full
-        again: with thousands of dumps staged, looking at each of them after every sample would
-        take the cores the workers need (measured: a third of a core on 2 cores).
-        """
-        now = time.monotonic()
-        scan = _Scan(now=time.time(), full=now - self._last_full_scan >= self.cfg.poll_interval_s)
-        if scan.full:
-            self._last_full_scan = now
-        for d in iter_dump_dirs(self.dump_dir):
-            if self.stop_event.is_set() or not self._look_at(d, scan, pool):
-                break
-        stats = self.stats
-        stats.set(in_flight=len(self._inflight))
-        if scan.full:
-            stats.set(lag=scan.lag)
-            self._report_foreign(scan.foreign)
-        if scan.submitted:
-            self._inflight.touch()
-        self._sweep_records(scan.now)
-        return scan.submitted
-
-    def _sweep_records(self, now: float, force: bool = False) -> None:
-        """Remove the records of this run's written samples (other runs' records are their drain's)."""
-        if not force and now - self._last_record_sweep < 30:
-            return
-        self._last_record_sweep = now
-        rdir = records_dir(self.dump_dir)
-        try:
-            names = os.listdir(rdir)
-        except FileNotFoundError:
-            return
-        for name in names:
-            rid = record_rid(name)
-            p = parse_rid(rid or "")
-            if rid is None or p is None:
-                continue
-            if (self.dump_dir / rid).exists():
-                continue  # the scan decides about its dump first
-            if p.run_id == self.run_id and self._committer is not None and self._committer.is_written(rid, p.index):
-                with contextlib.suppress(FileNotFoundError):
-                    (rdir / name).unlink()
-
-    def _look_at(self, d: Path, scan: _Scan, pool: ThreadPoolExecutor) -> bool:
-        """Decide about one staged directory and act; False when the scan should stop here."""
-        rid = d.name
-        if rid in self._inflight:
-            scan.lag += 1
-            return True
-        facts = _facts(d, scan.now)
-        run = self._run_facts(facts)
-        decision = t.triage_unrecorded(facts, run)
-        if decision is None:  # complete, of this run, not written: it needs its record
-            scan.lag += 1
-            if self._inflight.full():
-                return scan.full  # a full scan goes on to count the rest; an early one stops here
-            try:
-                record = read_record(self.dump_dir, rid)
-            except StagingError as exc:
-                self._outcomes.quarantine(d, rid, v.RECORD, str(exc))
-                return True
-            decision = t.triage_recorded(facts, run, record)
-            if isinstance(decision, t.Submit):
-                assert record is not None
-                scan.submitted += self._submit(pool, d, record)
-                return True
-        return self._act(d, rid, decision, scan)
-
-    def _submit(self, pool: ThreadPoolExecutor, d: Path, record: SampleRecord) -> int:
-        if not self._inflight.add(record.rid):
-            return 0
-        assert self._worker is not None
-        fut = pool.submit(self._inflight.prepare, record.rid, functools.partial(self._worker.process, d, record))
-        fut.add_done_callback(self._task_done)
-        return 1
-
-    def _task_done(self, fut: Future) -> None:
-        exc = fut.exception() if not fut.cancelled() else None
-        if exc is not None and self._outcomes.fatal is None:
-            log.error("drain worker failed: %r", exc)
-            self._outcomes.fail(exc)
-
-    def _act(self, d: Path, rid: str, decision: t.Decision, scan: _Scan) -> bool:
-        """Carry out a decision other than Submit; False when the drain must stop (Refuse)."""
-        if isinstance(decision, t.Foreign):
-            scan.foreign[decision.owner] += 1
-        elif isinstance(decision, t.Remove):
-            self._outcomes.stale(d, rid, decision.why)
-        elif isinstance(decision, t.Quarantine):
-            self._outcomes.quarantine(d, rid, decision.reason, decision.detail)
-        elif isinstance(decision, t.Refuse):
-            self._outcomes.fail(ConfigError(decision.message))
-            return False
-        return True
-
-    def _run_facts(self, dump: t.DumpFacts) -> t.RunFacts:
-        p = dump.parsed
-        assert self._committer is not None
-        written = p is not None and not p.probe and p.run_id == self.run_id and \
-            self._committer.is_written(dump.name, p.index)
-        return t.RunFacts(
-            run_id=self.run_id,
-            format=self.cfg.format,
-            output=str(self.out.resolve()),
-            written=written,
-            abandoned=(dump.failed or not dump.complete) and dump.name in self._clients.abandoned_rids(),
-            record_grace_s=self.cfg.record_grace_s,
-            incomplete_timeout_s=self.cfg.incomplete_timeout_s,
-            abandoned_grace_s=self.cfg.abandoned_grace_s,
-        )
-
-    def _report_foreign(self, foreign: Counter[str]) -> None:
-        """Say (once per owner, and again when its count grows) which dumps of other runs are left alone."""
-        for owner, n in foreign.items():
-            if n > self._foreign_reported.get(owner, 0):
-                log.warning("staging %s holds %d dump(s) of %s, not of this drain's run %s: left alone (their own "
-                            "drain takes them; remove them by hand if no such run goes on)", self.dump_dir, n, owner,
-                            self.run_id)
-        self._foreign_reported = dict(foreign)
-        self.stats.set(foreign=dict(foreign))
-
-
-def _facts(d: Path, now: float) -> t.DumpFacts:
-    return t.DumpFacts(
-        name=d.name,
-        parsed=parse_rid(d.name),
-        complete=(d / DONE_FILE).exists(),
-        failed=(d / FAILED_FILE).exists(),
-        age_s=_age(d, now),
-    )
-
-
-def _age(path: Path, now: float) -> float:
-    """Seconds since `path` (or, for a directory, anything directly in it) was last modified."""
-    try:
-        latest = path.stat().st_mtime
-        if path.is_dir():
-            for child in safe_iterdir(path):
-                with contextlib.suppress(FileNotFoundError):
-                    latest = max(latest, child.stat().st_mtime)
-    except FileNotFoundError:
-        return 0.0
-    return now - latest
