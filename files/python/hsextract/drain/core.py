@@ -47,13 +47,12 @@ from hsextract.drain.metrics import DrainStats, MetricsServer
 from hsextract.drain.outcomes import Outcomes
 from hsextract.drain.recovery import recover
 from hsextract.drain.scan import Scanner
-from hsextract.drain.selfcheck import GreedySelfCheck
+from hsextract.drain.selfcheck import GreedySelfCheck, make_selfcheck
 from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.durable import check_writable
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
-from hsextract.greedy_check import GreedyHead
 from hsextract.layout import drain_tmp_dir
 from hsextract.output_lock import OutputLock
 from hsextract.reconcile import read_accounts
@@ -132,8 +131,9 @@ class Drainer:
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
         committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
+        self._selfcheck = make_selfcheck(cfg)
         worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
-                              commit=committer.put, events=self._outcomes, selfcheck=self._make_selfcheck())
+                              commit=committer.put, events=self._outcomes, selfcheck=self._selfcheck)
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
@@ -220,16 +220,6 @@ class Drainer:
         self._finalized_at_count = n
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
-
-    def _make_selfcheck(self) -> GreedySelfCheck | None:
-        """The greedy self-check of the configured share, or None (no model, or a share and first of 0)."""
-        cfg = self.cfg
-        if not cfg.model_path or (cfg.selfcheck_share <= 0 and cfg.selfcheck_first <= 0):
-            if cfg.selfcheck_share > 0 or cfg.selfcheck_first > 0:
-                log.warning("greedy self-check off: the drain was given no --model to read the head from")
-            return None
-        self._selfcheck = GreedySelfCheck(GreedyHead(cfg.model_path), cfg.selfcheck_share, cfg.selfcheck_first)
-        return self._selfcheck
 
     def _check_run(self) -> int:
         """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
