@@ -7,8 +7,8 @@ name (see hsextract.drain.core for the crash-safety argument). A dump that canno
 sample is quarantined instead; a full output volume pauses the write until there is space.
 
 Why a module of its own: each side is simpler knowing nothing of the other. The daemon
-(hsextract.drain.core: recovery, the scan and its queue, status, shut-down; it knows nothing of
-systemd, which only runs ``hsextract drain``) decides which dumps to submit; the worker knows
+(hsextract.drain.core: recovery, status, shut-down; it knows nothing of systemd, which only runs
+``hsextract drain``) and its scan (hsextract.drain.scan) decide which dumps to submit; the worker knows
 nothing of the scan, the queue or the run's accounts: it gets exactly what turning one dump into
 one file needs: the run's header, the committer to hand the file to, and one object to report
 to (`WorkerEvents`).
