@@ -37,9 +37,9 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
 from common import machine_info  # noqa: E402
 from hsextract.client.backpressure import Watermark  # noqa: E402
-from hsextract.client.chat_template import Encoded  # noqa: E402
+from hsextract.client.chat_template import Encoded, build_encoder  # noqa: E402
 from hsextract.client.dataset import Reject, read_dataset  # noqa: E402
-from hsextract.client.runner import ExtractConfig, ExtractRun, build_encoder  # noqa: E402
+from hsextract.client.runner import ExtractConfig, ExtractRun  # noqa: E402
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for  # noqa: E402
 from hsextract.records import load_or_create_run_id, parse_rid  # noqa: E402
 from hsextract.staging import iter_complete  # noqa: E402

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 
-from hsextract.staging import CaptureAnnouncement, live_announcements, process_start_ticks, write_announcement
+from hsextract.announcements import CaptureAnnouncement, live_announcements, process_start_ticks, write_announcement
 from support.client_run import env
 
 

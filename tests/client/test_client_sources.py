@@ -143,6 +143,14 @@ def test_first_line_after_a_byte_order_mark_is_not_lost(tmp_path, name):
     assert _summary(read_dataset(path)) == _expected(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["d.jsonl", "d.json", "d.jsonl.gz"])
+def test_a_file_of_only_a_byte_order_mark_counts_the_rows_it_yields(tmp_path, name):
+    data = sources.BOM
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    assert count_rows(path) == len(list(read_dataset(path))) == 0
+
+
 def _zst(data: bytes) -> bytes:
     return zstandard.ZstdCompressor().compress(data)
 

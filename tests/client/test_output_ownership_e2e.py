@@ -19,9 +19,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hsextract.announcements import live_announcements, process_start_ticks
 from hsextract.client.chat_template import load_tokenizer
 from hsextract.records import parse_rid, read_record
-from hsextract.staging import live_announcements, process_start_ticks
 from support.client_run import (
     assert_training_set_matches,
     env,

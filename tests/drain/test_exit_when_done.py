@@ -61,7 +61,7 @@ def test_exit_when_done_waits_while_a_client_of_the_output_runs(tmp_path, monkey
         looked.release()
         return found
 
-    monkeypatch.setattr("hsextract.drain.core.running_clients", counted)
+    monkeypatch.setattr("hsextract.drain.clients.running_clients", counted)
     d = Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=1, poll_interval_s=0.05,
                             exit_when_done=True))
     t = threading.Thread(target=d.run)

@@ -91,7 +91,10 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{next(_TMP_COUNTER)}.tmp")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this pid runs on this host (another user's too)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -111,7 +114,7 @@ def remove_orphaned_temporaries(path: Path) -> list[Path]:
             if not tmp.name.startswith(prefix):
                 continue
             pid = tmp.name[len(prefix):].split(".", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
                     removed.append(tmp)
@@ -130,7 +133,7 @@ def remove_orphaned_temporaries_in(directory: Path) -> list[Path]:
             if not (name.startswith(".") and name.endswith(".tmp")) or marker not in name:
                 continue
             pid = name.rsplit(marker, 1)[1].split(".", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                     removed.append(Path(entry.path))

@@ -20,3 +20,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     if n < 1 or not 0 <= i < n:
         raise ConfigError(f"shard {text!r}: need 0 <= i < n")
     return i, n
+
+
+def shard_size(rows: int, shard: tuple[int, int]) -> int:
+    """How many of a dataset's `rows` the shard ``(i, n)`` takes."""
+    i, n = shard
+    return len(range(i, rows, n))

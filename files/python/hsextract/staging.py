@@ -8,6 +8,7 @@
       <rid>/failed.json          instead of done.json: the capture could not stage this request, and why
       _records/<rid>.json        the client's record of the sample (see hsextract.records)
       _captures/<host>-<pid>.json  each writing capture announces itself: what it writes, and how
+                                   (hsextract.announcements)
 
 ``states.safetensors`` is a standard safetensors file (no pickle) holding
 
@@ -29,7 +30,6 @@ request the server answered is ever lost without a word.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
@@ -42,8 +42,9 @@ from typing import Any
 
 import torch
 
+from hsextract.durable import atomic_write_bytes
 from hsextract.errors import StagingError
-from hsextract.layout import captures_dir
+from hsextract.records import ParsedRid, parse_rid
 
 STATES_FILE = "states.safetensors"
 DONE_FILE = "done.json"
@@ -252,14 +253,15 @@ class FailureMarker:
 
 
 def write_failed_marker(dump_dir: str | Path, marker: FailureMarker) -> None:
-    """Write ``<rid>/failed.json`` atomically, unless the dump is complete already (a done dump stays)."""
+    """Write ``<rid>/failed.json`` atomically, unless the dump is complete already (a done dump stays).
+
+    Through `atomic_write_bytes`, unlike ``done.json``: a failure is rare, not once per request."""
     d = rid_dir(dump_dir, marker.rid)
     d.mkdir(parents=True, exist_ok=True)
     if (d / DONE_FILE).exists():
         return
-    tmp = d / f".{FAILED_FILE}.tmp"
-    tmp.write_text(marker.to_json())
-    os.replace(tmp, d / FAILED_FILE)
+    # Not durable: the staging directory is a ramdisk that a reboot empties anyway.
+    atomic_write_bytes(d / FAILED_FILE, marker.to_json().encode(), durable=False)
 
 
 def read_failed_marker(path: str | Path) -> FailureMarker | None:
@@ -279,113 +281,6 @@ def read_failed_marker(path: str | Path) -> FailureMarker | None:
                          detail=str(data.get("detail", "")), at=float(data.get("at", 0) or 0))
 
 
-@dataclass
-class CaptureAnnouncement:
-    """A writing capture's description of itself, in ``_captures/`` of the directory it writes to.
-
-    The client and the drain compare it with their own settings at start, so a capture that writes
-    elsewhere, or the wrong final-norm placement for the format, is refused before anything is lost.
-    """
-
-    dump_dir: str
-    rid_prefix: str
-    final_hidden: str
-    format: str = ""  # the format the patch was rendered for ("" when it was not given)
-    hidden_size: int = 0
-    eagle_aux_hidden_state_layer_ids: list[int] = field(default_factory=list)
-    architecture: str = ""
-    host: str = ""
-    pid: int = 0
-    port: int = 0
-    started_at: float = 0.0
-    # The process's start time in clock ticks since boot (/proc/<pid>/stat): with the pid, it names
-    # the process, where a pid alone may be reused by another one after it died. 0: not known.
-    proc_start: int = 0
-
-    @property
-    def file_name(self) -> str:
-        return f"{self.host}-{self.pid}.json"
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat); None if
-    there is no such process (or no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    try:  # the command name (field 2) is in parentheses and may hold spaces and parentheses
-        return int(stat[stat.rindex(")") + 2:].split()[19])
-    except (ValueError, IndexError):
-        return None
-
-
-def write_announcement(dump_dir: str | Path, ann: CaptureAnnouncement) -> Path:
-    d = captures_dir(dump_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / ann.file_name
-    tmp = d / f".{ann.file_name}.tmp"
-    tmp.write_text(json.dumps(asdict(ann), sort_keys=True))
-    os.replace(tmp, path)
-    return path
-
-
-def remove_announcement(path: Path, pid: int) -> None:
-    """Remove an announcement at the exit of the process that wrote it (`pid`): a process forked
-    from it, which inherits its exit handlers, leaves it alone."""
-    if os.getpid() == pid:
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
-def live_announcements(dump_dir: str | Path) -> list[CaptureAnnouncement]:
-    """The captures that announced themselves in ``dump_dir`` and still run.
-
-    An announcement of this host whose process is gone (no process of that pid, or one started at
-    another time: the pid was reused) is left behind by a capture that could not remove it (SGLang
-    stops its schedulers with SIGKILL): it is removed here, so it misleads nobody later.
-    """
-    import socket
-
-    host = socket.gethostname()
-    out = []
-    for p in sorted(captures_dir(dump_dir).glob("*.json")):
-        try:
-            data = json.loads(p.read_text())
-            known = CaptureAnnouncement.__dataclass_fields__
-            ann = CaptureAnnouncement(**{k: v for k, v in data.items() if k in known})
-        except (OSError, ValueError, TypeError):
-            continue
-        if ann.host == host and not announced_process_alive(ann):
-            with contextlib.suppress(OSError):
-                p.unlink()
-            continue
-        out.append(ann)
-    return out
-
-
-def announced_process_alive(ann: CaptureAnnouncement) -> bool:
-    """Whether the process that wrote `ann` (on this host) still runs: its pid, started when it says."""
-    if ann.pid <= 0:
-        return False
-    started = process_start_ticks(ann.pid)
-    if started is None:
-        return _pid_alive(ann.pid)  # no /proc: the pid alone
-    return not ann.proc_start or started == ann.proc_start
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def iter_dump_dirs(dump_dir: str | Path) -> Iterator[Path]:
     """Every request directory under the dump dir (complete or not), skipping reserved names."""
     root = Path(dump_dir)
@@ -396,6 +291,25 @@ def iter_dump_dirs(dump_dir: str | Path) -> Iterator[Path]:
     for entry in entries:
         if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(("_", ".")):
             yield Path(entry.path)
+
+
+def run_dumps(dump_dir: str | Path, run_id: str) -> Iterator[tuple[Path, ParsedRid]]:
+    """The run's dumps in staging (complete or not, probes included), each with its parsed rid.
+
+    One definition for everyone who counts them: the drain (what it waits for before a finished
+    run ends), the client (what it need not send again) and the client's backpressure (what the
+    drain has yet to take). Dumps of other runs sharing the directory are their own drain's.
+    """
+    for d in iter_dump_dirs(dump_dir):
+        p = parse_rid(d.name)
+        if p is not None and p.run_id == run_id:
+            yield d, p
+
+
+def staged_indices(dump_dir: str | Path, prefix: str, run_id: str) -> set[int]:
+    """Dataset indices of the run whose dump is complete in staging (the drain will write them)."""
+    return {p.index for d, p in run_dumps(dump_dir, run_id)
+            if p.prefix == prefix and not p.probe and (d / DONE_FILE).exists()}
 
 
 TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)

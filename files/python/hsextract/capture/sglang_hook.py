@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from hsextract import __version__ as hsextract_version
+from hsextract.announcements import CaptureAnnouncement, write_announcement
 from hsextract.archs import ArchSpec, lookup
 from hsextract.capture.config import CaptureConfig
 from hsextract.capture.core import CaptureSettings, select_requests
@@ -50,9 +51,7 @@ from hsextract.staging import (
     CAPTURE_BATCH_UNUSABLE,
     CAPTURE_FAULT_INJECTED,
     CAPTURE_QUEUE_ERROR,
-    CaptureAnnouncement,
     dtype_name,
-    write_announcement,
 )
 
 log = logging.getLogger("hsextract.capture")
@@ -260,12 +259,12 @@ class CaptureHook:
 def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> None:
     """Leave this capture's description in its dump dir, for the client's and the drain's checks;
     removed at this process's exit where it gets one (SGLang kills its schedulers with SIGKILL:
-    then the readers remove it, see hsextract.staging.live_announcements)."""
+    then the readers remove it, see hsextract.announcements.live_announcements)."""
     import atexit
     import socket
     import time
 
-    from hsextract.staging import process_start_ticks, remove_announcement
+    from hsextract.announcements import process_start_ticks, remove_announcement
 
     try:
         path = write_announcement(cfg.dump_dir, CaptureAnnouncement(

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.errors import ConfigError
-from hsextract.records import parse_rid
-from hsextract.staging import iter_dump_dirs
+from hsextract.staging import iter_dump_dirs, run_dumps
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -88,11 +87,7 @@ class Backpressure:
     def staged(self) -> int:
         if self.run_id is None:
             return sum(1 for _ in iter_dump_dirs(self.dump_dir))
-        n = 0
-        for d in iter_dump_dirs(self.dump_dir):
-            p = parse_rid(d.name)
-            n += p is not None and p.run_id == self.run_id
-        return n
+        return sum(1 for _ in run_dumps(self.dump_dir, self.run_id))
 
     def reason(self, inflight_requests: int = 0, inflight_tokens: int = 0, next_tokens: int = 0) -> str | None:
         """Why the next request (of `next_tokens`) must wait, or None if it may go now."""

@@ -32,8 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hsextract.client import defaults
 from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.model_info import read_model_info
+from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
 
 TOO_LONG = "too_long"
 CHAT_TEMPLATE_ERROR = "chat_template_error"
@@ -240,3 +243,20 @@ class SampleEncoder:
         if not any(mask):
             return Reject(index, TOO_LONG, f"{n} tokens; no assistant token within the first {self.max_tokens}", extra)
         return Encoded(index, ids, mask, truncated_from=n)
+
+
+def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str,
+                  last_turn_only: bool = False, min_loss_tokens: int = 0, context_length: int | None = None,
+                  kv_pool_tokens: int | None = None, quiet: bool = False) -> SampleEncoder:
+    """The client's encoder for `model`: its tokenizer and chat template, and the length limit the client
+    applies (``max_tokens``, else the default, at most the longest prompt the server runs: see
+    `hsextract.prompt_limit`; ``context_length`` and ``kv_pool_tokens`` are the server's settings
+    where they are known, else the model's context). ``hsextract plan`` encodes with the same one;
+    the client then sets the limit the running server reports (`hsextract.client.runner`), and
+    says there, not here (`quiet`), when it lowers ``max_tokens``."""
+    info = read_model_info(model)
+    tok = load_tokenizer(model, chat_template)
+    context = context_length or info.context_length
+    limit = resolve_max_tokens(max_tokens, defaults.MAX_TOKENS, longest_prompt(context, kv_pool_tokens),
+                               f"a context of {context}", quiet)
+    return SampleEncoder(tok, limit, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)

@@ -19,13 +19,14 @@ from hsextract.client import defaults
 from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
 from hsextract.client.dataset import add_max_row_bytes_argument
-from hsextract.client.runner import ExtractConfig, ExtractRun, parse_shard
+from hsextract.client.runner import ExtractConfig, ExtractRun
 from hsextract.client.sender import RetryPolicy, StopRequested
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import parse_ids
 from hsextract.report import client_lines
+from hsextract.shard import parse_shard
 from hsextract.status import problem_files
 
 REQUIRED = ("server", "dataset", "model", "dump_dir", "output", "format")

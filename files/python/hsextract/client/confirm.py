@@ -64,7 +64,8 @@ def look(dump_dir: Path, rid: str, waited_s: float, timeout_s: float) -> Verdict
 
 
 class CaptureWatch:
-    """Calls ``on_verdict(rid, verdict)`` once for each rid handed to `expect`, from its own thread."""
+    """Calls ``on_verdict(rid, verdict)`` once for each rid handed to `expect`, from its own thread
+    (running from `start` to `close`)."""
 
     def __init__(self, dump_dir: str | Path, timeout_s: float, on_verdict: Callable[[str, Verdict], None],
                  poll_s: float = 0.05):
@@ -76,6 +77,8 @@ class CaptureWatch:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hsextract-capture-watch", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def expect(self, rid: str) -> None:
@@ -107,4 +110,5 @@ class CaptureWatch:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)

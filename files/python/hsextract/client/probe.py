@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from hsextract.announcements import CaptureAnnouncement, live_announcements
 from hsextract.client.sender import STOPPED, Sender, StopRequested
 from hsextract.errors import ConfigError
 from hsextract.formats import final_hidden_for
@@ -25,9 +26,7 @@ from hsextract.records import make_probe_rid
 from hsextract.staging import (
     DONE_FILE,
     FAILED_FILE,
-    CaptureAnnouncement,
     discard_dump,
-    live_announcements,
     read_done_marker,
     read_failed_marker,
     rid_dir,

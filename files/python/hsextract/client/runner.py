@@ -35,11 +35,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from hsextract.client import defaults
 from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark
-from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
+from hsextract.client.chat_template import Encoded, build_encoder
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.client.dataset_record import check_and_record
@@ -62,12 +62,11 @@ from hsextract.records import (
     check_prefix,
     load_or_create_run_id,
     make_rid,
-    parse_rid,
     remove_record,
     write_record,
 )
-from hsextract.shard import parse_shard as parse_shard  # its old home: plan/, regen/ and the CLI import it here
-from hsextract.staging import DONE_FILE, FAILED_FILE, discard_dump, iter_dump_dirs, rid_dir
+from hsextract.shard import shard_size
+from hsextract.staging import FAILED_FILE, discard_dump, rid_dir, staged_indices
 
 log = logging.getLogger("hsextract.client")
 
@@ -104,53 +103,31 @@ class ExtractConfig:
     log_every_s: float = 30.0
 
 
-def shard_size(lines: int, shard: tuple[int, int]) -> int:
-    i, n = shard
-    return len(range(i, lines, n))
-
-
-def staged_indices(dump_dir: Path, prefix: str, run_id: str) -> set[int]:
-    """Dataset indices of this run whose dump is complete in staging (the drain will write them)."""
-    out = set()
-    for d in iter_dump_dirs(dump_dir):
-        parsed = parse_rid(d.name)
-        if parsed and parsed.prefix == prefix and parsed.run_id == run_id and (d / DONE_FILE).exists():
-            out.add(parsed.index)
-    return out
-
-
-def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str,
-                  last_turn_only: bool = False, min_loss_tokens: int = 0, context_length: int | None = None,
-                  kv_pool_tokens: int | None = None, quiet: bool = False) -> SampleEncoder:
-    """The client's encoder for `model`: its tokenizer and chat template, and the length limit the client
-    applies (``max_tokens``, else the default, at most the longest prompt the server runs: see
-    `hsextract.prompt_limit`; ``context_length`` and ``kv_pool_tokens`` are the server's settings
-    where they are known, else the model's context). ``hsextract plan`` encodes with the same one;
-    the client then sets the limit the running server reports (`ExtractRun._take_server_limit`), and
-    says there, not here (`quiet`), when it lowers ``max_tokens``."""
-    info = read_model_info(model)
-    tok = load_tokenizer(model, chat_template)
-    context = context_length or info.context_length
-    limit = resolve_max_tokens(max_tokens, defaults.MAX_TOKENS, longest_prompt(context, kv_pool_tokens),
-                               f"a context of {context}", quiet)
-    return SampleEncoder(tok, limit, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)
-
-
 class _JsonlAppender:
-    """A JSONL file rewritten from scratch by each run (its content is re-derived on restart)."""
+    """A JSONL file rewritten from scratch by each run (its content is re-derived on restart).
+
+    Emptied by `open`, once the run has begun: a refused or stopped start leaves the last run's
+    file as it was (hsextract.client.start_state)."""
 
     def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = path.open("w", encoding="utf-8")
+        self.path = path
+        self._f: TextIO | None = None
         self._lock = threading.Lock()
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("w", encoding="utf-8")
 
     def write(self, obj: dict[str, Any]) -> None:
         with self._lock:
+            if self._f is None:
+                raise HsextractError(f"{self.path}: written before the run began")
             self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
             self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
 
 
 class ExtractRun:
@@ -182,6 +159,15 @@ class ExtractRun:
         self._capture_attempts: collections.Counter[str] = collections.Counter()
         self._resend: collections.deque[tuple[str, Encoded]] = collections.deque()
         self._outcomes = threading.Condition()
+        # The output's run id, read (or created) by the start-up checks once they allow it.
+        self.run_id = ""
+        # Built here, started or opened when the run begins (`_run_started`): a refused start
+        # changes none of the last run's files and leaves no thread behind.
+        self._backpressure = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token)
+        self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
+        self._watch = CaptureWatch(cfg.dump_dir, cfg.capture_timeout_s, self._on_verdict)
+        self._rejects = _JsonlAppender(rejects_path(self.output, cfg.shard))
+        self._failures = _JsonlAppender(failures_path(self.output, cfg.shard))
 
     # -- outcomes (called from sender threads) -------------------------------------------------
 
@@ -258,7 +244,7 @@ class ExtractRun:
 
     # -- the producer -----------------------------------------------------------------------------
 
-    def _wait_to_send(self, bp: Backpressure, n_tokens: int) -> bool:
+    def _wait_to_send(self, n_tokens: int) -> bool:
         """Block until a slot is free and the staging limits allow one more request; False on stop."""
         down_reason = None
         while not self._slots.acquire(timeout=0.5):
@@ -274,7 +260,7 @@ class ExtractRun:
         paused = False
         while not self.stop.is_set():
             st = self.stats
-            reason = bp.reason(st.in_flight, st.in_flight_tokens, n_tokens)
+            reason = self._backpressure.reason(st.in_flight, st.in_flight_tokens, n_tokens)
             if reason is None:
                 break
             paused = True
@@ -339,9 +325,9 @@ class ExtractRun:
         cfg, st = self.cfg, self.stats
         for path in begin_run(out, cfg.shard):
             log.info("removed %s: a client file of an overlapping shard, superseded by this run's", path)
-        self._rejects = _JsonlAppender(rejects_path(out, cfg.shard))
-        self._failures = _JsonlAppender(failures_path(out, cfg.shard))
-        self._watch = CaptureWatch(cfg.dump_dir, cfg.capture_timeout_s, self._on_verdict)
+        self._rejects.open()
+        self._failures.open()
+        self._watch.start()
         try:
             # staging first, then the manifest: a dump drained in between is in the second
             skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
@@ -355,7 +341,7 @@ class ExtractRun:
             self.stop.set()  # Ctrl-C or a bug: not done, so no summary
             raise
         finally:
-            self._pool_shutdown()
+            self._pool.shutdown(wait=True)
             self._watch.close()
             self._settle_state()
             reporter.stop()
@@ -379,6 +365,7 @@ class ExtractRun:
         # Before anything in the output changes: resuming by index from another dataset is refused.
         check_and_record(out, Path(cfg.dataset), has_samples=header is not None)
         self.run_id = load_or_create_run_id(out)
+        self._backpressure.run_id = self.run_id  # it counts this run's dumps
         state_dir(out).mkdir(parents=True, exist_ok=True)
         return self.run_id
 
@@ -423,16 +410,9 @@ class ExtractRun:
         log.info("start-up probe: the capture stages %s final hidden states into %s (%.1f s)", result.final_hidden,
                  cfg.dump_dir, result.seconds)
 
-    def _pool_shutdown(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=True)
-
     def _produce(self, run_id: str, skip: set[int]) -> None:
         cfg = self.cfg
         i_shard, n_shard = cfg.shard
-        self._bp = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token, run_id=run_id)
-        self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
         reader = DatasetReader(max_row_bytes=cfg.max_row_bytes)
         for item in read_dataset(cfg.dataset, reader):  # every row, for shard-independent duplicate detection
             if self.stop.is_set() or not self._send_again():
@@ -492,7 +472,7 @@ class ExtractRun:
 
     def _send(self, rid: str, enc: Encoded) -> bool:
         """Wait for a slot and the staging limits, then send; False (nothing sent) on stop."""
-        if not self._wait_to_send(self._bp, len(enc.input_ids)):
+        if not self._wait_to_send(len(enc.input_ids)):
             return False
         # A failure marker of an earlier send of this rid would be read as this send's: the client
         # owns failed dumps, and removes one before sending the sample again.

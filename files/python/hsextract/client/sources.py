@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from hsextract.client.json_array import ArrayScan, NotAnElement
 from hsextract.errors import HsextractError
 
 log = logging.getLogger("hsextract.dataset")
@@ -38,10 +38,8 @@ LINE_SUFFIXES = (".jsonl", ".ndjson")
 TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow"}
 KNOWN = (*LINE_SUFFIXES, ".json", *TABLE_SUFFIXES)
 
-# Reasons of unreadable rows (the reader turns them into rejects)
+# Reasons of unreadable rows (the reader turns them into rejects); a JSON array's are its scanner's.
 UNREADABLE_FILE = "unreadable_file"
-MALFORMED_JSON = "malformed_json"
-BLANK = "blank_line"
 
 
 @dataclass(frozen=True)
@@ -295,26 +293,16 @@ def _count_lines(f: DataFile) -> int:
     try:
         for block in _blocks(f):
             n += block.count(b"\n")
-            last = block[-1:]
+            last = block[-1:] or last  # an empty block (a lone byte-order mark) ends no line
     except Exception:  # _lines yields one Unreadable row for it
         return n + 1
     return n + (0 if last == b"\n" else 1)
 
 
-# One JSON string whole (skipped in C), a quote whose string goes on past the buffer, or a bracket/comma.
-_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|"|[\[\]{},]', re.DOTALL)
-
-
 def _array_elements(f: DataFile) -> Iterator[bytes | Unreadable]:
-    """The elements of a JSON array as their own JSON texts, found by scanning brackets and strings.
-
-    Only the element being read (and the block it is in) is held in memory. An element is
-    whatever lies between two commas at the array's own level, so a malformed element is one bad
-    row and the next one is read (a closing bracket that matches no opener of the element is
-    ignored, one that skips openers closes them: an element with a missing bracket still ends
-    where it should).
-    """
-    scan = _ArrayScan(f.name)
+    """The elements of a JSON array file as their own JSON texts, read block by block (see
+    `hsextract.client.json_array`); what is no element, or a read that fails, is an Unreadable row."""
+    scan = ArrayScan(f.name)
     n = 0
     try:
         for block in _blocks(f):
@@ -322,119 +310,18 @@ def _array_elements(f: DataFile) -> Iterator[bytes | Unreadable]:
             del block
             for row in scan.scan():
                 n += 1
-                yield row
-            if scan.state == "ended":
+                yield _as_row(row)
+            if scan.ended:
                 return
     except Exception as exc:
         yield _unreadable(f, exc, f"the JSON array past element {n}")
         return
-    yield from scan.finish()
+    for row in scan.finish():
+        yield _as_row(row)
 
 
-class _ArrayScan:
-    """Where the scan of one JSON array stands between blocks (see `_array_elements`)."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.buf = bytearray()
-        self.start = 0  # where the current element begins in buf
-        self.pos = 0  # scan position in buf
-        self.closers: list[bytes] = []  # what the current element still has to close, innermost last
-        self.state = "before"  # before the '[', inside the array, after its ']', or ended by bad data
-        self.commas = 0
-
-    def append(self, block: bytes) -> None:
-        del self.buf[: self.start]  # drop the elements already yielded, once per block
-        self.pos -= self.start
-        self.start = 0
-        self.buf += block
-
-    def scan(self) -> Iterator[bytes | Unreadable]:
-        """The elements (and bad rows) the buffer completes."""
-        if self.state == "before":
-            yield from self._open()
-        if self.state == "after":
-            yield from self._after_end()
-        elif self.state == "inside":
-            yield from self._elements()
-
-    def finish(self) -> Iterator[bytes | Unreadable]:
-        """At the end of the file: an array that was never closed."""
-        if self.state != "inside":
-            return
-        rest = bytes(self.buf[self.start:])
-        unterminated_string = self.pos < len(self.buf)  # the scan stopped at a quote whose string never ends
-        if rest.strip() and not self.closers and not unterminated_string:
-            yield rest  # a whole last element: only the array's end is missing
-        yield Unreadable(MALFORMED_JSON, f"{self.name}: the JSON array is not closed (is the file truncated?)")
-
-    def _open(self) -> Iterator[Unreadable]:
-        stripped = bytes(self.buf).lstrip()
-        if not stripped:
-            self.buf.clear()
-            self.pos = 0
-            return
-        if not stripped.startswith(b"["):
-            self.state = "ended"
-            yield Unreadable(MALFORMED_JSON, f"{self.name}: not a JSON array (starts with {stripped[:20]!r})")
-            return
-        self.start = self.pos = len(self.buf) - len(stripped) + 1
-        self.state = "inside"
-
-    def _after_end(self) -> Iterator[Unreadable]:
-        """Past the array's ']' only blanks may follow."""
-        if bytes(self.buf[self.start:]).strip():
-            self.state = "ended"
-            yield Unreadable(MALFORMED_JSON, f"{self.name}: data after the end of the JSON array")
-            return
-        self.buf.clear()
-        self.start = self.pos = 0
-
-    def _elements(self) -> Iterator[bytes | Unreadable]:
-        buf, closers = self.buf, self.closers
-        while True:
-            m = _TOKEN.search(buf, self.pos)
-            if m is None:
-                self.pos = len(buf)
-                return
-            c = m.group()
-            if c[:1] == b'"':
-                # a whole string is skipped; a lone quote is one whose string ends in a later block
-                self.pos = m.start() if len(c) == 1 else m.end()
-                if len(c) == 1:
-                    return
-                continue
-            self.pos = m.end()
-            if c in b"[{":
-                closers.append(b"]" if c == b"[" else b"}")
-            elif closers and c in b"]}":
-                _close(closers, c)
-            elif not closers and c in b",]":
-                yield from self._end_element(m.start(), c)
-                if self.state != "inside":
-                    return
-
-    def _end_element(self, end: int, c: bytes) -> Iterator[bytes | Unreadable]:
-        element = bytes(self.buf[self.start : end])
-        self.start = self.pos
-        if c == b"]":
-            self.state = "after"
-        else:
-            self.commas += 1
-        if element.strip():
-            yield element
-        elif c == b"," or self.commas:  # "[]" is an empty array, "[1,]" has an empty element
-            yield Unreadable(BLANK, f"{self.name}: empty array element")
-        if self.state == "after":
-            yield from self._after_end()
-
-
-def _close(closers: list[bytes], c: bytes) -> None:
-    """A closer that does not match (a broken element) closes up to the opener it matches, so the
-    element ends at the next comma of the array's own level, not at the file's end."""
-    if c in closers:
-        while closers.pop() != c:
-            pass
+def _as_row(part: bytes | NotAnElement) -> bytes | Unreadable:
+    return part if isinstance(part, bytes) else Unreadable(part.reason, part.detail)
 
 
 def _text_rows(f: DataFile) -> Iterator[bytes | Unreadable]:

@@ -21,9 +21,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from hsextract.durable import fsync_dir, is_no_space
 from hsextract.formats.base import OutputFormat
@@ -49,22 +49,35 @@ class Prepared:
     greedy_check: str = ""
 
 
+class CommitEvents(Protocol):
+    """What the committer reports (hsextract.drain.outcomes.Outcomes)."""
+
+    def duplicate(self, p: Prepared) -> None:
+        """A prepared sample already in the set (its temporary file is gone)."""
+
+    def settled(self, rid: str) -> None:
+        """A sample left the drain's hands (written or dropped)."""
+
+    def written(self, entries: list[ManifestEntry], covered: int) -> None:
+        """A batch is recorded in the manifest, which now has `covered` entries."""
+
+    def pause_for_space(self, path: Path, exc: OSError) -> None:
+        """A full volume waits for space; it does not fail."""
+
+    def fail(self, exc: BaseException) -> None:
+        """The commit thread died: the drain must stop."""
+
+
 class Committer:
     """Owns the manifest while the drain runs: its entries, its appender, the commit thread."""
 
     def __init__(self, out: Path, fmt: OutputFormat, tmp_dir: Path, dump_dir: Path, entries: list[ManifestEntry],
-                 *, pause_for_space: Callable[[Path, OSError], None], on_duplicate: Callable[[Prepared], None],
-                 on_settled: Callable[[str], None], on_written: Callable[[list[ManifestEntry]], None],
-                 on_fatal: Callable[[BaseException], None]):
+                 events: CommitEvents):
         self.out, self.fmt, self.tmp_dir, self.dump_dir = Path(out), fmt, Path(tmp_dir), Path(dump_dir)
         self.entries = entries
         self.done_rids = {e.rid for e in entries}
         self.done_indices = {e.dataset_index for e in entries}
-        self._pause_for_space = pause_for_space
-        self._on_duplicate = on_duplicate  # a prepared sample already in the set (its temporary file is gone)
-        self._on_settled = on_settled  # a sample left the drain's hands (written or dropped)
-        self._on_written = on_written  # a batch is recorded in the manifest
-        self._on_fatal = on_fatal
+        self._events = events
         self._q: queue.Queue[Prepared | None] = queue.Queue()
         self._appender: ManifestAppender | None = None
         self._thread: threading.Thread | None = None
@@ -110,7 +123,7 @@ class Committer:
                     return
         except BaseException as exc:
             log.exception("drain committer failed")
-            self._on_fatal(exc)
+            self._events.fail(exc)
 
     def _commit(self, batch: list[Prepared]) -> None:
         entries, done, dirs = self._place(batch)
@@ -128,8 +141,8 @@ class Committer:
         for p in done:
             discard_dump(p.dump)
             remove_record(self.dump_dir, p.rid)
-            self._on_settled(p.rid)
-        self._on_written(entries)
+            self._events.settled(p.rid)
+        self._events.written(entries, len(self.entries))
 
     def _place(self, batch: list[Prepared]) -> tuple[list[ManifestEntry], list[Prepared], set[Path]]:
         """Rename each new sample's temporary file to its place in the training set (a second dump of a
@@ -142,8 +155,8 @@ class Committer:
             if self.is_written(p.rid, p.dataset_index):
                 # A second dump of a written sample (the client resent it): drop it, keep the first.
                 p.tmp.unlink(missing_ok=True)
-                self._on_duplicate(p)
-                self._on_settled(p.rid)
+                self._events.duplicate(p)
+                self._events.settled(p.rid)
                 continue
             idx = len(self.entries) + len(entries)
             rel = self.fmt.relative_path(idx)
@@ -168,4 +181,4 @@ class Committer:
             except OSError as exc:
                 if not is_no_space(exc):
                     raise
-                self._pause_for_space(self.out, exc)
+                self._events.pause_for_space(self.out, exc)

@@ -20,62 +20,43 @@ restart finishes the job. Files are renamed and recorded in output-index order b
 thread, so the manifest is always the contiguous prefix 0..n-1 (the Arrow row numbering needs it),
 while reading, checking, encoding and the big fsyncs run in parallel workers.
 
-The pieces: `recovery` (the start: checks and repairs), `triage` (what to do with each staged
-directory), `quarantine`, `worker` (one dump in, one durable temporary file out, within the byte
-budget), `committer` (the ordered commit and the manifest); this module is the daemon's life:
-recover, loop (scan, prepare in workers, commit), shut down.
+The pieces: `recovery` (the start: checks and repairs), `scan` (a look at each staged directory;
+`triage` decides what to do with it), `worker` (one dump in, one durable temporary file out,
+within the byte budget), `committer` (the ordered commit and the manifest), `header` (the
+manifest header), `outcomes` (where every part reports what became of a sample: the stats, the
+samples in hand (`inflight`), the draft vocabulary (`vocab`), the quarantine), `clients` (have
+the clients finished?); this module is the daemon's life: recover, loop (scan, prepare in
+workers, commit), shut down.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import json
 import logging
-import os
 import threading
 import time
-from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hsextract import __version__
-from hsextract.client_state import read_shards, run_finished, summary_ids
-from hsextract.drain import triage as t
-from hsextract.drain import validate as v
-from hsextract.drain.committer import Committer, Prepared
+from hsextract.drain.clients import ClientRuns
+from hsextract.drain.committer import Committer
 from hsextract.drain.config import DrainConfig
-from hsextract.drain.metrics import DrainStats, MetricsServer, write_status
-from hsextract.drain.quarantine import Quarantine, safe_iterdir
+from hsextract.drain.header import RunHeader
+from hsextract.drain.inflight import InFlight
+from hsextract.drain.metrics import DrainStats, MetricsServer
+from hsextract.drain.outcomes import Outcomes
 from hsextract.drain.recovery import recover
-from hsextract.drain.selfcheck import GreedySelfCheck
+from hsextract.drain.scan import Scanner
+from hsextract.drain.selfcheck import GreedySelfCheck, make_selfcheck
+from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.worker import SampleWorker, torch_set_threads
-from hsextract.durable import check_writable, free_bytes
-from hsextract.errors import ConfigError, StagingError
+from hsextract.durable import check_writable
 from hsextract.formats import FORMATS, get_format
-from hsextract.formats.base import OutputFormat, Sample
-from hsextract.formats.manifest import (
-    ManifestEntry,
-    ManifestHeader,
-    default_checksum_algorithm,
-    write_header,
-)
-from hsextract.greedy_check import GreedyHead
-from hsextract.layout import FAILURES, client_files, drain_status_path, drain_tmp_dir, record_rid, records_dir
-from hsextract.output_lock import OutputLock, running_clients
+from hsextract.formats.base import OutputFormat
+from hsextract.layout import drain_tmp_dir
+from hsextract.output_lock import OutputLock
 from hsextract.reconcile import read_accounts
-from hsextract.records import SampleRecord, parse_rid, read_record, remove_record
-from hsextract.staging import (
-    DONE_FILE,
-    FAILED_FILE,
-    DoneMarker,
-    discard_dump,
-    iter_dump_dirs,
-)
-from hsextract.vocab.counts import masked_counts
-from hsextract.vocab.mapping import VocabError
-from hsextract.vocab.tracker import VocabTracker
+from hsextract.staging import run_dumps
 
 log = logging.getLogger("hsextract.drain")
 
@@ -85,18 +66,6 @@ RUN_CHECK_FAILED = 3
 __all__ = ["RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
 
 
-@dataclass
-class _Scan:
-    """One pass over the staging directory: what it found so far."""
-
-    now: float
-    full: bool  # every dump is looked at and the lag counted (else it stops once the queue is full)
-    max_queued: int
-    submitted: int = 0
-    lag: int = 0
-    foreign: Counter[str] = field(default_factory=Counter)
-
-
 class Drainer:
     """One drain daemon over one dump directory and one output directory."""
 
@@ -104,50 +73,22 @@ class Drainer:
         self.cfg = cfg
         self.fmt: OutputFormat = get_format(cfg.format)
         self.out = Path(cfg.output)
-        self.dump_dir = Path(cfg.dump_dir)
-        self.tmp_dir = drain_tmp_dir(self.out)
         self.stats = DrainStats(format=cfg.format)
         self.stop_event = threading.Event()
-        # Set when a worker frees a queue slot (or on stop): the scan runs again at once instead
-        # of after the poll interval, so the workers never wait for the next scheduled look.
-        self._wake = threading.Event()
-        self._inflight: set[str] = set()  # submitted and not yet committed (or given up)
-        self._preparing = 0  # of those, how many the workers have not finished: the queue's bound
-        self._inflight_lock = threading.Lock()
-        self._header: ManifestHeader | None = None
-        self._header_lock = threading.Lock()
-        self._committer: Committer | None = None
-        self._worker: SampleWorker | None = None  # built with the committer it hands samples to
-        self._quarantine = Quarantine(cfg.quarantine, self.dump_dir, self._pause_for_space)
-        self._fatal: BaseException | None = None
-        self._pause_lock = threading.Lock()
-        self._last_activity = time.monotonic()
-        self._finalized_at_count = -1
-        self._last_record_sweep = 0.0
-        self._last_full_scan = 0.0
-        self._abandoned: set[str] = set()
-        self._abandoned_key: tuple | None = None
-        self._consumed: set[str] = set()  # the client summaries a drain of this output finished on
-        self._finished = False
-        self._finished_asked_at = -1.0
-        self._told_rerun = False
-        self._foreign_reported: dict[str, int] = {}
-        # Draft vocabulary: the running token counts, and each prepared sample's counts until its commit.
-        self._vocab: VocabTracker | None = None
-        self._vocab_pending: dict[str, tuple] = {}
-        self._vocab_lock = threading.Lock()
+        self.run_id = ""  # the output's, once recovered
+        self._inflight = InFlight(max_preparing=max(1, cfg.workers) * 2)
+        self._vocab = DrainVocab(cfg, self.fmt)
+        self._outcomes = Outcomes(cfg, self.stats, self._inflight, self._vocab, self.stop_event)
+        self._clients = ClientRuns(self.out, cfg.exit_when_done)
+        # Built by the recovery, from what the output holds.
+        self._header: RunHeader | None = None
         self._selfcheck: GreedySelfCheck | None = None
-        self.run_id = ""
+        self._finalized_at_count = -1
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
         self.stop_event.set()
-        self._wake.set()
-
-    @property
-    def _entries(self) -> list[ManifestEntry]:
-        assert self._committer is not None
-        return self._committer.entries
+        self._inflight.wake.set()
 
     # --- the daemon's life: recover, loop, shut down ---------------------------------------------
 
@@ -161,60 +102,50 @@ class Drainer:
             return self._run_locked()
 
     def _run_locked(self) -> int:
-        self._recover()
-        metrics = self._start()
+        committer, scanner = self._recover()
+        metrics = self._start(committer)
         pool = ThreadPoolExecutor(max_workers=max(1, self.cfg.workers), thread_name_prefix="drain-worker")
         finished_run = False
         try:
-            finished_run = self._loop(pool)
+            finished_run = self._loop(pool, scanner, committer)
         finally:
-            self._shut_down(pool, metrics)
-        if self._fatal is not None:
+            self._shut_down(pool, metrics, committer)
+        fatal = self._outcomes.fatal
+        if fatal is not None:
             self.stats.set(state="failed")
-            self._write_status(error=str(self._fatal))
-            raise self._fatal
+            self._outcomes.write_status(error=str(fatal))
+            raise fatal
         self.stats.set(state="done" if not self.stop_event.is_set() else "stopped", in_flight=0,
                        lag=self._our_dumps_left())
         exit_code = self._check_run() if finished_run else 0
-        self._write_status()
+        self._outcomes.write_status()
         log.info("drain stopped: %d samples written by this process, %d in the manifest",
                  self.stats.samples, self.stats.samples_total)
         return exit_code
 
-    def _recover(self) -> None:
-        """Bring the output directory to a consistent state after whatever happened before."""
-        found = recover(self.cfg, self.fmt, self.tmp_dir)
+    def _recover(self) -> tuple[Committer, Scanner]:
+        """Bring the output directory to a consistent state after whatever happened before, and
+        build the parts that work on it."""
+        cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
+        found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
-        self._header = found.header
-        self._committer = Committer(
-            self.out, self.fmt, self.tmp_dir, self.dump_dir, found.entries,
-            pause_for_space=self._pause_for_space,
-            on_duplicate=self._duplicate,
-            on_settled=self._forget, on_written=self._written, on_fatal=self._fail,
-        )
-        self._worker = SampleWorker(
-            self.fmt, self.out, self.tmp_dir, self.cfg.memory_budget_bytes,
-            expected=self.expected, header_for=self._ensure_header,
-            commit=self._committer.put, quarantine=self._move_to_quarantine, on_settled=self._forget,
-            on_durable=self._count_tokens, pause_for_space=self._pause_for_space,
-            selfcheck=self._make_selfcheck(),
-        )
-        self._consumed = _finished_client_runs(self.out)
-        self.stats.set(finished_client_runs=sorted(self._consumed))
+        self._header = RunHeader(cfg, found.run_id, found.header)
+        committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
+        self._selfcheck = make_selfcheck(cfg)
+        worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
+                              commit=committer.put, events=self._outcomes, selfcheck=self._selfcheck)
+        self._clients.recover()
+        self.stats.set(finished_client_runs=sorted(self._clients.consumed))
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
                        bytes_total=sum(e.bytes for e in found.entries))
-        if self.cfg.count_vocab:
-            self._vocab = VocabTracker(self.out, self.fmt, self.cfg.draft_vocab_sizes,
-                                       self.cfg.vocab_checkpoint_interval_s)
-            try:
-                self._vocab.recover(found.entries)
-            except VocabError as exc:  # the training set comes first: drain on, counting nothing this time
-                log.error("draft vocabulary not counted by this process: %s", exc)
-                self._vocab = None
-        self._sweep_records(time.time(), force=True)
+        self._vocab.recover(found.entries)
+        scanner = Scanner(cfg, found.run_id, inflight=self._inflight, committer=committer, worker=worker,
+                          clients=self._clients, outcomes=self._outcomes, stop=self.stop_event)
+        scanner.sweep_records(time.time(), force=True)
+        return committer, scanner
 
-    def _start(self) -> MetricsServer | None:
+    def _start(self, committer: Committer) -> MetricsServer | None:
         # The workers are the parallelism; torch's own intra-op threads in each of them only
         # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
         torch_set_threads(1)
@@ -223,8 +154,7 @@ class Drainer:
             # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
             # an import in a background thread cut the first few GB's drain rate by a fifth).
             importlib.import_module("datasets")
-        assert self._committer is not None
-        self._committer.start()
+        committer.start()
         metrics = None
         if self.cfg.metrics_port is not None:
             metrics = MetricsServer(self.stats, self.cfg.metrics_port)
@@ -233,115 +163,63 @@ class Drainer:
         self.stats.set(state="running")
         log.info(
             "draining %s -> %s (%s, run %s, %d samples already written, %d workers)",
-            self.dump_dir, self.out, self.cfg.format, self.run_id, len(self._entries), self.cfg.workers,
+            self.cfg.dump_dir, self.out, self.cfg.format, self.run_id, len(committer.entries), self.cfg.workers,
         )
         return metrics
 
-    def _loop(self, pool: ThreadPoolExecutor) -> bool:
+    def _loop(self, pool: ThreadPoolExecutor, scanner: Scanner, committer: Committer) -> bool:
         """Scan and submit until stopped; True when the run is finished (exit_when_done)."""
         last_status = 0.0
-        while not self.stop_event.is_set() and self._fatal is None:
-            submitted = self._scan_and_submit(pool)
+        wake = self._inflight.wake
+        while not self.stop_event.is_set() and self._outcomes.fatal is None:
+            submitted = scanner.scan_and_submit(pool)
             now = time.monotonic()
             if now - last_status >= self.cfg.status_interval_s:
-                self._write_status()
+                self._outcomes.write_status()
                 last_status = now
-            if submitted == 0 and self._idle():
+            if submitted == 0 and self._inflight.idle():
                 if self.cfg.exit_when_done and self._client_finished() and not self._our_dumps_left():
                     log.info("the client has finished and staging holds no dump of this run: finalizing")
-                    self.stats.set(finished_client_runs=summary_ids(read_shards(self.out)))
+                    self.stats.set(finished_client_runs=self._clients.summaries())
                     return True
-                if now - self._last_activity >= self.cfg.finalize_idle_s:
-                    self._finalize_if_changed()
-            self._wake.wait(self.cfg.poll_interval_s)
-            self._wake.clear()
+                if now - self._inflight.last_activity >= self.cfg.finalize_idle_s:
+                    self._finalize_if_changed(committer)
+            wake.wait(self.cfg.poll_interval_s)
+            wake.clear()
         return False
 
-    def _shut_down(self, pool: ThreadPoolExecutor, metrics: MetricsServer | None) -> None:
+    def _shut_down(self, pool: ThreadPoolExecutor, metrics: MetricsServer | None, committer: Committer) -> None:
         self.stats.set(state="stopping")
         # Finish the samples in hand; never start the queued ones.
         pool.shutdown(wait=True, cancel_futures=True)
-        assert self._committer is not None
-        self._committer.close()
-        if self._fatal is None:
+        committer.close()
+        if self._outcomes.fatal is None:
             try:
-                self._finalize_if_changed()
+                self._finalize_if_changed(committer)
             except Exception:  # the samples are safe; only the dataset-level files lag behind
                 log.exception("finalizing at shut-down failed; run `hsextract finalize --output %s`", self.out)
         if metrics:
             metrics.stop()
 
-    def _fail(self, exc: BaseException) -> None:
-        if self._fatal is None:
-            self._fatal = exc
-        self.stop_event.set()
-        self._wake.set()
+    def _client_finished(self) -> bool:
+        """Whether the run's clients have all finished (hsextract.drain.clients)."""
+        return self._clients.finished()
 
-    def _duplicate(self, p: Prepared) -> None:
-        with self._vocab_lock:
-            self._vocab_pending.pop(p.rid, None)
-        self._remove_stale(p.dump, p.rid, t.ALREADY_WRITTEN)
+    def _our_dumps_left(self) -> int:
+        """This run's sample dumps in staging (probes are not samples)."""
+        return sum(not p.probe for _, p in run_dumps(self.cfg.dump_dir, self.run_id))
 
-    def _written(self, entries: list[ManifestEntry]) -> None:
-        self.stats.add_written(len(entries), sum(e.tokens for e in entries), sum(e.bytes for e in entries))
-        if self._vocab is not None:
-            with self._vocab_lock:
-                counts = [self._vocab_pending.pop(e.rid, None) for e in entries]
-            try:
-                self._vocab.add(entries, counts, covered=len(self._entries))
-            except VocabError as exc:
-                log.error("draft vocabulary not counted by this process from now on: %s", exc)
-                self._vocab = None
-        self._last_activity = time.monotonic()
-
-    def expected(self) -> v.Expected:
-        h, c = self._header, self.cfg
-        return v.Expected(
-            final_hidden=FORMATS[c.format].final_hidden,
-            dtype=h.dtype if h else c.expected_dtype,
-            hidden_size=h.hidden_size if h else c.expected_hidden_size,
-            eagle_aux_hidden_state_layer_ids=tuple(h.eagle_aux_hidden_state_layer_ids) if h else c.eagle_layer_ids,
-        )
-
-    def _ensure_header(self, marker: DoneMarker) -> ManifestHeader:
-        """Write the manifest header from the configuration and the first valid dump; return it."""
-        with self._header_lock:
-            if self._header is not None:
-                return self._header
-            c = self.cfg
-            eagle = list(c.eagle_layer_ids or marker.eagle_aux_hidden_state_layer_ids)
-            header = ManifestHeader(
-                format=c.format,
-                final_hidden=marker.final_hidden,
-                dtype=c.expected_dtype or marker.dtype,
-                hidden_size=c.expected_hidden_size or marker.hidden_size,
-                num_aux=len(eagle),
-                eagle_aux_hidden_state_layer_ids=eagle,
-                sglang_layers_to_capture=list(c.sglang_layer_ids or marker.sglang_layers_to_capture),
-                num_hidden_layers=c.num_hidden_layers or marker.num_hidden_layers,
-                model_path=c.model_path or marker.model_path,
-                model_config_sha256=c.model_config_sha256,
-                architecture=c.architecture or marker.architecture,
-                vocab_size=c.vocab_size or 0,
-                sglang_version=marker.sglang_version,
-                hsextract_version=__version__,
-                run_id=self.run_id,
-                checksum_algorithm=default_checksum_algorithm(),
-                created_at=time.time(),
-            )
-            write_header(self.out, header)
-            self._header = header
-            return header
-
-    def _make_selfcheck(self) -> GreedySelfCheck | None:
-        """The greedy self-check of the configured share, or None (no model, or a share and first of 0)."""
-        cfg = self.cfg
-        if not cfg.model_path or (cfg.selfcheck_share <= 0 and cfg.selfcheck_first <= 0):
-            if cfg.selfcheck_share > 0 or cfg.selfcheck_first > 0:
-                log.warning("greedy self-check off: the drain was given no --model to read the head from")
-            return None
-        self._selfcheck = GreedySelfCheck(GreedyHead(cfg.model_path), cfg.selfcheck_share, cfg.selfcheck_first)
-        return self._selfcheck
+    def _finalize_if_changed(self, committer: Committer) -> None:
+        """Rebuild the dataset-level files (the format's, the draft vocabulary's) if samples came since."""
+        n = len(committer.entries)
+        header = self._header.header if self._header is not None else None
+        if n == self._finalized_at_count or header is None:
+            return
+        paths = self.fmt.finalize(self.out, header, list(committer.entries))
+        self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
+        self._finalized_at_count = n
+        if paths:
+            log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
 
     def _check_run(self) -> int:
         """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
@@ -361,312 +239,3 @@ class Drainer:
         for problem in problems:
             log.error("run check: %s", problem)
         return RUN_CHECK_FAILED if problems else 0
-
-    def _idle(self) -> bool:
-        with self._inflight_lock:
-            return not self._inflight
-
-    def _write_status(self, **extra: object) -> None:
-        try:
-            write_status(self.out, self.stats, pid=os.getpid(), dump_dir=str(self.dump_dir),
-                         quarantine_dir=str(self.cfg.quarantine), **extra)
-        except OSError as exc:
-            log.warning("cannot write the status file (%s)", exc)
-
-    def _client_finished(self) -> bool:
-        """Whether the run's clients have all finished: every shard's summary is there, no client
-        runs, and the summaries are not those of the run a drain of this output finished already
-        (a drain started before a rerun's client would else finalize and exit at once). Asked at
-        most every 0.2 s (the scan asks for every unfinished dump)."""
-        now = time.monotonic()
-        if now - self._finished_asked_at >= 0.2:
-            shards = read_shards(self.out)
-            finished = run_finished(shards, len(running_clients(self.out)), self._consumed)
-            if not finished and self.cfg.exit_when_done and self._consumed and \
-                    set(summary_ids(shards)) == self._consumed and not self._told_rerun:
-                self._told_rerun = True
-                log.info("the client summary in %s is of the run a drain of this output finished already; "
-                         "waiting for the next client run to finish (--exit-when-done)", self.out)
-            self._finished, self._finished_asked_at = finished, now
-        return self._finished
-
-    def _abandoned_rids(self) -> set[str]:
-        """Rids the clients gave up on (their failures files), once they have finished; else empty."""
-        if not self._client_finished():
-            return set()
-        paths = list(client_files(self.out, FAILURES).values())
-        key = tuple(_file_key(p) for p in paths)
-        if key != self._abandoned_key:
-            rids: set[str] = set()
-            for path in paths:
-                rids |= _failed_rids(path)
-            self._abandoned, self._abandoned_key = rids, key
-        return self._abandoned
-
-    def _our_dumps_left(self) -> int:
-        """This run's sample dumps in staging (probes are not samples)."""
-        n = 0
-        for d in iter_dump_dirs(self.dump_dir):
-            p = parse_rid(d.name)
-            n += p is not None and not p.probe and p.run_id == self.run_id
-        return n
-
-    def _finalize_if_changed(self) -> None:
-        n = len(self._entries)
-        if n == self._finalized_at_count or self._header is None:
-            return
-        paths = self.fmt.finalize(self.out, self._header, list(self._entries))
-        if self._vocab is not None:
-            try:
-                vocab_files = self._vocab.write_files(self.cfg.vocab_size or self._header.vocab_size)
-                log.info("draft vocabulary of %d samples: %d files written (see draft_vocab.json)", n,
-                         len(vocab_files))
-            except VocabError as exc:  # the counts stay checkpointed; only the mapping files are missing
-                log.error("draft vocabulary files not written: %s", exc)
-        self._finalized_at_count = n
-        if paths:
-            log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
-
-    # --- scanning ---------------------------------------------------------------------------
-
-    def _scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
-        """Look at the staged dumps: submit complete ones, act on the others (see triage); return
-        how many were submitted.
-
-        A full scan (every dump looked at, the lag counted) runs at most once per poll interval.
-        A scan woken early by a worker that freed a slot stops as soon as the queue is full
-        again: with thousands of dumps staged, looking at each of them after every sample would
-        take the cores the workers need (measured: a third of a core on 2 cores).
-        """
-        scan = _Scan(now=time.time(), full=time.monotonic() - self._last_full_scan >= self.cfg.poll_interval_s,
-                     max_queued=max(1, self.cfg.workers) * 2)
-        if scan.full:
-            self._last_full_scan = time.monotonic()
-        for d in iter_dump_dirs(self.dump_dir):
-            if self.stop_event.is_set() or not self._look_at(d, scan, pool):
-                break
-        with self._inflight_lock:
-            self.stats.set(in_flight=len(self._inflight))
-            if scan.full:
-                self.stats.set(lag=scan.lag)
-        if scan.full:
-            self._report_foreign(scan.foreign)
-        if scan.submitted:
-            self._last_activity = time.monotonic()
-        self._sweep_records(scan.now)
-        return scan.submitted
-
-    def _look_at(self, d: Path, scan: _Scan, pool: ThreadPoolExecutor) -> bool:
-        """Decide about one staged directory and act; False when the scan should stop here."""
-        rid = d.name
-        with self._inflight_lock:
-            if rid in self._inflight:
-                scan.lag += 1
-                return True
-        facts = self._facts(d, scan.now)
-        run = self._run_facts(facts)
-        decision = t.triage_unrecorded(facts, run)
-        if decision is None:  # complete, of this run, not written: it needs its record
-            scan.lag += 1
-            if self._queue_full(scan.max_queued):
-                return scan.full  # a full scan goes on to count the rest; an early one stops here
-            try:
-                record = read_record(self.dump_dir, rid)
-            except StagingError as exc:
-                self._move_to_quarantine(d, rid, v.RECORD, str(exc))
-                return True
-            decision = t.triage_recorded(facts, run, record)
-            if isinstance(decision, t.Submit):
-                assert record is not None
-                scan.submitted += self._submit(pool, d, record, scan.max_queued)
-                return True
-        return self._act(d, rid, decision, scan)
-
-    def _queue_full(self, max_queued: int) -> bool:
-        with self._inflight_lock:
-            return self._preparing >= max_queued
-
-    def _submit(self, pool: ThreadPoolExecutor, d: Path, record: SampleRecord, max_queued: int) -> int:
-        with self._inflight_lock:
-            if self._preparing >= max_queued:
-                return 0
-            self._inflight.add(record.rid)
-            self._preparing += 1
-        fut = pool.submit(self._prepare, d, record)
-        fut.add_done_callback(self._task_done)
-        return 1
-
-    def _act(self, d: Path, rid: str, decision: t.Decision, scan: _Scan) -> bool:
-        """Carry out a decision other than Submit; False when the drain must stop (Refuse)."""
-        if isinstance(decision, t.Foreign):
-            scan.foreign[decision.owner] += 1
-        elif isinstance(decision, t.Remove):
-            self._remove_stale(d, rid, decision.why)
-        elif isinstance(decision, t.Quarantine):
-            self._move_to_quarantine(d, rid, decision.reason, decision.detail)
-        elif isinstance(decision, t.Refuse):
-            self._fail(ConfigError(decision.message))
-            return False
-        return True
-
-    def _facts(self, d: Path, now: float) -> t.DumpFacts:
-        return t.DumpFacts(
-            name=d.name,
-            parsed=parse_rid(d.name),
-            complete=(d / DONE_FILE).exists(),
-            failed=(d / FAILED_FILE).exists(),
-            age_s=_age(d, now),
-        )
-
-    def _run_facts(self, dump: t.DumpFacts) -> t.RunFacts:
-        p = dump.parsed
-        assert self._committer is not None
-        written = p is not None and not p.probe and p.run_id == self.run_id and \
-            self._committer.is_written(dump.name, p.index)
-        return t.RunFacts(
-            run_id=self.run_id,
-            format=self.cfg.format,
-            output=str(self.out.resolve()),
-            written=written,
-            abandoned=(dump.failed or not dump.complete) and dump.name in self._abandoned_rids(),
-            record_grace_s=self.cfg.record_grace_s,
-            incomplete_timeout_s=self.cfg.incomplete_timeout_s,
-            abandoned_grace_s=self.cfg.abandoned_grace_s,
-        )
-
-    def _report_foreign(self, foreign: Counter[str]) -> None:
-        """Say (once per owner, and again when its count grows) which dumps of other runs are left alone."""
-        for owner, n in foreign.items():
-            if n > self._foreign_reported.get(owner, 0):
-                log.warning("staging %s holds %d dump(s) of %s, not of this drain's run %s: left alone (their own "
-                            "drain takes them; remove them by hand if no such run goes on)", self.dump_dir, n, owner,
-                            self.run_id)
-        self._foreign_reported = dict(foreign)
-        self.stats.set(foreign=dict(foreign))
-
-    def _task_done(self, fut: Future) -> None:
-        exc = fut.exception() if not fut.cancelled() else None
-        if exc is not None and self._fatal is None:
-            log.error("drain worker failed: %r", exc)
-            self._fail(exc)
-
-    def _sweep_records(self, now: float, force: bool = False) -> None:
-        """Remove the records of this run's written samples (other runs' records are their drain's)."""
-        if not force and now - self._last_record_sweep < 30:
-            return
-        self._last_record_sweep = now
-        rdir = records_dir(self.dump_dir)
-        try:
-            names = os.listdir(rdir)
-        except FileNotFoundError:
-            return
-        for name in names:
-            rid = record_rid(name)
-            p = parse_rid(rid or "")
-            if rid is None or p is None:
-                continue
-            if (self.dump_dir / rid).exists():
-                continue  # the scan decides about its dump first
-            if p.run_id == self.run_id and self._committer is not None and self._committer.is_written(rid, p.index):
-                with contextlib.suppress(FileNotFoundError):
-                    (rdir / name).unlink()
-
-    def _remove_stale(self, d: Path, rid: str, why: str) -> None:
-        if not d.exists():
-            return  # removed meanwhile (committed by another thread)
-        log.warning("stale dump %s removed: %s", rid, why)
-        discard_dump(d)
-        remove_record(self.dump_dir, rid)  # none for a probe or a dump without record
-        self.stats.add_stale(why)
-
-    def _move_to_quarantine(self, d: Path, rid: str, reason: str, detail: str) -> None:
-        if self._quarantine.move(d, rid, reason, detail):
-            self.stats.add_quarantined(reason)
-
-    # --- the workers' side of the queue ---------------------------------------------------------
-
-    def _prepare(self, d: Path, record: SampleRecord) -> None:
-        """A submitted sample, in a worker thread (see hsextract.drain.worker); its queue slot is freed after."""
-        try:
-            try:
-                assert self._worker is not None
-                self._worker.process(d, record)
-            except BaseException:
-                with self._inflight_lock:
-                    self._inflight.discard(record.rid)
-                raise
-        finally:
-            # Prepared samples wait for the committer without holding a queue slot: its
-            # directory fsyncs must not leave the workers idle.
-            with self._inflight_lock:
-                self._preparing -= 1
-            self._wake.set()
-
-    def _count_tokens(self, sample: Sample) -> None:
-        """The draft vocabulary's counts of a prepared sample, kept until its commit (in the worker thread)."""
-        if self._vocab is not None:
-            counts = masked_counts(sample.input_ids, sample.loss_mask)  # of the very tensors written
-            with self._vocab_lock:
-                self._vocab_pending[sample.rid] = counts
-
-    def _forget(self, rid: str) -> None:
-        with self._inflight_lock:
-            self._inflight.discard(rid)
-        self._wake.set()  # the main loop may be waiting for the last sample to leave
-
-    def _pause_for_space(self, path: Path, exc: OSError) -> None:
-        free = free_bytes(path)
-        reason = (
-            f"output volume full: {path} has {free} bytes free ({exc.strerror}); "
-            f"retrying every {self.cfg.enospc_retry_s:g} s"
-        )
-        with self._pause_lock:
-            if self.stats.paused_reason != reason:
-                log.error("%s", reason)
-            self.stats.set(paused_reason=reason, state="paused")
-        self._write_status()
-        time.sleep(self.cfg.enospc_retry_s)
-        with self._pause_lock:
-            self.stats.set(paused_reason="", state="running")
-
-
-def _finished_client_runs(out: Path) -> set[str]:
-    """The client summaries the last drain of `out` finished a run on (from its status file)."""
-    try:
-        status = json.loads(drain_status_path(out).read_text())
-        return {str(s) for s in status.get("finished_client_runs") or []}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return set()
-
-
-def _file_key(path: Path) -> tuple[str, int, int]:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return (path.name, -1, -1)
-    return (path.name, st.st_size, st.st_mtime_ns)
-
-
-def _failed_rids(path: Path) -> set[str]:
-    """The rids of a client's failures file (a torn or foreign line is skipped)."""
-    rids = set()
-    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                rid = json.loads(line).get("rid")
-                if isinstance(rid, str):
-                    rids.add(rid)
-    return rids
-
-
-def _age(path: Path, now: float) -> float:
-    """Seconds since `path` (or, for a directory, anything directly in it) was last modified."""
-    try:
-        latest = path.stat().st_mtime
-        if path.is_dir():
-            for child in safe_iterdir(path):
-                with contextlib.suppress(FileNotFoundError):
-                    latest = max(latest, child.stat().st_mtime)
-    except FileNotFoundError:
-        return 0.0
-    return now - latest

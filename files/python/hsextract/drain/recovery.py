@@ -21,6 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsextract.announcements import live_announcements
 from hsextract.drain.config import DrainConfig
 from hsextract.durable import check_writable, fsync_dir
 from hsextract.errors import ConfigError
@@ -35,7 +36,7 @@ from hsextract.formats.manifest import (
     repair_torn_tail,
 )
 from hsextract.records import load_or_create_run_id
-from hsextract.staging import TRASH_PREFIX, live_announcements
+from hsextract.staging import TRASH_PREFIX
 
 log = logging.getLogger("hsextract.drain")
 

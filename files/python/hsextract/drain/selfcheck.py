@@ -10,13 +10,17 @@ share chosen by rid (the same samples on a re-run).
 
 from __future__ import annotations
 
+import logging
 import threading
 import zlib
 from dataclasses import dataclass
 
+from hsextract.drain.config import DrainConfig
 from hsextract.drain.validate import GREEDY, InvalidDump
 from hsextract.greedy_check import GreedyHead
 from hsextract.staging import DoneMarker, StagedStates
+
+log = logging.getLogger("hsextract.drain")
 
 DEFAULT_SHARE = 0.01
 DEFAULT_FIRST = 8
@@ -66,3 +70,12 @@ class GreedySelfCheck:
         if not verdict.ok:
             raise InvalidDump(GREEDY, verdict.explain())
         return "near_tie" if verdict.near_tie else "passed"
+
+
+def make_selfcheck(cfg: DrainConfig) -> GreedySelfCheck | None:
+    """The greedy self-check of the configured share, or None (no model, or a share and first of 0)."""
+    if not cfg.model_path or (cfg.selfcheck_share <= 0 and cfg.selfcheck_first <= 0):
+        if cfg.selfcheck_share > 0 or cfg.selfcheck_first > 0:
+            log.warning("greedy self-check off: the drain was given no --model to read the head from")
+        return None
+    return GreedySelfCheck(GreedyHead(cfg.model_path), cfg.selfcheck_share, cfg.selfcheck_first)

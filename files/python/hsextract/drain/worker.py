@@ -7,10 +7,11 @@ name (see hsextract.drain.core for the crash-safety argument). A dump that canno
 sample is quarantined instead; a full output volume pauses the write until there is space.
 
 Why a module of its own: each side is simpler knowing nothing of the other. The daemon
-(hsextract.drain.core: recovery, the scan and its queue, status, shut-down; it knows nothing of
-systemd, which only runs ``hsextract drain``) decides which dumps to submit; the worker knows
+(hsextract.drain.core: recovery, status, shut-down; it knows nothing of systemd, which only runs
+``hsextract drain``) and its scan (hsextract.drain.scan) decide which dumps to submit; the worker knows
 nothing of the scan, the queue or the run's accounts: it gets exactly what turning one dump into
-one file needs, through the callbacks `SampleWorker` is built with.
+one file needs: the run's header, the committer to hand the file to, and one object to report
+to (`WorkerEvents`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from hsextract.drain import validate as v
 from hsextract.drain.committer import Prepared
+from hsextract.drain.header import RunHeader
 from hsextract.drain.selfcheck import GreedySelfCheck
 from hsextract.drain.staged_io import MappedStates, map_states
 from hsextract.durable import PIECE, is_no_space, write_payload_durably
 from hsextract.errors import StagingError
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.manifest import ManifestHeader, new_hasher
+from hsextract.formats.manifest import new_hasher
 from hsextract.records import SampleRecord
 from hsextract.staging import STATES_FILE, DoneMarker, read_done_marker
 
@@ -53,27 +56,37 @@ class _ByteBudget:
             self._cv.notify_all()
 
 
+class WorkerEvents(Protocol):
+    """What a worker reports (hsextract.drain.outcomes.Outcomes)."""
+
+    def durable(self, sample: Sample) -> None:
+        """A sample's file is durable: `sample` holds the tensors just written, before the commit."""
+
+    def quarantine(self, d: Path, rid: str, reason: str, detail: str) -> None:
+        """A dump that cannot become a sample."""
+
+    def settled(self, rid: str) -> None:
+        """A sample left the drain's hands (here: quarantined)."""
+
+    def pause_for_space(self, path: Path, exc: OSError) -> None:
+        """A full volume waits for space; it does not fail."""
+
+
 class SampleWorker:
     """Prepares staged samples for the committer; `process` is safe to call from many threads at once."""
 
     def __init__(self, fmt: OutputFormat, out: Path, tmp_dir: Path, memory_budget_bytes: int, *,
-                 expected: Callable[[], v.Expected], header_for: Callable[[DoneMarker], ManifestHeader],
-                 commit: Callable[[Prepared], None], quarantine: Callable[[Path, str, str, str], None],
-                 on_settled: Callable[[str], None], on_durable: Callable[[Sample], None],
-                 pause_for_space: Callable[[Path, OSError], None], selfcheck: GreedySelfCheck | None = None):
+                 header: RunHeader, commit: Callable[[Prepared], None], events: WorkerEvents,
+                 selfcheck: GreedySelfCheck | None = None):
         self.fmt = fmt
         # The format's file body is the staged bytes, checked as they are sent (see SourceRange).
         self._streams_staged = bool(getattr(fmt, "streams_staged", False))
         self.out = Path(out)
         self.tmp_dir = Path(tmp_dir)
         self._budget = _ByteBudget(memory_budget_bytes)
-        self._expected = expected  # what every dump must look like (the header's facts once it exists)
-        self._header_for = header_for  # the manifest header, written from the first valid dump
+        self._header = header  # what every dump must look like; written from the first valid dump
         self._commit = commit  # a durable temporary file goes to the committer
-        self._quarantine = quarantine  # (dump, rid, reason, detail): a dump that cannot become a sample
-        self._on_settled = on_settled  # a sample left the drain's hands (here: quarantined)
-        self._on_durable = on_durable  # a sample's file is durable: the tensors just written, before the commit
-        self._pause_for_space = pause_for_space  # a full volume waits for space, it does not fail
+        self._events = events
         self._selfcheck = selfcheck  # the greedy self-check of a share of samples (None: off)
 
     def process(self, d: Path, record: SampleRecord) -> None:
@@ -100,7 +113,7 @@ class SampleWorker:
         try:
             marker = read_done_marker(d)
             mapped = map_states(d / STATES_FILE)
-            v.validate(marker, mapped.states, record, self._expected(), check_values=not self._streams_staged)
+            v.validate(marker, mapped.states, record, self._header.expected(), check_values=not self._streams_staged)
             fp = v.check_fingerprint(marker, mapped.states)
             greedy = self._selfcheck.check(marker, mapped.states) if self._selfcheck is not None else ""
             prepared = self._write_temporary(d, record, marker, mapped)
@@ -113,14 +126,14 @@ class SampleWorker:
             if mapped is not None:
                 mapped.close()
         if failure is not None:
-            self._quarantine(d, rid, *failure)
-            self._on_settled(rid)
+            self._events.quarantine(d, rid, *failure)
+            self._events.settled(rid)
             return
         self._commit(prepared)
 
     def _write_temporary(self, d: Path, record: SampleRecord, marker: DoneMarker, mapped: MappedStates) -> Prepared:
         """Encode a validated dump into its durable temporary file; the committer gives it its name."""
-        header = self._header_for(marker)
+        header = self._header.for_dump(marker)
         states = mapped.states
         staged = SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view)
         if self._streams_staged:
@@ -145,9 +158,9 @@ class SampleWorker:
             except OSError as exc:
                 if not is_no_space(exc):
                     raise
-                self._pause_for_space(self.out, exc)
+                self._events.pause_for_space(self.out, exc)
         checksum = f"{header.checksum_algorithm}:{hasher.hexdigest()}"
-        self._on_durable(sample)
+        self._events.durable(sample)
         return Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d)
 
 

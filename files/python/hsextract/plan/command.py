@@ -87,12 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
     """Scan the dataset and estimate everything; the report as a JSON-able dict."""
     from hsextract.client.dataset import dataset_files
-    from hsextract.client.runner import parse_shard
     from hsextract.formats.manifest import completed_indices
     from hsextract.model_info import read_model_info
     from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
     from hsextract.plan.estimate import Layout, bench_rate, default_results_dir, per_format_bytes
     from hsextract.plan.scan import ScanSettings, scan
+    from hsextract.shard import parse_shard
     from hsextract.staging import DTYPES
 
     missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]

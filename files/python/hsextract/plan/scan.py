@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hsextract.client import defaults
-from hsextract.client.chat_template import TOO_LONG, Encoded
+from hsextract.client.chat_template import TOO_LONG, Encoded, build_encoder
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, read_dataset
 from hsextract.formats.base import same_size_index
 
@@ -111,8 +111,6 @@ _ENCODER = None
 
 def _init_worker(model: str, *settings) -> None:
     global _ENCODER
-    from hsextract.client.runner import build_encoder
-
     _ENCODER = build_encoder(Path(model), *settings)
 
 
@@ -157,8 +155,6 @@ def _chunks(cfg: ScanSettings, res: ScanResult, parse_rejects: list[Reject]) -> 
 
 def scan(cfg: ScanSettings) -> ScanResult:
     """Encode every sample of this shard as the client would; return the tallies."""
-    from hsextract.client.runner import build_encoder
-
     rows = count_rows(cfg.dataset)
     res = ScanResult(workers=max(1, cfg.workers or default_workers(rows, os.cpu_count() or 1)))
     encoder = build_encoder(cfg.model, cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only,
@@ -178,7 +174,7 @@ def scan(cfg: ScanSettings) -> ScanResult:
         pool = None
     else:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["hsextract.client.runner", "transformers.models.auto.tokenization_auto"])
+        ctx.set_forkserver_preload(["hsextract.client.chat_template", "transformers.models.auto.tokenization_auto"])
         pool = ctx.Pool(res.workers, initializer=_init_worker, initargs=(str(cfg.model), *settings))
         results = pool.imap_unordered(_encode_chunk, chunks, chunksize=1)
     try:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from hsextract import shutdown
 from hsextract.client.dataset import add_max_row_bytes_argument
-from hsextract.client.runner import parse_shard
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.layout import REGEN_OUTPUT, STATE_DIR
@@ -22,6 +21,7 @@ from hsextract.regen.reasoning import MODES
 from hsextract.regen.runner import RegenConfig, RegenerateRun
 from hsextract.regen.sampling import DEFAULT_MAX_NEW_TOKENS
 from hsextract.regen.server import RetryPolicy
+from hsextract.shard import parse_shard
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,6 @@ from typing import Any
 
 from hsextract.client import defaults
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
-from hsextract.client.runner import shard_size
 from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.layout import regen_status_path, regen_summary_path
@@ -32,6 +31,7 @@ from hsextract.regen.progress import RegenStats, Reporter
 from hsextract.regen.sampling import Sampling, resolve
 from hsextract.regen.server import ChatServer, RetryPolicy, ServerGone
 from hsextract.regen.store import Store, conversation_key
+from hsextract.shard import shard_size
 
 log = logging.getLogger("hsextract.regen")
 

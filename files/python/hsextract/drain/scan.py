@@ -1,0 +1,216 @@
+"""The drain's scan: one look after another at the staging directory, deciding about each dump.
+
+A complete dump of this run that is not written yet is submitted to the workers with its client
+record; every other one is acted on as `triage` decides (left to its own run's drain, removed as
+stale, quarantined, or a refusal that stops the drain). The scan knows the samples in hand
+(`InFlight`), the clients (`ClientRuns`, for the dumps they gave up on) and whether a sample is
+written (the committer); what becomes of a sample it reports to `Outcomes`.
+
+A full scan (every dump looked at, the lag counted) runs at most once per poll interval. A scan
+woken early by a worker that freed a slot stops as soon as the queue is full again: with
+thousands of dumps staged, looking at each of them after every sample would take the cores the
+workers need (measured: a third of a core on 2 cores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hsextract.drain import triage as t
+from hsextract.drain import validate as v
+from hsextract.drain.clients import ClientRuns
+from hsextract.drain.committer import Committer
+from hsextract.drain.config import DrainConfig
+from hsextract.drain.inflight import InFlight
+from hsextract.drain.outcomes import Outcomes
+from hsextract.drain.quarantine import safe_iterdir
+from hsextract.drain.worker import SampleWorker
+from hsextract.errors import ConfigError, StagingError
+from hsextract.layout import record_rid, records_dir
+from hsextract.records import SampleRecord, parse_rid, read_record
+from hsextract.staging import DONE_FILE, FAILED_FILE, iter_dump_dirs
+
+log = logging.getLogger("hsextract.drain")
+
+# The records of written samples are swept at most this often (the scan takes most with their dumps).
+RECORD_SWEEP_S = 30.0
+
+
+@dataclass
+class _Scan:
+    """One pass over the staging directory: what it found so far."""
+
+    now: float
+    full: bool  # every dump is looked at and the lag counted (else it stops once the queue is full)
+    submitted: int = 0
+    lag: int = 0
+    foreign: Counter[str] = field(default_factory=Counter)
+
+
+class Scanner:
+    """Scans one staging directory for one run of one output; `scan_and_submit` runs in the drain's main thread."""
+
+    def __init__(self, cfg: DrainConfig, run_id: str, *, inflight: InFlight, committer: Committer,
+                 worker: SampleWorker, clients: ClientRuns, outcomes: Outcomes, stop: threading.Event):
+        self.cfg = cfg
+        self.run_id = run_id
+        self.dump_dir = Path(cfg.dump_dir)
+        self._inflight = inflight
+        self._committer = committer
+        self._worker = worker
+        self._clients = clients
+        self._outcomes = outcomes
+        self._stop = stop
+        self._output = str(Path(cfg.output).resolve())  # as the clients' records name it
+        self._last_full = 0.0
+        self._last_record_sweep = 0.0
+        self._foreign_reported: dict[str, int] = {}
+
+    def scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
+        """Look at the staged dumps: submit complete ones to `pool`, act on the others; return how
+        many were submitted."""
+        now = time.monotonic()
+        scan = _Scan(now=time.time(), full=now - self._last_full >= self.cfg.poll_interval_s)
+        if scan.full:
+            self._last_full = now
+        for d in iter_dump_dirs(self.dump_dir):
+            if self._stop.is_set() or not self._look_at(d, scan, pool):
+                break
+        stats = self._outcomes.stats
+        stats.set(in_flight=len(self._inflight))
+        if scan.full:
+            stats.set(lag=scan.lag)
+            self._report_foreign(scan.foreign)
+        if scan.submitted:
+            self._inflight.touch()
+        self.sweep_records(scan.now)
+        return scan.submitted
+
+    def sweep_records(self, now: float, force: bool = False) -> None:
+        """Remove the records of this run's written samples (other runs' records are their drain's)."""
+        if not force and now - self._last_record_sweep < RECORD_SWEEP_S:
+            return
+        self._last_record_sweep = now
+        rdir = records_dir(self.dump_dir)
+        try:
+            names = os.listdir(rdir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            rid = record_rid(name)
+            p = parse_rid(rid or "")
+            if rid is None or p is None:
+                continue
+            if (self.dump_dir / rid).exists():
+                continue  # the scan decides about its dump first
+            if p.run_id == self.run_id and self._committer.is_written(rid, p.index):
+                with contextlib.suppress(FileNotFoundError):
+                    (rdir / name).unlink()
+
+    def _look_at(self, d: Path, scan: _Scan, pool: ThreadPoolExecutor) -> bool:
+        """Decide about one staged directory and act; False when the scan should stop here."""
+        rid = d.name
+        if rid in self._inflight:
+            scan.lag += 1
+            return True
+        facts = _facts(d, scan.now)
+        run = self._run_facts(facts)
+        decision = t.triage_unrecorded(facts, run)
+        if decision is None:  # complete, of this run, not written: it needs its record
+            scan.lag += 1
+            if self._inflight.full():
+                return scan.full  # a full scan goes on to count the rest; an early one stops here
+            try:
+                record = read_record(self.dump_dir, rid)
+            except StagingError as exc:
+                self._outcomes.quarantine(d, rid, v.RECORD, str(exc))
+                return True
+            decision = t.triage_recorded(facts, run, record)
+            if isinstance(decision, t.Submit):
+                assert record is not None
+                scan.submitted += self._submit(pool, d, record)
+                return True
+        return self._act(d, rid, decision, scan)
+
+    def _submit(self, pool: ThreadPoolExecutor, d: Path, record: SampleRecord) -> int:
+        if not self._inflight.add(record.rid):
+            return 0
+        fut = pool.submit(self._inflight.prepare, record.rid, functools.partial(self._worker.process, d, record))
+        fut.add_done_callback(self._task_done)
+        return 1
+
+    def _task_done(self, fut: Future) -> None:
+        exc = fut.exception() if not fut.cancelled() else None
+        if exc is not None and self._outcomes.fatal is None:
+            log.error("drain worker failed: %r", exc)
+            self._outcomes.fail(exc)
+
+    def _act(self, d: Path, rid: str, decision: t.Decision, scan: _Scan) -> bool:
+        """Carry out a decision other than Submit; False when the drain must stop (Refuse)."""
+        if isinstance(decision, t.Foreign):
+            scan.foreign[decision.owner] += 1
+        elif isinstance(decision, t.Remove):
+            self._outcomes.stale(d, rid, decision.why)
+        elif isinstance(decision, t.Quarantine):
+            self._outcomes.quarantine(d, rid, decision.reason, decision.detail)
+        elif isinstance(decision, t.Refuse):
+            self._outcomes.fail(ConfigError(decision.message))
+            return False
+        return True
+
+    def _run_facts(self, dump: t.DumpFacts) -> t.RunFacts:
+        p = dump.parsed
+        written = p is not None and not p.probe and p.run_id == self.run_id and \
+            self._committer.is_written(dump.name, p.index)
+        return t.RunFacts(
+            run_id=self.run_id,
+            format=self.cfg.format,
+            output=self._output,
+            written=written,
+            abandoned=(dump.failed or not dump.complete) and dump.name in self._clients.abandoned_rids(),
+            record_grace_s=self.cfg.record_grace_s,
+            incomplete_timeout_s=self.cfg.incomplete_timeout_s,
+            abandoned_grace_s=self.cfg.abandoned_grace_s,
+        )
+
+    def _report_foreign(self, foreign: Counter[str]) -> None:
+        """Say (once per owner, and again when its count grows) which dumps of other runs are left alone."""
+        for owner, n in foreign.items():
+            if n > self._foreign_reported.get(owner, 0):
+                log.warning("staging %s holds %d dump(s) of %s, not of this drain's run %s: left alone (their own "
+                            "drain takes them; remove them by hand if no such run goes on)", self.dump_dir, n, owner,
+                            self.run_id)
+        self._foreign_reported = dict(foreign)
+        self._outcomes.stats.set(foreign=dict(foreign))
+
+
+def _facts(d: Path, now: float) -> t.DumpFacts:
+    return t.DumpFacts(
+        name=d.name,
+        parsed=parse_rid(d.name),
+        complete=(d / DONE_FILE).exists(),
+        failed=(d / FAILED_FILE).exists(),
+        age_s=_age(d, now),
+    )
+
+
+def _age(path: Path, now: float) -> float:
+    """Seconds since `path` (or, for a directory, anything directly in it) was last modified."""
+    try:
+        latest = path.stat().st_mtime
+        if path.is_dir():
+            for child in safe_iterdir(path):
+                with contextlib.suppress(FileNotFoundError):
+                    latest = max(latest, child.stat().st_mtime)
+    except FileNotFoundError:
+        return 0.0
+    return now - latest
