@@ -81,9 +81,10 @@ test: venv controller
 	$(VENV)/bin/python -m pytest $(TESTS) $(PYTEST_ARGS)
 
 # The unit and pure tests, an answer within minutes while working: no SGLang server, no systemd
-# sandbox, no linter. A test that starts a server or a sandbox without its marker fails here.
+# sandbox, no linter, no test that starts processes (tests/conftest.py SLOW_MODULES). A test that
+# starts a server or a sandbox without its marker fails here.
 test-fast: venv controller
-	HSEXTRACT_FAST_TIER=1 $(VENV)/bin/python -m pytest $(TESTS) -m "not server and not sandbox and not lint" \
+	HSEXTRACT_FAST_TIER=1 $(VENV)/bin/python -m pytest $(TESTS) -m "not server and not sandbox and not lint and not slow" \
 		-q -p no:cacheprovider $(PYTEST_ARGS)
 
 extract: venv controller

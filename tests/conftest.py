@@ -58,12 +58,37 @@ def _tiny_model(kind: str) -> Path:
     return path
 
 
+# Modules whose tests start processes (the hsextract CLI, ansible-playbook, the trainers' readers,
+# kill loops, child writer processes): seconds each, so the fast tier (`make test-fast`) leaves them
+# out with the servers and sandboxes. `make test` runs them all.
+SLOW_MODULES = {
+    "ansible/test_bad_settings_play.py", "ansible/test_capture_patch_role.py", "ansible/test_collect_playbook.py",
+    "ansible/test_output_dataset_check.py", "ansible/test_plan_role.py", "ansible/test_server_profiles.py",
+    "ansible/test_unit_paths.py", "ansible/test_extract_playbook.py",
+    "capture/test_announcement.py", "capture/test_writer.py", "capture/test_writer_process.py",
+    "capture/test_host_pool.py", "capture/test_patch.py",
+    "client/test_one_client_per_shard.py", "client/test_stop_signals.py",
+    "collect/test_collect.py", "collect/test_collect_bad_input.py", "collect/test_collect_kill.py",
+    "collect/test_collect_readers.py",
+    "core/test_bad_settings.py", "core/test_packaging.py", "core/test_reader_gone.py",
+    "drain/test_crash_safety.py", "drain/test_drain_daemon.py", "drain/test_exit_when_done.py",
+    "drain/test_one_writer_per_output.py", "drain/test_what_staging_holds.py",
+    "formats/test_arrow_dataset.py", "gpu_tier/test_gpu_tier.py", "plan/test_plan.py",
+    "vocab/test_vocab_drain.py", "vocab/test_vocab_readers.py", "test_docs.py",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses a fixture whose name ends in ``_server`` starts or uses a real SGLang
-    server: mark it `server`, so the fast tier leaves it out whatever marks its module forgot."""
+    server: mark it `server`, so the fast tier leaves it out whatever marks its module forgot; and
+    every test of a `SLOW_MODULES` module `slow`."""
+    tests_dir = Path(__file__).resolve().parent
     for item in items:
         if any(name.endswith("_server") for name in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
+        module = Path(str(item.fspath)).resolve()
+        if module.is_relative_to(tests_dir) and str(module.relative_to(tests_dir)) in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
