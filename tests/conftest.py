@@ -24,7 +24,7 @@ for _p in (REPO / "files" / "python", REPO / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from support.sglang_server import ServerHandle, start_server  # noqa: E402
+from support.sglang_server import PRENORM_SGLANG_LAYERS, ServerHandle, start_server  # noqa: E402
 from support.sglang_server import free_port as _free_port  # noqa: E402
 
 # Ports of the shared server fixtures and of tests that start their own servers.
@@ -129,3 +129,19 @@ def llama_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
 @pytest.fixture(scope="session")
 def dsv3_server(request, tmp_path_factory, tiny_dsv3) -> ServerHandle:
     return _session_server(request, tmp_path_factory, tiny_dsv3, "dsv3")
+
+
+@pytest.fixture(scope="session")
+def llama_prenorm_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
+    """The suite's second Llama server, whose settings differ from `llama_server`'s in every way the
+    tests need and that do not bear on each other: the final hidden state pre-norm (the speculators
+    formats), aux layers given in SGLang's convention, SGLang's start-up warmup on (it must not be
+    dumped), and the capture writing from threads of the scheduler's process (writer_process off).
+    One server for all of them saves three starts."""
+    base = tmp_path_factory.mktemp("llama-prenorm-server")
+    handle = start_server(tiny_llama, port=_free_port(*PORT_RANGE), dump_dir=base / "dump", log_dir=base / "logs",
+                          rid_prefix="hsx", final_hidden="pre_norm", aux_layer_ids=PRENORM_SGLANG_LAYERS,
+                          layer_convention="sglang", skip_warmup=False, writer_process=False,
+                          capture_extra=SESSION_CAPTURE_EXTRA)
+    request.addfinalizer(handle.stop)
+    return handle

@@ -57,14 +57,14 @@ def prompt(n: int, seed: int) -> list[int]:
     return [g.randrange(10, 300) for _ in range(n)]
 
 
-def check_against_hf(server, rid: str, ids: list[int], final_hidden: str = "post_norm") -> None:
+def check_against_hf(server, rid: str, ids: list[int], final_hidden: str | None = None) -> None:
     d = wait_done(server.dump_dir, rid)
     marker = read_done_marker(d)
     states = read_states(d)
     assert states.input_ids.tolist() == ids
     assert states.hidden.shape == (len(ids), marker.num_aux + 1, marker.hidden_size)
     problems = row_problems(states.hidden, marker.sglang_layers_to_capture, marker.architecture,
-                            reference(server.model_dir, ids), final_hidden)
+                            reference(server.model_dir, ids), final_hidden or marker.final_hidden)
     assert not problems, problems
 
 
@@ -222,18 +222,6 @@ def test_selfcheck_command_prints_json_and_exit_code(llama_server):
         shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def prenorm_server(request, tmp_path_factory, tiny_llama, free_port):
-    """A Llama server storing the final hidden state pre-norm, aux layers given in SGLang's
-    convention, with the startup warmup ON (it must not be dumped)."""
-    base = tmp_path_factory.mktemp("prenorm")
-    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
-                          final_hidden="pre_norm", aux_layer_ids=[1, 3, 6], layer_convention="sglang",
-                          skip_warmup=False)
-    request.addfinalizer(handle.stop)
-    return handle
-
-
 def capture_pre_norm_and_check(server, seed: int):  # -> DoneMarker
     """One 40-token request: its dump matches transformers pre-norm and passes the self-check."""
     rid = fresh_rid(server)
@@ -245,8 +233,8 @@ def capture_pre_norm_and_check(server, seed: int):  # -> DoneMarker
     return read_done_marker(rid_dir(server.dump_dir, rid))
 
 
-def test_pre_norm_final_hidden_and_sglang_convention_layers(prenorm_server):
-    marker = capture_pre_norm_and_check(prenorm_server, seed=31)
+def test_pre_norm_final_hidden_and_sglang_convention_layers(llama_prenorm_server):
+    marker = capture_pre_norm_and_check(llama_prenorm_server, seed=31)
     assert marker.sglang_layers_to_capture == [1, 3, 6]
     assert marker.eagle_aux_hidden_state_layer_ids == [0, 2, 5]
     assert marker.final_hidden == "pre_norm"
@@ -269,9 +257,9 @@ def test_deepseek_pre_norm_final_hidden_matches_transformers(dsv3_prenorm_server
     assert marker.final_hidden == "pre_norm"
 
 
-def test_startup_warmup_is_not_dumped(prenorm_server):
-    log = prenorm_server.log_path.read_text(errors="replace")
-    names = [p.name for p in iter_dump_dirs(prenorm_server.dump_dir)]
+def test_startup_warmup_is_not_dumped(llama_prenorm_server):
+    log = llama_prenorm_server.log_path.read_text(errors="replace")
+    names = [p.name for p in iter_dump_dirs(llama_prenorm_server.dump_dir)]
     assert all(n.startswith("hsx-") for n in names), names
     assert "POST /generate" in log or "Prefill batch" in log  # the warmup did run
 
@@ -288,27 +276,6 @@ def test_a_sample_resent_after_its_dump_was_drained_is_captured_again(llama_serv
         check_against_hf(server, rid, ids)
     finally:
         shutil.rmtree(rid_dir(server.dump_dir, rid), ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def writer_process_server(request, tmp_path_factory, tiny_llama, free_port):
-    """A Llama server whose capture writes from a child process (``writer_process``, the default), of
-    its own: the test that kills its writer process leaves it writing in-process."""
-    base = tmp_path_factory.mktemp("writer-process")
-    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
-                          capture_extra={"pool_granularity_bytes": 1024}, writer_process=True)
-    request.addfinalizer(handle.stop)
-    return handle
-
-
-@pytest.fixture(scope="module")
-def in_process_writer_server(request, tmp_path_factory, tiny_llama, free_port):
-    """A Llama server whose capture writes from threads of the scheduler's process (writer_process off)."""
-    base = tmp_path_factory.mktemp("in-process-writer")
-    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
-                          capture_extra={"pool_granularity_bytes": 1024}, writer_process=False)
-    request.addfinalizer(handle.stop)
-    return handle
 
 
 def writer_processes(server) -> list[psutil.Process]:
@@ -342,35 +309,20 @@ def stages_exact_dumps_of_concurrent_prompts(server, seed: int) -> None:
     assert sum(n for _, n in chunks) == 40, chunks
 
 
-def test_a_server_writing_from_a_writer_process_stages_exact_dumps(writer_process_server):
-    server = writer_process_server
+def test_a_server_writing_from_a_writer_process_stages_exact_dumps(llama_server):
+    """The suite's Llama server writes from a child process, the default."""
+    server = llama_server
     assert len(writer_processes(server)) == 1, "the scheduler runs one writer process"
     assert "through a writer process" in server.log_path.read_text(errors="replace")
     stages_exact_dumps_of_concurrent_prompts(server, seed=60)
 
 
-def test_a_server_writing_from_its_own_threads_stages_exact_dumps(in_process_writer_server):
-    server = in_process_writer_server
+def test_a_server_writing_from_its_own_threads_stages_exact_dumps(llama_prenorm_server):
+    """The pre-norm server writes from threads of the scheduler's process (writer_process off)."""
+    server = llama_prenorm_server
     assert writer_processes(server) == [], "writer_process off: no writer process"
     assert "through a writer process" not in server.log_path.read_text(errors="replace")
     stages_exact_dumps_of_concurrent_prompts(server, seed=80)
-
-
-def test_a_server_whose_writer_process_is_killed_goes_on_capturing_in_process(writer_process_server):
-    server = writer_process_server
-    [child] = writer_processes(server)
-    child.kill()
-    child.wait(timeout=30)
-    deadline = time.monotonic() + 60
-    while "from now on this process writes" not in server.log_path.read_text(errors="replace"):
-        assert time.monotonic() < deadline, "the scheduler did not notice its writer process's death"
-        time.sleep(0.1)
-    log = server.log_path.read_text(errors="replace")
-    assert f"writer process (pid {child.pid}) died (killed by signal 9 (SIGKILL))" in log
-    rid, ids = fresh_rid(server), prompt(40, seed=71)
-    server.generate(ids, rid=rid)
-    check_against_hf(server, rid, ids)
-    assert server.alive()
 
 
 @pytest.fixture(scope="module")
@@ -398,6 +350,25 @@ def test_each_data_parallel_replica_writes_its_own_requests_through_its_own_writ
     # both writer processes wrote dumps.
     wrote = {w.pid: w.io_counters().write_chars - written_before[w.pid] for w in writers}
     assert all(n >= smallest for n in wrote.values()), f"bytes written by each writer process: {wrote}"
+
+
+def test_a_server_whose_writer_process_is_killed_goes_on_capturing_in_process(dp2_server):
+    """Run after the data-parallel test, on its server: one replica's writer process is killed, and
+    that scheduler writes from its own threads from then on."""
+    server = dp2_server
+    child = writer_processes(server)[0]
+    child.kill()
+    child.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while "from now on this process writes" not in server.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "the scheduler did not notice its writer process's death"
+        time.sleep(0.1)
+    log = server.log_path.read_text(errors="replace")
+    assert f"writer process (pid {child.pid}) died (killed by signal 9 (SIGKILL))" in log
+    rid, ids = fresh_rid(server), prompt(40, seed=71)
+    server.generate(ids, rid=rid)
+    check_against_hf(server, rid, ids)
+    assert server.alive()
 
 
 @pytest.mark.server

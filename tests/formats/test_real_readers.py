@@ -15,36 +15,32 @@ from hsextract.records import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.reader_check import assert_reader_sees_captured, load_with_reader
 from support.server_dumps import capture
-from support.sglang_server import start_server
+from support.sglang_server import PRENORM_SGLANG_LAYERS
 
 pytestmark = [pytest.mark.server, pytest.mark.readers, pytest.mark.timeout(900)]
 
 N_SAMPLES = 12
 
 
-@pytest.fixture(scope="module")
-def prenorm_server(request, tmp_path_factory, tiny_llama, free_port):
-    """A server capturing the final hidden state PRE-norm (the speculators formats need it)."""
-    base = tmp_path_factory.mktemp("prenorm-server")
-    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
-                          rid_prefix="hsx", final_hidden="pre_norm")
-    request.addfinalizer(handle.stop)
-    return handle
-
-
 @pytest.mark.parametrize("fmt", ["specforge", "speculators", "speculators-v1", "modelopt"])
 def test_drained_real_dumps_load_with_the_trainers_reader(request, fmt, readers, tiny_llama, tmp_path):
     post_norm = FORMATS[fmt].final_hidden == "post_norm"
-    server = request.getfixturevalue("llama_server" if post_norm else "prenorm_server")
+    # The pre-norm server captures the aux layers given in SGLang's convention (conftest.py): the
+    # drain is told so, as the playbook tells it.
+    server = request.getfixturevalue("llama_server" if post_norm else "llama_prenorm_server")
+    layers = [] if post_norm else ["--aux-layers", ",".join(map(str, PRENORM_SGLANG_LAYERS)), "--layer-convention",
+                                   "sglang"]
     dump, out = tmp_path / "dump", tmp_path / "out"
     run_id = load_or_create_run_id(out)
     captured = capture(server, dump, dump, run_id, list(range(N_SAMPLES)), seed=hash(fmt) % 1000)
-    drain_until_done(dump, out, fmt, "--model", str(tiny_llama), lines=N_SAMPLES)
+    drain_until_done(dump, out, fmt, "--model", str(tiny_llama), *layers, lines=N_SAMPLES)
     header = read_header(out)
     assert header.format == fmt
     assert header.final_hidden == ("post_norm" if post_norm else "pre_norm")
-    assert header.eagle_aux_hidden_state_layer_ids == [1, 3, 4]  # the default [1, L//2-1, L-4], L = 8
-    assert header.sglang_layers_to_capture == [2, 4, 5]
+    if post_norm:  # the default [1, L//2-1, L-4], L = 8
+        assert (header.eagle_aux_hidden_state_layer_ids, header.sglang_layers_to_capture) == ([1, 3, 4], [2, 4, 5])
+    else:
+        assert (header.eagle_aux_hidden_state_layer_ids, header.sglang_layers_to_capture) == ([0, 2, 5], [1, 3, 6])
     assert all(verify_entry(out, e) is None for e in iter_entries(out))
     assert not [p for p in dump.iterdir() if p.name != "_records"] and not list((dump / "_records").iterdir())
     loaded = load_with_reader(readers, fmt, out, num_aux=3, hidden=64)

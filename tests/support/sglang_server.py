@@ -33,6 +33,9 @@ from support.tiers import refuse_in_fast_tier
 REPO = Path(__file__).resolve().parents[2]
 STUB_DIR = REPO / "tests" / "stubs"
 PACKAGE_DIR = REPO / "files" / "python"
+# The suite's pre-norm server's aux layers, in SGLang's convention (eagle ids 0, 2, 5 of the tiny
+# 8-layer model): tests/conftest.py starts it, the readers' tests drain its dumps.
+PRENORM_SGLANG_LAYERS = [1, 3, 6]
 STARTUP_TIMEOUT_S = float(os.environ.get("HSEXTRACT_SERVER_STARTUP_TIMEOUT", "420"))
 
 
