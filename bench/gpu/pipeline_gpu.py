@@ -16,10 +16,13 @@ What runs, for each model (``--models``: the 8B-shaped Llama and the tiny DeepSe
    finite values, the greedy self-check on a share) and its run check must pass: the accounts
    reconcile with 0 failed and 0 quarantined. The rows of the overlap run are then compared, sample
    by sample, with the no-overlap run's, and a few samples with transformers;
-4. ``throughput`` (``--rounds`` > 0): alternating rounds of a plain asyncio loop sending the same
-   encoded prompts to the plain server, and of the whole pipeline on the overlap capture server:
-   the client's own wall time, and the whole pipeline's (start of both processes to the drain's
-   exit), each process's start-up, and the drain's GB/s beside the disk's own (``dd conv=fsync``).
+4. ``throughput`` (``--rounds`` > 0, ``--throughput-only`` to skip step 3): rounds in a rotating
+   order of a plain asyncio loop sending the same encoded prompts to the plain server, of the same
+   loop against the overlap and the no-overlap capture servers (a stand-in drain checks each dump's
+   ids and fingerprint: what the capture and the overlap scheduler cost at the server), and of the
+   whole pipeline on the overlap capture server: the client's own wall time, and the whole
+   pipeline's (start of both processes to the drain's exit), the client's start-up, and the
+   drain's GB/s beside the disk's own (``dd conv=fsync``).
 
     python3 bench/gpu/pipeline_gpu.py --bundle .gpu                    # on the GPU host
     python3 bench/gpu/pipeline_gpu.py --device cpu --samples 40        # dry run on a CPU (tiny models)
@@ -383,9 +386,12 @@ def correctness(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse
         out = work / f"{plan.kind}-overlap-{n}"
         r = run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n, max_tokens)
         res["runs"][f"overlap-{n}"] = r
-        outs[n] = out
         save(plan.kind, res)
         say(f"{plan.kind} overlap, {n} in flight: {brief(r)}")
+        if n == bounds[0]:
+            outs[n] = out
+        else:  # checked by the drain; the disk keeps only the default's set, for the row comparisons
+            shutil.rmtree(out, ignore_errors=True)
     default = bounds[0]
     compare = plan.kind in args.compare_no_overlap.split(",")
     if compare:
@@ -397,41 +403,73 @@ def correctness(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse
             res["overlap_vs_no_overlap"] = compare_runs(outs[default], out_b)
             say(f"{plan.kind} rows, overlap vs no overlap: {res['overlap_vs_no_overlap']}")
         shutil.rmtree(out_b, ignore_errors=True)
-    for n, out in outs.items():  # the runs at other bounds are checked by the drain; keep the disk free
-        if n != default:
-            shutil.rmtree(out, ignore_errors=True)
     res["ok"] = all(r.get("ok") for r in res["runs"].values()) and (
         not compare or res.get("overlap_vs_no_overlap", {}).get("ok", False))
     res["_default_output"] = str(outs.get(default, ""))
     return res
 
 
-def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.Namespace, say, deadline: float
-               ) -> dict:
+def run_loop_on_capture(server: ServerHandle, prompts: list[list[int]], in_flight: int) -> dict:
+    """The plain loop against a capture server, its requests captured: the server's own pace with the
+    capture (no client bookkeeping, no drain). A stand-in drain in a process of its own checks each
+    dump's ids and fingerprint and removes it."""
+    from capture_server_gpu import StagingCounter, _send
+
+    run_id = secrets.token_hex(4)
+    counter = StagingCounter(server.dump_dir, run_id, prompts, remove=True)
+    counter.start()
+    wall = asyncio.run(_send(server.url, run_id, prompts, in_flight, rid_prefix="hsx"))
+    counter.wait_for(len(prompts))
+    tokens = sum(map(len, prompts))
+    return {"samples": len(prompts), "tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 1), "complete_dumps": counter.complete,
+            "wrong_dumps": counter.wrong, "failure_markers": counter.failed,
+            "ok": counter.complete == len(prompts) and not counter.wrong and not counter.failed}
+
+
+THROUGHPUT_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline")
+
+
+def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.Namespace, say, save,
+               deadline: float) -> dict:
+    """Alternating rounds, in a rotating order, of: the plain loop on the plain server; the plain loop
+    on the overlap and on the no-overlap capture server (what the capture and the overlap scheduler
+    cost at the server); the whole product on the overlap capture server."""
     dataset = work / f"{plan.kind}-data.jsonl"
+    if not dataset.exists():
+        write_dataset(dataset, args.samples, plan.context, plan.words, seed=args.seed)
     max_tokens = plan.context - 16
     prompts = encode(dataset, plan.path, max_tokens)
     res: dict = {"disk": disk_speed(work / "dd"), "cases": []}
+    say(f"{plan.kind}: disk {res['disk']}")
     for n in args.in_flight[:2]:
-        rows: dict[str, list[dict]] = {"plain_loop": [], "pipeline": []}
+        rows: dict[str, list[dict]] = {side: [] for side in THROUGHPUT_SIDES}
         for r in range(args.rounds):
             if time.monotonic() > deadline:
                 break
-            for side in (("plain_loop", "pipeline") if r % 2 == 0 else ("pipeline", "plain_loop")):
+            k = r % len(THROUGHPUT_SIDES)
+            for side in THROUGHPUT_SIDES[k:] + THROUGHPUT_SIDES[:k]:
                 if side == "plain_loop":
                     rows[side].append(run_plain_loop(plan.servers["plain"].url, prompts, n))
+                elif side == "loop_on_capture":
+                    rows[side].append(run_loop_on_capture(plan.servers["capture"], prompts, n))
+                elif side == "loop_on_capture_no_overlap":
+                    rows[side].append(run_loop_on_capture(plan.servers["no_overlap"], prompts, n))
                 else:
                     out = work / f"{plan.kind}-bench-{n}-{r}"
                     rows[side].append(run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n,
                                                    max_tokens, selfcheck_share=0.01))
                     shutil.rmtree(out, ignore_errors=True)
                 say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
+            save({**res, "cases": [*res["cases"], case_result(n, rows)]})
         res["cases"].append(case_result(n, rows))
     return res
 
 
 def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
     plain = [x["tokens_per_s"] for x in rows["plain_loop"]]
+    on_capture = [x["tokens_per_s"] for x in rows.get("loop_on_capture", [])]
+    no_overlap = [x["tokens_per_s"] for x in rows.get("loop_on_capture_no_overlap", [])]
     client = [x["client_tokens_per_s"] for x in rows["pipeline"] if x.get("client_tokens_per_s")]
     whole = [x["pipeline_tokens_per_s"] for x in rows["pipeline"] if x.get("pipeline_tokens_per_s")]
     med = statistics.median
@@ -441,11 +479,17 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
 
     return {"in_flight": in_flight, "rounds": len(plain), "plain_loop_tokens_per_s": spread(plain),
             "client_phase_tokens_per_s": spread(client), "whole_pipeline_tokens_per_s": spread(whole),
+            "loop_on_capture_tokens_per_s": spread(on_capture),
+            "loop_on_capture_no_overlap_tokens_per_s": spread(no_overlap),
+            "capture_server_over_plain": round(med(on_capture) / med(plain), 4) if on_capture and plain else None,
+            "no_overlap_over_overlap": round(med(no_overlap) / med(on_capture), 4) if no_overlap and on_capture
+            else None,
             "client_phase_over_plain": round(med(client) / med(plain), 4) if client and plain else None,
             "whole_pipeline_over_plain": round(med(whole) / med(plain), 4) if whole and plain else None,
             "client_startup_s": spread([x["client_startup_s"] for x in rows["pipeline"] if x.get("client_startup_s")]),
             "drain_gb_per_s": spread([x["drain_gb_per_s"] for x in rows["pipeline"] if x.get("drain_gb_per_s")]),
-            "all_validated": all(x["ok"] for x in rows["pipeline"]), "per_round": rows}
+            "all_validated": all(x["ok"] for side in THROUGHPUT_SIDES[1:] for x in rows.get(side, [])),
+            "per_round": rows}
 
 
 def brief(r: dict) -> str:
@@ -484,6 +528,8 @@ def main() -> int:
                     help="the models whose rows are compared with a no-overlap server's")
     ap.add_argument("--in-flight", default="32,128,256", help="in-flight bounds; the first is the default's")
     ap.add_argument("--rounds", type=int, default=0, help="alternating throughput rounds per side (0: none)")
+    ap.add_argument("--throughput-only", action="store_true",
+                    help="skip the correctness runs (the throughput rounds' pipelines are validated all the same)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dp-attention", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -559,13 +605,17 @@ def run(args: argparse.Namespace, result: dict, say, save, deadline: float) -> N
                 stop_servers(plan)
                 continue
             say(f"{plan.kind}: servers healthy")
-            model_res["correctness"] = correctness(plan, env, args.work, args, say,
-                                                   lambda kind, res: (result["models"][kind].update(correctness=res),
-                                                                      save()), deadline - 60)
-            oks.append(model_res["correctness"]["ok"])
-            save()
+            if not args.throughput_only:
+                model_res["correctness"] = correctness(
+                    plan, env, args.work, args, say,
+                    lambda kind, res: (result["models"][kind].update(correctness=res), save()), deadline - 60)
+                oks.append(model_res["correctness"]["ok"])
+                save()
             if args.rounds > 0 and "plain" in plan.servers:
-                model_res["throughput"] = throughput(plan, env, args.work, args, say, deadline - 90)
+                model_res["throughput"] = throughput(
+                    plan, env, args.work, args, say,
+                    lambda partial, m=model_res: (m.update(throughput=partial), save()), deadline - 90)
+                oks += [case["all_validated"] and case["rounds"] > 0 for case in model_res["throughput"]["cases"]]
                 save()
     finally:
         for plan in plans:
