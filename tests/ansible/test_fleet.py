@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path

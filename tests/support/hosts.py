@@ -19,6 +19,7 @@ connection, real SSH. The hosts reach each other the same way (the collector's r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -173,10 +174,8 @@ class Fleet:
     def close(self) -> None:
         """Stop every sandbox and remove the controller namespace (idempotent; safe after a failed open)."""
         for host in self.hosts.values():
-            try:
+            with contextlib.suppress(Exception):  # the next host and the netns must go too
                 host.box.stop()
-            except Exception:  # noqa: BLE001 - the next host and the netns must go too
-                pass
         if self.netns:
             _run("ip", "netns", "del", self.netns, check=False)
 
@@ -188,7 +187,8 @@ class Fleet:
         r = subprocess.run(["ip", "netns", "exec", self.netns, *argv], capture_output=True, text=True,
                            timeout=timeout, cwd=cwd, env=env)
         if check and r.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)} failed in the controller (rc {r.returncode}):\n{r.stdout}\n{r.stderr}")
+            raise AssertionError(f"{' '.join(argv)} failed in the controller (rc {r.returncode}):\n"
+                                 f"{r.stdout}\n{r.stderr}")
         return r
 
     def inventory(self, path: Path, host_vars: dict[str, dict[str, Any]], group_vars: dict[str, Any],

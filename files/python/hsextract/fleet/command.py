@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     hosts = data["hosts"]
     if args.what == "plan":
         plan = fleet_plan.plan_fleet(group, [
-            fleet_plan.HostPlan(name, str(h.get("shard") or ""), h.get("report"), h.get("rc"), str(h.get("error") or ""))
-            for name, h in hosts.items()])
+            fleet_plan.HostPlan(name, str(h.get("shard") or ""), h.get("report"), h.get("rc"),
+                                str(h.get("error") or "")) for name, h in hosts.items()])
         result, lines, ok = plan.as_dict(), fleet_plan.render(plan), not plan.problems
         code = 0 if ok else (fleet_plan.EXIT_NO_ROOM if plan.no_room else EXIT_PROBLEM)
     else:

@@ -119,7 +119,8 @@ def plan_fleet(group: str, hosts: list[HostPlan]) -> FleetPlan:
         plan.problems += _dataset_problems(planned)
     lines = planned[0].report["rows"] if planned and planned[0].report else 0
     cov = check_coverage(shards, lines) if lines else check_coverage(shards, _period(shards))
-    plan.problems += [f"the hosts' shards do not cover the dataset: {m.replace('is in no host output', 'is taken by no host')}"
+    plan.problems += ["the hosts' shards do not cover the dataset: " + m.replace("is in no host output",
+                                                                                 "is taken by no host")
                       for m in cov.missing]
     plan.problems += [f"the hosts' shards overlap: {d}" for d in cov.doubled]
     return plan

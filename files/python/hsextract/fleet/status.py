@@ -64,11 +64,12 @@ class FleetStatus:
             return sum(values) if values else None
 
         etas = [r.eta_s for r in self.rows if r.state == "running"]
+        known = [e for e in etas if e is not None]
         return {"accepted": total("accepted"), "in_set": total("in_set"), "tokens": total("tokens"),
                 "tokens_per_s": total("tokens_per_s"), "failed": total("failed"),
                 "quarantined": total("quarantined"),
                 # The hosts run at once: the fleet is done when its last host is.
-                "eta_s": None if any(e is None for e in etas) else max(etas, default=0.0),
+                "eta_s": None if len(known) < len(etas) else max(known, default=0.0),
                 "done": all(r.state == "done" for r in self.rows)}
 
     def reconciliation(self) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def host_row(h: HostStatus) -> HostRow:
         failed=accounts["failed"] if accounts else client.get("failed"),
         quarantined=accounts["quarantined"] if accounts else drain.get("quarantined"),
         ok=bool(st.get("ok")),
-        why="; ".join([str(st.get("why", ""))] + list(st.get("problems") or [])),
+        why="; ".join([str(st.get("why", "")), *(st.get("problems") or [])]),
         accounts=accounts,
         dataset_lines=client.get("dataset_lines") if isinstance(client.get("dataset_lines"), int) else None,
     )
@@ -120,10 +121,10 @@ def fleet_status(group: str, hosts: list[HostStatus]) -> FleetStatus:
         if not r.ok:
             fs.problems.append(f"host {r.name}: {r.why}")
     rec = fs.reconciliation()
-    if rec["hosts_reporting"] == rec["hosts"] and rec["dataset_lines"] is not None:
-        if rec["lines"] != rec["dataset_lines"]:
-            fs.problems.append(f"the hosts' shards hold {rec['lines']} lines of a {rec['dataset_lines']}-line "
-                               "dataset: a shard is missing or taken twice (hsextract fleet plan says which)")
+    complete = rec["hosts_reporting"] == rec["hosts"] and rec["dataset_lines"] is not None
+    if complete and rec["lines"] != rec["dataset_lines"]:
+        fs.problems.append(f"the hosts' shards hold {rec['lines']} lines of a {rec['dataset_lines']}-line "
+                           "dataset: a shard is missing or taken twice (hsextract fleet plan says which)")
     if rec["accepted"] != rec["in_set"] + rec["failed"] + rec["quarantined"] + rec["on_the_way"]:
         fs.problems.append("the hosts' accounts do not add up (see each host's own status)")
     return fs
