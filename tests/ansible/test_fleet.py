@@ -43,31 +43,34 @@ encoder = SampleEncoder(load_tokenizer(sys.argv[1]), int(sys.argv[3]), "truncate
 print(json.dumps({item.index: encoder.encode(item).input_ids for item in read_dataset(sys.argv[2])
                   if isinstance(item, Sample)}))
 """
-# Runs on the collector: SIGKILL the collect once the set's manifest has a line (it commits in
-# dataset-index order, one sample at a time), and say how far it got.
+# Runs on the collector: find the collect's process first, then SIGKILL it the moment the set's
+# manifest grows (it commits in dataset-index order, one sample at a time), and say how far it got.
 KILLER = """import json, os, signal, sys, time
 into, report = sys.argv[1], sys.argv[2]
-def collects():
+manifest = os.path.join(into, "manifest.jsonl")
+def collect():
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")
         except OSError:
             continue
         if b"hsextract" in argv and b"collect" in argv and b"--into" in argv:
-            yield int(p)
+            return int(p)
 deadline = time.monotonic() + 900
-while time.monotonic() < deadline:
+pid = None
+while pid is None and time.monotonic() < deadline:
+    pid = collect()
+    time.sleep(0.001)
+while pid and os.path.exists(f"/proc/{pid}"):
     try:
-        lines = open(os.path.join(into, "manifest.jsonl"), "rb").read().count(b"\\n")
-    except OSError:
-        lines = 0
-    pids = list(collects()) if lines else []
-    if pids:
-        for p in pids:
-            os.kill(p, signal.SIGKILL)
-        json.dump({"lines_at_kill": lines, "pids": pids}, open(report, "w"))
+        grown = os.stat(manifest).st_size > 0
+    except FileNotFoundError:
+        grown = False
+    if grown:
+        os.kill(pid, signal.SIGKILL)
+        lines = open(manifest, "rb").read().count(b"\\n")
+        json.dump({"lines_at_kill": lines, "pid": pid}, open(report, "w"))
         break
-    time.sleep(0.002)
 """
 
 
@@ -254,6 +257,7 @@ def test_the_status_play_prints_one_fleet_table_and_writes_it_as_json(fleet):
 def test_a_collect_killed_mid_copy_finishes_on_the_next_run_with_the_uninterrupted_set(fleet):
     killed = need(fleet, "collect_killed")
     assert fleet["killed"] is not None, "the collect finished before the kill"
+    assert 0 < fleet["killed"]["lines_at_kill"] < LINES, f"not killed mid-copy: {fleet['killed']}"
     assert killed.rc != 0, "the killed collect's play should fail"
     assert_ok(fleet["collect"], "collect.yml after the kill", hosts=("a",))
     assert_ok(fleet["collect_whole"], "an uninterrupted collect.yml", hosts=("a",))

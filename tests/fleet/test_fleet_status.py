@@ -16,7 +16,8 @@ def status(*, state: str = "done", lines: int = 10, rejected: int = 1, in_set: i
     """A host's `hsextract status --json`, with the fields the fleet's table reads."""
     accepted = lines - rejected
     return {"ok": ok, "why": "drain running, updated 1 s ago", "problems": [],
-            "client": {"state": state, "dataset_lines": 20, "tokens_per_s": rate, "eta_s": eta, "failed": failed},
+            "client": {"state": state, "tokens_per_s": rate, "eta_s": eta, "failed": failed},
+            "dataset_lines": 20 if state == "done" else None,
             "drain": {"written": in_set, "tokens_total": tokens, "quarantined": quarantined},
             "accounts": {"lines": lines, "accepted": accepted, "rejected": {"empty": rejected}, "in_set": in_set,
                          "failed": {"capture_failed": failed} if failed else {}, "quarantined": {},

@@ -90,6 +90,12 @@ def _sum(value: Any) -> int:
     return sum(value.values()) if isinstance(value, dict) else int(value or 0)
 
 
+def _dataset_lines(status: dict[str, Any]) -> int | None:
+    """The dataset's size as the host's finished client counted it (None while it runs)."""
+    lines = status.get("dataset_lines")
+    return lines if isinstance(lines, int) else None
+
+
 def host_row(h: HostStatus) -> HostRow:
     if h.status is None:
         return HostRow(h.name, h.error or "no status", None, None, None, None, None, None, None, False,
@@ -110,7 +116,7 @@ def host_row(h: HostStatus) -> HostRow:
         ok=bool(st.get("ok")),
         why="; ".join([str(st.get("why", "")), *(st.get("problems") or [])]),
         accounts=accounts,
-        dataset_lines=client.get("dataset_lines") if isinstance(client.get("dataset_lines"), int) else None,
+        dataset_lines=_dataset_lines(st),
     )
 
 
