@@ -344,6 +344,16 @@ def test_one_machine_under_two_names_stops_the_fleet_before_it_changes(fleet):
     assert result.changed("a") == result.changed("b") == 0
 
 
+def test_a_host_whose_volume_cannot_hold_its_shard_stops_every_host_at_the_plan(fleet):
+    result = bad_run(fleet, "bad-room", "--tags", "plan", host_vars={"b": {"plan_space_margin": "1000T"}})
+    assert result.rc != 0
+    msg = failure_of(result, "Check the fleet's plan.")
+    assert msg.startswith(f"The fleet cannot start: host b cannot hold its shard 1/2: {output_of(fleet['fleet'], 'b')} "
+                          "has "), msg
+    assert "but the run needs" in msg and "Nothing was started on any host." in msg, msg
+    assert [n for n, _ in result.task_results("a")][-1] == "plan : Check the fleet's plan.", "a went on"
+
+
 def test_shards_that_leave_part_of_the_dataset_to_no_host_stop_the_fleet_at_its_plan(fleet):
     result = bad_run(fleet, "bad-shards", "--tags", "plan",
                      host_vars={"a": {"hsextract_shard": "0/3"}, "b": {"hsextract_shard": "1/3"}})
