@@ -43,11 +43,12 @@ encoder = SampleEncoder(load_tokenizer(sys.argv[1]), int(sys.argv[3]), "truncate
 print(json.dumps({item.index: encoder.encode(item).input_ids for item in read_dataset(sys.argv[2])
                   if isinstance(item, Sample)}))
 """
-# Runs on the collector: find the collect's process first, then SIGKILL it the moment the set's
-# manifest grows (it commits in dataset-index order, one sample at a time), and say how far it got.
+# Runs on the collector: find the collect's process first, then SIGKILL it the moment its first
+# sample is fetched into the set's temporary directory (before any is committed: the collect
+# commits 32 at a time, this set at once), and say how far it got.
 KILLER = """import json, os, signal, sys, time
 into, report = sys.argv[1], sys.argv[2]
-manifest = os.path.join(into, "manifest.jsonl")
+tmp, manifest = os.path.join(into, ".hsextract", "collect-tmp"), os.path.join(into, "manifest.jsonl")
 def collect():
     for p in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -63,13 +64,16 @@ while pid is None and time.monotonic() < deadline:
     time.sleep(0.001)
 while pid and os.path.exists(f"/proc/{pid}"):
     try:
-        grown = os.stat(manifest).st_size > 0
+        fetched = [n for n in os.listdir(tmp) if n.endswith(".tmp")]
     except FileNotFoundError:
-        grown = False
-    if grown:
+        fetched = []
+    if fetched:
         os.kill(pid, signal.SIGKILL)
-        lines = open(manifest, "rb").read().count(b"\\n")
-        json.dump({"lines_at_kill": lines, "pid": pid}, open(report, "w"))
+        try:
+            lines = open(manifest, "rb").read().count(b"\\n")
+        except FileNotFoundError:
+            lines = 0
+        json.dump({"fetched_at_kill": len(fetched), "lines_at_kill": lines, "pid": pid}, open(report, "w"))
         break
 """
 
@@ -257,7 +261,7 @@ def test_the_status_play_prints_one_fleet_table_and_writes_it_as_json(fleet):
 def test_a_collect_killed_mid_copy_finishes_on_the_next_run_with_the_uninterrupted_set(fleet):
     killed = need(fleet, "collect_killed")
     assert fleet["killed"] is not None, "the collect finished before the kill"
-    assert 0 < fleet["killed"]["lines_at_kill"] < LINES, f"not killed mid-copy: {fleet['killed']}"
+    assert fleet["killed"]["fetched_at_kill"] > 0 and fleet["killed"]["lines_at_kill"] < LINES, fleet["killed"]
     assert killed.rc != 0, "the killed collect's play should fail"
     assert_ok(fleet["collect"], "collect.yml after the kill", hosts=("a",))
     assert_ok(fleet["collect_whole"], "an uninterrupted collect.yml", hosts=("a",))
@@ -267,7 +271,8 @@ def test_a_collect_killed_mid_copy_finishes_on_the_next_run_with_the_uninterrupt
                  hashlib.sha256((into / e.file).read_bytes()).hexdigest()) for e in iter_entries(into)]
 
     assert content(fleet["into"]) == content(fleet["into_whole"])
-    print(f"collect killed with {fleet['killed']['lines_at_kill']} samples committed")
+    print(f"collect killed with {fleet['killed']['fetched_at_kill']} samples fetched, "
+          f"{fleet['killed']['lines_at_kill']} committed")
 
 
 def test_the_collected_set_holds_every_accepted_sample_once_with_the_single_host_input_ids(fleet):
@@ -342,6 +347,14 @@ def test_one_machine_under_two_names_stops_the_fleet_before_it_changes(fleet):
     assert msg.startswith(f"hsextract_fleet=hsextract lists one machine under several names: a and a2 are one machine "
                           f"({f.hosts['a'].address}:22)."), msg
     assert result.changed("a") == result.changed("b") == 0
+
+
+def test_a_regeneration_per_host_is_refused_in_a_fleet_before_any_host_changes(fleet):
+    result = bad_run(fleet, "bad-regenerate", hsextract_regenerate=True)
+    assert result.rc != 0 and result.changed("a") == result.changed("b") == 0
+    msg = failure_of(result, "Refuse the regeneration in a fleet of more than one host.")
+    assert msg.startswith("hsextract_regenerate=true with a fleet of 2 hosts (hsextract_fleet=hsextract): each host "
+                          "would regenerate its own shard into a dataset of its own"), msg
 
 
 def test_a_host_whose_volume_cannot_hold_its_shard_stops_every_host_at_the_plan(fleet):
