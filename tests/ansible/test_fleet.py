@@ -97,6 +97,11 @@ def output_of(fleet: Fleet, name: str) -> Path:
     return fleet.hosts[name].home / "output"
 
 
+def client_summaries(out: Path) -> list[Path]:
+    """The client's summary (one per shard: a fleet's host names its file for its shard)."""
+    return sorted((out / ".hsextract").glob("client-summary*.json"))
+
+
 def manifest_indices(out: Path) -> list[int]:
     """The dataset indices in a host's set, in its order (a line the drain is writing is left out)."""
     try:
@@ -149,7 +154,7 @@ def fleet(tmp_path_factory):
             state["b_written_at_stop"] = len(wait_for(lambda: len(manifest_indices(b)) >= STOPPED_AT and
                                                        manifest_indices(b), 600, "host b's first samples"))
             f.hosts["b"].box.run("systemctl", "stop", *UNITS, check=True)
-            state["b_finished_at_stop"] = (b / ".hsextract" / "client-summary.json").exists()
+            state["b_finished_at_stop"] = bool(client_summaries(b))
             state["b_written_after_stop"] = manifest_indices(b)
             state["b_units_after_stop"] = f.hosts["b"].box.run("systemctl", "is-active", *UNITS).stdout.split()
             state["second"] = play("2-extract-wait", "extract.yml", wait=True)
@@ -200,7 +205,8 @@ def test_each_host_takes_the_shard_of_its_place_in_the_group(fleet):
     for k, name in enumerate(("a", "b")):
         config = json.loads(f.hosts[name].sh("cat /etc/hsextract/run.json"))
         assert config["shard"] == f"{k}/2", config
-        summary = json.loads((output_of(f, name) / ".hsextract" / "client-summary.json").read_text())
+        (path,) = client_summaries(output_of(f, name))
+        summary = json.loads(path.read_text())
         assert summary["shard"] == [k, 2] and summary["dataset_lines"] == LINES
 
 
@@ -283,10 +289,9 @@ def test_the_collected_set_holds_every_accepted_sample_once_with_the_single_host
         pytest.skip("HSEXTRACT_READERS is not set (make venv installs the trainers' readers)")
     from support.reader_check import load_with_reader
 
-    rejected = set()
-    for n in f.hosts:
-        path = output_of(f, n) / ".hsextract" / "rejects.jsonl"
-        rejected |= {json.loads(line)["index"] for line in path.read_text().splitlines()} if path.exists() else set()
+    rejected = {json.loads(line)["index"] for n in f.hosts
+                for path in (output_of(f, n) / ".hsextract").glob("rejects*.jsonl")
+                for line in path.read_text().splitlines()}
     entries = sorted(iter_entries(into), key=lambda e: e.output_index)
     assert sorted(e.dataset_index for e in entries) == sorted(set(range(LINES)) - rejected)
     assert {e.host for e in entries} == {"a", "b"}
