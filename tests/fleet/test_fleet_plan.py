@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 from hsextract.fleet.plan import HostPlan, plan_fleet, render
-
-FINGERPRINT = {"method": "sha256-of-heads-v1", "files": [{"name": None, "bytes": 900, "sha256": "ab" * 32}]}
-
-
-def report(shard: str, *, rows: int = 30, samples: int = 10, fingerprint=FINGERPRINT, ok: bool = True,
-           dataset: str = "/data/train.jsonl", seconds: float | None = 3600.0) -> dict:
-    """A host's `hsextract plan --json` report, with the fields the fleet's plan reads."""
-    return {"dataset": dataset, "shard": shard, "format": "speculators", "rows": rows, "samples": samples,
-            "tokens": samples * 100, "remaining_tokens": samples * 100, "dataset_fingerprint": fingerprint,
-            "formats": {"speculators": {"remaining_bytes": samples * 1_000_000}},
-            "output_volume": {"ok": ok, "free_bytes": 5_000_000_000 if ok else 1_000},
-            "time": {"seconds": seconds}}
+from support.fleet_reports import FINGERPRINT, report
 
 
 def planned(*names_shards: tuple[str, str], **kw) -> list[HostPlan]:
@@ -79,15 +64,3 @@ def test_an_unreachable_host_is_a_note_not_a_problem_and_its_shard_still_counts_
     assert plan.problems == []
     assert plan.notes == ["host b: not planned (unreachable, or it failed before its plan); its shard 1/2 waits until "
                           "the play runs again with it"]
-
-
-def test_the_command_reads_the_hosts_from_stdin_and_exits_5_when_a_host_has_no_room(tmp_path):
-    data = {"group": "gpu", "hosts": {
-        "a": {"shard": "0/2", "report": report("0/2"), "rc": 0},
-        "b": {"shard": "1/2", "report": report("1/2", ok=False), "rc": 5, "error": "no room"}}}
-    r = subprocess.run([sys.executable, "-m", "hsextract", "fleet", "plan", "-", "--write", str(tmp_path / "p.json")],
-                       input=json.dumps(data), capture_output=True, text=True, timeout=60)
-    assert r.returncode == 5, r.stderr
-    assert "  PROBLEM host b cannot hold its shard 1/2: no room" in r.stdout.splitlines()
-    written = json.loads((tmp_path / "p.json").read_text())
-    assert written["ok"] is False and written["totals"]["samples"] == 20

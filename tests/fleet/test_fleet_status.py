@@ -3,25 +3,8 @@ fleet's reconciliation."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 from hsextract.fleet.status import HostStatus, fleet_status, render
-
-
-def status(*, state: str = "done", lines: int = 10, rejected: int = 1, in_set: int = 8, failed: int = 1,
-           quarantined: int = 0, on_the_way: int = 0, tokens: int = 800, rate: float = 50.0,
-           eta: float | None = 0.0, ok: bool = True) -> dict:
-    """A host's `hsextract status --json`, with the fields the fleet's table reads."""
-    accepted = lines - rejected
-    return {"ok": ok, "why": "drain running, updated 1 s ago", "problems": [],
-            "client": {"state": state, "tokens_per_s": rate, "eta_s": eta, "failed": failed},
-            "dataset_lines": 20 if state == "done" else None,
-            "drain": {"written": in_set, "tokens_total": tokens, "quarantined": quarantined},
-            "accounts": {"lines": lines, "accepted": accepted, "rejected": {"empty": rejected}, "in_set": in_set,
-                         "failed": {"capture_failed": failed} if failed else {}, "quarantined": {},
-                         "on_the_way": on_the_way, "unaccounted": [], "final": state == "done"}}
+from support.fleet_reports import status
 
 
 def test_two_finished_hosts_make_one_table_whose_fleet_row_sums_them_and_whose_accounts_add_up():
@@ -55,12 +38,3 @@ def test_shards_that_do_not_add_up_to_the_dataset_are_a_problem():
     fs = fleet_status("gpu", [HostStatus("a", status(lines=10)), HostStatus("b", status(lines=9, in_set=7))])
     assert fs.problems == ["the hosts' shards hold 19 lines of a 20-line dataset: a shard is missing or taken twice "
                            "(hsextract fleet plan says which)"]
-
-
-def test_the_command_prints_json_and_exits_3_when_a_host_is_not_ok():
-    data = {"group": "gpu", "hosts": {"a": {"status": status()}, "b": {"status": None, "error": "unreachable"}}}
-    r = subprocess.run([sys.executable, "-m", "hsextract", "fleet", "status", "--json"], input=json.dumps(data),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 3, r.stderr
-    out = json.loads(r.stdout)
-    assert out["hosts"]["b"]["state"] == "unreachable" and out["hosts"]["a"]["in_set"] == 8 and not out["ok"]
