@@ -78,8 +78,9 @@ while pid and os.path.exists(f"/proc/{pid}"):
 """
 
 
-def group_vars(controller: Path, home_of) -> dict:
-    """The settings of every host (as inventory/local.yml's), with paths in each host's own home."""
+def group_vars(controller: Path) -> dict:
+    """The settings every host shares (as inventory/local.yml's); each host's output and model are in its own
+    home, bound into it only (host vars)."""
     return {
         "hsextract_venv": os.environ["HSEXTRACT_VENV"],
         "hsextract_tiny_model": "llama",
@@ -139,7 +140,7 @@ def fleet(tmp_path_factory):
         f.open(["a", "b"])
         host_vars = {n: {"hsextract_output_dir": str(output_of(f, n)),
                          "hsextract_model_path": str(f.hosts[n].home / "model")} for n in f.hosts}
-        inventory = f.inventory(controller / "fleet.yml", host_vars, group_vars(controller, None))
+        inventory = f.inventory(controller / "fleet.yml", host_vars, group_vars(controller))
         logs = base / "logs"
         state: dict = {"fleet": f, "repo": repo, "controller": controller, "inventory": inventory, "logs": logs,
                        "host_vars": host_vars}
@@ -327,7 +328,7 @@ def bad_run(fleet, label: str, *args: str, host_vars: dict | None = None, names:
     f = fleet["fleet"]
     merged = {n: {**fleet["host_vars"].get(n, {}), **(host_vars or {}).get(n, {})}
               for n in (names or list(f.hosts))}
-    inv = f.inventory(fleet["controller"] / f"{label}.yml", merged, group_vars(fleet["controller"], None),
+    inv = f.inventory(fleet["controller"] / f"{label}.yml", merged, group_vars(fleet["controller"]),
                       groups=groups, names=names)
     before = outputs_snapshot(f)
     result = fleet["play"](label, "extract.yml", *args, inv=inv, **extra)
@@ -405,17 +406,16 @@ def test_a_run_identity_other_than_the_hosts_record_stops_the_fleet(fleet):
 
 
 def test_a_missing_host_stops_no_other_and_shows_in_the_fleet_status(fleet):
+    # Host b at an address of the fleet's own network that no host has: Ansible cannot reach it.
     result = bad_run(fleet, "missing-host", host_vars={"b": {"ansible_host": f"{fleet['fleet'].net}.250"}}, wait=True)
     assert result.rc == 4, "ansible-playbook says a host was unreachable"
     assert result.stats["b"]["unreachable"] > 0
     assert result.stats["a"]["failures"] == 0 and result.changed("a") == 0
     assert "Print the summary and where the training set is." in [n.split(" : ")[-1]
                                                                   for n, _ in result.task_results("a")]
-    f = fleet["fleet"]
     inv = fleet["controller"] / "missing-host.yml"
     status = fleet["play"]("missing-host-status", "playbooks/status.yml", inv=inv, status_json=True)
     data = status.result_of("Print the fleet's progress.", "a")["msg"]
     assert data["hosts"]["b"]["state"].startswith("unreachable"), data["hosts"]["b"]
     assert data["hosts"]["a"]["state"] == "done" and not data["ok"]
     assert any(p.startswith("host b: unreachable") for p in data["problems"]), data["problems"]
-    del f
