@@ -64,7 +64,8 @@ def _tiny_model(kind: str) -> Path:
 SLOW_MODULES = {
     "ansible/test_bad_settings_play.py", "ansible/test_capture_patch_role.py", "ansible/test_collect_playbook.py",
     "ansible/test_output_dataset_check.py", "ansible/test_plan_role.py", "ansible/test_server_profiles.py",
-    "ansible/test_unit_paths.py", "ansible/test_extract_playbook.py",
+    "ansible/test_unit_paths.py", "ansible/test_extract_playbook.py", "ansible/test_fleet.py",
+    "ansible/test_fleet_inventory.py", "fleet/test_fleet_command.py",
     "capture/test_announcement.py", "capture/test_writer.py", "capture/test_writer_process.py",
     "capture/test_host_pool.py", "capture/test_patch.py",
     "client/test_one_client_per_shard.py", "client/test_stop_signals.py",

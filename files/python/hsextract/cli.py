@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drain": ("hsextract.drain.command", "move staged dumps into the training set (daemon)"),
     "finalize": ("hsextract.drain.finalize_command", "write the dataset-level files of an output directory"),
     "collect": ("hsextract.collect.command", "bring many hosts' training sets into one, verified (resumable)"),
+    "fleet": ("hsextract.fleet.command", "judge the hosts of a fleet as one run: their plans, their progress"),
     "plan": ("hsextract.plan.command", "size a run from its dataset before starting it (bytes, time, room)"),
     "status": ("hsextract.status", "show the progress of a run"),
     "selfcheck": ("hsextract.capture.selfcheck_command", "check a staged dump against the model (smoke test)"),

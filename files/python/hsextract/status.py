@@ -119,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
         problems = [refusal, *problems]
     ok = health[0] and not problems
     if args.json:
+        # The dataset's size as the finished clients counted it (a fleet's hosts sum their shards to it).
+        lines = {s.summary.get("dataset_lines") for s in shards if s.summary}
         print(json.dumps({"ok": ok, "why": health[1], "problems": problems, "drain": drain, "client": client,
+                          "dataset_lines": lines.pop() if len(lines) == 1 else None,
                           "accounts": accounts.as_dict() if accounts else None}, indent=2))
     else:
         view = RunView(output=str(args.output), files=problem_files(args.output, drain, [s.shard for s in shards]),

@@ -87,6 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_report(args: argparse.Namespace) -> dict[str, Any]:
     """Scan the dataset and estimate everything; the report as a JSON-able dict."""
     from hsextract.client.dataset import dataset_files
+    from hsextract.client.dataset_record import fingerprint
     from hsextract.formats.manifest import completed_indices
     from hsextract.model_info import read_model_info
     from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
@@ -149,6 +150,8 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             "margin_bytes": margin, "margin": str(args.space_margin), "ok": free >= needed + margin}
     return {
         "dataset": str(args.dataset), "model": str(args.model), "shard": args.shard, "format": fmt,
+        # What the client will record of the dataset: a fleet's hosts must all read the same one.
+        "dataset_fingerprint": fingerprint(Path(args.dataset)),
         "rows": res.lines, "rows_in_shard": res.in_shard,
         "samples": res.samples, "already_written": res.already_written,
         "rejects": dict(sorted(res.rejects.items())), "reject_examples": res.examples,

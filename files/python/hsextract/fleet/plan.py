@@ -1,0 +1,170 @@
+"""The fleet's plan: every host's own plan judged as one run, before anything starts.
+
+Each host sizes its shard with ``hsextract plan`` (its report: samples, tokens, bytes, room on
+its output volume, the dataset's fingerprint). A fleet can make one training set only when every
+host can hold its shard, every host reads the same dataset (the same fingerprint and rows, so
+that dataset index x is the same row everywhere), and the shards cover the dataset exactly once
+(hsextract.collect.shards). Any of these failing is a problem that stops every host before any
+starts: a short volume or a stale dataset copy found after hours of extraction costs the whole
+run. A host with no report (unreachable, or failed before its plan) is not a problem: it takes
+no part until it is back, and the plan says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hsextract.collect.shards import Shard, check_coverage
+from hsextract.errors import ConfigError
+from hsextract.ops.check_shm import human
+
+EXIT_NO_ROOM = 5  # as `hsextract plan`: a host's volume cannot hold its shard
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """What the controller knows of one host's plan: its shard, its report, or why it has none."""
+
+    name: str
+    shard: str  # "i/n"; "" for the whole dataset
+    report: dict[str, Any] | None = None
+    rc: int | None = None  # the plan's exit status; None when it did not run
+    error: str = ""  # the plan's one-line error when it failed
+
+
+@dataclass
+class FleetPlan:
+    group: str
+    hosts: list[HostPlan]
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    no_room: bool = False
+
+    @property
+    def planned(self) -> list[HostPlan]:
+        return [h for h in self.hosts if h.report is not None]
+
+    def totals(self) -> dict[str, Any]:
+        reports = [h.report for h in self.planned if h.report is not None]
+        seconds = [r["time"]["seconds"] for r in reports if r.get("time", {}).get("seconds") is not None]
+        return {
+            "hosts": len(self.hosts), "planned": len(reports),
+            "samples": sum(r["samples"] for r in reports),
+            "tokens": sum(r["tokens"] for r in reports),
+            "remaining_tokens": sum(r["remaining_tokens"] for r in reports),
+            "remaining_bytes": sum(_format_bytes(r) for r in reports),
+            # The hosts extract at once: the fleet takes as long as its slowest host.
+            "seconds": max(seconds) if seconds and len(seconds) == len(reports) else None,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "ok": not self.problems, "problems": self.problems, "notes": self.notes,
+                "totals": self.totals(),
+                "hosts": {h.name: {"shard": h.shard or "0/1", "rc": h.rc, "error": h.error, "report": h.report}
+                          for h in self.hosts}}
+
+
+def parse_shard(text: str, host: str) -> Shard:
+    i, sep, n = (text or "0/1").partition("/")
+    try:
+        shard = (int(i), int(n))
+    except ValueError:
+        shard = (-1, 0)
+    if not sep or not 0 <= shard[0] < shard[1]:
+        raise ConfigError(f"host {host}: shard {text!r} is not i/n with 0 <= i < n")
+    return shard
+
+
+def _format_bytes(report: dict[str, Any]) -> int:
+    return int(report["formats"][report["format"]]["remaining_bytes"])
+
+
+def _dataset_problems(planned: list[HostPlan]) -> list[str]:
+    """Every planned host reads the first planned host's dataset: the same fingerprint and rows."""
+    out: list[str] = []
+    ref = planned[0]
+    assert ref.report is not None
+    for h in planned[1:]:
+        assert h.report is not None
+        if h.report.get("dataset_fingerprint") != ref.report.get("dataset_fingerprint"):
+            out.append(f"host {h.name} reads another dataset than host {ref.name}: {h.report['dataset']} differs "
+                       f"from {ref.report['dataset']} in its first bytes (dataset fingerprint). Every host of a "
+                       "fleet must read the same dataset: copy the same file to each (hsextract_dataset_src)")
+        elif h.report["rows"] != ref.report["rows"]:
+            out.append(f"host {h.name} reads {h.report['rows']:,} rows of {h.report['dataset']}, host {ref.name} "
+                       f"{ref.report['rows']:,} of {ref.report['dataset']}: one of them has a copy cut short or "
+                       "grown; copy the same file to each (hsextract_dataset_src)")
+    return out
+
+
+def plan_fleet(group: str, hosts: list[HostPlan]) -> FleetPlan:
+    """Judge the hosts' plans as one run (see the module docstring)."""
+    if not hosts:
+        raise ConfigError(f"group {group!r} has no hosts")
+    plan = FleetPlan(group, hosts)
+    shards = {h.name: [parse_shard(h.shard, h.name)] for h in hosts}
+    for h in hosts:
+        if h.report is None and h.rc is None:
+            plan.notes.append(f"host {h.name}: not planned (unreachable, or it failed before its plan); its shard "
+                              f"{h.shard or '0/1'} waits until the play runs again with it")
+        elif h.rc == EXIT_NO_ROOM:
+            plan.no_room = True
+            plan.problems.append(f"host {h.name} cannot hold its shard {h.shard or '0/1'}: {h.error}")
+        elif h.rc:
+            plan.problems.append(f"host {h.name}: its plan failed (exit status {h.rc}): {h.error}")
+    planned = plan.planned
+    if planned:
+        plan.problems += _dataset_problems(planned)
+    lines = planned[0].report["rows"] if planned and planned[0].report else 0
+    cov = check_coverage(shards, lines) if lines else check_coverage(shards, _period(shards))
+    plan.problems += ["the hosts' shards do not cover the dataset: " + m.replace("is in no host output",
+                                                                                 "is taken by no host")
+                      for m in cov.missing]
+    plan.problems += [f"the hosts' shards overlap: {d}" for d in cov.doubled]
+    return plan
+
+
+def _period(shards: dict[str, list[Shard]]) -> int:
+    return math.lcm(*(n for ss in shards.values() for _, n in ss))
+
+
+def render(plan: FleetPlan) -> list[str]:
+    """The fleet's plan as lines a person reads: one row per host, the fleet's, then the verdict."""
+    head = planned_dataset(plan)
+    out = [f"fleet plan: {len(plan.hosts)} hosts of group {plan.group}{head}"]
+    rows = [("host", "shard", "samples", "tokens", "to write", "output volume", "time")]
+    for h in plan.hosts:
+        r = h.report
+        if r is None:
+            rows.append((h.name, h.shard or "0/1", "-", "-", "-", "not planned" if h.rc is None else "plan failed",
+                         "-"))
+            continue
+        v = r["output_volume"]
+        room = f"{'room' if v['ok'] else 'NOT ENOUGH'}: {human(v['free_bytes'])} free"
+        rows.append((h.name, r["shard"], f"{r['samples']:,}", f"{r['tokens']:,}", human(_format_bytes(r)), room,
+                     _hours(r.get("time", {}).get("seconds"))))
+    t = plan.totals()
+    rows.append(("fleet", "", f"{t['samples']:,}", f"{t['tokens']:,}", human(t["remaining_bytes"]), "",
+                 _hours(t["seconds"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    out += [f"  note: {n}" for n in plan.notes]
+    if plan.problems:
+        out += [f"  PROBLEM {p}" for p in plan.problems]
+    else:
+        out.append("  the shards cover the dataset exactly once; every planned host reads it and can hold its shard")
+    return out
+
+
+def planned_dataset(plan: FleetPlan) -> str:
+    planned = plan.planned
+    if not planned or planned[0].report is None:
+        return ""
+    r = planned[0].report
+    return f", dataset {r['dataset']} ({r['rows']:,} rows)"
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:,.2f} h"
