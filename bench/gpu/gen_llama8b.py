@@ -83,6 +83,8 @@ def generate(out: str | Path, tokenizer_from: str | Path, layers: int = 32, seed
         return torch.ones(HIDDEN, dtype=torch.bfloat16)
 
     q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    weight_map: dict[str, str] = {}
+    total = 0
     for first in range(0, layers, LAYERS_PER_SHARD):
         tensors = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN)} if first == 0 else {}
         for i in range(first, min(layers, first + LAYERS_PER_SHARD)):
@@ -97,7 +99,14 @@ def generate(out: str | Path, tokenizer_from: str | Path, layers: int = 32, seed
             })
         if first + LAYERS_PER_SHARD >= layers:
             tensors.update({"model.norm.weight": ones(), "lm_head.weight": rand(VOCAB, HIDDEN)})
-        save_file(tensors, str(out / f"model-{first // LAYERS_PER_SHARD:05d}.safetensors"), metadata={"format": "pt"})
+        shard = f"model-{first // LAYERS_PER_SHARD:05d}.safetensors"
+        save_file(tensors, str(out / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, shard))
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+    # transformers finds the shards through their index (SGLang globs them); the GPU tier compares a
+    # few samples with transformers.
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     (out / "hsextract-llama8b.json").write_text(json.dumps({"layers": layers, "seed": seed}))
     return out
 
