@@ -5,12 +5,16 @@ One fleet per session, and the life of a real fleet run, in this order:
 
 1. ``extract.yml`` over the group {a, b}: each host takes its shard k/2 of one 24-row dataset and
    records the fleet's run identity; the play returns with the run going on;
-2. host b's units (client, drain, server) are stopped mid-run, some of its samples written;
+2. host b's units (client, drain, server) are stopped mid-run, once two of its samples are written;
 3. ``extract.yml -e wait=true`` again: a changes nothing, b resumes, both finish;
 4. ``playbooks/status.yml``: the fleet's table, and its JSON in a file on the controller;
-5. ``collect.yml`` onto host a, its ``hsextract collect`` killed with SIGKILL once it has
-   committed its first sample; run again, it finishes; an uninterrupted collect into another
+5. ``collect.yml`` onto host a, its ``hsextract collect`` killed with SIGKILL with its batch
+   fetched and nothing committed; run again, it finishes; an uninterrupted collect into another
    directory gives the same set.
+
+Both interruptions are made on the host itself the moment its run reaches them
+(support/fleet_interrupts.py): from the test, b could finish its shard before the stop landed,
+and the collect commit its batch before the kill.
 
 The tests then read what that left, and bad inventories run against the converged fleet: each
 stops with one line and leaves the hosts' training sets as they were.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -28,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.formats.manifest import iter_entries
+from support import fleet_interrupts
 from support.hosts import Fleet, missing_requirements
 from support.playbook_sandbox import REPO, PlayResult, snapshot_repo
 
@@ -42,39 +48,6 @@ from hsextract.client.dataset import Sample, read_dataset
 encoder = SampleEncoder(load_tokenizer(sys.argv[1]), int(sys.argv[3]), "truncate")
 print(json.dumps({item.index: encoder.encode(item).input_ids for item in read_dataset(sys.argv[2])
                   if isinstance(item, Sample)}))
-"""
-# Runs on the collector: find the collect's process first, then SIGKILL it the moment its first
-# sample is fetched into the set's temporary directory (before any is committed: the collect
-# commits 32 at a time, this set at once), and say how far it got.
-KILLER = """import json, os, signal, sys, time
-into, report = sys.argv[1], sys.argv[2]
-tmp, manifest = os.path.join(into, ".hsextract", "collect-tmp"), os.path.join(into, "manifest.jsonl")
-def collect():
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")
-        except OSError:
-            continue
-        if b"hsextract" in argv and b"collect" in argv and b"--into" in argv:
-            return int(p)
-deadline = time.monotonic() + 900
-pid = None
-while pid is None and time.monotonic() < deadline:
-    pid = collect()
-    time.sleep(0.001)
-while pid and os.path.exists(f"/proc/{pid}"):
-    try:
-        fetched = [n for n in os.listdir(tmp) if n.endswith(".tmp")]
-    except FileNotFoundError:
-        fetched = []
-    if fetched:
-        os.kill(pid, signal.SIGKILL)
-        try:
-            lines = open(manifest, "rb").read().count(b"\\n")
-        except FileNotFoundError:
-            lines = 0
-        json.dump({"fetched_at_kill": len(fetched), "lines_at_kill": lines, "pid": pid}, open(report, "w"))
-        break
 """
 
 
@@ -110,6 +83,19 @@ def manifest_indices(out: Path) -> list[int]:
     except FileNotFoundError:
         return []
     return [json.loads(line)["dataset_index"] for line in text.split("\n")[:-1]]
+
+
+def read_json(path: Path) -> dict | None:
+    """A report the host wrote whole (by rename), or None before it has."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def interrupt(f: Fleet, name: str, *args: str) -> None:
+    """Start support/fleet_interrupts.py on host `name` (a transient unit): it acts when the run gets there.
+    The script is copied into the host's home, as the host sees no other directory of the test's."""
+    script = shutil.copy(fleet_interrupts.__file__, f.hosts[name].home / "fleet_interrupts.py")
+    f.hosts[name].box.run("systemd-run", f"--unit=hsx-test-{args[0]}", "--quiet", "/usr/bin/python3", str(script),
+                          *args, check=True)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
@@ -149,12 +135,12 @@ def fleet(tmp_path_factory):
             return f.playbook(repo, inv, playbook, *args, extra_vars=extra or None, log_dir=logs, label=label)
 
         state["play"] = play
+        b, stopped = output_of(f, "b"), f.hosts["b"].home / "stopped.json"
+        interrupt(f, "b", "stop-units", str(b), str(STOPPED_AT), str(stopped), *UNITS)
         state["first"] = play("1-extract", "extract.yml")
         if state["first"].rc == 0:
-            b = output_of(f, "b")
-            state["b_written_at_stop"] = len(wait_for(lambda: len(manifest_indices(b)) >= STOPPED_AT and
-                                                       manifest_indices(b), 600, "host b's first samples"))
-            f.hosts["b"].box.run("systemctl", "stop", *UNITS, check=True)
+            state["b_stopped"] = wait_for(lambda: read_json(stopped), 600, "host b's units stopped after its first "
+                                          "samples")
             state["b_finished_at_stop"] = bool(client_summaries(b))
             state["b_written_after_stop"] = manifest_indices(b)
             state["b_units_after_stop"] = f.hosts["b"].box.run("systemctl", "is-active", *UNITS).stdout.split()
@@ -165,11 +151,11 @@ def fleet(tmp_path_factory):
                             f"{os.environ['HSEXTRACT_VENV']}/bin/python", "collect_draft_vocab_sizes": [64]}
             into = f.hosts["a"].home / "collected"
             killed = f.hosts["a"].home / "killed.json"
-            f.hosts["a"].box.run("systemd-run", "--unit=hsx-test-collect-killer", "--quiet", "/usr/bin/python3", "-c",
-                                 KILLER, str(into), str(killed), check=True)
+            interrupt(f, "a", "kill-collect", str(into), str(killed))
             state["collect_killed"] = play("4-collect-killed", "playbooks/collect.yml", collect_into=str(into),
                                            **collect_vars)
-            state["killed"] = json.loads(killed.read_text()) if killed.exists() else None
+            # Written once the killed collect's held sample is back: the next collect finds it.
+            state["killed"] = wait_for(lambda: read_json(killed), 60, "the collect's killer's report")
             state["collect"] = play("5-collect-again", "playbooks/collect.yml", collect_into=str(into), **collect_vars)
             state["into"] = into
             state["into_whole"] = f.hosts["a"].home / "collected-whole"
@@ -235,6 +221,7 @@ def test_the_fleet_plan_runs_before_anything_starts_and_covers_the_dataset(fleet
 def test_a_host_stopped_mid_run_finishes_on_the_next_run_with_nothing_twice(fleet):
     assert_ok(need(fleet, "second"), "extract.yml -e wait=true after host b was stopped")
     f = fleet["fleet"]
+    assert "lines_at_stop" in fleet["b_stopped"], f"host b was not stopped: {fleet['b_stopped']}"
     assert not fleet["b_finished_at_stop"], "host b had finished before its units were stopped: not mid-run"
     assert all(state in ("inactive", "failed") for state in fleet["b_units_after_stop"]), fleet["b_units_after_stop"]
     written_before = fleet["b_written_after_stop"]
@@ -267,8 +254,8 @@ def test_the_status_play_prints_one_fleet_table_and_writes_it_as_json(fleet):
 
 def test_a_collect_killed_mid_copy_finishes_on_the_next_run_with_the_uninterrupted_set(fleet):
     killed = need(fleet, "collect_killed")
-    assert fleet["killed"] is not None, "the collect finished before the kill"
-    assert fleet["killed"]["fetched_at_kill"] > 0 and fleet["killed"]["lines_at_kill"] < LINES, fleet["killed"]
+    assert fleet["killed"].get("held"), f"the collect was not held at its last sample: {fleet['killed']}"
+    assert fleet["killed"]["fetched_at_kill"] > 0 and fleet["killed"]["lines_at_kill"] == 0, fleet["killed"]
     assert killed.rc != 0, "the killed collect's play should fail"
     assert_ok(fleet["collect"], "collect.yml after the kill", hosts=("a",))
     assert_ok(fleet["collect_whole"], "an uninterrupted collect.yml", hosts=("a",))
