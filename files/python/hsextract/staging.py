@@ -38,9 +38,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hsextract.durable import atomic_write_bytes
 from hsextract.errors import StagingError
@@ -53,30 +51,46 @@ FORMAT_VERSION = 1
 # Data starts on a 4 KiB boundary so row slices stay page aligned in the file.
 _ALIGN = 4096
 
-DTYPES: dict[str, tuple[torch.dtype, str, int]] = {
-    "bfloat16": (torch.bfloat16, "BF16", 2),
-    "float16": (torch.float16, "F16", 2),
-    "float32": (torch.float32, "F32", 4),
-}
-_ST_TO_NAME = {st: name for name, (_, st, _) in DTYPES.items()}
+if TYPE_CHECKING:
+    import torch
+
+# The staged dtypes: safetensors code and bytes per element. Torch is imported only where a tensor
+# is made (`read_states`, `DTYPES`): the client reads names and markers here and must not pay
+# torch's import (seconds) at its start (hsextract.client.startup).
+_DTYPE_CODES: dict[str, tuple[str, int]] = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
+_ST_TO_NAME = {st: name for name, (st, _) in _DTYPE_CODES.items()}
+
+
+@functools.cache
+def _torch_dtypes() -> dict[str, tuple[torch.dtype, str, int]]:
+    import torch
+
+    return {name: (getattr(torch, name), st, size) for name, (st, size) in _DTYPE_CODES.items()}
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES`` (name -> torch dtype, safetensors code, bytes), built on first use."""
+    if name == "DTYPES":
+        return _torch_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """The staging name of a torch dtype ("bfloat16", ...); raise for dtypes the format does not hold."""
-    for name, (dt, _, _) in DTYPES.items():
+    for name, (dt, _, _) in _torch_dtypes().items():
         if dt == dtype:
             return name
-    raise StagingError(f"dtype {dtype} cannot be staged; supported: {', '.join(DTYPES)}")
+    raise StagingError(f"dtype {dtype} cannot be staged; supported: {', '.join(_DTYPE_CODES)}")
 
 
 @functools.lru_cache(maxsize=1024)  # 4 KiB each: prompt lengths recur, most of all in a stress
 def _header_bytes(prompt_len: int, num_slots: int, hidden_size: int, dtype: str) -> bytes:
     """The safetensors header of a states file of this shape (see `StateFileLayout.header`)."""
-    row_bytes = num_slots * hidden_size * DTYPES[dtype][2]
+    row_bytes = num_slots * hidden_size * _DTYPE_CODES[dtype][1]
     hidden_len = prompt_len * row_bytes
     meta = {
         "hidden": {
-            "dtype": DTYPES[dtype][1],
+            "dtype": _DTYPE_CODES[dtype][0],
             "shape": [prompt_len, num_slots, hidden_size],
             "data_offsets": [0, hidden_len],
         },
@@ -105,7 +119,7 @@ class StateFileLayout:
 
     @property
     def elem_size(self) -> int:
-        return DTYPES[self.dtype][2]
+        return _DTYPE_CODES[self.dtype][1]
 
     @property
     def row_bytes(self) -> int:
@@ -383,7 +397,9 @@ def read_states(path: str | Path) -> StagedStates:
     end = start + ids["data_offsets"][1]
     if len(buf) < end:
         raise StagingError(f"{p}: truncated: {len(buf)} bytes, header promises {end}")
-    torch_dtype = DTYPES[dtype_name_][0]
+    import torch
+
+    torch_dtype = _torch_dtypes()[dtype_name_][0]
     mv = memoryview(buf)
     hs, he = h["data_offsets"]
     is_, ie = ids["data_offsets"]

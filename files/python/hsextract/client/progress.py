@@ -49,6 +49,7 @@ class RunStats:
     paused_since: float | None = None  # time.monotonic() of the pause under way, if one is
     state: str = "running"
     error: str = ""
+    startup_s: dict[str, float] = field(default_factory=dict)  # each start-up phase (hsextract.client.startup)
     started: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)
     # Which start of the client this is: its summary carries it, so a drain tells a new run's end
@@ -149,6 +150,7 @@ class RunStats:
             "tokens": self.tokens,
             "wall_s": round(time.monotonic() - self.started, 2),
             "paused_s": round(self.paused_total_s, 1),
+            "startup_s": dict(self.startup_s),
             "attempt": self.attempt,
             "finished_at": time.time(),
         }

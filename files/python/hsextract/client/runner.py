@@ -48,6 +48,7 @@ from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
 from hsextract.client.server_limit import ServerLimit, server_limit
 from hsextract.client.start_state import begin_run, read_previous, record_unstarted
+from hsextract.client.startup import StartupClock
 from hsextract.client.stoppable import call_unless_stopped
 from hsextract.durable import atomic_write_json, check_writable
 from hsextract.errors import ConfigError, HsextractError
@@ -134,6 +135,7 @@ class ExtractRun:
     """A client run; `run()` returns the final stats or raises HsextractError (server gone, bad setup)."""
 
     def __init__(self, cfg: ExtractConfig, stop: threading.Event | None = None):
+        self.startup = StartupClock()  # first: its phases start where the imports ended
         self.cfg = cfg
         self.stop = stop or threading.Event()
         check_prefix(cfg.rid_prefix)
@@ -143,9 +145,10 @@ class ExtractRun:
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
         # Seconds (transformers' import, the tokenizer's files): a stop must not wait for it.
-        self.encoder = call_unless_stopped(self.stop, "loading the tokenizer", functools.partial(
-            build_encoder, Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only,
-            cfg.min_loss_tokens, quiet=True))
+        with self.startup.phase("tokenizer"):
+            self.encoder = call_unless_stopped(self.stop, "loading the tokenizer", functools.partial(
+                build_encoder, Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only,
+                cfg.min_loss_tokens, quiet=True))
         self.tokenizer = self.encoder.tok
         # Resolved once: records name it for the drain, whose working directory is not this one.
         self.output = Path(cfg.output).resolve()
@@ -292,17 +295,25 @@ class ExtractRun:
         previous = read_previous(out, cfg.shard)
         reporter: Reporter | None = None
         try:
-            run_id = self._check_output(out)
-            st.dataset_lines = call_unless_stopped(self.stop, "counting the dataset's rows",
-                                                   functools.partial(count_rows, cfg.dataset))
+            clock = self.startup
+            with clock.phase("output_checks"):
+                run_id = self._check_output(out)
+            with clock.phase("dataset_count"):
+                st.dataset_lines = call_unless_stopped(self.stop, "counting the dataset's rows",
+                                                       functools.partial(count_rows, cfg.dataset))
             st.samples_total = shard_size(st.dataset_lines, cfg.shard)
             reporter = Reporter(st, out, status_every=cfg.status_every_s, log_every=cfg.log_every_s, shard=cfg.shard)
             reporter.start()
             log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
                      cfg.dataset, cfg.server)
-            self._wait_for_server()
-            self._take_server_limit()
-            self._probe(run_id)
+            with clock.phase("server_wait"):
+                self._wait_for_server()
+            with clock.phase("server_limit"):
+                self._take_server_limit()
+            with clock.phase("probe"):
+                self._probe(run_id)
+            st.startup_s = dict(clock.phases)
+            log.info("start-up: %s", clock.describe())
         except BaseException as exc:
             self._unstarted(reporter, previous, exc)
             raise
