@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 from hsextract.formats.manifest import iter_entries
 from support import fleet_interrupts
+from support.client_run import wait_for
 from support.hosts import Fleet, missing_requirements
 from support.playbook_sandbox import REPO, PlayResult, snapshot_repo
 
@@ -96,16 +97,6 @@ def interrupt(f: Fleet, name: str, *args: str) -> None:
     script = shutil.copy(fleet_interrupts.__file__, f.hosts[name].home / "fleet_interrupts.py")
     f.hosts[name].box.run("systemd-run", f"--unit=hsx-test-{args[0]}", "--quiet", "/usr/bin/python3", str(script),
                           *args, check=True)
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from support.playbook_sandbox import SDBOX, PlayResult, Sandbox
+from support.playbook_sandbox import SDBOX, PlayResult, Sandbox, play_result
 
 SSHD = "/usr/sbin/sshd"
 
@@ -224,12 +224,4 @@ class Fleet:
                "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_HOST_KEY_CHECKING": "1",
                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.root / "cp"), "PYTHONDONTWRITEBYTECODE": "1"}
         r = self.in_controller(*argv, timeout=timeout, check=False, cwd=repo, env=env)
-        log = r.stdout + "\n--- stderr ---\n" + r.stderr
-        if log_dir is not None:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            (log_dir / f"{label}.json").write_text(log)
-        try:
-            data = json.loads(r.stdout[r.stdout.index("{"):])
-        except ValueError:
-            data = {}
-        return PlayResult(r.returncode, data.get("stats", {}), data.get("plays", []), log)
+        return play_result(r, log_dir, label)

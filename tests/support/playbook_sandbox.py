@@ -66,6 +66,20 @@ class PlayResult:
         return "\n".join(parts)
 
 
+def play_result(r: subprocess.CompletedProcess, log_dir: Path | None, label: str) -> PlayResult:
+    """The result of an ansible-playbook run under the hsx_json callback; its output kept as
+    ``log_dir/<label>.json`` where a log directory is given."""
+    log = r.stdout + "\n--- stderr ---\n" + r.stderr
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"{label}.json").write_text(log)
+    try:
+        data = json.loads(r.stdout[r.stdout.index("{"):])
+    except ValueError:
+        data = {}
+    return PlayResult(r.returncode, data.get("stats", {}), data.get("plays", []), log)
+
+
 def snapshot_repo(dest: Path) -> Path:
     """Copy the working tree (tracked and untracked, not ignored files) to ``dest``.
 
@@ -170,12 +184,4 @@ class Sandbox:
             **self.env,
         }
         r = self.run(*argv, timeout=timeout, env=env)
-        log = r.stdout + "\n--- stderr ---\n" + r.stderr
-        if log_dir is not None:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            (log_dir / f"{label}.json").write_text(log)
-        try:
-            data = json.loads(r.stdout[r.stdout.index("{"):])
-        except ValueError:
-            data = {}
-        return PlayResult(r.returncode, data.get("stats", {}), data.get("plays", []), log)
+        return play_result(r, log_dir, label)
