@@ -122,5 +122,8 @@ def test_a_regenerated_dataset_inside_the_source_stops_the_play(play):
 
 
 def test_extract_yml_checks_the_settings_first_whatever_the_tags():
-    first = yaml.safe_load((REPO / "extract.yml").read_text())[0]["roles"][0]
-    assert first["role"] == "hsextract" and "always" in first["tags"]
+    # The fleet role first (each host's shard, which the settings' check then validates; it changes
+    # nothing), then the settings' check: both run under any tag, before any role that changes a host.
+    fleet, settings = yaml.safe_load((REPO / "extract.yml").read_text())[0]["roles"][:2]
+    assert (fleet["role"], settings["role"]) == ("fleet", "hsextract")
+    assert "always" in fleet["tags"] and "always" in settings["tags"]
