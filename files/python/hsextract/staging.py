@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 # torch's import (seconds) at its start (hsextract.client.startup).
 _DTYPE_CODES: dict[str, tuple[str, int]] = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
 _ST_TO_NAME = {st: name for name, (st, _) in _DTYPE_CODES.items()}
+DTYPE_BYTES = {name: size for name, (_, size) in _DTYPE_CODES.items()}  # what a staged element takes
 
 
 @functools.cache

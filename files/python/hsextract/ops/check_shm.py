@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from hsextract.client import defaults
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.staging import DTYPE_BYTES
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 PAGE = 4096
 PAGES_PER_REQUEST = 3  # states file header page, done.json, the client's record
 
