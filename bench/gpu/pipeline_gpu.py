@@ -22,10 +22,15 @@ What runs, for each model (``--models``: the 8B-shaped Llama and the tiny DeepSe
    ids and fingerprint: what the capture and the overlap scheduler cost at the server), and of the
    whole pipeline on the overlap capture server: the client's own wall time, and the whole
    pipeline's (start of both processes to the drain's exit), the client's start-up, and the
-   drain's GB/s beside the disk's own (``dd conv=fsync``).
+   drain's GB/s beside the disk's own (``dd conv=fsync``);
+5. ``tiny`` in ``--models``: the client's ceiling. A tiny Llama on the GPU answers almost at once, so
+   the throughput rounds (short prompts, the plain loop against the plain and the capture server,
+   and the product) measure how many samples a second one `hsextract extract` process sends, records
+   and confirms, against the plain loop's rate.
 
     python3 bench/gpu/pipeline_gpu.py --bundle .gpu                    # on the GPU host
     python3 bench/gpu/pipeline_gpu.py --device cpu --samples 40        # dry run on a CPU (tiny models)
+    python3 bench/gpu/pipeline_gpu.py --bundle .gpu --models tiny --correctness-models none --rounds 3
 
 Results: ``pipeline_gpu.json`` in ``--results`` (bench/results on a GPU) and in ``$OUT`` where set.
 Exits 0 only if every correctness run passed.
@@ -59,7 +64,9 @@ from gpu_server import ServerHandle, ServerSpec, start, wait_healthy  # noqa: E4
 SITE = Path("/tmp/hsx-gpu-site")
 FORMAT = "specforge"  # the project's default format (the capture patch's default final-norm placement)
 PORT = 30400
-MODEL_KINDS = ("llama8b", "dsv3")
+MODEL_KINDS = ("llama8b", "dsv3", "tiny")
+DEFAULT_MODELS = "llama8b,dsv3"  # "tiny": the client's ceiling (a tiny Llama on the GPU answers at once)
+ALL_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline")
 
 
 @dataclass
@@ -73,6 +80,10 @@ class ModelPlan:
     chunk: int
     server_args: tuple[str, ...]
     servers: dict[str, ServerHandle] = field(default_factory=dict)
+    sides: tuple[str, ...] = ALL_SIDES  # the throughput rounds' sides
+    samples: int = 0  # the throughput dataset's size (0: --samples)
+    mean_words: int = 120
+    long_prompts: bool = True
 
 
 # ---- dataset ---------------------------------------------------------------------------------------
@@ -82,8 +93,10 @@ _TEXT = ("the capital city of france is paris hello world this is a tiny test mo
 _ENGLISH = _TEXT.split()
 
 
-def write_dataset(path: Path, n: int, context: int, words: str, seed: int = 0, mean_words: int = 120) -> dict:
-    """``n`` conversations (1-3 turns) of varied lengths; returns what was made (word counts)."""
+def write_dataset(path: Path, n: int, context: int, words: str, seed: int = 0, mean_words: int = 120,
+                  long_prompts: bool = True) -> dict:
+    """``n`` conversations (1-3 turns) of varied lengths, with a share of long ones unless
+    ``long_prompts`` is false; returns what was made (word counts)."""
     rng = random.Random(seed)
     vocab = [f"w{i}" for i in range(100, 120_000)] if words == "w" else _ENGLISH
     budget = context - 64  # the chat template's tokens and the reply's
@@ -96,7 +109,7 @@ def write_dataset(path: Path, n: int, context: int, words: str, seed: int = 0, m
         for i in range(n):
             turns = 1 + rng.randrange(3)
             sizes = [int(rng.expovariate(1 / mean_words)) + 2 for _ in range(2 * turns)]
-            if i % 20 == 7:  # long: several chunks of the prefill
+            if long_prompts and i % 20 == 7:  # long: several chunks of the prefill
                 sizes[0] = rng.randint(min(2_000, budget // 4), min(8_000, budget // 2))
             if i in (3, 11, 19) and budget >= 20_000:  # near the context
                 sizes[0] = rng.randint(16_000, min(30_000, budget - sum(sizes[1:]) - 200))
@@ -200,6 +213,7 @@ def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float,
         "fingerprinted": sum(1 for e in entries if e.fingerprint),
         "client_summary": {k: summary.get(k) for k in ("ok", "failed", "retried", "truncated", "tokens", "wall_s")},
         "client_tokens_per_s": round(summary["tokens"] / summary["wall_s"], 1) if summary.get("wall_s") else None,
+        "client_samples_per_s": round(summary["ok"] / summary["wall_s"], 1) if summary.get("wall_s") else None,
         "pipeline_wall_s": round(wall, 2), "client_process_wall_s": round(client_wall, 2),
         "pipeline_tokens_per_s": round(tokens / wall, 1) if wall else None,
         "client_startup_s": first_request, "drain_gb_per_s": round(nbytes / 1e9 / wall, 3) if wall else None,
@@ -344,6 +358,12 @@ def plan_models(kinds: list[str], env: gpu_env.GpuEnv, work: Path, gpu: int, say
         elif kind == "llama8b":  # the dry run: the tiny Llama in its place
             plans.append(ModelPlan(kind, tiny_llama, 2048, "en", 64, (
                 "--chunked-prefill-size", "64", "--max-total-tokens", "8192", "--max-running-requests", "32")))
+        elif kind == "tiny":  # the client's ceiling: short prompts, a server that answers at once
+            plans.append(ModelPlan(kind, tiny_llama, 2048, "en", 2048, (
+                "--max-total-tokens", "262144", "--max-running-requests", "512", "--mem-fraction-static", "0.1")
+                if env.cuda else ("--max-total-tokens", "8192", "--max-running-requests", "64"),
+                sides=("plain_loop", "loop_on_capture", "pipeline"), samples=6000 if env.cuda else 300,
+                mean_words=12, long_prompts=False))
         else:
             path = ensure_tiny_model("dsv3-gpu" if env.cuda else "dsv3", work / "models" / "dsv3")
             gpu_args = ("--disable-cuda-graph",) if env.cuda else ()
@@ -436,28 +456,29 @@ def run_loop_on_capture(server: ServerHandle, prompts: list[list[int]], in_fligh
             "ok": counter.complete == len(prompts) and not counter.wrong and not counter.failed}
 
 
-THROUGHPUT_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline")
-
-
 def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.Namespace, say, save,
                deadline: float) -> dict:
     """Alternating rounds, in a rotating order, of: the plain loop on the plain server; the plain loop
     on the overlap and on the no-overlap capture server (what the capture and the overlap scheduler
     cost at the server); the whole product on the overlap capture server."""
     dataset = work / f"{plan.kind}-data.jsonl"
-    if not dataset.exists():
-        write_dataset(dataset, args.samples, plan.context, plan.words, seed=args.seed)
+    res: dict = {"cases": []}
+    if plan.samples or not dataset.exists():
+        dataset = work / f"{plan.kind}-throughput-data.jsonl"
+        res["dataset"] = write_dataset(dataset, plan.samples or args.samples, plan.context, plan.words,
+                                       seed=args.seed, mean_words=plan.mean_words, long_prompts=plan.long_prompts)
     max_tokens = plan.context - 16
     prompts = encode(dataset, plan.path, max_tokens)
-    res: dict = {"disk": disk_speed(work / "dd"), "cases": []}
+    res["disk"] = disk_speed(work / "dd")
     say(f"{plan.kind}: disk {res['disk']}")
+    sides = plan.sides
     for n in args.in_flight[:2]:
-        rows: dict[str, list[dict]] = {side: [] for side in THROUGHPUT_SIDES}
+        rows: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(args.rounds):
             if time.monotonic() > deadline:
                 break
-            k = r % len(THROUGHPUT_SIDES)
-            for side in THROUGHPUT_SIDES[k:] + THROUGHPUT_SIDES[:k]:
+            k = r % len(sides)
+            for side in sides[k:] + sides[:k]:
                 if side == "plain_loop":
                     rows[side].append(run_plain_loop(plan.servers["plain"].url, prompts, n))
                 elif side == "loop_on_capture":
@@ -481,6 +502,8 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
     no_overlap = [x["tokens_per_s"] for x in rows.get("loop_on_capture_no_overlap", [])]
     client = [x["client_tokens_per_s"] for x in rows["pipeline"] if x.get("client_tokens_per_s")]
     whole = [x["pipeline_tokens_per_s"] for x in rows["pipeline"] if x.get("pipeline_tokens_per_s")]
+    plain_sps = [x["samples"] / x["wall_s"] for x in rows["plain_loop"]]
+    client_sps = [x["client_samples_per_s"] for x in rows["pipeline"] if x.get("client_samples_per_s")]
     med = statistics.median
 
     def spread(v: list[float]) -> dict:
@@ -495,9 +518,13 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
             else None,
             "client_phase_over_plain": round(med(client) / med(plain), 4) if client and plain else None,
             "whole_pipeline_over_plain": round(med(whole) / med(plain), 4) if whole and plain else None,
+            "plain_loop_samples_per_s": spread([round(v, 1) for v in plain_sps]),
+            "client_phase_samples_per_s": spread(client_sps),
+            "client_samples_over_plain": round(med(client_sps) / med(plain_sps), 4) if client_sps and plain_sps
+            else None,
             "client_startup_s": spread([x["client_startup_s"] for x in rows["pipeline"] if x.get("client_startup_s")]),
             "drain_gb_per_s": spread([x["drain_gb_per_s"] for x in rows["pipeline"] if x.get("drain_gb_per_s")]),
-            "all_validated": all(x["ok"] for side in THROUGHPUT_SIDES[1:] for x in rows.get(side, [])),
+            "all_validated": all(x["ok"] for side in ALL_SIDES[1:] for x in rows.get(side, [])),
             "per_round": rows}
 
 
@@ -529,11 +556,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--bundle", type=Path, default=REPO / ".gpu")
-    ap.add_argument("--models", default=",".join(MODEL_KINDS), help=f"comma-separated, of {MODEL_KINDS}")
+    ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated, of {MODEL_KINDS}")
     ap.add_argument("--samples", type=int, default=600)
     ap.add_argument("--dsv3-samples", type=int, default=0, help="the tiny DeepSeek's dataset size (0: --samples)")
     ap.add_argument("--dsv3-in-flight", default="", help="the tiny DeepSeek's bounds (default: --in-flight)")
-    ap.add_argument("--compare-no-overlap", default=",".join(MODEL_KINDS),
+    ap.add_argument("--compare-no-overlap", default=DEFAULT_MODELS,
                     help="the models whose rows are compared with a no-overlap server's")
     ap.add_argument("--in-flight", default="32,128,256", help="in-flight bounds; the first is the default's")
     ap.add_argument("--rounds", type=int, default=0, help="alternating throughput rounds per side (0: none)")
@@ -598,8 +625,8 @@ def run(args: argparse.Namespace, result: dict, say, save, deadline: float) -> N
     extra = parallel_args(args.tp, args.dp_attention)
     plans = plan_models(args.models.split(","), env, args.work, gpus[0], say)
     def start_model(k: int) -> None:
-        # The throughput rounds run on the 8B-shaped model only (the tiny ones answer at once).
-        plain = args.rounds > 0 and plans[k].kind == "llama8b"
+        # The throughput rounds run on the 8B-shaped model and, for the client's ceiling, the tiny one.
+        plain = args.rounds > 0 and plans[k].kind in ("llama8b", "tiny")
         start_servers(plans[k], env, args.work, gpus, PORT + 10 * k, extra, plain=plain)
 
     # One model's servers start together; the next model's once these are up, while these run: SGLang
