@@ -26,7 +26,7 @@ from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import parse_ids
 from hsextract.report import client_lines
-from hsextract.shard import parse_shard
+from hsextract.shard import parse_process, parse_shard, sub_shard
 from hsextract.status import problem_files
 
 REQUIRED = ("server", "dataset", "model", "dump_dir", "output", "format")
@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"request id prefix the capture writes (default: {_default('rid_prefix')})")
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's")
     g.add_argument("--shard", default="0/1", help="take samples with index %% n == i (i/n; default 0/1)")
+    g.add_argument("--process", metavar="J/P",
+                   help="run as client process j of P on this shard (default 0/1): one process may not keep a "
+                        "large server busy (data parallelism), so P processes on one output each take every Pth "
+                        "sample of the shard, the sub-shard (i + n*j)/(n*P), with one run id and exact accounts")
     g.add_argument("--last-turn-only", action="store_true",
                    help="train on the last assistant turn only (conversations; a tokenized row keeps its mask)")
     g.add_argument("--min-loss-tokens", type=int, default=0,
@@ -110,7 +114,7 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         max_tokens=args.max_tokens,
         max_row_bytes=int(args.max_row_bytes),
         overlong=args.overlong,
-        shard=parse_shard(args.shard),
+        shard=_shard(args),
         shm_min_free=parse_watermark(args.shm_min_free),
         max_staged=int(args.max_staged) or None,
         chat_template=template,
@@ -123,6 +127,18 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         probe_timeout_s=float(args.probe_timeout),
         log_every_s=float(args.log_every),
     )
+
+
+def _shard(args: argparse.Namespace) -> tuple[int, int]:
+    """The shard this process takes: ``--shard`` (or the config's), narrowed by ``--process`` to its sub-shard."""
+    shard = parse_shard(args.shard)
+    if not getattr(args, "process", None):
+        return shard
+    try:
+        return sub_shard(shard, parse_process(args.process))
+    except ConfigError as exc:
+        where = f" (of shard {shard[0]}/{shard[1]})" if shard != (0, 1) else ""
+        raise ConfigError(f"--process{where}: {exc}") from None
 
 
 def _count_layers(text: str | None) -> int:
