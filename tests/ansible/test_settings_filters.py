@@ -40,6 +40,9 @@ def test_ansible_sees_the_filters_under_their_hsextract_names():
         "hsextract_regenerated_dir_problem": checks.regenerated_dir_problem,
         "hsextract_dataset_switch_problem": checks.dataset_switch_problem,
         "hsextract_layout_path": checks.layout_path,
+        "hsextract_client_processes_problem": checks.client_processes_problem,
+        "hsextract_process_shards": checks.process_shards,
+        "hsextract_summary_path": checks.summary_path,
     }
 
 
@@ -191,3 +194,26 @@ def test_a_layout_path_is_the_layout_modules(name):
 def test_an_unknown_layout_file_is_an_error_listing_the_known_ones():
     with pytest.raises(ValueError, match=r"has no file 'client_sumary'; it has .*client_summary"):
         checks.layout_path("/out", "client_sumary")
+
+
+@pytest.mark.parametrize("value", ["auto", 1, 8, "2"])
+def test_auto_or_a_number_of_client_processes_passes(value):
+    assert checks.client_processes_problem(value) == ""
+
+
+@pytest.mark.parametrize(("value", "says"), [(0, "P >= 1"), (-2, "P >= 1"), ("many", "got 'many'"), (True, "got True"),
+                                             ("2.5", "got '2.5'")])
+def test_a_number_of_client_processes_the_client_refuses_is_refused_naming_the_variable(value, says):
+    problem = checks.client_processes_problem(value)
+    assert problem.startswith("hsextract_client_processes: expected auto or a number of client processes >= 1")
+    assert says in problem
+
+
+def test_the_processes_shards_are_the_clients_sub_shards_of_the_host_shard():
+    assert checks.process_shards("1/2", 2) == ["1/4", "3/4"]
+    assert checks.process_shards("0/1", 1) == ["0/1"]
+
+
+def test_a_processs_summary_is_the_file_its_client_writes():
+    assert checks.summary_path("3/4", "/o") == str(layout.client_summary_path("/o", (3, 4)))
+    assert checks.summary_path("0/1", "/o") == str(layout.client_summary_path("/o"))

@@ -30,6 +30,8 @@ if str(_SOURCE) not in sys.path:
 from hsextract import layers, layout, model_info, records, shard  # noqa: E402
 from hsextract.errors import ConfigError  # noqa: E402
 
+_parse_shard = shard.parse_shard  # for `layout_path`, whose parameter `shard` hides the module
+
 
 def rid_prefix_problem(prefix: str) -> str:
     """What is wrong with ``hsextract_rid_prefix`` for the client and the capture ("" if nothing)."""
@@ -56,6 +58,35 @@ def shard_problem(text: str) -> str:
     if text != f"{i}/{n}":
         return f"hsextract_shard: shard {text!r}: write it as '{i}/{n}'."
     return ""
+
+
+def client_processes_problem(value: object) -> str:
+    """What is wrong with ``hsextract_client_processes`` ("" if nothing): "auto", or a number of
+    client processes >= 1, as ``hsextract extract --process j/P`` takes it."""
+    if str(value) == "auto":
+        return ""
+    try:
+        if isinstance(value, bool) or str(value).strip() != str(int(str(value))):
+            raise ValueError(value)
+        shard.check_process(0, int(str(value)))
+    except (ValueError, ConfigError) as exc:
+        why = f" ({exc})" if isinstance(exc, ConfigError) else ""
+        return (f"hsextract_client_processes: expected auto or a number of client processes >= 1, "
+                f"got {value!r}{why}.")
+    return ""
+
+
+def process_shards(host_shard: str, processes: int | str) -> list[str]:
+    """The sub-shards of the host's client processes, process j's at index j, as ``i/n``
+    (hsextract.shard.sub_shard): the names of their files in the output (their summaries)."""
+    host = shard.parse_shard(str(host_shard or "0/1"))
+    count = int(processes)
+    return ["{}/{}".format(*shard.sub_shard(host, (j, count))) for j in range(count)]
+
+
+def summary_path(of_shard: str, output_dir: str) -> str:
+    """The summary of the client of shard `of_shard` (``i/n``) in `output_dir`, as hsextract.layout names it."""
+    return layout_path(output_dir, "client_summary", shard=of_shard)
 
 
 def aux_layer_problem(ids: str | Sequence[int] | None, convention: str,
@@ -144,13 +175,16 @@ def _layout_files() -> dict[str, Callable[[str], Path]]:
             if name.endswith("_path") and callable(function) and takes_one(function)}
 
 
-def layout_path(directory: str, name: str) -> str:
+def layout_path(directory: str, name: str, shard: str = "") -> str:
     """The path of a run's file `name` in `directory` (an output or staging directory), as
-    `hsextract.layout.<name>_path` gives it: e.g. ``output | hsextract_layout_path('client_summary')``."""
+    `hsextract.layout.<name>_path` gives it: e.g. ``output | hsextract_layout_path('client_summary')``;
+    a client file of a shard's client with ``shard='i/n'``."""
     files = _layout_files()
     if name not in files:
         raise ValueError(f"hsextract_layout_path: hsextract.layout has no file {name!r}; "
                          f"it has {', '.join(sorted(files))}")
+    if shard:
+        return str(files[name](str(directory), _parse_shard(shard)))  # type: ignore[call-arg]
     return str(files[name](str(directory)))
 
 
@@ -165,4 +199,7 @@ class FilterModule:
             "hsextract_regenerated_dir_problem": regenerated_dir_problem,
             "hsextract_dataset_switch_problem": dataset_switch_problem,
             "hsextract_layout_path": layout_path,
+            "hsextract_client_processes_problem": client_processes_problem,
+            "hsextract_process_shards": process_shards,
+            "hsextract_summary_path": summary_path,
         }
