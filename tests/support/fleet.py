@@ -21,8 +21,9 @@ from hsextract.client.dataset_record import check_and_record
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.core import Drainer
 from hsextract.formats import FORMATS
-from hsextract.layout import client_status_path, client_summary_path, failures_path, rejects_path
+from hsextract.layout import WHOLE_DATASET, client_status_path, client_summary_path, failures_path, rejects_path
 from hsextract.records import SampleRecord, make_rid, write_record
+from hsextract.shard import sub_shard
 
 from support.staged_dumps import Staged, stage_sample
 
@@ -53,6 +54,16 @@ class HostPlan:
     rejected: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     quarantined: set[int] = field(default_factory=set)
+    # client processes that extracted the shard (hsextract extract --process j/P): each writes its
+    # own client files, of its sub-shard; `ran` lists those that did (default: all of them)
+    processes: int = 1
+    ran: tuple[int, ...] | None = None
+
+    def client_shards(self) -> list[tuple[int, int]]:
+        """The shards whose clients wrote files: the host's, or the sub-shards of the processes that ran."""
+        if self.processes == 1:
+            return [self.shard]
+        return [sub_shard(self.shard, (j, self.processes)) for j in (self.ran or range(self.processes))]
 
 
 def _append_jsonl(path: Path, objs: Iterable[dict]) -> None:
@@ -61,10 +72,12 @@ def _append_jsonl(path: Path, objs: Iterable[dict]) -> None:
         f.writelines(json.dumps(o) + "\n" for o in objs)
 
 
-def write_client_files(out: Path, shard: tuple[int, int], lines: int, *, finished: bool) -> None:
-    """The client's summary (finished) or status (still extracting) of shard `shard` of a `lines`-line dataset."""
+def write_client_files(out: Path, shard: tuple[int, int], lines: int, *, finished: bool, named: bool = False) -> None:
+    """The client's summary (finished) or status (still extracting) of shard `shard` of a `lines`-line
+    dataset; `named`: under the shard's own names, as one of several clients of an output writes them."""
     body = {"state": "done" if finished else "running", "dataset_lines": lines, "shard": list(shard)}
-    keep, drop = (client_summary_path(out), client_status_path(out))[:: 1 if finished else -1]
+    tag = shard if named else WHOLE_DATASET
+    keep, drop = (client_summary_path(out, tag), client_status_path(out, tag))[:: 1 if finished else -1]
     keep.parent.mkdir(parents=True, exist_ok=True)
     keep.write_text(json.dumps(body))
     drop.unlink(missing_ok=True)
@@ -91,17 +104,23 @@ def drain_host(out: Path, dump: Path, fmt: str, plan: HostPlan, lines: int, indi
                                                 loss_mask=s.loss_mask.tolist(), run_id=run_id))
             else:
                 written[x] = s
-    _append_jsonl(rejects_path(out), rejects)
-    _append_jsonl(failures_path(out), failures)
+    clients = plan.client_shards()
+    named = plan.processes > 1
+    for i, n in clients:
+        tag = (i, n) if named else WHOLE_DATASET
+        _append_jsonl(rejects_path(out, tag), [r for r in rejects if r["index"] % n == i])
+        _append_jsonl(failures_path(out, tag), [f for f in failures if f["index"] % n == i])
     # The drain's --exit-when-done waits for a finished client; a host still extracting gets its
     # status back once the drain has written what was staged.
-    write_client_files(out, plan.shard, lines, finished=True)
+    for shard in clients:
+        write_client_files(out, shard, lines, finished=True, named=named)
     cfg = DrainConfig(dump_dir=dump, output=out, format=fmt, workers=2, poll_interval_s=0.05, status_interval_s=0.2,
                       exit_when_done=True, max_failure_share=1.0, vocab_size=VOCAB_SIZE,
                       draft_vocab_sizes=DRAFT_SIZES, selfcheck_share=0.0, selfcheck_first=0)
     Drainer(cfg).run()
     if not finished:
-        write_client_files(out, plan.shard, lines, finished=False)
+        for shard in clients:
+            write_client_files(out, shard, lines, finished=False, named=named)
     return written
 
 
@@ -137,8 +156,8 @@ def make_fleet(root: Path, fmt: str, plans: list[HostPlan], lines: int, *, datas
         out = root / plan.name
         out.mkdir(parents=True)
         check_and_record(out, dataset, has_samples=False)
-        i, n = plan.shard
-        samples.update(drain_host(out, root / f"dump-{plan.name}", fmt, plan, lines, range(i, lines, n)))
+        indices = sorted({x for i, n in plan.client_shards() for x in range(i, lines, n)})
+        samples.update(drain_host(out, root / f"dump-{plan.name}", fmt, plan, lines, indices))
         hosts[plan.name] = out
     return Fleet(fmt, lines, dataset, hosts, {p.name: p for p in plans}, samples)
 
