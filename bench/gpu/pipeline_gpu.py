@@ -66,7 +66,7 @@ FORMAT = "specforge"  # the project's default format (the capture patch's defaul
 PORT = 30400
 MODEL_KINDS = ("llama8b", "dsv3", "tiny")
 DEFAULT_MODELS = "llama8b,dsv3"  # "tiny": the client's ceiling (a tiny Llama on the GPU answers at once)
-ALL_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline")
+ALL_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline", "pipeline_2_processes")
 
 
 @dataclass
@@ -80,7 +80,7 @@ class ModelPlan:
     chunk: int
     server_args: tuple[str, ...]
     servers: dict[str, ServerHandle] = field(default_factory=dict)
-    sides: tuple[str, ...] = ALL_SIDES  # the throughput rounds' sides
+    sides: tuple[str, ...] = ALL_SIDES[:4]  # the throughput rounds' sides
     samples: int = 0  # the throughput dataset's size (0: --samples)
     mean_words: int = 120
     long_prompts: bool = True
@@ -148,8 +148,9 @@ def product_env(env: gpu_env.GpuEnv) -> dict[str, str]:
 
 
 def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset: Path, out: Path, in_flight: int,
-                 max_tokens: int, selfcheck_share: float = 0.05) -> dict:
-    """The drain and the client, started together as separate processes; what they report."""
+                 max_tokens: int, selfcheck_share: float = 0.05, processes: int = 1) -> dict:
+    """The drain and the client (``processes`` of them, each on its sub-shard, `--process j/P`),
+    started together as separate processes; what they report."""
     shutil.rmtree(out, ignore_errors=True)
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -161,14 +162,20 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
                   "--max-in-flight", str(in_flight), "--max-tokens", str(max_tokens), "--log-every", "5"]
     run_env = product_env(env)
     t0 = time.monotonic()
-    with open(logs / "drain.log", "wb") as dlog, open(logs / "client.log", "wb") as clog:
+    with open(logs / "drain.log", "wb") as dlog:
         drain = subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT, env=run_env)
-        client = subprocess.Popen(client_cmd, stdout=clog, stderr=subprocess.STDOUT, env=run_env)
-        first_request = wait_first_record(server.dump_dir, client, t0)
-        client_rc = client.wait(timeout=1800)
+        clients = []
+        for j in range(processes):
+            extra = ["--process", f"{j}/{processes}"] if processes > 1 else []
+            with open(logs / f"client{j or ''}.log", "wb") as clog:
+                clients.append(subprocess.Popen([*client_cmd, *extra], stdout=clog, stderr=subprocess.STDOUT,
+                                                env=run_env))
+        first_request = wait_first_record(server.dump_dir, clients[0], t0)
+        client_rcs = [c.wait(timeout=1800) for c in clients]
         client_done = time.monotonic()
         drain_rc = drain.wait(timeout=1800)
     wall = time.monotonic() - t0
+    client_rc = next((rc for rc in client_rcs if rc), 0)
     return summarize(out, logs, client_rc, drain_rc, wall, client_done - t0, first_request)
 
 
@@ -189,10 +196,11 @@ def wait_first_record(dump_dir: Path, client: subprocess.Popen, t0: float) -> fl
 def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float, client_wall: float,
               first_request: float | None) -> dict:
     from hsextract.formats.manifest import iter_entries
-    from hsextract.layout import client_summary_path
+    from hsextract.layout import CLIENT_SUMMARY, client_files
     from hsextract.reconcile import read_accounts
 
-    summary = json.loads(client_summary_path(out).read_text()) if client_summary_path(out).exists() else {}
+    summaries = [json.loads(p.read_text()) for p in client_files(out, CLIENT_SUMMARY).values()]
+    summary = combine_summaries(summaries)
     accounts = read_accounts(out, out / "quarantine", final=True)
     entries = list(iter_entries(out))
     quarantined = sorted(p.name for p in (out / "quarantine").iterdir()) if (out / "quarantine").is_dir() else []
@@ -217,8 +225,25 @@ def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float,
         "pipeline_wall_s": round(wall, 2), "client_process_wall_s": round(client_wall, 2),
         "pipeline_tokens_per_s": round(tokens / wall, 1) if wall else None,
         "client_startup_s": first_request, "drain_gb_per_s": round(nbytes / 1e9 / wall, 3) if wall else None,
-        "logs_tail": None if ok else {n: tail(logs / n) for n in ("client.log", "drain.log")},
+        "logs_tail": None if ok else {p.name: tail(p) for p in sorted(logs.glob("*.log"))},
     }
+
+
+def combine_summaries(summaries: list[dict]) -> dict:
+    """The clients' summaries as one: counts and tokens summed, the longest wall time (the processes
+    run side by side), ``ok`` the answered samples."""
+    if len(summaries) <= 1:
+        return summaries[0] if summaries else {}
+    out = {k: sum(s.get(k) or 0 for s in summaries) for k in ("ok", "tokens", "truncated")}
+    for k in ("failed", "retried"):
+        merged: dict = {}
+        for s in summaries:
+            for reason, n in (s.get(k) or {}).items():
+                merged[reason] = merged.get(reason, 0) + n
+        out[k] = merged
+    out["wall_s"] = max(s.get("wall_s") or 0 for s in summaries)
+    out["processes"] = len(summaries)
+    return out
 
 
 def tail(path: Path, n: int = 30) -> str:
@@ -241,6 +266,31 @@ def loop_rate(prompts: list[list[int]], wall: float) -> dict:
     tokens = sum(map(len, prompts))
     return {"samples": len(prompts), "tokens": tokens, "wall_s": round(wall, 3),
             "tokens_per_s": round(tokens / wall, 1)}
+
+
+_TOKENIZER_PHASES = """
+import json, sys, time
+t0 = time.monotonic()
+import torch
+t1 = time.monotonic()
+from transformers import AutoTokenizer
+t2 = time.monotonic()
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+t3 = time.monotonic()
+print(json.dumps({"import_torch_s": round(t1 - t0, 2), "import_transformers_s": round(t2 - t1, 2),
+                  "from_pretrained_s": round(t3 - t2, 2)}))
+"""
+
+
+def tokenizer_load(env: gpu_env.GpuEnv, model: Path) -> dict:
+    """The client's tokenizer phase taken apart, in the product's environment beside the running
+    servers: torch's import (transformers imports it), transformers' own, and the files."""
+    done = subprocess.run([sys.executable, "-c", _TOKENIZER_PHASES, str(model)], env=product_env(env),
+                          capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": done.stderr[-1000:]}
 
 
 # ---- row comparisons -------------------------------------------------------------------------------
@@ -362,8 +412,8 @@ def plan_models(kinds: list[str], env: gpu_env.GpuEnv, work: Path, gpu: int, say
             plans.append(ModelPlan(kind, tiny_llama, 2048, "en", 2048, (
                 "--max-total-tokens", "262144", "--max-running-requests", "512", "--mem-fraction-static", "0.1")
                 if env.cuda else ("--max-total-tokens", "8192", "--max-running-requests", "64"),
-                sides=("plain_loop", "loop_on_capture", "pipeline"), samples=6000 if env.cuda else 300,
-                mean_words=12, long_prompts=False))
+                sides=("plain_loop", "loop_on_capture", "pipeline", "pipeline_2_processes"),
+                samples=6000 if env.cuda else 300, mean_words=12, long_prompts=False))
         else:
             path = ensure_tiny_model("dsv3-gpu" if env.cuda else "dsv3", work / "models" / "dsv3")
             gpu_args = ("--disable-cuda-graph",) if env.cuda else ()
@@ -470,9 +520,11 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
     max_tokens = plan.context - 16
     prompts = encode(dataset, plan.path, max_tokens)
     res["disk"] = disk_speed(work / "dd")
+    res["tokenizer_load"] = tokenizer_load(env, plan.path)
+    say(f"{plan.kind}: the client's tokenizer phase, apart: {res['tokenizer_load']}")
     say(f"{plan.kind}: disk {res['disk']}")
     sides = plan.sides
-    for n in args.in_flight[:2]:
+    for n in args.throughput_in_flight:
         rows: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(args.rounds):
             if time.monotonic() > deadline:
@@ -486,9 +538,10 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
                 elif side == "loop_on_capture_no_overlap":
                     rows[side].append(run_loop_on_capture(plan.servers["no_overlap"], prompts, n))
                 else:
-                    out = work / f"{plan.kind}-bench-{n}-{r}"
+                    procs = 2 if side == "pipeline_2_processes" else 1
+                    out = work / f"{plan.kind}-bench-{n}-{r}-{procs}"
                     rows[side].append(run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n,
-                                                   max_tokens, selfcheck_share=0.01))
+                                                   max_tokens, selfcheck_share=0.01, processes=procs))
                     shutil.rmtree(out, ignore_errors=True)
                 say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
             save({**res, "cases": [*res["cases"], case_result(n, rows)]})
@@ -504,6 +557,9 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
     whole = [x["pipeline_tokens_per_s"] for x in rows["pipeline"] if x.get("pipeline_tokens_per_s")]
     plain_sps = [x["samples"] / x["wall_s"] for x in rows["plain_loop"]]
     client_sps = [x["client_samples_per_s"] for x in rows["pipeline"] if x.get("client_samples_per_s")]
+    two_sps = [x["client_samples_per_s"] for x in rows.get("pipeline_2_processes", []) if x.get("client_samples_per_s")]
+    after_startup = [x["tokens"] / (x["pipeline_wall_s"] - x["client_startup_s"]) for x in rows["pipeline"]
+                     if x.get("client_startup_s") and x.get("tokens")]
     med = statistics.median
 
     def spread(v: list[float]) -> dict:
@@ -521,6 +577,13 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
             "plain_loop_samples_per_s": spread([round(v, 1) for v in plain_sps]),
             "client_phase_samples_per_s": spread(client_sps),
             "client_samples_over_plain": round(med(client_sps) / med(plain_sps), 4) if client_sps and plain_sps
+            else None,
+            "two_processes_samples_per_s": spread(two_sps),
+            "two_processes_over_plain": round(med(two_sps) / med(plain_sps), 4) if two_sps and plain_sps else None,
+            # from the first request to the drain's exit: the pipeline's pace once started (these runs are
+            # short, so the start-up is a large share of their wall time)
+            "whole_after_startup_tokens_per_s": spread([round(v, 1) for v in after_startup]),
+            "whole_after_startup_over_plain": round(med(after_startup) / med(plain), 4) if after_startup and plain
             else None,
             "client_startup_s": spread([x["client_startup_s"] for x in rows["pipeline"] if x.get("client_startup_s")]),
             "drain_gb_per_s": spread([x["drain_gb_per_s"] for x in rows["pipeline"] if x.get("drain_gb_per_s")]),
@@ -564,6 +627,10 @@ def main() -> int:
                     help="the models whose rows are compared with a no-overlap server's")
     ap.add_argument("--in-flight", default="32,128,256", help="in-flight bounds; the first is the default's")
     ap.add_argument("--rounds", type=int, default=0, help="alternating throughput rounds per side (0: none)")
+    ap.add_argument("--throughput-models", default="llama8b,tiny",
+                    help="the models that run the throughput rounds (with --rounds > 0)")
+    ap.add_argument("--throughput-in-flight", default="",
+                    help="the throughput rounds' in-flight bounds (default: the first two of --in-flight)")
     ap.add_argument("--correctness-models", default=None,
                     help="the models whose correctness runs are made (default: every model of --models; the "
                          "throughput rounds' pipelines are validated all the same)")
@@ -578,6 +645,8 @@ def main() -> int:
     args = ap.parse_args()
     args.in_flight = [int(x) for x in args.in_flight.split(",")]
     args.dsv3_in_flight = [int(x) for x in args.dsv3_in_flight.split(",") if x]
+    args.throughput_in_flight = [int(x) for x in args.throughput_in_flight.split(",") if x] or args.in_flight[:2]
+    args.throughput_models = args.throughput_models.split(",")
     args.correctness_models = (args.models if args.correctness_models is None else args.correctness_models).split(",")
     deadline = time.monotonic() + args.budget_s
     args.work.mkdir(parents=True, exist_ok=True)
@@ -626,7 +695,7 @@ def run(args: argparse.Namespace, result: dict, say, save, deadline: float) -> N
     plans = plan_models(args.models.split(","), env, args.work, gpus[0], say)
     def start_model(k: int) -> None:
         # The throughput rounds run on the 8B-shaped model and, for the client's ceiling, the tiny one.
-        plain = args.rounds > 0 and plans[k].kind in ("llama8b", "tiny")
+        plain = args.rounds > 0 and plans[k].kind in args.throughput_models
         start_servers(plans[k], env, args.work, gpus, PORT + 10 * k, extra, plain=plain)
 
     # One model's servers start together; the next model's once these are up, while these run: SGLang
