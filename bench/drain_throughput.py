@@ -15,6 +15,7 @@ with counting over the drain without in the same round. Saves bench/results/drai
 the LAST line is the speculators ratio with counting.
 
     python bench/drain_throughput.py [--gb 2] [--rounds 5] [--out-dir .work/bench-drain] [--workers N]
+    python bench/drain_throughput.py --hidden 64 --tokens 100,330 --gb 0.15 --formats specforge --json X
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ sys.path.insert(0, str(REPO / "files" / "python"))
 
 import torch  # noqa: E402
 from hsextract import fingerprint  # noqa: E402
-from hsextract.drain import core  # noqa: E402
+from hsextract.drain import vocab as drain_vocab  # noqa: E402
 from hsextract.drain.committer import Committer  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.formats import FORMATS as REGISTRY  # noqa: E402
@@ -46,11 +47,13 @@ from hsextract.layout import client_summary_path  # noqa: E402
 from hsextract.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
 from hsextract.staging import DoneMarker, StateFileLayout, write_done_marker  # noqa: E402
 from hsextract.vocab import counts as counts_mod  # noqa: E402
+from hsextract.vocab.tracker import VocabTracker  # noqa: E402
 
 logging.disable(logging.WARNING)
 
 FORMATS = ("specforge", "speculators-v1", "modelopt", "speculators")  # speculators last: its ratio is the last line
 HIDDEN, NUM_AUX = 4096, 3
+TOKENS = (256, 2048)  # a sample's length, drawn uniformly (--tokens)
 VOCAB = 128256  # Llama 3's vocabulary: the t2d files' length
 
 
@@ -62,7 +65,7 @@ def stage(dump: Path, run_id: str, total_bytes: int, seed: int = 0) -> tuple[int
     pool = (torch.randn(2048, NUM_AUX + 1, HIDDEN, generator=g) * 0.5).bfloat16()
     n = size = 0
     while size < total_bytes:
-        t = rng.randint(256, 2048)
+        t = rng.randint(*TOKENS)
         rid = make_rid("hsx", run_id, n)
         # Token ids as text has them: Zipf-like, a few thousand distinct ids in a GB.
         ids = [min(int(rng.paretovariate(1.1)) - 1, VOCAB - 1) * 7 % VOCAB for _ in range(t)]
@@ -119,12 +122,12 @@ class CountingTime:
         return timed
 
     def install(self) -> None:
-        core.masked_counts = self.wrap("workers", counts_mod.masked_counts)
-        core.VocabTracker.add = self.wrap("commit", _ORIGINAL["add"])
-        core.VocabTracker.write_files = self.wrap("files", _ORIGINAL["write_files"])
+        drain_vocab.masked_counts = self.wrap("workers", counts_mod.masked_counts)
+        VocabTracker.add = self.wrap("commit", _ORIGINAL["add"])
+        VocabTracker.write_files = self.wrap("files", _ORIGINAL["write_files"])
 
 
-_ORIGINAL = {"add": core.VocabTracker.add, "write_files": core.VocabTracker.write_files}
+_ORIGINAL = {"add": VocabTracker.add, "write_files": VocabTracker.write_files}
 
 
 class CommitClock:
@@ -264,6 +267,7 @@ def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rou
 
 
 def main() -> int:
+    global HIDDEN, TOKENS  # the staged samples' shape (--hidden, --tokens)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gb", type=float, default=2.0, help="GB of dumps to stage in /dev/shm (default 2)")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per format (default 5)")
@@ -271,7 +275,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None, help="drain workers (default: the daemon's default)")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of " + ",".join(FORMATS))
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "drain_throughput.json"))
+    ap.add_argument("--hidden", type=int, default=HIDDEN,
+                    help="hidden size (default 4096; 64 with --tokens 100,330 is the tiny model's sample, where "
+                         "the drain's cost per file, not the bytes, is what counts)")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="sample length range, min,max")
     a = ap.parse_args()
+    HIDDEN = a.hidden
+    TOKENS = tuple(int(x) for x in a.tokens.split(","))
     if "speculators" in a.formats.split(","):
         import datasets  # noqa: F401  (process start-up, like torch: the daemon imports it once, before draining)
 
