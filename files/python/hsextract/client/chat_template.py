@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.client import defaults
+from hsextract.client import defaults, tokenizer_files
 from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.model_info import read_model_info
@@ -77,9 +77,7 @@ def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> A
     if not path.is_dir():
         raise HsextractError(f"model directory {path} does not exist; pass --model with the served model's directory")
     try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(path))
+        tok = tokenizer_files.from_pretrained(path)
     except Exception as exc:  # transformers raises many kinds (OSError, ValueError, KeyError...)
         raise HsextractError(
             f"model directory {path}: no usable tokenizer ({type(exc).__name__}: {str(exc)[:300]}); "
