@@ -145,8 +145,9 @@ def test_extract_converges_from_nothing(host):
 
 def test_the_settings_are_validated_once_per_play(host):
     names = [name for name, _ in host["first"].task_results()]
-    for check in ("hsextract : Check the rid prefix, the shard, the aux layer ids and the regenerated dataset's path "
-                  "with hsextract's own code.", "hsextract : Check the aux layer ids against the model's depth."):
+    for check in ("hsextract : Check the rid prefix, the shard, the client processes, the aux layer ids and the "
+                  "regenerated dataset's path with hsextract's own code.",
+                  "hsextract : Check the aux layer ids against the model's depth."):
         assert names.count(check) == 1, f"{check!r} ran {names.count(check)} times"
     specs = [n for n in names if n.startswith("hsextract : Validating arguments against arg spec")]
     assert len(specs) == 1, specs
@@ -478,6 +479,52 @@ def test_a_second_run_with_the_regeneration_done_changes_nothing(regen_host):
     assert box.unit("hsextract-regenerate.service", "ExecMainStartTimestamp") == regen_host["regen_started"]
 
 
+# ---- several client processes (after the regeneration's tests: it changes the client's units) -------
+
+TWO_PROCESSES = {"hsextract_client_processes": 2}
+INSTANCES = ("hsextract-extract@0.service", "hsextract-extract@1.service")
+
+
+@pytest.fixture(scope="session")
+def two_processes_host(host):
+    """The converged host's run again with two client processes (each on a sub-shard of the one
+    output), waited for; then once more."""
+    if host["first"].rc != 0:
+        pytest.skip("the converge failed")
+    box, logs = host["box"], host["logs"]
+    state: dict = {"box": box}
+    state["first"] = box.playbook("extract.yml", extra_vars={**TWO_PROCESSES, "wait": True}, log_dir=logs,
+                                  label="8a-two-processes", timeout=1500)
+    if state["first"].rc == 0:
+        state["instances"] = {u: box.unit(u, "ActiveState", "Result", "UnitFileState") for u in INSTANCES}
+        state["one_process_unit"] = box.unit("hsextract-extract.service", "LoadState")["LoadState"]
+        state["status"] = status(box)
+        state["second"] = box.playbook("extract.yml", extra_vars=TWO_PROCESSES, log_dir=logs,
+                                       label="8b-two-processes-again", timeout=900)
+    return state
+
+
+def test_two_client_processes_run_as_instances_of_a_template_unit_and_finish(two_processes_host):
+    assert_ok(two_processes_host["first"], "extract.yml with hsextract_client_processes: 2")
+    for unit, props in two_processes_host["instances"].items():
+        assert props == {"ActiveState": "inactive", "Result": "success", "UnitFileState": "enabled"}, (unit, props)
+    assert two_processes_host["one_process_unit"] == "not-found", "the one-process unit is still installed"
+
+
+def test_two_client_processes_share_one_output_with_exact_accounts(two_processes_host):
+    assert_ok(two_processes_host["first"], "extract.yml with hsextract_client_processes: 2")
+    st = two_processes_host["status"]
+    expected = sum(1 for line in DATASET.read_text().splitlines() if line.strip())
+    assert st["client"]["shards"] == ["0/2", "1/2"], st["client"]
+    assert st["client"]["state"] == "done" and st["ok"], st
+    assert sorted(manifest_indices(two_processes_host["box"])) == list(range(expected))
+
+
+def test_a_second_run_with_two_client_processes_changes_nothing(two_processes_host):
+    assert_ok(two_processes_host["second"], "the second extract.yml run with hsextract_client_processes: 2")
+    assert two_processes_host["second"].changed() == 0, two_processes_host["second"].changed_tasks()
+
+
 # ---- teardown (last: it ends the converged host) --------------------------------------------------
 
 
@@ -488,9 +535,11 @@ def test_teardown_stops_the_services_removes_the_capture_and_keeps_the_training_
     before = manifest_indices(box)
     result = box.playbook("playbooks/teardown.yml", log_dir=host["logs"], label="9-teardown", timeout=600)
     assert_ok(result, "playbooks/teardown.yml")
-    for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service",
+    for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service", *INSTANCES,
                  "hsextract-regenerate.service"):
         assert box.unit(unit, "LoadState")["LoadState"] == "not-found", f"{unit} is still installed"
+    assert box.run("test", "-e", "/etc/systemd/system/hsextract-extract@.service").returncode == 1, \
+        "the client processes' template unit is still installed"
     assert box.run("test", "-e", "/var/lib/hsextract/capture-patch/hsextract_capture_patch").returncode == 1
     assert box.run("test", "-e", DUMP_DIR).returncode == 1
     assert manifest_indices(box) == before
