@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.ansible_env import ansible_bin
 from support.playbook_sandbox import PlayResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,13 +34,6 @@ CASES: dict[str, dict] = {
     "no-model": {"hsextract_model_path": "/nonexistent/model"},
     "regenerated-inside": {"hsextract_regenerate": True, "hsextract_regenerated_dir": "{{ hsextract_dataset }}/regen"},
 }
-
-
-def ansible_bin() -> Path:
-    bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
-    if not bin_dir:
-        pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
-    return Path(bin_dir)
 
 
 @pytest.fixture(scope="module")

@@ -14,16 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "hsextract_capture_patch"
-
-
-def ansible_bin() -> Path:
-    bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
-    if not bin_dir:
-        pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
-    return Path(bin_dir)
 
 
 def render_with_ansible(tmp_path: Path, model: Path, out: Path, **more: object) -> subprocess.CompletedProcess:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -29,13 +30,6 @@ CASES = {
     "two_of_shard": {"sglang_server_dp": 8, "hsextract_client_processes": 2, "hsextract_shard": "1/2"},
     "two_regenerated": {"hsextract_client_processes": 2, "hsextract_shard": "1/2", "hsextract_regenerate": True},
 }
-
-
-def _ansible_bin() -> Path:
-    bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
-    if not bin_dir:
-        pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
-    return Path(bin_dir)
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +64,12 @@ def rendered(tmp_path_factory) -> Path:
         ],
     }]
     (tmp / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    hosts = {c: {"ansible_connection": "local", "ansible_python_interpreter": str(_ansible_bin() / "python")}
+    hosts = {c: {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python")}
              for c in CASES}
     (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0",
            "ANSIBLE_FILTER_PLUGINS": str(ROLES / "hsextract" / "filter_plugins"), "ANSIBLE_FORKS": str(len(CASES))}
-    r = subprocess.run([str(_ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml"],
+    r = subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml"],
                        cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
     return tmp / "cases"

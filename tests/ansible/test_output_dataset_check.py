@@ -17,15 +17,9 @@ from pathlib import Path
 
 import pytest
 from hsextract.client.dataset_record import check_and_record
+from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def ansible_bin() -> Path:
-    bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
-    if not bin_dir:
-        pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
-    return Path(bin_dir)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hsextract.capture.patch import server_launch
+from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -37,13 +38,6 @@ CASES = {
                                "sglang_server_reasoning_parser": "kimi_k2",
                                "sglang_server_tool_call_parser": "kimi_k2"},
 }
-
-
-def ansible_bin() -> Path:
-    bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
-    if not bin_dir:
-        pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
-    return Path(bin_dir)
 
 
 def playbook(tmp: Path, plays: list[dict], hosts: dict[str, dict], *args: str) -> subprocess.CompletedProcess:

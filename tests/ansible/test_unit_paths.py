@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -31,13 +32,6 @@ UNITS = {"server": ("sglang_server", "hsextract-server.service.j2"),
          "client": ("extraction", "hsextract-extract.service.j2"),
          "regen": ("regeneration", "hsextract-regenerate.service.j2")}
 PRIVATE_TMP = re.compile(r"^/(var/)?tmp(/|$)")
-
-
-def ansible_bin() -> Path:
-    bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
-    if not bin_dir:
-        pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
-    return Path(bin_dir)
 
 
 def path_variables() -> list[str]:
