@@ -17,8 +17,13 @@ def parse_shard(text: str) -> tuple[int, int]:
         i, n = int(i_s), int(n_s)
     except ValueError:
         raise ConfigError(f"shard {text!r}: expected i/n, e.g. 0/4 for the first of four hosts") from None
+    return _check_shard(i, n, repr(text))
+
+
+def _check_shard(i: int, n: int, shown: str) -> tuple[int, int]:
+    """(i, n) if shard i/n can exist, else a ConfigError naming it as `shown`."""
     if n < 1 or not 0 <= i < n:
-        raise ConfigError(f"shard {text!r}: need 0 <= i < n")
+        raise ConfigError(f"shard {shown}: need 0 <= i < n")
     return i, n
 
 
@@ -57,8 +62,6 @@ def sub_shard(shard: tuple[int, int], process: tuple[int, int]) -> tuple[int, in
     together exactly the host's shard, and each is a plain shard i/n that the client, its locks,
     its files and the reconciliation already understand.
     """
-    k, n = shard
     j, p = check_process(*process)
-    if n < 1 or not 0 <= k < n:
-        raise ConfigError(f"shard {k}/{n}: need 0 <= i < n")
+    k, n = _check_shard(*shard, f"{shard[0]}/{shard[1]}")
     return k + n * j, n * p
