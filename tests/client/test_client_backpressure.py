@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark
+from hsextract.client.backpressure import RECOUNT_S, Backpressure, Watermark, parse_watermark
 from hsextract.errors import ConfigError
 
 
@@ -81,3 +81,43 @@ def test_the_status_counts_a_pause_under_way_and_the_summary_every_pause(monkeyp
     assert stats.snapshot()["paused_s"] == 5.5 and stats.snapshot()["paused_for_s"] == 1.5
     stats.pause_ends()
     assert stats.summary()["paused_s"] == 5.5 and stats.snapshot()["paused_reason"] is None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _stage(dump_dir, run_id: str, indices) -> None:
+    for i in indices:
+        (dump_dir / f"hsx-{run_id}-{i}").mkdir()
+
+
+def test_the_staged_limit_is_exact_for_the_requests_this_client_sent_since_it_last_looked(tmp_path):
+    clock = _Clock()  # never advances: the count is never refreshed by age
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=3, bytes_per_token=1, run_id="0123abcd", clock=clock)
+    for i in range(3):
+        assert bp.reason(inflight_requests=0) is None
+        _stage(tmp_path, "0123abcd", [i])  # its reply staged a dump
+    assert "3 staged dumps" in bp.reason(inflight_requests=0)
+
+
+def test_dumps_the_drain_took_since_the_last_look_free_the_client_at_once(tmp_path):
+    clock = _Clock()
+    _stage(tmp_path, "0123abcd", range(3))
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=3, bytes_per_token=1, run_id="0123abcd", clock=clock)
+    assert "drain is behind" in bp.reason()
+    (tmp_path / "hsx-0123abcd-0").rmdir()  # the drain wrote one
+    assert bp.reason() is None
+
+
+def test_dumps_of_the_runs_other_client_processes_count_once_the_count_is_old(tmp_path):
+    clock = _Clock()
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=4, bytes_per_token=1, run_id="0123abcd", clock=clock)
+    assert bp.reason() is None
+    _stage(tmp_path, "0123abcd", range(10, 14))  # another process of the run, on its sub-shard
+    clock.now += RECOUNT_S
+    assert "4 staged dumps" in bp.reason()

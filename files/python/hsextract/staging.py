@@ -298,14 +298,17 @@ def read_failed_marker(path: str | Path) -> FailureMarker | None:
 
 def iter_dump_dirs(dump_dir: str | Path) -> Iterator[Path]:
     """Every request directory under the dump dir (complete or not), skipping reserved names."""
+    # Lazily: the drain's early scans stop after a few dumps, and a list of the whole directory
+    # (thousands of Paths) after every sample cost it a tenth of its time.
     root = Path(dump_dir)
     try:
-        entries = list(os.scandir(root))
+        it = os.scandir(root)
     except FileNotFoundError:
         return
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(("_", ".")):
-            yield Path(entry.path)
+    with it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(("_", ".")):
+                yield root / entry.name
 
 
 def run_dumps(dump_dir: str | Path, run_id: str) -> Iterator[tuple[Path, ParsedRid]]:
@@ -344,7 +347,14 @@ def discard_dump(d: Path) -> None:
         os.rename(d, trash)
     except FileNotFoundError:
         return
-    shutil.rmtree(trash, ignore_errors=True)
+    # A dump is a few plain files: unlink them and the directory (shutil.rmtree's walk costs the
+    # drain more Python per sample than the removal itself); anything else goes through rmtree.
+    try:
+        for name in os.listdir(trash):
+            os.unlink(trash / name)
+        os.rmdir(trash)
+    except OSError:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 def iter_complete(dump_dir: str | Path) -> Iterator[Path]:

@@ -10,12 +10,21 @@ until both hold again:
 * the number of this run's staged dumps plus requests in flight stays within a limit, so a
   stalled drain is noticed before memory is. Dumps of other runs sharing the directory are not
   this run's to wait for (their drain takes them); they count only through the free space.
+
+Counting the staged dumps lists the directory: milliseconds with a few hundred staged, too much
+before every request of a client sending hundreds a second. So the count is kept between looks,
+with every request let through since counted as one more dump (an upper bound for this process:
+the drain only takes dumps away), and the directory is listed again when that bound reaches the
+limit (the limit is then exact) or the count is older than `RECOUNT_S` (dumps of the run's other
+client processes, on their sub-shards, are seen within that).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +32,8 @@ from hsextract.errors import ConfigError
 from hsextract.staging import iter_dump_dirs, run_dumps
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# The longest a count of the staged dumps is used (see the module's docstring).
+RECOUNT_S = 0.25
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
 
@@ -73,12 +84,16 @@ class Backpressure:
     """Answers "may I send now?" for one dump dir; `reason()` is None when sending is fine."""
 
     def __init__(self, dump_dir: str | Path, min_free: Watermark, max_staged: int | None, bytes_per_token: int,
-                 run_id: str | None = None):
+                 run_id: str | None = None, clock: Callable[[], float] = time.monotonic):
         self.dump_dir = Path(dump_dir)
         self.min_free = min_free
         self.max_staged = max_staged
         self.bytes_per_token = bytes_per_token
         self.run_id = run_id  # count only this run's dumps (None: every dump)
+        self._clock = clock
+        self._counted: int | None = None  # the staged dumps at the last look
+        self._counted_at = 0.0
+        self._sent_since = 0  # requests let through since that look
 
     def free_bytes(self) -> tuple[int, int]:
         st = os.statvfs(self.dump_dir)
@@ -100,10 +115,23 @@ class Backpressure:
                 f"in flight, below the watermark {self.min_free} ({human_bytes(floor)})"
             )
         if self.max_staged is not None:
-            staged = self.staged()
+            staged = self._staged_bound()
+            if staged + inflight_requests >= self.max_staged:
+                staged = self._recount()
             if staged + inflight_requests >= self.max_staged:
                 return (
                     f"{staged} staged dumps + {inflight_requests} in flight reach the limit {self.max_staged} "
                     "(the drain is behind)"
                 )
+        self._sent_since += 1  # the caller sends now
         return None
+
+    def _staged_bound(self) -> int:
+        """At least as many staged dumps as this process has made (see the module's docstring)."""
+        if self._counted is None or self._clock() - self._counted_at >= RECOUNT_S:
+            return self._recount()
+        return self._counted + self._sent_since
+
+    def _recount(self) -> int:
+        self._counted, self._counted_at, self._sent_since = self.staged(), self._clock(), 0
+        return self._counted

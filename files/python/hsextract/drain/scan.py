@@ -199,7 +199,7 @@ def _facts(d: Path, now: float) -> t.DumpFacts:
         parsed=parse_rid(d.name),
         complete=(d / DONE_FILE).exists(),
         failed=(d / FAILED_FILE).exists(),
-        age_s=_age(d, now),
+        age_of=functools.partial(_age, d, now),
     )
 
 

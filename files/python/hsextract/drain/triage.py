@@ -20,8 +20,10 @@ the rules in one place, testable without files, threads or a drain:
 
 from __future__ import annotations
 
+import functools
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from hsextract.layout import FAILURES
@@ -80,13 +82,21 @@ FAILED_REPORTED = "capture failure reported by the client"
 
 @dataclass(frozen=True)
 class DumpFacts:
-    """What the scan saw of one dump directory."""
+    """What the scan saw of one dump directory.
+
+    Its age is looked at only when a decision needs it (a dump that is incomplete, failed, a probe,
+    or without record): for the complete dumps of a busy run, most of all, it is never needed, and
+    it costs a stat of every file in the directory."""
 
     name: str
     parsed: ParsedRid | None
     complete: bool  # done.json exists
     failed: bool  # failed.json exists
-    age_s: float  # since anything in it was last modified
+    age_of: Callable[[], float] = field(compare=False, repr=False)  # seconds since anything in it was modified
+
+    @functools.cached_property
+    def age_s(self) -> float:
+        return self.age_of()
 
 
 @dataclass(frozen=True)
