@@ -24,7 +24,7 @@ for _p in (REPO / "files" / "python", REPO / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from support.sglang_server import PRENORM_SGLANG_LAYERS, ServerHandle, start_server  # noqa: E402
+from support.sglang_server import PRENORM_SGLANG_LAYERS, ServerHandle, start_server, wait_stopped  # noqa: E402
 from support.sglang_server import free_port as _free_port  # noqa: E402
 
 # Ports of the shared server fixtures and of tests that start their own servers.
@@ -94,6 +94,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The servers whose fixtures stopped them in the background (`ServerHandle.stop_later`) are gone
+    before the session ends."""
+    wait_stopped()
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> Path:
     return _tiny_model("llama")
@@ -120,7 +126,7 @@ def _session_server(request, tmp_path_factory, model_dir: Path, name: str) -> Se
         rid_prefix="hsx",
         capture_extra=SESSION_CAPTURE_EXTRA,
     )
-    request.addfinalizer(handle.stop)
+    request.addfinalizer(handle.stop_later)
     return handle
 
 
@@ -146,5 +152,5 @@ def llama_prenorm_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
                           rid_prefix="hsx", final_hidden="pre_norm", aux_layer_ids=PRENORM_SGLANG_LAYERS,
                           layer_convention="sglang", skip_warmup=False, writer_process=False,
                           capture_extra=SESSION_CAPTURE_EXTRA)
-    request.addfinalizer(handle.stop)
+    request.addfinalizer(handle.stop_later)
     return handle

@@ -248,7 +248,7 @@ def dsv3_prenorm_server(request, tmp_path_factory, tiny_dsv3, free_port):
     base = tmp_path_factory.mktemp("dsv3-prenorm")
     handle = start_server(tiny_dsv3, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
                           final_hidden="pre_norm")
-    request.addfinalizer(handle.stop)
+    request.addfinalizer(handle.stop_later)
     return handle
 
 
@@ -332,7 +332,7 @@ def dp2_server(request, tmp_path_factory, tiny_llama, free_port):
     base = tmp_path_factory.mktemp("dp2")
     handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
                           extra_args=["--dp", "2"], env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
-    request.addfinalizer(handle.stop)
+    request.addfinalizer(handle.stop_later)
     return handle
 
 

@@ -41,7 +41,7 @@ def faulty_server(tiny_llama, free_port, tmp_path_factory):
     try:
         yield handle
     finally:
-        handle.stop()
+        handle.stop_later()
 
 
 def _status(out: Path) -> tuple[int, dict]:

@@ -40,7 +40,7 @@ def regen_server(request, tmp_path_factory, tiny_llama, free_port):
     base = tmp_path_factory.mktemp("regen-server")
     handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
                           capture=False, radix_cache=True)
-    request.addfinalizer(handle.stop)
+    request.addfinalizer(handle.stop_later)
     return handle
 
 
@@ -50,7 +50,7 @@ def scripted_server(request, tmp_path_factory, tiny_llama, free_port):
     model = make_scripted_model(tiny_llama, base / "model", (TEMPLATES / "qwen3_tools.jinja").read_text())
     handle = start_server(model, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs", capture=False,
                           radix_cache=True, extra_args=["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25"])
-    request.addfinalizer(handle.stop)
+    request.addfinalizer(handle.stop_later)
     return handle
 
 

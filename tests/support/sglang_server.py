@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -142,6 +143,15 @@ class ServerHandle:
             os.killpg(self.proc.pid, signal.SIGKILL)
         release_port(self.port)
 
+    def stop_later(self) -> None:
+        """`stop` in a thread of its own: SIGTERM now, the rest while the next tests run. SGLang takes
+        about 5 s to shut down (its shutdown sleeps; nothing for the CPU to do), a fixture's teardown
+        need not wait for it. The port stays reserved until the server is gone; `wait_stopped` (the
+        session's end) waits for every such stop."""
+        thread = threading.Thread(target=self.stop, name=f"stop-server-{self.port}", daemon=True)
+        thread.start()
+        _stopping.append(thread)
+
     def generate(self, input_ids: Sequence[int], rid: str | None = None, max_new_tokens: int = 1,
                  timeout: float = 120) -> dict:
         """POST /generate at temperature 0; returns the response JSON."""
@@ -152,6 +162,17 @@ class ServerHandle:
         r = requests.post(f"{self.url}/generate", json=body, timeout=timeout)
         r.raise_for_status()
         return r.json()
+
+
+# Servers being stopped by `ServerHandle.stop_later`.
+_stopping: list[threading.Thread] = []
+
+
+def wait_stopped(timeout: float = 60) -> None:
+    """Wait for every server stopped with `stop_later` to be gone (each stop ends in SIGKILL)."""
+    deadline = time.monotonic() + timeout
+    while _stopping:
+        _stopping.pop().join(max(0.0, deadline - time.monotonic()))
 
 
 def start_server(
