@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.capture.patch import server_launch
-from support.playbook_sandbox import REPO, PlayResult, Sandbox, snapshot_repo
+from support.playbook_sandbox import QUICK_WAITS, REPO, PlayResult, Sandbox, snapshot_repo
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
 
@@ -75,7 +75,7 @@ def host(tmp_path_factory):
     logs = tmp_path_factory.mktemp("ansible-logs")
     repo = snapshot_repo(tmp_path_factory.mktemp("repo"))
     box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[repo], workdir=repo, shm="1g",
-                  play_vars={"hsextract_output_dir": OUTPUT, "hsextract_dump_dir": DUMP_DIR})
+                  play_vars={"hsextract_output_dir": OUTPUT, "hsextract_dump_dir": DUMP_DIR, **QUICK_WAITS})
     box.start()
     try:
         venv_python = f"{os.environ['HSEXTRACT_VENV']}/bin/python"

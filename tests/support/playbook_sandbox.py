@@ -25,6 +25,13 @@ REPO = Path(__file__).resolve().parents[2]
 SDBOX = REPO / "scripts" / "sdbox.sh"
 
 
+# The roles' settings that only make a test wait: production restarts a crashed server after 10 s
+# (a test kills it and waits for the restart) and polls a run or a regeneration every 10 s (the
+# tiny runs of the tests end seconds after the play starts waiting). The /health poll stays at its
+# 5 s: a server start takes a minute on the suite's two busy cores, and each poll costs it CPU.
+QUICK_WAITS = {"sglang_server_restart_sec": 1, "extraction_wait_delay": 2, "regeneration_wait_delay": 2}
+
+
 @dataclass
 class PlayResult:
     """One ansible-playbook run: exit status, per-host stats and the JSON callback's task results."""

@@ -8,6 +8,7 @@ which failed and with what message. The shape follows ``ansible.posix.json``.
 from __future__ import annotations
 
 import json
+import time
 
 from ansible.plugins.callback import CallbackBase
 
@@ -37,7 +38,7 @@ class CallbackModule(CallbackBase):
         self.plays.append({"play": {"name": play.get_name()}, "tasks": []})
 
     def v2_playbook_on_task_start(self, task, is_conditional):
-        self.plays[-1]["tasks"].append({"task": {"name": task.get_name()}, "hosts": {}})
+        self.plays[-1]["tasks"].append({"task": {"name": task.get_name(), "started": time.monotonic()}, "hosts": {}})
 
     def v2_playbook_on_handler_task_start(self, task):
         self.v2_playbook_on_task_start(task, False)
@@ -45,7 +46,10 @@ class CallbackModule(CallbackBase):
     def _record(self, result, **flags):
         data = dict(result._result)
         data.update(flags)
-        self.plays[-1]["tasks"][-1]["hosts"][result._host.get_name()] = _plain(data)
+        task = self.plays[-1]["tasks"][-1]
+        task["hosts"][result._host.get_name()] = _plain(data)
+        # Seconds from the task's start to its last host result: where a slow play spends its time.
+        task["task"]["duration_s"] = round(time.monotonic() - task["task"]["started"], 3)
 
     def v2_runner_on_ok(self, result, **kwargs):
         self._record(result)
