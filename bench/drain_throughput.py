@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "files" / "python"))
 
 import torch  # noqa: E402
 from hsextract import fingerprint  # noqa: E402
-from hsextract.drain import vocab as drain_vocab  # noqa: E402
+from hsextract.drain import prepare as drain_prepare  # noqa: E402
 from hsextract.drain.committer import Committer  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.formats import FORMATS as REGISTRY  # noqa: E402
@@ -122,7 +122,7 @@ class CountingTime:
         return timed
 
     def install(self) -> None:
-        drain_vocab.masked_counts = self.wrap("workers", counts_mod.masked_counts)
+        drain_prepare.masked_counts = self.wrap("workers", counts_mod.masked_counts)
         VocabTracker.add = self.wrap("commit", _ORIGINAL["add"])
         VocabTracker.write_files = self.wrap("files", _ORIGINAL["write_files"])
 

@@ -66,7 +66,10 @@ FORMAT = "specforge"  # the project's default format (the capture patch's defaul
 PORT = 30400
 MODEL_KINDS = ("llama8b", "dsv3", "tiny")
 DEFAULT_MODELS = "llama8b,dsv3"  # "tiny": the client's ceiling (a tiny Llama on the GPU answers at once)
-ALL_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline", "pipeline_2_processes")
+# "client_alone": the client with no staging limit and the drain started after it: the client's own ceiling and the
+# drain's, each apart from the other (the tiny model only: everything it sends stays staged until the drain runs)
+ALL_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline", "pipeline_2_processes",
+             "client_alone")
 
 
 @dataclass
@@ -148,9 +151,10 @@ def product_env(env: gpu_env.GpuEnv) -> dict[str, str]:
 
 
 def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset: Path, out: Path, in_flight: int,
-                 max_tokens: int, selfcheck_share: float = 0.05, processes: int = 1) -> dict:
+                 max_tokens: int, selfcheck_share: float = 0.05, processes: int = 1, drain_after: bool = False) -> dict:
     """The drain and the client (``processes`` of them, each on its sub-shard, `--process j/P`),
-    started together as separate processes; what they report."""
+    started together as separate processes; what they report. With ``drain_after`` the client runs
+    alone without a staging limit (``--max-staged 0``) and the drain starts once it has finished."""
     shutil.rmtree(out, ignore_errors=True)
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -160,10 +164,13 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
     client_cmd = [*py, "extract", "--server", server.url, "--dataset", str(dataset), "--model", str(model),
                   "--dump-dir", str(server.dump_dir), "--output", str(out), "--format", FORMAT,
                   "--max-in-flight", str(in_flight), "--max-tokens", str(max_tokens), "--log-every", "5"]
+    if drain_after:
+        client_cmd += ["--max-staged", "0"]
     run_env = product_env(env)
     t0 = time.monotonic()
     with open(logs / "drain.log", "wb") as dlog:
-        drain = subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT, env=run_env)
+        drain = None if drain_after else subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT,
+                                                          env=run_env)
         clients = []
         for j in range(processes):
             extra = ["--process", f"{j}/{processes}"] if processes > 1 else []
@@ -173,10 +180,17 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
         first_request = wait_first_record(server.dump_dir, clients[0], t0)
         client_rcs = [c.wait(timeout=1800) for c in clients]
         client_done = time.monotonic()
+        if drain is None:
+            drain = subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT, env=run_env)
         drain_rc = drain.wait(timeout=1800)
     wall = time.monotonic() - t0
     client_rc = next((rc for rc in client_rcs if rc), 0)
-    return summarize(out, logs, client_rc, drain_rc, wall, client_done - t0, first_request)
+    res = summarize(out, logs, client_rc, drain_rc, wall, client_done - t0, first_request)
+    if drain_after:  # the drain's own pace over what the client staged (its start-up included)
+        drain_s = wall - (client_done - t0)
+        res["drain_alone_s"] = round(drain_s, 2)
+        res["drain_alone_samples_per_s"] = round(res["samples"] / drain_s, 1) if drain_s > 0 else None
+    return res
 
 
 def wait_first_record(dump_dir: Path, client: subprocess.Popen, t0: float) -> float | None:
@@ -412,7 +426,7 @@ def plan_models(kinds: list[str], env: gpu_env.GpuEnv, work: Path, gpu: int, say
             plans.append(ModelPlan(kind, tiny_llama, 2048, "en", 2048, (
                 "--max-total-tokens", "262144", "--max-running-requests", "512", "--mem-fraction-static", "0.1")
                 if env.cuda else ("--max-total-tokens", "8192", "--max-running-requests", "64"),
-                sides=("plain_loop", "loop_on_capture", "pipeline", "pipeline_2_processes"),
+                sides=("plain_loop", "loop_on_capture", "pipeline", "pipeline_2_processes", "client_alone"),
                 samples=6000 if env.cuda else 300, mean_words=12, long_prompts=False))
         else:
             path = ensure_tiny_model("dsv3-gpu" if env.cuda else "dsv3", work / "models" / "dsv3")
@@ -519,11 +533,12 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
                                        seed=args.seed, mean_words=plan.mean_words, long_prompts=plan.long_prompts)
     max_tokens = plan.context - 16
     prompts = encode(dataset, plan.path, max_tokens)
-    res["disk"] = disk_speed(work / "dd")
+    res["output_root"] = str(args.output_root)
+    res["disk"] = disk_speed(args.output_root / "dd")
     res["tokenizer_load"] = tokenizer_load(env, plan.path)
     say(f"{plan.kind}: the client's tokenizer phase, apart: {res['tokenizer_load']}")
     say(f"{plan.kind}: disk {res['disk']}")
-    sides = plan.sides
+    sides = tuple(x for x in plan.sides if x in args.sides.split(",")) if args.sides else plan.sides
     for n in args.throughput_in_flight:
         rows: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(args.rounds):
@@ -539,9 +554,10 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
                     rows[side].append(run_loop_on_capture(plan.servers["no_overlap"], prompts, n))
                 else:
                     procs = 2 if side == "pipeline_2_processes" else 1
-                    out = work / f"{plan.kind}-bench-{n}-{r}-{procs}"
+                    out = args.output_root / f"{plan.kind}-bench-{n}-{r}-{side}"
                     rows[side].append(run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n,
-                                                   max_tokens, selfcheck_share=0.01, processes=procs))
+                                                   max_tokens, selfcheck_share=0.01, processes=procs,
+                                                   drain_after=side == "client_alone"))
                     shutil.rmtree(out, ignore_errors=True)
                 say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
             save({**res, "cases": [*res["cases"], case_result(n, rows)]})
@@ -550,15 +566,19 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
 
 
 def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
-    plain = [x["tokens_per_s"] for x in rows["plain_loop"]]
+    pipeline = rows.get("pipeline", [])
+    plain = [x["tokens_per_s"] for x in rows.get("plain_loop", [])]
     on_capture = [x["tokens_per_s"] for x in rows.get("loop_on_capture", [])]
     no_overlap = [x["tokens_per_s"] for x in rows.get("loop_on_capture_no_overlap", [])]
-    client = [x["client_tokens_per_s"] for x in rows["pipeline"] if x.get("client_tokens_per_s")]
-    whole = [x["pipeline_tokens_per_s"] for x in rows["pipeline"] if x.get("pipeline_tokens_per_s")]
-    plain_sps = [x["samples"] / x["wall_s"] for x in rows["plain_loop"]]
-    client_sps = [x["client_samples_per_s"] for x in rows["pipeline"] if x.get("client_samples_per_s")]
+    client = [x["client_tokens_per_s"] for x in rows.get("pipeline", []) if x.get("client_tokens_per_s")]
+    whole = [x["pipeline_tokens_per_s"] for x in rows.get("pipeline", []) if x.get("pipeline_tokens_per_s")]
+    plain_sps = [x["samples"] / x["wall_s"] for x in rows.get("plain_loop", [])]
+    client_sps = [x["client_samples_per_s"] for x in rows.get("pipeline", []) if x.get("client_samples_per_s")]
     two_sps = [x["client_samples_per_s"] for x in rows.get("pipeline_2_processes", []) if x.get("client_samples_per_s")]
-    after_startup = [x["tokens"] / (x["pipeline_wall_s"] - x["client_startup_s"]) for x in rows["pipeline"]
+    alone_sps = [x["client_samples_per_s"] for x in rows.get("client_alone", []) if x.get("client_samples_per_s")]
+    drain_sps = [x["drain_alone_samples_per_s"] for x in rows.get("client_alone", [])
+                 if x.get("drain_alone_samples_per_s")]
+    after_startup = [x["tokens"] / (x["pipeline_wall_s"] - x["client_startup_s"]) for x in rows.get("pipeline", [])
                      if x.get("client_startup_s") and x.get("tokens")]
     med = statistics.median
 
@@ -580,13 +600,16 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
             else None,
             "two_processes_samples_per_s": spread(two_sps),
             "two_processes_over_plain": round(med(two_sps) / med(plain_sps), 4) if two_sps and plain_sps else None,
+            "client_alone_samples_per_s": spread(alone_sps),
+            "client_alone_over_plain": round(med(alone_sps) / med(plain_sps), 4) if alone_sps and plain_sps else None,
+            "drain_alone_samples_per_s": spread(drain_sps),
             # from the first request to the drain's exit: the pipeline's pace once started (these runs are
             # short, so the start-up is a large share of their wall time)
             "whole_after_startup_tokens_per_s": spread([round(v, 1) for v in after_startup]),
             "whole_after_startup_over_plain": round(med(after_startup) / med(plain), 4) if after_startup and plain
             else None,
-            "client_startup_s": spread([x["client_startup_s"] for x in rows["pipeline"] if x.get("client_startup_s")]),
-            "drain_gb_per_s": spread([x["drain_gb_per_s"] for x in rows["pipeline"] if x.get("drain_gb_per_s")]),
+            "client_startup_s": spread([x["client_startup_s"] for x in pipeline if x.get("client_startup_s")]),
+            "drain_gb_per_s": spread([x["drain_gb_per_s"] for x in pipeline if x.get("drain_gb_per_s")]),
             "all_validated": all(x["ok"] for side in ALL_SIDES[1:] for x in rows.get(side, [])),
             "per_round": rows}
 
@@ -641,6 +664,11 @@ def main() -> int:
     ap.add_argument("--transformers-samples", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=560)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hsx-pipeline"))
+    ap.add_argument("--sides", default="", help=f"only these of the throughput rounds' sides, of {ALL_SIDES} (default: "
+                    "each model's own)")
+    ap.add_argument("--output-root", type=Path, default=None,
+                    help="where the throughput rounds' training sets go (default: --work); e.g. /dev/shm/hsx-out for "
+                         "a disk that keeps up with the server")
     ap.add_argument("--results", type=Path)
     args = ap.parse_args()
     args.in_flight = [int(x) for x in args.in_flight.split(",")]
@@ -650,6 +678,8 @@ def main() -> int:
     args.correctness_models = (args.models if args.correctness_models is None else args.correctness_models).split(",")
     deadline = time.monotonic() + args.budget_s
     args.work.mkdir(parents=True, exist_ok=True)
+    args.output_root = args.output_root or args.work
+    args.output_root.mkdir(parents=True, exist_ok=True)
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     results_dir = args.results or (REPO / "bench" / "results" if args.device == "cuda" else args.work / "results")
     results_dir.mkdir(parents=True, exist_ok=True)

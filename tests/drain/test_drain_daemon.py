@@ -45,11 +45,16 @@ def _staged_names(dump: Path) -> list[str]:
     return sorted(p.name for p in dump.iterdir() if p.name != "_records") if dump.exists() else []
 
 
-def test_each_complete_dump_is_written_once_in_order_and_leaves_staging(tmp_path):
+# The workers as threads of the drain, and as its worker processes (hsextract.drain.worker_processes).
+WORKER_MODES = pytest.mark.parametrize("worker_mode", ["threads", "processes"])
+
+
+@WORKER_MODES
+def test_each_complete_dump_is_written_once_in_order_and_leaves_staging(tmp_path, worker_mode):
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
     staged = {i: stage_sample(dump, run, i, tokens=3 + i) for i in range(25)}
-    _drain(dump, out)
+    _drain(dump, out, worker_mode=worker_mode)
     entries = list(iter_entries(out))
     assert [e.output_index for e in entries] == list(range(25))
     assert sorted(e.dataset_index for e in entries) == list(range(25))
@@ -163,14 +168,16 @@ def small_volume(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_output_volume_pauses_the_drain_until_space_returns(tmp_path, small_volume):
+@WORKER_MODES
+def test_a_full_output_volume_pauses_the_drain_until_space_returns(tmp_path, small_volume, worker_mode):
     dump, out = tmp_path / "dump", small_volume / "out"
     run = load_or_create_run_id(out)
     staged = {i: stage_sample(dump, run, i, tokens=200) for i in range(12)}  # ~205 KB each
     filler = small_volume / "filler"
     free = os.statvfs(small_volume).f_bavail * os.statvfs(small_volume).f_frsize
     filler.write_bytes(b"\0" * (free - 700_000))  # room for ~3 samples
-    d = Drainer(_cfg(dump, out, format="speculators", enospc_retry_s=0.2, finalize_idle_s=3600))
+    d = Drainer(_cfg(dump, out, format="speculators", enospc_retry_s=0.2, finalize_idle_s=3600,
+                     worker_mode=worker_mode))
     t = threading.Thread(target=d.run)
     t.start()
     try:
@@ -198,19 +205,21 @@ def test_a_full_output_volume_pauses_the_drain_until_space_returns(tmp_path, sma
     assert _staged_names(dump) == []
 
 
-def test_sigterm_finishes_the_samples_in_hand_and_exits_zero(tmp_path):
+@WORKER_MODES
+def test_sigterm_finishes_the_samples_in_hand_and_exits_zero(tmp_path, worker_mode):
+    """systemd sends SIGTERM to every process of the unit: worker processes too leave the stop to the drain."""
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
     total = 150
     for i in range(total):
         stage_sample(dump, run, i, tokens=200)
     proc = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "speculators",
-                 "--workers", "2", stderr=subprocess.PIPE)
+                 "--workers", "2", "--worker-mode", worker_mode, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(list(iter_entries(out))) < 5:
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)  # as systemd's stop does: the drain and every process it started
         rc = proc.wait(30)
     finally:
         if proc.poll() is None:
@@ -280,7 +289,8 @@ def test_an_output_dir_records_its_configuration_in_the_manifest_header(tmp_path
     assert h.sglang_version == "0.5.23"
 
 
-def test_a_nan_met_while_streaming_rows_quarantines_the_dump_and_leaves_no_file(tmp_path):
+@WORKER_MODES
+def test_a_nan_met_while_streaming_rows_quarantines_the_dump_and_leaves_no_file(tmp_path, worker_mode):
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
     stage_sample(dump, run, 0, tokens=3000)
@@ -290,7 +300,7 @@ def test_a_nan_met_while_streaming_rows_quarantines_the_dump_and_leaves_no_file(
         f.seek(layout.hidden_offset(2999) + 2 * 64)  # slot 1 of the last token
         f.write(torch.full((64,), float("nan"), dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
     restamp_fingerprint(dump / bad.rid)  # a NaN the forward pass itself computed
-    d = _drain(dump, out)
+    d = _drain(dump, out, worker_mode=worker_mode)
     reason = (out / "quarantine" / bad.rid / "reason.txt").read_text().splitlines()
     assert reason[0] == "non_finite" and "token 2999" in reason[1]
     assert [e.dataset_index for e in iter_entries(out)] == [0]
@@ -388,3 +398,56 @@ def test_status_fails_a_finished_run_whose_counts_do_not_add_up(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "6 accepted = 4 in the set + 0 failed + 0 quarantined + 2 UNACCOUNTED" in r.stdout
     assert "dataset indices 4, 5" in r.stdout
+
+
+def test_a_worker_process_killed_mid_run_stops_the_drain_saying_so_and_a_restart_writes_the_rest(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    total = 60
+    for i in range(total):
+        stage_sample(dump, run, i, tokens=200)
+    finish_client(out, total)
+    d = Drainer(_cfg(dump, out, worker_mode="processes", workers=2))
+    raised: list[BaseException] = []
+
+    def run_drain() -> None:
+        try:
+            d.run()
+        except BaseException as exc:  # what the daemon's command would report
+            raised.append(exc)
+
+    t = threading.Thread(target=run_drain)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list(iter_entries(out))) < 3:
+            time.sleep(0.05)
+        assert d._processes is not None and d._processes.pids
+        os.kill(d._processes.pids[0], signal.SIGKILL)  # as the kernel's OOM killer would
+        t.join(60)
+        assert not t.is_alive()
+    finally:
+        d.stop()
+        t.join(10)
+    assert raised and "a drain worker process died" in str(raised[0]) and "stays staged" in str(raised[0])
+    entries = list(iter_entries(out))
+    assert all(verify_entry(out, e) is None for e in entries)
+    written = {e.rid for e in entries}
+    assert len(written) < total and written.isdisjoint(_staged_names(dump))
+    assert len(written) + len(_staged_names(dump)) == total  # nothing lost: written, or still staged
+
+    _drain(dump, out, lines=total, worker_mode="threads")  # the restart
+    assert sorted(e.dataset_index for e in iter_entries(out)) == list(range(total))
+    assert _staged_names(dump) == []
+
+
+def test_the_workers_are_processes_only_on_a_machine_with_the_cores_for_them(monkeypatch):
+    from hsextract.drain.config import PROCESSES_FROM_CORES
+
+    cfg = DrainConfig(dump_dir=Path("d"), output=Path("o"), format="speculators", workers=4)
+    monkeypatch.setattr(os, "cpu_count", lambda: PROCESSES_FROM_CORES - 1)
+    assert cfg.worker_processes == 0 and cfg.worker_threads == 4
+    monkeypatch.setattr(os, "cpu_count", lambda: PROCESSES_FROM_CORES)
+    assert cfg.worker_processes == 4 and cfg.worker_threads == 16
+    assert DrainConfig(dump_dir=Path("d"), output=Path("o"), format="speculators", workers=4,
+                       worker_mode="threads").worker_processes == 0

@@ -298,17 +298,22 @@ def read_failed_marker(path: str | Path) -> FailureMarker | None:
 
 def iter_dump_dirs(dump_dir: str | Path) -> Iterator[Path]:
     """Every request directory under the dump dir (complete or not), skipping reserved names."""
-    # Lazily: the drain's early scans stop after a few dumps, and a list of the whole directory
-    # (thousands of Paths) after every sample cost it a tenth of its time.
     root = Path(dump_dir)
+    for name in iter_dump_names(root):
+        yield root / name
+
+
+def iter_dump_names(dump_dir: str | Path) -> Iterator[str]:
+    """The names of `iter_dump_dirs`, lazily: the drain's early scans stop after a few dumps, and a
+    list of the whole directory (thousands of Paths) after every sample cost it a tenth of its time."""
     try:
-        it = os.scandir(root)
+        it = os.scandir(dump_dir)
     except FileNotFoundError:
         return
     with it:
         for entry in it:
             if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(("_", ".")):
-                yield root / entry.name
+                yield entry.name
 
 
 def run_dumps(dump_dir: str | Path, run_id: str) -> Iterator[tuple[Path, ParsedRid]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hsextract import shutdown
 from hsextract.config_file import add_config_argument
+from hsextract.drain.config import WORKER_MODES
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import CONVENTIONS, parse_ids, resolve
@@ -29,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--aux-layers", help="aux layer ids every dump must have, e.g. 1,29,57 (default: the model's)")
     parser.add_argument("--layer-convention", choices=CONVENTIONS, default="eagle", help="convention of --aux-layers")
     parser.add_argument("--workers", type=int, default=None, help="parallel writers (default: one per core, at most 8)")
+    parser.add_argument("--worker-mode", choices=WORKER_MODES, default="auto",
+                        help="workers as threads of the drain, or as processes (each its own interpreter: faster "
+                             "for many small samples); auto: processes on 8 cores or more (default)")
     parser.add_argument("--memory-budget", type=int, default=2 << 30, help="bytes of samples held in memory at once")
     parser.add_argument("--quarantine-dir", help="where invalid dumps go (default <output>/quarantine)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
@@ -108,6 +112,7 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         abandoned_grace_s=args.abandoned_grace,
         finalize_idle_s=args.finalize_idle,
         poll_interval_s=args.poll_interval,
+        worker_mode=args.worker_mode,
         selfcheck_share=float(args.selfcheck_share),
         selfcheck_first=int(args.selfcheck_first),
     )

@@ -11,6 +11,10 @@ from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
 
 # One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
 DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
+# Workers in processes (hsextract.drain.worker_processes) from this many cores: they lift the
+# small-sample ceiling of one interpreter; on fewer cores their start-up and memory outweigh it.
+PROCESSES_FROM_CORES = 8
+WORKER_MODES = ("auto", "threads", "processes")
 
 
 @dataclass
@@ -29,6 +33,8 @@ class DrainConfig:
     architecture: str = ""
     quarantine_dir: Path | None = None
     workers: int = DEFAULT_WORKERS
+    # "threads", "processes", or "auto": processes on a machine of PROCESSES_FROM_CORES cores or more.
+    worker_mode: str = "auto"
     memory_budget_bytes: int = 2 << 30
     poll_interval_s: float = 0.5
     record_grace_s: float = 300.0  # a complete dump with no client record is removed after this
@@ -54,6 +60,20 @@ class DrainConfig:
     # share by rid, go through the model's head; needs model_path.
     selfcheck_share: float = 0.01
     selfcheck_first: int = 8
+
+    @property
+    def worker_processes(self) -> int:
+        """How many worker processes to start (0: the workers are threads of the drain)."""
+        cores = os.cpu_count() or 1
+        if self.worker_mode == "processes" or (self.worker_mode == "auto" and cores >= PROCESSES_FROM_CORES):
+            return max(1, self.workers)
+        return 0
+
+    @property
+    def worker_threads(self) -> int:
+        """The drain's worker threads: the workers themselves, or, with worker processes, enough
+        threads to keep every process busy while results travel back (each thread waits on one)."""
+        return max(1, self.workers) * (4 if self.worker_processes else 1)
 
     @property
     def quarantine(self) -> Path:

@@ -50,6 +50,7 @@ from hsextract.drain.scan import Scanner
 from hsextract.drain.selfcheck import GreedySelfCheck, make_selfcheck
 from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.worker import SampleWorker, torch_set_threads
+from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.durable import check_writable
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
@@ -76,13 +77,14 @@ class Drainer:
         self.stats = DrainStats(format=cfg.format)
         self.stop_event = threading.Event()
         self.run_id = ""  # the output's, once recovered
-        self._inflight = InFlight(max_preparing=max(1, cfg.workers) * 2)
+        self._inflight = InFlight(max_preparing=cfg.worker_threads * 2)
         self._vocab = DrainVocab(cfg, self.fmt)
         self._outcomes = Outcomes(cfg, self.stats, self._inflight, self._vocab, self.stop_event)
         self._clients = ClientRuns(self.out, cfg.exit_when_done)
         # Built by the recovery, from what the output holds.
         self._header: RunHeader | None = None
         self._selfcheck: GreedySelfCheck | None = None
+        self._processes: WorkerProcesses | None = None  # the worker processes, where the workers are processes
         self._finalized_at_count = -1
 
     def stop(self) -> None:
@@ -104,7 +106,7 @@ class Drainer:
     def _run_locked(self) -> int:
         committer, scanner = self._recover()
         metrics = self._start(committer)
-        pool = ThreadPoolExecutor(max_workers=max(1, self.cfg.workers), thread_name_prefix="drain-worker")
+        pool = ThreadPoolExecutor(max_workers=self.cfg.worker_threads, thread_name_prefix="drain-worker")
         finished_run = False
         try:
             finished_run = self._loop(pool, scanner, committer)
@@ -132,8 +134,12 @@ class Drainer:
         self._header = RunHeader(cfg, found.run_id, found.header)
         committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
         self._selfcheck = make_selfcheck(cfg)
+        if cfg.worker_processes:
+            self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
+        vocab = self._vocab
         worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
-                              commit=committer.put, events=self._outcomes, selfcheck=self._selfcheck)
+                              commit=committer.put, events=self._outcomes, selfcheck=self._selfcheck,
+                              processes=self._processes, count_vocab=lambda: vocab.counting)
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
@@ -162,8 +168,9 @@ class Drainer:
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
         self.stats.set(state="running")
         log.info(
-            "draining %s -> %s (%s, run %s, %d samples already written, %d workers)",
+            "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)",
             self.cfg.dump_dir, self.out, self.cfg.format, self.run_id, len(committer.entries), self.cfg.workers,
+            "processes" if self._processes is not None else "threads",
         )
         return metrics
 
@@ -192,6 +199,8 @@ class Drainer:
         self.stats.set(state="stopping")
         # Finish the samples in hand; never start the queued ones.
         pool.shutdown(wait=True, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.close()
         committer.close()
         if self._outcomes.fatal is None:
             try:

@@ -24,7 +24,6 @@ from hsextract.drain.metrics import DrainStats, write_status
 from hsextract.drain.quarantine import Quarantine
 from hsextract.drain.vocab import DrainVocab
 from hsextract.durable import free_bytes
-from hsextract.formats.base import Sample
 from hsextract.formats.manifest import ManifestEntry
 from hsextract.records import remove_record
 from hsextract.staging import discard_dump
@@ -49,9 +48,9 @@ class Outcomes:
 
     # --- a sample ------------------------------------------------------------------------------
 
-    def durable(self, sample: Sample) -> None:
-        """A prepared sample's file is durable: `sample` holds the tensors just written (worker)."""
-        self._vocab.count(sample)
+    def durable(self, rid: str, counts: tuple | None) -> None:
+        """A prepared sample's file is durable, with its draft-vocabulary counts (worker)."""
+        self._vocab.keep(rid, counts)
 
     def written(self, entries: list[ManifestEntry], covered: int) -> None:
         """Samples are recorded in the manifest, which now has `covered` entries (committer)."""

@@ -37,7 +37,7 @@ from hsextract.drain.worker import SampleWorker
 from hsextract.errors import ConfigError, StagingError
 from hsextract.layout import record_rid, records_dir
 from hsextract.records import SampleRecord, parse_rid, read_record
-from hsextract.staging import DONE_FILE, FAILED_FILE, iter_dump_dirs
+from hsextract.staging import DONE_FILE, FAILED_FILE, iter_dump_names
 
 log = logging.getLogger("hsextract.drain")
 
@@ -54,6 +54,7 @@ class _Scan:
     submitted: int = 0
     lag: int = 0
     foreign: Counter[str] = field(default_factory=Counter)
+    ready: set[str] = field(default_factory=set)  # complete dumps of this run, not written, waiting for a slot
 
 
 class Scanner:
@@ -74,6 +75,9 @@ class Scanner:
         self._last_full = 0.0
         self._last_record_sweep = 0.0
         self._foreign_reported: dict[str, int] = {}
+        # The dumps the last full scan found ready (complete, of this run, not written): nothing about
+        # them can change but their record and their being taken, so a scan need not look at them again.
+        self._ready: set[str] = set()
 
     def scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
         """Look at the staged dumps: submit complete ones to `pool`, act on the others; return how
@@ -82,12 +86,13 @@ class Scanner:
         scan = _Scan(now=time.time(), full=now - self._last_full >= self.cfg.poll_interval_s)
         if scan.full:
             self._last_full = now
-        for d in iter_dump_dirs(self.dump_dir):
-            if self._stop.is_set() or not self._look_at(d, scan, pool):
+        for name in iter_dump_names(self.dump_dir):
+            if self._stop.is_set() or not self._look_at(name, scan, pool):
                 break
         stats = self._outcomes.stats
         stats.set(in_flight=len(self._inflight))
         if scan.full:
+            self._ready = scan.ready
             stats.set(lag=scan.lag)
             self._report_foreign(scan.foreign)
         if scan.submitted:
@@ -116,29 +121,36 @@ class Scanner:
                 with contextlib.suppress(FileNotFoundError):
                     (rdir / name).unlink()
 
-    def _look_at(self, d: Path, scan: _Scan, pool: ThreadPoolExecutor) -> bool:
-        """Decide about one staged directory and act; False when the scan should stop here."""
-        rid = d.name
+    def _look_at(self, rid: str, scan: _Scan, pool: ThreadPoolExecutor) -> bool:
+        """Decide about the staged directory `rid` and act; False when the scan should stop here."""
         if rid in self._inflight:
             scan.lag += 1
             return True
-        facts = _facts(d, scan.now)
-        run = self._run_facts(facts)
-        decision = t.triage_unrecorded(facts, run)
-        if decision is None:  # complete, of this run, not written: it needs its record
-            scan.lag += 1
-            if self._inflight.full():
-                return scan.full  # a full scan goes on to count the rest; an early one stops here
-            try:
-                record = read_record(self.dump_dir, rid)
-            except StagingError as exc:
-                self._outcomes.quarantine(d, rid, v.RECORD, str(exc))
-                return True
-            decision = t.triage_recorded(facts, run, record)
-            if isinstance(decision, t.Submit):
-                assert record is not None
-                scan.submitted += self._submit(pool, d, record)
-                return True
+        if not scan.full and self._inflight.full():
+            return False  # an early scan has filled the queue: nothing more to do until a slot frees
+        d = self.dump_dir / rid
+        facts = None
+        if rid not in self._ready:
+            facts = _facts(d, scan.now)
+            decision = t.triage_unrecorded(facts, self._run_facts(facts))
+            if decision is not None:
+                return self._act(d, rid, decision, scan)
+        # Complete, of this run, not written: it needs its record and a slot.
+        scan.lag += 1
+        scan.ready.add(rid)
+        if self._inflight.full():
+            return scan.full  # a full scan goes on to count the rest; an early one stops here
+        facts = facts or _facts(d, scan.now)
+        try:
+            record = read_record(self.dump_dir, rid)
+        except StagingError as exc:
+            self._outcomes.quarantine(d, rid, v.RECORD, str(exc))
+            return True
+        decision = t.triage_recorded(facts, self._run_facts(facts), record)
+        if isinstance(decision, t.Submit):
+            assert record is not None
+            scan.submitted += self._submit(pool, d, record)
+            return True
         return self._act(d, rid, decision, scan)
 
     def _submit(self, pool: ThreadPoolExecutor, d: Path, record: SampleRecord) -> int:
@@ -194,11 +206,12 @@ class Scanner:
 
 
 def _facts(d: Path, now: float) -> t.DumpFacts:
+    path = str(d)  # plain strings: pathlib's joins cost more than the stats, once per dump per scan
     return t.DumpFacts(
         name=d.name,
         parsed=parse_rid(d.name),
-        complete=(d / DONE_FILE).exists(),
-        failed=(d / FAILED_FILE).exists(),
+        complete=os.path.exists(f"{path}/{DONE_FILE}"),
+        failed=os.path.exists(f"{path}/{FAILED_FILE}"),
         age_of=functools.partial(_age, d, now),
     )
 

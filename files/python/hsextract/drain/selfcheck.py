@@ -54,11 +54,10 @@ class GreedySelfCheck:
                 return True
         return zlib.crc32(rid.encode()) % 1_000_000 < self.share * 1_000_000
 
-    def check(self, marker: DoneMarker, states: StagedStates) -> str:
-        """"" for a sample not checked; "passed" or "near_tie" for one that passed; InvalidDump (reason
-        ``greedy_mismatch``) for one whose final hidden state does not give the server's token."""
-        if not self.chosen(marker.rid):
-            return ""
+    def verify(self, marker: DoneMarker, states: StagedStates) -> str:
+        """Check a sample `chosen` for the check: "passed" or "near_tie" for one that passed, ""
+        for one whose capture recorded no greedy token; InvalidDump (reason ``greedy_mismatch``)
+        for one whose final hidden state does not give the server's token."""
         if marker.greedy_token < 0:
             with self._lock:
                 self.counts.no_token += 1

@@ -1,7 +1,7 @@
 """The draft vocabulary while the drain runs: each prepared sample's counts until its commit, the
 running counts in step with the manifest (`hsextract.vocab.tracker`), the trainers' files at finalize.
 
-The counts are taken from the very tensors written (in the worker, `count`), held until the
+The counts are taken from the very tensors written (by the worker, `keep`), held until the
 committer records the sample (`commit`) or drops it as a second dump of a written one (`forget`).
 The training set comes first: a vocabulary error (a checkpoint out of step with the manifest, a
 sample file that cannot be recounted) stops the counting for the rest of this process, in one
@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hsextract.drain.config import DrainConfig
-from hsextract.formats.base import OutputFormat, Sample
+from hsextract.formats.base import OutputFormat
 from hsextract.formats.manifest import ManifestEntry
-from hsextract.vocab.counts import masked_counts
 from hsextract.vocab.mapping import VocabError
 from hsextract.vocab.tracker import VocabTracker
 
@@ -48,12 +47,17 @@ class DrainVocab:
         except VocabError as exc:
             self._stop_counting(exc)
 
-    def count(self, sample: Sample) -> None:
-        """Keep the counts of a prepared sample, of the tensors just written, until its commit (worker thread)."""
-        if self._tracker is not None:
-            counts = masked_counts(sample.input_ids, sample.loss_mask)
+    @property
+    def counting(self) -> bool:
+        """Whether prepared samples should be counted (`keep`): off, or stopped by an error, they are not."""
+        return self._tracker is not None
+
+    def keep(self, rid: str, counts: tuple | None) -> None:
+        """Keep the counts of a prepared sample, taken from the tensors just written (by
+        hsextract.drain.prepare), until its commit (worker thread)."""
+        if self._tracker is not None and counts is not None:
             with self._lock:
-                self._pending[sample.rid] = counts
+                self._pending[rid] = counts
 
     def forget(self, rid: str) -> None:
         """A prepared sample that will not be recorded (a second dump of a written sample)."""

@@ -1,10 +1,12 @@
-"""The drain's worker side: one staged dump and its record in, one durable temporary sample file out.
+"""The drain's worker side: one staged dump and its record in, one durable temporary sample file
+handed to the committer, within a byte budget shared by the workers.
 
-A worker reads and checks the staged dump, has the format encode it, writes
-``<output>/.hsextract/tmp/<rid>.tmp`` and fsyncs it, all within a byte budget shared by the
-workers, and hands the `Prepared` sample to the committer, which gives it its output index and
-name (see hsextract.drain.core for the crash-safety argument). A dump that cannot become a
-sample is quarantined instead; a full output volume pauses the write until there is space.
+A worker has the dump prepared (hsextract.drain.prepare: read, check, encode, write
+``<output>/.hsextract/tmp/<rid>.tmp`` and fsync it), in its own thread or in one of the drain's
+worker processes (hsextract.drain.worker_processes), and acts on the outcome: the `Prepared`
+sample goes to the committer, which gives it its output index and name (see hsextract.drain.core
+for the crash-safety argument); a dump that cannot become a sample is quarantined; a full output
+volume pauses the worker until there is space, then the dump is prepared again.
 
 Why a module of its own: each side is simpler knowing nothing of the other. The daemon
 (hsextract.drain.core: recovery, status, shut-down; it knows nothing of systemd, which only runs
@@ -16,22 +18,22 @@ to (`WorkerEvents`).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from hsextract.drain import validate as v
 from hsextract.drain.committer import Prepared
 from hsextract.drain.header import RunHeader
+from hsextract.drain.prepare import Invalid, Job, NoSpace, prepare
 from hsextract.drain.selfcheck import GreedySelfCheck
-from hsextract.drain.staged_io import MappedStates, map_states
-from hsextract.durable import PIECE, is_no_space, write_payload_durably
-from hsextract.errors import StagingError
-from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.manifest import new_hasher
+from hsextract.drain.worker_processes import WorkerProcesses
+from hsextract.durable import PIECE
+from hsextract.formats.base import OutputFormat
+from hsextract.formats.manifest import default_checksum_algorithm
 from hsextract.records import SampleRecord
-from hsextract.staging import STATES_FILE, DoneMarker, read_done_marker
+from hsextract.staging import STATES_FILE
 
 __all__ = ["SampleWorker", "torch_set_threads"]
 
@@ -59,8 +61,8 @@ class _ByteBudget:
 class WorkerEvents(Protocol):
     """What a worker reports (hsextract.drain.outcomes.Outcomes)."""
 
-    def durable(self, sample: Sample) -> None:
-        """A sample's file is durable: `sample` holds the tensors just written, before the commit."""
+    def durable(self, rid: str, counts: tuple | None) -> None:
+        """A sample's file is durable, before its commit, with its draft-vocabulary counts (None: not counted)."""
 
     def quarantine(self, d: Path, rid: str, reason: str, detail: str) -> None:
         """A dump that cannot become a sample."""
@@ -73,11 +75,16 @@ class WorkerEvents(Protocol):
 
 
 class SampleWorker:
-    """Prepares staged samples for the committer; `process` is safe to call from many threads at once."""
+    """Prepares staged samples for the committer; `process` is safe to call from many threads at once.
+
+    The preparation itself (hsextract.drain.prepare) runs in the calling thread, or, given
+    `processes`, in one of the drain's worker processes while the thread waits; a sample chosen
+    for the greedy self-check is always prepared here, where the model's head is loaded once."""
 
     def __init__(self, fmt: OutputFormat, out: Path, tmp_dir: Path, memory_budget_bytes: int, *,
                  header: RunHeader, commit: Callable[[Prepared], None], events: WorkerEvents,
-                 selfcheck: GreedySelfCheck | None = None):
+                 selfcheck: GreedySelfCheck | None = None, processes: WorkerProcesses | None = None,
+                 count_vocab: Callable[[], bool] = lambda: False):
         self.fmt = fmt
         # The format's file body is the staged bytes, checked as they are sent (see SourceRange).
         self._streams_staged = bool(getattr(fmt, "streams_staged", False))
@@ -88,6 +95,8 @@ class SampleWorker:
         self._commit = commit  # a durable temporary file goes to the committer
         self._events = events
         self._selfcheck = selfcheck  # the greedy self-check of a share of samples (None: off)
+        self._processes = processes
+        self._count_vocab = count_vocab  # whether the draft vocabulary is counted (it may stop)
 
     def process(self, d: Path, record: SampleRecord) -> None:
         """Prepare the staged dump `d` of `record` within the byte budget, and commit or quarantine it."""
@@ -97,7 +106,7 @@ class SampleWorker:
             # Mapping the staged file costs no memory (the pages are tmpfs's own), but the
             # format's reordered copy of the rows does: about the sample's size.
             try:
-                size = (d / STATES_FILE).stat().st_size
+                size = os.stat(d / STATES_FILE).st_size
             except FileNotFoundError:
                 size = 0
         self._budget.acquire(size)
@@ -107,61 +116,26 @@ class SampleWorker:
             self._budget.release(size)
 
     def _process_in_budget(self, d: Path, record: SampleRecord) -> None:
-        rid = record.rid
-        mapped = None
-        failure: tuple[str, str] | None = None
-        try:
-            marker = read_done_marker(d)
-            mapped = map_states(d / STATES_FILE)
-            v.validate(marker, mapped.states, record, self._header.expected(), check_values=not self._streams_staged)
-            fp = v.check_fingerprint(marker, mapped.states)
-            greedy = self._selfcheck.check(marker, mapped.states) if self._selfcheck is not None else ""
-            prepared = self._write_temporary(d, record, marker, mapped)
-            prepared.fingerprint, prepared.greedy_check = fp, greedy
-        except StagingError as exc:
-            failure = (v.UNREADABLE, str(exc))
-        except v.InvalidDump as exc:  # from the checks, or met while streaming the rows
-            failure = (exc.reason, exc.detail)
-        finally:
-            if mapped is not None:
-                mapped.close()
-        if failure is not None:
-            self._events.quarantine(d, rid, *failure)
-            self._events.settled(rid)
-            return
-        self._commit(prepared)
-
-    def _write_temporary(self, d: Path, record: SampleRecord, marker: DoneMarker, mapped: MappedStates) -> Prepared:
-        """Encode a validated dump into its durable temporary file; the committer gives it its name."""
-        header = self._header.for_dump(marker)
-        states = mapped.states
-        staged = SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view)
-        if self._streams_staged:
-            h = states.hidden
-            staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
-            staged.check_len = mapped.hidden_len
-        sample = Sample(
-            rid=record.rid,
-            dataset_index=record.index,
-            input_ids=states.input_ids,
-            loss_mask=_as_int64(record.loss_mask),
-            hidden=states.hidden,
-            staged=staged,
-        )
-        payload = self.fmt.encode(sample)
-        tmp = self.tmp_dir / f"{record.rid}.tmp"
+        checked = self._selfcheck is not None and self._selfcheck.chosen(record.rid)
         while True:
-            hasher = new_hasher(header.checksum_algorithm)
-            try:
-                nbytes = write_payload_durably(tmp, payload, hasher)
+            header = self._header.header
+            job = Job(d, record, self._header.expected(),
+                      header.checksum_algorithm if header is not None else default_checksum_algorithm(),
+                      self._count_vocab())
+            if checked or self._processes is None:
+                outcome = prepare(self.fmt, self.tmp_dir, job, self._selfcheck if checked else None)
+            else:
+                outcome = self._processes.prepare(job)
+            if not isinstance(outcome, NoSpace):
                 break
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                self._events.pause_for_space(self.out, exc)
-        checksum = f"{header.checksum_algorithm}:{hasher.hexdigest()}"
-        self._events.durable(sample)
-        return Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, d)
+            self._events.pause_for_space(self.out, outcome.error)
+        if isinstance(outcome, Invalid):
+            self._events.quarantine(d, record.rid, outcome.reason, outcome.detail)
+            self._events.settled(record.rid)
+            return
+        self._header.for_dump(outcome.marker)  # the first valid dump writes the header
+        self._events.durable(record.rid, outcome.counts)
+        self._commit(outcome.prepared)
 
 
 def torch_set_threads(n: int) -> None:
@@ -169,8 +143,3 @@ def torch_set_threads(n: int) -> None:
 
     torch.set_num_threads(n)
 
-
-def _as_int64(values: list[int]):  # -> torch.Tensor
-    import torch
-
-    return torch.tensor(values, dtype=torch.int64)
