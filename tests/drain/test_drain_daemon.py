@@ -403,7 +403,7 @@ def test_status_fails_a_finished_run_whose_counts_do_not_add_up(tmp_path):
 def test_a_worker_process_killed_mid_run_stops_the_drain_saying_so_and_a_restart_writes_the_rest(tmp_path):
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
-    total = 60
+    total = 300  # seconds of work: the kill lands long before the drain could finish
     for i in range(total):
         stage_sample(dump, run, i, tokens=200)
     finish_client(out, total)
