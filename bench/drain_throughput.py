@@ -153,7 +153,7 @@ class CommitClock:
 
 
 def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: bool,
-          timing: CountingTime | None = None) -> tuple[float, float, float]:
+          timing: CountingTime | None = None, worker_mode: str = "auto") -> tuple[float, float, float]:
     """(seconds to the last commit, seconds of the whole run including finalize, CPU seconds of the run).
 
     The CPU seconds (user + system, every thread of this process) are what other tenants of a
@@ -161,7 +161,7 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: boo
     next, its CPU time by a few percent."""
     drop_caches()
     cfg = DrainConfig(dump_dir=dump, output=out, format=fmt, exit_when_done=True, finalize_idle_s=3600,
-                      status_interval_s=1.0, count_vocab=count_vocab, vocab_size=VOCAB)
+                      status_interval_s=1.0, count_vocab=count_vocab, vocab_size=VOCAB, worker_mode=worker_mode)
     if workers:
         cfg.workers = workers
     d = Drainer(cfg)
@@ -183,8 +183,8 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: boo
     return committed, dt, cpu
 
 
-def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None,
-              count_vocab: bool, timing: CountingTime | None = None) -> tuple[float, float, float, int]:
+def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None, count_vocab: bool,
+              timing: CountingTime | None = None, worker_mode: str = "auto") -> tuple[float, float, float, int]:
     """Drain a fresh copy of the staged dumps into an empty directory; (seconds to the last commit,
     seconds of the whole run, CPU seconds, bytes written)."""
     out = base / fmt
@@ -200,7 +200,7 @@ def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None
         for marker in work.glob("*/done.json"):
             marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
     try:
-        committed, whole, cpu = drain(fmt, work, out, workers, count_vocab, timing)
+        committed, whole, cpu = drain(fmt, work, out, workers, count_vocab, timing, worker_mode)
         written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     finally:
         shutil.rmtree(work, ignore_errors=True)

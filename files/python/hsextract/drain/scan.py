@@ -140,7 +140,8 @@ class Scanner:
         scan.ready.add(rid)
         if self._inflight.full():
             return scan.full  # a full scan goes on to count the rest; an early one stops here
-        facts = facts or _facts(d, scan.now)
+        if facts is None:
+            facts = _facts(d, scan.now)
         try:
             record = read_record(self.dump_dir, rid)
         except StagingError as exc:
