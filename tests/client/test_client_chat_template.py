@@ -24,6 +24,7 @@ from hsextract.client.chat_template import (
 )
 from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample, ToolCall, parse_line
 from hsextract.errors import HsextractError
+from support.tokenizer_dirs import tokenizer_dir
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -82,11 +83,12 @@ EXPECTED_SEGMENTS = {
 
 
 def make_tokenizer(model_dir: Path, template: str):
-    tok = load_tokenizer(model_dir)
-    if template != "tiny":
-        tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[template]})
-        tok.chat_template = (TEMPLATES / f"{template}.jinja").read_text()
-    return tok
+    """The client's tokenizer of a model like ``model_dir`` whose files carry ``template`` and its special tokens."""
+    if template == "tiny":
+        return load_tokenizer(model_dir)
+    out = model_dir.parent / f"{model_dir.name}-tokenizer-{template}"
+    return load_tokenizer(tokenizer_dir(model_dir, out, SPECIAL_TOKENS[template],
+                                        (TEMPLATES / f"{template}.jinja").read_text()))
 
 
 def expected(tok, segments):

@@ -1,5 +1,6 @@
-"""The client loads the model's tokenizer without torch where AutoTokenizer would build the generic
-fast tokenizer anyway, and through AutoTokenizer otherwise; either way the same tokens."""
+"""The client loads the model's tokenizer without transformers where AutoTokenizer would build the
+generic fast tokenizer anyway, and through AutoTokenizer otherwise (the direct tokenizer's own
+equivalence with transformers: tests/client/test_direct_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ from pathlib import Path
 
 import pytest
 from hsextract.client.chat_template import load_tokenizer
-from hsextract.client.tokenizer_files import GENERIC_MODEL_TYPES, generic_fast_tokenizer
+from hsextract.client.direct_tokenizer import DirectTokenizer
+from hsextract.client.tokenizer_files import GENERIC_FAST_CLASSES, GENERIC_MODEL_TYPES, generic_fast_tokenizer
 from transformers import AutoTokenizer
-
-CONVERSATION = [{"role": "user", "content": "the capital city of france is"},
-                {"role": "assistant", "content": "paris, hello world"}]
 
 
 def _tokenizer_copy(src: Path, dst: Path, model_type: str | None = None, **config) -> Path:
@@ -34,23 +33,14 @@ def _tokenizer_copy(src: Path, dst: Path, model_type: str | None = None, **confi
     return dst
 
 
-def test_the_generic_fast_tokenizer_loads_without_importing_torch(tiny_llama):
+def test_the_generic_fast_tokenizer_loads_without_importing_transformers(tiny_llama):
     probe = ("import sys; from hsextract.client.chat_template import load_tokenizer; "
-             f"tok = load_tokenizer({str(tiny_llama)!r}); print(type(tok).__name__, 'torch' in sys.modules)")
+             f"tok = load_tokenizer({str(tiny_llama)!r}); "
+             "print(type(tok).__name__, 'transformers' in sys.modules, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-1] == "False", f"torch was imported to load the tokenizer: {done.stdout}"
-
-
-def test_the_direct_path_gives_auto_tokenizers_tokens_and_offsets(tiny_llama):
-    ours, auto = load_tokenizer(tiny_llama), AutoTokenizer.from_pretrained(str(tiny_llama))
-    assert type(ours) is type(auto)
-    assert ours.apply_chat_template(CONVERSATION, tokenize=False) == auto.apply_chat_template(CONVERSATION,
-                                                                                              tokenize=False)
-    text = auto.apply_chat_template(CONVERSATION, tokenize=False)
-    mine = ours(text, add_special_tokens=False, return_offsets_mapping=True)
-    theirs = auto(text, add_special_tokens=False, return_offsets_mapping=True)
-    assert mine["input_ids"] == theirs["input_ids"] and mine["offset_mapping"] == theirs["offset_mapping"]
+    assert done.stdout.split()[-3:] == ["DirectTokenizer", "False", "False"], (
+        f"the tokenizer was loaded through transformers or torch: {done.stdout}")
 
 
 @pytest.mark.parametrize("model_type", sorted(GENERIC_MODEL_TYPES))
@@ -61,7 +51,8 @@ def test_auto_tokenizer_builds_the_generic_class_for_every_type_taken_directly(t
     types AutoTokenizer keeps the generic class the files name."""
     model = _tokenizer_copy(tiny_llama, tmp_path / model_type, model_type=model_type, tokenizer_class=named)
     assert generic_fast_tokenizer(model)
-    assert type(AutoTokenizer.from_pretrained(str(model))) is type(load_tokenizer(model))
+    assert type(AutoTokenizer.from_pretrained(str(model))).__name__ in GENERIC_FAST_CLASSES
+    assert isinstance(load_tokenizer(model), DirectTokenizer)
 
 
 def test_a_model_type_whose_class_auto_tokenizer_overrides_goes_through_auto_tokenizer(tiny_llama, tmp_path):

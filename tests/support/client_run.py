@@ -67,7 +67,7 @@ def expected_tokens(tok, messages: list[tuple[str, str]]) -> tuple[list[int], li
         mask += [flag] * len(seg)
     hf = tok.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=True)
     hf_ids = list(hf["input_ids"] if hasattr(hf, "keys") else hf)
-    assert ids == hf_ids, "hand-cut segments disagree with transformers' own chat template tokenization"
+    assert ids == hf_ids, "hand-cut segments disagree with the chat template's own tokenization"
     return ids, mask
 
 

@@ -144,7 +144,8 @@ class ExtractRun:
         final_hidden_for(cfg.format)  # an unknown format stops the run here
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
-        # Seconds (transformers' import, the tokenizer's files): a stop must not wait for it.
+        # Up to seconds (the tokenizer's files; transformers' import where the direct path cannot be
+        # taken): a stop must not wait for it.
         with self.startup.phase("tokenizer"):
             self.encoder = call_unless_stopped(self.stop, "loading the tokenizer", functools.partial(
                 build_encoder, Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only,

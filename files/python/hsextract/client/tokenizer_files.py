@@ -13,13 +13,22 @@ generic fast tokenizer (Llama 3's do, and the project's tiny models'), with no c
 (``auto_map``), for a model type of ``GENERIC_MODEL_TYPES``, for which the tests check, against the
 installed transformers, that ``AutoTokenizer`` builds that same class. Anything else goes through
 ``AutoTokenizer``.
+
+Where the direct path is taken, the tokenizer is loaded without transformers at all
+(`hsextract.client.direct_tokenizer`) unless one of that module's premises fails; then it is
+transformers' generic class, imported directly.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
+
+from hsextract.client.direct_tokenizer import NotDirect, load_direct
+
+log = logging.getLogger(__name__)
 
 # The classes AutoTokenizer maps to the generic fast tokenizer (transformers 5 names it
 # TokenizersBackend and keeps PreTrainedTokenizerFast as its alias).
@@ -50,6 +59,10 @@ def from_pretrained(model_dir: Path) -> Any:
     """The tokenizer of ``model_dir``: the generic fast class imported directly where that is what
     AutoTokenizer would build (see the module docstring), else AutoTokenizer's."""
     if generic_fast_tokenizer(model_dir):
+        try:
+            return load_direct(model_dir)
+        except NotDirect as why:
+            log.info("loading the tokenizer of %s through transformers: %s", model_dir, why)
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast.from_pretrained(str(model_dir))

@@ -24,6 +24,7 @@ import numpy as np
 from hsextract.client import defaults
 from hsextract.client.chat_template import TOO_LONG, Encoded, build_encoder
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, read_dataset
+from hsextract.client.direct_tokenizer import DirectTokenizer
 from hsextract.formats.base import same_size_index
 
 CHUNK = 64  # samples per task: large enough to amortize the pickling, small enough for a smooth bar
@@ -174,7 +175,10 @@ def scan(cfg: ScanSettings) -> ScanResult:
         pool = None
     else:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["hsextract.client.chat_template", "transformers.models.auto.tokenization_auto"])
+        preload = ["hsextract.client.chat_template"]
+        if not isinstance(encoder.tok, DirectTokenizer):  # the workers load it through transformers too
+            preload.append("transformers.models.auto.tokenization_auto")
+        ctx.set_forkserver_preload(preload)
         pool = ctx.Pool(res.workers, initializer=_init_worker, initargs=(str(cfg.model), *settings))
         results = pool.imap_unordered(_encode_chunk, chunks, chunksize=1)
     try:
