@@ -151,10 +151,12 @@ def product_env(env: gpu_env.GpuEnv) -> dict[str, str]:
 
 
 def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset: Path, out: Path, in_flight: int,
-                 max_tokens: int, selfcheck_share: float = 0.05, processes: int = 1, drain_after: bool = False) -> dict:
+                 max_tokens: int, selfcheck_share: float = 0.05, processes: int = 1, drain_after: bool = False,
+                 profile: Path | None = None) -> dict:
     """The drain and the client (``processes`` of them, each on its sub-shard, `--process j/P`),
     started together as separate processes; what they report. With ``drain_after`` the client runs
-    alone without a staging limit (``--max-staged 0``) and the drain starts once it has finished."""
+    alone without a staging limit (``--max-staged 0``) and the drain starts once it has finished.
+    With ``profile``, py-spy samples the (first) client into that file (its raw format)."""
     shutil.rmtree(out, ignore_errors=True)
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -174,8 +176,10 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
         clients = []
         for j in range(processes):
             extra = ["--process", f"{j}/{processes}"] if processes > 1 else []
+            spy = [] if profile is None or j else [str(SITE / "bin" / "py-spy"), "record", "-r", "200",
+                                                   "--threads", "-f", "raw", "-o", str(profile), "--"]
             with open(logs / f"client{j or ''}.log", "wb") as clog:
-                clients.append(subprocess.Popen([*client_cmd, *extra], stdout=clog, stderr=subprocess.STDOUT,
+                clients.append(subprocess.Popen([*spy, *client_cmd, *extra], stdout=clog, stderr=subprocess.STDOUT,
                                                 env=run_env))
         first_request = wait_first_record(server.dump_dir, clients[0], t0)
         client_rcs = [c.wait(timeout=1800) for c in clients]
@@ -286,20 +290,25 @@ def loop_rate(prompts: list[list[int]], wall: float) -> dict:
 _TOKENIZER_PHASES = """
 import json, sys, time
 t0 = time.monotonic()
-import torch
+from hsextract.client.chat_template import load_tokenizer
+tok = load_tokenizer(sys.argv[1])
 t1 = time.monotonic()
-from transformers import AutoTokenizer
+import torch
 t2 = time.monotonic()
-tok = AutoTokenizer.from_pretrained(sys.argv[1])
+from transformers import AutoTokenizer
 t3 = time.monotonic()
-print(json.dumps({"import_torch_s": round(t1 - t0, 2), "import_transformers_s": round(t2 - t1, 2),
-                  "from_pretrained_s": round(t3 - t2, 2)}))
+auto = AutoTokenizer.from_pretrained(sys.argv[1])
+t4 = time.monotonic()
+print(json.dumps({"client_load_tokenizer_s": round(t1 - t0, 2), "client_tokenizer_class": type(tok).__name__,
+                  "import_torch_s": round(t2 - t1, 2), "import_transformers_s": round(t3 - t2, 2),
+                  "auto_from_pretrained_s": round(t4 - t3, 2), "same_len": len(tok) == len(auto)}))
 """
 
 
 def tokenizer_load(env: gpu_env.GpuEnv, model: Path) -> dict:
-    """The client's tokenizer phase taken apart, in the product's environment beside the running
-    servers: torch's import (transformers imports it), transformers' own, and the files."""
+    """The client's tokenizer phase in the product's environment beside the running servers (its
+    own path, in a fresh process first), then transformers' path taken apart: torch's import
+    (transformers imports it), transformers' own, and ``AutoTokenizer``'s load."""
     done = subprocess.run([sys.executable, "-c", _TOKENIZER_PHASES, str(model)], env=product_env(env),
                           capture_output=True, text=True, timeout=300)
     try:
@@ -556,9 +565,11 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
                 else:
                     procs = 2 if side == "pipeline_2_processes" else 1
                     out = args.output_root / f"{plan.kind}-bench-{n}-{r}-{side}"
+                    profile = (args.profile_client / f"pyspy-{plan.kind}-{side}-{n}-{r}.txt"
+                               if args.profile_client else None)
                     rows[side].append(run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n,
                                                    max_tokens, selfcheck_share=0.01, processes=procs,
-                                                   drain_after=side == "client_alone"))
+                                                   drain_after=side == "client_alone", profile=profile))
                     shutil.rmtree(out, ignore_errors=True)
                 say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
             save({**res, "cases": [*res["cases"], case_result(n, rows)]})
@@ -670,6 +681,8 @@ def main() -> int:
     ap.add_argument("--output-root", type=Path, default=None,
                     help="where the throughput rounds' training sets go (default: --work); e.g. /dev/shm/hsx-out for "
                          "a disk that keeps up with the server")
+    ap.add_argument("--profile-client", type=Path, default=None,
+                    help="py-spy the (first) client of every product round into this directory")
     ap.add_argument("--results", type=Path)
     args = ap.parse_args()
     args.in_flight = [int(x) for x in args.in_flight.split(",")]
