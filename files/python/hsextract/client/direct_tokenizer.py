@@ -121,7 +121,7 @@ class DirectTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = True,
                  return_offsets_mapping: bool = False) -> dict[str, list]:
         enc = self._backend.encode(text, add_special_tokens=add_special_tokens)
-        out: dict[str, list] = {"input_ids": enc.ids, "attention_mask": enc.attention_mask}
+        out: dict[str, list] = {"input_ids": enc.ids}  # (no attention mask: nothing here reads one)
         if return_offsets_mapping:
             out["offset_mapping"] = enc.offsets
         return out
