@@ -24,20 +24,9 @@ from hsextract.client.chat_template import (
 )
 from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample, ToolCall, parse_line
 from hsextract.errors import HsextractError
-from support.tokenizer_dirs import tokenizer_dir
+from support.tokenizer_dirs import TEMPLATE_SPECIAL_TOKENS, template_model
 
-TEMPLATES = Path(__file__).parent / "templates"
-
-# template name -> special tokens the real model's tokenizer has for it
-SPECIAL_TOKENS = {
-    "tiny": [],
-    "llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-    "deepseek_v3": ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"],
-    "kimi_k2": ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"],
-    "qwen3_thinking": ["<|im_start|>", "<|im_end|>"],
-    "qwen3_tools": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
-                    "<tool_response>", "</tool_response>"],
-}
+SPECIAL_TOKENS = TEMPLATE_SPECIAL_TOKENS
 
 Q1, A1 = "What is the capital city of France?", "The capital city of France is Paris."
 Q2, A2 = "Hello world", "A quick brown fox jumps over the lazy dog."
@@ -84,11 +73,7 @@ EXPECTED_SEGMENTS = {
 
 def make_tokenizer(model_dir: Path, template: str):
     """The client's tokenizer of a model like ``model_dir`` whose files carry ``template`` and its special tokens."""
-    if template == "tiny":
-        return load_tokenizer(model_dir)
-    out = model_dir.parent / f"{model_dir.name}-tokenizer-{template}"
-    return load_tokenizer(tokenizer_dir(model_dir, out, SPECIAL_TOKENS[template],
-                                        (TEMPLATES / f"{template}.jinja").read_text()))
+    return load_tokenizer(template_model(model_dir, template))
 
 
 def expected(tok, segments):

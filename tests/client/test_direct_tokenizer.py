@@ -12,20 +12,10 @@ from pathlib import Path
 import pytest
 from hsextract.client.chat_template import load_tokenizer
 from hsextract.client.direct_tokenizer import DirectTokenizer, NotDirect, load_direct
-from support.tokenizer_dirs import tokenizer_dir
+from support.tokenizer_dirs import TEMPLATE_SPECIAL_TOKENS, template_model
 from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = Path(__file__).parent / "templates"
-SPECIAL_TOKENS = {
-    "llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-    "deepseek_v3": ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"],
-    "kimi_k2": ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"],
-    "qwen3_thinking": ["<|im_start|>", "<|im_end|>"],
-    "qwen3_tools": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
-                    "<tool_response>", "</tool_response>"],
-    "readable": [],
-}
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city — in <b>bold</b> & \"quotes\"",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -43,13 +33,6 @@ CONVERSATIONS = {
         {"role": "tool", "content": "sunny, 21 C", "name": "get_weather", "tool_call_id": "c1"},
         {"role": "assistant", "content": "Sunny and 21 C."}],
 }
-
-
-def _model(tiny_llama: Path, template: str) -> Path:
-    if template == "tiny":
-        return tiny_llama
-    out = tiny_llama.parent / f"{tiny_llama.name}-tokenizer-{template}"
-    return tokenizer_dir(tiny_llama, out, SPECIAL_TOKENS[template], (TEMPLATES / f"{template}.jinja").read_text())
 
 
 def _rendered(tok, conversation, tools, add_generation_prompt) -> str | tuple[str, str]:
@@ -72,9 +55,9 @@ def assert_same_tokenizer(ours, theirs, texts: list[str]) -> None:
         assert ours.decode(ids) == theirs.decode(ids, clean_up_tokenization_spaces=False)
 
 
-@pytest.mark.parametrize("template", ["tiny", *sorted(SPECIAL_TOKENS)])
+@pytest.mark.parametrize("template", sorted(TEMPLATE_SPECIAL_TOKENS))
 def test_every_template_renders_and_tokenizes_as_transformers_does(tiny_llama, template):
-    model = _model(tiny_llama, template)
+    model = template_model(tiny_llama, template)
     ours, theirs = load_tokenizer(model), AutoTokenizer.from_pretrained(str(model))
     assert isinstance(ours, DirectTokenizer), "the template's model must take the direct path"
     texts = []

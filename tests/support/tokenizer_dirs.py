@@ -9,6 +9,29 @@ import json
 import shutil
 from pathlib import Path
 
+TEMPLATES = Path(__file__).resolve().parents[1] / "client" / "templates"
+# template name -> the special tokens the real model's tokenizer has for it ("tiny": the tiny
+# model's own template and tokenizer, unchanged)
+TEMPLATE_SPECIAL_TOKENS = {
+    "tiny": [],
+    "llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    "deepseek_v3": ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"],
+    "kimi_k2": ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"],
+    "qwen3_thinking": ["<|im_start|>", "<|im_end|>"],
+    "qwen3_tools": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
+                    "<tool_response>", "</tool_response>"],
+    "readable": [],
+}
+
+
+def template_model(base: Path, template: str) -> Path:
+    """A model directory like ``base`` whose tokenizer files carry ``template``
+    (tests/client/templates) and its special tokens; ``base`` itself for "tiny"."""
+    if template == "tiny":
+        return base
+    out = base.parent / f"{base.name}-tokenizer-{template}"
+    return tokenizer_dir(base, out, TEMPLATE_SPECIAL_TOKENS[template], (TEMPLATES / f"{template}.jinja").read_text())
+
 
 def tokenizer_dir(base: Path, out: Path, special_tokens: list[str] = (), chat_template: str | None = None) -> Path:
     """``base``'s tokenizer with ``special_tokens`` added and ``chat_template`` set, saved in ``out``
