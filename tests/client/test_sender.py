@@ -1,5 +1,6 @@
-"""The sender keeps one connection open per thread, and an idle connection the server has closed
-(its keep-alive timeout) is opened again before the next sample, without using one of its attempts."""
+"""The sender keeps one connection open per thread, and a kept-open connection the server has closed
+(its keep-alive timeout) is opened again for the next sample, without using one of its attempts:
+whether the sender sees the close before sending or only when the request meets it."""
 
 from __future__ import annotations
 
@@ -49,9 +50,9 @@ class OneShotServer:
                 body = json.loads(reader.read(length))
                 answer = json.dumps({"meta_info": {"prompt_tokens": len(body["input_ids"]),
                                                    "finish_reason": {"type": "length"}}}).encode()
+                self.answered += 1  # counted before the client can read it
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                              b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer))
-                self.answered += 1
             reader.close()
             conn.close()
             self.closed.set()

@@ -188,8 +188,22 @@ class _Connection:
 
     def post_json(self, path: str, body: dict[str, Any]) -> _Answer:
         """POST ``body`` as JSON and read the whole answer; OSError or HTTPException on failure
-        (the connection is closed then)."""
+        (the connection is closed then).
+
+        A kept-open connection the server closes just as the request goes out (its keep-alive
+        timeout, a race the readability check cannot close) answers nothing: the request goes out
+        once more on a new connection, as any client of a keep-alive server does, and costs the
+        sample none of its attempts. A resend reaches the server as the sender's own retries do."""
         data = json.dumps(body, separators=(",", ":")).encode()
+        reused = self._conn is not None
+        try:
+            return self._exchange(path, data)
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            if not reused:
+                raise
+        return self._exchange(path, data)
+
+    def _exchange(self, path: str, data: bytes) -> _Answer:
         conn = self._open()
         try:
             conn.request("POST", self._prefix + path, body=data, headers={"Content-Type": "application/json"})
