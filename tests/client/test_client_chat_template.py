@@ -26,8 +26,6 @@ from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample, Too
 from hsextract.errors import HsextractError
 from support.tokenizer_dirs import TEMPLATE_SPECIAL_TOKENS, template_model
 
-SPECIAL_TOKENS = TEMPLATE_SPECIAL_TOKENS
-
 Q1, A1 = "What is the capital city of France?", "The capital city of France is Paris."
 Q2, A2 = "Hello world", "A quick brown fox jumps over the lazy dog."
 CONV = [Message("system", "Be brief."), Message("user", Q1), Message("assistant", A1),
@@ -93,7 +91,7 @@ def test_loss_mask_is_exactly_the_assistant_replies(tiny_llama, template, conv):
     want_ids, want_mask = expected(tok, EXPECTED_SEGMENTS[(template, conv)])
     assert ids == want_ids
     assert mask == want_mask
-    end = SPECIAL_TOKENS[template][-1] if template != "tiny" else "</s>"
+    end = TEMPLATE_SPECIAL_TOKENS[template][-1] if template != "tiny" else "</s>"
     assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == f"{A1}{end}{A2}{end}"
 
 

@@ -42,7 +42,8 @@ class NotDirect(Exception):
     """The model's tokenizer files need transformers' own loading; the message says which premise fails."""
 
 
-def _json(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
+    """The JSON object in ``path``; {} when the file is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -69,7 +70,6 @@ def _chat_template(model_dir: Path, config: dict) -> str:
     if template is None or isinstance(template, str):
         return template or ""
     raise NotDirect("tokenizer_config.json has named chat templates")
-    # (transformers' clean_up_tokenization_spaces changes decoded text only, which the client never uses)
 
 
 def _check_added(config: dict, added: dict[str, int]) -> None:
@@ -195,7 +195,7 @@ def load_direct(model_dir: Path) -> DirectTokenizer:
     """The model's generic fast tokenizer without transformers; NotDirect when a premise fails."""
     from tokenizers import Tokenizer
 
-    config = _json(model_dir / "tokenizer_config.json")
+    config = read_json_object(model_dir / "tokenizer_config.json")
     if "added_tokens_decoder" not in config and any((model_dir / name).exists() for name in LEGACY_FILES):
         raise NotDirect("transformers merges the legacy special_tokens_map.json / added_tokens.json")
     if config.get("split_special_tokens"):

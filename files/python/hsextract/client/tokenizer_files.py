@@ -21,12 +21,11 @@ transformers' generic class, imported directly.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
-from hsextract.client.direct_tokenizer import NotDirect, load_direct
+from hsextract.client.direct_tokenizer import NotDirect, load_direct, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +37,12 @@ GENERIC_FAST_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"
 GENERIC_MODEL_TYPES = frozenset({"llama", "deepseek_v3"})
 
 
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def generic_fast_tokenizer(model_dir: Path) -> bool:
     """True when AutoTokenizer would build the generic fast tokenizer the directory's files name
     (see the module docstring)."""
-    cfg = _json(model_dir / "tokenizer_config.json")
+    cfg = read_json_object(model_dir / "tokenizer_config.json")
     return (cfg.get("tokenizer_class") in GENERIC_FAST_CLASSES and "auto_map" not in cfg
-            and _json(model_dir / "config.json").get("model_type") in GENERIC_MODEL_TYPES
+            and read_json_object(model_dir / "config.json").get("model_type") in GENERIC_MODEL_TYPES
             and (model_dir / "tokenizer.json").is_file())
 
 
