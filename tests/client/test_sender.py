@@ -1,15 +1,17 @@
 """The sender keeps one connection open per thread, and a kept-open connection the server has closed
 (its keep-alive timeout) is opened again for the next sample, without using one of its attempts:
-whether the sender sees the close before sending or only when the request meets it."""
+whether the sender sees the close before sending or only when the request meets it. The health
+gate sees a running server by /server_info at once, and by /health otherwise."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
 import threading
 
 import pytest
-from hsextract.client.sender import RetryPolicy, Sender
+from hsextract.client.sender import HealthGate, RetryPolicy, Sender
 from hsextract.errors import HsextractError
 
 pytestmark = pytest.mark.timeout(60)
@@ -90,3 +92,56 @@ def test_an_idle_connection_the_server_closed_is_opened_again_without_using_an_a
 def test_a_server_url_that_is_not_http_stops_the_run_at_once():
     with pytest.raises(HsextractError, match="expected http://HOST:PORT"):
         Sender("localhost:30000")
+
+
+class _InfoServer(http.server.ThreadingHTTPServer):
+    """Answers GET with 200 on the paths it is given, 404 elsewhere, and records what was asked."""
+
+    def __init__(self, paths: set[str]):
+        self.paths, self.asked = paths, []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.asked.append(self.path)
+                self.send_response(200 if self.path in outer.paths else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def info_server(request):
+    srv = _InfoServer(set(request.param))
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("info_server", [{"/server_info"}], indirect=True)
+def test_a_server_that_answers_server_info_is_up_without_asking_health(info_server):
+    gate = HealthGate(info_server.url, RetryPolicy())
+    assert gate.up_now()
+    assert info_server.asked == ["/server_info"]
+
+
+@pytest.mark.parametrize("info_server", [{"/health"}], indirect=True)
+def test_a_server_without_server_info_is_not_taken_as_up_until_health_says_so(info_server):
+    gate = HealthGate(info_server.url, RetryPolicy())
+    assert not gate.up_now()
+    assert gate.probe()
+
+
+def test_a_server_that_is_not_listening_is_neither_up_nor_healthy():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
+        gate = HealthGate(url, RetryPolicy(connect_timeout_s=2))
+        assert not gate.up_now()
+        assert not gate.probe()

@@ -382,10 +382,12 @@ class ExtractRun:
         return self.run_id
 
     def _wait_for_server(self) -> None:
-        """Under systemd the client may start before the server is up."""
-        if not self.sender.gate.probe():
+        """Under systemd the client may start before the server is up. A server that answers
+        /server_info is up (milliseconds); /health, which takes a second, only decides otherwise."""
+        gate = self.sender.gate
+        if not (gate.up_now() or gate.probe()):
             self.stats.paused_reason = f"waiting for the server {self.cfg.server} to answer /health"
-            self.sender.gate.wait_healthy(since=time.monotonic())
+            gate.wait_healthy(since=time.monotonic())
             self.stats.paused_reason = None
 
     def _take_server_limit(self) -> None:

@@ -90,8 +90,18 @@ class HealthGate:
         self.down_since: float | None = None
 
     def probe(self) -> bool:
+        """True when ``GET /health`` answers 200. SGLang answers it only after a one-token
+        generation it polls for once a second, so it takes at least a second even when idle."""
+        return self._answers("/health")
+
+    def up_now(self) -> bool:
+        """True when ``GET /server_info`` answers 200: the server is up and serving, known in
+        milliseconds. The client's start asks this first and waits on /health only when it fails."""
+        return self._answers("/server_info")
+
+    def _answers(self, path: str) -> bool:
         try:
-            resp = requests.get(f"{self.base_url}/health", timeout=(self.policy.connect_timeout_s, 30))
+            resp = requests.get(f"{self.base_url}{path}", timeout=(self.policy.connect_timeout_s, 30))
             return resp.status_code == 200
         except requests.RequestException:
             return False
