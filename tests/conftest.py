@@ -65,7 +65,7 @@ SLOW_MODULES = {
     "ansible/test_bad_settings_play.py", "ansible/test_capture_patch_role.py", "ansible/test_collect_playbook.py",
     "ansible/test_output_dataset_check.py", "ansible/test_plan_role.py", "ansible/test_server_profiles.py",
     "ansible/test_unit_paths.py", "ansible/test_client_processes_role.py", "ansible/test_extract_playbook.py",
-    "ansible/test_fleet.py",
+    "ansible/test_fleet.py", "ansible/test_service_handlers_states.py",
     "ansible/test_fleet_inventory.py", "fleet/test_fleet_command.py",
     "capture/test_announcement.py", "capture/test_writer.py", "capture/test_writer_process.py",
     "capture/test_host_pool.py", "capture/test_patch.py",
