@@ -4,8 +4,9 @@
   ``.work/models/<kind>-<hash of tiny_model.py>`` under the repository (reused across runs,
   regenerated when the generator changes).
 * ``llama_server`` / ``dsv3_server``: one server each per test session, started on first use,
-  dumping into a session temporary directory, rid prefix ``hsx``; stopped at session end, also
-  when tests fail. Tests that share them use rids ``hsx-<fresh run id>-<i>`` and remove their dumps.
+  dumping into a session temporary directory, rid prefix ``hsx`` (DeepSeek's final state pre-norm);
+  stopped at session end, also when tests fail. Tests that share them use rids
+  ``hsx-<fresh run id>-<i>`` and remove their dumps.
 * ``free_port``: a function returning a free port of this suite's range, for tests that start
   their own server with `support.sglang_server.start_server`.
 """
@@ -116,7 +117,7 @@ def free_port():
     return lambda: _free_port(*PORT_RANGE)
 
 
-def _session_server(request, tmp_path_factory, model_dir: Path, name: str) -> ServerHandle:
+def _session_server(request, tmp_path_factory, model_dir: Path, name: str, **settings) -> ServerHandle:
     base = tmp_path_factory.mktemp(f"{name}-server")
     handle = start_server(
         model_dir,
@@ -125,6 +126,7 @@ def _session_server(request, tmp_path_factory, model_dir: Path, name: str) -> Se
         log_dir=base / "logs",
         rid_prefix="hsx",
         capture_extra=SESSION_CAPTURE_EXTRA,
+        **settings,
     )
     request.addfinalizer(handle.stop_later)
     return handle
@@ -137,7 +139,12 @@ def llama_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
 
 @pytest.fixture(scope="session")
 def dsv3_server(request, tmp_path_factory, tiny_dsv3) -> ServerHandle:
-    return _session_server(request, tmp_path_factory, tiny_dsv3, "dsv3")
+    """The suite's DeepSeek-V3 (MLA + MoE) server, storing the final hidden state pre-norm, as the
+    speculators formats need for Kimi-K2 and DeepSeek: its final norm is reached through SGLang's
+    residual stream (a fused add + norm), not the plain call Llama makes, so it is the one final
+    state whose capture differs by architecture. The post-norm state is the logits processor's
+    input whatever the model, tested on `llama_server`. One server for both saves a start."""
+    return _session_server(request, tmp_path_factory, tiny_dsv3, "dsv3", final_hidden="pre_norm")
 
 
 @pytest.fixture(scope="session")

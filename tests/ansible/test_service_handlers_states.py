@@ -23,11 +23,12 @@ SHOWN = ("Id=hsextract-server.service\nActiveState=activating\n\n"
 
 def handler_states(tmp_path, client_unit: str, shown: str) -> dict:
     out = tmp_path / "states.json"
+    read = "{{ {'states': service_handlers__states, 'client': service_handlers__client_states} | to_json }}"
     play = [{"hosts": "localhost", "gather_facts": False, "vars_files": [str(VARS)],
              "vars": {"service_handlers_client_unit": client_unit, "service_handlers__shown": {"stdout": shown}},
              "tasks": [{"name": "Write what the handlers would read.", "ansible.builtin.copy": {
                  "dest": str(out), "mode": "0644",
-                 "content": "{{ {'states': service_handlers__states, 'client': service_handlers__client_states} | to_json }}"}}]}]
+                 "content": read}}]}]
     (tmp_path / "play.yml").write_text(json.dumps(play))
     bin_dir = ansible_bin()
     r = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local",

@@ -240,20 +240,9 @@ def test_pre_norm_final_hidden_and_sglang_convention_layers(llama_prenorm_server
     assert marker.final_hidden == "pre_norm"
 
 
-@pytest.fixture(scope="module")
-def dsv3_prenorm_server(request, tmp_path_factory, tiny_dsv3, free_port):
-    """A DeepSeek-V3 (MLA + MoE) server storing the final hidden state pre-norm, as the speculators
-    formats need for Kimi-K2 and DeepSeek: its final norm is reached through SGLang's residual
-    stream (a fused add + norm), not the plain call Llama makes."""
-    base = tmp_path_factory.mktemp("dsv3-prenorm")
-    handle = start_server(tiny_dsv3, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
-                          final_hidden="pre_norm")
-    request.addfinalizer(handle.stop_later)
-    return handle
-
-
-def test_deepseek_pre_norm_final_hidden_matches_transformers(dsv3_prenorm_server):
-    marker = capture_pre_norm_and_check(dsv3_prenorm_server, seed=37)
+def test_deepseek_pre_norm_final_hidden_matches_transformers(dsv3_server):
+    """The suite's DeepSeek-V3 server stores the final state pre-norm (tests/conftest.py says why)."""
+    marker = capture_pre_norm_and_check(dsv3_server, seed=37)
     assert marker.final_hidden == "pre_norm"
 
 
