@@ -154,10 +154,6 @@ def llama_prenorm_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
     formats), aux layers given in SGLang's convention, SGLang's start-up warmup on (it must not be
     dumped), and the capture writing from threads of the scheduler's process (writer_process off).
     One server for all of them saves three starts."""
-    base = tmp_path_factory.mktemp("llama-prenorm-server")
-    handle = start_server(tiny_llama, port=_free_port(*PORT_RANGE), dump_dir=base / "dump", log_dir=base / "logs",
-                          rid_prefix="hsx", final_hidden="pre_norm", aux_layer_ids=PRENORM_SGLANG_LAYERS,
-                          layer_convention="sglang", skip_warmup=False, writer_process=False,
-                          capture_extra=SESSION_CAPTURE_EXTRA)
-    request.addfinalizer(handle.stop_later)
-    return handle
+    return _session_server(request, tmp_path_factory, tiny_llama, "llama-prenorm", final_hidden="pre_norm",
+                           aux_layer_ids=PRENORM_SGLANG_LAYERS, layer_convention="sglang", skip_warmup=False,
+                           writer_process=False)

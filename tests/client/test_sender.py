@@ -5,7 +5,6 @@ gate sees a running server by /server_info at once, and by /health otherwise."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import socket
 import threading
@@ -13,6 +12,7 @@ import threading
 import pytest
 from hsextract.client.sender import HealthGate, RetryPolicy, Sender
 from hsextract.errors import HsextractError
+from support.answering_server import AnsweringServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,44 +94,21 @@ def test_a_server_url_that_is_not_http_stops_the_run_at_once():
         Sender("localhost:30000")
 
 
-class _InfoServer(http.server.ThreadingHTTPServer):
-    """Answers GET with 200 on the paths it is given, 404 elsewhere, and records what was asked."""
-
-    def __init__(self, paths: set[str]):
-        self.paths, self.asked = paths, []
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.asked.append(self.path)
-                self.send_response(200 if self.path in outer.paths else 404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-
 @pytest.fixture
 def info_server(request):
-    srv = _InfoServer(set(request.param))
+    srv = AnsweringServer(gets=request.param)
     yield srv
-    srv.shutdown()
-    srv.server_close()
+    srv.close()
 
 
-@pytest.mark.parametrize("info_server", [{"/server_info"}], indirect=True)
+@pytest.mark.parametrize("info_server", [("/server_info",)], indirect=True)
 def test_a_server_that_answers_server_info_is_up_without_asking_health(info_server):
     gate = HealthGate(info_server.url, RetryPolicy())
     assert gate.up_now()
-    assert info_server.asked == ["/server_info"]
+    assert info_server.requests == [("GET", "/server_info")]
 
 
-@pytest.mark.parametrize("info_server", [{"/health"}], indirect=True)
+@pytest.mark.parametrize("info_server", [("/health",)], indirect=True)
 def test_a_server_without_server_info_is_not_taken_as_up_until_health_says_so(info_server):
     gate = HealthGate(info_server.url, RetryPolicy())
     assert not gate.up_now()

@@ -13,7 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class AnsweringServer:
-    def __init__(self) -> None:
+    """``gets``: the paths a GET is answered 200 on (SGLang's /health by default); 404 elsewhere."""
+
+    def __init__(self, gets: tuple[str, ...] = ("/health",)) -> None:
         self.requests: list[tuple[str, str]] = []  # (method, path), in arrival order
         self.generated = threading.Event()  # set by the first /generate
         owner = self
@@ -32,7 +34,7 @@ class AnsweringServer:
 
             def do_GET(self) -> None:
                 owner.requests.append(("GET", self.path))
-                self._answer(200, {}) if self.path == "/health" else self._answer(404, {"error": "not here"})
+                self._answer(200, {}) if self.path in gets else self._answer(404, {"error": "not here"})
 
             def do_POST(self) -> None:
                 owner.requests.append(("POST", self.path))
