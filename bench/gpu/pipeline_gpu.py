@@ -48,6 +48,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -150,19 +151,97 @@ def product_env(env: gpu_env.GpuEnv) -> dict[str, str]:
     return run_env
 
 
+class Timeline:
+    """What the pipeline was doing every half second: the dumps staged, and the drain's own counters
+    read from its metrics endpoint (written samples and bytes, dumps waiting, dumps in hand). It shows
+    whether the drain fell behind the server steadily or started late, and what the tail after the
+    client's end was made of."""
+
+    FIELDS = ("t", "staged", "drain_samples", "drain_gb", "lag", "in_flight")
+
+    def __init__(self, dump_dir: Path, metrics_port: int, t0: float, every_s: float = 0.5):
+        self.dump_dir, self.url, self.t0, self.every_s = Path(dump_dir), f"http://127.0.0.1:{metrics_port}/metrics", \
+            t0, every_s
+        self.rows: list[tuple] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Timeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _metrics(self) -> dict[str, float]:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url, timeout=0.4) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("hsextract_drain_") and "{" not in line:
+                name, _, value = line.partition(" ")
+                out[name.removeprefix("hsextract_drain_")] = float(value)
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                staged = sum(1 for e in os.scandir(self.dump_dir) if not e.name.startswith(("_", ".")))
+            except FileNotFoundError:
+                staged = 0
+            m = self._metrics()
+            self.rows.append((round(time.monotonic() - self.t0, 2), staged, m.get("samples_total"),
+                              round(m["bytes_total"] / 1e9, 3) if "bytes_total" in m else None, m.get("lag_dumps"),
+                              m.get("in_flight")))
+            self._stop.wait(self.every_s)
+
+    def summary(self, client_done_s: float) -> dict:
+        """The timeline, and the facts read from it: when the drain first answered and first wrote,
+        the most dumps staged, and the backlog when the client finished."""
+        answered = [r for r in self.rows if r[2] is not None]
+        wrote = [r for r in answered if r[2] > 0]
+        before_end = [r for r in answered if r[0] <= client_done_s]
+        return {"fields": list(self.FIELDS), "rows": self.rows,
+                "drain_answered_s": answered[0][0] if answered else None,
+                "drain_first_write_s": wrote[0][0] if wrote else None,
+                "max_staged": max((r[1] for r in self.rows), default=0),
+                "staged_at_client_end": before_end[-1][1] if before_end else None,
+                "drain_samples_at_client_end": before_end[-1][2] if before_end else None}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset: Path, out: Path, in_flight: int,
                  max_tokens: int, selfcheck_share: float = 0.05, processes: int = 1, drain_after: bool = False,
-                 profile: Path | None = None) -> dict:
+                 profile: Path | None = None, profile_drain: Path | None = None) -> dict:
     """The drain and the client (``processes`` of them, each on its sub-shard, `--process j/P`),
-    started together as separate processes; what they report. With ``drain_after`` the client runs
-    alone without a staging limit (``--max-staged 0``) and the drain starts once it has finished.
-    With ``profile``, py-spy samples the (first) client into that file (its raw format)."""
+    started together as separate processes; what they report, with a timeline of both. With
+    ``drain_after`` the client runs alone without a staging limit (``--max-staged 0``) and the drain
+    starts once it has finished. With ``profile``, py-spy samples the (first) client into that file
+    (its raw format); with ``profile_drain``, the drain and its worker processes into that one."""
     shutil.rmtree(out, ignore_errors=True)
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-m", "hsextract"]
+    metrics_port = free_port()
     drain_cmd = [*py, "drain", "--dump-dir", str(server.dump_dir), "--output", str(out), "--format", FORMAT,
-                 "--model", str(model), "--exit-when-done", "--selfcheck-share", str(selfcheck_share)]
+                 "--model", str(model), "--exit-when-done", "--selfcheck-share", str(selfcheck_share),
+                 "--metrics-port", str(metrics_port)]
+    if profile_drain is not None:
+        drain_cmd = [str(SITE / "bin" / "py-spy"), "record", "-r", "50", "--nonblocking", "--subprocesses",
+                     "--threads", "-f", "raw", "-o", str(profile_drain), "--", *drain_cmd]
     client_cmd = [*py, "extract", "--server", server.url, "--dataset", str(dataset), "--model", str(model),
                   "--dump-dir", str(server.dump_dir), "--output", str(out), "--format", FORMAT,
                   "--max-in-flight", str(in_flight), "--max-tokens", str(max_tokens), "--log-every", "5"]
@@ -170,7 +249,7 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
         client_cmd += ["--max-staged", "0"]
     run_env = product_env(env)
     t0 = time.monotonic()
-    with open(logs / "drain.log", "wb") as dlog:
+    with open(logs / "drain.log", "wb") as dlog, Timeline(server.dump_dir, metrics_port, t0) as timeline:
         drain = None if drain_after else subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT,
                                                           env=run_env)
         clients = []
@@ -191,6 +270,8 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
     wall = time.monotonic() - t0
     client_rc = next((rc for rc in client_rcs if rc), 0)
     res = summarize(out, logs, client_rc, drain_rc, wall, client_done - t0, first_request)
+    res["timeline"] = timeline.summary(client_done - t0)
+    res["tail_s"] = round(wall - (client_done - t0), 2)
     if drain_after:  # the drain's own pace over what the client staged (its start-up included)
         drain_s = wall - (client_done - t0)
         res["drain_alone_s"] = round(drain_s, 2)
@@ -568,9 +649,12 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
                     out = args.output_root / f"{plan.kind}-bench-{n}-{r}-{side}"
                     profile = (args.profile_client / f"pyspy-{plan.kind}-{side}-{n}-{r}.txt"
                                if args.profile_client else None)
+                    drain_profile = (args.profile_drain / f"pyspy-drain-{plan.kind}-{side}-{n}-{r}.txt"
+                                     if args.profile_drain and r == 0 else None)
                     rows[side].append(run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n,
                                                    max_tokens, selfcheck_share=0.01, processes=procs,
-                                                   drain_after=side == "client_alone", profile=profile))
+                                                   drain_after=side == "client_alone", profile=profile,
+                                                   profile_drain=drain_profile))
                     shutil.rmtree(out, ignore_errors=True)
                 say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
             save({**res, "cases": [*res["cases"], case_result(n, rows)]})
@@ -684,6 +768,9 @@ def main() -> int:
                          "a disk that keeps up with the server")
     ap.add_argument("--profile-client", type=Path, default=None,
                     help="py-spy the (first) client of every product round into this directory")
+    ap.add_argument("--profile-drain", type=Path, default=None,
+                    help="py-spy the drain and its worker processes of each product side's first round into this "
+                         "directory")
     ap.add_argument("--results", type=Path)
     args = ap.parse_args()
     args.in_flight = [int(x) for x in args.in_flight.split(",")]
@@ -695,6 +782,9 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     args.output_root = args.output_root or args.work
     args.output_root.mkdir(parents=True, exist_ok=True)
+    for d in (args.profile_client, args.profile_drain):
+        if d:
+            d.mkdir(parents=True, exist_ok=True)
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     results_dir = args.results or (REPO / "bench" / "results" if args.device == "cuda" else args.work / "results")
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -725,8 +815,12 @@ def main() -> int:
     finally:
         save()
         if out_dir:  # the logs alone (a kept training set is gigabytes)
-            logs = sorted(str(p.relative_to(args.work)) for p in args.work.rglob("*.log") if p.stat().st_size < 50e6)
-            subprocess.run(["tar", "czf", str(out_dir / "pipeline-logs.tar.gz"), "-C", str(args.work), *logs],
+            # the servers' logs under --work, the clients' and drains' beside their outputs under --output-root
+            members = []
+            for root in dict.fromkeys((args.work, args.output_root)):
+                members += ["-C", str(root), *sorted(str(p.relative_to(root)) for p in root.rglob("*.log")
+                                                     if p.stat().st_size < 50e6)]
+            subprocess.run(["tar", "czf", str(out_dir / "pipeline-logs.tar.gz"), *members],
                            check=False, capture_output=True)
     ok = result.get("ok", False)
     say("ALL PASSED" if ok else "SOME CHECKS FAILED")
