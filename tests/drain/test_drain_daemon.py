@@ -36,7 +36,8 @@ def _cfg(dump: Path, out: Path, **kw) -> DrainConfig:
 
 def _drain(dump: Path, out: Path, lines: int = 100, **kw) -> Drainer:
     finish_client(out, lines)
-    d = Drainer(_cfg(dump, out, **kw))
+    # With processes, every sample through them (not the drain's threads while they start).
+    d = Drainer(_cfg(dump, out, wait_for_worker_processes=kw.get("worker_mode") == "processes", **kw))
     d.run()
     return d
 
@@ -177,7 +178,7 @@ def test_a_full_output_volume_pauses_the_drain_until_space_returns(tmp_path, sma
     free = os.statvfs(small_volume).f_bavail * os.statvfs(small_volume).f_frsize
     filler.write_bytes(b"\0" * (free - 700_000))  # room for ~3 samples
     d = Drainer(_cfg(dump, out, format="speculators", enospc_retry_s=0.2, finalize_idle_s=3600,
-                     worker_mode=worker_mode))
+                     worker_mode=worker_mode, wait_for_worker_processes=worker_mode == "processes"))
     t = threading.Thread(target=d.run)
     t.start()
     try:
@@ -205,17 +206,54 @@ def test_a_full_output_volume_pauses_the_drain_until_space_returns(tmp_path, sma
     assert _staged_names(dump) == []
 
 
+class _LogLines:
+    """A process's stderr, read line by line as it comes (a pipe left unread would block the process)."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self.ended = False  # the process closed its end (exited)
+        self._cv = threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._cv:
+                self.lines.append(line)
+                self._cv.notify_all()
+        with self._cv:
+            self.ended = True
+            self._cv.notify_all()
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        def seen() -> bool:
+            return any(text in line for line in self.lines)
+
+        with self._cv:
+            self._cv.wait_for(lambda: seen() or self.ended, timeout)
+            found = seen()
+        assert found, f"no log line with {text!r} within {timeout} s:\n{self.text()[-3000:]}"
+
+    def text(self) -> str:
+        with self._cv:
+            return "".join(self.lines)
+
+
 @WORKER_MODES
 def test_sigterm_finishes_the_samples_in_hand_and_exits_zero(tmp_path, worker_mode):
     """systemd sends SIGTERM to every process of the unit: worker processes too leave the stop to the drain."""
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
     total = 150
-    for i in range(total):
-        stage_sample(dump, run, i, tokens=200)
+    dump.mkdir(parents=True)  # as the capture makes it
     proc = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "speculators",
                  "--workers", "2", "--worker-mode", worker_mode, stderr=subprocess.PIPE, start_new_session=True)
+    log = _LogLines(proc.stderr)
     try:
+        # The samples come once the workers are up (worker processes start in the background, the drain's
+        # threads preparing the first samples meanwhile): the stop must find samples in the processes' hands.
+        log.wait_for("samples are prepared in them" if worker_mode == "processes" else "draining ", 120)
+        for i in range(total):
+            stage_sample(dump, run, i, tokens=200)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(list(iter_entries(out))) < 5:
             time.sleep(0.05)
@@ -225,7 +263,7 @@ def test_sigterm_finishes_the_samples_in_hand_and_exits_zero(tmp_path, worker_mo
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert rc == 0, proc.stderr.read()[-3000:]
+    assert rc == 0, log.text()[-3000:]
     entries = list(iter_entries(out))
     assert 5 <= len(entries) < total, "SIGTERM should stop the drain before it empties the backlog"
     assert all(verify_entry(out, e) is None for e in entries)
@@ -407,7 +445,7 @@ def test_a_worker_process_killed_mid_run_stops_the_drain_saying_so_and_a_restart
     for i in range(total):
         stage_sample(dump, run, i, tokens=200)
     finish_client(out, total)
-    d = Drainer(_cfg(dump, out, worker_mode="processes", workers=2))
+    d = Drainer(_cfg(dump, out, worker_mode="processes", workers=2, wait_for_worker_processes=True))
     raised: list[BaseException] = []
 
     def run_drain() -> None:

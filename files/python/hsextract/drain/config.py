@@ -35,6 +35,10 @@ class DrainConfig:
     workers: int = DEFAULT_WORKERS
     # "threads", "processes", or "auto": processes on a machine of PROCESSES_FROM_CORES cores or more.
     worker_mode: str = "auto"
+    # Worker processes start in the background while the drain's threads prepare the first samples
+    # (hsextract.drain.worker_processes); True waits for them first, so that every sample goes
+    # through them (tests of the processes themselves).
+    wait_for_worker_processes: bool = False
     memory_budget_bytes: int = 2 << 30
     poll_interval_s: float = 0.5
     record_grace_s: float = 300.0  # a complete dump with no client record is removed after this

@@ -136,6 +136,8 @@ class Drainer:
         self._selfcheck = make_selfcheck(cfg)
         if cfg.worker_processes:
             self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
+            if cfg.wait_for_worker_processes:
+                self._processes.wait_ready()
         vocab = self._vocab
         worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
                               commit=committer.put, events=self._outcomes, selfcheck=self._selfcheck,

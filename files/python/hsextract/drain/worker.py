@@ -79,7 +79,8 @@ class SampleWorker:
 
     The preparation itself (hsextract.drain.prepare) runs in the calling thread, or, given
     `processes`, in one of the drain's worker processes while the thread waits; a sample chosen
-    for the greedy self-check is always prepared here, where the model's head is loaded once."""
+    for the greedy self-check is always prepared here, where the model's head is loaded once, and
+    so is every sample while the processes are still starting."""
 
     def __init__(self, fmt: OutputFormat, out: Path, tmp_dir: Path, memory_budget_bytes: int, *,
                  header: RunHeader, commit: Callable[[Prepared], None], events: WorkerEvents,
@@ -122,7 +123,7 @@ class SampleWorker:
             job = Job(d, record, self._header.expected(),
                       header.checksum_algorithm if header is not None else default_checksum_algorithm(),
                       self._count_vocab())
-            if checked or self._processes is None:
+            if checked or self._processes is None or not self._processes.ready():
                 outcome = prepare(self.fmt, self.tmp_dir, job, self._selfcheck if checked else None)
             else:
                 outcome = self._processes.prepare(job)

@@ -9,6 +9,12 @@ worker threads only hand a job over and wait. Large samples gain little (their t
 disk's and torch's, which release the lock), so the drain's default uses processes only where
 there are cores for them (hsextract.drain.config).
 
+They start in the background: a spawned interpreter takes seconds to import torch (8 of them
+took 9-11 s on the H200 host's 16 cores, 25-32 s on 2 cores), and a drain that waited for them
+left the staging area to fill and the client to pause for that long (bench/gpu/pipeline_gpu.py's
+timeline, bench/results/pipeline_gpu_drain_start.json). Until all of them are up, `ready` is False
+and the drain prepares samples in its own threads (hsextract.drain.worker).
+
 The processes are fresh interpreters (spawned), not forks of the drain, whose threads may hold
 locks at the moment of a fork; nor children of a forkserver, which a stop's SIGTERM would end,
 and with it (to the pool) every process it started. They ignore SIGINT and SIGTERM: a stop
@@ -21,10 +27,13 @@ are killed: the pool would otherwise wait forever for processes that ignore its 
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
-from concurrent.futures import ProcessPoolExecutor
+import threading
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -35,6 +44,8 @@ from hsextract.formats.base import OutputFormat
 __all__ = ["WorkerProcessDied", "WorkerProcesses"]
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+log = logging.getLogger("hsextract.drain")
 
 # A worker process's own state, set by `_start`.
 _fmt: OutputFormat | None = None
@@ -51,25 +62,59 @@ class WorkerProcesses:
     def __init__(self, n: int, fmt_name: str, tmp_dir: Path):
         ctx = multiprocessing.get_context("spawn")
         self.n = n
-        # All n start now, each waiting in its start for the others (the pool would start them on
-        # demand, later, while a stop's SIGTERM may be on its way), and with SIGINT and SIGTERM
+        self._spawned_at = time.monotonic()
+        # All n are spawned now, each waiting in its start for the others (the pool would start them
+        # on demand, later, while a stop's SIGTERM may be on its way), and with SIGINT and SIGTERM
         # blocked from their first instruction to the moment they ignore them (a blocked signal stays
-        # pending here, in the drain, and is handled once the mask is restored).
+        # pending here, in the drain, and is handled once the mask is restored). Nothing waits for
+        # them here: `ready` says when they are up.
         barrier = ctx.Barrier(n)
         saved = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
             self._pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_start,
                                              initargs=(fmt_name, str(tmp_dir), barrier))
-            started = [self._pool.submit(os.getpid) for _ in range(n)]
+            self._started = [self._pool.submit(os.getpid) for _ in range(n)]
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, saved)
+        self._ready = False
+        self._pending = n
+        self._lock = threading.Lock()
+        for f in self._started:
+            f.add_done_callback(self._one_started)
+
+    def _one_started(self, _: Future) -> None:
+        """When the last process is up: ready, and said (from the pool's own thread)."""
+        with self._lock:
+            self._pending -= 1
+            if self._pending:
+                return
+        if all(not f.cancelled() and f.exception() is None for f in self._started):
+            self._ready = True
+            log.info("%d worker processes started in %.1f s; samples are prepared in them from now on", self.n,
+                     time.monotonic() - self._spawned_at)
+
+    def ready(self) -> bool:
+        """Whether every process is up (False while they start); WorkerProcessDied if they could not start."""
+        if self._ready:
+            return True
+        if not all(f.done() for f in self._started):
+            return False
         try:
-            for f in started:
+            for f in self._started:
                 f.result()
         except BrokenProcessPool as exc:
             self._kill_all()
-            raise WorkerProcessDied(f"the drain's {n} worker processes could not start ({exc}); run the drain with "
-                                    "--worker-mode threads, and see the lines above for the cause") from exc
+            raise WorkerProcessDied(f"the drain's {self.n} worker processes could not start ({exc}); run the drain "
+                                    "with --worker-mode threads, and see the lines above for the cause") from exc
+        self._ready = True  # (the last process's callback may not have run yet; it says so when it does)
+        return True
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until every process is up (or `timeout` passes); what `ready` then says."""
+        for f in self._started:
+            with contextlib.suppress(Exception):
+                f.exception(timeout=timeout)
+        return self.ready()
 
     @property
     def pids(self) -> list[int]:
@@ -93,7 +138,10 @@ class WorkerProcesses:
                 os.kill(pid, signal.SIGKILL)
 
     def close(self) -> None:
-        """Let the processes finish what they were given, then end them."""
+        """Let the processes finish what they were given, then end them. Processes still starting
+        were given no sample: they are ended at once (their start is seconds of imports)."""
+        if not all(f.done() for f in self._started):
+            self._kill_all()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
