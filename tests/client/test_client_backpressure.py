@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from hsextract.client.backpressure import RECOUNT_S, Backpressure, Watermark, parse_watermark
+from hsextract.client.backpressure import (
+    PAUSE_POLL_FAST_FOR_S,
+    RECOUNT_S,
+    Backpressure,
+    Watermark,
+    parse_watermark,
+    pause_poll_s,
+)
 from hsextract.errors import ConfigError
 
 
@@ -121,3 +128,29 @@ def test_dumps_of_the_runs_other_client_processes_count_once_the_count_is_old(tm
     _stage(tmp_path, "0123abcd", range(10, 14))  # another process of the run, on its sub-shard
     clock.now += RECOUNT_S
     assert "4 staged dumps" in bp.reason()
+
+
+def test_a_client_stopped_at_the_staged_limit_sends_again_an_eighth_below_it(tmp_path):
+    _stage(tmp_path, "0123abcd", range(16))
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=16, bytes_per_token=1, run_id="0123abcd",
+                      clock=_Clock())
+    assert "drain is behind" in bp.reason()
+    for i in range(2):  # the drain wrote two: below the limit, not yet an eighth below it
+        (tmp_path / f"hsx-0123abcd-{i}").rmdir()
+    assert "sending again below 14" in bp.reason(paused=True)
+    (tmp_path / "hsx-0123abcd-2").rmdir()
+    assert bp.reason(paused=True) is None
+
+
+def test_a_client_that_was_not_paused_sends_up_to_the_limit_itself(tmp_path):
+    _stage(tmp_path, "0123abcd", range(15))
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=16, bytes_per_token=1, run_id="0123abcd",
+                      clock=_Clock())
+    assert bp.reason() is None
+
+
+def test_a_paused_client_looks_again_within_20_ms_then_every_quarter_second_once_the_pause_lasts():
+    assert pause_poll_s(0.0) == 0.02
+    assert pause_poll_s(PAUSE_POLL_FAST_FOR_S - 0.01) == 0.02
+    assert pause_poll_s(PAUSE_POLL_FAST_FOR_S) == 0.25
+    assert pause_poll_s(3600.0) == 0.25

@@ -11,6 +11,13 @@ until both hold again:
   stalled drain is noticed before memory is. Dumps of other runs sharing the directory are not
   this run's to wait for (their drain takes them); they count only through the free space.
 
+A client stopped by the staged limit sends again once its dumps fall an eighth below it
+(`resume_below`), and looks every 20 ms for the first seconds of a pause (`pause_poll_s`). A
+client that looked every half second, and sent again at the limit itself, ran at half the
+pace of the same client alone against a tiny GPU model: the drain emptied the staging area in a
+fraction of each half second and waited (bench/gpu/pipeline_gpu.py's timeline,
+bench/results/pipeline_gpu_drain_start.json).
+
 Counting the staged dumps lists the directory: milliseconds with a few hundred staged, too much
 before every request of a client sending hundreds a second. So the count is kept between looks,
 with every request let through since counted as one more dump (an upper bound for this process:
@@ -34,6 +41,10 @@ from hsextract.staging import iter_dump_dirs, run_dumps
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # The longest a count of the staged dumps is used (see the module's docstring).
 RECOUNT_S = 0.25
+# While paused: how often to look again, early in a pause (a drain merely behind frees room within
+# milliseconds) and once it has lasted (a stalled drain: no need to list staging 50 times a second).
+PAUSE_POLL_S = (0.02, 0.25)
+PAUSE_POLL_FAST_FOR_S = 2.0
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
 
@@ -72,6 +83,18 @@ def parse_watermark(value: str | int | float) -> Watermark:
     return Watermark(bytes=int(float(m[1]) * _UNITS[m[2].lower()]))
 
 
+def pause_poll_s(paused_for_s: float) -> float:
+    """Seconds to wait before looking again, `paused_for_s` into a pause."""
+    return PAUSE_POLL_S[0] if paused_for_s < PAUSE_POLL_FAST_FOR_S else PAUSE_POLL_S[1]
+
+
+def resume_below(max_staged: int) -> int:
+    """The staged dumps (plus requests in flight) under which a client stopped at `max_staged` sends
+    again: an eighth below it, so that it sends in batches while the drain takes dumps in batches
+    (at the limit itself, it would list staging before every request)."""
+    return max(1, max_staged - max(1, max_staged // 8))
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -104,8 +127,10 @@ class Backpressure:
             return sum(1 for _ in iter_dump_dirs(self.dump_dir))
         return sum(1 for _ in run_dumps(self.dump_dir, self.run_id))
 
-    def reason(self, inflight_requests: int = 0, inflight_tokens: int = 0, next_tokens: int = 0) -> str | None:
-        """Why the next request (of `next_tokens`) must wait, or None if it may go now."""
+    def reason(self, inflight_requests: int = 0, inflight_tokens: int = 0, next_tokens: int = 0,
+               paused: bool = False) -> str | None:
+        """Why the next request (of `next_tokens`) must wait, or None if it may go now. A client
+        `paused` by the staged limit waits until it is `resume_below` it."""
         free, total = self.free_bytes()
         floor = self.min_free.floor(total)
         expected = (inflight_tokens + next_tokens) * self.bytes_per_token
@@ -115,13 +140,15 @@ class Backpressure:
                 f"in flight, below the watermark {self.min_free} ({human_bytes(floor)})"
             )
         if self.max_staged is not None:
+            limit = resume_below(self.max_staged) if paused else self.max_staged
             staged = self._staged_bound()
-            if staged + inflight_requests >= self.max_staged:
+            if staged + inflight_requests >= limit:
                 staged = self._recount()
-            if staged + inflight_requests >= self.max_staged:
+            if staged + inflight_requests >= limit:
+                again = f"; sending again below {limit}" if paused else ""
                 return (
                     f"{staged} staged dumps + {inflight_requests} in flight reach the limit {self.max_staged} "
-                    "(the drain is behind)"
+                    f"(the drain is behind){again}"
                 )
         self._sent_since += 1  # the caller sends now
         return None

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hsextract.client import defaults
-from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark
+from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark, pause_poll_s
 from hsextract.client.chat_template import Encoded, build_encoder
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
@@ -261,15 +261,18 @@ class ExtractRun:
                 self.stats.paused_reason = down_reason
         if down_reason is not None and self.stats.paused_reason == down_reason:
             self.stats.paused_reason = None
-        paused = False
+        paused_at = None
         while not self.stop.is_set():
             st = self.stats
-            reason = self._backpressure.reason(st.in_flight, st.in_flight_tokens, n_tokens)
+            reason = self._backpressure.reason(st.in_flight, st.in_flight_tokens, n_tokens,
+                                               paused=paused_at is not None)
             if reason is None:
                 break
-            paused = True
+            if paused_at is None:
+                paused_at = time.monotonic()
             st.pause_begins(reason)
-            self.stop.wait(0.5)
+            self.stop.wait(pause_poll_s(time.monotonic() - paused_at))
+        paused = paused_at is not None
         if paused:
             self.stats.pause_ends()
         if self.stop.is_set():
