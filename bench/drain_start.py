@@ -1,0 +1,113 @@
+"""The drain's start: seconds from starting `hsextract drain` (as the unit runs it) to its first
+sample in the training set, with small samples already staged, its workers in processes.
+
+While the drain starts, the capture keeps staging and a client stopped by `--max-staged` waits:
+on the H200 host the drain with 8 worker processes wrote nothing for its first 9-11 s
+(bench/results/pipeline_gpu_drain_start.json). With `--other-tree`, the same drain from another
+checkout (the code before a change, say) runs in alternating rounds, and the last line is the
+median ratio of the two trees' seconds, round by round.
+
+    python bench/drain_start.py [--rounds 3] [--workers 8] [--other-tree PATH] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "files" / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+
+import drain_throughput as dt  # noqa: E402
+from hsextract.formats.manifest import entries_path  # noqa: E402
+from hsextract.records import load_or_create_run_id  # noqa: E402
+
+
+def first_sample_s(tree: Path, master: Path, base: Path, workers: int, timeout: float = 300) -> tuple[float, float]:
+    """(seconds to the first manifest line, seconds to the drain's exit) of one drain over a fresh
+    copy of the staged dumps in `master`, run from `tree`'s package."""
+    work = base / "run"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(master / "dump", work / "dump")
+    shutil.copytree(master / "run", work / "out")
+    (work / "out" / ".hsextract").mkdir(parents=True, exist_ok=True)
+    shutil.copy(master / "client-summary.json", work / "out" / ".hsextract" / "client-summary.json")
+    env = dict(os.environ, PYTHONPATH=str(tree / "files" / "python"), OMP_NUM_THREADS="1")
+    manifest = entries_path(work / "out")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "hsextract", "drain", "--dump-dir", str(work / "dump"),
+                             "--output", str(work / "out"), "--format", "specforge", "--worker-mode", "processes",
+                             "--workers", str(workers), "--exit-when-done", "--poll-interval", "0.05"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = None
+    while first is None and proc.poll() is None and time.monotonic() - t0 < timeout:
+        if manifest.exists() and manifest.stat().st_size > 0:
+            first = time.monotonic() - t0
+        else:
+            time.sleep(0.01)
+    _, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0 or first is None:
+        raise SystemExit(f"the drain from {tree} exited {proc.returncode}:\n{err[-3000:]}")
+    return first, time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--samples-mb", type=float, default=20, help="staged megabytes of tiny-model samples")
+    ap.add_argument("--other-tree", type=Path, help="another checkout, run in alternating rounds")
+    ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "drain_start.json")
+    args = ap.parse_args()
+
+    dt.HIDDEN, dt.TOKENS = 64, (100, 330)
+    trees = {"this": REPO, **({"other": args.other_tree.resolve()} if args.other_tree else {})}
+    shm = Path(tempfile.mkdtemp(prefix="hsx-start-", dir="/dev/shm"))
+    try:
+        master = shm / "master"
+        (master / "run").mkdir(parents=True)
+        run_id = load_or_create_run_id(master / "run")
+        samples, _ = dt.stage(master / "dump", run_id, int(args.samples_mb * 1e6))
+        for marker in (master / "dump").glob("*/done.json"):  # SpecForge takes the final hidden state post-norm
+            marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
+        (master / "client-summary.json").write_text(json.dumps({"dataset_lines": samples, "shard": [0, 1]}))
+        rows: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+        for r in range(args.rounds):
+            order = list(trees) if r % 2 == 0 else list(reversed(trees))
+            for name in order:
+                first, whole = first_sample_s(trees[name], master, shm, args.workers)
+                rows[name].append((first, whole))
+                print(f"round {r} {name:5s}: first sample {first:6.2f} s, {samples} samples drained in {whole:6.2f} s",
+                      flush=True)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    med = statistics.median
+    result = {"benchmark": "drain_start", "workers": args.workers, "worker_mode": "processes", "samples": samples,
+              "cores": os.cpu_count(), "trees": {k: str(v) for k, v in trees.items()},
+              "first_sample_s": {k: [round(a, 2) for a, _ in v] for k, v in rows.items()},
+              "drained_s": {k: [round(b, 2) for _, b in v] for k, v in rows.items()},
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if "other" in rows:
+        ratios = [o[0] / t[0] for t, o in zip(rows["this"], rows["other"], strict=True)]
+        result["first_sample_other_over_this"] = {"median": round(med(ratios), 2), "min": round(min(ratios), 2),
+                                                  "max": round(max(ratios), 2)}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    for name, v in rows.items():
+        print(f"{name}: first sample {med([a for a, _ in v]):.2f} s (median of {len(v)})")
+    if "other" in rows:
+        print(f"first sample, other tree over this one: {result['first_sample_other_over_this']['median']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
