@@ -29,7 +29,6 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import drain_throughput as dt  # noqa: E402
 from hsextract.drain.config import DEFAULT_WORKERS  # noqa: E402
-from hsextract.records import load_or_create_run_id  # noqa: E402
 
 
 def main() -> int:
@@ -45,11 +44,7 @@ def main() -> int:
     shm = Path(tempfile.mkdtemp(prefix="hsx-small-", dir="/dev/shm"))
     try:
         master = shm / "master"
-        (master / "run").mkdir(parents=True)
-        run_id = load_or_create_run_id(master / "run")
-        samples, nbytes = dt.stage(master / "dump", run_id, int(args.gb * 1e9))
-        # The client's summary of a finished run over exactly these samples (the drain's run check).
-        (master / "client-summary.json").write_text(json.dumps({"dataset_lines": samples, "shard": [0, 1]}))
+        samples, nbytes = dt.stage_master(master, int(args.gb * 1e9))
         rates: dict[str, list[float]] = {"threads": [], "processes": []}
         for r in range(args.rounds):
             for mode in ("threads", "processes") if r % 2 == 0 else ("processes", "threads"):

@@ -29,7 +29,6 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import drain_throughput as dt  # noqa: E402
 from hsextract.formats.manifest import entries_path  # noqa: E402
-from hsextract.records import load_or_create_run_id  # noqa: E402
 
 
 def first_sample_s(tree: Path, master: Path, base: Path, workers: int, timeout: float = 300) -> tuple[float, float]:
@@ -74,12 +73,9 @@ def main() -> int:
     shm = Path(tempfile.mkdtemp(prefix="hsx-start-", dir="/dev/shm"))
     try:
         master = shm / "master"
-        (master / "run").mkdir(parents=True)
-        run_id = load_or_create_run_id(master / "run")
-        samples, _ = dt.stage(master / "dump", run_id, int(args.samples_mb * 1e6))
+        samples, _ = dt.stage_master(master, int(args.samples_mb * 1e6))
         for marker in (master / "dump").glob("*/done.json"):  # SpecForge takes the final hidden state post-norm
             marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
-        (master / "client-summary.json").write_text(json.dumps({"dataset_lines": samples, "shard": [0, 1]}))
         rows: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(reversed(trees))

@@ -183,6 +183,15 @@ def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: boo
     return committed, dt, cpu
 
 
+def stage_master(master: Path, total_bytes: int) -> tuple[int, int]:
+    """A run's staged dumps in ``master/dump`` (its run id in ``master/run``) and the client's summary of
+    a finished run over exactly those samples (the drain's end-of-run check); (samples, bytes)."""
+    (master / "run").mkdir(parents=True, exist_ok=True)
+    samples, nbytes = stage(master / "dump", load_or_create_run_id(master / "run"), total_bytes)
+    (master / "client-summary.json").write_text(json.dumps({"dataset_lines": samples, "shard": [0, 1]}))
+    return samples, nbytes
+
+
 def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None, count_vocab: bool,
               timing: CountingTime | None = None, worker_mode: str = "auto") -> tuple[float, float, float, int]:
     """Drain a fresh copy of the staged dumps into an empty directory; (seconds to the last commit,
@@ -293,8 +302,7 @@ def main() -> int:
     try:
         master = shm / "master"
         t0 = time.perf_counter()
-        samples, nbytes = stage(master / "dump", load_or_create_run_id(master / "run"), int(a.gb * 1e9))
-        (master / "client-summary.json").write_text(json.dumps({"dataset_lines": samples, "shard": [0, 1]}))
+        samples, nbytes = stage_master(master, int(a.gb * 1e9))
         print(f"staged {samples} samples, {nbytes / 1e9:.2f} GB in /dev/shm ({time.perf_counter() - t0:.0f} s)")
         for fmt in [f for f in FORMATS if f in a.formats.split(",")]:
             r = bench_format(fmt, master, shm, base, nbytes, a.rounds, a.workers)
