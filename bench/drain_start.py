@@ -59,6 +59,12 @@ def first_sample_s(tree: Path, master: Path, base: Path, workers: int, timeout: 
     return first, time.monotonic() - t0
 
 
+def _commit_of(tree: Path) -> str:
+    """The tree's commit (what the results name: never a path of the machine that ran them)."""
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -88,7 +94,7 @@ def main() -> int:
         shutil.rmtree(shm, ignore_errors=True)
     med = statistics.median
     result = {"benchmark": "drain_start", "workers": args.workers, "worker_mode": "processes", "samples": samples,
-              "cores": os.cpu_count(), "trees": {k: str(v) for k, v in trees.items()},
+              "cores": os.cpu_count(), "trees": {k: _commit_of(v) for k, v in trees.items()},
               "first_sample_s": {k: [round(a, 2) for a, _ in v] for k, v in rows.items()},
               "drained_s": {k: [round(b, 2) for _, b in v] for k, v in rows.items()},
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
