@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -67,10 +68,14 @@ FORMAT = "specforge"  # the project's default format (the capture patch's defaul
 PORT = 30400
 MODEL_KINDS = ("llama8b", "dsv3", "tiny")
 DEFAULT_MODELS = "llama8b,dsv3"  # "tiny": the client's ceiling (a tiny Llama on the GPU answers at once)
+# "pipeline_drain_first": the drain started first and up (its worker processes too) before the client starts, as
+# the units run them (the drain's unit runs from the converge; the client's starts after the server's minutes of
+# loading): the whole pipeline from the client's start, without the drain's own start-up.
 # "client_alone": the client with no staging limit and the drain started after it: the client's own ceiling and the
 # drain's, each apart from the other (the tiny model only: everything it sends stays staged until the drain runs)
 ALL_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline", "pipeline_2_processes",
-             "client_alone")
+             "client_alone", "pipeline_drain_first")
+PIPELINE_SIDES = ("pipeline", "pipeline_drain_first")  # the whole product, one client process
 
 
 @dataclass
@@ -84,7 +89,7 @@ class ModelPlan:
     chunk: int
     server_args: tuple[str, ...]
     servers: dict[str, ServerHandle] = field(default_factory=dict)
-    sides: tuple[str, ...] = ALL_SIDES[:4]  # the throughput rounds' sides
+    sides: tuple[str, ...] = (*ALL_SIDES[:4], "pipeline_drain_first")  # the throughput rounds' sides
     samples: int = 0  # the throughput dataset's size (0: --samples)
     mean_words: int = 120
     long_prompts: bool = True
@@ -225,12 +230,14 @@ def free_port() -> int:
 
 def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset: Path, out: Path, in_flight: int,
                  max_tokens: int, selfcheck_share: float = 0.05, processes: int = 1, drain_after: bool = False,
-                 profile: Path | None = None, profile_drain: Path | None = None) -> dict:
+                 drain_first: bool = False, profile: Path | None = None, profile_drain: Path | None = None) -> dict:
     """The drain and the client (``processes`` of them, each on its sub-shard, `--process j/P`),
     started together as separate processes; what they report, with a timeline of both. With
     ``drain_after`` the client runs alone without a staging limit (``--max-staged 0``) and the drain
-    starts once it has finished. With ``profile``, py-spy samples the (first) client into that file
-    (its raw format); with ``profile_drain``, the drain and its worker processes into that one."""
+    starts once it has finished. With ``drain_first`` the drain starts first, and the client (and the
+    clock) once the drain is up with its worker processes. With ``profile``, py-spy samples the
+    (first) client into that file (its raw format); with ``profile_drain``, the drain and its worker
+    processes into that one."""
     shutil.rmtree(out, ignore_errors=True)
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -248,10 +255,19 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
     if drain_after:
         client_cmd += ["--max-staged", "0"]
     run_env = product_env(env)
-    t0 = time.monotonic()
-    with open(logs / "drain.log", "wb") as dlog, Timeline(server.dump_dir, metrics_port, t0) as timeline:
-        drain = None if drain_after else subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT,
-                                                          env=run_env)
+    drain_up_s = None
+    with contextlib.ExitStack() as stack:
+        dlog = stack.enter_context(open(logs / "drain.log", "wb"))
+        drain = None
+        if drain_first:
+            started = time.monotonic()
+            drain = subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT, env=run_env)
+            wait_drain_up(drain, logs / "drain.log", metrics_port)
+            drain_up_s = round(time.monotonic() - started, 2)
+        t0 = time.monotonic()
+        timeline = stack.enter_context(Timeline(server.dump_dir, metrics_port, t0))
+        if not drain_after and drain is None:
+            drain = subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT, env=run_env)
         clients = []
         for j in range(processes):
             extra = ["--process", f"{j}/{processes}"] if processes > 1 else []
@@ -272,11 +288,35 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
     res = summarize(out, logs, client_rc, drain_rc, wall, client_done - t0, first_request)
     res["timeline"] = timeline.summary(client_done - t0)
     res["tail_s"] = round(wall - (client_done - t0), 2)
+    if drain_up_s is not None:
+        res["drain_up_before_client_s"] = drain_up_s
     if drain_after:  # the drain's own pace over what the client staged (its start-up included)
         drain_s = wall - (client_done - t0)
         res["drain_alone_s"] = round(drain_s, 2)
         res["drain_alone_samples_per_s"] = round(res["samples"] / drain_s, 1) if drain_s > 0 else None
     return res
+
+
+def wait_drain_up(drain: subprocess.Popen, log_path: Path, metrics_port: int, timeout_s: float = 300) -> None:
+    """Until the drain answers on its metrics port and, when its workers are processes, has logged
+    them started: the state its unit is in long before a client's first request."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if drain.poll() is not None:
+            raise RuntimeError(f"the drain exited ({drain.returncode}) before it was up: {tail(log_path)}")
+        text = log_path.read_text(errors="replace")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=1).close()
+            answering = True
+        except OSError:
+            answering = False
+        if answering and ("workers in threads" in text or "worker processes started" in text):
+            return
+        time.sleep(0.1)
+    drain.kill()
+    raise RuntimeError(f"the drain was not up in {timeout_s:.0f} s: {tail(log_path)}")
 
 
 def wait_first_record(dump_dir: Path, client: subprocess.Popen, t0: float) -> float | None:
@@ -518,7 +558,8 @@ def plan_models(kinds: list[str], env: gpu_env.GpuEnv, work: Path, gpu: int, say
             plans.append(ModelPlan(kind, tiny_llama, 2048, "en", 2048, (
                 "--max-total-tokens", "262144", "--max-running-requests", "512", "--mem-fraction-static", "0.1")
                 if env.cuda else ("--max-total-tokens", "8192", "--max-running-requests", "64"),
-                sides=("plain_loop", "loop_on_capture", "pipeline", "pipeline_2_processes", "client_alone"),
+                sides=("plain_loop", "loop_on_capture", "pipeline", "pipeline_2_processes", "client_alone",
+                       "pipeline_drain_first"),
                 samples=6000 if env.cuda else 300, mean_words=12, long_prompts=False))
         else:
             path = ensure_tiny_model("dsv3-gpu" if env.cuda else "dsv3", work / "models" / "dsv3")
@@ -653,7 +694,8 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
                                      if args.profile_drain and r == 0 else None)
                     rows[side].append(run_pipeline(env, plan.servers["capture"], plan.path, dataset, out, n,
                                                    max_tokens, selfcheck_share=0.01, processes=procs,
-                                                   drain_after=side == "client_alone", profile=profile,
+                                                   drain_after=side == "client_alone",
+                                                   drain_first=side == "pipeline_drain_first", profile=profile,
                                                    profile_drain=drain_profile))
                     shutil.rmtree(out, ignore_errors=True)
                 say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
@@ -671,6 +713,9 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
     whole = [x["pipeline_tokens_per_s"] for x in rows.get("pipeline", []) if x.get("pipeline_tokens_per_s")]
     plain_sps = [x["samples"] / x["wall_s"] for x in rows.get("plain_loop", [])]
     client_sps = [x["client_samples_per_s"] for x in rows.get("pipeline", []) if x.get("client_samples_per_s")]
+    first = rows.get("pipeline_drain_first", [])
+    first_whole = [x["pipeline_tokens_per_s"] for x in first if x.get("pipeline_tokens_per_s")]
+    first_sps = [x["samples"] / x["pipeline_wall_s"] for x in first if x.get("pipeline_wall_s")]
     two_sps = [x["client_samples_per_s"] for x in rows.get("pipeline_2_processes", []) if x.get("client_samples_per_s")]
     alone_sps = [x["client_samples_per_s"] for x in rows.get("client_alone", []) if x.get("client_samples_per_s")]
     drain_sps = [x["drain_alone_samples_per_s"] for x in rows.get("client_alone", [])
@@ -700,6 +745,15 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
             "client_alone_samples_per_s": spread(alone_sps),
             "client_alone_over_plain": round(med(alone_sps) / med(plain_sps), 4) if alone_sps and plain_sps else None,
             "drain_alone_samples_per_s": spread(drain_sps),
+            # the drain up before the client, as the units run them: from the client's start to the drain's exit
+            "drain_first_whole_tokens_per_s": spread(first_whole),
+            "drain_first_whole_over_plain": round(med(first_whole) / med(plain), 4) if first_whole and plain else None,
+            "drain_first_whole_samples_per_s": spread([round(v, 1) for v in first_sps]),
+            "drain_first_whole_samples_over_plain": round(med(first_sps) / med(plain_sps), 4)
+            if first_sps and plain_sps else None,
+            "drain_first_tail_s": spread([x["tail_s"] for x in first if "tail_s" in x]),
+            "drain_up_before_client_s": spread([x["drain_up_before_client_s"] for x in first
+                                                if x.get("drain_up_before_client_s")]),
             # from the first request to the drain's exit: the pipeline's pace once started (these runs are
             # short, so the start-up is a large share of their wall time)
             "whole_after_startup_tokens_per_s": spread([round(v, 1) for v in after_startup]),

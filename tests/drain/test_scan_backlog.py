@@ -51,8 +51,9 @@ def test_a_backlog_is_drained_whole_with_a_listing_per_full_scan_not_per_sample(
         return real(path)
 
     monkeypatch.setattr(scan_mod, "iter_dump_names", counted)
-    # Full scans at most every 30 s: every other scan is woken by a freed slot or a written sample.
-    assert _drain(dump, out, poll_interval_s=30.0).run() == 0
+    # Full scans at most every 30 s, and no look for new dumps between them (a look every 50 ms is
+    # bounded by time, not by samples): every other scan is woken by a freed slot or a written sample.
+    assert _drain(dump, out, poll_interval_s=30.0, new_dumps_look_s=30.0).run() == 0
     assert sorted(e.dataset_index for e in iter_entries(out)) == list(range(SAMPLES))
     # A listing per sample was 106; what is left is the tail of the backlog, where each wake with a free
     # slot and nothing ready lists staging (15 to 19 on a 2-core machine, more under load).

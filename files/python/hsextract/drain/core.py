@@ -193,9 +193,16 @@ class Drainer:
                     return True
                 if now - self._inflight.last_activity >= self.cfg.finalize_idle_s:
                     self._finalize_if_changed(committer)
-            wake.wait(self.cfg.poll_interval_s)
+            wake.wait(self._wait_s())
             wake.clear()
         return False
+
+    def _wait_s(self) -> float:
+        """How long the main loop waits for a wake: a freed slot, a settled sample or a stop wake
+        it, a new dump does not; so with a slot free it looks again soon."""
+        if self._inflight.full():
+            return self.cfg.poll_interval_s
+        return min(self.cfg.poll_interval_s, self.cfg.new_dumps_look_s)
 
     def _shut_down(self, pool: ThreadPoolExecutor, metrics: MetricsServer | None, committer: Committer) -> None:
         self.stats.set(state="stopping")
