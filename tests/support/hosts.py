@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from support import ansiballz_cache
 from support.playbook_sandbox import SDBOX, PlayResult, Sandbox, play_result
 
 SSHD = "/usr/sbin/sshd"
@@ -151,7 +152,9 @@ class Fleet:
             f"HostKey {self.keys / 'host_ed25519'}",
             f"AuthorizedKeysFile {self.keys / 'authorized_keys'}",
             "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "UsePAM no", "StrictModes no", "PidFile none", "Subsystem sftp internal-sftp", "",
+            "UsePAM no", "StrictModes no", "PidFile none", "Subsystem sftp internal-sftp",
+            # The modules run over SSH keep their compiled code too (support.ansiballz_cache).
+            "SetEnv " + " ".join(f"{k}={v}" for k, v in ansiballz_cache.environment().items()), "",
         ]))
         host.sh("mkdir -p /run/sshd && chmod 0755 /run/sshd")
         host.box.run("systemd-run", "--unit=hsx-test-sshd", "--quiet", SSHD, "-D", "-e", "-f", str(config),
@@ -222,6 +225,7 @@ class Fleet:
                "ANSIBLE_CALLBACK_PLUGINS": str(repo / "tests" / "ansible" / "callback_plugins"),
                "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_DEPRECATION_WARNINGS": "0",
                "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_HOST_KEY_CHECKING": "1",
-               "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.root / "cp"), "PYTHONDONTWRITEBYTECODE": "1"}
+               "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.root / "cp"), "PYTHONDONTWRITEBYTECODE": "1",
+               **ansiballz_cache.environment()}
         r = self.in_controller(*argv, timeout=timeout, check=False, cwd=repo, env=env)
         return play_result(r, log_dir, label)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from support import ansiballz_cache
 from support.tiers import refuse_in_fast_tier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +122,8 @@ class Sandbox:
         return {
             **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
             "SDBOX_NAME": self.name,
-            "SDBOX_BINDS": " ".join(str(b) for b in self.binds),
+            # The AnsiballZ code cache too: the plays in one sandbox, and the hosts of a fleet, share it.
+            "SDBOX_BINDS": " ".join(str(b) for b in [*self.binds, ansiballz_cache.root()]),
             "SDBOX_NET": "1",
             "SDBOX_SHM": self.shm,
         }
@@ -188,6 +190,7 @@ class Sandbox:
             "ANSIBLE_DEPRECATION_WARNINGS": "0",
             "HSEXTRACT_VENV": os.environ["HSEXTRACT_VENV"],
             "PYTHONDONTWRITEBYTECODE": "1",
+            **ansiballz_cache.environment(),
             **self.env,
         }
         r = self.run(*argv, timeout=timeout, env=env)
