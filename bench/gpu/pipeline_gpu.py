@@ -230,14 +230,16 @@ def free_port() -> int:
 
 def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset: Path, out: Path, in_flight: int,
                  max_tokens: int, selfcheck_share: float = 0.05, processes: int = 1, drain_after: bool = False,
-                 drain_first: bool = False, profile: Path | None = None, profile_drain: Path | None = None) -> dict:
+                 drain_first: bool = False, profile: Path | None = None, profile_drain: Path | None = None,
+                 reap: bool = False) -> dict:
     """The drain and the client (``processes`` of them, each on its sub-shard, `--process j/P`),
     started together as separate processes; what they report, with a timeline of both. With
     ``drain_after`` the client runs alone without a staging limit (``--max-staged 0``) and the drain
     starts once it has finished. With ``drain_first`` the drain starts first, and the client (and the
     clock) once the drain is up with its worker processes. With ``profile``, py-spy samples the
     (first) client into that file (its raw format); with ``profile_drain``, the drain and its worker
-    processes into that one."""
+    processes into that one. With ``reap``, each sample's file is deleted once the drain has
+    recorded it (`OutputReaper`)."""
     shutil.rmtree(out, ignore_errors=True)
     logs = out.parent / f"{out.name}-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -266,6 +268,7 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
             drain_up_s = round(time.monotonic() - started, 2)
         t0 = time.monotonic()
         timeline = stack.enter_context(Timeline(server.dump_dir, metrics_port, t0))
+        reaper = stack.enter_context(OutputReaper(out)) if reap else None
         if not drain_after and drain is None:
             drain = subprocess.Popen(drain_cmd, stdout=dlog, stderr=subprocess.STDOUT, env=run_env)
         clients = []
@@ -290,11 +293,56 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
     res["tail_s"] = round(wall - (client_done - t0), 2)
     if drain_up_s is not None:
         res["drain_up_before_client_s"] = drain_up_s
+    if reaper is not None:
+        res["reaped"] = {"files": reaper.files, "gb": round(reaper.bytes / 1e9, 3)}
     if drain_after:  # the drain's own pace over what the client staged (its start-up included)
         drain_s = wall - (client_done - t0)
         res["drain_alone_s"] = round(drain_s, 2)
         res["drain_alone_samples_per_s"] = round(res["samples"] / drain_s, 1) if drain_s > 0 else None
     return res
+
+
+class OutputReaper:
+    """Deletes each sample's file once the drain has recorded it in the manifest (the line is
+    appended after the file is durable, and the drain never opens it again): a run longer than
+    the machine's memory and disk can hold (the 8B shape writes 26 MB a sample, 0.85 GB/s). The
+    drain's work is unchanged; the training set ends as its manifest, without its files."""
+
+    def __init__(self, out: Path, every_s: float = 0.25):
+        self.manifest, self.out, self.every_s = out / "manifest.jsonl", out, every_s
+        self.files = self.bytes = 0
+        self._offset = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> OutputReaper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._reap()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._reap()
+
+    def _reap(self) -> None:
+        try:
+            with open(self.manifest, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being appended waits for the next look
+        self._offset += len(whole)
+        for line in whole.splitlines():
+            entry = json.loads(line)
+            with contextlib.suppress(FileNotFoundError):
+                (self.out / entry["file"]).unlink()
+                self.files += 1
+                self.bytes += int(entry.get("bytes", 0))
 
 
 def wait_drain_up(drain: subprocess.Popen, log_path: Path, metrics_port: int, timeout_s: float = 300) -> None:
@@ -696,7 +744,7 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
                                                    max_tokens, selfcheck_share=0.01, processes=procs,
                                                    drain_after=side == "client_alone",
                                                    drain_first=side == "pipeline_drain_first", profile=profile,
-                                                   profile_drain=drain_profile))
+                                                   profile_drain=drain_profile, reap=args.reap_output))
                     shutil.rmtree(out, ignore_errors=True)
                 say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
             save({**res, "cases": [*res["cases"], case_result(n, rows)]})
@@ -822,6 +870,8 @@ def main() -> int:
                          "a disk that keeps up with the server")
     ap.add_argument("--profile-client", type=Path, default=None,
                     help="py-spy the (first) client of every product round into this directory")
+    ap.add_argument("--reap-output", action="store_true",
+                    help="delete each sample's file once the drain has recorded it: runs longer than memory holds")
     ap.add_argument("--profile-drain", type=Path, default=None,
                     help="py-spy the drain and its worker processes of each product side's first round into this "
                          "directory")
