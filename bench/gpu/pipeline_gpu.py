@@ -156,7 +156,38 @@ def product_env(env: gpu_env.GpuEnv) -> dict[str, str]:
     return run_env
 
 
-class Timeline:
+class Periodic:
+    """A daemon thread calling `tick` every `every_s` while its `with` block runs, and once more
+    at the end when `tick_at_exit`."""
+
+    tick_at_exit = False
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        if self.tick_at_exit:
+            self.tick()
+
+    def _run(self) -> None:
+        while True:
+            self.tick()
+            if self._stop.wait(self.every_s):
+                return
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+
+class Timeline(Periodic):
     """What the pipeline was doing every half second: the dumps staged, and the drain's own counters
     read from its metrics endpoint (written samples and bytes, dumps waiting, dumps in hand). It shows
     whether the drain fell behind the server steadily or started late, and what the tail after the
@@ -165,19 +196,9 @@ class Timeline:
     FIELDS = ("t", "staged", "drain_samples", "drain_gb", "lag", "in_flight")
 
     def __init__(self, dump_dir: Path, metrics_port: int, t0: float, every_s: float = 0.5):
-        self.dump_dir, self.url, self.t0, self.every_s = Path(dump_dir), f"http://127.0.0.1:{metrics_port}/metrics", \
-            t0, every_s
+        super().__init__(every_s)
+        self.dump_dir, self.url, self.t0 = Path(dump_dir), f"http://127.0.0.1:{metrics_port}/metrics", t0
         self.rows: list[tuple] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Timeline:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
     def _metrics(self) -> dict[str, float]:
         import urllib.request
@@ -194,17 +215,15 @@ class Timeline:
                 out[name.removeprefix("hsextract_drain_")] = float(value)
         return out
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                staged = sum(1 for e in os.scandir(self.dump_dir) if not e.name.startswith(("_", ".")))
-            except FileNotFoundError:
-                staged = 0
-            m = self._metrics()
-            self.rows.append((round(time.monotonic() - self.t0, 2), staged, m.get("samples_total"),
-                              round(m["bytes_total"] / 1e9, 3) if "bytes_total" in m else None, m.get("lag_dumps"),
-                              m.get("in_flight")))
-            self._stop.wait(self.every_s)
+    def tick(self) -> None:
+        try:
+            staged = sum(1 for e in os.scandir(self.dump_dir) if not e.name.startswith(("_", ".")))
+        except FileNotFoundError:
+            staged = 0
+        m = self._metrics()
+        self.rows.append((round(time.monotonic() - self.t0, 2), staged, m.get("samples_total"),
+                          round(m["bytes_total"] / 1e9, 3) if "bytes_total" in m else None, m.get("lag_dumps"),
+                          m.get("in_flight")))
 
     def summary(self, client_done_s: float) -> dict:
         """The timeline, and the facts read from it: when the drain first answered and first wrote,
@@ -302,33 +321,21 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
     return res
 
 
-class OutputReaper:
+class OutputReaper(Periodic):
     """Deletes each sample's file once the drain has recorded it in the manifest (the line is
     appended after the file is durable, and the drain never opens it again): a run longer than
     the machine's memory and disk can hold (the 8B shape writes 26 MB a sample, 0.85 GB/s). The
     drain's work is unchanged; the training set ends as its manifest, without its files."""
 
+    tick_at_exit = True
+
     def __init__(self, out: Path, every_s: float = 0.25):
-        self.manifest, self.out, self.every_s = out / "manifest.jsonl", out, every_s
+        super().__init__(every_s)
+        self.manifest, self.out = out / "manifest.jsonl", out
         self.files = self.bytes = 0
         self._offset = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> OutputReaper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self._reap()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self._reap()
-
-    def _reap(self) -> None:
+    def tick(self) -> None:
         try:
             with open(self.manifest, "rb") as f:
                 f.seek(self._offset)

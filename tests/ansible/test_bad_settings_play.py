@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 from support.playbook_sandbox import PlayResult
 
@@ -51,9 +52,10 @@ def play(tmp_path_factory) -> PlayResult:
                     **overrides} for case, overrides in CASES.items()}
     (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     (tmp / "play.yml").write_text("- hosts: all\n  gather_facts: false\n  roles:\n    - hsextract\n")
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_FORKS": str(len(hosts)), "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
-           "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "tests" / "ansible" / "callback_plugins")}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
+                                      "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_FORKS": str(len(hosts)),
+                                      "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
+                                      "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "tests" / "ansible" / "callback_plugins")})
     r = subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "--check", "play.yml"],
                        cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     data = json.loads(r.stdout[r.stdout.index("{"):])

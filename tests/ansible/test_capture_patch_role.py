@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,8 +40,8 @@ def render_with_ansible(tmp_path: Path, model: Path, out: Path, **more: object) 
         "ansible_python_interpreter": str(ansible_bin() / "python"),
         **more,
     }
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
+                                      "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"})
     return subprocess.run(
         [str(ansible_bin() / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
          "-e", json.dumps(extra)],

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,8 +68,10 @@ def rendered(tmp_path_factory) -> Path:
     hosts = {c: {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python")}
              for c in CASES}
     (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0",
-           "ANSIBLE_FILTER_PLUGINS": str(ROLES / "hsextract" / "filter_plugins"), "ANSIBLE_FORKS": str(len(CASES))}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1",
+                                      "ANSIBLE_LOCALHOST_WARNING": "0",
+                                      "ANSIBLE_FILTER_PLUGINS": str(ROLES / "hsextract" / "filter_plugins"),
+                                      "ANSIBLE_FORKS": str(len(CASES))})
     r = subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml"],
                        cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]

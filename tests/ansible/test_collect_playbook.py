@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hsextract.formats.manifest import iter_entries, verify_entry
+from support import ansiballz_cache
 from support.fleet import make_fleet, three_hosts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def play(tmp_path: Path, hosts: dict[str, Path], **extra) -> subprocess.Complete
     (tmp_path / "fleet.yml").write_text(yaml.safe_dump(inventory))
     variables = {"collect_collector": "collector", "collect_into": str(tmp_path / "collected"),
                  "hsextract_python": os.environ["HSEXTRACT_PYTHON"], "collect_draft_vocab_sizes": [16], **extra}
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0"}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0"})
     return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", str(tmp_path / "fleet.yml"),
                            "playbooks/collect.yml", "-e", json.dumps(variables)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)

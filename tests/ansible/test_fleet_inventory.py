@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import ansiballz_cache
 
 REPO = Path(__file__).resolve().parents[2]
 PLAY = """- hosts: all
@@ -34,8 +35,9 @@ def run_fleet_role(tmp_path: Path, groups: dict[str, dict[str, dict]], **extra) 
     inventory = {"all": {"children": {name: {"hosts": hosts} for name, hosts in groups.items()}}}
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(PLAY)
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default", "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
+                                      "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
+                                      "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"})
     return subprocess.run([str(Path(bin_dir) / "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"),
                            str(tmp_path / "play.yml"), "-e", json.dumps(extra)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -67,7 +69,7 @@ def test_one_host_takes_the_whole_dataset(tmp_path):
 def test_a_limit_does_not_change_a_hosts_shard(tmp_path):
     run_fleet_role(tmp_path, {"hsextract": at("198.18.9.1", "198.18.9.2")})
     bin_dir = Path(os.environ["HSEXTRACT_ANSIBLE_BIN"])
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1"}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1"})
     r = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "inventory.yml", "play.yml", "--limit", "h2"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and '"msg": "1/2"' in r.stdout, r.stdout[-3000:]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.client.dataset_record import check_and_record
+from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +47,8 @@ def check_play(host: dict, regenerate: bool) -> subprocess.CompletedProcess:
     (tmp / "play.yml").write_text("- hosts: localhost\n  gather_facts: false\n  roles:\n    - hsextract\n")
     variables = {**host["settings"], "hsextract_regenerate": regenerate,
                  "ansible_python_interpreter": str(ansible_bin() / "python")}
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
+                                      "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"})
     return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
                            "play.yml", "-e", json.dumps(variables)], cwd=tmp, env=env, capture_output=True,
                           text=True, timeout=300)

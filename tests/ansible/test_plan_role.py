@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support import ansiballz_cache
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,8 +29,8 @@ def run_role(tmp_path: Path, config: Path, **extra) -> subprocess.CompletedProce
     variables = {"plan_python": os.environ["HSEXTRACT_PYTHON"], "plan_config_file": str(config),
                  "plan_report": str(tmp_path / "plan.json"),
                  "ansible_python_interpreter": str(ansible_bin() / "python"), **extra}
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
+                                      "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"})
     return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
                            "-e", json.dumps(variables)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hsextract.capture.patch import server_launch
+from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +47,9 @@ def playbook(tmp: Path, plays: list[dict], hosts: dict[str, dict], *args: str) -
         name: {"ansible_connection": "local", "ansible_python_interpreter": python, **vars_}
         for name, vars_ in hosts.items()}}}))
     (tmp / "play.yml").write_text(yaml.safe_dump(plays, sort_keys=False))
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0",
-           "ANSIBLE_FORKS": str(len(hosts))}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1",
+                                      "ANSIBLE_LOCALHOST_WARNING": "0",
+                                      "ANSIBLE_FORKS": str(len(hosts))})
     return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml", *args],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,8 +111,9 @@ def render_cases(tmp: Path, cases: dict[str, dict]) -> None:
         hosts[case] = {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python")}
     (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     (tmp / "render.yml").write_text(yaml.safe_dump(render_play(tmp), sort_keys=False))
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0",
-           "ANSIBLE_FORKS": str(len(hosts))}
+    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1",
+                                      "ANSIBLE_LOCALHOST_WARNING": "0",
+                                      "ANSIBLE_FORKS": str(len(hosts))})
     r = subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "render.yml"],
                        cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]

@@ -36,3 +36,10 @@ def environment(base: Path = ROOT) -> dict[str, str]:
     """The variables that give a module process (and its controller) the cache."""
     base = root(base)
     return {"PYTHONPATH": str(base / "site"), "HSX_ANSIBALLZ_CACHE": str(base / "code")}
+
+
+def with_cache(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the cache added: its site directory first on PYTHONPATH, before what was there."""
+    cache = environment()
+    path = ":".join(filter(None, [cache["PYTHONPATH"], env.get("PYTHONPATH", "")]))
+    return {**env, **cache, "PYTHONPATH": path}
