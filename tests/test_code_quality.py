@@ -28,7 +28,7 @@ def test_the_package_passes_mypy():
     if not bin_dir:
         pytest.skip("$HSEXTRACT_ANSIBLE_BIN is not set (make test sets it to the controller venv's bin dir)")
     # Its cache beside the environment it checks against: most of a cold run is reading torch's and
-    # transformers' annotations, which change only with that environment (measured below in
+    # transformers' annotations, which change only with that environment (measured in
     # docs/testing.md); mypy rechecks whatever changed since, by each file's hash.
     cache = Path(sys.prefix).parent / "mypy-cache" / Path(sys.prefix).name
     result = subprocess.run(

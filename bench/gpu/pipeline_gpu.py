@@ -75,7 +75,6 @@ DEFAULT_MODELS = "llama8b,dsv3"  # "tiny": the client's ceiling (a tiny Llama on
 # drain's, each apart from the other (the tiny model only: everything it sends stays staged until the drain runs)
 ALL_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline", "pipeline_2_processes",
              "client_alone", "pipeline_drain_first")
-PIPELINE_SIDES = ("pipeline", "pipeline_drain_first")  # the whole product, one client process
 
 
 @dataclass
@@ -804,8 +803,6 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
             "drain_first_whole_tokens_per_s": spread(first_whole),
             "drain_first_whole_over_plain": round(med(first_whole) / med(plain), 4) if first_whole and plain else None,
             "drain_first_whole_samples_per_s": spread([round(v, 1) for v in first_sps]),
-            "drain_first_whole_samples_over_plain": round(med(first_sps) / med(plain_sps), 4)
-            if first_sps and plain_sps else None,
             "drain_first_tail_s": spread([x["tail_s"] for x in first if "tail_s" in x]),
             "drain_up_before_client_s": spread([x["drain_up_before_client_s"] for x in first
                                                 if x.get("drain_up_before_client_s")]),

@@ -9,6 +9,7 @@ for the same source.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -17,9 +18,11 @@ SITE = Path(__file__).with_name("ansiballz_site")
 ROOT = Path("/var/tmp/hsextract-ansiballz")
 
 
+@functools.cache
 def root(base: Path = ROOT) -> Path:
     """The cache's directory (made, with the sitecustomize the module processes import): the path
-    to bind into a sandbox so its plays and the host's share one cache."""
+    to bind into a sandbox so its plays and the host's share one cache. Made once per process:
+    every command run in a sandbox asks for it."""
     (base / "code").mkdir(parents=True, exist_ok=True)
     (base / "site").mkdir(exist_ok=True)
     source = (SITE / "sitecustomize.py").read_bytes()
