@@ -82,10 +82,36 @@ SLOW_MODULES = {
 }
 
 
+# The session's shared servers (below). Each pytest process of `make test` that runs a test using
+# one starts its own: about 35 CPU-seconds of start, and 1 CPU-second a minute while it idles.
+SESSION_SERVERS = ("llama_server", "llama_prenorm_server", "dsv3_server")
+SESSION_SERVERS_GROUP = "session-servers"
+# Modules (node ids of their files) whose tests use a shared server, by fixture argument or by
+# `request.getfixturevalue`: found in `pytest_collection_modifyitems`.
+_users: set[str] = set()
+# The shared servers this process started: paused (`ServerHandle.pause`) while its tests are
+# elsewhere, and after the last of them.
+_started: list[ServerHandle] = []
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _uses_session_servers(module: Path) -> bool:
+    text = module.read_text(errors="replace")
+    return any(name in text for name in SESSION_SERVERS)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses a fixture whose name ends in ``_server`` starts or uses a real SGLang
     server: mark it `server`, so the fast tier leaves it out whatever marks its module forgot; and
-    every test of a `SLOW_MODULES` module `slow`."""
+    every test of a `SLOW_MODULES` module `slow`.
+
+    Every test also gets its pytest-xdist group (`make test` runs ``--dist loadgroup``): its module,
+    so that a module keeps its fixtures, sandbox and ordered steps on one process; or, for the
+    modules that use the shared servers, one group for all of them, so that the suite starts each
+    shared server once, not once per process."""
     tests_dir = Path(__file__).resolve().parent
     for item in items:
         if any(name.endswith("_server") for name in getattr(item, "fixturenames", ())):
@@ -93,6 +119,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = Path(str(item.fspath)).resolve()
         if module.is_relative_to(tests_dir) and str(module.relative_to(tests_dir)) in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        name = _module_of(item)
+        if name not in _users and module.is_file() and _uses_session_servers(module):
+            _users.add(name)
+        item.add_marker(pytest.mark.xdist_group(SESSION_SERVERS_GROUP if name in _users else name))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Wake the shared servers before a test of a module that uses them (and its fixtures) starts."""
+    if _module_of(item) in _users:
+        for handle in _started:
+            handle.resume()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After a test and the fixtures that end with it, pause the shared servers when the next test
+    is of a module that does not use them. The session's last test (no next one) leaves them to
+    their fixtures' stop."""
+    result = yield
+    if nextitem is not None and _module_of(nextitem) not in _users:
+        for handle in _started:
+            handle.pause()
+    return result
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -129,6 +179,7 @@ def _session_server(request, tmp_path_factory, model_dir: Path, name: str, **set
         **settings,
     )
     request.addfinalizer(handle.stop_later)
+    _started.append(handle)
     return handle
 
 
