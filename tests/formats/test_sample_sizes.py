@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 from hsextract.formats import FORMAT_NAMES, get_format
-from hsextract.formats.base import Sample, SampleShape, _CountingSink, _probe_hidden, same_size_index
+from hsextract.formats.base import Sample, SampleShape, _CountingSink, _probe_hidden
+from hsextract.formats.index_width import same_size_index
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

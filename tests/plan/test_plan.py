@@ -206,8 +206,93 @@ def test_planning_a_read_only_output_reports_and_says_in_one_line_that_the_repor
     kept = [line for line in r.stderr.splitlines() if "report" in line]
     assert kept == [f"  report    not kept: cannot write {out / '.hsextract' / 'plan.json'} (Read-only file system); "
                     "the plan above stands, --json PATH keeps it elsewhere"], r.stderr
+    assert f"  scan      not kept for the next plan: cannot write {out / '.hsextract' / 'plan.scan.json'} " \
+           "(Read-only file system)" in r.stderr.splitlines(), r.stderr
     asked = hsextract_read_only([out], *base, "--json", str(out / "plan.json"))
     assert asked.returncode == 73
     assert asked.stderr.strip().splitlines()[-1] == (
         f"hsextract plan: error: cannot write the report to {out / 'plan.json'} (Read-only file system); "
         "pass --json with a writable path")
+
+
+# ---- a plan of the same inputs reuses the scan kept beside its report -------------------------------
+# The play plans at every run, and tokenizing a large dataset again takes minutes.
+
+# What a plan measures of the dataset; the rest (free space, the tokenizer's speed) is of the moment.
+MEASURED = ("samples", "already_written", "rejects", "reject_examples", "tokens", "loss_masked_tokens",
+            "remaining_tokens", "length_percentiles", "overlong", "formats", "dataset_fingerprint", "rows",
+            "rows_in_shard", "model_layout")
+
+
+def measured(report: dict) -> dict:
+    return {k: report[k] for k in MEASURED}
+
+
+def test_a_second_plan_of_the_same_inputs_reuses_the_scan_and_reports_the_same(tiny_llama, tmp_path):
+    data, _ = _dataset(tmp_path, tiny_llama, n=30)
+    r1, first = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    r2, second = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    assert (first["tokenization"]["reused"], second["tokenization"]["reused"]) == (False, True)
+    assert measured(second) == measured(first)
+    assert "tokenized earlier: the scan kept beside the report" in r2.stdout
+    assert (tmp_path / "plan.scan.json").is_file()
+
+
+def test_a_changed_dataset_or_setting_is_scanned_again(tiny_llama, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(_conversation(i) + "\n" for i in range(5)))
+    assert plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")[0].returncode == 0
+    with data.open("a") as f:
+        f.write(_conversation(5) + "\n")
+    r, grown = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert not grown["tokenization"]["reused"] and grown["samples"] == 6
+    r, shorter = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1", "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert not shorter["tokenization"]["reused"] and shorter["overlong"]["max_tokens"] == 8
+
+
+def test_samples_written_since_the_kept_scan_are_taken_out_of_what_remains(tiny_llama, tmp_path):
+    data, exp = _dataset(tmp_path, tiny_llama, n=30)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert plan(data, tiny_llama, tmp_path / "plan.json", "--output", str(out), "--workers", "1")[0].returncode == 0
+    done = sorted(exp.samples)[:7]
+    app = ManifestAppender(out)
+    app.append([ManifestEntry(n, i, f"hsx-0-{i}", len(exp.samples[i][0]), f"f{n}", 1, "sha256:0")
+                for n, i in enumerate(done)])
+    app.close()
+    r, reused = plan(data, tiny_llama, tmp_path / "plan.json", "--output", str(out), "--workers", "1")
+    r2, fresh = plan(data, tiny_llama, tmp_path / "fresh.json", "--output", str(out), "--workers", "1", "--rescan")
+    assert r.returncode == 0 and r2.returncode == 0, r.stderr + r2.stderr
+    assert reused["tokenization"]["reused"] and not fresh["tokenization"]["reused"]
+    assert reused["already_written"] == 7
+    assert measured(reused) == measured(fresh)
+
+
+def test_rescan_scans_again_and_a_damaged_kept_scan_is_scanned_again(tiny_llama, tmp_path):
+    data, _ = _dataset(tmp_path, tiny_llama, n=20)
+    r, first = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    r, again = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1", "--rescan")
+    assert r.returncode == 0 and not again["tokenization"]["reused"], r.stderr
+    kept = tmp_path / "plan.scan.json"
+    doc = json.loads(kept.read_text())
+    doc["scan"]["tokens"] = doc["scan"]["tokens"][:-1]  # one sample's column cut short
+    kept.write_text(json.dumps(doc))
+    r, after = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    assert r.returncode == 0 and not after["tokenization"]["reused"], r.stderr
+    assert measured(after) == measured(first)
+    kept.write_bytes(b"\0not json")
+    r, after = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    assert r.returncode == 0 and not after["tokenization"]["reused"], r.stderr
+    assert measured(after) == measured(first)
+
+
+def test_the_kept_scan_of_one_report_is_not_another_reports(tiny_llama, tmp_path):
+    data, _ = _dataset(tmp_path, tiny_llama, n=10)
+    assert plan(data, tiny_llama, tmp_path / "a.json", "--workers", "1")[0].returncode == 0
+    r, b = plan(data, tiny_llama, tmp_path / "b.json", "--workers", "1")
+    assert r.returncode == 0 and not b["tokenization"]["reused"], r.stderr
+    assert sorted(p.name for p in Path(tmp_path).glob("*.scan.json")) == ["a.scan.json", "b.scan.json"]

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from hsextract.formats.index_width import pickled_int_bytes as _pickled_int_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
 
@@ -179,28 +180,6 @@ class _CountingSink:
 
     def flush(self) -> None:
         pass
-
-
-def _pickled_int_bytes(n: int) -> int:
-    """Bytes pickle protocol 2 (torch.save's) spends on the int `n`: its opcode class."""
-    if 0 <= n < 1 << 8:
-        return 1
-    if 0 <= n < 1 << 16:
-        return 2
-    if -(1 << 31) <= n < 1 << 31:
-        return 4
-    return 5 + (n.bit_length() + 8) // 8  # LONG1
-
-
-def same_size_index(index: int) -> int:
-    """The smallest dataset index that a format storing the index (modelopt) writes in as many bytes.
-
-    Sample sizes then depend on (tokens, same_size_index(index)) only, which is what ``plan`` tallies.
-    """
-    width = _pickled_int_bytes(index)
-    if index < 0 or width <= 4:
-        return {1: 0, 2: 1 << 8, 4: 1 << 16}.get(width, index)
-    return 1 << (index.bit_length() - 1)
 
 
 def _probe_hidden(shape: SampleShape) -> int:

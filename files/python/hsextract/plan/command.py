@@ -15,7 +15,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hsextract.client import defaults
 from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
@@ -26,6 +26,9 @@ from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.layout import PLAN, plan_path
 from hsextract.ops.check_shm import aux_count, human
+
+if TYPE_CHECKING:
+    from hsextract.plan.reuse import Kept
 
 EXIT_NO_ROOM = 5
 
@@ -81,20 +84,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenizing processes (default: every core, one per 2000 rows at least)")
     parser.add_argument("--json", type=Path, default=None, help="where to write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--rescan", action="store_true",
+                        help="tokenize the dataset again even when the scan kept beside the report (REPORT.scan.json) "
+                             "is of the same dataset, model, sources and settings")
     add_config_argument(parser)
 
 
-def build_report(args: argparse.Namespace) -> dict[str, Any]:
-    """Scan the dataset and estimate everything; the report as a JSON-able dict."""
+def report_path(args: argparse.Namespace) -> Path:
+    """Where the report is kept: --json, else the output's state directory, else ./plan.json."""
+    return args.json or (plan_path(args.output) if args.output else Path(PLAN))
+
+
+def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str, Any]:
+    """Scan the dataset and estimate everything; the report as a JSON-able dict. With `kept` (the
+    scan and sizes kept beside the report), a scan or sizes of the same inputs are taken from it
+    (unless --rescan), and what is made anew is put in it."""
     from hsextract.client.dataset import dataset_files
     from hsextract.client.dataset_record import fingerprint
     from hsextract.formats.manifest import completed_indices
     from hsextract.model_info import read_model_info
     from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
-    from hsextract.plan.estimate import Layout, bench_rate, default_results_dir, per_format_bytes
-    from hsextract.plan.scan import ScanSettings, scan
+    from hsextract.plan.estimate import bench_rate, default_results_dir
+    from hsextract.plan.scan import ScanSettings
     from hsextract.shard import parse_shard
-    from hsextract.staging import DTYPES
 
     missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
     if missing:
@@ -102,21 +114,19 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     fmt = args.format or DEFAULT_FORMAT
     dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
     info = read_model_info(args.model)
-    dtype_name = info.torch_dtype if info.torch_dtype in DTYPES else "bfloat16"
+    dtype_name = info.torch_dtype if info.torch_dtype in DTYPE_BYTES else "bfloat16"
     template = read_template_file(args.chat_template)
     out = Path(args.output) if args.output else None
     done = frozenset(completed_indices(out)) if out is not None else frozenset()
-    res = scan(ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
-                            bool(args.last_turn_only), int(args.min_loss_tokens or 0), parse_shard(args.shard), done,
-                            args.workers, progress=not args.no_progress, max_row_bytes=int(args.max_row_bytes),
-                            context_length=args.context_length, kv_pool_tokens=args.max_total_tokens))
+    cfg = ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
+                       bool(args.last_turn_only), int(args.min_loss_tokens or 0), parse_shard(args.shard), done,
+                       args.workers, progress=not args.no_progress, max_row_bytes=int(args.max_row_bytes),
+                       context_length=args.context_length, kv_pool_tokens=args.max_total_tokens)
     num_aux = aux_count(args.aux_layers)
-    layout = Layout(num_aux, info.hidden_size, DTYPES[dtype_name][0])
     sizes = [int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int)
                               else args.draft_vocab_size)]
-    pending_samples = res.samples - res.already_written
-    formats = per_format_bytes(res.shapes, res.pending_shapes, res.samples, res.tokens, pending_samples,
-                               res.pending_tokens, layout, info.vocab_size, sizes)
+    layout = {"num_aux": num_aux, "hidden_size": info.hidden_size, "dtype": dtype_name}
+    res, formats = _scan_and_size(cfg, layout, info.vocab_size, sizes, None if args.rescan else kept, kept)
 
     longest = max(res.lengths, default=1)
     per_request = min(res.max_tokens or longest, longest)
@@ -165,9 +175,43 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
         "shm": shm,
         "time": time_,
         "output_volume": room,
-        "tokenization": {"workers": res.workers, "seconds": round(res.seconds, 3),
+        # A reused scan keeps the figures of the run that made it.
+        "tokenization": {"workers": res.workers, "seconds": round(res.seconds, 3), "reused": res.reused,
                          "samples_per_s": round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1)},
     }
+
+
+def _scan_and_size(cfg: Any, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int], reuse_from: Kept | None,
+                   keep_in: Kept | None) -> tuple[Any, dict[str, Any]]:
+    """The scan and every format's bytes: taken from `reuse_from` where it holds them for these
+    inputs, else made (and put in `keep_in`)."""
+    from hsextract.plan import reuse
+    from hsextract.plan.scan import scan
+
+    key = reuse.scan_key(cfg) if keep_in is not None else ""
+    res = reuse_from.scan(key, cfg.done) if reuse_from is not None else None
+    if res is None:
+        res = scan(cfg)
+        if keep_in is not None:
+            keep_in.keep_scan(key, res)
+    sizes_key = reuse.sizes_key(res, layout, vocab_size, draft_sizes) if keep_in is not None else ""
+    formats = reuse_from.sizes(sizes_key) if reuse_from is not None else None
+    if formats is None:
+        formats = _per_format_bytes(res, layout, vocab_size, draft_sizes)
+        if keep_in is not None:
+            keep_in.keep_sizes(sizes_key, formats)
+    return res, formats
+
+
+def _per_format_bytes(res: Any, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int]) -> dict[str, Any]:
+    """Every format's bytes for the scan (`hsextract.plan.estimate`: the sample files sized by the
+    formats' own writers, which import torch)."""
+    from hsextract.plan.estimate import Layout, per_format_bytes
+    from hsextract.staging import DTYPES
+
+    return per_format_bytes(res.shapes, res.pending_shapes, res.samples, res.tokens, res.samples - res.already_written,
+                            res.pending_tokens, Layout(layout["num_aux"], layout["hidden_size"],
+                                                       DTYPES[layout["dtype"]][0]), vocab_size, draft_sizes)
 
 
 def _existing(path: str | Path) -> str:
@@ -212,7 +256,11 @@ def render(r: dict[str, Any]) -> str:
     lines.append(f"  output    {verdict}: {human(v['free_bytes'])} free at {v['path']}, the run needs "
                  f"{human(v['need_bytes'])} + {human(v['margin_bytes'])} margin ({r['format']})")
     k = r["tokenization"]
-    lines.append(f"  tokenized {k['samples_per_s']:,.0f} samples/s on {k['workers']} processes")
+    if k.get("reused"):
+        lines.append("  tokenized earlier: the scan kept beside the report, of the same dataset, model and settings "
+                     "(--rescan scans again)")
+    else:
+        lines.append(f"  tokenized {k['samples_per_s']:,.0f} samples/s on {k['workers']} processes")
     return "\n".join(lines)
 
 
@@ -235,9 +283,16 @@ def _keep_report(report: dict[str, Any], asked: Path | None, default: Path) -> N
 
 
 def run(args: argparse.Namespace) -> int:
-    report = build_report(args)
+    from hsextract.plan.reuse import Kept, scan_path
+
+    path = report_path(args)
+    kept = Kept(scan_path(path))
+    report = build_report(args, kept)
     print(render(report))
-    _keep_report(report, args.json, plan_path(args.output) if args.output else Path(PLAN))
+    _keep_report(report, args.json, path)
+    why = kept.write()
+    if why is not None:
+        print(f"  scan      not kept for the next plan: cannot write {kept.path} ({why})", file=sys.stderr)
     v = report["output_volume"]
     if not v["ok"] and not args.no_space_check:
         f = report["formats"][report["format"]]

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.formats import FORMAT_NAMES, FORMATS, get_format
-from hsextract.formats.base import SampleShape
 
 MANIFEST_LINE_BYTES = 260  # one manifest.jsonl line: indices, rid, tokens, file, bytes, checksum, time
 ARROW_BYTES_PER_TOKEN = 16  # speculators' Arrow dataset: input_ids + loss_mask, int64 each
@@ -34,6 +33,8 @@ class Layout:
 
 def sample_bytes(fmt_name: str, shapes: Counter, layout: Layout) -> int:
     """Exact bytes of the sample files of every (tokens, index class) in `shapes`, in format `fmt_name`."""
+    from hsextract.formats.base import SampleShape  # with the writers: torch
+
     fmt = get_format(fmt_name)
     total = 0
     for (tokens, index), n in shapes.items():

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import sys
 import time
+from array import array
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from hsextract.client import defaults
 from hsextract.client.chat_template import TOO_LONG, Encoded, build_encoder
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, read_dataset
 from hsextract.client.direct_tokenizer import DirectTokenizer
-from hsextract.formats.base import same_size_index
+from hsextract.formats.index_width import same_size_index
 
 CHUNK = 64  # samples per task: large enough to amortize the pickling, small enough for a smooth bar
 # Rows per worker below which another process costs more to start (imports, tokenizer) than it saves:
@@ -77,6 +78,11 @@ class ScanResult:
     seconds: float = 0.0
     workers: int = 1
     examples: dict[str, str] = field(default_factory=dict)  # reject reason -> one "line N: detail"
+    reused: bool = False  # taken from the scan kept beside the report (hsextract.plan.reuse), not made now
+    # Every sample's (dataset index, tokens, loss-masked tokens, length it was cut from or 0), as
+    # columns: what the scan is kept as, for the next plan of the same inputs.
+    _columns: tuple[array, array, array, array] = field(
+        default_factory=lambda: (array("q"), array("q"), array("q"), array("q")), repr=False)
 
     @property
     def overlong(self) -> int:
@@ -95,7 +101,21 @@ class ScanResult:
         where = f"{r.file}:{r.line}" if r.file else f"line {r.line}"
         self.examples.setdefault(r.reason, f"{where}: {r.detail}")
 
+    def columns(self) -> dict[str, array]:
+        return dict(zip(("index", "tokens", "masked", "truncated_from"), self._columns, strict=True))
+
+    def add(self, index: int, tokens: int, masked: int, truncated_from: int, done: frozenset[int]) -> None:
+        """One encoded sample: counted, and counted as remaining unless it is in `done`."""
+        self.take(index, tokens, masked, truncated_from)
+        if index in done:
+            self.already_written += 1
+        else:
+            self.pending_tokens += tokens
+            self.pending_shapes[(tokens, same_size_index(index))] += 1
+
     def take(self, index: int, tokens: int, masked: int, truncated_from: int) -> None:
+        for column, value in zip(self._columns, (index, tokens, masked, truncated_from or 0), strict=True):
+            column.append(value)
         self.samples += 1
         self.tokens += tokens
         self.masked_tokens += masked
@@ -188,12 +208,7 @@ def scan(cfg: ScanSettings) -> ScanResult:
                     res.reject(item)
                     continue
                 index, tokens, masked, truncated_from = item
-                res.take(index, tokens, masked, truncated_from)
-                if index in cfg.done:
-                    res.already_written += 1
-                else:
-                    res.pending_tokens += tokens
-                    res.pending_shapes[(tokens, same_size_index(index))] += 1
+                res.add(index, tokens, masked, truncated_from, cfg.done)
             bar.update(rows)
     finally:
         if pool is not None:
