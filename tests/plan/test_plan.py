@@ -109,15 +109,20 @@ def test_plan_in_several_processes_equals_plan_in_one(tiny_llama, tmp_path):
     assert one["tokens"] == sum(len(ids) for ids, _ in exp.samples.values())
 
 
+def _record_written(out: Path, exp, done: list[int]) -> None:
+    """Put `done` (dataset indices of `exp`) in the manifest of `out`, as the drain records samples."""
+    app = ManifestAppender(out)
+    app.append([ManifestEntry(n, i, f"hsx-0-{i}", len(exp.samples[i][0]), f"f{n}", 1, "sha256:0")
+                for n, i in enumerate(done)])
+    app.close()
+
+
 def test_samples_already_written_are_counted_and_left_out_of_what_remains(tiny_llama, tmp_path):
     data, exp = _dataset(tmp_path, tiny_llama)
     out = tmp_path / "out"
     out.mkdir()
     done = sorted(exp.samples)[:10]
-    app = ManifestAppender(out)
-    app.append([ManifestEntry(n, i, f"hsx-0-{i}", len(exp.samples[i][0]), f"f{n}", 1, "sha256:0")
-                for n, i in enumerate(done)])
-    app.close()
+    _record_written(out, exp, done)
     r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--output", str(out), "--workers", "1")
     assert r.returncode == 0, r.stderr
     assert report["already_written"] == 10
@@ -258,11 +263,7 @@ def test_samples_written_since_the_kept_scan_are_taken_out_of_what_remains(tiny_
     out = tmp_path / "out"
     out.mkdir()
     assert plan(data, tiny_llama, tmp_path / "plan.json", "--output", str(out), "--workers", "1")[0].returncode == 0
-    done = sorted(exp.samples)[:7]
-    app = ManifestAppender(out)
-    app.append([ManifestEntry(n, i, f"hsx-0-{i}", len(exp.samples[i][0]), f"f{n}", 1, "sha256:0")
-                for n, i in enumerate(done)])
-    app.close()
+    _record_written(out, exp, sorted(exp.samples)[:7])
     r, reused = plan(data, tiny_llama, tmp_path / "plan.json", "--output", str(out), "--workers", "1")
     r2, fresh = plan(data, tiny_llama, tmp_path / "fresh.json", "--output", str(out), "--workers", "1", "--rescan")
     assert r.returncode == 0 and r2.returncode == 0, r.stderr + r2.stderr
