@@ -33,9 +33,9 @@ export PYTHONPATH := $(CURDIR)/files/python:$(CURDIR)/tests
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 PYTEST_ARGS ?=
-# pytest processes of `make test` (pytest-xdist), each taking whole groups (`--dist loadgroup`): a
-# module keeps its sandbox, its servers and its ordered steps on one process, and the modules that
-# use the session's shared servers run on one process (tests/conftest.py). 0: one process.
+# pytest processes of `make test` (pytest-xdist), each taking whole modules (`--dist loadfile`): a
+# module keeps its sandbox, its servers and its ordered steps on one process; the modules that use
+# the session's shared servers run on one process together (tests/conftest.py). 0: one process.
 # Two on a 2-core machine: one process leaves the cores 30 % idle while sandboxes' plays wait.
 TEST_WORKERS ?= 2
 # What pytest runs: the whole suite, or e.g. TESTS=tests/drain for one area.
@@ -92,7 +92,7 @@ lint: venv controller
 
 test: venv controller
 	PYTHONPATH=$(PYTHONPATH):$(TEST_TOOLS) $(VENV)/bin/python -m pytest $(TESTS) \
-		-p xdist -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+		-p xdist -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit and pure tests, an answer within minutes while working: no SGLang server, no systemd
 # sandbox, no linter, no test that starts processes (tests/conftest.py SLOW_MODULES). A test that

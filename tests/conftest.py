@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -85,33 +86,27 @@ SLOW_MODULES = {
 # The session's shared servers (below). Each pytest process of `make test` that runs a test using
 # one starts its own: about 35 CPU-seconds of start, and 1 CPU-second a minute while it idles.
 SESSION_SERVERS = ("llama_server", "llama_prenorm_server", "dsv3_server")
-SESSION_SERVERS_GROUP = "session-servers"
-# Modules (node ids of their files) whose tests use a shared server, by fixture argument or by
-# `request.getfixturevalue`: found in `pytest_collection_modifyitems`.
-_users: set[str] = set()
 # The shared servers this process started: paused (`ServerHandle.pause`) while its tests are
 # elsewhere, and after the last of them.
 _started: list[ServerHandle] = []
 
 
-def _module_of(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0]
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
-def _uses_session_servers(module: Path) -> bool:
-    text = module.read_text(errors="replace")
-    return any(name in text for name in SESSION_SERVERS)
+@functools.cache
+def _uses_session_servers(module: str) -> bool:
+    """Whether the test module (a node id's file part) uses a shared server, by fixture argument or
+    by `request.getfixturevalue`."""
+    path = Path(__file__).resolve().parent.parent / module
+    return path.is_file() and any(name in path.read_text(errors="replace") for name in SESSION_SERVERS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses a fixture whose name ends in ``_server`` starts or uses a real SGLang
     server: mark it `server`, so the fast tier leaves it out whatever marks its module forgot; and
-    every test of a `SLOW_MODULES` module `slow`.
-
-    Every test also gets its pytest-xdist group (`make test` runs ``--dist loadgroup``): its module,
-    so that a module keeps its fixtures, sandbox and ordered steps on one process; or, for the
-    modules that use the shared servers, one group for all of them, so that the suite starts each
-    shared server once, not once per process."""
+    every test of a `SLOW_MODULES` module `slow`."""
     tests_dir = Path(__file__).resolve().parent
     for item in items:
         if any(name.endswith("_server") for name in getattr(item, "fixturenames", ())):
@@ -119,16 +114,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = Path(str(item.fspath)).resolve()
         if module.is_relative_to(tests_dir) and str(module.relative_to(tests_dir)) in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        name = _module_of(item)
-        if name not in _users and module.is_file() and _uses_session_servers(module):
-            _users.add(name)
-        item.add_marker(pytest.mark.xdist_group(SESSION_SERVERS_GROUP if name in _users else name))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test`'s pytest processes (``--dist loadfile``) take whole modules, as xdist's own
+    loadfile does, so that a module keeps its fixtures, sandbox and ordered steps on one process;
+    except that the modules that use the shared servers go to one process together, so that the
+    suite starts each shared server once, not once per process."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesSharingServers(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module_of(nodeid)
+            return "the modules that use the shared servers" if _uses_session_servers(module) else module
+
+    return ModulesSharingServers(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Wake the shared servers before a test of a module that uses them (and its fixtures) starts."""
-    if _module_of(item) in _users:
+    if _uses_session_servers(_module_of(item.nodeid)):
         for handle in _started:
             handle.resume()
 
@@ -139,7 +148,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     is of a module that does not use them. The session's last test (no next one) leaves them to
     their fixtures' stop."""
     result = yield
-    if nextitem is not None and _module_of(nextitem) not in _users:
+    if nextitem is not None and not _uses_session_servers(_module_of(nextitem.nodeid)):
         for handle in _started:
             handle.pause()
     return result
