@@ -103,10 +103,31 @@ def _uses_session_servers(module: str) -> bool:
     return path.is_file() and any(name in path.read_text(errors="replace") for name in SESSION_SERVERS)
 
 
+# The longest work first, longest to shortest, so that none starts late and ends the run alone on one
+# process: the extract playbook's sandbox (about 15 process-minutes), the modules that share the
+# shared servers (13, together), the fleet (10); then every other module, in collection order
+# (docs/testing.md has the minutes).
+SHARED = "the modules that use the shared servers"
+START_ORDER = ("tests/ansible/test_extract_playbook.py", SHARED, "tests/ansible/test_fleet.py")
+
+
+def _scope_of(nodeid: str) -> str:
+    """What a pytest process takes whole: the test's module, or `SHARED` for the shared servers' users."""
+    module = _module_of(nodeid)
+    return SHARED if _uses_session_servers(module) else module
+
+
+def _start_rank(item: pytest.Item) -> int:
+    scope = _scope_of(item.nodeid)
+    return START_ORDER.index(scope) if scope in START_ORDER else len(START_ORDER)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses a fixture whose name ends in ``_server`` starts or uses a real SGLang
     server: mark it `server`, so the fast tier leaves it out whatever marks its module forgot; and
-    every test of a `SLOW_MODULES` module `slow`."""
+    every test of a `SLOW_MODULES` module `slow`. The modules are then put in the order they start
+    in (`_start_rank`; each keeps its own tests' order)."""
+    items.sort(key=_start_rank)
     tests_dir = Path(__file__).resolve().parent
     for item in items:
         if any(name.endswith("_server") for name in getattr(item, "fixturenames", ())):
@@ -126,10 +147,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the collection's order (`_start_rank`), not by test count
+
     class ModulesSharingServers(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = _module_of(nodeid)
-            return "the modules that use the shared servers" if _uses_session_servers(module) else module
+            return _scope_of(nodeid)
 
     return ModulesSharingServers(config, log)
 
