@@ -243,7 +243,8 @@ def test_sigterm_finishes_the_samples_in_hand_and_exits_zero(tmp_path, worker_mo
     """systemd sends SIGTERM to every process of the unit: worker processes too leave the stop to the drain."""
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
-    total = 150
+    first, later = 150, 50  # staged before the stop, and while the drain is frozen just before it
+    total = first + later
     dump.mkdir(parents=True)  # as the capture makes it
     proc = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "speculators",
                  "--workers", "2", "--worker-mode", worker_mode, stderr=subprocess.PIPE, start_new_session=True)
@@ -252,12 +253,18 @@ def test_sigterm_finishes_the_samples_in_hand_and_exits_zero(tmp_path, worker_mo
         # The samples come once the workers are up (worker processes start in the background, the drain's
         # threads preparing the first samples meanwhile): the stop must find samples in the processes' hands.
         log.wait_for("samples are prepared in them" if worker_mode == "processes" else "draining ", 120)
-        for i in range(total):
+        for i in range(first):
             stage_sample(dump, run, i, tokens=200)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(list(iter_entries(out))) < 5:
             time.sleep(0.05)
+        # Frozen, the drain cannot finish the backlog before the stop lands, however fast it is or
+        # however slowly this test runs: the samples staged now are still there when it stops.
+        os.killpg(proc.pid, signal.SIGSTOP)
+        for i in range(first, total):
+            stage_sample(dump, run, i, tokens=200)
         os.killpg(proc.pid, signal.SIGTERM)  # as systemd's stop does: the drain and every process it started
+        os.killpg(proc.pid, signal.SIGCONT)
         rc = proc.wait(30)
     finally:
         if proc.poll() is None:
