@@ -236,12 +236,14 @@ def measured(report: dict) -> dict:
 def test_a_second_plan_of_the_same_inputs_reuses_the_scan_and_reports_the_same(tiny_llama, tmp_path):
     data, _ = _dataset(tmp_path, tiny_llama, n=30)
     r1, first = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")
+    kept = tmp_path / "plan.scan.json"
+    written = kept.stat().st_mtime_ns
     r2, second = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1")
     assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
     assert (first["tokenization"]["reused"], second["tokenization"]["reused"]) == (False, True)
     assert measured(second) == measured(first)
     assert "tokenized earlier: the scan kept beside the report" in r2.stdout
-    assert (tmp_path / "plan.scan.json").is_file()
+    assert kept.stat().st_mtime_ns == written, "a reused scan is not written again"
 
 
 def test_a_changed_dataset_or_setting_is_scanned_again(tiny_llama, tmp_path):

@@ -29,6 +29,7 @@ from hsextract.ops.check_shm import aux_count, human
 
 if TYPE_CHECKING:
     from hsextract.plan.reuse import Kept
+    from hsextract.plan.scan import ScanResult, ScanSettings
 
 EXIT_NO_ROOM = 5
 
@@ -181,8 +182,8 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     }
 
 
-def _scan_and_size(cfg: Any, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int], reuse_from: Kept | None,
-                   keep_in: Kept | None) -> tuple[Any, dict[str, Any]]:
+def _scan_and_size(cfg: ScanSettings, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int],
+                   reuse_from: Kept | None, keep_in: Kept | None) -> tuple[ScanResult, dict[str, Any]]:
     """The scan and every format's bytes: taken from `reuse_from` where it holds them for these
     inputs, else made (and put in `keep_in`)."""
     from hsextract.plan import reuse
@@ -203,7 +204,8 @@ def _scan_and_size(cfg: Any, layout: dict[str, Any], vocab_size: int, draft_size
     return res, formats
 
 
-def _per_format_bytes(res: Any, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int]) -> dict[str, Any]:
+def _per_format_bytes(res: ScanResult, layout: dict[str, Any], vocab_size: int,
+                      draft_sizes: list[int]) -> dict[str, Any]:
     """Every format's bytes for the scan (`hsextract.plan.estimate`: the sample files sized by the
     formats' own writers, which import torch)."""
     from hsextract.plan.estimate import Layout, per_format_bytes

@@ -82,7 +82,7 @@ def sizes_key(res: ScanResult, layout: dict[str, Any], vocab_size: int, draft_si
               "shapes": sorted(map(list, res.shapes.items())), "pending": sorted(map(list, res.pending_shapes.items())),
               "samples": res.samples, "tokens": res.tokens, "already_written": res.already_written,
               "pending_tokens": res.pending_tokens}
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=list).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 class Kept:
@@ -91,6 +91,7 @@ class Kept:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.data: dict[str, Any] = {}
+        self.changed = False  # a scan or sizes put in since it was read: the file is written again
         try:
             data = json.loads(path.read_bytes())
         except (OSError, ValueError):
@@ -116,6 +117,7 @@ class Kept:
         return res
 
     def keep_scan(self, key: str, res: ScanResult) -> None:
+        self.changed = True
         self.data = {"version": VERSION, "scan": {
             "key": key, "lines": res.lines, "in_shard": res.in_shard, "workers": res.workers,
             "seconds": res.seconds, "max_tokens": res.max_tokens, "rejects": dict(res.rejects),
@@ -126,10 +128,14 @@ class Kept:
         return s["formats"] if isinstance(s, dict) and s.get("key") == key else None
 
     def keep_sizes(self, key: str, formats: dict[str, Any]) -> None:
+        self.changed = True
         self.data = {**self.data, "version": VERSION, "sizes": {"key": key, "formats": formats}}
 
     def write(self) -> str | None:
-        """Write the file; None, or why it could not be (the plan stands without it)."""
+        """Write the file if anything was put in it (a reused scan of millions of samples is not
+        rewritten at every plan); None, or why it could not be written (the plan stands without it)."""
+        if not self.changed:
+            return None
         try:
             atomic_write_bytes(self.path, json.dumps(self.data, separators=(",", ":")).encode(), durable=False)
         except OSError as exc:
