@@ -23,32 +23,29 @@ def start_expecting_failure(model_dir, free_port, tmp_path, **kw) -> str:
 
 
 @pytest.mark.server
-def test_unknown_architecture_fails_server_start_naming_it_and_the_supported_ones(tiny_llama, free_port, tmp_path):
+def test_one_failed_start_names_every_mistake_an_unknown_architecture_bad_layers_and_an_unwritable_dump_dir(
+        tiny_llama, free_port, tmp_path):
+    """One start, three mistakes: the message names them all (the architecture and the supported
+    ones, the layer range, the dump dir), with how to fix them, so one failed start is enough.
+    (`hsextract capture-patch` refuses such layers already; this is the server's own check, for a
+    patch rendered without the model at hand.)"""
     model = tmp_path / "model"
     shutil.copytree(tiny_llama, model)
     cfg = json.loads((model / "config.json").read_text())
     cfg["architectures"] = ["MistralForCausalLM"]  # SGLang serves it; the capture does not support it
     (model / "config.json").write_text(json.dumps(cfg))
-    message = start_expecting_failure(model, free_port, tmp_path)
-    assert "exited with code" in message
-    assert "architecture 'MistralForCausalLM' is not supported by the hidden-state capture" in message
-    assert "LlamaForCausalLM" in message and "KimiK25ForConditionalGeneration" in message
-
-
-@pytest.mark.server
-def test_layers_out_of_range_and_unwritable_dump_dir_both_fail_server_start(tiny_llama, free_port, tmp_path):
-    """One start, two mistakes: the message names both (layer range, dump dir), with how to fix them.
-    (`hsextract capture-patch` refuses such layers already; this is the server's own check, for a
-    patch rendered without the model at hand.)"""
     ro = tmp_path / "ro"
     ro.mkdir()
     if subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], capture_output=True).returncode != 0:
         pytest.skip("cannot make a read-only bind mount here")
     try:
-        message = start_expecting_failure(tiny_llama, free_port, tmp_path, dump_dir=ro / "dump",
+        message = start_expecting_failure(model, free_port, tmp_path, dump_dir=ro / "dump",
                                           aux_layer_ids=[1, 3, 7], check_layers=False)
     finally:
         subprocess.run(["umount", str(ro)], check=False)
+    assert "exited with code" in message
+    assert "architecture 'MistralForCausalLM' is not supported by the hidden-state capture" in message
+    assert "LlamaForCausalLM" in message and "KimiK25ForConditionalGeneration" in message
     assert "aux layer ids [1, 3, 7] (eagle convention) out of range for a model with 8 layers" in message
     assert "[7] not in [0, 6]" in message
     assert f"dump directory {ro / 'dump'} is not writable" in message

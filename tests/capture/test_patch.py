@@ -86,6 +86,17 @@ def test_unsupported_architecture_gives_a_class_that_refuses_to_build():
         cls()
 
 
+def test_the_refusal_says_when_the_other_settings_could_not_be_checked():
+    """Outside a SGLang server there are no server arguments to check the rest against: the refusal
+    still names the architecture, and says what it left unchecked rather than passing it over."""
+    config = {"architecture": "MistralForCausalLM", "model_path": "/m", "dump_dir": "/d", "aux_layer_ids": [1, 3, 7]}
+    cls = load_base_class_or_refusal("MistralForCausalLM", config)
+    with pytest.raises(UnsupportedArchitecture) as info:
+        cls(config=None)
+    assert "'MistralForCausalLM' is not supported" in str(info.value)
+    assert " AND (the other settings were not checked: " in str(info.value)
+
+
 @pytest.mark.parametrize("name", sorted(SUPPORTED))
 def test_supported_architectures_resolve_to_sglang_classes_with_the_capture_hooks(name):
     """Guards the attribute paths the adapter relies on against SGLang changes."""

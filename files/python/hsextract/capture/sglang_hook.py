@@ -63,25 +63,44 @@ def load_base_class(architecture: str) -> type:
     return getattr(module, spec.name)
 
 
-def load_base_class_or_refusal(architecture: str) -> type:
+def load_base_class_or_refusal(architecture: str, config: CaptureConfig | dict | None = None) -> type:
     """SGLang's class for `architecture`, or, for an unsupported one, a class whose construction
     fails with an error naming it and the supported ones.
 
     SGLang only logs (and skips) an external model module that fails to import, and would then
     serve the model with its own class and no capture; failing when the model is built makes
-    the server start fail with the message instead.
+    the server start fail with the message instead. Given the patch's `config`, the refusal also
+    names every other mistake in the settings (layers, dump directory, server flags): one failed
+    start tells the operator everything to fix.
     """
     try:
         return load_base_class(architecture)
     except UnsupportedArchitecture as exc:
-        message = str(exc)
-        log.error("hsextract capture: %s", message)
+        unsupported = str(exc)
+        log.error("hsextract capture: %s", unsupported)
 
         class _Unsupported(torch.nn.Module):
             def __init__(self, *args: Any, **kwargs: Any):
-                raise UnsupportedArchitecture(message)
+                hf_config = kwargs.get("config", args[0] if args else None)
+                others = _problems_besides_the_architecture(config, hf_config) if config is not None else []
+                raise UnsupportedArchitecture(" AND ".join([unsupported, *others]))
 
         return _Unsupported
+
+
+def _problems_besides_the_architecture(config: CaptureConfig | dict, hf_config: Any) -> list[str]:
+    """What else is wrong in the settings of a model whose architecture has no capture: the checks
+    `install` makes, with the depth read from the model's own config (none without it)."""
+    try:
+        cfg = config if isinstance(config, CaptureConfig) else CaptureConfig.from_dict(config)
+        facts = _server_facts()
+    except Exception as exc:  # the architecture's refusal must reach the operator, whatever this is
+        return [f"(the other settings were not checked: {exc})"]
+    text_cfg = getattr(hf_config, "text_config", None) or hf_config
+    depth = getattr(text_cfg, "num_hidden_layers", None)
+    problems, _ = _settings_problems(cfg, facts, int(depth) if depth is not None else None,
+                                     writes_dumps(_parallel_ranks(facts)[0]))
+    return problems
 
 
 def _parallel_ranks(facts: ServerFacts) -> tuple[int, int]:
@@ -286,15 +305,17 @@ def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts)
         log.warning("hsextract capture: cannot announce itself in %s (%s)", cfg.dump_dir, exc)
 
 
-def _check_settings(cfg: CaptureConfig, facts: ServerFacts, num_hidden_layers: int, writes: bool) -> CaptureLayers:
-    """The capture's layers, once every setting is checked; else a ConfigError listing every problem,
-    so one failed start tells the operator everything to fix."""
+def _settings_problems(cfg: CaptureConfig, facts: ServerFacts, num_hidden_layers: int | None,
+                       writes: bool) -> tuple[list[str], CaptureLayers | None]:
+    """Every problem of the settings (not just the first), and the capture's layers when they are
+    valid; the layers are not checked when the model's depth is unknown."""
     layers: list[CaptureLayers] = []
     checks: list[Callable[[], object]] = [
         lambda: check_sglang_version(sglang_version()),
         lambda: check_server(facts),
-        lambda: layers.append(resolve(cfg.aux_layer_ids, num_hidden_layers, cfg.layer_convention)),
     ]
+    if num_hidden_layers is not None:
+        checks.append(lambda: layers.append(resolve(cfg.aux_layer_ids, num_hidden_layers, cfg.layer_convention)))
     if writes:
         checks.append(lambda: check_dump_dir(cfg.dump_dir))
     problems: list[str] = []
@@ -303,9 +324,16 @@ def _check_settings(cfg: CaptureConfig, facts: ServerFacts, num_hidden_layers: i
             check()
         except ConfigError as exc:
             problems.append(str(exc))
-    if problems:
+    return problems, (layers[0] if layers else None)
+
+
+def _check_settings(cfg: CaptureConfig, facts: ServerFacts, num_hidden_layers: int, writes: bool) -> CaptureLayers:
+    """The capture's layers, once every setting is checked; else a ConfigError listing every problem,
+    so one failed start tells the operator everything to fix."""
+    problems, layers = _settings_problems(cfg, facts, num_hidden_layers, writes)
+    if problems or layers is None:
         raise ConfigError("hsextract capture: " + " AND ".join(problems))
-    return layers[0]
+    return layers
 
 
 def _states_dtype(inner: Any) -> torch.dtype:
