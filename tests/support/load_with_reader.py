@@ -1,6 +1,7 @@
 """Load an output directory with a trainer's OWN reader and save what it yields (run in a subprocess).
 
 Usage: python load_with_reader.py FORMAT OUTPUT_DIR RESULT.pt --num-aux K --hidden H
+       python load_with_reader.py --serve FORMAT   (one load per JSON line on stdin; see `serve`)
 
 Runs with PYTHONPATH=<the reader's --target dir>, because the readers conflict as one install.
 The call chains are the trainers' own (see the facts on trainer readers): SpecForge's offline
@@ -134,7 +135,41 @@ LOADERS = {"specforge": load_specforge, "speculators": load_speculators, "specul
            "modelopt": load_modelopt}
 
 
+def load(fmt: str, root: str, result: str, num_aux: int, hidden: int) -> str:
+    out = LOADERS[fmt](root, num_aux, hidden)
+    out["modules"] = sorted(m for m in ("sglang", "vllm") if m in sys.modules)
+    torch.save(out, result)
+    return f"loaded {len(out['samples'])} samples, {out['batches']} batches, {out['error_records']} error records"
+
+
+def serve(fmt: str) -> int:
+    """Load one output per request, in this one process: a reader's imports (torch, transformers,
+    the trainer's package) take about 10 CPU-seconds, which a process per load would spend each time.
+
+    A request is a JSON line on stdin, {"root", "result", "num_aux", "hidden"}; the answer a JSON
+    line, {"ok": true, "message"} or {"ok": false, "error": the traceback}. What the readers print
+    goes to stderr, so that stdout carries the answers only. Ends at the end of stdin.
+    """
+    import json
+    import traceback
+
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            answer = {"ok": True, "message": load(fmt, req["root"], req["result"], req["num_aux"], req["hidden"])}
+        except BaseException:  # any failure of the reader is the test's to report
+            answer = {"ok": False, "error": traceback.format_exc()}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--serve"] and len(sys.argv) == 3 and sys.argv[2] in LOADERS:
+        return serve(sys.argv[2])
     ap = argparse.ArgumentParser()
     ap.add_argument("format", choices=sorted(LOADERS))
     ap.add_argument("root")
@@ -142,10 +177,7 @@ def main() -> int:
     ap.add_argument("--num-aux", type=int, required=True)
     ap.add_argument("--hidden", type=int, required=True)
     a = ap.parse_args()
-    out = LOADERS[a.format](a.root, a.num_aux, a.hidden)
-    out["modules"] = sorted(m for m in ("sglang", "vllm") if m in sys.modules)
-    torch.save(out, a.result)
-    print(f"loaded {len(out['samples'])} samples, {out['batches']} batches, {out['error_records']} error records")
+    print(load(a.format, a.root, a.result, a.num_aux, a.hidden))
     return 0
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -15,12 +20,69 @@ READER_DIR = {"specforge": "specforge", "speculators": "speculators", "speculato
               "modelopt": "modelopt"}
 
 
+class _Loader:
+    """A process of `load_with_reader.py --serve FORMAT` with one reader on its path, kept for this
+    test process's later loads of that format (its imports cost about 10 CPU-seconds a process)."""
+
+    def __init__(self, readers: Path, fmt: str):
+        self.fmt = fmt
+        fd, name = tempfile.mkstemp(prefix=f"{fmt}-reader-", suffix=".log")
+        os.close(fd)
+        self.log = Path(name)  # the readers' own output, shown when a load fails
+        env = dict(os.environ, PYTHONPATH=str(readers / READER_DIR[fmt]), OMP_NUM_THREADS="1")
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, str(LOADER), "--serve", fmt], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+
+    def load(self, root: Path, result: Path, num_aux: int, hidden: int, timeout: float = 300) -> None:
+        start = self.log.stat().st_size
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"root": str(root), "result": str(result), "num_aux": num_aux,
+                                          "hidden": hidden}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            output = self._log_since(start)
+            self.close()
+            raise AssertionError(f"{self.fmt} reader gave no answer within {timeout:.0f} s "
+                                 f"(exit status {self.proc.poll()}):\n{output}")
+        answer = json.loads(line)
+        assert answer["ok"], f"{self.fmt} reader failed:\n{answer['error']}\n{self._log_since(start)}"
+
+    def _log_since(self, start: int) -> str:
+        with self.log.open("rb") as f:
+            f.seek(start)
+            return f.read().decode(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.unlink(missing_ok=True)
+
+
+_loaders: dict[tuple[Path, str], _Loader] = {}
+
+
+@atexit.register
+def _close_loaders() -> None:
+    while _loaders:
+        _loaders.popitem()[1].close()
+
+
 def load_with_reader(readers: Path, fmt: str, root: Path, num_aux: int, hidden: int) -> dict:
+    """What the trainer's own reader of `fmt` yields for the output `root` (see load_with_reader.py)."""
     result = root.parent / f"{fmt}-reader.pt"
-    env = dict(os.environ, PYTHONPATH=str(readers / READER_DIR[fmt]), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(LOADER), fmt, str(root), str(result), "--num-aux", str(num_aux),
-                        "--hidden", str(hidden)], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{fmt} reader failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    loader = _loaders.get((readers, fmt))
+    if loader is None or loader.proc.poll() is not None:
+        loader = _loaders[(readers, fmt)] = _Loader(readers, fmt)
+    loader.load(root, result, num_aux, hidden)
     return torch.load(result, weights_only=False)
 
 
