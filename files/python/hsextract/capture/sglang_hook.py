@@ -96,8 +96,7 @@ def _problems_besides_the_architecture(config: CaptureConfig | dict, hf_config: 
         facts = _server_facts()
     except Exception as exc:  # the architecture's refusal must reach the operator, whatever this is
         return [f"(the other settings were not checked: {exc})"]
-    text_cfg = getattr(hf_config, "text_config", None) or hf_config
-    depth = getattr(text_cfg, "num_hidden_layers", None)
+    depth = getattr(text_part(hf_config), "num_hidden_layers", None)
     problems, _ = _settings_problems(cfg, facts, int(depth) if depth is not None else None,
                                      writes_dumps(_parallel_ranks(facts)[0]))
     return problems
@@ -137,8 +136,12 @@ def causal_lm_of(model: Any, spec: ArchSpec) -> Any:
 
 
 def text_config_of(causal_lm: Any) -> Any:
-    cfg = causal_lm.config
-    return getattr(cfg, "text_config", None) or cfg
+    return text_part(causal_lm.config)
+
+
+def text_part(hf_config: Any) -> Any:
+    """The text model's part of a Hugging Face config (a multimodal one nests it)."""
+    return getattr(hf_config, "text_config", None) or hf_config
 
 
 def set_capture_layers(causal_lm: Any, layers: CaptureLayers) -> None:
