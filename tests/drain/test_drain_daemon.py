@@ -21,6 +21,7 @@ from hsextract.formats.manifest import entries_path, iter_entries, read_header, 
 from hsextract.records import load_or_create_run_id
 from hsextract.staging import StateFileLayout
 from safetensors.torch import load_file
+from support import volumes
 from support.drain_proc import finish_client, hsextract, start
 from support.staged_dumps import restamp_fingerprint, stage_sample
 
@@ -160,13 +161,8 @@ def test_the_client_summary_is_awaited_before_exit_when_done(tmp_path):
 @pytest.fixture
 def small_volume(tmp_path):
     """A 4 MiB tmpfs: a volume the drain can fill."""
-    mnt = tmp_path / "vol"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs root")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with volumes.small_volume(tmp_path / "vol", "4m") as mnt:
+        yield mnt
 
 
 @WORKER_MODES
