@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from hsextract.client import defaults
 from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark, pause_poll_s
@@ -45,6 +44,7 @@ from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, 
 from hsextract.client.dataset_record import check_and_record
 from hsextract.client.probe import probe_capture
 from hsextract.client.progress import Reporter, RunStats
+from hsextract.client.run_jsonl import RunJsonl
 from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
 from hsextract.client.server_limit import ServerLimit, server_limit
 from hsextract.client.start_state import begin_run, read_previous, record_unstarted
@@ -104,33 +104,6 @@ class ExtractConfig:
     log_every_s: float = 30.0
 
 
-class _JsonlAppender:
-    """A JSONL file rewritten from scratch by each run (its content is re-derived on restart).
-
-    Emptied by `open`, once the run has begun: a refused or stopped start leaves the last run's
-    file as it was (hsextract.client.start_state)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._f: TextIO | None = None
-        self._lock = threading.Lock()
-
-    def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = self.path.open("w", encoding="utf-8")
-
-    def write(self, obj: dict[str, Any]) -> None:
-        with self._lock:
-            if self._f is None:
-                raise HsextractError(f"{self.path}: written before the run began")
-            self._f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-            self._f.flush()
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-
-
 class ExtractRun:
     """A client run; `run()` returns the final stats or raises HsextractError (server gone, bad setup)."""
 
@@ -170,8 +143,8 @@ class ExtractRun:
         self._backpressure = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
         self._watch = CaptureWatch(cfg.dump_dir, cfg.capture_timeout_s, self._on_verdict)
-        self._rejects = _JsonlAppender(rejects_path(self.output, cfg.shard))
-        self._failures = _JsonlAppender(failures_path(self.output, cfg.shard))
+        self._rejects = RunJsonl(rejects_path(self.output, cfg.shard))
+        self._failures = RunJsonl(failures_path(self.output, cfg.shard))
 
     # -- outcomes (called from sender threads) -------------------------------------------------
 
