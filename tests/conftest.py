@@ -103,18 +103,26 @@ def _uses_session_servers(module: str) -> bool:
     return path.is_file() and any(name in path.read_text(errors="replace") for name in SESSION_SERVERS)
 
 
+# The trainers' readers, which a pytest process loads once per reader (`support.reader_check`): about
+# 10-30 CPU-seconds of imports each. The small modules that use them go with the shared servers'
+# users, where `formats/test_real_readers.py` loads them anyway (the playbooks' modules keep their own
+# process).
+READER_USERS = ("tests/vocab/test_vocab_readers.py", "tests/collect/test_collect_readers.py",
+                "tests/formats/test_arrow_dataset.py")
+
 # The longest work first, longest to shortest, so that none starts late and ends the run alone on one
-# process: the extract playbook's sandbox (about 15 process-minutes), the modules that share the
-# shared servers (13, together), the fleet (10); then every other module, in collection order
-# (docs/testing.md has the minutes).
-SHARED = "the modules that use the shared servers"
+# process: the extract playbook's sandbox (about 13 process-minutes), the modules that share the
+# shared servers and the readers (16, together), the fleet (8); then every other module, in
+# collection order (docs/testing.md has the minutes).
+SHARED = "the modules that use the shared servers or the readers"
 START_ORDER = ("tests/ansible/test_extract_playbook.py", SHARED, "tests/ansible/test_fleet.py")
 
 
 def _scope_of(nodeid: str) -> str:
-    """What a pytest process takes whole: the test's module, or `SHARED` for the shared servers' users."""
+    """What a pytest process takes whole: the test's module, or `SHARED` for the shared servers' and
+    the small reader modules' users."""
     module = _module_of(nodeid)
-    return SHARED if _uses_session_servers(module) else module
+    return SHARED if _uses_session_servers(module) or module in READER_USERS else module
 
 
 def _start_rank(item: pytest.Item) -> int:
@@ -141,8 +149,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`make test`'s pytest processes (``--dist loadfile``) take whole modules, as xdist's own
     loadfile does, so that a module keeps its fixtures, sandbox and ordered steps on one process;
-    except that the modules that use the shared servers go to one process together, so that the
-    suite starts each shared server once, not once per process."""
+    except that the modules that use the shared servers (and the small ones that load the trainers'
+    readers) go to one process together, so that the suite starts each shared server and each
+    reader once, not once per process."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling

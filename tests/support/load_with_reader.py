@@ -1,7 +1,8 @@
 """Load an output directory with a trainer's OWN reader and save what it yields (run in a subprocess).
 
 Usage: python load_with_reader.py FORMAT OUTPUT_DIR RESULT.pt --num-aux K --hidden H
-       python load_with_reader.py --serve FORMAT   (one load per JSON line on stdin; see `serve`)
+       python load_with_reader.py --serve FORMAT   (one load per JSON line on stdin; see `serve`;
+                                                    it also loads draft vocabularies, vocab_with_reader.py)
 
 Runs with PYTHONPATH=<the reader's --target dir>, because the readers conflict as one install.
 The call chains are the trainers' own (see the facts on trainer readers): SpecForge's offline
@@ -142,13 +143,24 @@ def load(fmt: str, root: str, result: str, num_aux: int, hidden: int) -> str:
     return f"loaded {len(out['samples'])} samples, {out['batches']} batches, {out['error_records']} error records"
 
 
+def answer(fmt: str, req: dict) -> str:
+    """One request of `serve`: a training set's samples (the default kind), or with "kind": "vocab"
+    its draft vocabulary files (vocab_with_reader.py, the same reader install)."""
+    if req.get("kind") == "vocab":
+        from vocab_with_reader import load_vocab  # beside this file, on sys.path as the script's dir
+
+        return load_vocab(fmt, req["root"], req["result"], req["sizes"], req["vocab_size"], req["suffix"],
+                          req.get("model"))
+    return load(fmt, req["root"], req["result"], req["num_aux"], req["hidden"])
+
+
 def serve(fmt: str) -> int:
     """Load one output per request, in this one process: a reader's imports (torch, transformers,
     the trainer's package) take about 10 CPU-seconds, which a process per load would spend each time.
 
-    A request is a JSON line on stdin, {"root", "result", "num_aux", "hidden"}; the answer a JSON
-    line, {"ok": true, "message"} or {"ok": false, "error": the traceback}. What the readers print
-    goes to stderr, so that stdout carries the answers only. Ends at the end of stdin.
+    A request is a JSON line on stdin (`answer` says which); the answer a JSON line, {"ok": true,
+    "message"} or {"ok": false, "error": the traceback}. What the readers print goes to stderr, so
+    that stdout carries the answers only. Ends at the end of stdin.
     """
     import json
     import traceback
@@ -157,12 +169,11 @@ def serve(fmt: str) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     for line in sys.stdin:
-        req = json.loads(line)
         try:
-            answer = {"ok": True, "message": load(fmt, req["root"], req["result"], req["num_aux"], req["hidden"])}
+            reply = {"ok": True, "message": answer(fmt, json.loads(line))}
         except BaseException:  # any failure of the reader is the test's to report
-            answer = {"ok": False, "error": traceback.format_exc()}
-        answers.write(json.dumps(answer) + "\n")
+            reply = {"ok": False, "error": traceback.format_exc()}
+        answers.write(json.dumps(reply) + "\n")
         answers.flush()
     return 0
 

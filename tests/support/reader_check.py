@@ -34,11 +34,11 @@ class _Loader:
             self.proc = subprocess.Popen([sys.executable, str(LOADER), "--serve", fmt], env=env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
 
-    def load(self, root: Path, result: Path, num_aux: int, hidden: int, timeout: float = 300) -> None:
+    def request(self, req: dict, timeout: float = 300) -> None:
+        """Send one request (load_with_reader.py's `answer` says which) and wait for its answer."""
         start = self.log.stat().st_size
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"root": str(root), "result": str(result), "num_aux": num_aux,
-                                          "hidden": hidden}) + "\n")
+        self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""
@@ -76,13 +76,27 @@ def _close_loaders() -> None:
         _loaders.popitem()[1].close()
 
 
-def load_with_reader(readers: Path, fmt: str, root: Path, num_aux: int, hidden: int) -> dict:
-    """What the trainer's own reader of `fmt` yields for the output `root` (see load_with_reader.py)."""
-    result = root.parent / f"{fmt}-reader.pt"
+def _loader(readers: Path, fmt: str) -> _Loader:
     loader = _loaders.get((readers, fmt))
     if loader is None or loader.proc.poll() is not None:
         loader = _loaders[(readers, fmt)] = _Loader(readers, fmt)
-    loader.load(root, result, num_aux, hidden)
+    return loader
+
+
+def load_with_reader(readers: Path, fmt: str, root: Path, num_aux: int, hidden: int) -> dict:
+    """What the trainer's own reader of `fmt` yields for the output `root` (see load_with_reader.py)."""
+    result = root.parent / f"{fmt}-reader.pt"
+    _loader(readers, fmt).request({"root": str(root), "result": str(result), "num_aux": num_aux, "hidden": hidden})
+    return torch.load(result, weights_only=False)
+
+
+def load_vocab_with_reader(readers: Path, peer: str, root: Path, sizes: list[int], vocab_size: int, suffix: str,
+                           model: Path) -> dict:
+    """The draft vocabulary mappings that `peer`'s own code builds from the output `root`'s files and
+    counts (see vocab_with_reader.py), loaded in the same process as that peer's samples."""
+    result = root.parent / f"{peer}-vocab.pt"
+    _loader(readers, peer).request({"kind": "vocab", "root": str(root), "result": str(result), "sizes": sizes,
+                                    "vocab_size": vocab_size, "suffix": suffix, "model": str(model)})
     return torch.load(result, weights_only=False)
 
 

@@ -1,40 +1,31 @@
 """Every trainer loads the draft vocabulary files with its own code, and builds the same mapping.
 
-Each peer runs in a subprocess with its own reader install (requirements/readers.txt), over an
-output directory in the format that peer trains on. Where the trainer can build the mapping
-itself (SpecForge from token counts, speculators from token_freq.pt) its result must equal the
-files; where it counts the training set itself (SpecForge's offline features, speculators'
-Arrow dataset) its counts must equal token_freq. The ids are also checked against the expected
-selection computed from the staged tokens alone.
+Each peer runs in a subprocess with its own reader install (requirements/readers.txt; the process
+that also loads that peer's samples, `support.reader_check`), over an output directory in the format
+that peer trains on. Where the trainer can build the mapping itself (SpecForge from token counts,
+speculators from token_freq.pt) its result must equal the files; where it counts the training set
+itself (SpecForge's offline features, speculators' Arrow dataset) its counts must equal token_freq.
+The ids are also checked against the expected selection computed from the staged tokens alone.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from hsextract.records import load_or_create_run_id
 from support.drain_proc import drain_until_done
+from support.reader_check import load_vocab_with_reader
 from vocab.vocab_data import VOCAB, expected_counts, expected_selection, make_samples, stage_all
 
 pytestmark = [pytest.mark.readers, pytest.mark.timeout(900)]
 
-LOADER = Path(__file__).with_name("load_vocab_with_reader.py")
 SIZES = [16, 64]
 
 
 def _load(readers: Path, peer: str, out: Path, suffix: str, model: Path) -> dict:
-    result = out.parent / f"{peer}-vocab.pt"
-    env = dict(os.environ, PYTHONPATH=str(readers / peer), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(LOADER), peer, str(out), str(result), "--sizes", *map(str, SIZES),
-                        "--vocab-size", str(VOCAB), "--suffix", suffix, "--model", str(model)],
-                       env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"{peer} failed to load the vocabulary:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
-    loaded = torch.load(result, weights_only=False)
+    loaded = load_vocab_with_reader(readers, peer, out, SIZES, VOCAB, suffix, model)
     assert loaded["modules"] == [], "a reader pulled in sglang or vllm"
     return loaded
 

@@ -1,10 +1,9 @@
-"""Load an output directory's draft vocabulary files with a trainer's OWN code (run in a subprocess).
+"""Load an output directory's draft vocabulary files with a trainer's OWN code.
 
-Usage: python load_vocab_with_reader.py PEER OUTPUT_DIR RESULT.pt --sizes N [N ...] --vocab-size V [--model DIR]
-
-Runs with PYTHONPATH=<the reader's --target dir> (see tests/formats/load_with_reader.py). For each
-peer it calls the trainer's own loader on the files, and the trainer's own builder on the
-counts, and saves both so the parent test can compare them:
+Runs inside `load_with_reader.py --serve PEER` (a request of kind "vocab"), with PYTHONPATH=<the
+reader's --target dir>, because the readers conflict as one install. For each peer it calls the
+trainer's own loader on the files, and the trainer's own builder on the counts, and saves both so
+the parent test can compare them:
 
 * specforge (0.2.0): ``Eagle3DraftModel.load_vocab_mapping`` (modeling/draft/base.py) into
   buffers of the right shapes, ``validate_vocab_mapping_consistency`` (core/compact_teacher.py),
@@ -140,22 +139,10 @@ def modelopt(out: Path, sizes: list[int], vocab: int, suffix: str, model: Path |
 PEERS = {"specforge": specforge, "speculators": speculators, "speculators-v1": speculators_v1, "modelopt": modelopt}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("peer", choices=sorted(PEERS))
-    ap.add_argument("root", type=Path)
-    ap.add_argument("result")
-    ap.add_argument("--sizes", type=int, nargs="+", required=True)
-    ap.add_argument("--vocab-size", type=int, required=True)
-    ap.add_argument("--suffix", default=".pt")
-    ap.add_argument("--model", type=Path, default=None, help="a model directory whose config has the vocab size")
-    a = ap.parse_args()
-    out = PEERS[a.peer](a.root, a.sizes, a.vocab_size, a.suffix, a.model)
+def load_vocab(peer: str, root: str, result: str, sizes: list[int], vocab_size: int, suffix: str,
+               model: str | None) -> str:
+    """Run `peer`'s own vocabulary loaders over the output `root`, save what they built to `result`."""
+    out = PEERS[peer](Path(root), sizes, vocab_size, suffix, Path(model) if model else None)
     out["modules"] = sorted(m for m in ("sglang", "vllm") if m in sys.modules)
-    torch.save(out, a.result)
-    print(f"{a.peer}: loaded {len(out['mappings'])} mappings")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    torch.save(out, result)
+    return f"{peer}: loaded {len(out['mappings'])} mappings"
