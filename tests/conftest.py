@@ -111,9 +111,9 @@ READER_USERS = ("tests/vocab/test_vocab_readers.py", "tests/collect/test_collect
                 "tests/formats/test_arrow_dataset.py")
 
 # The longest work first, longest to shortest, so that none starts late and ends the run alone on one
-# process: the extract playbook's sandbox (about 13 process-minutes), the modules that share the
-# shared servers and the readers (16, together), the fleet (8); then every other module, in
-# collection order (docs/testing.md has the minutes).
+# process: the extract playbook's sandbox (about 12 process-minutes), the 16 modules that share the
+# shared servers and the readers (about 12, together), the fleet (about 7); then every other module,
+# in collection order (docs/testing.md has the minutes).
 SHARED = "the modules that use the shared servers or the readers"
 START_ORDER = ("tests/ansible/test_extract_playbook.py", SHARED, "tests/ansible/test_fleet.py")
 

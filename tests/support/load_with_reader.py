@@ -136,10 +136,15 @@ LOADERS = {"specforge": load_specforge, "speculators": load_speculators, "specul
            "modelopt": load_modelopt}
 
 
-def load(fmt: str, root: str, result: str, num_aux: int, hidden: int) -> str:
-    out = LOADERS[fmt](root, num_aux, hidden)
+def _save(out: dict, result: str) -> None:
+    """Save what a reader yielded for the parent test, with the serving stacks it pulled in (none may be)."""
     out["modules"] = sorted(m for m in ("sglang", "vllm") if m in sys.modules)
     torch.save(out, result)
+
+
+def load(fmt: str, root: str, result: str, num_aux: int, hidden: int) -> str:
+    out = LOADERS[fmt](root, num_aux, hidden)
+    _save(out, result)
     return f"loaded {len(out['samples'])} samples, {out['batches']} batches, {out['error_records']} error records"
 
 
@@ -147,10 +152,11 @@ def answer(fmt: str, req: dict) -> str:
     """One request of `serve`: a training set's samples (the default kind), or with "kind": "vocab"
     its draft vocabulary files (vocab_with_reader.py, the same reader install)."""
     if req.get("kind") == "vocab":
-        from vocab_with_reader import load_vocab  # beside this file, on sys.path as the script's dir
+        from vocab_with_reader import vocab_mappings  # beside this file, on sys.path as the script's dir
 
-        return load_vocab(fmt, req["root"], req["result"], req["sizes"], req["vocab_size"], req["suffix"],
-                          req.get("model"))
+        out = vocab_mappings(fmt, req["root"], req["sizes"], req["vocab_size"], req["suffix"], req.get("model"))
+        _save(out, req["result"])
+        return f"{fmt}: loaded {len(out['mappings'])} mappings"
     return load(fmt, req["root"], req["result"], req["num_aux"], req["hidden"])
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -139,10 +138,6 @@ def modelopt(out: Path, sizes: list[int], vocab: int, suffix: str, model: Path |
 PEERS = {"specforge": specforge, "speculators": speculators, "speculators-v1": speculators_v1, "modelopt": modelopt}
 
 
-def load_vocab(peer: str, root: str, result: str, sizes: list[int], vocab_size: int, suffix: str,
-               model: str | None) -> str:
-    """Run `peer`'s own vocabulary loaders over the output `root`, save what they built to `result`."""
-    out = PEERS[peer](Path(root), sizes, vocab_size, suffix, Path(model) if model else None)
-    out["modules"] = sorted(m for m in ("sglang", "vllm") if m in sys.modules)
-    torch.save(out, result)
-    return f"{peer}: loaded {len(out['mappings'])} mappings"
+def vocab_mappings(peer: str, root: str, sizes: list[int], vocab_size: int, suffix: str, model: str | None) -> dict:
+    """What `peer`'s own vocabulary loaders and builders make of the output `root`'s files and counts."""
+    return PEERS[peer](Path(root), sizes, vocab_size, suffix, Path(model) if model else None)
