@@ -95,6 +95,20 @@ def test_capture_patch_final_hidden_follows_the_format_and_a_contradiction_is_re
     assert "'post_norm' does not fit the format 'speculators', which needs 'pre_norm'" in _one_line_error(bad)
 
 
+def test_aux_layers_no_sglang_draft_can_be_served_on_are_refused_before_the_run(tmp_path, model):
+    deepseek = json.loads((model / "config.json").read_text()) | {"architectures": ["DeepseekV3ForCausalLM"]}
+    (model / "config.json").write_text(json.dumps(deepseek))
+    (tmp_path / "dump").mkdir()
+    for cmd in (["capture-patch", "--out-dir", str(tmp_path / "patch")],
+                ["drain", "--output", str(tmp_path / "out"), "--format", "specforge"]):
+        r = hsextract(*cmd, "--model", str(model), "--dump-dir", str(tmp_path / "dump"), "--aux-layers", "1,3,6",
+                      "--layer-convention", "sglang")
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert "aux layers [1, 3, 6] (SGLang's convention" in _one_line_error(r)
+        assert "cannot be served" in _one_line_error(r)
+    assert not (tmp_path / "patch").exists() and not (tmp_path / "out").exists()
+
+
 def test_drain_layer_ids_are_range_checked_without_a_model(tmp_path):
     (tmp_path / "dump").mkdir()
     r = hsextract("drain", "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"),

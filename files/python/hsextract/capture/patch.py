@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hsextract.capture.config import WRITER_PROCESS_DEFAULT, CaptureConfig
 from hsextract.config_file import add_config_argument
+from hsextract.draft_config import serving_layer_ids
 from hsextract.errors import ConfigError
 from hsextract.formats import FINAL_HIDDEN_PLACEMENTS, FORMAT_NAMES, final_hidden_for
 from hsextract.layers import parse_ids, resolve
@@ -94,7 +95,8 @@ def render_patch(
                               f"{info.architecture!r}; render the patch for the model's own architecture")
         if check_layers:
             ids = list(aux_layer_ids) if aux_layer_ids is not None else None
-            resolve(ids, info.num_hidden_layers, layer_convention)
+            layers = resolve(ids, info.num_hidden_layers, layer_convention)
+            serving_layer_ids(info.architecture, layers.sglang_layers_to_capture)
     if format:
         final_hidden = final_hidden_for(format, final_hidden, what="--final-hidden")
     cfg = CaptureConfig(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hsextract import shutdown
 from hsextract.config_file import add_config_argument
+from hsextract.draft_config import serving_layer_ids
 from hsextract.drain.config import WORKER_MODES
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
@@ -130,6 +131,7 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
 
         info = read_model_info(args.model)
         layers = resolve(ids, info.num_hidden_layers, args.layer_convention)
+        serving_layer_ids(info.architecture, layers.sglang_layers_to_capture)  # a set no drafter can be served on
         cfg.expected_hidden_size = info.hidden_size
         cfg.expected_dtype = info.torch_dtype if info.torch_dtype in DTYPES else None
         cfg.eagle_layer_ids = layers.eagle_aux_hidden_state_layer_ids

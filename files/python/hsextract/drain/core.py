@@ -41,6 +41,7 @@ from pathlib import Path
 from hsextract.drain.clients import ClientRuns
 from hsextract.drain.committer import Committer
 from hsextract.drain.config import DrainConfig
+from hsextract.drain.draft_files import write_draft_files_logged
 from hsextract.drain.header import RunHeader
 from hsextract.drain.inflight import InFlight
 from hsextract.drain.metrics import DrainStats, MetricsServer
@@ -235,6 +236,8 @@ class Drainer:
             return
         paths = self.fmt.finalize(self.out, header, list(committer.entries))
         self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
+        paths += write_draft_files_logged(self.out, header, committer.entries, self.cfg.model_path,
+                                          self.cfg.draft_vocab_sizes)
         self._finalized_at_count = n
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))

@@ -1,0 +1,47 @@
+"""The drain's side of the draft config: written with the other dataset-level files.
+
+The config needs the target's ``config.json`` (and, for SpecForge's run file, its weight index);
+the drain reads them from ``--model`` or, without it, from the model path the capture recorded.
+A model directory that cannot be read leaves the set without the two files and says so on the
+drain's log, with the command that writes them later; it never stops the drain.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from hsextract.draft_config import write_draft_files
+from hsextract.errors import HsextractError
+from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.vocab.mapping import resolve_sizes
+
+log = logging.getLogger("hsextract.drain")
+
+LENGTH_STEP = 1024
+
+
+def max_length_for(entries: Sequence[ManifestEntry]) -> int:
+    """SpecForge's ``data.max_length`` for the set: its longest sample, rounded up to a step
+    (a shorter limit cuts the longest samples' ends out of training)."""
+    longest = max((e.tokens for e in entries), default=1)
+    return -(-longest // LENGTH_STEP) * LENGTH_STEP
+
+
+def write_draft_files_logged(out: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
+                             model_path: str | None, draft_vocab_sizes: Sequence[int]) -> list[Path]:
+    """`hsextract.draft_config.write_draft_files` for the drain's set; errors logged, never raised."""
+    model = model_path or header.model_path
+    if not draft_vocab_sizes or not header.vocab_size:
+        size = header.vocab_size or 0
+    else:
+        size = resolve_sizes(draft_vocab_sizes, header.vocab_size)[0].size
+    try:
+        return write_draft_files(out, model_dir=model, architecture=header.architecture,
+                                 sglang_layers=header.sglang_layers_to_capture, draft_vocab_size=size or 32000,
+                                 fmt=header.format, max_length=max_length_for(entries))
+    except (OSError, ValueError, HsextractError) as exc:
+        log.error("draft_config.json not written (%s); write it with `hsextract draft-config --output %s --model "
+                  "<the model directory>`", exc, out)
+        return []
