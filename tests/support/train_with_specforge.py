@@ -40,14 +40,22 @@ class TorchLogSoftmaxLoss:
         return per_position.mean()
 
 
-def main() -> int:
-    run_yaml, export_dir, result_path, *overrides = sys.argv[1:]
+CPU_OVERRIDES = ["training.fsdp_sharding=NO_SHARD", "training.attention_backend=sdpa", "data.dataloader_num_workers=0"]
+
+
+def patch_loss() -> None:
+    """SpecForge's Triton loss replaced by `TorchLogSoftmaxLoss` (for a CPU)."""
     import specforge.algorithms.eagle3.model as eagle3_model
-    from specforge.cli import main as specforge
 
     eagle3_model.LogSoftmaxLoss = TorchLogSoftmaxLoss  # type: ignore[assignment]
-    overrides = ["training.fsdp_sharding=NO_SHARD", "training.attention_backend=sdpa", "data.dataloader_num_workers=0",
-                 *overrides]
+
+
+def main() -> int:
+    run_yaml, export_dir, result_path, *overrides = sys.argv[1:]
+    from specforge.cli import main as specforge
+
+    patch_loss()
+    overrides = [*CPU_OVERRIDES, *overrides]
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         rc = specforge(["train", "-c", run_yaml, *overrides])

