@@ -74,3 +74,25 @@ def same_text_share(answers: list[dict], baseline: list[dict]) -> float:
     """The share of answers whose text equals the baseline server's (greedy: all, up to bf16 ties)."""
     same = sum(a["text"] == b["text"] for a, b in zip(answers, baseline, strict=True))
     return round(same / len(baseline), 4) if baseline else 0.0
+
+
+def per_request(answers: list[dict]) -> list[list[int]]:
+    """Each answer's (completion tokens, verify steps), kept for the spread of τ's differences."""
+    return [[a["meta_info"]["completion_tokens"], a["meta_info"].get("spec_verify_ct", 0) or 0] for a in answers]
+
+
+def paired_difference(a: list[list[int]], b: list[list[int]], rounds: int = 2000, seed: int = 0) -> dict:
+    """τ(a) - τ(b) on the same prompts, with a 95 % interval from a paired bootstrap over the prompts
+    (each round draws the prompts with replacement and takes both arms' counts of each)."""
+    import random
+
+    def tau(rows: list[list[int]], idx: list[int]) -> float:
+        verify = sum(rows[i][1] for i in idx)
+        return sum(rows[i][0] for i in idx) / verify if verify else float("nan")
+
+    n = len(a)
+    everything = list(range(n))
+    rng = random.Random(seed)
+    diffs = sorted(tau(a, s) - tau(b, s) for s in ([rng.randrange(n) for _ in range(n)] for _ in range(rounds)))
+    return {"difference": round(tau(a, everything) - tau(b, everything), 4),
+            "interval_95": [round(diffs[int(0.025 * rounds)], 4), round(diffs[int(0.975 * rounds) - 1], 4)]}
