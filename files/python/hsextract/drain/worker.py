@@ -28,8 +28,8 @@ from hsextract.drain.committer import Prepared
 from hsextract.drain.header import RunHeader
 from hsextract.drain.prepare import Invalid, Job, NoSpace, prepare
 from hsextract.drain.selfcheck import GreedySelfCheck
+from hsextract.drain.staged_io import PIECE
 from hsextract.drain.worker_processes import WorkerProcesses
-from hsextract.durable import PIECE
 from hsextract.formats.base import OutputFormat
 from hsextract.formats.manifest import default_checksum_algorithm
 from hsextract.records import SampleRecord
@@ -87,7 +87,7 @@ class SampleWorker:
                  selfcheck: GreedySelfCheck | None = None, processes: WorkerProcesses | None = None,
                  count_vocab: Callable[[], bool] = lambda: False):
         self.fmt = fmt
-        # The format's file body is the staged bytes, checked as they are sent (see SourceRange).
+        # The format's file body is the staged bytes, streamed through piece by piece (see SourceRange).
         self._streams_staged = bool(getattr(fmt, "streams_staged", False))
         self.out = Path(out)
         self.tmp_dir = Path(tmp_dir)
@@ -101,23 +101,23 @@ class SampleWorker:
 
     def process(self, d: Path, record: SampleRecord) -> None:
         """Prepare the staged dump `d` of `record` within the byte budget, and commit or quarantine it."""
-        if self._streams_staged:
-            size = PIECE  # sent from the mapping piece by piece, whatever the sample's size
+        checked = self._selfcheck is not None and self._selfcheck.chosen(record.rid)
+        if self._streams_staged and not checked:
+            size = PIECE  # read, checked and written piece by piece, whatever the sample's size
         else:
-            # Mapping the staged file costs no memory (the pages are tmpfs's own), but the
-            # format's reordered copy of the rows does: about the sample's size.
+            # Every row is read into the drain's memory, and a format other than speculators makes
+            # its reordered copy of them beside it: about twice the sample's size.
             try:
-                size = os.stat(d / STATES_FILE).st_size
+                size = os.stat(d / STATES_FILE).st_size * (1 if self._streams_staged else 2)
             except FileNotFoundError:
                 size = 0
         self._budget.acquire(size)
         try:
-            self._process_in_budget(d, record)
+            self._process_in_budget(d, record, checked)
         finally:
             self._budget.release(size)
 
-    def _process_in_budget(self, d: Path, record: SampleRecord) -> None:
-        checked = self._selfcheck is not None and self._selfcheck.chosen(record.rid)
+    def _process_in_budget(self, d: Path, record: SampleRecord, checked: bool) -> None:
         while True:
             header = self._header.header
             job = Job(d, record, self._header.expected(),
