@@ -78,18 +78,24 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job, selfcheck: GreedySelfChe
     piece, each piece checked (`RowChecks`: the fingerprint, finite values) as it is read. A format
     whose file body is the staged bytes (`streams_staged`) writes each piece as it comes, and the
     fingerprint is settled after the last row, before the file is fsynced: a mismatch removes the
-    partial file. Any other format, and a sample for the self-check, first reads every row into one
-    buffer of the drain's own, checked, and is encoded from it."""
+    partial file. A format that stores groups of slots apart (`slot_groups`: SpecForge's aux layers
+    and final state) has each checked piece spread into those groups' tensors, its file's own, and is
+    encoded once every row passed. A sample for the self-check reads every row into one buffer of
+    the drain's own, checked, and is encoded from it."""
     stream = bool(getattr(fmt, "streams_staged", False)) and selfcheck is None
+    groups = getattr(fmt, "slot_groups", None) if selfcheck is None else None
     try:
         marker = read_done_marker(job.dump)
         with StagedReader(job.dump / STATES_FILE) as reader:
             v.validate(marker, reader.layout, reader.input_ids, job.record, job.expected)
             v.check_fingerprint_stamp(marker)
             checks = v.RowChecks(marker, reader.layout, reader.input_ids)
+            greedy = ""
             if stream:
                 ready = _write_streamed(fmt, Path(tmp_dir), job, reader, checks)
-                greedy = ""
+            elif groups is not None:
+                slot_rows = _read_slot_groups(reader, checks, groups(reader.layout.slots))
+                ready = _write_temporary(fmt, Path(tmp_dir), job, _sample(job, reader, _meta(reader), None, slot_rows))
             else:
                 hidden = _read_whole(reader, checks)
                 greedy = selfcheck.verify(marker, StagedStates(hidden, reader.input_ids)) if selfcheck else ""
@@ -126,11 +132,36 @@ def _read_whole(reader: StagedReader, checks: v.RowChecks):  # -> torch.Tensor
     return torch.from_numpy(buf).view(layout.dtype).reshape(layout.shape())
 
 
+def _read_slot_groups(reader: StagedReader, checks: v.RowChecks,
+                      groups: list[tuple[int, int]]):  # -> dict[tuple[int, int], torch.Tensor]
+    """The rows' slots [a, b) of each group as ``[T, (b - a) * H]`` tensors of their own, filled piece
+    by piece from the reader's piece buffer while the piece is in the CPU cache, once every row passed."""
+    import numpy as np
+    import torch
+
+    layout = reader.layout
+    slot_bytes = layout.row_bytes // max(1, layout.slots)
+    out = {g: np.empty((layout.rows, (g[1] - g[0]) * slot_bytes), dtype=np.uint8) for g in groups}
+    for first, piece in reader.pieces():
+        checks.piece(first, piece)
+        rows = np.frombuffer(piece, dtype=np.uint8).reshape(-1, layout.row_bytes)
+        for (a, b), dest in out.items():
+            np.copyto(dest[first : first + len(rows)], rows[:, a * slot_bytes : b * slot_bytes], casting="no")
+    checks.finish()
+    return {g: torch.from_numpy(arr).view(layout.dtype) for g, arr in out.items()}
+
+
+def _meta(reader: StagedReader):  # -> torch.Tensor
+    """The rows' shape and dtype without their data, for a format that gets them another way."""
+    import torch
+
+    return torch.empty(reader.layout.shape(), dtype=reader.layout.dtype, device="meta")
+
+
 def _write_streamed(fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader,
                     checks: v.RowChecks) -> _Written:
     """The format's file with the staged rows and ids streamed through it, each piece checked, then
     hashed and written; the fingerprint is settled before the ids, so a mismatch fails the write."""
-    import torch
 
     def pieces():  # -> Iterator[memoryview]
         for first, piece in reader.pieces():
@@ -139,18 +170,18 @@ def _write_streamed(fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedRe
         checks.finish()
         yield reader.ids_bytes
 
-    hidden = torch.empty(reader.layout.shape(), dtype=reader.layout.dtype, device="meta")
-    written = _write_temporary(fmt, tmp_dir, job, _sample(job, reader, hidden, SourceRange(reader.data_len, pieces())))
+    written = _write_temporary(fmt, tmp_dir, job, _sample(job, reader, _meta(reader),
+                                                          SourceRange(reader.data_len, pieces())))
     if not checks.fingerprint:
         raise RuntimeError(f"format {fmt.name} wrote {job.record.rid} without streaming every staged row through "
                            "the checks")
     return written
 
 
-def _sample(job: Job, reader: StagedReader, hidden, staged: SourceRange | None) -> Sample:
+def _sample(job: Job, reader: StagedReader, hidden, staged: SourceRange | None, slot_rows=None) -> Sample:
     record = job.record
     return Sample(rid=record.rid, dataset_index=record.index, input_ids=reader.input_ids,
-                  loss_mask=_as_int64(record.loss_mask), hidden=hidden, staged=staged)
+                  loss_mask=_as_int64(record.loss_mask), hidden=hidden, staged=staged, slot_rows=slot_rows)
 
 
 def _write_temporary(fmt: OutputFormat, tmp_dir: Path, job: Job, sample: Sample) -> _Written:

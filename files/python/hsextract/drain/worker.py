@@ -89,6 +89,7 @@ class SampleWorker:
         self.fmt = fmt
         # The format's file body is the staged bytes, streamed through piece by piece (see SourceRange).
         self._streams_staged = bool(getattr(fmt, "streams_staged", False))
+        self._slot_groups = getattr(fmt, "slot_groups", None) is not None
         self.out = Path(out)
         self.tmp_dir = Path(tmp_dir)
         self._budget = _ByteBudget(memory_budget_bytes)
@@ -105,10 +106,10 @@ class SampleWorker:
         if self._streams_staged and not checked:
             size = PIECE  # read, checked and written piece by piece, whatever the sample's size
         else:
-            # Every row is read into the drain's memory, and a format other than speculators makes
-            # its reordered copy of them beside it: about twice the sample's size.
+            # Every row is read into the drain's memory: into the format's own tensors, or for the
+            # self-check into one buffer, from which a format that reorders the rows copies them.
             try:
-                size = os.stat(d / STATES_FILE).st_size * (1 if self._streams_staged else 2)
+                size = os.stat(d / STATES_FILE).st_size * (2 if checked and self._slot_groups else 1)
             except FileNotFoundError:
                 size = 0
         self._budget.acquire(size)

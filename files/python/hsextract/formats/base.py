@@ -48,6 +48,15 @@ class Sample:
     hidden: torch.Tensor
     # The staged bytes of `hidden` followed by `input_ids`, where the drain streams them.
     staged: SourceRange | None = None
+    # The rows of slots [a, b) as [T, (b - a) * H] tensors of their own, keyed (a, b): the groups the
+    # format names in `slot_groups`, which the drain fills as it reads the rows (`hidden` is then meta).
+    slot_rows: dict[tuple[int, int], torch.Tensor] | None = None
+
+    def slots(self, start: int, stop: int) -> torch.Tensor:
+        """Slots [start, stop) of every row, as a new [T, (stop - start) * H] tensor owning its memory."""
+        if self.slot_rows is not None and (start, stop) in self.slot_rows:
+            return self.slot_rows[(start, stop)]
+        return copy_slots(self.hidden, start, stop)
 
     @property
     def tokens(self) -> int:
@@ -93,6 +102,11 @@ class TorchSavePayload:
     def write_to(self, sink: Sink) -> None:
         # torch.save writes to any object with write() and flush() (its docs); the annotation says IO[bytes]
         torch.save(self.obj, sink)  # type: ignore[arg-type]
+
+
+def torch_slot_groups(slots: int) -> list[tuple[int, int]]:
+    """The groups of slots SpecForge's and ModelOpt's files store apart: the aux layers, the final state."""
+    return [(0, slots - 1), (slots - 1, slots)]
 
 
 def copy_slots(hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
