@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -89,6 +90,7 @@ def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps
     if args.workers:
         cmd += ["--workers", str(args.workers)]
     started = time.time()
+    cpu0 = _children_cpu()
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
     try:
@@ -111,6 +113,7 @@ def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps
             proc.kill()
         shutil.rmtree(incoming, ignore_errors=True)
         shutil.rmtree(dump, ignore_errors=True)
+    cpu = _children_cpu() - cpu0
     if rc != 0:
         raise SystemExit(f"{package}: the drain exited {rc}:\n{log.read_text()[-3000:]}")
     entries = sorted(iter_entries(out), key=lambda e: e.written_at)
@@ -121,7 +124,15 @@ def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps
     shutil.rmtree(out, ignore_errors=True)
     return {"start_to_up_s": round(fed - started, 2), "fed_to_last_commit_s": round(end, 3),
             "gb_per_s": total / end / 1e9, "first_s": round(first_s, 2), "first_gb_per_s": first / first_s / 1e9,
-            "rest_gb_per_s": (total - first) / (end - first_s) / 1e9, "bytes": total}
+            "rest_gb_per_s": (total - first) / (end - first_s) / 1e9, "bytes": total,
+            # CPU seconds of the whole drain process (its workers too) per GB: what a busy shared
+            # machine disturbs least; start-up included.
+            "cpu_s_per_gb": cpu / (total / 1e9)}
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> int:
@@ -158,7 +169,7 @@ def main() -> int:
                     runs[fmt][name].append(res)
                     print(f"  {fmt} round {r} {name:8s}: {res['gb_per_s']:.3f} GB/s (first {res['first_s']:.1f} s "
                           f"{res['first_gb_per_s']:.3f}, rest {res['rest_gb_per_s']:.3f}); up in "
-                          f"{res['start_to_up_s']:.1f} s", flush=True)
+                          f"{res['start_to_up_s']:.1f} s; {res['cpu_s_per_gb']:.2f} CPU-s/GB", flush=True)
         ceilings.append(measure(base / "ceiling", sizes, seconds_per_point=args.ceiling_seconds))
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -166,16 +177,19 @@ def main() -> int:
     ceiling = max(c.gb_per_s for c in ceilings)
     formats = {}
     for fmt, by_side in runs.items():
-        med = {n: {k: statistics.median(x[k] for x in rs) for k in ("gb_per_s", "first_gb_per_s", "rest_gb_per_s",
-                                                                      "start_to_up_s")} for n, rs in by_side.items()}
+        keys = ("gb_per_s", "first_gb_per_s", "rest_gb_per_s", "start_to_up_s", "cpu_s_per_gb")
+        med = {n: {k: statistics.median(x[k] for x in rs) for k in keys} for n, rs in by_side.items()}
         ratios = [t["gb_per_s"] / b["gb_per_s"] for t, b in zip(by_side["this"], by_side["baseline"], strict=True)]
+        cpu = [t["cpu_s_per_gb"] / b["cpu_s_per_gb"] for t, b in zip(by_side["this"], by_side["baseline"], strict=True)]
         formats[fmt] = {"median": med, "this_over_baseline_by_round": [round(x, 3) for x in ratios],
+                        "cpu_per_gb_this_over_baseline": round(statistics.median(cpu), 3),
                         "this_over_baseline": round(statistics.median(ratios), 3),
                         "over_ceiling": {n: round(m["gb_per_s"] / ceiling, 3) for n, m in med.items()},
                         "first_over_rest": {n: round(m["first_gb_per_s"] / m["rest_gb_per_s"], 3)
                                             for n, m in med.items()},
                         "rounds": by_side}
-        print(f"{fmt}: this / baseline {formats[fmt]['this_over_baseline']:.3f} (by round "
+        print(f"{fmt}: this / baseline {formats[fmt]['this_over_baseline']:.3f}, CPU per GB "
+              f"{formats[fmt]['cpu_per_gb_this_over_baseline']:.3f} (by round "
               f"{formats[fmt]['this_over_baseline_by_round']}); over the ceiling {formats[fmt]['over_ceiling']}; "
               f"first seconds over the rest {formats[fmt]['first_over_rest']}")
     last = formats[list(formats)[-1]]["median"]["this"]

@@ -83,8 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="room to keep free on the output volume beyond the estimate: a percentage or bytes")
     r.add_argument("--no-space-check", action="store_true", help="report, but do not fail when the volume is short")
     r.add_argument("--measure-disk", action="store_true",
-                   help="measure the output volume's ceiling with the drain's write pattern (a few seconds per writer "
-                        "count, up to --measure-disk-gb each, removed after) and say whether it or the GPU sets the pace")
+                   help="measure the output volume's ceiling with the drain's write pattern (a few seconds per "
+                        "writer count, up to --measure-disk-gb each, removed after) and say whether it or the GPU "
+                        "sets the pace")
     r.add_argument("--measure-disk-seconds", type=float, default=2.0, help="seconds per writer count (default 2)")
     r.add_argument("--measure-disk-gb", type=float, default=2.0, help="GB at most per writer count (default 2)")
     parser.add_argument("--workers", type=int, default=None,

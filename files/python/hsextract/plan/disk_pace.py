@@ -31,10 +31,8 @@ def disk_pace(report: dict[str, Any], directory: Path, seconds_per_point: float,
                       bytes_per_point=bytes_per_point)
     disk_tokens_per_s = ceiling.gb_per_s * 1e9 / per_token if per_token else None
     rate = report["time"]["tokens_per_s"]
-    if rate is None or disk_tokens_per_s is None:
-        paced_by = "unknown"
-    else:
-        paced_by = "disk" if disk_tokens_per_s < rate else "gpu"
+    known = rate is not None and disk_tokens_per_s is not None
+    paced_by = ("disk" if disk_tokens_per_s < rate else "gpu") if known else "unknown"  # type: ignore[operator]
     return {**ceiling.as_dict(), "bytes_per_token": round(per_token, 1),
             "run_bytes_per_s": round(rate * per_token) if rate else None,
             "disk_tokens_per_s": round(disk_tokens_per_s) if disk_tokens_per_s else None, "paced_by": paced_by}
@@ -48,8 +46,8 @@ def render(d: dict) -> list[str]:
              + (f"{d['disk_tokens_per_s']:,} tokens/s" if d["disk_tokens_per_s"] else "? tokens/s")
              + f" at {human(d['bytes_per_token'])} per token"]
     if d["paced_by"] == "disk":
-        lines.append(f"  pace      the DISK sets the run's pace: the GPU makes {human(d['run_bytes_per_s'])}/s, more than "
-                     "the volume takes; write the set to a faster volume, or expect the drain to be the bound")
+        lines.append(f"  pace      the DISK sets the run's pace: the GPU makes {human(d['run_bytes_per_s'])}/s, more "
+                     "than the volume takes; write the set to a faster volume, or expect the drain to be the bound")
     elif d["paced_by"] == "gpu":
         lines.append(f"  pace      the GPU sets the run's pace: it makes {human(d['run_bytes_per_s'])}/s, within what "
                      "the volume takes")
