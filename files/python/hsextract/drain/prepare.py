@@ -126,7 +126,7 @@ def _read_whole(reader: StagedReader, checks: v.RowChecks):  # -> torch.Tensor
 
     layout = reader.layout
     buf = np.empty(layout.rows_bytes, dtype=np.uint8)  # numpy asks for huge pages for a large one
-    for first, piece in reader.pieces(memoryview(buf)):
+    for first, piece in reader.pieces(buf.data):
         checks.piece(first, piece)
     checks.finish()
     return torch.from_numpy(buf).view(layout.dtype).reshape(layout.shape())

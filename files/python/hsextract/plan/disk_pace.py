@@ -32,7 +32,7 @@ def disk_pace(report: dict[str, Any], directory: Path, seconds_per_point: float,
     disk_tokens_per_s = ceiling.gb_per_s * 1e9 / per_token if per_token else None
     rate = report["time"]["tokens_per_s"]
     known = rate is not None and disk_tokens_per_s is not None
-    paced_by = ("disk" if disk_tokens_per_s < rate else "gpu") if known else "unknown"  # type: ignore[operator]
+    paced_by = ("disk" if disk_tokens_per_s < rate else "gpu") if known else "unknown"
     return {**ceiling.as_dict(), "bytes_per_token": round(per_token, 1),
             "run_bytes_per_s": round(rate * per_token) if rate else None,
             "disk_tokens_per_s": round(disk_tokens_per_s) if disk_tokens_per_s else None, "paced_by": paced_by}
