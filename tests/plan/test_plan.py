@@ -329,6 +329,7 @@ def test_measure_disk_gives_the_output_volumes_ceiling_and_which_of_it_and_the_g
     assert d["directory"] == str(out) and [p["writers"] for p in d["points"]] == [1, 4, 8, 16]
     assert d["disk_ceiling_gb_per_s"] == max(p["gb_per_s"] for p in d["points"]) > 0
     assert d["paced_by"] == "gpu" and "the GPU sets the run's pace" in r.stdout
+    assert 1 <= d["drain_workers"] <= d["best_writers"] and f"--workers {d['drain_workers']}" in r.stdout
     assert list(out.iterdir()) == [], "the measurement leaves nothing behind"
     r, fast_gpu = plan(data, tiny_llama, tmp_path / "plan2.json", *quick, "--tokens-per-s", "1e13")
     assert fast_gpu["disk"]["paced_by"] == "disk" and "the DISK sets the run's pace" in r.stdout

@@ -10,6 +10,7 @@ bytes per second over the bytes per token.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ def disk_pace(report: dict[str, Any], directory: Path, seconds_per_point: float,
     known = rate is not None and disk_tokens_per_s is not None
     paced_by = ("disk" if disk_tokens_per_s < rate else "gpu") if known else "unknown"
     return {**ceiling.as_dict(), "bytes_per_token": round(per_token, 1),
+            # The drain's workers are its writers: as many as the volume's best writer count, cores permitting.
+            "drain_workers": max(1, min(ceiling.best.writers, os.cpu_count() or 1)),
             "run_bytes_per_s": round(rate * per_token) if rate else None,
             "disk_tokens_per_s": round(disk_tokens_per_s) if disk_tokens_per_s else None, "paced_by": paced_by}
 
@@ -53,4 +56,6 @@ def render(d: dict) -> list[str]:
                      "the volume takes")
     else:
         lines.append("  pace      unknown: no prefill rate (pass --tokens-per-s)")
+    lines.append(f"  workers   the volume took files fastest from {d['best_writers']} writers: `hsextract drain "
+                 f"--workers {d['drain_workers']}` on this host's cores")
     return lines
