@@ -11,8 +11,12 @@ into an empty output directory with the real daemon (durable: fsync per file, re
 fsync, manifest fsync; finalize included). On a shared disk one pass is noise, so every drain is
 compared with the cp + sync next to it, and the median of those ratios over the rounds is
 reported with its spread (min-max). The counting's cost is the median, over rounds, of the drain
-with counting over the drain without in the same round. Saves bench/results/drain_throughput.json;
-the LAST line is the speculators ratio with counting.
+with counting over the drain without in the same round. The disk's ceiling for the drain's write
+pattern (`hsextract.ops.disk_ceiling`: 1 to 16 writers, files of the staged samples' sizes, fsync,
+rename, directory fsync) is measured in the same call, before and after the rounds (the better of
+the two), and every format's drain rate is also given over it (``drain_over_ceiling``), with where
+the set was written (``output_root``). Saves bench/results/drain_throughput.json; the LAST line is
+the speculators ratio with counting.
 
     python bench/drain_throughput.py [--gb 2] [--rounds 5] [--out-dir .work/bench-drain] [--workers N]
     python bench/drain_throughput.py --hidden 64 --tokens 100,330 --gb 0.15 --formats specforge --json X
@@ -35,15 +39,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "files" / "python"))
+sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "bench")]
 
 import torch  # noqa: E402
+from common import on_disk_keys  # noqa: E402
 from hsextract import fingerprint  # noqa: E402
 from hsextract.drain import prepare as drain_prepare  # noqa: E402
 from hsextract.drain.committer import Committer  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.formats import FORMATS as REGISTRY  # noqa: E402
 from hsextract.layout import client_summary_path  # noqa: E402
+from hsextract.ops.disk_ceiling import DiskCeiling, measure  # noqa: E402
 from hsextract.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
 from hsextract.staging import DoneMarker, StateFileLayout, write_done_marker  # noqa: E402
 from hsextract.vocab import counts as counts_mod  # noqa: E402
@@ -217,6 +223,18 @@ def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None
     return committed, whole, cpu, written
 
 
+def staged_sizes(dump: Path, n: int = 8) -> list[int]:
+    """`n` sizes spread over the staged states files' (their quantiles): the ceiling's file sizes."""
+    sizes = sorted(p.stat().st_size for p in dump.glob("*/states.safetensors"))
+    return sorted({sizes[min(len(sizes) - 1, (2 * k + 1) * len(sizes) // (2 * n))] for k in range(n)})
+
+
+def ceiling_of(base: Path, sizes: list[int], seconds: float) -> DiskCeiling:
+    c = measure(base / "ceiling", sizes, seconds_per_point=seconds)
+    print(f"disk ceiling: {c.summary()}", flush=True)
+    return c
+
+
 def spread(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
@@ -288,6 +306,8 @@ def main() -> int:
                     help="hidden size (default 4096; 64 with --tokens 100,330 is the tiny model's sample, where "
                          "the drain's cost per file, not the bytes, is what counts)")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="sample length range, min,max")
+    ap.add_argument("--ceiling-seconds", type=float, default=4.0,
+                    help="seconds per writer count of the disk's ceiling, measured before and after the rounds")
     a = ap.parse_args()
     HIDDEN = a.hidden
     TOKENS = tuple(int(x) for x in a.tokens.split(","))
@@ -299,14 +319,22 @@ def main() -> int:
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     results = {}
+    ceilings: list[DiskCeiling] = []
     try:
         master = shm / "master"
         t0 = time.perf_counter()
         samples, nbytes = stage_master(master, int(a.gb * 1e9))
         print(f"staged {samples} samples, {nbytes / 1e9:.2f} GB in /dev/shm ({time.perf_counter() - t0:.0f} s)")
+        sizes = staged_sizes(master / "dump")
+        ceilings.append(ceiling_of(base, sizes, a.ceiling_seconds))
         for fmt in [f for f in FORMATS if f in a.formats.split(",")]:
             r = bench_format(fmt, master, shm, base, nbytes, a.rounds, a.workers)
             results[fmt] = {"samples": samples, "staged_bytes": nbytes, **r}
+        ceilings.append(ceiling_of(base, sizes, a.ceiling_seconds))
+        ceiling = max(c.gb_per_s for c in ceilings)
+        for fmt, r in results.items():
+            r["drain_gb_per_s"] = round(r["drain_mb_per_s"]["median"] / 1e3, 3)
+            r["drain_over_ceiling"] = spread([v / 1e3 / ceiling for v in r["rounds_mb_per_s"]["on"]])
             same_round, cpu = r["counting_over_not_counting"]["median"], r["cpu_without_over_with"]
             print(f"{fmt}: ratio {r['ratio']['median']:.3f} ({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f}); "
                   f"without counting {r['ratio_without_counting']['median']:.3f}; with / without "
@@ -314,13 +342,18 @@ def main() -> int:
                   f"{r['samples_ratio']['median']:.3f} vs {r['samples_ratio_without_counting']['median']:.3f} = "
                   f"{r['samples_ratio_with_over_without']:.3f}; CPU without / with {cpu['median']:.3f} "
                   f"({cpu['min']:.3f}-{cpu['max']:.3f}); counting took "
-                  f"{100 * r['counting_share_of_drain']['median']:.2f} % of the drain", flush=True)
+                  f"{100 * r['counting_share_of_drain']['median']:.2f} % of the drain; drain / disk ceiling "
+                  f"{r['drain_over_ceiling']['median']:.3f} (ceiling {ceiling:.2f} GB/s)", flush=True)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
+    last = results["speculators"] if "speculators" in results else next(iter(results.values()))
     report = {
         "what": "staged /dev/shm dumps -> durable training set on the repo's disk, vs cp -r + sync of the same bytes; "
                 "alternating rounds, medians with min-max; drains with and without the draft vocabulary counted",
+        # The drain alone: no pipeline ran, so whole_pipeline_on_disk_over_ceiling is null.
+        **on_disk_keys(str(base), ceiling, last["drain_gb_per_s"]),
+        "disk_ceiling": [c.as_dict() for c in ceilings],
         "hidden_size": HIDDEN, "num_aux": NUM_AUX, "vocab_size": VOCAB, "rounds": a.rounds,
         "workers": a.workers or DrainConfig.workers, "cpus": os.cpu_count(),
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),

@@ -10,8 +10,11 @@ same server flags, same 200-sample dataset; both servers run at once and the tim
 alternate between them (median of ``--rounds`` per side), after a short warm-up of each. The
 ratio is the whole capture path's cost as a user sees it: the patch in the server and the
 client's bookkeeping. The drain does not run during the timed part (its throughput is
-benchmarked on its own); the staged dumps are counted to show the capture really wrote every
-sample.
+benchmarked on its own, bench/drain_throughput.py and bench/drain_ab.py); the staged dumps are
+counted to show the capture really wrote every sample. Like every pipeline figure, the result states
+where the client's output was written (``output_root``) and the disk's ceiling there, measured in
+the same call (`hsextract.ops.disk_ceiling`); ``drain_gb_per_s`` and
+``whole_pipeline_on_disk_over_ceiling`` are null, as no drain runs.
 
     python bench/extract_e2e.py [--samples 200] [--rounds 3] [--port 31290] [--json bench/results/extract_e2e.json]
 
@@ -35,12 +38,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
-from common import machine_info  # noqa: E402
+from common import machine_info, on_disk_keys  # noqa: E402
 from hsextract.client.backpressure import Watermark  # noqa: E402
 from hsextract.client.chat_template import Encoded, build_encoder  # noqa: E402
 from hsextract.client.dataset import Reject, read_dataset  # noqa: E402
 from hsextract.client.runner import ExtractConfig, ExtractRun  # noqa: E402
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for  # noqa: E402
+from hsextract.ops.disk_ceiling import measure  # noqa: E402
 from hsextract.records import load_or_create_run_id, parse_rid  # noqa: E402
 from hsextract.staging import iter_complete  # noqa: E402
 from hsextract.tiny_model import ensure_tiny_model  # noqa: E402
@@ -158,6 +162,7 @@ def main() -> int:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="hsx-bench-e2e-"))
+    ceiling = measure(work / "ceiling", [256 << 10, 1 << 20], (1, 4, 8), seconds_per_point=2.0).as_dict()
     servers = {}
     rounds: dict[str, list[dict]] = {"capture_off": [], "capture_on": []}
     try:
@@ -216,6 +221,8 @@ def main() -> int:
         "client_cpu_ms_per_sample": on["cpu_ms_per_sample"],
         "plain_loop_cpu_ms_per_sample": off["cpu_ms_per_sample"],
         "per_round": rounds,
+        **on_disk_keys(str(work), ceiling["disk_ceiling_gb_per_s"], None),
+        "disk_ceiling": ceiling,
         "machine": machine_info(),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

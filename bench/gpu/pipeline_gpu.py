@@ -566,6 +566,27 @@ def compare_with_transformers(out: Path, model: Path, samples: int, max_tokens: 
             "ok": bool(picked) and not problems}
 
 
+def ceiling_sizes(prompts: list[list[int]], bytes_per_token: int) -> list[int]:
+    """File sizes for the disk's ceiling: the run's samples at their length quantiles (10 to 90 %)."""
+    lengths = sorted(len(p) for p in prompts) or [1]
+    picks = {lengths[min(len(lengths) - 1, k * len(lengths) // 10)] for k in range(1, 10)}
+    return sorted(max(64 << 10, t * bytes_per_token) for t in picks)
+
+
+def disk_ceiling(directory: Path, sizes: list[int], seconds: float = 4.0) -> dict:
+    """The output disk's ceiling for the drain's write pattern (hsextract.ops.disk_ceiling)."""
+    from hsextract.ops.disk_ceiling import measure
+
+    return measure(directory, sizes, seconds_per_point=seconds).as_dict()
+
+
+def sample_bytes_per_token(model: Path, num_aux: int = 3) -> int:
+    """A training sample's bytes per token: K + 1 bf16 rows of the model's width, its id and mask."""
+    from hsextract.model_info import read_model_info
+
+    return (num_aux + 1) * read_model_info(model).hidden_size * 2 + 16
+
+
 def disk_speed(directory: Path, gb: float = 2.0) -> dict:
     """The output disk's own sequential write speed (dd, fsync at the end)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -722,10 +743,17 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
     prompts = encode(dataset, plan.path, max_tokens)
     res["output_root"] = str(args.output_root)
     res["disk"] = disk_speed(args.output_root / "dd")
+    per_token = sample_bytes_per_token(plan.path)
+    sizes = ceiling_sizes(prompts, per_token)
+    # The disk's ceiling in the same call, before the rounds and after them (the better is the ceiling).
+    res["disk_ceiling"] = [disk_ceiling(args.output_root / "ceiling", sizes)]
+    say(f"{plan.kind}: disk ceiling {res['disk_ceiling'][0]['disk_ceiling_gb_per_s']} GB/s")
+    on_disk = {"output_root": str(args.output_root), "reaped": bool(args.reap_output), "bytes_per_token": per_token}
     res["tokenizer_load"] = tokenizer_load(env, plan.path)
     say(f"{plan.kind}: the client's tokenizer phase, apart: {res['tokenizer_load']}")
     say(f"{plan.kind}: disk {res['disk']}")
     sides = tuple(x for x in plan.sides if x in args.sides.split(",")) if args.sides else plan.sides
+    done: list[tuple[int, dict[str, list[dict]]]] = []
     for n in args.throughput_in_flight:
         rows: dict[str, list[dict]] = {side: [] for side in sides}
         for r in range(args.rounds):
@@ -753,12 +781,36 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
                                                    profile_drain=drain_profile, reap=args.reap_output))
                     shutil.rmtree(out, ignore_errors=True)
                 say(f"{plan.kind} round {r} {side} {n} in flight: {brief(rows[side][-1])}")
-            save({**res, "cases": [*res["cases"], case_result(n, rows)]})
-        res["cases"].append(case_result(n, rows))
+            save({**res, "cases": [case_result(m, x, _ceiling(res), **on_disk) for m, x in [*done, (n, rows)]]})
+        done.append((n, rows))
+    res["disk_ceiling"].append(disk_ceiling(args.output_root / "ceiling", sizes))
+    res["cases"] = [case_result(n, rows, _ceiling(res), **on_disk) for n, rows in done]
     return res
 
 
-def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
+def _ceiling(res: dict) -> float:
+    return max(c["disk_ceiling_gb_per_s"] for c in res["disk_ceiling"])
+
+
+def case_result(in_flight: int, rows: dict[str, list[dict]], ceiling_gb_per_s: float | None = None, *,
+                output_root: str = "", reaped: bool = False, bytes_per_token: float = 0) -> dict:
+    """One in-flight bound's rounds, summed up; with the disk's ceiling, the keys every pipeline figure
+    carries (bench/common.on_disk_keys): the whole pipeline (the drain up first where it ran, as the
+    units run it) over min(the plain loop, the ceiling's tokens/s)."""
+    from common import on_disk_keys, pipeline_over_ceiling
+
+    out = _case_figures(in_flight, rows)
+    whole = out["drain_first_whole_tokens_per_s"] or out["whole_pipeline_tokens_per_s"]
+    plain = out["plain_loop_tokens_per_s"]
+    drains = [x["drain_gb_per_s"] for side in ("pipeline", "pipeline_drain_first") for x in rows.get(side, [])
+              if x.get("drain_gb_per_s")]
+    over = (pipeline_over_ceiling(whole["median"], plain["median"], ceiling_gb_per_s, bytes_per_token)
+            if whole and plain and ceiling_gb_per_s and bytes_per_token else None)
+    return {**out, **on_disk_keys(output_root, ceiling_gb_per_s, statistics.median(drains) if drains else None,
+                                  reaped=reaped, whole_over_ceiling=over)}
+
+
+def _case_figures(in_flight: int, rows: dict[str, list[dict]]) -> dict:
     pipeline = rows.get("pipeline", [])
     plain = [x["tokens_per_s"] for x in rows.get("plain_loop", [])]
     on_capture = [x["tokens_per_s"] for x in rows.get("loop_on_capture", [])]
@@ -812,7 +864,7 @@ def case_result(in_flight: int, rows: dict[str, list[dict]]) -> dict:
             "whole_after_startup_over_plain": round(med(after_startup) / med(plain), 4) if after_startup and plain
             else None,
             "client_startup_s": spread([x["client_startup_s"] for x in pipeline if x.get("client_startup_s")]),
-            "drain_gb_per_s": spread([x["drain_gb_per_s"] for x in pipeline if x.get("drain_gb_per_s")]),
+            "drain_gb_per_s_spread": spread([x["drain_gb_per_s"] for x in pipeline if x.get("drain_gb_per_s")]),
             "all_validated": all(x["ok"] for side in ALL_SIDES[1:] for x in rows.get(side, [])),
             "per_round": rows}
 

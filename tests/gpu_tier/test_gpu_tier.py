@@ -293,3 +293,27 @@ def test_the_bench_models_tokenizer_spells_every_token_the_model_can_generate(tm
     assert tok.apply_chat_template(history, tokenize=False) == tiny.apply_chat_template(history, tokenize=False)
     assert tok.convert_tokens_to_ids(["<s>", "</s>", "<|user|>", "<|assistant|>"]) == \
         tiny.convert_tokens_to_ids(["<s>", "</s>", "<|user|>", "<|assistant|>"])
+
+
+def test_a_throughput_case_says_where_the_set_was_written_and_the_whole_pipeline_over_the_disks_ceiling():
+    """Issue 40's keys: the whole pipeline (the drain up first, as the units run it) over min(the
+    plain loop's tokens/s, the ceiling's bytes/s over the bytes per token)."""
+    import pipeline_gpu
+
+    rows = {"plain_loop": [{"tokens_per_s": 1000.0, "samples": 10, "wall_s": 1.0}],
+            "pipeline_drain_first": [{"pipeline_tokens_per_s": 900.0, "samples": 10, "pipeline_wall_s": 1.0,
+                                      "drain_gb_per_s": 0.5, "ok": True}]}
+    fast_disk = pipeline_gpu.case_result(32, rows, 2.0, output_root="/data/out", bytes_per_token=1e6)
+    assert {k: fast_disk[k] for k in ("output_root", "reaped", "disk_ceiling_gb_per_s", "drain_gb_per_s",
+                                       "whole_pipeline_on_disk_over_ceiling")} == {
+        "output_root": "/data/out", "reaped": False, "disk_ceiling_gb_per_s": 2.0, "drain_gb_per_s": 0.5,
+        "whole_pipeline_on_disk_over_ceiling": 0.9}  # the GPU binds: 900 / 1000
+    slow_disk = pipeline_gpu.case_result(32, rows, 0.5, output_root="/data/out", bytes_per_token=1e6)
+    assert slow_disk["whole_pipeline_on_disk_over_ceiling"] == 1.8  # the disk binds: 900 / 500
+
+
+def test_the_ceilings_files_are_the_runs_samples_at_their_length_quantiles():
+    import pipeline_gpu
+
+    sizes = pipeline_gpu.ceiling_sizes([[0] * n for n in range(1, 101)], 32_768)
+    assert sizes == sorted(sizes) and len(sizes) == 9 and sizes[-1] == 91 * 32_768 and sizes[0] == 11 * 32_768

@@ -314,3 +314,22 @@ def test_the_kept_scan_of_one_report_is_not_another_reports(tiny_llama, tmp_path
     r, b = plan(data, tiny_llama, tmp_path / "b.json", "--workers", "1")
     assert r.returncode == 0 and not b["tokenization"]["reused"], r.stderr
     assert sorted(p.name for p in Path(tmp_path).glob("*.scan.json")) == ["a.scan.json", "b.scan.json"]
+
+
+def test_measure_disk_gives_the_output_volumes_ceiling_and_which_of_it_and_the_gpu_sets_the_pace(tiny_llama,
+                                                                                                 tmp_path):
+    data, _ = _dataset(tmp_path, tiny_llama, n=20)
+    out = tmp_path / "out"
+    out.mkdir()
+    quick = ("--measure-disk", "--measure-disk-seconds", "0.2", "--measure-disk-gb", "0.05", "--workers", "1",
+             "--output", str(out))
+    r, slow_gpu = plan(data, tiny_llama, tmp_path / "plan.json", *quick, "--tokens-per-s", "1")
+    assert r.returncode == 0, r.stderr
+    d = slow_gpu["disk"]
+    assert d["directory"] == str(out) and [p["writers"] for p in d["points"]] == [1, 4, 8, 16]
+    assert d["disk_ceiling_gb_per_s"] == max(p["gb_per_s"] for p in d["points"]) > 0
+    assert d["paced_by"] == "gpu" and "the GPU sets the run's pace" in r.stdout
+    assert 1 <= d["drain_workers"] <= d["best_writers"] and f"--workers {d['drain_workers']}" in r.stdout
+    assert list(out.iterdir()) == [], "the measurement leaves nothing behind"
+    r, fast_gpu = plan(data, tiny_llama, tmp_path / "plan2.json", *quick, "--tokens-per-s", "1e13")
+    assert fast_gpu["disk"]["paced_by"] == "disk" and "the DISK sets the run's pace" in r.stdout

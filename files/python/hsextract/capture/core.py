@@ -263,7 +263,7 @@ class CapturePlanner:
         if meta.greedy_tokens is not None and seg.dst_row + seg.rows == state.prompt_len:
             state.greedy_token = int(meta.greedy_tokens[req.index])
         if state.marker is not None:
-            state.marker.fingerprint = fingerprint.to_hex(state.fingerprint) if meta.row_values is not None else ""
+            state.marker.fingerprint = fingerprint.to_text(state.fingerprint) if meta.row_values is not None else ""
             state.marker.greedy_token = state.greedy_token
 
     def _plan_one(self, req: BatchRequest, prompt_len: int, first_id: int | None = None) -> Segment | None:

@@ -50,6 +50,7 @@ from hsextract.drain.recovery import recover
 from hsextract.drain.scan import Scanner
 from hsextract.drain.selfcheck import GreedySelfCheck, make_selfcheck
 from hsextract.drain.vocab import DrainVocab
+from hsextract.drain.warmup import warm_up
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.durable import check_writable
@@ -163,6 +164,8 @@ class Drainer:
             # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
             # an import in a background thread cut the first few GB's drain rate by a fifth).
             importlib.import_module("datasets")
+        # Warm before "running": the first real sample pays nothing once-only (hsextract.drain.warmup).
+        warm_up(self.fmt, drain_tmp_dir(self.out))
         committer.start()
         metrics = None
         if self.cfg.metrics_port is not None:

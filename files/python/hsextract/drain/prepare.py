@@ -18,13 +18,13 @@ from pathlib import Path
 from hsextract.drain import validate as v
 from hsextract.drain.committer import Prepared
 from hsextract.drain.selfcheck import GreedySelfCheck
-from hsextract.drain.staged_io import MappedStates, map_states
+from hsextract.drain.staged_io import StagedReader
 from hsextract.durable import is_no_space, write_payload_durably
 from hsextract.errors import StagingError
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
 from hsextract.formats.manifest import new_hasher
 from hsextract.records import SampleRecord
-from hsextract.staging import STATES_FILE, DoneMarker, read_done_marker
+from hsextract.staging import STATES_FILE, DoneMarker, StagedStates, read_done_marker
 from hsextract.vocab.counts import masked_counts
 
 __all__ = ["Invalid", "Job", "NoSpace", "Ready", "prepare"]
@@ -72,16 +72,34 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job, selfcheck: GreedySelfChe
     """Validate the dump of `job`, write its sample durably to its temporary file, and say how it went.
 
     `selfcheck` is given for a sample chosen for the greedy self-check (it needs the model's head,
-    loaded once in the drain's own process)."""
-    streams = bool(getattr(fmt, "streams_staged", False))
-    mapped = None
+    loaded once in the drain's own process).
+
+    The staged file is read once (hsextract.drain.staged_io): its ids first, then its rows piece by
+    piece, each piece checked (`RowChecks`: the fingerprint, finite values) as it is read. A format
+    whose file body is the staged bytes (`streams_staged`) writes each piece as it comes, and the
+    fingerprint is settled after the last row, before the file is fsynced: a mismatch removes the
+    partial file. A format that stores groups of slots apart (`slot_groups`: SpecForge's aux layers
+    and final state) has each checked piece spread into those groups' tensors, its file's own, and is
+    encoded once every row passed. A sample for the self-check reads every row into one buffer of
+    the drain's own, checked, and is encoded from it."""
+    stream = bool(getattr(fmt, "streams_staged", False)) and selfcheck is None
+    groups = getattr(fmt, "slot_groups", None) if selfcheck is None else None
     try:
         marker = read_done_marker(job.dump)
-        mapped = map_states(job.dump / STATES_FILE)
-        v.validate(marker, mapped.states, job.record, job.expected, check_values=not streams)
-        fingerprint = v.check_fingerprint(marker, mapped.states)
-        greedy = selfcheck.verify(marker, mapped.states) if selfcheck is not None else ""
-        ready = _write_temporary(fmt, Path(tmp_dir), job, marker, mapped, streams)
+        with StagedReader(job.dump / STATES_FILE) as reader:
+            v.validate(marker, reader.layout, reader.input_ids, job.record, job.expected)
+            v.check_fingerprint_stamp(marker)
+            checks = v.RowChecks(marker, reader.layout, reader.input_ids)
+            greedy = ""
+            if stream:
+                ready = _write_streamed(fmt, Path(tmp_dir), job, reader, checks)
+            elif groups is not None:
+                slot_rows = _read_slot_groups(reader, checks, groups(reader.layout.slots))
+                ready = _write_temporary(fmt, Path(tmp_dir), job, _sample(job, reader, _meta(reader), None, slot_rows))
+            else:
+                hidden = _read_whole(reader, checks)
+                greedy = selfcheck.verify(marker, StagedStates(hidden, reader.input_ids)) if selfcheck else ""
+                ready = _write_temporary(fmt, Path(tmp_dir), job, _sample(job, reader, hidden, None))
     except StagingError as exc:
         return Invalid(v.UNREADABLE, str(exc))
     except v.InvalidDump as exc:  # from the checks, or met while streaming the rows
@@ -90,30 +108,85 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job, selfcheck: GreedySelfChe
         if is_no_space(exc):
             return NoSpace(exc)
         raise
-    finally:
-        if mapped is not None:
-            mapped.close()
-    ready.prepared.fingerprint, ready.prepared.greedy_check = fingerprint, greedy
-    return ready
+    ready.prepared.fingerprint, ready.prepared.greedy_check = checks.fingerprint, greedy
+    return Ready(ready.prepared, marker, ready.counts)
 
 
-def _write_temporary(fmt: OutputFormat, tmp_dir: Path, job: Job, marker: DoneMarker, mapped: MappedStates,
-                     streams: bool) -> Ready:
+@dataclass
+class _Written:
+    prepared: Prepared
+    counts: tuple | None
+
+
+def _read_whole(reader: StagedReader, checks: v.RowChecks):  # -> torch.Tensor
+    """Every row into one buffer of the drain's own, each piece checked as it lands; the rows as a
+    ``[T, K + 1, H]`` tensor of that buffer, once the fingerprint and the values passed."""
+    import numpy as np
+    import torch
+
+    layout = reader.layout
+    buf = np.empty(layout.rows_bytes, dtype=np.uint8)  # numpy asks for huge pages for a large one
+    for first, piece in reader.pieces(buf.data):
+        checks.piece(first, piece)
+    checks.finish()
+    return torch.from_numpy(buf).view(layout.dtype).reshape(layout.shape())
+
+
+def _read_slot_groups(reader: StagedReader, checks: v.RowChecks,
+                      groups: list[tuple[int, int]]):  # -> dict[tuple[int, int], torch.Tensor]
+    """The rows' slots [a, b) of each group as ``[T, (b - a) * H]`` tensors of their own, filled piece
+    by piece from the reader's piece buffer while the piece is in the CPU cache, once every row passed."""
+    import numpy as np
+    import torch
+
+    layout = reader.layout
+    slot_bytes = layout.row_bytes // max(1, layout.slots)
+    out = {g: np.empty((layout.rows, (g[1] - g[0]) * slot_bytes), dtype=np.uint8) for g in groups}
+    for first, piece in reader.pieces():
+        checks.piece(first, piece)
+        rows = np.frombuffer(piece, dtype=np.uint8).reshape(-1, layout.row_bytes)
+        for (a, b), dest in out.items():
+            np.copyto(dest[first : first + len(rows)], rows[:, a * slot_bytes : b * slot_bytes], casting="no")
+    checks.finish()
+    return {g: torch.from_numpy(arr).view(layout.dtype) for g, arr in out.items()}
+
+
+def _meta(reader: StagedReader):  # -> torch.Tensor
+    """The rows' shape and dtype without their data, for a format that gets them another way."""
+    import torch
+
+    return torch.empty(reader.layout.shape(), dtype=reader.layout.dtype, device="meta")
+
+
+def _write_streamed(fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader,
+                    checks: v.RowChecks) -> _Written:
+    """The format's file with the staged rows and ids streamed through it, each piece checked, then
+    hashed and written; the fingerprint is settled before the ids, so a mismatch fails the write."""
+
+    def pieces():  # -> Iterator[memoryview]
+        for first, piece in reader.pieces():
+            checks.piece(first, piece)
+            yield piece
+        checks.finish()
+        yield reader.ids_bytes
+
+    written = _write_temporary(fmt, tmp_dir, job, _sample(job, reader, _meta(reader),
+                                                          SourceRange(reader.data_len, pieces())))
+    if not checks.fingerprint:
+        raise RuntimeError(f"format {fmt.name} wrote {job.record.rid} without streaming every staged row through "
+                           "the checks")
+    return written
+
+
+def _sample(job: Job, reader: StagedReader, hidden, staged: SourceRange | None, slot_rows=None) -> Sample:
+    record = job.record
+    return Sample(rid=record.rid, dataset_index=record.index, input_ids=reader.input_ids,
+                  loss_mask=_as_int64(record.loss_mask), hidden=hidden, staged=staged, slot_rows=slot_rows)
+
+
+def _write_temporary(fmt: OutputFormat, tmp_dir: Path, job: Job, sample: Sample) -> _Written:
     """Encode a validated dump into its durable temporary file; the committer gives it its name."""
-    record, states = job.record, mapped.states
-    staged = SourceRange(mapped.fd, mapped.data_start, mapped.data_len, mapped.view)
-    if streams:
-        h = states.hidden
-        staged.check = v.finite_checker(h.dtype, h.shape[1] * h.shape[2] * h.element_size())
-        staged.check_len = mapped.hidden_len
-    sample = Sample(
-        rid=record.rid,
-        dataset_index=record.index,
-        input_ids=states.input_ids,
-        loss_mask=_as_int64(record.loss_mask),
-        hidden=states.hidden,
-        staged=staged,
-    )
+    record = job.record
     tmp = tmp_dir / f"{record.rid}.tmp"
     hasher = new_hasher(job.checksum_algorithm)
     nbytes = write_payload_durably(tmp, fmt.encode(sample), hasher)
@@ -121,7 +194,7 @@ def _write_temporary(fmt: OutputFormat, tmp_dir: Path, job: Job, marker: DoneMar
     # Counted from the very tensors written.
     counts = masked_counts(sample.input_ids, sample.loss_mask) if job.count_vocab else None
     prepared = Prepared(record.rid, record.index, len(record.input_ids), tmp, nbytes, checksum, job.dump)
-    return Ready(prepared, marker, counts)
+    return _Written(prepared, counts)
 
 
 def _as_int64(values: list[int]):  # -> torch.Tensor

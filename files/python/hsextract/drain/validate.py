@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from hsextract import fingerprint
+from hsextract.drain.staged_io import RowsLayout
 from hsextract.records import SampleRecord
-from hsextract.staging import DTYPES, DoneMarker, StagedStates
+from hsextract.staging import DTYPES, DoneMarker
 
 # Reason codes, one per way a dump can be wrong.
 UNREADABLE = "unreadable"  # states file or done marker truncated / not parseable
@@ -79,22 +80,14 @@ def finite_checker(dtype: torch.dtype, row_bytes: int):  # -> Callable[[memoryvi
     return check
 
 
-def validate(
-    marker: DoneMarker, states: StagedStates, record: SampleRecord, expected: Expected, *, check_values: bool = True
-) -> None:
-    """Raise InvalidDump unless the dump is exactly the configured capture of the recorded sample.
-
-    ``check_values=False`` skips the finite-value scan, for writers that check rows as they stream
-    them (`finite_checker`); every other check still runs here.
-    """
+def validate(marker: DoneMarker, layout: RowsLayout, input_ids: torch.Tensor, record: SampleRecord,
+             expected: Expected) -> None:
+    """Raise InvalidDump unless the dump is exactly the configured capture of the recorded sample,
+    from its header's layout and its token ids: everything but the rows' values, which `RowChecks`
+    checks as they are read."""
     _check_marker(marker, record, expected)
-    _check_layout(marker, states.hidden, expected)
-    _check_tokens(marker, states, record)
-    hidden = states.hidden
-    if check_values and not all_finite(hidden):
-        bad = (~torch.isfinite(hidden.float())).nonzero()
-        row, slot = int(bad[0, 0]), int(bad[0, 1])
-        raise InvalidDump(NON_FINITE, f"{len(bad)} non-finite values, first at token {row}, slot {slot}")
+    _check_layout(marker, layout, expected)
+    _check_tokens(marker, layout, input_ids, record)
 
 
 def _check_marker(marker: DoneMarker, record: SampleRecord, expected: Expected) -> None:
@@ -119,15 +112,14 @@ def _check_marker(marker: DoneMarker, record: SampleRecord, expected: Expected) 
         )
 
 
-def _check_layout(marker: DoneMarker, hidden: torch.Tensor, expected: Expected) -> None:
+def _check_layout(marker: DoneMarker, layout: RowsLayout, expected: Expected) -> None:
     """The rows' shape and dtype are what the marker and the configuration say."""
-    if hidden.dim() != 3:
-        raise InvalidDump(SHAPE, f"hidden has shape {list(hidden.shape)}, expected [tokens, aux + 1, hidden]")
-    _, slots, width = hidden.shape
-    if expected.dtype is not None and hidden.dtype != DTYPES[expected.dtype][0]:
-        raise InvalidDump(DTYPE, f"hidden is {hidden.dtype}, configured {expected.dtype}")
-    if marker.dtype != next((n for n, v in DTYPES.items() if v[0] == hidden.dtype), marker.dtype):
-        raise InvalidDump(DTYPE, f"done marker says {marker.dtype}, file holds {hidden.dtype}")
+    _, slots, width = layout.shape()
+    dtype = layout.dtype
+    if expected.dtype is not None and dtype != DTYPES[expected.dtype][0]:
+        raise InvalidDump(DTYPE, f"hidden is {dtype}, configured {expected.dtype}")
+    if marker.dtype != next((n for n, v in DTYPES.items() if v[0] == dtype), marker.dtype):
+        raise InvalidDump(DTYPE, f"done marker says {marker.dtype}, file holds {dtype}")
     if expected.hidden_size is not None and width != expected.hidden_size:
         raise InvalidDump(SHAPE, f"hidden size {width}, configured {expected.hidden_size}")
     if expected.num_aux is not None and slots != expected.num_aux + 1:
@@ -136,9 +128,9 @@ def _check_layout(marker: DoneMarker, hidden: torch.Tensor, expected: Expected) 
         raise InvalidDump(SHAPE, f"{slots} hidden slots per token, done marker says {marker.num_aux} aux layers + 1")
 
 
-def _check_tokens(marker: DoneMarker, states: StagedStates, record: SampleRecord) -> None:
+def _check_tokens(marker: DoneMarker, layout: RowsLayout, ids: torch.Tensor, record: SampleRecord) -> None:
     """The server ran exactly the tokens the client sent, one row each."""
-    rows, ids, n = states.hidden.shape[0], states.input_ids, len(record.input_ids)
+    rows, n = layout.rows, len(record.input_ids)
     if ids.shape[0] != rows:
         raise InvalidDump(SHAPE, f"{rows} hidden rows but {ids.shape[0]} token ids in the dump")
     if rows != n:
@@ -154,16 +146,65 @@ def _check_tokens(marker: DoneMarker, states: StagedStates, record: SampleRecord
         )
 
 
-def check_fingerprint(marker: DoneMarker, states: StagedStates) -> str:
-    """The staged rows and ids are those the capture fingerprinted inside the forward pass; the
-    fingerprint (hex) if so, else InvalidDump. A dump without one comes from a capture that took
-    none, and cannot be proven right."""
+def check_fingerprint_stamp(marker: DoneMarker) -> None:
+    """The dump carries a fingerprint of the definition this drain computes; else InvalidDump, before
+    any row is read. A dump without one comes from a capture that took none, and one of another
+    version from a capture of another release: neither can be proven right here."""
     if not marker.fingerprint:
         raise InvalidDump(FINGERPRINT, f"done.json carries no fingerprint (staged by hsextract "
                                        f"{marker.hsextract_version or 'of an unknown version'}); the capture and "
                                        "the drain must be of one version: re-run the playbook")
-    got = fingerprint.of_states(states.hidden, states.input_ids)
-    if got != marker.fingerprint:
-        raise InvalidDump(FINGERPRINT, f"the staged rows have fingerprint {got}, the forward pass computed "
-                                       f"{marker.fingerprint}: the rows changed between the GPU and the file")
-    return got
+    version = fingerprint.version_of(marker.fingerprint)
+    if version != fingerprint.VERSION:
+        said = f"a version-{version} fingerprint" if version is not None else \
+            f"a fingerprint this drain cannot read ({marker.fingerprint[:40]!r})"
+        raise InvalidDump(FINGERPRINT, f"done.json carries {said} (staged by hsextract "
+                                       f"{marker.hsextract_version or 'of an unknown version'}); this drain checks "
+                                       f"version {fingerprint.VERSION}: the capture and the drain must be of one "
+                                       "version: re-run the playbook, and send the samples staged before again")
+
+
+class RowChecks:
+    """The checks of a dump's rows, fed each piece as the drain reads it (hsextract.drain.staged_io):
+    finite values, and the piece's share of the fingerprint. `finish`, after the last piece, raises
+    InvalidDump for a fingerprint the forward pass did not compute (the rows changed on their way)
+    or else for the first non-finite value (one the forward pass computed), and returns the
+    fingerprint. The fingerprint decides first: rows that changed explain a NaN, not the reverse."""
+
+    def __init__(self, marker: DoneMarker, layout: RowsLayout, input_ids: torch.Tensor):
+        self._want = marker.fingerprint
+        self._layout = layout
+        self._row_bytes = layout.row_bytes
+        self._ids = input_ids.numpy()
+        self._finite = finite_checker(layout.dtype, max(1, self._row_bytes))
+        self._sum = 0
+        self._rows = 0
+        self._non_finite: InvalidDump | None = None
+        self.fingerprint = ""  # once `finish` passed
+
+    def piece(self, first_row: int, piece: memoryview) -> None:
+        """Rows ``first_row ..`` (whole rows, in order)."""
+        n = len(piece) // max(1, self._row_bytes)
+        if first_row != self._rows:
+            raise ValueError(f"rows {first_row}.. given after {self._rows} rows: the pieces must come in order")
+        if self._non_finite is None:
+            try:
+                self._finite(piece, first_row * self._row_bytes)
+            except InvalidDump as exc:
+                self._non_finite = exc
+        values = fingerprint.row_values_np(piece, self._ids[first_row : first_row + n], self._row_bytes)
+        self._sum = fingerprint.add(self._sum, fingerprint.combine(values, first_row))
+        self._rows += n
+
+    def finish(self) -> str:
+        """The fingerprint, once every row was checked (InvalidDump as the class says)."""
+        if self._rows != self._layout.rows:
+            raise ValueError(f"{self._rows} of {self._layout.rows} rows checked")
+        got = fingerprint.to_text(self._sum)
+        if got != self._want:
+            raise InvalidDump(FINGERPRINT, f"the staged rows have fingerprint {got}, the forward pass computed "
+                                           f"{self._want}: the rows changed between the GPU and the file")
+        if self._non_finite is not None:
+            raise self._non_finite
+        self.fingerprint = got
+        return got

@@ -28,8 +28,8 @@ from hsextract.drain.committer import Prepared
 from hsextract.drain.header import RunHeader
 from hsextract.drain.prepare import Invalid, Job, NoSpace, prepare
 from hsextract.drain.selfcheck import GreedySelfCheck
+from hsextract.drain.staged_io import PIECE
 from hsextract.drain.worker_processes import WorkerProcesses
-from hsextract.durable import PIECE
 from hsextract.formats.base import OutputFormat
 from hsextract.formats.manifest import default_checksum_algorithm
 from hsextract.records import SampleRecord
@@ -87,8 +87,9 @@ class SampleWorker:
                  selfcheck: GreedySelfCheck | None = None, processes: WorkerProcesses | None = None,
                  count_vocab: Callable[[], bool] = lambda: False):
         self.fmt = fmt
-        # The format's file body is the staged bytes, checked as they are sent (see SourceRange).
+        # The format's file body is the staged bytes, streamed through piece by piece (see SourceRange).
         self._streams_staged = bool(getattr(fmt, "streams_staged", False))
+        self._slot_groups = getattr(fmt, "slot_groups", None) is not None
         self.out = Path(out)
         self.tmp_dir = Path(tmp_dir)
         self._budget = _ByteBudget(memory_budget_bytes)
@@ -101,23 +102,23 @@ class SampleWorker:
 
     def process(self, d: Path, record: SampleRecord) -> None:
         """Prepare the staged dump `d` of `record` within the byte budget, and commit or quarantine it."""
-        if self._streams_staged:
-            size = PIECE  # sent from the mapping piece by piece, whatever the sample's size
+        checked = self._selfcheck is not None and self._selfcheck.chosen(record.rid)
+        if self._streams_staged and not checked:
+            size = PIECE  # read, checked and written piece by piece, whatever the sample's size
         else:
-            # Mapping the staged file costs no memory (the pages are tmpfs's own), but the
-            # format's reordered copy of the rows does: about the sample's size.
+            # Every row is read into the drain's memory: into the format's own tensors, or for the
+            # self-check into one buffer, from which a format that reorders the rows copies them.
             try:
-                size = os.stat(d / STATES_FILE).st_size
+                size = os.stat(d / STATES_FILE).st_size * (2 if checked and self._slot_groups else 1)
             except FileNotFoundError:
                 size = 0
         self._budget.acquire(size)
         try:
-            self._process_in_budget(d, record)
+            self._process_in_budget(d, record, checked)
         finally:
             self._budget.release(size)
 
-    def _process_in_budget(self, d: Path, record: SampleRecord) -> None:
-        checked = self._selfcheck is not None and self._selfcheck.chosen(record.rid)
+    def _process_in_budget(self, d: Path, record: SampleRecord, checked: bool) -> None:
         while True:
             header = self._header.header
             job = Job(d, record, self._header.expected(),

@@ -10,7 +10,8 @@ disk's and torch's, which release the lock), so the drain's default uses process
 there are cores for them (hsextract.drain.config).
 
 They start in the background: a spawned interpreter takes seconds to import torch (8 of them
-took 9-11 s on the H200 host's 16 cores, 25-32 s on 2 cores), and a drain that waited for them
+took 9-11 s on the H200 host's 16 cores, 25-32 s on 2 cores), then prepares one made-up sample
+(hsextract.drain.warmup) so that "started" means warm; a drain that waited for them
 left the staging area to fill and the client to pause for that long (bench/gpu/pipeline_gpu.py's
 timeline, bench/results/pipeline_gpu_drain_start.json). Until all of them are up, `ready` is False
 and the drain prepares samples in its own threads (hsextract.drain.worker).
@@ -38,6 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from hsextract.drain.prepare import Job, Outcome, prepare
+from hsextract.drain.warmup import warm_up
 from hsextract.formats import get_format
 from hsextract.formats.base import OutputFormat
 
@@ -154,6 +156,7 @@ def _start(fmt_name: str, tmp_dir: str, barrier) -> None:
 
     torch.set_num_threads(1)  # the processes are the parallelism
     _fmt, _tmp_dir = get_format(fmt_name), Path(tmp_dir)
+    warm_up(_fmt, _tmp_dir)  # "started" means warm: the first real sample pays nothing once-only
     barrier.wait(timeout=600)
 
 

@@ -3,13 +3,13 @@
 A writer is pure: it turns a validated `Sample` into a `Payload` (the bytes of one file, produced
 into a sink) and names the file for an output index. Durability, numbering and the manifest
 belong to the drain, not to the formats. Payloads stream into the sink, so no format builds its
-whole file in memory, and staged bytes that go out unchanged are sent by the kernel (`SourceRange`).
+whole file in memory, and staged bytes that go out unchanged stream through piece by piece (`SourceRange`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,20 +22,17 @@ from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
 @dataclass
 class SourceRange:
-    """Bytes to take unchanged from the staged file: `length` bytes at `offset` of `fd`, mapped as `view`.
+    """Bytes of the staged dump that go into the file unchanged (its rows, then its token ids):
+    `length` bytes, as the pieces `pieces` yields in order.
 
-    The sink goes through them piece by piece: `check` (if set) sees each piece of the first
-    `check_len` bytes (the drain's finite-value check), the hash reads the same piece while it is
-    still in the CPU cache, and the kernel sends it to the output file (``sendfile``, as ``cp``
-    does), so the bytes are never copied through user memory.
+    The drain reads each piece once into memory of its own and checks it (the fingerprint, finite
+    values) before it yields it (hsextract.drain.staged_io); the sink hashes and writes that same
+    piece while it is still in the CPU cache. So the bytes checked are the bytes written and
+    hashed, and the staged file is never read a second time.
     """
 
-    fd: int
-    offset: int
     length: int
-    view: memoryview
-    check: Callable[[memoryview, int], None] | None = None  # (piece, byte offset in the range)
-    check_len: int = 0
+    pieces: Iterable[memoryview]
 
 
 @dataclass
@@ -46,9 +43,20 @@ class Sample:
     dataset_index: int
     input_ids: torch.Tensor  # int64 [T]
     loss_mask: torch.Tensor  # int64 [T]
-    hidden: torch.Tensor  # [T, K + 1, H]: K aux layers, then the final hidden state
-    # The staged bytes of `hidden` followed by `input_ids`, when they come from a mapped dump.
+    # [T, K + 1, H]: K aux layers, then the final hidden state. Where the drain streams the rows
+    # (`staged`), a tensor on the meta device: their shape and dtype, no data.
+    hidden: torch.Tensor
+    # The staged bytes of `hidden` followed by `input_ids`, where the drain streams them.
     staged: SourceRange | None = None
+    # The rows of slots [a, b) as [T, (b - a) * H] tensors of their own, keyed (a, b): the groups the
+    # format names in `slot_groups`, which the drain fills as it reads the rows (`hidden` is then meta).
+    slot_rows: dict[tuple[int, int], torch.Tensor] | None = None
+
+    def slots(self, start: int, stop: int) -> torch.Tensor:
+        """Slots [start, stop) of every row, as a new [T, (stop - start) * H] tensor owning its memory."""
+        if self.slot_rows is not None and (start, stop) in self.slot_rows:
+            return self.slot_rows[(start, stop)]
+        return copy_slots(self.hidden, start, stop)
 
     @property
     def tokens(self) -> int:
@@ -94,6 +102,11 @@ class TorchSavePayload:
     def write_to(self, sink: Sink) -> None:
         # torch.save writes to any object with write() and flush() (its docs); the annotation says IO[bytes]
         torch.save(self.obj, sink)  # type: ignore[arg-type]
+
+
+def torch_slot_groups(slots: int) -> list[tuple[int, int]]:
+    """The groups of slots SpecForge's and ModelOpt's files store apart: the aux layers, the final state."""
+    return [(0, slots - 1), (slots - 1, slots)]
 
 
 def copy_slots(hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:

@@ -35,10 +35,10 @@ from hsextract.formats.base import (
     Sample,
     SampleShape,
     TorchSavePayload,
-    copy_slots,
     empty_rows,
     read_torch_tokens,
     torch_save_bytes,
+    torch_slot_groups,
 )
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 
@@ -64,13 +64,17 @@ class ModelOptFormat:
     def relative_path(self, output_index: int) -> str:
         return f"{output_index}.pt"
 
+    def slot_groups(self, slots: int) -> list[tuple[int, int]]:
+        """The slots stored as separate tensors: the drain reads the rows straight into them."""
+        return torch_slot_groups(slots)
+
     def encode(self, sample: Sample) -> Payload:
-        k, hidden = sample.num_aux, sample.hidden
+        k = sample.num_aux
         return TorchSavePayload(_object(
             sample.input_ids.to(torch.int64).clone(),
             sample.loss_mask.to(torch.int64).clone(),
-            copy_slots(hidden, 0, k),
-            copy_slots(hidden, k, k + 1),
+            sample.slots(0, k),
+            sample.slots(k, k + 1),
             sample.dataset_index,
         ))
 

@@ -30,7 +30,6 @@ from hsextract.formats.base import (
     Sample,
     SampleShape,
     TorchSavePayload,
-    copy_slots,
     read_torch_tokens,
     torch_save_bytes,
 )
@@ -60,6 +59,10 @@ class SpeculatorsV1Format:
     def relative_path(self, output_index: int) -> str:
         return f"data_{output_index}.pt"
 
+    def slot_groups(self, slots: int) -> list[tuple[int, int]]:
+        """Each layer is a tensor of its own: the drain reads the rows straight into them."""
+        return [(j, j + 1) for j in range(slots)]
+
     def encode(self, sample: Sample) -> Payload:
         hidden = sample.hidden
         return TorchSavePayload(_object(
@@ -67,7 +70,7 @@ class SpeculatorsV1Format:
             sample.loss_mask.to(torch.int64).clone(),
             # One storage per layer: the reader concatenates the list, and a view into a shared
             # storage would make torch.save write every layer for each of them.
-            [copy_slots(hidden, j, j + 1) for j in range(hidden.shape[1])],
+            [sample.slots(j, j + 1) for j in range(hidden.shape[1])],
         ))
 
     def sample_file_bytes(self, shape: SampleShape) -> int:

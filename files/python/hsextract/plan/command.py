@@ -4,7 +4,8 @@ Prints, and writes as JSON (``--json``; by default ``<output>/.hsextract/plan.js
 ``plan.json`` without --output): samples, rejects by reason, tokens, loss-masked tokens, length
 percentiles, overlong samples; the training set's bytes in every format; the /dev/shm the
 configured in-flight limits need (the same estimate as ``check-shm``); the time at a prefill rate;
-and whether the output volume has room. Exits 5 when it has not (with the numbers), unless
+whether the output volume has room; and, with ``--measure-disk``, the volume's ceiling and whether it
+or the GPU sets the run's pace (hsextract.plan.disk_pace). Exits 5 when it has not (with the numbers), unless
 ``--no-space-check``: the play runs this first, so a run that cannot fit never starts.
 """
 
@@ -81,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--space-margin", default="5%",
                    help="room to keep free on the output volume beyond the estimate: a percentage or bytes")
     r.add_argument("--no-space-check", action="store_true", help="report, but do not fail when the volume is short")
+    r.add_argument("--measure-disk", action="store_true",
+                   help="measure the output volume's ceiling with the drain's write pattern (a few seconds per "
+                        "writer count, up to --measure-disk-gb each, removed after) and say whether it or the GPU "
+                        "sets the pace")
+    r.add_argument("--measure-disk-seconds", type=float, default=2.0, help="seconds per writer count (default 2)")
+    r.add_argument("--measure-disk-gb", type=float, default=2.0, help="GB at most per writer count (default 2)")
     parser.add_argument("--workers", type=int, default=None,
                         help="tokenizing processes (default: every core, one per 2000 rows at least)")
     parser.add_argument("--json", type=Path, default=None, help="where to write the report as JSON")
@@ -159,7 +166,7 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     margin = parse_size(args.space_margin, needed)
     room = {"path": str(volume_path), "format": fmt, "free_bytes": free, "need_bytes": needed,
             "margin_bytes": margin, "margin": str(args.space_margin), "ok": free >= needed + margin}
-    return {
+    report = {
         "dataset": str(args.dataset), "model": str(args.model), "shard": args.shard, "format": fmt,
         # What the client will record of the dataset: a fleet's hosts must all read the same one.
         "dataset_fingerprint": fingerprint(Path(args.dataset)),
@@ -180,6 +187,12 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
         "tokenization": {"workers": res.workers, "seconds": round(res.seconds, 3), "reused": res.reused,
                          "samples_per_s": round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1)},
     }
+    if getattr(args, "measure_disk", False):
+        from hsextract.plan.disk_pace import disk_pace
+
+        report["disk"] = disk_pace(report, Path(_existing(volume_path)), args.measure_disk_seconds,
+                                   int(args.measure_disk_gb * 1e9))
+    return report
 
 
 def _scan_and_size(cfg: ScanSettings, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int],
@@ -257,6 +270,10 @@ def render(r: dict[str, Any]) -> str:
     verdict = "room" if v["ok"] else "NOT ENOUGH ROOM"
     lines.append(f"  output    {verdict}: {human(v['free_bytes'])} free at {v['path']}, the run needs "
                  f"{human(v['need_bytes'])} + {human(v['margin_bytes'])} margin ({r['format']})")
+    if "disk" in r:
+        from hsextract.plan.disk_pace import render as render_disk
+
+        lines += render_disk(r["disk"])
     k = r["tokenization"]
     if k.get("reused"):
         lines.append("  tokenized earlier: the scan kept beside the report, of the same dataset, model and settings "
