@@ -20,7 +20,8 @@ def _texts() -> dict[str, str]:
     rng = random.Random(7)
     words = " ".join(rng.choice(WORDS) for _ in range(60_000))
     punctuated = "".join(rng.choice([w + " ", w + ", ", w + ".\n", w + "!  ", "\t" + w]) for w in words.split())
-    unicode = "".join(rng.choice(["café ", "naïve ", "日本語 ", "🙂🙂 ", "x" * 40 + " ", "\n\n"]) for _ in range(40_000))
+    pieces = ["café ", "naïve ", "日本語 ", "🙂🙂 ", "x" * 40 + " ", "\n\n"]
+    unicode = "".join(rng.choice(pieces) for _ in range(40_000))
     no_spaces = "".join(rng.choice(WORDS) for _ in range(30_000))  # one pre-tokenizer word of ~150K characters
     return {"words": words, "punctuated": punctuated, "unicode": unicode, "no_spaces": no_spaces}
 

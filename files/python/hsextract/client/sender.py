@@ -65,6 +65,15 @@ DUPLICATE_RID = "Duplicate request ID"
 HELD_POLL_S = (0.2, 2.0)
 
 
+def _no_answer(exc: BaseException) -> tuple[str, str]:
+    """The reason and detail of a request that got no answer."""
+    if isinstance(exc, ConnectFailed):
+        return CONNECTION, str(exc)[:200]
+    if isinstance(exc, TimeoutError):
+        return TIMEOUT, f"no answer from a server that is not healthy ({exc})"[:200]
+    return CONNECTION, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 class ServerUnavailable(HsextractError):
     """The server did not become healthy within the configured wait."""
 
@@ -326,47 +335,44 @@ class Sender:
             try:
                 resp = self._connection().post_json("/generate", self.payload(rid, input_ids),
                                                     functools.partial(self._still_running, rid))
-            except ConnectFailed as exc:
-                reason, detail = CONNECTION, str(exc)[:200]
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, closed mid-answer, timed out
+                reason, detail = _no_answer(exc)
                 self.gate.wait_healthy(started)
                 continue
-            except TimeoutError as exc:
-                reason, detail = TIMEOUT, f"no answer from a server that is not healthy ({exc})"[:200]
-                self.gate.wait_healthy(started)
-                continue
-            except (OSError, http.client.HTTPException) as exc:  # reset, closed mid-answer, garbled
-                reason, detail = CONNECTION, f"{type(exc).__name__}: {str(exc)[:200]}"
-                self.gate.wait_healthy(started)
-                continue
-            if resp.status_code == 200:
-                result = self._check(resp, len(input_ids), attempt)
-                if result.reason != ABORTED:
-                    return result
-                reason, detail = result.reason, result.detail  # the server gave up on it: try again
-                if self.stop.wait(self.policy.delay(attempt)):
-                    raise StopRequested
-                continue
-            detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
             if resp.status_code == 400 and DUPLICATE_RID in resp.text:
-                if held_since is None:
-                    held_since = time.monotonic()
-                    log.info("%s: the server still holds an earlier send of it; waiting for that one", rid)
-                held = self._held(rid, len(input_ids), attempt, held_since)
-                if held is not None:
-                    return held
+                held_since = held_since if held_since is not None else self._held_from(rid)
+                result = self._held(rid, len(input_ids), attempt, held_since)
+                if result is not None:
+                    return result
                 if time.monotonic() - held_since < self.policy.read_timeout_s:
                     attempt -= 1  # not a try of this sample: the server still runs its earlier one
                     continue
                 reason, held_since = TIMEOUT, None
                 detail = (f"the server still held an earlier send of {rid} after {self.policy.read_timeout_s:.0f} s "
-                          f"({detail})")[:300]
+                          f"(HTTP {resp.status_code}: {resp.text[:200]})")[:300]
                 continue
-            if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
-                return SendResult(False, reason=HTTP_4XX, detail=detail, attempts=attempt)
-            reason = SERVER_ERROR
+            result = self._answered(resp, len(input_ids), attempt)
+            if result.reason not in (ABORTED, SERVER_ERROR):
+                return result
+            reason, detail = result.reason, result.detail  # the server gave up on it, or erred: try again
             if self.stop.wait(self.policy.delay(attempt)):
                 raise StopRequested
         return SendResult(False, reason=reason or CONNECTION, detail=detail, attempts=attempt)
+
+    def _answered(self, resp: _Answer, n_tokens: int, attempt: int) -> SendResult:
+        """The sample's result from an answer; reason ABORTED (the server gave up on it) or
+        SERVER_ERROR (a 5xx, 408, 429) are worth another try."""
+        if resp.status_code == 200:
+            return self._check(resp, n_tokens, attempt)
+        detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
+        if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
+            return SendResult(False, reason=HTTP_4XX, detail=detail, attempts=attempt)
+        return SendResult(False, reason=SERVER_ERROR, detail=detail, attempts=attempt)
+
+    @staticmethod
+    def _held_from(rid: str) -> float:
+        log.info("%s: the server still holds an earlier send of it; waiting for that one", rid)
+        return time.monotonic()
 
     def _still_running(self, rid: str, waited_s: float) -> bool:
         """No answer yet after `waited_s`: wait on while the server is healthy (it still holds the

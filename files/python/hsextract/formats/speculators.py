@@ -216,7 +216,8 @@ def remove_arrow_builds(out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _switch_to_build(out: Path, ds: Any, build: Path, build_id: str, kept: list[str], new_files: list[str]) -> list[str]:
+def _switch_to_build(out: Path, ds: Any, build: Path, build_id: str, kept: list[str],
+                     new_files: list[str]) -> list[str]:
     """Save `ds` in `build`, move its data files into `out` under build-unique names (appended to
     `new_files` as they arrive), then replace ``state.json``; the data files now listed."""
     build.parent.mkdir(parents=True, exist_ok=True)
