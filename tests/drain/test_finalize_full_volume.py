@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.cli import main
-from hsextract.drain.core import DrainConfig, Drainer
+from hsextract.drain.core import FINALIZE_FAILED, DrainConfig, Drainer
 from hsextract.formats.manifest import iter_entries
 from hsextract.records import load_or_create_run_id
 from support import volumes
@@ -89,6 +89,23 @@ def test_a_drain_stopped_on_a_full_volume_leaves_a_status_that_says_the_files_la
     assert code == 0 and text.splitlines()[0] == f"The run is done: {SAMPLES} samples are in the training set."
 
 
+def test_a_finalize_that_fails_otherwise_fails_the_run_and_status_says_so(tmp_path, capsys):
+    """Not a full volume: an error the drain cannot wait out (here state.json is a directory)."""
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(3):
+        stage_sample(dump, run, i)
+    (out / "state.json").mkdir()
+    _finish_client(out, 3)
+    rc = Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=1, poll_interval_s=0.05,
+                             finalize_idle_s=3600, exit_when_done=True)).run()
+    assert rc == FINALIZE_FAILED
+    code, text = _status(out, capsys)
+    assert code == 1 and not text.startswith("The run is done"), text
+    assert "FAIL: the dataset-level files (the format's, the draft vocabulary's) cover 0 of the 3 samples in the " \
+           "set, so a trainer would not read the others: finalizing failed (IsADirectoryError: " in text, text
+
+
 def test_the_next_finalize_removes_what_a_failed_build_left(tmp_path, capsys):
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
@@ -104,11 +121,11 @@ def test_the_next_finalize_removes_what_a_failed_build_left(tmp_path, capsys):
     assert not left.exists()
 
 
-def _finish_client(out: Path) -> None:
+def _finish_client(out: Path, samples: int = SAMPLES) -> None:
     """A finished client's files: its summary, which the drain waits for, and its last status."""
-    finish_client(out, SAMPLES)
+    finish_client(out, samples)
     (out / ".hsextract" / "client-status.json").write_text(json.dumps(
-        {"state": "done", "samples_total": SAMPLES, "sent": SAMPLES, "ok": SAMPLES, "shard": [0, 1]}))
+        {"state": "done", "samples_total": samples, "sent": samples, "ok": samples, "shard": [0, 1]}))
 
 
 def _status(out: Path, capsys) -> tuple[int, str]:
