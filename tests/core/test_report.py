@@ -116,14 +116,55 @@ def test_stale_dumps_the_drain_removed_are_listed_by_reason_only_when_there_are_
     assert not any("stale" in line for line in status_lines(view()))
 
 
-def test_a_finished_client_whose_dumps_still_wait_for_the_drain_says_so():
+def test_a_finished_client_whose_dumps_still_wait_for_the_drain_is_not_a_finished_run():
     assert status_lines(view(drain={**DRAIN_DONE, "samples_total": 37, "lag": 3}))[0] == (
-        "The run is done: 37 samples are in the training set, 3 samples still wait for the drain.")
+        "The client is done: 37 samples are in the training set, 3 samples still wait for the drain.")
     assert status_lines(view(drain={**DRAIN_DONE, "samples_total": 39, "lag": 1}))[0] == (
-        "The run is done: 39 samples are in the training set, 1 sample still waits for the drain.")
+        "The client is done: 39 samples are in the training set, 1 sample still waits for the drain.")
     # A drain that is done stopped with staging empty, whatever its last scan counted.
     assert status_lines(view(drain={**DRAIN_DONE, "state": "done", "lag": 1}))[0] == (
         "The run is done: 40 samples are in the training set.")
+
+
+def test_a_drain_paused_on_a_full_volume_is_not_a_finished_run():
+    paused = {**DRAIN_DONE, "state": "paused", "samples_total": 16, "lag": 14,
+              "paused_reason": "output volume full: /out has 4096 bytes free (No space left on device); retrying "
+                               "every 5 s"}
+    assert status_lines(view(drain=paused))[0] == (
+        "The client is done, but the drain is paused (output volume full: /out has 4096 bytes free (No space left "
+        "on device); retrying every 5 s): 16 samples are in the training set, 14 samples still wait for the drain.")
+
+
+def test_a_run_whose_dataset_level_files_lag_behind_the_set_is_not_done():
+    v = RunView(output="/out", files=FILES, drain=DRAIN_DONE, client=CLIENT_DONE, health="drain done 1 s ago",
+                dataset_files=(26, 40))
+    assert status_lines(v)[0] == ("The client is done and 40 samples are in the training set, but the "
+                                  "dataset-level files cover 26 of them.")
+    current = RunView(output="/out", files=FILES, drain=DRAIN_DONE, client=CLIENT_DONE, dataset_files=(40, 40))
+    assert status_lines(current)[0] == "The run is done: 40 samples are in the training set."
+
+
+def test_the_table_takes_the_problems_from_the_runs_files_as_the_counts_do():
+    """The drain's status counts what its last process did; the counts read the run's files."""
+    accounts = {"rejected": {"bad_json": 1}, "failed": {}, "quarantined": {"incomplete": 2}}
+    v = RunView(output="/out", files=FILES, drain={**DRAIN_DONE, "quarantined": 1,
+                                                   "quarantined_by_reason": {"incomplete": 1}},
+                client=CLIENT_DONE, accounts=accounts,
+                counts=["41 dataset lines = 40 accepted + 1 rejected",
+                        "40 accepted = 38 in the set + 0 failed + 2 quarantined"])
+    lines = status_lines(v)
+    assert "  quarantined    2, listed in /out/quarantine/<rid>/reason.txt" in lines
+    assert "                   incomplete  2" in lines
+    assert "  rejected       1, listed in /out/.hsextract/rejects.jsonl" in lines
+
+
+def test_a_message_that_ends_its_own_sentence_gets_no_second_full_stop():
+    v = RunView(output="/out", files=FILES, drain=DRAIN_DONE, client={**CLIENT_DONE, "state": "failed",
+                                                                      "error": "the server is gone."},
+                problems=["the client's start was refused: pass --dataset with the data."])
+    lines = status_lines(v)
+    assert lines[0] == "The client failed: the server is gone."
+    assert lines[1] == "FAIL: the client's start was refused: pass --dataset with the data."
 
 
 def test_the_status_of_a_drain_that_has_not_written_yet_shows_dashes_not_errors():

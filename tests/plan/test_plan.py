@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -210,6 +211,40 @@ def test_reject_examples_name_the_file_and_row_of_every_reason(tiny_llama, tmp_p
     examples = report["reject_examples"]
     assert examples["bad_input_ids"].startswith("b.jsonl:2: token id 1000000 is outside the vocabulary")
     assert examples["malformed_json"].startswith("b.jsonl:3: ")
+
+
+def _plan_in_process(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["plan", *argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_a_plan_given_no_place_for_its_report_writes_nothing_and_says_so_first(tiny_llama, tmp_path, monkeypatch):
+    data, _ = _dataset(tmp_path, tiny_llama, n=10)
+    work = tmp_path / "started-here"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    rc, out, err = _plan_in_process("--dataset", str(data), "--model", str(tiny_llama), "--no-progress",
+                                    "--workers", "1", *LIMITS)
+    assert rc == 0 and "samples" in out, err
+    assert err.splitlines()[0] == ("plan: no --output or --json: the report and the scan are kept nowhere (--json "
+                                   "PATH keeps them, and a later plan of the same inputs reuses the scan)")
+    assert list(work.iterdir()) == [], "no plan.json or plan.scan.json where the plan was started"
+
+
+def test_a_plan_says_once_which_files_of_a_dataset_directory_it_skips(tiny_llama, tmp_path, caplog):
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "a.jsonl").write_text(_conversation(0) + "\n")
+    (d / ".notes.jsonl").write_text(_conversation(1) + "\n")
+    with caplog.at_level(logging.INFO, logger="hsextract"):
+        rc, _, err = _plan_in_process("--dataset", str(d), "--model", str(tiny_llama), "--no-progress",
+                                      "--workers", "1", "--json", str(tmp_path / "plan.json"))
+    assert rc == 0, err
+    said = [r.getMessage() for r in caplog.records if "hidden files" in r.getMessage()]
+    assert said == [f"dataset {d}: skipping 1 hidden files and directories (names starting with . or _): "
+                    ".notes.jsonl"]
 
 
 def test_planning_a_read_only_output_reports_and_says_in_one_line_that_the_report_was_not_kept(tiny_llama, tmp_path):

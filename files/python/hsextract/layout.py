@@ -21,6 +21,7 @@ equal to it.
         output.lock                     held by the training set's writer (the drain, finalize)
         client-<i>-of-<n>.lock, clients.lock   held by the client of each shard (hsextract.output_lock)
         drain-status.json, tmp/, arrow-build-<id>/, vocab_counts.json
+        finalized.json                  how many samples the dataset-level files cover (hsextract.finalized)
         dataset.json                    which dataset the training set was extracted from (the client's)
         plan.json
         output.lock                     held by the process that writes the set (hsextract collect)
@@ -55,6 +56,7 @@ FAILURES = "failures.jsonl"  # the samples the client gave up on, one JSON objec
 DRAIN_STATUS = "drain-status.json"
 DRAIN_TMP_DIR = "tmp"
 ARROW_BUILD_PREFIX = "arrow-build-"
+FINALIZED = "finalized.json"  # the samples the dataset-level files were last written for (hsextract.finalized)
 VOCAB_CHECKPOINT = "vocab_counts.json"  # never ends in "pt": some readers take every such file
 DATASET_RECORD = "dataset.json"  # the dataset the client extracts into this output (hsextract.client.dataset_record)
 PLAN = "plan.json"
@@ -187,6 +189,10 @@ def drain_status_path(output: str | Path) -> Path:
 
 def drain_tmp_dir(output: str | Path) -> Path:
     return state_dir(output) / DRAIN_TMP_DIR
+
+
+def finalized_path(output: str | Path) -> Path:
+    return state_dir(output) / FINALIZED
 
 
 def arrow_build_dir(output: str | Path, build_id: str) -> Path:

@@ -237,17 +237,17 @@ class ShardLock:
                 if path != self._file.path and shards_overlap(shard, self.shard):
                     holder = _held_by(path, shard)
                     if holder is not None:
-                        raise self._busy(holder, "shares samples with it")
+                        raise self._busy(holder, "whose shard shares samples with this client's shard")
             if not self._file.try_take():
-                raise self._busy(read_holder(self._file.path), "runs the same shard")
+                raise self._busy(read_holder(self._file.path), "which runs this client's shard")
             self._file.write_holder(_this_process("extract", self.shard))
         return self
 
     def _busy(self, holder: Holder | None, why: str) -> OutputBusy:
         i, n = self.shard
         return OutputBusy(
-            f"the output directory {self.output} is in use by {_who(holder)}, whose shard {why} (this client's "
-            f"shard is {i}/{n}): two clients of one sample would send the same request id. Stop that client "
+            f"the output directory {self.output} is in use by {_who(holder)}, {why} {i}/{n}: two clients of one "
+            "sample would send the same request id. Stop that client "
             "first, or give this one a shard disjoint from it (--shard)")
 
     def release(self) -> None:

@@ -42,6 +42,15 @@ class RunView:
     now: float = 0.0
     problems: list[str] = field(default_factory=list)  # what fails a finished run's check (hsextract.reconcile)
     counts: list[str] = field(default_factory=list)  # the run's reconciliation, one fact a line
+    # The reconciliation's figures (`Accounts.as_dict`): the table's rejected, failed and quarantined
+    # rows take them, so they agree with `counts` (the status files hold the last process's counts).
+    accounts: Snapshot | None = None
+    # (samples the dataset-level files cover, samples in the set), where known (hsextract.finalized).
+    dataset_files: tuple[int, int] | None = None
+
+    @property
+    def dataset_files_behind(self) -> bool:
+        return self.dataset_files is not None and self.dataset_files[0] != self.dataset_files[1]
 
 
 # ---- units -----------------------------------------------------------------------------------------
@@ -86,6 +95,12 @@ def table(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
 
 def _plural(n: int, word: str) -> str:
     return f"{count(n)} {word}" + ("" if n == 1 else "s")
+
+
+def sentence(text: str) -> str:
+    """`text` ended by one full stop: a message that ends with its own is not given a second."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
 # ---- the client ------------------------------------------------------------------------------------
@@ -152,17 +167,15 @@ def headline(view: RunView) -> str:
     client, drain = view.client, view.drain or {}
     in_set = count(drain.get("samples_total", 0))
     if not view.healthy:
-        return f"FAIL: {view.health}."
+        return sentence(f"FAIL: {view.health}")
     if client is None:
         return f"The client has not started yet; {in_set} samples are in the training set."
     state = client.get("state")
     done, total = count(_client_done(client)), count(client.get("samples_total", 0))
-    lag = _lag(drain)
     if state == "done":
-        waiting = f", {_plural(lag, 'sample')} still wait{'s' if lag == 1 else ''} for the drain" if lag else ""
-        return f"The run is done: {in_set} samples are in the training set{waiting}."
+        return _client_done_headline(view, in_set)
     if state == "failed":
-        return f"The client failed: {client.get('error') or 'see its journal'}."
+        return sentence(f"The client failed: {client.get('error') or 'see its journal'}")
     if state == "stopped":
         return f"The client was stopped after {done} of {total} samples; run it again to resume."
     if state == "paused":
@@ -170,6 +183,23 @@ def headline(view: RunView) -> str:
         for_how_long = f" for {duration(since)}" if since is not None else ""
         return f"The run is paused{for_how_long} ({client.get('paused_reason')}): {done} of {total} samples done."
     return f"The run is going: {done} of {total} samples done, ETA {duration(client.get('eta_s'))}."
+
+
+def _client_done_headline(view: RunView, in_set: str) -> str:
+    """The client is done; the run is done only once the drain has written every sample and the
+    dataset-level files (the Arrow dataset, the draft vocabulary) cover them."""
+    drain = view.drain or {}
+    lag = _lag(drain)
+    waiting = f", {_plural(lag, 'sample')} still wait{'s' if lag == 1 else ''} for the drain" if lag else ""
+    if drain.get("paused_reason"):
+        return f"The client is done, but the drain is paused ({drain['paused_reason']}): {in_set} samples are in " \
+               f"the training set{waiting}."
+    if lag:
+        return f"The client is done: {in_set} samples are in the training set{waiting}."
+    if view.dataset_files is not None and view.dataset_files_behind:
+        return f"The client is done and {in_set} samples are in the training set, but the dataset-level files " \
+               f"cover {count(view.dataset_files[0])} of them."
+    return f"The run is done: {in_set} samples are in the training set."
 
 
 def _progress_rows(view: RunView) -> list[tuple[str, str]]:
@@ -211,10 +241,18 @@ def _progress_rows(view: RunView) -> list[tuple[str, str]]:
 def _problem_rows(view: RunView) -> list[tuple[str, str]]:
     client, drain = view.client or {}, view.drain or {}
     rows: list[tuple[str, str]] = []
-    _by_reason(rows, "rejected", int(client.get("rejected", 0)), client.get("rejected_by_reason"), view.files.rejected)
-    _by_reason(rows, "failed", int(client.get("failed", 0)), client.get("failed_by_reason"), view.files.failed)
-    _by_reason(rows, "quarantined", int(drain.get("quarantined", 0)), drain.get("quarantined_by_reason"),
-               f"{view.files.quarantined}/<rid>/{QUARANTINE_REASON}")
+    accounts = view.accounts
+    if accounts is not None:  # the run's files, as `counts` reads them
+        rejected, failed, quarantined = accounts["rejected"], accounts["failed"], accounts["quarantined"]
+    else:  # the last client's and the last drain's own counts
+        rejected, failed = client.get("rejected_by_reason") or {}, client.get("failed_by_reason") or {}
+        quarantined = drain.get("quarantined_by_reason") or {}
+    _by_reason(rows, "rejected", int(client.get("rejected", 0)) if accounts is None else sum(rejected.values()),
+               rejected, view.files.rejected)
+    _by_reason(rows, "failed", int(client.get("failed", 0)) if accounts is None else sum(failed.values()), failed,
+               view.files.failed)
+    _by_reason(rows, "quarantined", int(drain.get("quarantined", 0)) if accounts is None else sum(
+        quarantined.values()), quarantined, f"{view.files.quarantined}/<rid>/{QUARANTINE_REASON}")
     stale = int(drain.get("stale_removed", 0))
     if stale:  # staged dumps that were never samples of this run, or were written already: nothing lost
         _by_reason(rows, "stale removed", stale, drain.get("stale_removed_by_reason"), "the drain's journal")
@@ -227,5 +265,5 @@ def _count_rows(view: RunView) -> list[tuple[str, str]]:
 
 def status_lines(view: RunView) -> list[str]:
     """`hsextract status` and the play's closing summary."""
-    problems = [f"FAIL: {problem}." for problem in view.problems]
+    problems = [sentence(f"FAIL: {problem}") for problem in view.problems]
     return [headline(view), *problems, *table(_progress_rows(view) + _problem_rows(view) + _count_rows(view))]

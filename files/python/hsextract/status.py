@@ -17,6 +17,7 @@ from typing import Any
 from hsextract.client_state import combined_status, read_shards
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
+from hsextract.finalized import finalized_samples
 from hsextract.layout import (
     FAILURES,
     REJECTS,
@@ -95,6 +96,24 @@ def _every_shard(output: str | Path, base: str) -> str:
     return str(state_dir(output) / f"{stem}*.{ext}")
 
 
+def dataset_files(output: str | Path, drain: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(samples the dataset-level files cover, samples in the set), where the drain's status says
+    how many are in the set and the drain records finalizes (hsextract.finalized); else None."""
+    if drain is None or "finalized_samples" not in drain:
+        return None  # no drain yet, or one of a version that did not record them: not known
+    return finalized_samples(output) or 0, int(drain.get("samples_total") or 0)
+
+
+def dataset_files_problem(output: str | Path, drain: dict[str, Any] | None, files: tuple[int, int] | None) -> str:
+    """The problem of a drain that has finished with the dataset-level files behind the set, or ''.
+    A running drain writes them when idle or when the run is over: not a problem yet."""
+    if files is None or files[0] == files[1] or (drain or {}).get("state") not in FINISHED_STATES:
+        return ""
+    why = (drain or {}).get("finalize_problem") or f"run `hsextract finalize --output {output}`"
+    return (f"the dataset-level files (the format's, the draft vocabulary's) cover {files[0]} of the {files[1]} "
+            f"samples in the set, so a trainer would not read the others: {why}")
+
+
 def start_refusal(client: dict[str, Any] | None) -> str:
     """The problem of a client whose last start was refused, or ''."""
     refused = (client or {}).get("start_refused")
@@ -117,17 +136,24 @@ def run(args: argparse.Namespace) -> int:
     refusal = start_refusal(client)
     if refusal:
         problems = [refusal, *problems]
+    files = dataset_files(args.output, drain)
+    behind = dataset_files_problem(args.output, drain, files)
+    if behind:
+        problems = [*problems, behind]
     ok = health[0] and not problems
     if args.json:
         # The dataset's size as the finished clients counted it (a fleet's hosts sum their shards to it).
         lines = {s.summary.get("dataset_lines") for s in shards if s.summary}
         print(json.dumps({"ok": ok, "why": health[1], "problems": problems, "drain": drain, "client": client,
                           "dataset_lines": lines.pop() if len(lines) == 1 else None,
-                          "accounts": accounts.as_dict() if accounts else None}, indent=2))
+                          "accounts": accounts.as_dict() if accounts else None,
+                          "dataset_files": None if files is None else
+                          {"samples": files[0], "of": files[1], "current": files[0] == files[1]}}, indent=2))
     else:
         view = RunView(output=str(args.output), files=problem_files(args.output, drain, [s.shard for s in shards]),
                        drain=drain, client=client,
                        healthy=health[0], health=health[1], now=now, problems=problems,
-                       counts=accounts.lines_of_text() if accounts else [])
+                       counts=accounts.lines_of_text() if accounts else [],
+                       accounts=accounts.as_dict() if accounts else None, dataset_files=files)
         print("\n".join(status_lines(view)))
     return 0 if ok else 1

@@ -34,6 +34,7 @@ from typing import Any
 
 from hsextract.client import defaults, tokenizer_files
 from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample
+from hsextract.client.head_tokens import tokenize_head
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.model_info import read_model_info
 from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
@@ -52,7 +53,9 @@ class Encoded:
     index: int
     input_ids: list[int]
     loss_mask: list[int]
-    truncated_from: int = 0  # original length when truncated, else 0
+    # when truncated: the original length, or, where only its head was tokenized, max_tokens + 1 (a
+    # lower bound: hsextract.client.head_tokens); else 0
+    truncated_from: int = 0
     file: str = ""  # where the sample came from, for failure reports
     line: int = 0
 
@@ -169,20 +172,27 @@ def _anchored_spans(tok: Any, messages: Sequence[Message], full: str, why: str, 
 def tokenize_with_mask(tok: Any, messages: Sequence[Message], tools: Tools = None,
                        last_turn_only: bool = False) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation and its mask: 1 on assistant replies (end-of-turn included)."""
+    ids, mask, _ = tokenize_head_with_mask(tok, messages, tools, last_turn_only, None)
+    return ids, mask
+
+
+def tokenize_head_with_mask(tok: Any, messages: Sequence[Message], tools: Tools, last_turn_only: bool,
+                            limit: int | None) -> tuple[list[int], list[int], bool]:
+    """`tokenize_with_mask`, or where the conversation has more than `limit` tokens, its first
+    ``limit + 1`` and True (tokenized only as far as that: `hsextract.client.head_tokens`)."""
     text, spans = assistant_spans(tok, messages, tools)
     if last_turn_only:
         spans = spans[-1:]
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    starts = [s for s, _ in enc["offset_mapping"]]
-    mask = [0] * len(ids)
+    head = tokenize_head(tok, text, limit)
+    starts = head.starts
+    mask = [0] * len(head.ids)
     for a, b in spans:
         # tokens are in text order, so the tokens starting in [a, b) are a contiguous run
         lo = bisect.bisect_left(starts, a)
         hi = bisect.bisect_left(starts, b)
         for t in range(lo, hi):
             mask[t] = 1
-    return ids, mask
+    return head.ids, mask, head.more
 
 
 class SampleEncoder:
@@ -215,14 +225,16 @@ class SampleEncoder:
             if bad is not None:
                 detail = f"token id {bad} is outside the vocabulary (size {self.vocab_size})"
                 return Reject(sample.index, BAD_INPUT_IDS, detail)
+            more = False
         else:
             try:
-                ids, mask = tokenize_with_mask(self.tok, sample.messages or [], sample.tools, self.last_turn_only)
+                ids, mask, more = tokenize_head_with_mask(self.tok, sample.messages or [], sample.tools,
+                                                          self.last_turn_only, self.max_tokens)
             except TemplateMismatch as exc:
                 return Reject(sample.index, TEMPLATE_NOT_INCREMENTAL, str(exc))
             except Exception as exc:  # jinja2 TemplateError, raise_exception() in templates, tokenizer errors
                 return Reject(sample.index, CHAT_TEMPLATE_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}")
-        out = self._fit(sample.index, ids, mask)
+        out = self._fit(sample.index, ids, mask, more)
         if isinstance(out, Encoded) and self.min_loss_tokens and sum(out.loss_mask) < self.min_loss_tokens:
             n = sum(out.loss_mask)
             detail = f"{n} loss tokens, fewer than --min-loss-tokens {self.min_loss_tokens}"
@@ -230,16 +242,19 @@ class SampleEncoder:
             return Reject(sample.index, TOO_FEW_LOSS_TOKENS, detail, extra)
         return out
 
-    def _fit(self, index: int, ids: list[int], mask: list[int]) -> Encoded | Reject:
+    def _fit(self, index: int, ids: list[int], mask: list[int], more: bool = False) -> Encoded | Reject:
+        """Cut or skip a sample over the limit; `more`: `ids` are only its head (its length is not
+        known, only that it is over the limit), so the reject says "more than"."""
         n = len(ids)
         if self.max_tokens is None or n <= self.max_tokens:
             return Encoded(index, ids, mask)
-        extra = {"tokens": n, "max_tokens": self.max_tokens}
+        extra = {"tokens_at_least" if more else "tokens": n, "max_tokens": self.max_tokens}
+        length = f"more than {self.max_tokens} tokens" if more else f"{n} tokens"
         if self.overlong == "skip":
-            return Reject(index, TOO_LONG, f"{n} tokens > max {self.max_tokens} (overlong=skip)", extra)
+            return Reject(index, TOO_LONG, f"{length} > max {self.max_tokens} (overlong=skip)", extra)
         ids, mask = ids[: self.max_tokens], mask[: self.max_tokens]
         if not any(mask):
-            return Reject(index, TOO_LONG, f"{n} tokens; no assistant token within the first {self.max_tokens}", extra)
+            return Reject(index, TOO_LONG, f"{length}; no assistant token within the first {self.max_tokens}", extra)
         return Encoded(index, ids, mask, truncated_from=n)
 
 

@@ -84,7 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--server-wait", type=float, default=retry.server_wait_s,
                    help=f"seconds to wait for a down server before giving up (default {retry.server_wait_s:g})")
     r.add_argument("--request-timeout", type=float, default=retry.read_timeout_s,
-                   help=f"seconds to wait for one answer (default {retry.read_timeout_s:g})")
+                   help="seconds without an answer before the client asks the server's /health: a healthy "
+                        "server keeps the request (waited on up to --server-wait), one that is not gets it again "
+                        f"once it is healthy (default {retry.read_timeout_s:g})")
     r.add_argument("--probe-timeout", type=float, default=_default("probe_timeout_s"),
                    help="seconds the start-up probe's dump may take to appear in --dump-dir "
                         f"(default {_default('probe_timeout_s'):g})")

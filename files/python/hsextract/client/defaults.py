@@ -25,6 +25,8 @@ RID_PREFIX = "hsx"
 # EAGLE-3 captures three aux layers; only sizes the staging estimates.
 NUM_AUX = 3
 # A row longer than this (a JSON text's bytes, a table row's characters) is rejected before it is
-# parsed and tokenized: tokenizing with offsets costs a few hundred bytes of memory per input byte,
-# so one 50 MB line took 17 GB. 8 MiB is some 2 million tokens of text, far beyond any context.
+# parsed: parsing and rendering it costs several times its size. (Tokenizing a whole row with
+# offsets cost a few hundred bytes per byte, 17 GB for a 50 MB line; the encoder now tokenizes only
+# as far as the length limit needs: hsextract.client.head_tokens.) 8 MiB is some 2 million tokens
+# of text, far beyond any context.
 MAX_ROW_BYTES = 8 << 20

@@ -39,7 +39,7 @@ from typing import Any
 from hsextract.client import defaults
 from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark, pause_poll_s
 from hsextract.client.chat_template import Encoded, build_encoder
-from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict
+from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict, look
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.client.dataset_record import check_and_record
 from hsextract.client.probe import probe_capture
@@ -128,7 +128,7 @@ class ExtractRun:
         self.output = Path(cfg.output).resolve()
         self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
-        self.sender = Sender(cfg.server, cfg.retry, self.stop)
+        self.sender = Sender(cfg.server, cfg.retry, self.stop, settled=self._capture_has_word)
         self.fatal: BaseException | None = None
         self._slots = threading.Semaphore(cfg.max_in_flight)
         # Answered samples waiting for the capture's word, and those to send again.
@@ -147,6 +147,14 @@ class ExtractRun:
         self._failures = RunJsonl(failures_path(self.output, cfg.shard))
 
     # -- outcomes (called from sender threads) -------------------------------------------------
+
+    def _capture_has_word(self, rid: str) -> bool:
+        """Whether the capture has said what became of `rid` (`confirm.look`): the sender asks when
+        the server still holds an earlier send of it (hsextract.client.sender)."""
+        try:
+            return look(Path(self.cfg.dump_dir), rid, 0.0, float("inf")) is not None
+        except OSError:
+            return False
 
     def _finish(self, rid: str, enc: Encoded, fut: Future) -> None:
         try:

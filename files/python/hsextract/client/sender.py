@@ -7,6 +7,21 @@ sample again. Only errors that persist while the server is healthy use up a samp
 a sample that runs out of them is reported failed with the last reason, and the run goes on.
 4xx answers (the server refuses this sample) fail at once: sending it again cannot help.
 
+A request the server has not answered within ``--request-timeout`` is not given up while the server
+is healthy: SGLang aborts a request whose connection closes (and, since it matches rids by prefix,
+every queued request whose rid extends it), so closing it would throw the queued work away and a
+resend would wait in the same queue. The sender asks ``/health`` instead and keeps waiting on the
+same connection; only a server that is not healthy, or a request unanswered for ``--server-wait``,
+costs an attempt and is sent again once the server is back. A resend that meets SGLang's
+``Duplicate request ID`` answer is not a refusal either: the server still holds an earlier send of
+the same rid (a connection lost while the server kept the request, a client restarted within
+SGLang's few seconds of noticing the old one's disconnect). The sender waits for that send, looking
+at the capture's staging meanwhile (`settled`): once the earlier send staged its dump, or failed it,
+the sample is handed to the capture watch as answered; once the server lets the rid go, it is sent
+again. The rid stays one per sample, so the two sends can never make two dumps that both enter the
+training set: they share one staging directory, and the drain drops a second dump of a written
+sample.
+
 The requests go out on ``http.client`` connections kept open per sender thread, with the body
 encoded by the standard library's C JSON encoder: ``requests`` spent 1.6 ms of CPU a request on
 a 2-core machine against 0.3-0.4 ms this way (the proxy settings read from the environment, the
@@ -16,12 +31,14 @@ pure-Python JSON encoding of the ids), and one client process runs everything un
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import logging
 import select
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +59,19 @@ PROMPT_TOKENS_MISMATCH = "prompt_tokens_mismatch"
 ABORTED = "aborted"
 # Not a failure: the client was asked to stop before the sample had an answer. The next run sends it.
 STOPPED = "stopped"
+# SGLang's answer (HTTP 400) to a rid it still holds from an earlier send (tokenizer_manager.py).
+DUPLICATE_RID = "Duplicate request ID"
+# How long the sender waits between sends of a rid the server still holds (doubling up to the second).
+HELD_POLL_S = (0.2, 2.0)
+
+
+def _no_answer(exc: BaseException) -> tuple[str, str]:
+    """The reason and detail of a request that got no answer."""
+    if isinstance(exc, ConnectFailed):
+        return CONNECTION, str(exc)[:200]
+    if isinstance(exc, TimeoutError):
+        return TIMEOUT, f"no answer from a server that is not healthy ({exc})"[:200]
+    return CONNECTION, f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 class ServerUnavailable(HsextractError):
@@ -88,6 +118,8 @@ class HealthGate:
         self._count_lock = threading.Lock()
         self.waiting = 0  # threads blocked on a down server, shown in the status
         self.down_since: float | None = None
+        self._probe_lock = threading.Lock()
+        self._probed_ok_at = -float("inf")
 
     def probe(self) -> bool:
         """True when ``GET /health`` answers 200. SGLang answers it only after a one-token
@@ -105,6 +137,17 @@ class HealthGate:
             return resp.status_code == 200
         except requests.RequestException:
             return False
+
+    def healthy_now(self, max_age_s: float) -> bool:
+        """`probe`, shared: a probe that answered 200 less than `max_age_s` ago is taken as the
+        answer, and one thread probes at a time, so many requests waiting at once ask once."""
+        with self._probe_lock:
+            if time.monotonic() - self._probed_ok_at < max_age_s:
+                return True
+            ok = self.probe()
+            if ok:
+                self._probed_ok_at = time.monotonic()
+            return ok
 
     def wait_healthy(self, since: float) -> None:
         """Block until the server was seen healthy after time `since`; raise ServerUnavailable on
@@ -196,9 +239,14 @@ class _Connection:
             self._conn = conn
         return conn
 
-    def post_json(self, path: str, body: dict[str, Any]) -> _Answer:
+    def post_json(self, path: str, body: dict[str, Any],
+                  still_running: Callable[[float], bool] | None = None) -> _Answer:
         """POST ``body`` as JSON and read the whole answer; OSError or HTTPException on failure
         (the connection is closed then).
+
+        Each time ``read_timeout_s`` passes without an answer, ``still_running(seconds waited)``
+        says whether to wait on (the server still runs the request); without it, or when it says
+        no, TimeoutError.
 
         A kept-open connection the server closes just as the request goes out (its keep-alive
         timeout, a race the readability check cannot close) answers nothing: the request goes out
@@ -207,16 +255,17 @@ class _Connection:
         data = json.dumps(body, separators=(",", ":")).encode()
         reused = self._conn is not None
         try:
-            return self._exchange(path, data)
+            return self._exchange(path, data, still_running)
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
             if not reused:
                 raise
-        return self._exchange(path, data)
+        return self._exchange(path, data, still_running)
 
-    def _exchange(self, path: str, data: bytes) -> _Answer:
+    def _exchange(self, path: str, data: bytes, still_running: Callable[[float], bool] | None) -> _Answer:
         conn = self._open()
         try:
             conn.request("POST", self._prefix + path, body=data, headers={"Content-Type": "application/json"})
+            self._await_answer(conn, still_running)
             resp = conn.getresponse()
             answer = _Answer(resp.status, resp.read())
         except BaseException:
@@ -226,14 +275,31 @@ class _Connection:
             self.close()
         return answer
 
+    def _await_answer(self, conn: http.client.HTTPConnection, still_running: Callable[[float], bool] | None) -> None:
+        """Return once the answer starts to arrive; TimeoutError when a read timeout passed and
+        `still_running` does not say to wait on. Nothing of the answer is read here, so
+        ``getresponse`` reads it whole afterwards (an SSL socket holds no data before it does)."""
+        assert conn.sock is not None
+        started = time.monotonic()
+        timeout = self._policy.read_timeout_s
+        while not select.select([conn.sock], [], [], timeout)[0]:
+            waited = time.monotonic() - started
+            if still_running is None or not still_running(waited):
+                raise TimeoutError(f"no answer within {waited:.0f} s")
+
 
 class Sender:
     """POSTs samples to ``/generate`` as 1-token greedy prefills; thread-safe (a connection per thread)."""
 
-    def __init__(self, base_url: str, policy: RetryPolicy | None = None, stop: threading.Event | None = None):
+    def __init__(self, base_url: str, policy: RetryPolicy | None = None, stop: threading.Event | None = None,
+                 settled: Callable[[str], bool] | None = None):
+        """`settled(rid)`: whether the capture has its word on `rid` already (a dump staged or
+        failed, or taken by the drain): a send the server still holds is then answered for the
+        client's purpose, and the capture watch takes it from there."""
         self.base_url = base_url.rstrip("/")
         self.policy = policy or RetryPolicy()
         self.stop = stop or threading.Event()
+        self.settled = settled or (lambda rid: False)
         self.gate = HealthGate(self.base_url, self.policy, self.stop)
         self._local = threading.local()
         _Connection(self.base_url, self.policy)  # a malformed URL stops the run here, not in every thread
@@ -262,37 +328,81 @@ class Sender:
     def _send(self, rid: str, input_ids: list[int]) -> SendResult:
         reason, detail = "", ""
         attempt = 0
+        held_since: float | None = None  # since when the server answers that it holds an earlier send
         while attempt < self.policy.max_attempts:
             attempt += 1
             started = time.monotonic()
             try:
-                resp = self._connection().post_json("/generate", self.payload(rid, input_ids))
-            except ConnectFailed as exc:
-                reason, detail = CONNECTION, str(exc)[:200]
+                resp = self._connection().post_json("/generate", self.payload(rid, input_ids),
+                                                    functools.partial(self._still_running, rid))
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, closed mid-answer, timed out
+                reason, detail = _no_answer(exc)
                 self.gate.wait_healthy(started)
                 continue
-            except TimeoutError as exc:
-                reason, detail = TIMEOUT, f"no answer within {self.policy.read_timeout_s:.0f} s ({exc})"[:200]
-                continue
-            except (OSError, http.client.HTTPException) as exc:  # reset, closed mid-answer, garbled
-                reason, detail = CONNECTION, f"{type(exc).__name__}: {str(exc)[:200]}"
-                self.gate.wait_healthy(started)
-                continue
-            if resp.status_code == 200:
-                result = self._check(resp, len(input_ids), attempt)
-                if result.reason != ABORTED:
+            if resp.status_code == 400 and DUPLICATE_RID in resp.text:
+                held_since = held_since if held_since is not None else self._held_from(rid)
+                result = self._held(rid, len(input_ids), attempt, held_since)
+                if result is not None:
                     return result
-                reason, detail = result.reason, result.detail  # the server gave up on it: try again
-                if self.stop.wait(self.policy.delay(attempt)):
-                    raise StopRequested
+                if time.monotonic() - held_since < self.policy.read_timeout_s:
+                    attempt -= 1  # not a try of this sample: the server still runs its earlier one
+                    continue
+                reason, held_since = TIMEOUT, None
+                detail = (f"the server still held an earlier send of {rid} after {self.policy.read_timeout_s:.0f} s "
+                          f"(HTTP {resp.status_code}: {resp.text[:200]})")[:300]
                 continue
-            detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
-            if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
-                return SendResult(False, reason=HTTP_4XX, detail=detail, attempts=attempt)
-            reason = SERVER_ERROR
+            result = self._answered(resp, len(input_ids), attempt)
+            if result.reason not in (ABORTED, SERVER_ERROR):
+                return result
+            reason, detail = result.reason, result.detail  # the server gave up on it, or erred: try again
             if self.stop.wait(self.policy.delay(attempt)):
                 raise StopRequested
         return SendResult(False, reason=reason or CONNECTION, detail=detail, attempts=attempt)
+
+    def _answered(self, resp: _Answer, n_tokens: int, attempt: int) -> SendResult:
+        """The sample's result from an answer; reason ABORTED (the server gave up on it) or
+        SERVER_ERROR (a 5xx, 408, 429) are worth another try."""
+        if resp.status_code == 200:
+            return self._check(resp, n_tokens, attempt)
+        detail = f"HTTP {resp.status_code}: {resp.text[:200]}"
+        if 400 <= resp.status_code < 500 and resp.status_code not in (408, 429):
+            return SendResult(False, reason=HTTP_4XX, detail=detail, attempts=attempt)
+        return SendResult(False, reason=SERVER_ERROR, detail=detail, attempts=attempt)
+
+    @staticmethod
+    def _held_from(rid: str) -> float:
+        log.info("%s: the server still holds an earlier send of it; waiting for that one", rid)
+        return time.monotonic()
+
+    def _still_running(self, rid: str, waited_s: float) -> bool:
+        """No answer yet after `waited_s`: wait on while the server is healthy (it still holds the
+        request), up to --server-wait; see the module docstring."""
+        if waited_s >= self.policy.server_wait_s:
+            log.warning("%s: no answer in %.0f s from a healthy server; sending it again", rid, waited_s)
+            return False
+        if not self.gate.healthy_now(max_age_s=self.policy.read_timeout_s / 2):
+            log.warning("%s: no answer in %.0f s, and the server is not healthy: sending it again once it is",
+                        rid, waited_s)
+            return False
+        log.info("%s: no answer in %.0f s; the server is healthy and still holds it: waiting on", rid, waited_s)
+        return True
+
+    def _held(self, rid: str, n_tokens: int, attempt: int, held_since: float) -> SendResult | None:
+        """The server still holds an earlier send of `rid`: wait a little for it. A result when the
+        capture has its word on the earlier send already (the watch then reads it); None to send
+        again."""
+        waited = time.monotonic() - held_since
+        pause = min(HELD_POLL_S[1], HELD_POLL_S[0] * 2 ** int(waited))
+        deadline = time.monotonic() + pause
+        while True:
+            if self.settled(rid):
+                return SendResult(True, n_tokens, detail=f"the server held an earlier send of {rid}, which the "
+                                                         "capture has its word on", attempts=attempt)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if self.stop.wait(min(left, HELD_POLL_S[0])):
+                raise StopRequested
 
     @staticmethod
     def _check(resp: _Answer, n_tokens: int, attempt: int) -> SendResult:

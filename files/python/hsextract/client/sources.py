@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +137,22 @@ def _empty(path: Path) -> bool:
         return False  # an unreadable file is reported by its reader
 
 
+# What a process has said about the files of a dataset directory it skips: a plan or a run lists
+# the directory several times (the reader, the row count, the fingerprint, the scan's key), and
+# says it once.
+_said: set[tuple[str, str, tuple[str, ...]]] = set()
+_said_lock = threading.Lock()
+
+
+def _say_once(directory: Path, message: str, names: list[str]) -> None:
+    key = (str(directory), message, tuple(names))
+    with _said_lock:
+        if key in _said:
+            return
+        _said.add(key)
+    log.info("dataset %s: " + message, directory, len(names), _names(names))
+
+
 def dataset_files(path: str | Path) -> list[DataFile]:
     """The files of a dataset path, in reading order; HsextractError saying what to pass when unusable.
 
@@ -150,10 +167,9 @@ def dataset_files(path: str | Path) -> list[DataFile]:
         hidden: list[str] = []
         _walk(p, "", out, ignored, hidden)
         if hidden:
-            log.info("dataset %s: skipping %d hidden files and directories (names starting with . or _): %s", p,
-                     len(hidden), _names(hidden))
+            _say_once(p, "skipping %d hidden files and directories (names starting with . or _): %s", hidden)
         if ignored:
-            log.info("dataset %s: skipping %d files of no dataset format: %s", p, len(ignored), _names(ignored))
+            _say_once(p, "skipping %d files of no dataset format: %s", ignored)
         if not out:
             raise HsextractError(f"dataset directory {p} has no dataset files ({', '.join(KNOWN)}, "
                                  "optionally .gz or .zst, or a save_to_disk directory)")

@@ -53,7 +53,8 @@ from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.warmup import warm_up
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.drain.worker_processes import WorkerProcesses
-from hsextract.durable import check_writable
+from hsextract.durable import check_writable, is_no_space
+from hsextract.finalized import record_finalized
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
 from hsextract.layout import drain_tmp_dir
@@ -65,8 +66,10 @@ log = logging.getLogger("hsextract.drain")
 
 # Exit status of `--exit-when-done` when the run's counts do not add up or too many samples failed.
 RUN_CHECK_FAILED = 3
+# Exit status of a drain that finished its run but could not write the dataset-level files.
+FINALIZE_FAILED = 4
 
-__all__ = ["RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
+__all__ = ["FINALIZE_FAILED", "RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
 
 
 class Drainer:
@@ -88,6 +91,7 @@ class Drainer:
         self._selfcheck: GreedySelfCheck | None = None
         self._processes: WorkerProcesses | None = None  # the worker processes, where the workers are processes
         self._finalized_at_count = -1
+        self._finalize_problem = ""  # why the dataset-level files lag behind the manifest at the end
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -122,6 +126,10 @@ class Drainer:
         self.stats.set(state="done" if not self.stop_event.is_set() else "stopped", in_flight=0,
                        lag=self._our_dumps_left())
         exit_code = self._check_run() if finished_run else 0
+        if self._finalize_problem and not self.stop_event.is_set():
+            log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
+            exit_code = exit_code or FINALIZE_FAILED
+        self.stats.set(finalize_problem=self._finalize_problem)
         self._outcomes.write_status()
         log.info("drain stopped: %d samples written by this process, %d in the manifest",
                  self.stats.samples, self.stats.samples_total)
@@ -195,7 +203,7 @@ class Drainer:
                     log.info("the client has finished and staging holds no dump of this run: finalizing")
                     self.stats.set(finished_client_runs=self._clients.summaries())
                     return True
-                if now - self._inflight.last_activity >= self.cfg.finalize_idle_s:
+                if now - self._inflight.last_activity >= self.cfg.finalize_idle_s or self._run_over(committer):
                     self._finalize_if_changed(committer)
             wake.wait(self._wait_s())
             wake.clear()
@@ -218,8 +226,10 @@ class Drainer:
         if self._outcomes.fatal is None:
             try:
                 self._finalize_if_changed(committer)
-            except Exception:  # the samples are safe; only the dataset-level files lag behind
+            except Exception as exc:  # the samples are safe; only the dataset-level files lag behind
                 log.exception("finalizing at shut-down failed; run `hsextract finalize --output %s`", self.out)
+                self._finalize_problem = f"finalizing failed ({type(exc).__name__}: {exc}); run `hsextract " \
+                                         f"finalize --output {self.out}`"
         if metrics:
             metrics.stop()
 
@@ -231,17 +241,44 @@ class Drainer:
         """This run's sample dumps in staging (probes are not samples)."""
         return sum(not p.probe for _, p in run_dumps(self.cfg.dump_dir, self.run_id))
 
+    def _run_over(self, committer: Committer) -> bool:
+        """Samples came since the last finalize, the clients have finished and nothing of the run is
+        staged: the run is over, and its dataset-level files are written now rather than after
+        --finalize-idle (a daemon drain; hsextract status calls the run done only then)."""
+        return (len(committer.entries) != self._finalized_at_count and self._client_finished()
+                and not self._our_dumps_left())
+
     def _finalize_if_changed(self, committer: Committer) -> None:
-        """Rebuild the dataset-level files (the format's, the draft vocabulary's) if samples came since."""
+        """Rebuild the dataset-level files (the format's, the draft vocabulary's and config) if samples came
+        since, and record how many they cover (hsextract.finalized). A full volume pauses and
+        retries, as for samples; a stop meanwhile leaves them behind (said in the log and by
+        `hsextract status`; the next drain or ``hsextract finalize`` writes them)."""
         n = len(committer.entries)
         header = self._header.header if self._header is not None else None
         if n == self._finalized_at_count or header is None:
             return
-        paths = self.fmt.finalize(self.out, header, list(committer.entries))
-        self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
-        paths += write_draft_files_logged(self.out, header, committer.entries, self.cfg.model_path,
-                                          self.cfg.draft_vocab_sizes)
+        while True:
+            try:
+                paths = self.fmt.finalize(self.out, header, list(committer.entries))
+                self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
+                paths += write_draft_files_logged(self.out, header, committer.entries, self.cfg.model_path,
+                                                  self.cfg.draft_vocab_sizes)
+                record_finalized(self.out, n)
+                break
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                if self.stop_event.is_set():
+                    self._finalize_problem = (
+                        f"the output volume was full ({exc.strerror}) when the drain stopped, so the dataset-level "
+                        f"files were not written for the {n} samples of the manifest; the next drain, or `hsextract "
+                        f"finalize --output {self.out}` once there is space, writes them")
+                    log.error("%s", self._finalize_problem)
+                    return
+                self._outcomes.pause_for_space(self.out, exc)
         self._finalized_at_count = n
+        self._finalize_problem = ""
+        self.stats.set(finalized_samples=n)
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
 

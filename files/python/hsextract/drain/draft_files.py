@@ -3,7 +3,8 @@
 The config needs the target's ``config.json`` (and, for SpecForge's run file, its weight index);
 the drain reads them from ``--model`` or, without it, from the model path the capture recorded.
 A model directory that cannot be read leaves the set without the two files and says so on the
-drain's log, with the command that writes them later; it never stops the drain.
+drain's log, with the command that writes them later; it never stops the drain. A full volume is
+not that: it is raised, and the drain waits for space as for the other dataset-level files.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hsextract.draft_config import write_draft_files
+from hsextract.durable import is_no_space
 from hsextract.errors import HsextractError
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.vocab.mapping import resolve_sizes
@@ -42,6 +44,8 @@ def write_draft_files_logged(out: Path, header: ManifestHeader, entries: Sequenc
                                  sglang_layers=header.sglang_layers_to_capture, draft_vocab_size=size or 32000,
                                  fmt=header.format, max_length=max_length_for(entries))
     except (OSError, ValueError, HsextractError) as exc:
+        if is_no_space(exc):
+            raise  # a full volume: the drain waits for space for every dataset-level file alike
         log.error("draft_config.json not written (%s); write it with `hsextract draft-config --output %s --model "
                   "<the model directory>`", exc, out)
         return []

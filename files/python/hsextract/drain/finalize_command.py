@@ -16,6 +16,7 @@ from pathlib import Path
 from hsextract.config_file import add_config_argument
 from hsextract.drain.command import add_draft_vocab_arguments, draft_vocab_settings
 from hsextract.errors import ConfigError
+from hsextract.finalized import record_finalized
 from hsextract.output_lock import OutputLock
 
 
@@ -56,6 +57,7 @@ def _finalize(args: argparse.Namespace, out: Path, sizes: tuple[int, ...], vocab
         tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
         tracker.recover(entries)  # the counts brought up to the manifest
         paths += tracker.write_files(vocab_size or header.vocab_size)
+    record_finalized(out, len(entries))
     names = ", ".join(str(p.relative_to(out)) for p in paths) or "nothing"
     print(f"{out}: {len(entries)} samples ({header.format}); wrote {names}")
     return 0

@@ -50,6 +50,8 @@ class DrainStats:
     # the end of a new run.
     finished_client_runs: list = field(default_factory=list)
     in_flight: int = 0
+    finalized_samples: int | None = None  # the samples the dataset-level files were last written for
+    finalize_problem: str = ""  # why they lag behind the manifest, when the drain stops with them behind
     paused_reason: str = ""
     state: str = "starting"
     started_at: float = field(default_factory=time.time)
@@ -105,6 +107,8 @@ class DrainStats:
                 "accounts": dict(self.accounts),
                 "finished_client_runs": list(self.finished_client_runs),
                 "in_flight": self.in_flight,
+                "finalized_samples": self.finalized_samples,
+                "finalize_problem": self.finalize_problem,
                 "quarantined": sum(self.quarantined.values()),
                 "quarantined_by_reason": dict(self.quarantined),
                 "stale_removed": sum(self.stale_removed.values()),

@@ -38,7 +38,7 @@ import torch
 from hsextract.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, tensor_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
-from hsextract.layout import arrow_build_dir
+from hsextract.layout import ARROW_BUILD_PREFIX, arrow_build_dir, state_dir
 from hsextract.staging import DTYPES
 
 HS_DIR = "hidden_states"
@@ -169,6 +169,7 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
 
     datasets.disable_progress_bars()
     out = Path(output_dir)
+    remove_arrow_builds(out)  # an earlier build that failed (a full volume, a kill) left its directory
     rows = sorted(entries, key=lambda e: e.output_index)
     if [e.output_index for e in rows] != list(range(len(rows))):
         raise ValueError(f"{out}: manifest output indices are not contiguous from 0; cannot number Arrow rows")
@@ -189,12 +190,39 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
     ds.set_format("torch")
     build_id = f"{time.time_ns():x}"
     build = arrow_build_dir(out, build_id)
-    if build.exists():
-        shutil.rmtree(build)
+    new_files: list[str] = []
+    try:
+        listed = _switch_to_build(out, ds, build, build_id, kept, new_files)
+    except BaseException:
+        # Nothing of a failed build stays: state.json still lists the old files, so the new ones
+        # are not the dataset's (the next build would remove them too).
+        for name in new_files:
+            with contextlib.suppress(FileNotFoundError):
+                (out / name).unlink()
+        raise
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    for old in out.glob("data-*.arrow"):
+        if old.name not in listed:
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+    return out / "state.json"
+
+
+def remove_arrow_builds(out: Path) -> None:
+    """Remove the build directories of earlier Arrow builds (only one process writes a set at a time:
+    hsextract.output_lock)."""
+    for old in state_dir(out).glob(f"{ARROW_BUILD_PREFIX}*"):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _switch_to_build(out: Path, ds: Any, build: Path, build_id: str, kept: list[str],
+                     new_files: list[str]) -> list[str]:
+    """Save `ds` in `build`, move its data files into `out` under build-unique names (appended to
+    `new_files` as they arrive), then replace ``state.json``; the data files now listed."""
     build.parent.mkdir(parents=True, exist_ok=True)
     ds.save_to_disk(str(build))
     state = json.loads((build / "state.json").read_text())
-    new_files = []
     for item in state["_data_files"]:
         src = build / item["filename"]
         name = f"data-{build_id}-{item['filename'].removeprefix('data-')}"
@@ -208,9 +236,4 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
     atomic_write_bytes(out / "dataset_info.json", (build / "dataset_info.json").read_bytes())
     # state.json names the data files: replacing it is the atomic switch to the new dataset.
     atomic_write_bytes(out / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
-    shutil.rmtree(build, ignore_errors=True)
-    for old in out.glob("data-*.arrow"):
-        if old.name not in listed:
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
-    return out / "state.json"
+    return listed

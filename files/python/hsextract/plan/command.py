@@ -1,7 +1,7 @@
 """``hsextract plan``: read the dataset as the client will, and say what the run needs before it starts.
 
-Prints, and writes as JSON (``--json``; by default ``<output>/.hsextract/plan.json``, or
-``plan.json`` without --output): samples, rejects by reason, tokens, loss-masked tokens, length
+Prints, and writes as JSON (``--json``; by default ``<output>/.hsextract/plan.json``; without
+either, nothing is written, and the plan says so first): samples, rejects by reason, tokens, loss-masked tokens, length
 percentiles, overlong samples; the training set's bytes in every format; the /dev/shm the
 configured in-flight limits need (the same estimate as ``check-shm``); the time at a prefill rate;
 whether the output volume has room; and, with ``--measure-disk``, the volume's ceiling and whether it
@@ -25,7 +25,7 @@ from hsextract.config_file import add_config_argument
 from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
-from hsextract.layout import PLAN, plan_path
+from hsextract.layout import plan_path
 from hsextract.ops.check_shm import aux_count, human
 
 if TYPE_CHECKING:
@@ -90,7 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--measure-disk-gb", type=float, default=2.0, help="GB at most per writer count (default 2)")
     parser.add_argument("--workers", type=int, default=None,
                         help="tokenizing processes (default: every core, one per 2000 rows at least)")
-    parser.add_argument("--json", type=Path, default=None, help="where to write the report as JSON")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="where to write the report as JSON, with the scan beside it for the next plan "
+                             "(default: <output>/.hsextract/plan.json; without --output, nowhere)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--rescan", action="store_true",
                         help="tokenize the dataset again even when the scan kept beside the report (REPORT.scan.json) "
@@ -98,9 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
 
 
-def report_path(args: argparse.Namespace) -> Path:
-    """Where the report is kept: --json, else the output's state directory, else ./plan.json."""
-    return args.json or (plan_path(args.output) if args.output else Path(PLAN))
+def report_path(args: argparse.Namespace) -> Path | None:
+    """Where the report is kept: --json, else the output's state directory; None without either (a
+    plan asked for no place is written nowhere: not into whatever directory it was started in)."""
+    return args.json or (plan_path(args.output) if args.output else None)
 
 
 def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str, Any]:
@@ -305,13 +308,17 @@ def run(args: argparse.Namespace) -> int:
     from hsextract.plan.reuse import Kept, scan_path
 
     path = report_path(args)
-    kept = Kept(scan_path(path))
+    if path is None:
+        print("plan: no --output or --json: the report and the scan are kept nowhere (--json PATH keeps them, and "
+              "a later plan of the same inputs reuses the scan)", file=sys.stderr)
+    kept = Kept(scan_path(path)) if path is not None else None
     report = build_report(args, kept)
     print(render(report))
-    _keep_report(report, args.json, path)
-    why = kept.write()
-    if why is not None:
-        print(f"  scan      not kept for the next plan: cannot write {kept.path} ({why})", file=sys.stderr)
+    if path is not None and kept is not None:
+        _keep_report(report, args.json, path)
+        why = kept.write()
+        if why is not None:
+            print(f"  scan      not kept for the next plan: cannot write {kept.path} ({why})", file=sys.stderr)
     v = report["output_volume"]
     if not v["ok"] and not args.no_space_check:
         f = report["formats"][report["format"]]
