@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from hsextract import server_logprobs
 from hsextract.capture.selfcheck import check_dump
 from hsextract.greedy_check import GreedyHead
-from hsextract.logprob_check import LogprobPass, check_final_rows, checked_positions
-from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, ServerLogprobs
+from hsextract.logprob_check import check_final_rows
+from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
 from hsextract.staging import DONE_FILE, read_done_marker, read_states, write_done_marker
 from support.drain_proc import env as hsextract_env
 from support.hf_reference import reference
@@ -80,7 +79,7 @@ def test_rows_of_the_layer_before_fail_the_logprob_check(llama_prenorm_server, n
         layer_before = reference(server.model_dir, ids).hidden_states[-2].bfloat16()
         _, logprobs = check_final_rows(GreedyHead(server.model_dir), layer_before, "pre_norm", token, given)
         assert logprobs is not None and not logprobs.ok, logprobs
-        assert logprobs.mean_abs_error > 2 * DEFAULT_MAX_MEAN_ABS_ERROR, logprobs  # measured: 0.34 to 0.46
+        assert logprobs.mean_abs_error > 2 * DEFAULT_MAX_MEAN_ABS_ERROR, logprobs  # measured: 0.30 to 0.70
         assert "mean abs error" in logprobs.explain()
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -97,7 +96,7 @@ def test_pre_norm_rows_taken_for_post_norm_ones_pass_the_greedy_check_and_fail_t
         greedy, logprobs = check_final_rows(GreedyHead(server.model_dir), rows, "post_norm", token, given)
         assert greedy.ok, "a scale keeps the argmax: the greedy check cannot see it"
         assert logprobs is not None and not logprobs.ok
-        assert logprobs.mean_abs_error > 10 * DEFAULT_MAX_MEAN_ABS_ERROR, logprobs  # measured: 1.9 to 2.1
+        assert logprobs.mean_abs_error > 10 * DEFAULT_MAX_MEAN_ABS_ERROR, logprobs  # measured: 1.9 to 2.3
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -146,33 +145,3 @@ def test_the_smoke_tests_selfcheck_names_a_server_that_gives_no_logprobs(llama_s
         assert [r for r in result.reasons if "the server's logprobs of the probe" in r and url in r], result.reasons
     finally:
         shutil.rmtree(d, ignore_errors=True)
-
-
-def test_the_chunked_log_softmax_is_the_whole_vocabularys(tmp_path):
-    """Many small chunks (a running log-sum-exp) give what one log-softmax over the whole head gives."""
-    from safetensors.torch import save_file
-
-    vocab, hidden, n = 1000, 32, 7
-    g = torch.Generator().manual_seed(0)
-    weight = (torch.randn(vocab, hidden, generator=g) * 2).bfloat16()
-    save_file({"lm_head.weight": weight, "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)},
-              str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": hidden, "vocab_size": vocab}))
-    rows = torch.randn(n, hidden, generator=g).bfloat16()
-    whole = torch.log_softmax((rows @ weight.T).float(), dim=-1)
-    top = whole.topk(5, dim=-1)
-    nxt = torch.randint(0, vocab, (n,), generator=g)
-    server = ServerLogprobs(top.indices.tolist(), top.values.tolist(), nxt.tolist(),
-                            whole[torch.arange(n), nxt].tolist())
-    head = GreedyHead(tmp_path, chunk_bytes=37 * hidden * 2)  # 37 rows a chunk: 28 chunks, the last short
-    logprobs = LogprobPass(server, checked_positions(n))
-    head.check_rows(rows, "post_norm", int(whole[-1].argmax()), also=[logprobs])
-    verdict = logprobs.verdict()
-    assert verdict.ok and verdict.max_abs_error < 1e-5, verdict
-    assert verdict.compared == sum(len({*top.indices[i].tolist(), int(nxt[i])}) for i in range(n))
-
-
-def test_a_long_prompt_is_checked_at_a_bounded_spread_of_positions():
-    assert checked_positions(10) == list(range(10))
-    spread = checked_positions(10_000, 64)
-    assert len(spread) == 64 and spread[0] == 0 and spread[-1] == 9_999 and spread == sorted(set(spread))

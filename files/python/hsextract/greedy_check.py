@@ -139,6 +139,11 @@ class GreedyHead:
         self._norm: torch.Tensor | None = None
         self._lock = threading.Lock()
 
+    @property
+    def vocab(self) -> int:
+        """The head's rows: the model's vocabulary as the server computes its logits."""
+        return self._head.rows
+
     def _norm_weight(self) -> torch.Tensor:
         if self._norm is None:
             if self.norm_file is None:

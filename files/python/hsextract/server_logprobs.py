@@ -23,6 +23,7 @@ logits (no temperature), in float32 over logits the head computed in the model's
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -81,7 +82,7 @@ def fetch(url: str, input_ids: list[int], top_k: int = DEFAULT_TOP_K,
         text = exc.read()[:200].decode(errors="replace")
         raise LogprobsUnavailable(f"{endpoint}: HTTP {exc.code}: {text}",
                                   retry=exc.code >= 500 or exc.code in (408, 429)) from None
-    except (OSError, ValueError) as exc:  # refused, reset, timed out, not JSON
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, garbled
         raise LogprobsUnavailable(f"{endpoint}: {type(exc).__name__}: {str(exc)[:200]}") from None
     return parse(answer, list(input_ids), endpoint)
 
@@ -107,8 +108,9 @@ def parse(answer: Any, input_ids: list[int], where: str = "the server") -> Serve
                                   f"has {input_ids[first]}", retry=False)
     entries = [*inputs[1:], output]
     top_lists = [*tops[1:], output_top]
-    if any(not t for t in top_lists):
-        raise LogprobsUnavailable(f"{where}: a position without top logprobs", retry=False)
-    return ServerLogprobs(top_ids=[[int(e[1]) for e in t] for t in top_lists],
-                          top_values=[[float(e[0]) for e in t] for t in top_lists],
-                          next_ids=[int(e[1]) for e in entries], next_values=[float(e[0]) for e in entries])
+    try:
+        return ServerLogprobs(top_ids=[[int(e[1]) for e in t] for t in top_lists],
+                              top_values=[[float(e[0]) for e in t] for t in top_lists],
+                              next_ids=[int(e[1]) for e in entries], next_values=[float(e[0]) for e in entries])
+    except (TypeError, ValueError, IndexError) as exc:  # a position without logprobs (null), or not numbers
+        raise LogprobsUnavailable(f"{where}: a prompt position without usable logprobs ({exc})", retry=False) from None
