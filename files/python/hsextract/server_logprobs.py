@@ -39,11 +39,13 @@ DEFAULT_TIMEOUT_S = 60.0
 
 class LogprobsUnavailable(Exception):
     """The server gave no usable log-probabilities (unreachable, an error, an answer of another
-    shape); `retry` says whether asking again may help."""
+    shape); `retry` says whether asking again at once may help, `timed_out` that it did not answer
+    in time (busy or stuck: asking again at once would only add to its load)."""
 
-    def __init__(self, detail: str, retry: bool = True):
+    def __init__(self, detail: str, retry: bool = True, timed_out: bool = False):
         super().__init__(detail)
-        self.retry = retry
+        self.retry = retry and not timed_out
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,10 @@ def fetch(url: str, input_ids: list[int], top_k: int = DEFAULT_TOP_K,
         raise LogprobsUnavailable(f"{endpoint}: HTTP {exc.code}: {text}",
                                   retry=exc.code >= 500 or exc.code in (408, 429)) from None
     except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, garbled
-        raise LogprobsUnavailable(f"{endpoint}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        timed_out = isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
+        raise LogprobsUnavailable(f"{endpoint}: {type(exc).__name__}: {str(exc)[:200]}"
+                                  + (f" (no answer within {timeout_s:g} s)" if timed_out else ""),
+                                  timed_out=timed_out) from None
     return parse(answer, list(input_ids), endpoint)
 
 

@@ -8,11 +8,13 @@ and hand the answer over beside the record; the drain already has the sample, th
 verdict, and a second prefill of 1 % of the prompts costs the server about 1 % more.
 
 A server that does not answer must neither stall the drain nor lose a sample: a request is tried
-`ATTEMPTS` times (a refused connection or a 5xx: 1 s, then 4 s apart; an answer of the wrong
-shape or a 4xx at once for good), then the check of that sample is *not done*: the sample is
-written on the greedy check alone, the count of checks not done goes up by one with its reason
-(drain-status.json, the log), and for `PAUSE_S` seconds after a failed ask the next samples do
-not wait on the server again (counted the same way). Nothing is dropped and nothing is silent.
+`ATTEMPTS` times (a refused or reset connection, a 5xx: 1 s, then 4 s apart); an answer of the
+wrong shape or a 4xx is not asked again, nor is a request the server did not answer within
+its timeout (60 s: a busy server is not sent more). Then the check of that sample is *not done*:
+the sample is written on the greedy check alone, the count of checks not done goes up by one with
+its reason (drain-status.json, the log), and for `PAUSE_S` seconds after an unanswered ask the
+next samples do not wait on the server again (counted the same way). Nothing is dropped and
+nothing is silent.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from hsextract.server_logprobs import DEFAULT_TIMEOUT_S, DEFAULT_TOP_K, LogprobsUnavailable, ServerLogprobs, fetch
 
@@ -32,6 +33,7 @@ PAUSE_S = 60.0
 
 # Why a sample's logprob check was not done (drain-status.json's selfcheck.logprob.not_done_by_reason).
 UNREACHABLE = "server_unreachable"  # every attempt failed
+TIMED_OUT = "server_timeout"  # no answer within the timeout
 PAUSED = "server_unreachable_recently"  # within PAUSE_S of a failed ask: not asked
 BAD_ANSWER = "server_answer_unusable"  # an answer of another shape, or a 4xx
 STOPPING = "drain_stopping"
@@ -41,13 +43,11 @@ class LogprobSource:
     """Thread-safe: the drain's workers ask at once."""
 
     def __init__(self, url: str, *, top_k: int = DEFAULT_TOP_K, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 stop: threading.Event | None = None,
-                 fetcher: Callable[[str, list[int], int, float], ServerLogprobs] = fetch):
+                 stop: threading.Event | None = None):
         self.url = url
         self.top_k = top_k
         self.timeout_s = timeout_s
         self._stop = stop or threading.Event()
-        self._fetch = fetcher
         self._lock = threading.Lock()
         self._paused_until = 0.0
 
@@ -61,14 +61,20 @@ class LogprobSource:
             if attempt and self._stop.wait(RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S)) - 1]):
                 return None, STOPPING
             try:
-                return self._fetch(self.url, input_ids, self.top_k, self.timeout_s), ""
+                return fetch(self.url, input_ids, self.top_k, self.timeout_s), ""
             except LogprobsUnavailable as exc:
                 detail = str(exc)
+                if exc.timed_out:
+                    return None, self._pause(TIMED_OUT, detail)
                 if not exc.retry:
                     log.warning("logprob self-check not done for a sample: %s", detail)
                     return None, BAD_ANSWER
+        return None, self._pause(UNREACHABLE, f"{ATTEMPTS} attempts, the last: {detail}")
+
+    def _pause(self, reason: str, detail: str) -> str:
+        """Stop asking for `PAUSE_S` seconds after an unanswered ask; the reason, for the counts."""
         with self._lock:
             self._paused_until = time.monotonic() + PAUSE_S
-        log.warning("logprob self-check not done: the server did not answer in %d attempts (%s); the samples of "
-                    "the next %.0f s are checked on their greedy token alone", ATTEMPTS, detail, PAUSE_S)
-        return None, UNREACHABLE
+        log.warning("logprob self-check not done: the server did not answer (%s); the samples of the next %.0f s "
+                    "are checked on their greedy token alone", detail, PAUSE_S)
+        return reason
