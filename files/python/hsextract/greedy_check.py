@@ -3,8 +3,10 @@
 The end-to-end check of a sample's content: the final hidden state of the prompt's last position,
 through the final RMSNorm where it is stored pre-norm, then through the model's own ``lm_head``,
 must have its argmax at the token SGLang sampled (temperature 0). Wrong rows (another batch's,
-another layer's, another position's) fail it. Used by the smoke test on its probe and by the
-drain on a share of real samples.
+another layer's, another position's) fail it, though not every wrong row does: a scale, or a
+layer close to the last, can keep the argmax. The logprob check (`hsextract.logprob_check`)
+compares whole distributions in the same pass over the head (`GreedyHead.scan` hands each chunk's
+logits to both). Used by the smoke test on its probe and by the drain on a share of real samples.
 
 Memory and time: only the two weights needed are read, by name, from the model's safetensors
 files, and ``lm_head`` is read with plain reads in chunks of rows (a 160K x 7168 head is 2.3 GB in
