@@ -1,12 +1,16 @@
-"""What the drain's greedy self-check costs per sample, and what the fingerprint costs the drain and
-the capture's writer, on this machine's CPU.
+"""What the drain's self-check costs per sample (the greedy check alone, and with the logprob check
+of 64 prompt positions in the same pass over the head), and what the fingerprint costs the drain
+and the capture's writer, on this machine's CPU.
 
 Run it on the machine that runs the drain: the head is read from its disk or page cache.
 
 The self-check reads the model's whole ``lm_head`` for each checked sample, in chunks (never whole
 in memory). This bench writes a random head of a real model's shape (default: Kimi-K2.5 /
 DeepSeek-V3, 163,840 x 7,168 in bf16, 2.3 GB) and times `GreedyHead.check` with the file's pages
-cold (dropped from the page cache) and warm, and the process's peak memory beside the head's size.
+cold (dropped from the page cache) and warm, the same with the logprob check of a 64-position
+prompt (`hsextract.logprob_check.check_final_rows`: the server's top 5 and next token at each
+position; the values compared are made up, the work is the same), and the process's peak memory
+beside the head's size.
 It also times the fingerprint of a staged sample (`hsextract.fingerprint.of_states`) against a
 plain read of the same bytes, which is what the drain adds per sample and the writer per row.
 
@@ -32,6 +36,8 @@ import torch  # noqa: E402
 from common import machine_info  # noqa: E402
 from hsextract import fingerprint  # noqa: E402
 from hsextract.greedy_check import GreedyHead  # noqa: E402
+from hsextract.logprob_check import check_final_rows  # noqa: E402
+from hsextract.server_logprobs import DEFAULT_MAX_POSITIONS, DEFAULT_TOP_K, ServerLogprobs  # noqa: E402
 
 
 def write_head(model: Path, vocab: int, hidden: int) -> None:
@@ -74,8 +80,26 @@ def time_checks(model: Path, hidden: int, repeats: int) -> dict:
         head.check(h, "pre_norm", token)
         warm.append(time.perf_counter() - t0)
     warm.sort()
+    rows = torch.randn(DEFAULT_MAX_POSITIONS, hidden).to(torch.bfloat16)
+    server = made_up_logprobs(DEFAULT_MAX_POSITIONS, head)
+    both = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        check_final_rows(head, rows, "pre_norm", token, server)
+        both.append(time.perf_counter() - t0)
+    both.sort()
     return {"cold_s": round(cold, 3), "warm_s_median": round(warm[len(warm) // 2], 3),
-            "warm_s_min": round(warm[0], 3)}
+            "warm_s_min": round(warm[0], 3), "with_logprobs_warm_s_median": round(both[len(both) // 2], 3),
+            "logprob_positions": DEFAULT_MAX_POSITIONS}
+
+
+def made_up_logprobs(positions: int, head: GreedyHead) -> ServerLogprobs:
+    """A server's answer of the right shape for ``positions`` positions (ids spread over the head)."""
+    g = torch.Generator().manual_seed(1)
+    vocab = head.vocab
+    ids = torch.randint(0, vocab, (positions, DEFAULT_TOP_K + 1), generator=g).tolist()
+    return ServerLogprobs([i[:-1] for i in ids], [[-1.0] * DEFAULT_TOP_K for _ in ids], [i[-1] for i in ids],
+                          [-2.0] * positions)
 
 
 def time_fingerprint(tokens: int, slots: int, hidden: int, repeats: int) -> dict:
@@ -122,7 +146,8 @@ def main() -> int:
         checks = json.loads(child.stdout.strip().splitlines()[-1])
     result = {
         "benchmark": "selfcheck_cost",
-        "what": "the drain's greedy self-check of one sample (lm_head read in 64 MiB chunks, one thread), and the "
+        "what": "the drain's greedy self-check of one sample (lm_head read in 64 MiB chunks, one thread), with the "
+                "logprob check of 64 positions in the same pass, and the "
                 "fingerprint of a staged sample against a plain copy of its bytes",
         "head": {"vocab": args.vocab, "hidden": args.hidden, "gb": round(head_gb, 2)},
         "selfcheck": checks,

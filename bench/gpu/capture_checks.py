@@ -18,7 +18,7 @@ client (``other-...``, 32 decode steps), one without a rid, one whose rid only s
   (measured on the CPU: a 10-token prompt, token 2 at 12 %, the tokens after it at 2 %, the same
   whether the prompt runs alone or in a batch), which no capture error resembles. On the GPU the
   DeepSeek median bound is 2 % (`GPU_MEDIAN_TOKEN_BOUND`), for the reason given there;
-* ``hsextract selfcheck`` passes with the server's greedy token;
+* ``hsextract selfcheck`` passes with the server's greedy token and its own logprobs of the prompt;
 * the server log shows one capture start line per scheduler process and exactly one writer per
   attention-DP group (``writing to`` versus ``not writing``), and no lost or failed rows;
 * at TP 2 and under DP attention, the rows equal those of the same requests at TP 1 within the
@@ -177,6 +177,11 @@ class ConfigResult:
     median_token_bound: float = MEDIAN_TOKEN_BOUND  # the bound applied to median_token_err_all_prompts
     selfcheck_passed: int = 0
     near_ties: int = 0
+    # The logprob check of the selfchecks (the server's own prompt logprobs): prompts compared, the
+    # worst prompt's mean absolute error and the largest single error (bound: the check's own).
+    logprob_compared: int = 0
+    logprob_worst_mean_abs_error: float = 0.0
+    logprob_max_abs_error: float = 0.0
     standin_kernel_calls: int = 0  # calls of an sgl_kernel kernel the stand-in does not have
     problems: list[str] = field(default_factory=list)
     rows: dict[int, object] = field(default_factory=dict, repr=False)  # prompt index -> hidden [T, K+1, H]
@@ -253,11 +258,13 @@ def wait_dumps(dump_dir: Path, rids: list[str], timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def selfcheck(dump_dir: Path, rid: str, model: Path, ids: list[int], token: int) -> dict:
-    """``hsextract selfcheck`` as the smoke test runs it; its JSON verdict plus the exit code."""
+def selfcheck(dump_dir: Path, rid: str, model: Path, ids: list[int], token: int, server_url: str) -> dict:
+    """``hsextract selfcheck`` as the smoke test runs it (the server's logprobs of the prompt too);
+    its JSON verdict plus the exit code."""
     done = subprocess.run(
         [sys.executable, "-m", "hsextract", "selfcheck", "--dump-dir", str(dump_dir), "--rid", rid,
-         "--model", str(model), "--input-ids", ",".join(map(str, ids)), "--server-token", str(token)],
+         "--model", str(model), "--input-ids", ",".join(map(str, ids)), "--server-token", str(token),
+         "--server", server_url],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(PACKAGE_DIR)})
     try:
         verdict = json.loads(done.stdout.strip().splitlines()[-1])
@@ -265,6 +272,15 @@ def selfcheck(dump_dir: Path, rid: str, model: Path, ids: list[int], token: int)
         verdict = {"ok": False, "reasons": [f"no JSON verdict: {done.stdout[-500:]} {done.stderr[-1500:]}"]}
     verdict["exit_code"] = done.returncode
     return verdict
+
+
+def record_logprobs(res: ConfigResult, verdict: dict) -> None:
+    """The logprob check's numbers of one selfcheck verdict, into the configuration's result."""
+    numbers = verdict.get("details", {}).get("logprobs")
+    if numbers:
+        res.logprob_compared += 1
+        res.logprob_worst_mean_abs_error = max(res.logprob_worst_mean_abs_error, numbers["mean_abs_error"])
+        res.logprob_max_abs_error = max(res.logprob_max_abs_error, numbers["max_abs_error"])
 
 
 _WRITER_RE = re.compile(r"attn_tp_rank (\d+) attn_dp_rank (\d+), (writing to|not writing)")
@@ -297,7 +313,8 @@ def check_dumps(res: ConfigResult, cfg: CheckConfig, handle: ServerHandle, run_i
     with ThreadPoolExecutor(max_workers=4) as pool:
         def run_selfcheck(rid: str) -> dict:
             with selfcheck_slots:
-                return selfcheck(handle.dump_dir, rid, handle.model_dir, ids[rids[rid]], tokens[rids[rid]])
+                return selfcheck(handle.dump_dir, rid, handle.model_dir, ids[rids[rid]], tokens[rids[rid]],
+                                 handle.url)
 
         verdicts = {rid: pool.submit(run_selfcheck, rid) for rid in complete}
         refs: dict[int, Reference] = {}
@@ -316,6 +333,7 @@ def check_dumps(res: ConfigResult, cfg: CheckConfig, handle: ServerHandle, run_i
             res.rows[i], res.tokens[i] = states.hidden.clone(), tokens[i]
             check_prompt_rows(res, rid, states.hidden, refs[i])
         for rid, verdict in ((r, f.result()) for r, f in verdicts.items()):
+            record_logprobs(res, verdict)
             if verdict.get("ok") and verdict["exit_code"] == 0:
                 res.selfcheck_passed += 1
                 res.near_ties += bool(verdict.get("details", {}).get("near_tie"))

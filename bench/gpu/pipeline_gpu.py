@@ -13,7 +13,9 @@ What runs, for each model (``--models``: the 8B-shaped Llama and the tiny DeepSe
 3. ``correctness``: the real client and drain, as two processes, at each ``--in-flight`` bound
    (the default 32 first) on the overlap server, then at the default on the no-overlap server. The
    drain validates every sample (ids against the client's record, the forward pass's fingerprint,
-   finite values, the greedy self-check on a share) and its run check must pass: the accounts
+   finite values, the greedy and the logprob self-check on a share, the drain asking the server for
+   the prompts' logprobs as its unit does; the check's numbers are in each run's ``selfcheck``) and
+   its run check must pass: the accounts
    reconcile with 0 failed and 0 quarantined. The rows of the overlap run are then compared, sample
    by sample, with the no-overlap run's, and a few samples with transformers;
 4. ``throughput`` (``--rounds`` > 0; ``--correctness-models`` to skip step 3 for a model): rounds in a rotating
@@ -263,9 +265,7 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
     logs.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-m", "hsextract"]
     metrics_port = free_port()
-    drain_cmd = [*py, "drain", "--dump-dir", str(server.dump_dir), "--output", str(out), "--format", FORMAT,
-                 "--model", str(model), "--exit-when-done", "--selfcheck-share", str(selfcheck_share),
-                 "--metrics-port", str(metrics_port)]
+    drain_cmd = drain_command(py, server, model, out, selfcheck_share, metrics_port)
     if profile_drain is not None:
         drain_cmd = [str(SITE / "bin" / "py-spy"), "record", "-r", "50", "--nonblocking", "--subprocesses",
                      "--threads", "-f", "raw", "-o", str(profile_drain), "--", *drain_cmd]
@@ -318,6 +318,29 @@ def run_pipeline(env: gpu_env.GpuEnv, server: ServerHandle, model: Path, dataset
         res["drain_alone_s"] = round(drain_s, 2)
         res["drain_alone_samples_per_s"] = round(res["samples"] / drain_s, 1) if drain_s > 0 else None
     return res
+
+
+def drain_command(py: list[str], server: ServerHandle, model: Path, out: Path, selfcheck_share: float,
+                  metrics_port: int | None) -> list[str]:
+    """`hsextract drain` as its unit runs it: the self-check asks the server for the checked prompts' logprobs."""
+    metrics = [] if metrics_port is None else ["--metrics-port", str(metrics_port)]
+    return [*py, "drain", "--dump-dir", str(server.dump_dir), "--output", str(out), "--format", FORMAT,
+            "--model", str(model), "--exit-when-done", "--selfcheck-share", str(selfcheck_share),
+            "--selfcheck-server", server.url, *metrics]
+
+
+def selfcheck_numbers(out: Path) -> dict:
+    """The drain's self-check counts and the logprob check's errors (drain-status.json's ``selfcheck``),
+    with ``logprob_done``: every greedy-checked sample's logprobs compared, none left undone."""
+    from hsextract.layout import drain_status_path
+
+    try:
+        numbers = json.loads(drain_status_path(out).read_text()).get("selfcheck") or {}
+    except (OSError, ValueError):
+        numbers = {}
+    logprob = numbers.get("logprob") or {}
+    numbers["logprob_done"] = bool(logprob.get("compared")) and not logprob.get("not_done")
+    return numbers
 
 
 class OutputReaper(Periodic):
@@ -412,6 +435,7 @@ def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float,
         "ok": ok, "client_rc": client_rc, "drain_rc": drain_rc, "samples": len(entries), "tokens": tokens,
         "gb": round(nbytes / 1e9, 3), "accounts": acc, "quarantined_by_reason": reasons,
         "selfchecked": sum(1 for e in entries if e.greedy_check),
+        "selfcheck": selfcheck_numbers(out),
         "fingerprinted": sum(1 for e in entries if e.fingerprint),
         "client_summary": {k: summary.get(k) for k in ("ok", "failed", "retried", "truncated", "tokens", "wall_s",
                                                        "startup_s")},  # startup_s: the client's own phases
@@ -871,7 +895,7 @@ def _case_figures(in_flight: int, rows: dict[str, list[dict]]) -> dict:
 
 def brief(r: dict) -> str:
     keys = ("ok", "samples", "tokens", "client_tokens_per_s", "pipeline_tokens_per_s", "tokens_per_s",
-            "client_startup_s", "quarantined_by_reason", "selfchecked", "accounts")
+            "client_startup_s", "quarantined_by_reason", "selfchecked", "selfcheck", "accounts")
     return json.dumps({k: r[k] for k in keys if k in r})
 
 

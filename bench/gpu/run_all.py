@@ -251,7 +251,9 @@ def report_checks(checks: dict, say: Log) -> None:
     for c in checks.get("configs", []):
         say(f"check {c['name']}: {'ok' if c['ok'] else 'FAILED'}; {c['complete_dumps']}/{c['requests']} dumps, "
             f"{c['failure_markers']} failure markers, max rel. err {c['max_rel_err']:.4f}, selfcheck "
-            f"{c['selfcheck_passed']}, decode graphs {c['decode_graphs']}; problems: {c['problems'][:5]}")
+            f"{c['selfcheck_passed']} (logprobs of {c.get('logprob_compared', 0)}: worst mean abs error "
+            f"{c.get('logprob_worst_mean_abs_error', 0):.4g}), decode graphs {c['decode_graphs']}; "
+            f"problems: {c['problems'][:5]}")
     for c in checks.get("comparisons", []):
         say(f"compare {c['config']} vs {c['reference']}: {'ok' if c['ok'] else 'FAILED'}, max rel. err "
             f"{c['max_rel_err']}, same greedy token {c['same_greedy_token']}/{c['prompts']}; {c['problems'][:3]}")

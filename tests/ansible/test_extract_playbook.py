@@ -215,6 +215,14 @@ def test_systemd_restarts_the_server_after_kill_9_and_the_smoke_test_passes_agai
     assert host["box"].main_pid("hsextract-server.service") != host["killed_pid"]
 
 
+def test_the_smoke_tests_self_check_compares_the_probes_logprobs_with_the_servers_own(host):
+    for play in ("first", "smoke"):  # the converge's smoke test, and playbooks/smoke.yml after the restart
+        verdict = json.loads(host[play].result_of("Run the capture's self-check on the dump.")["stdout"])
+        numbers = verdict["details"].get("logprobs")
+        assert verdict["ok"] and numbers and numbers["positions"] == 10, f"{play}: {verdict}"
+        assert numbers["mean_abs_error"] <= numbers["bound"], f"{play}: {numbers}"
+
+
 def test_the_second_run_changes_nothing_and_waits_for_a_complete_training_set(host):
     assert_ok(host["second"], "the second extract.yml run (-e wait=true)")
     assert host["second"].changed() == 0, f"changed tasks: {host['second'].changed_tasks()}"

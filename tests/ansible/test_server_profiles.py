@@ -9,17 +9,14 @@ own templates and defaults; nothing is installed (the argument-spec cases run in
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from hsextract.capture.patch import server_launch
-from support import ansiballz_cache
-from support.ansible_env import ansible_bin
+from support.role_play import playbook, validate
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -39,19 +36,6 @@ CASES = {
                                "sglang_server_reasoning_parser": "kimi_k2",
                                "sglang_server_tool_call_parser": "kimi_k2"},
 }
-
-
-def playbook(tmp: Path, plays: list[dict], hosts: dict[str, dict], *args: str) -> subprocess.CompletedProcess:
-    python = str(ansible_bin() / "python")
-    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {
-        name: {"ansible_connection": "local", "ansible_python_interpreter": python, **vars_}
-        for name, vars_ in hosts.items()}}}))
-    (tmp / "play.yml").write_text(yaml.safe_dump(plays, sort_keys=False))
-    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1",
-                                      "ANSIBLE_LOCALHOST_WARNING": "0",
-                                      "ANSIBLE_FORKS": str(len(hosts))})
-    return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml", *args],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -137,17 +121,6 @@ def test_the_parsers_are_passed_only_when_set(units):
 
 
 # ---- argument specs ----------------------------------------------------------------------------------
-
-
-def validate(tmp: Path, role: str, variables: dict) -> subprocess.CompletedProcess:
-    """Include the role with these variables in check mode: its argument specs run first."""
-    (tmp / "settings.yml").write_text(yaml.safe_dump({**BASE, "hsextract_on_cpu": True, **variables}))
-    plays = [{"name": "Validate the role's arguments.", "hosts": "all", "gather_facts": False,
-              "tasks": [{"name": "Import the run's settings.",
-                         "ansible.builtin.import_role": {"name": "hsextract", "tasks_from": "settings"}},
-                        {"name": "Load the settings.", "ansible.builtin.include_vars": str(tmp / "settings.yml")},
-                        {"name": "Include the role.", "ansible.builtin.include_role": {"name": role}}]}]
-    return playbook(tmp, plays, {"localhost": {}}, "--check")
 
 
 def test_the_argument_specs_refuse_an_unknown_server_profile(tmp_path):

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from support import ansiballz_cache
 from support.ansible_env import ansible_bin
+from support.role_play import validate
 
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -173,6 +174,10 @@ def disagreements(case_dir: Path) -> list[str]:
         expect(u.can_read(run["model"]), f"{name}: its process reads the model {run['model']}, hidden by the unit")
         expect(u.can_write(u.env["HOME"]), f"{name}: HOME={u.env['HOME']} is not writable in the unit")
     expect(units["client"].can_read(run["dataset"]), f"client: the dataset {run['dataset']} is hidden by the unit")
+    drain = units["drain"]
+    asks = drain.flag("--selfcheck-server") if "--selfcheck-server" in drain.argv else None
+    expect(asks == run["server"], f"drain: its self-check asks {asks} for the prompts' logprobs, the server is "
+                                  f"{run['server']}")
     regen = units["regen"]
     expect(regen.flag("--dataset") == facts["dataset"] and regen.can_read(facts["dataset"]),
            f"regeneration: reads {regen.flag('--dataset')}, the dataset is {facts['dataset']} (readable: "
@@ -242,3 +247,11 @@ def test_paths_under_tmp_are_bound_into_the_services_private_tmp(rendered):
     assert {str(tmp / "out"), "/var/tmp/hsx-dumps"} <= units["drain"].paths("BindPaths")
     assert str(tmp / "data.jsonl") in units["client"].paths("BindReadOnlyPaths")
     assert "BindPaths" not in parse_unit(tmp / "cases" / "every-path-overridden" / "drain.service")
+
+
+def test_the_drain_role_refuses_a_selfcheck_server_that_is_not_a_url(tmp_path):
+    """Refused before the unit is installed (check mode here), naming the variable and its value."""
+    r = validate(tmp_path, "drain_daemon", {"drain_daemon_selfcheck_server": "127.0.0.1:30000"})
+    assert r.returncode != 0
+    assert "drain_daemon_selfcheck_server=127.0.0.1:30000: give the server's URL" in r.stdout, r.stdout[-3000:]
+    assert "Install the drain daemon unit" not in r.stdout

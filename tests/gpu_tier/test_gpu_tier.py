@@ -1,10 +1,13 @@
-"""The GPU test tier's parts that run without a GPU: the bundle, the stand-ins, the staging counts."""
+"""The GPU test tier's parts that run without a GPU: the bundle, the stand-ins, the staging counts, the
+self-check's logprob numbers the tier records (against the suite's CPU server)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
 import types
@@ -20,6 +23,10 @@ sys.path[:0] = [str(GPU), str(REPO / "bench")]
 
 import capture_checks  # noqa: E402
 from capture_server_gpu import StagingCounter, round_order, scheduler_stats, server_of  # noqa: E402
+from hsextract.records import load_or_create_run_id  # noqa: E402
+from support.drain_proc import env as hsextract_env  # noqa: E402
+from support.drain_proc import finish_client  # noqa: E402
+from support.server_dumps import capture, wait_done  # noqa: E402
 from support.staged_dumps import stage_sample  # noqa: E402
 
 
@@ -317,3 +324,36 @@ def test_the_ceilings_files_are_the_runs_samples_at_their_length_quantiles():
 
     sizes = pipeline_gpu.ceiling_sizes([[0] * n for n in range(1, 101)], 32_768)
     assert sizes == sorted(sizes) and len(sizes) == 9 and sizes[-1] == 91 * 32_768 and sizes[0] == 11 * 32_768
+
+@pytest.mark.server
+def test_the_tiers_selfcheck_compares_the_servers_own_logprobs_and_records_them(llama_server):
+    ids = list(range(20, 44))
+    rid = f"{llama_server.rid_prefix}-{secrets.token_hex(4)}-0"
+    token = llama_server.generate(ids, rid=rid)["output_ids"][0]
+    d = wait_done(llama_server.dump_dir, rid)
+    try:
+        verdict = capture_checks.selfcheck(llama_server.dump_dir, rid, llama_server.model_dir, ids, token,
+                                           llama_server.url)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    assert verdict["ok"] and verdict["exit_code"] == 0, verdict
+    res = capture_checks.ConfigResult("cpu", "llama", [], False)
+    capture_checks.record_logprobs(res, verdict)
+    assert res.logprob_compared == 1 and res.summary()["logprob_worst_mean_abs_error"] < 0.01
+
+
+@pytest.mark.server
+def test_the_tiers_drain_asks_its_server_for_logprobs_and_its_result_records_the_numbers(llama_server, tiny_llama,
+                                                                                         tmp_path):
+    import pipeline_gpu
+
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    capture(llama_server, dump, dump, load_or_create_run_id(out), list(range(3)), seed=81)
+    finish_client(out, 3)
+    server = types.SimpleNamespace(dump_dir=dump, url=llama_server.url)
+    cmd = pipeline_gpu.drain_command([sys.executable, "-m", "hsextract"], server, tiny_llama, out, 1.0, None)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=hsextract_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    numbers = pipeline_gpu.selfcheck_numbers(out)
+    assert numbers["logprob_done"] and numbers["logprob"]["compared"] == 3, numbers
+    assert numbers["logprob"]["mean_abs_error_worst"] <= numbers["logprob"]["bound"]

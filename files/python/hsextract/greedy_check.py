@@ -3,8 +3,10 @@
 The end-to-end check of a sample's content: the final hidden state of the prompt's last position,
 through the final RMSNorm where it is stored pre-norm, then through the model's own ``lm_head``,
 must have its argmax at the token SGLang sampled (temperature 0). Wrong rows (another batch's,
-another layer's, another position's) fail it. Used by the smoke test on its probe and by the
-drain on a share of real samples.
+another layer's, another position's) fail it, though not every wrong row does: a scale, or a
+layer close to the last, can keep the argmax. The logprob check (`hsextract.logprob_check`)
+compares whole distributions in the same pass over the head (`GreedyHead.scan` hands each chunk's
+logits to both). Used by the smoke test on its probe and by the drain on a share of real samples.
 
 Memory and time: only the two weights needed are read, by name, from the model's safetensors
 files, and ``lm_head`` is read with plain reads in chunks of rows (a 160K x 7168 head is 2.3 GB in
@@ -28,6 +30,7 @@ import json
 import os
 import struct
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,9 @@ DEFAULT_CHUNK_BYTES = 64 << 20
 CANDIDATES = 16
 _ST_DTYPES = {"BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2), "F32": (torch.float32, 4)}
 _PREFIXES = ("", "language_model.", "model.language_model.")
+
+# Sees each chunk of the head's logits in one pass: (the chunk's first vocabulary id, float32 logits [n, rows]).
+ChunkConsumer = Callable[[int, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,11 @@ class GreedyHead:
         self._norm: torch.Tensor | None = None
         self._lock = threading.Lock()
 
+    @property
+    def vocab(self) -> int:
+        """The head's rows: the model's vocabulary as the server computes its logits."""
+        return self._head.rows
+
     def _norm_weight(self) -> torch.Tensor:
         if self._norm is None:
             if self.norm_file is None:
@@ -148,45 +159,75 @@ class GreedyHead:
                 os.close(fd)
         return self._norm
 
-    def logits_top(self, h: torch.Tensor, token: int) -> tuple[int, float, float]:
-        """(argmax, its logit, the logit of ``token``) of ``lm_head @ h`` in float32: a pass over the
-        head in its own dtype for the candidates, then their rows in float32 (see the module docstring)."""
-        head = self._head
-        if head.width != h.numel():
-            raise ConfigError(f"greedy self-check: lm_head is {head.rows} x {head.width}, the dump's hidden size is "
-                              f"{h.numel()}")
-        h32 = h.float()
-        h_low = h32.to(head.dtype)
-        rows = max(1, self.chunk_bytes // (head.width * head.elem))
-        best_vals = torch.empty(0)
-        best_idx = torch.empty(0, dtype=torch.int64)
-        fd = os.open(head.path, os.O_RDONLY)
-        try:
-            for a in range(0, head.rows, rows):
-                logits = (head.read(fd, a, min(rows, head.rows - a)) @ h_low).float()
-                vals, idx = torch.topk(logits, min(CANDIDATES, logits.numel()))
-                best_vals = torch.cat([best_vals, vals])
-                best_idx = torch.cat([best_idx, idx + a])
-                if best_vals.numel() > CANDIDATES:
-                    keep = torch.topk(best_vals, CANDIDATES).indices
-                    best_vals, best_idx = best_vals[keep], best_idx[keep]
-            exact = {int(i): float(head.read(fd, int(i), 1)[0].float() @ h32) for i in best_idx}
-            if 0 <= token < head.rows and token not in exact:
-                exact[token] = float(head.read(fd, token, 1)[0].float() @ h32)
-        finally:
-            os.close(fd)
-        top = max((i for i in exact if i in set(best_idx.tolist())), key=lambda i: exact[i])
-        return top, exact[top], exact.get(token, float("nan"))
+    def final_states(self, rows: torch.Tensor, final_hidden: str) -> torch.Tensor:
+        """The rows ``[n, H]`` as the head sees them, in float32: through the final RMSNorm where
+        the dump stores them pre-norm."""
+        h = rows.float()
+        if final_hidden == "pre_norm":
+            h = rms_norm(h, self._norm_weight(), self.eps)
+        return h
 
-    def check(self, final_row: torch.Tensor, final_hidden: str, token: int) -> GreedyVerdict:
-        """The verdict on one sample's last final hidden state (``[H]``) against the server's token."""
+    def scan(self, fd: int, h_low: torch.Tensor, consumers: Sequence[ChunkConsumer]) -> None:
+        """One pass over the head: each chunk's logits of the rows ``h_low`` ``[n, H]`` (in the
+        head's own dtype, as the server computes them, then float32: ``[n, chunk rows]``) go to
+        every consumer with the chunk's first vocabulary id."""
+        head = self._head
+        if head.width != h_low.shape[-1]:
+            raise ConfigError(f"greedy self-check: lm_head is {head.rows} x {head.width}, the dump's hidden size is "
+                              f"{h_low.shape[-1]}")
+        rows = max(1, self.chunk_bytes // (head.width * head.elem))
+        for a in range(0, head.rows, rows):
+            logits = (h_low @ head.read(fd, a, min(rows, head.rows - a)).T).float()
+            for consume in consumers:
+                consume(a, logits)
+
+    def check_rows(self, rows: torch.Tensor, final_hidden: str, token: int,
+                   also: Sequence[ChunkConsumer] = ()) -> GreedyVerdict:
+        """The verdict on the last of ``rows`` (``[n, H]``, a sample's final hidden states) against
+        the server's token; in the same pass over the head, the consumers ``also`` see every chunk's
+        logits of all ``n`` rows (the logprob check, `hsextract.logprob_check`)."""
         with self._lock:  # one check at a time: each reads the whole head once
-            h = final_row.float()
-            if final_hidden == "pre_norm":
-                h = rms_norm(h, self._norm_weight(), self.eps)
-            top, top_logit, token_logit = self.logits_top(h, token)
+            h = self.final_states(rows, final_hidden)
+            candidates = _Candidates()
+            fd = os.open(self._head.path, os.O_RDONLY)
+            try:
+                self.scan(fd, h.to(self._head.dtype), [candidates, *also])
+                top, top_logit, token_logit = candidates.exact(self._head, fd, h[-1], token)
+            finally:
+                os.close(fd)
         gap = top_logit - token_logit if token_logit == token_logit else float("inf")
         tol = BF16_REL_TIE * max(1.0, abs(top_logit))
         if top == token:
             return GreedyVerdict(True, top, token, 0.0, tol)
         return GreedyVerdict(gap <= tol, top, token, gap, tol, near_tie=gap <= tol)
+
+    def check(self, final_row: torch.Tensor, final_hidden: str, token: int) -> GreedyVerdict:
+        """The verdict on one sample's last final hidden state (``[H]``) against the server's token."""
+        return self.check_rows(final_row.reshape(1, -1), final_hidden, token)
+
+
+class _Candidates:
+    """The last row's best `CANDIDATES` logits over the head's chunks (in the head's dtype), then
+    their logits, and the server token's, again in float32 from their rows (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.vals = torch.empty(0)
+        self.idx = torch.empty(0, dtype=torch.int64)
+
+    def __call__(self, first: int, logits: torch.Tensor) -> None:
+        last = logits[-1]
+        vals, idx = torch.topk(last, min(CANDIDATES, last.numel()))
+        self.vals = torch.cat([self.vals, vals])
+        self.idx = torch.cat([self.idx, idx + first])
+        if self.vals.numel() > CANDIDATES:
+            keep = torch.topk(self.vals, CANDIDATES).indices
+            self.vals, self.idx = self.vals[keep], self.idx[keep]
+
+    def exact(self, head: _Rows, fd: int, h32: torch.Tensor, token: int) -> tuple[int, float, float]:
+        """(argmax, its logit, the logit of ``token``), in float32."""
+        exact = {int(i): float(head.read(fd, int(i), 1)[0].float() @ h32) for i in self.idx}
+        if 0 <= token < head.rows and token not in exact:
+            exact[token] = float(head.read(fd, token, 1)[0].float() @ h32)
+        candidates = set(self.idx.tolist())
+        top = max((i for i in exact if i in candidates), key=lambda i: exact[i])
+        return top, exact[top], exact.get(token, float("nan"))

@@ -4,12 +4,14 @@ Used by the Ansible smoke test after a 10-token probe request (``max_new_tokens:
 ``temperature: 0``) and by the tests. Besides the form of the dump (shapes, dtype, finite values,
 the token ids the client sent), it checks the *content* end to end: the captured final hidden
 state of the last prompt position, put through the model's own ``lm_head`` (after the final
-RMSNorm when the dump stores it pre-norm), must give the token the server returned. Only the two
+RMSNorm when the dump stores it pre-norm), must give the token the server returned; and, given
+the server's URL, the final states of the prompt's positions must give the logprobs the server
+itself returns for the probe (asked once, without a rid, so it is not captured). Only the two
 weights needed are read from the model's safetensors files, by name, so the check runs on a
 CPU in seconds even for a 1T-parameter model.
 
-The token check and its bf16 tolerance are `hsextract.greedy_check`'s, which the drain runs on a
-share of real samples too.
+The token check and its bf16 tolerance are `hsextract.greedy_check`'s, the logprob check and its
+bound `hsextract.logprob_check`'s; the drain runs both on a share of real samples too.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from typing import Any
 
 import torch
 
+from hsextract import server_logprobs
 from hsextract.errors import ConfigError, StagingError
 from hsextract.greedy_check import GreedyHead
+from hsextract.logprob_check import check_final_rows
+from hsextract.server_logprobs import LogprobsUnavailable
 from hsextract.staging import DTYPES, read_done_marker, read_states, rid_dir
 
 
@@ -43,6 +48,7 @@ def check_dump(
     model_path: str | Path,
     expected_input_ids: list[int] | None,
     server_token: int | None,
+    server_url: str | None = None,
 ) -> SelfCheckResult:
     """Verify the dump of `rid`; never raises for a bad dump (the reasons say what is wrong)."""
     res = SelfCheckResult(ok=False, rid=rid)
@@ -84,17 +90,19 @@ def check_dump(
     if int(text_cfg.get("hidden_size", marker.hidden_size)) != marker.hidden_size:
         res.reasons.append(f"dump hidden size {marker.hidden_size} != model's {text_cfg.get('hidden_size')}")
     if server_token is not None and not res.reasons:
-        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token))
+        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token), server_url, ids.tolist())
     res.ok = not res.reasons
     return res
 
 
 def _check_token(res: SelfCheckResult, hidden: torch.Tensor, final_hidden: str, model_path: Path,
-                 server_token: int) -> None:
+                 server_token: int, server_url: str | None, input_ids: list[int]) -> None:
     try:
-        verdict = GreedyHead(model_path).check(hidden[-1, -1], final_hidden, server_token)
-    except ConfigError as exc:
-        res.reasons.append(str(exc))
+        server = server_logprobs.fetch(server_url, input_ids) if server_url else None
+        verdict, logprobs = check_final_rows(GreedyHead(model_path), hidden[:, -1], final_hidden, server_token, server)
+    except (ConfigError, LogprobsUnavailable) as exc:
+        res.reasons.append(f"the server's logprobs of the probe: {exc}" if isinstance(exc, LogprobsUnavailable)
+                           else str(exc))
         return
     res.details.update(predicted_token=verdict.predicted, server_token=server_token, logit_gap=verdict.logit_gap,
                        tie_tolerance=verdict.tolerance)
@@ -102,3 +110,7 @@ def _check_token(res: SelfCheckResult, hidden: torch.Tensor, final_hidden: str, 
         res.details["near_tie"] = True
     if not verdict.ok:
         res.reasons.append(verdict.explain())
+    if logprobs is not None:
+        res.details["logprobs"] = logprobs.numbers()
+        if not logprobs.ok:
+            res.reasons.append(logprobs.explain())

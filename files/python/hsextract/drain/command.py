@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from hsextract import shutdown
 from hsextract.config_file import add_config_argument
@@ -19,6 +20,7 @@ from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import CONVENTIONS, parse_ids, resolve
 from hsextract.layout import FAILURES
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
+from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
 
 log = logging.getLogger("hsextract.drain")
 
@@ -58,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "must give the token the server sampled (default 0.01; needs --model)")
     parser.add_argument("--selfcheck-first", type=int, default=8,
                         help="the first samples a drain sees that are always self-checked (default 8)")
+    parser.add_argument("--selfcheck-server", metavar="URL",
+                        help="the SGLang server the self-check asks for each checked sample's prompt logprobs, to "
+                             "compare with those its captured final hidden states give (the logprob check; default: "
+                             "none, the greedy check alone; the drain's unit passes the run's server)")
+    parser.add_argument("--selfcheck-logprob-bound", type=float, default=DEFAULT_MAX_MEAN_ABS_ERROR,
+                        help="the mean absolute error of a sample's compared logprobs above which it is quarantined "
+                             f"as logprob_mismatch (default {DEFAULT_MAX_MEAN_ABS_ERROR:g})")
     add_draft_vocab_arguments(parser)
     parser.add_argument("--vocab-checkpoint-interval", type=float, default=30.0,
                         help="seconds between checkpoints of the token counts (a restart recounts what came after)")
@@ -90,6 +99,15 @@ def draft_vocab_settings(args: argparse.Namespace) -> tuple[tuple[int, ...], int
     return sizes, args.vocab_size
 
 
+def check_selfcheck_server(url: str, bound: float) -> None:
+    """ConfigError unless the logprob check's URL and bound can be used."""
+    parts = urlsplit(url)
+    if url and (parts.scheme not in ("http", "https") or not parts.hostname):
+        raise ConfigError(f"--selfcheck-server {url!r}: give the server's URL, e.g. http://127.0.0.1:30000")
+    if not bound > 0:
+        raise ConfigError(f"--selfcheck-logprob-bound {bound}: give a mean absolute error above 0")
+
+
 def build_config(args: argparse.Namespace):  # -> DrainConfig
     from hsextract.drain.core import DrainConfig
     from hsextract.staging import DTYPES
@@ -116,10 +134,13 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         worker_mode=args.worker_mode,
         selfcheck_share=float(args.selfcheck_share),
         selfcheck_first=int(args.selfcheck_first),
+        selfcheck_server=(args.selfcheck_server or "").strip(),
+        selfcheck_logprob_bound=float(args.selfcheck_logprob_bound),
     )
     if not 0.0 <= cfg.selfcheck_share <= 1.0 or cfg.selfcheck_first < 0:
         raise ConfigError(f"--selfcheck-share {args.selfcheck_share} / --selfcheck-first {args.selfcheck_first}: "
                           "give a share from 0 to 1 and a count of at least 0")
+    check_selfcheck_server(cfg.selfcheck_server, cfg.selfcheck_logprob_bound)
     if args.workers:
         cfg.workers = args.workers
     cfg.draft_vocab_sizes, cfg.vocab_size = draft_vocab_settings(args)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hsextract.layout import default_quarantine_dir
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
+from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
 
 # One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
 DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
@@ -69,6 +70,10 @@ class DrainConfig:
     # share by rid, go through the model's head; needs model_path.
     selfcheck_share: float = 0.01
     selfcheck_first: int = 8
+    # The logprob check of the same samples (hsextract.logprob_check): the server the drain asks for
+    # their prompt logprobs ("" = off), and the mean absolute error a sample may have.
+    selfcheck_server: str = ""
+    selfcheck_logprob_bound: float = DEFAULT_MAX_MEAN_ABS_ERROR
 
     @property
     def worker_processes(self) -> int:

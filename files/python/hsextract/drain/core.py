@@ -48,7 +48,7 @@ from hsextract.drain.metrics import DrainStats, MetricsServer
 from hsextract.drain.outcomes import Outcomes
 from hsextract.drain.recovery import recover
 from hsextract.drain.scan import Scanner
-from hsextract.drain.selfcheck import GreedySelfCheck, make_selfcheck
+from hsextract.drain.selfcheck import GreedySelfCheck, log_selfcheck, make_selfcheck
 from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.warmup import warm_up
 from hsextract.drain.worker import SampleWorker, torch_set_threads
@@ -143,7 +143,7 @@ class Drainer:
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
         committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
-        self._selfcheck = make_selfcheck(cfg)
+        self._selfcheck = make_selfcheck(cfg, stop=self.stop_event, publish=lambda c: self.stats.set(selfcheck=c))
         if cfg.worker_processes:
             self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
             if cfg.wait_for_worker_processes:
@@ -291,10 +291,7 @@ class Drainer:
         for line in accounts.lines_of_text():
             log.info("%s", line)
         if self._selfcheck is not None:
-            c = self._selfcheck.counts
-            log.info("greedy self-check: %d samples checked by this process (%d near bf16 ties), all passed or "
-                     "quarantined as greedy_mismatch; %d chosen had no greedy token recorded", c.checked,
-                     c.near_ties, c.no_token)
+            log_selfcheck(self._selfcheck.summary())
         self.stats.set(accounts=accounts.as_dict())
         problems = accounts.problems(self.cfg.max_failure_share)
         for problem in problems:

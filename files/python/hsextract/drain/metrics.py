@@ -45,6 +45,7 @@ class DrainStats:
     lag: int = 0  # complete dumps of this run waiting in staging
     foreign: dict = field(default_factory=dict)  # dumps of other runs in staging, left alone: owner -> count
     accounts: dict = field(default_factory=dict)  # the run's reconciliation, once it has finished
+    selfcheck: dict = field(default_factory=dict)  # the self-check's counts (hsextract.drain.selfcheck)
     # The client summaries (hsextract.client_state.summary_id) of the last run a drain of this output
     # finished with --exit-when-done: kept from drain to drain, so a later one never takes them for
     # the end of a new run.
@@ -105,6 +106,7 @@ class DrainStats:
                 "lag": self.lag,
                 "foreign": dict(self.foreign),
                 "accounts": dict(self.accounts),
+                "selfcheck": dict(self.selfcheck),
                 "finished_client_runs": list(self.finished_client_runs),
                 "in_flight": self.in_flight,
                 "finalized_samples": self.finalized_samples,

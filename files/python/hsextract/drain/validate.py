@@ -30,6 +30,7 @@ FINAL_HIDDEN = "final_hidden"  # pre-/post-norm placement does not match the for
 RECORD = "record"  # the client's record itself is inconsistent
 FINGERPRINT = "fingerprint_mismatch"  # the staged rows are not those the forward pass fingerprinted
 GREEDY = "greedy_mismatch"  # the final hidden state does not give the token the server sampled
+LOGPROB = "logprob_mismatch"  # the final hidden states do not give the server's own prompt logprobs
 
 
 class InvalidDump(Exception):
