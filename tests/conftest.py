@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import sys
@@ -26,6 +25,7 @@ for _p in (REPO / "files" / "python", REPO / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from support import scheduling  # noqa: E402
 from support.sglang_server import PRENORM_SGLANG_LAYERS, ServerHandle, start_server, wait_stopped  # noqa: E402
 from support.sglang_server import free_port as _free_port  # noqa: E402
 
@@ -60,115 +60,36 @@ def _tiny_model(kind: str) -> Path:
     return path
 
 
-# Modules whose tests start processes (the hsextract CLI, ansible-playbook, the trainers' readers,
-# kill loops, child writer processes): seconds each, so the fast tier (`make test-fast`) leaves them
-# out with the servers and sandboxes. `make test` runs them all.
-SLOW_MODULES = {
-    "ansible/test_bad_settings_play.py", "ansible/test_capture_patch_role.py", "ansible/test_collect_playbook.py",
-    "ansible/test_output_dataset_check.py", "ansible/test_plan_role.py", "ansible/test_server_profiles.py",
-    "ansible/test_unit_paths.py", "ansible/test_client_processes_role.py", "ansible/test_extract_playbook.py",
-    "ansible/test_fleet.py", "ansible/test_service_handlers_states.py",
-    "ansible/test_fleet_inventory.py", "fleet/test_fleet_command.py",
-    "capture/test_announcement.py", "capture/test_writer.py", "capture/test_writer_process.py",
-    "capture/test_host_pool.py", "capture/test_patch.py",
-    "client/test_one_client_per_shard.py", "client/test_stop_signals.py",
-    "collect/test_collect.py", "collect/test_collect_processes.py", "collect/test_collect_bad_input.py",
-    "collect/test_collect_kill.py",
-    "collect/test_collect_readers.py",
-    "core/test_bad_settings.py", "core/test_packaging.py", "core/test_reader_gone.py",
-    "drain/test_crash_safety.py", "drain/test_drain_daemon.py", "drain/test_exit_when_done.py",
-    "drain/test_one_writer_per_output.py", "drain/test_what_staging_holds.py",
-    "formats/test_arrow_dataset.py", "gpu_tier/test_gpu_tier.py", "plan/test_plan.py",
-    "vocab/test_vocab_drain.py", "vocab/test_vocab_readers.py", "test_docs.py",
-}
-
-
 # The session's shared servers (below). Each pytest process of `make test` that runs a test using
 # one starts its own: about 35 CPU-seconds of start, and 1 CPU-second a minute while it idles.
-SESSION_SERVERS = ("llama_server", "llama_prenorm_server", "dsv3_server")
 # The shared servers this process started: paused (`ServerHandle.pause`) while its tests are
 # elsewhere, and after the last of them.
 _started: list[ServerHandle] = []
 
 
-def _module_of(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
-
-
-@functools.cache
-def _uses_session_servers(module: str) -> bool:
-    """Whether the test module (a node id's file part) uses a shared server, by fixture argument or
-    by `request.getfixturevalue`."""
-    path = Path(__file__).resolve().parent.parent / module
-    return path.is_file() and any(name in path.read_text(errors="replace") for name in SESSION_SERVERS)
-
-
-# The trainers' readers, which a pytest process loads once per reader (`support.reader_check`): about
-# 10-30 CPU-seconds of imports each. The small modules that use them go with the shared servers'
-# users, where `formats/test_real_readers.py` loads them anyway (the playbooks' modules keep their own
-# process).
-READER_USERS = ("tests/vocab/test_vocab_readers.py", "tests/collect/test_collect_readers.py",
-                "tests/formats/test_arrow_dataset.py")
-
-# The longest work first, longest to shortest, so that none starts late and ends the run alone on one
-# process: the extract playbook's sandbox (about 12 process-minutes), the 16 modules that share the
-# shared servers and the readers (about 12, together), the fleet (about 7); then every other module,
-# in collection order (docs/testing.md has the minutes).
-SHARED = "the modules that use the shared servers or the readers"
-START_ORDER = ("tests/ansible/test_extract_playbook.py", SHARED, "tests/ansible/test_fleet.py")
-
-
-def _scope_of(nodeid: str) -> str:
-    """What a pytest process takes whole: the test's module, or `SHARED` for the shared servers' and
-    the small reader modules' users."""
-    module = _module_of(nodeid)
-    return SHARED if _uses_session_servers(module) or module in READER_USERS else module
-
-
-def _start_rank(item: pytest.Item) -> int:
-    scope = _scope_of(item.nodeid)
-    return START_ORDER.index(scope) if scope in START_ORDER else len(START_ORDER)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that uses a fixture whose name ends in ``_server`` starts or uses a real SGLang
-    server: mark it `server`, so the fast tier leaves it out whatever marks its module forgot; and
-    every test of a `SLOW_MODULES` module `slow`. The modules are then put in the order they start
-    in (`_start_rank`; each keeps its own tests' order)."""
-    items.sort(key=_start_rank)
-    tests_dir = Path(__file__).resolve().parent
+    server: mark it `server`, so the fast tier leaves it out whatever marks its module forgot. The
+    modules are then put in the order they start in (`scheduling.start_rank`; each keeps its own
+    tests' order). A module whose tests start processes says so itself: ``pytestmark`` with
+    `pytest.mark.slow`."""
+    items.sort(key=scheduling.start_rank)
     for item in items:
         if any(name.endswith("_server") for name in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.server)
-        module = Path(str(item.fspath)).resolve()
-        if module.is_relative_to(tests_dir) and str(module.relative_to(tests_dir)) in SLOW_MODULES:
-            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """`make test`'s pytest processes (``--dist loadfile``) take whole modules, as xdist's own
-    loadfile does, so that a module keeps its fixtures, sandbox and ordered steps on one process;
-    except that the modules that use the shared servers (and the small ones that load the trainers'
-    readers) go to one process together, so that the suite starts each shared server and each
-    reader once, not once per process."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # the collection's order (`_start_rank`), not by test count
-
-    class ModulesSharingServers(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _scope_of(nodeid)
-
-    return ModulesSharingServers(config, log)
+    """`make test`'s pytest processes take whole modules, the shared servers' users together
+    (`support.scheduling`)."""
+    return scheduling.make_scheduler(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Wake the shared servers before a test of a module that uses them (and its fixtures) starts."""
-    if _uses_session_servers(_module_of(item.nodeid)):
+    if scheduling.uses_session_servers(scheduling.module_of(item.nodeid)):
         for handle in _started:
             handle.resume()
 
@@ -179,7 +100,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     is of a module that does not use them. The session's last test (no next one) leaves them to
     their fixtures' stop."""
     result = yield
-    if nextitem is not None and not _uses_session_servers(_module_of(nextitem.nodeid)):
+    if nextitem is not None and not scheduling.uses_session_servers(scheduling.module_of(nextitem.nodeid)):
         for handle in _started:
             handle.pause()
     return result

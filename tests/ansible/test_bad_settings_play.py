@@ -19,6 +19,8 @@ from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 from support.playbook_sandbox import PlayResult
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 FIRST_TASK_AFTER_THE_CHECKS = "hsextract : Look for a GPU."
 PARSERS = ("hsextract : Check the rid prefix, the shard, the client processes, the aux layer ids and the "

@@ -17,6 +17,8 @@ import pytest
 from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "hsextract_capture_patch"
 

@@ -21,6 +21,8 @@ import yaml
 from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 UNIT_TEMPLATE = ROLES / "extraction" / "templates" / "hsextract-extract.service.j2"

@@ -20,7 +20,7 @@ from support import ansiballz_cache
 from support.fleet import make_fleet, three_hosts
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def ansible_bin() -> Path:

@@ -39,7 +39,7 @@ import pytest
 from hsextract.capture.patch import server_launch
 from support.playbook_sandbox import QUICK_WAITS, REPO, PlayResult, Sandbox, snapshot_repo
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
 
 PORT = 30000  # inside the sandbox's own network namespace: never the host's
 BYSTANDER_PORT = 30123

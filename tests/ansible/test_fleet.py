@@ -40,7 +40,7 @@ from support.client_run import wait_for
 from support.hosts import Fleet, missing_requirements
 from support.playbook_sandbox import REPO, PlayResult, snapshot_repo
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.server, pytest.mark.timeout(3600)]
 
 LINES = 24  # the dataset: the first rows of the demo dataset (chat, ShareGPT and pre-tokenized rows)
 STOPPED_AT = 2  # host b's units are stopped once this many of its samples are in its set

@@ -13,6 +13,8 @@ import pytest
 import yaml
 from support import ansiballz_cache
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 PLAY = """- hosts: all
   gather_facts: false

@@ -20,6 +20,8 @@ from hsextract.client.dataset_record import check_and_record
 from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

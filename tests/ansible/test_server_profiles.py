@@ -18,6 +18,8 @@ import yaml
 from hsextract.capture.patch import server_launch
 from support.role_play import playbook, validate
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 SERVER_TEMPLATE = ROLES / "sglang_server" / "templates" / "hsextract-server.service.j2"

@@ -13,6 +13,8 @@ import pytest
 from support.ansible_env import ansible_bin
 from support.playbook_sandbox import REPO
 
+pytestmark = pytest.mark.slow
+
 VARS = REPO / "roles" / "service_handlers" / "vars" / "main.yml"
 SHOWN = ("Id=hsextract-server.service\nActiveState=activating\n\n"
          "Id=hsextract-drain.service\nActiveState=inactive\n\n"

@@ -26,6 +26,8 @@ from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 from support.role_play import validate
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 SERVICE_ROLES = ("hsextract", "ml_env", "capture_patch", "sglang_server", "drain_daemon", "extraction", "regeneration")

@@ -13,8 +13,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from hsextract.announcements import CaptureAnnouncement, live_announcements, process_start_ticks, write_announcement
 from support.client_run import env
+
+pytestmark = pytest.mark.slow
 
 
 def _announcement(dump, pid: int, proc_start: int) -> CaptureAnnouncement:

@@ -20,11 +20,14 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from hsextract.capture.host_stage import HostBufferPool
 from hsextract.capture.shared_buffers import SharedHostBuffers
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+pytestmark = pytest.mark.slow
 
 GRANULARITY = 64
 BUDGET = 4096

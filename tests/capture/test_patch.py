@@ -16,6 +16,8 @@ from hsextract.capture.patch import comment_filter, render_patch, server_launch
 from hsextract.capture.sglang_hook import load_base_class, load_base_class_or_refusal
 from hsextract.errors import ConfigError, UnsupportedArchitecture
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 
 

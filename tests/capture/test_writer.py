@@ -35,6 +35,8 @@ from hsextract.staging import (
     read_states,
 )
 
+pytestmark = pytest.mark.slow
+
 H = 16
 K = 3
 

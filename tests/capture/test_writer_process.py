@@ -32,6 +32,8 @@ from hsextract.staging import (
     read_states,
 )
 
+pytestmark = pytest.mark.slow
+
 H = 16
 K = 3
 ROW_BYTES = (K + 1) * H * 2

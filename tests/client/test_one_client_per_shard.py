@@ -22,7 +22,7 @@ import pytest
 from hsextract.output_lock import shards_overlap
 from support.client_run import env, stop, tail, wait_for
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.mark.parametrize(("a", "b", "overlap"), [

@@ -40,6 +40,8 @@ from support.client_run import (
     write_mixed_dataset,
 )
 
+pytestmark = pytest.mark.slow
+
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 

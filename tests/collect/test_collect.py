@@ -21,7 +21,7 @@ from support.drain_proc import hsextract
 from support.fleet import HostPlan, drain_host, make_fleet, snapshot, tokens_of
 
 FORMATS = ["specforge", "speculators", "speculators-v1", "modelopt"]
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _host_entries(fleet) -> dict[tuple[str, int], object]:

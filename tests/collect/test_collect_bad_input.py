@@ -20,7 +20,7 @@ from support.kill_loop import manifest_lines
 from support.staged_dumps import stage_sample
 from support.volumes import resize, small_volume
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _indices(into) -> list[int]:

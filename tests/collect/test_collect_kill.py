@@ -15,7 +15,7 @@ from support.drain_proc import hsextract, start
 from support.fleet import HostPlan, make_fleet
 from support.kill_loop import manifest_lines
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 LINES = 240
 KILLS = 6

@@ -8,7 +8,7 @@ import pytest
 from hsextract.formats.manifest import iter_entries
 from support.fleet import HostPlan, make_fleet
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 LINES = 20
 
 

@@ -9,7 +9,7 @@ import pytest
 from hsextract.formats.manifest import iter_entries
 from support.reader_check import assert_reader_sees_captured, load_with_reader
 
-pytestmark = [pytest.mark.readers, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.readers, pytest.mark.timeout(600)]
 
 
 @pytest.mark.parametrize("fmt", ["specforge", "speculators", "speculators-v1", "modelopt"])

@@ -16,6 +16,8 @@ import sys
 import pytest
 from support.drain_proc import env
 
+pytestmark = pytest.mark.slow
+
 EXIT_KILLED_BY_SIGPIPE = 128 + 13
 
 

@@ -19,7 +19,7 @@ from support.drain_proc import drain_until_done
 from support.kill_loop import kill_drain_repeatedly
 from support.server_dumps import capture
 
-pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.timeout(900)]
 
 N_SAMPLES = 216
 MIN_KILLS = 20

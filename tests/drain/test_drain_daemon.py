@@ -25,7 +25,7 @@ from support import volumes
 from support.drain_proc import finish_client, hsextract, start
 from support.staged_dumps import restamp_fingerprint, stage_sample
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _cfg(dump: Path, out: Path, **kw) -> DrainConfig:

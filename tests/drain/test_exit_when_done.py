@@ -19,7 +19,7 @@ from support.client_run import stop, tail, wait_for
 from support.drain_proc import drain_until_done, finish_client, start
 from support.staged_dumps import stage_sample
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _in_set(out: Path) -> list[int]:

@@ -22,7 +22,7 @@ from support.client_run import stop, wait_for
 from support.drain_proc import finish_client, hsextract, start
 from support.staged_dumps import stage_sample
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _drain_args(dump: Path, out: Path, *extra: str) -> list[str]:

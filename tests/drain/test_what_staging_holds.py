@@ -19,7 +19,7 @@ from hsextract.staging import DoneMarker, write_done_marker
 from support.drain_proc import drain_until_done
 from support.staged_dumps import stage_sample
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _with_output(dump: Path, rid: str, output: str) -> None:

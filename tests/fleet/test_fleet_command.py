@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 from support.fleet_reports import report, status
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_command_reads_the_hosts_from_stdin_and_exits_5_when_a_host_has_no_room(tmp_path):

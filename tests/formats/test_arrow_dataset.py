@@ -19,7 +19,7 @@ from support.drain_proc import finish_client
 from support.reader_check import assert_reader_sees_captured, load_with_reader
 from support.staged_dumps import stage_sample
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _drain_session(dump: Path, out: Path, lines: int) -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "bench" / "gpu"
 STANDIN = GPU / "standin"

@@ -27,6 +27,8 @@ from hsextract.staging import iter_complete
 from support.client_run import env, extract_args, start_client, stop, tail, wait_exit, wait_for, write_mixed_dataset
 from support.drain_proc import hsextract
 
+pytestmark = pytest.mark.slow
+
 LIMITS = ("--max-tokens", "300", "--overlong", "skip")
 
 

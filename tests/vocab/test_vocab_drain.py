@@ -24,6 +24,8 @@ from support.drain_proc import drain_until_done, hsextract
 from support.kill_loop import kill_drain_repeatedly
 from vocab.vocab_data import VOCAB, expected_counts, expected_selection, make_samples, stage_all
 
+pytestmark = pytest.mark.slow
+
 SIZES = ["16", "64", "1000"]  # 1000 >= the vocabulary (500): clamped to 500
 
 

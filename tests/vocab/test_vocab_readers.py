@@ -19,7 +19,7 @@ from support.drain_proc import drain_until_done
 from support.reader_check import load_vocab_with_reader
 from vocab.vocab_data import VOCAB, expected_counts, expected_selection, make_samples, stage_all
 
-pytestmark = [pytest.mark.readers, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.readers, pytest.mark.timeout(900)]
 
 SIZES = [16, 64]
 
