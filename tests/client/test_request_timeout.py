@@ -17,8 +17,9 @@ import uuid
 import psutil
 import pytest
 import requests
-from hsextract.client.sender import RetryPolicy, Sender
+from hsextract.client.sender import Sender
 from hsextract.records import make_rid
+from hsextract.retry import RetryPolicy
 from hsextract.staging import DONE_FILE, discard_dump, rid_dir
 from support.client_run import (
     extract_args,

@@ -10,8 +10,9 @@ import socket
 import threading
 
 import pytest
-from hsextract.client.sender import HealthGate, RetryPolicy, Sender
+from hsextract.client.sender import HealthGate, Sender
 from hsextract.errors import HsextractError
+from hsextract.retry import RetryPolicy
 from support.answering_server import AnsweringServer
 
 pytestmark = pytest.mark.timeout(60)

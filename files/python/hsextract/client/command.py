@@ -20,12 +20,13 @@ from hsextract.client.backpressure import parse_watermark
 from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
 from hsextract.client.dataset import add_max_row_bytes_argument
 from hsextract.client.runner import ExtractConfig, ExtractRun
-from hsextract.client.sender import RetryPolicy, StopRequested
+from hsextract.client.sender import StopRequested
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import parse_ids
 from hsextract.report import client_lines
+from hsextract.retry import RetryPolicy
 from hsextract.shard import parse_process, parse_shard, sub_shard
 from hsextract.status import problem_files
 

@@ -45,7 +45,7 @@ from hsextract.client.dataset_record import check_and_record
 from hsextract.client.probe import probe_capture
 from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.run_jsonl import RunJsonl
-from hsextract.client.sender import STOPPED, RetryPolicy, Sender, SendResult, ServerUnavailable, StopRequested
+from hsextract.client.sender import STOPPED, Sender, SendResult, ServerUnavailable, StopRequested
 from hsextract.client.server_limit import ServerLimit, server_limit
 from hsextract.client.start_state import begin_run, read_previous, record_unstarted
 from hsextract.client.startup import StartupClock
@@ -66,6 +66,7 @@ from hsextract.records import (
     remove_record,
     write_record,
 )
+from hsextract.retry import RetryPolicy
 from hsextract.shard import shard_size
 from hsextract.staging import FAILED_FILE, discard_dump, rid_dir, staged_indices
 

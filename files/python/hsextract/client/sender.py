@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import requests
 
 from hsextract.errors import HsextractError
+from hsextract.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -91,19 +92,6 @@ class SendResult:
     reason: str = ""
     detail: str = ""
     attempts: int = 0
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 5
-    backoff_s: float = 0.5
-    backoff_max_s: float = 30.0
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 600.0  # a long prompt may queue behind many others
-    server_wait_s: float = 3600.0  # how long a down server is waited for before the run gives up
-
-    def delay(self, attempt: int) -> float:
-        return min(self.backoff_max_s, self.backoff_s * (2 ** max(0, attempt - 1)))
 
 
 class HealthGate:

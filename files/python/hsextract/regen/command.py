@@ -18,9 +18,9 @@ from hsextract.errors import ConfigError
 from hsextract.layout import REGEN_OUTPUT, STATE_DIR
 from hsextract.regen.progress import progress_line
 from hsextract.regen.reasoning import MODES
-from hsextract.regen.runner import RegenConfig, RegenerateRun
+from hsextract.regen.runner import REPLY_TIMEOUT_S, RegenConfig, RegenerateRun
 from hsextract.regen.sampling import DEFAULT_MAX_NEW_TOKENS
-from hsextract.regen.server import RetryPolicy
+from hsextract.retry import RetryPolicy
 from hsextract.shard import parse_shard
 
 
@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--max-attempts", type=int, default=5, help="tries per turn while the server is up (default 5)")
     r.add_argument("--server-wait", type=float, default=3600.0,
                    help="seconds to wait for a down server before giving it up (default 3600)")
-    r.add_argument("--request-timeout", type=float, default=1800.0, help="seconds to wait for one reply (default 1800)")
+    r.add_argument("--request-timeout", type=float, default=REPLY_TIMEOUT_S,
+                   help=f"seconds to wait for one reply (default {REPLY_TIMEOUT_S:.0f})")
     p = parser.add_argument_group("progress")
     p.add_argument("--log-every", type=float, default=30.0, help="seconds between progress log lines off a terminal")
     add_config_argument(parser)
@@ -83,7 +84,7 @@ def config_from_args(args: argparse.Namespace) -> RegenConfig:
         max_row_bytes=int(args.max_row_bytes),
         shard=parse_shard(args.shard),
         retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
-                          request_timeout_s=float(args.request_timeout)),
+                          read_timeout_s=float(args.request_timeout)),
         log_every_s=float(args.log_every),
     )
 

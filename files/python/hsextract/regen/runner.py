@@ -29,14 +29,18 @@ from hsextract.layout import regen_status_path, regen_summary_path
 from hsextract.regen import core, reasoning
 from hsextract.regen.progress import RegenStats, Reporter
 from hsextract.regen.sampling import Sampling, resolve
-from hsextract.regen.server import ChatServer, RetryPolicy, ServerGone
+from hsextract.regen.server import ChatServer, ServerGone
 from hsextract.regen.store import Store, conversation_key
+from hsextract.retry import RetryPolicy
 from hsextract.shard import shard_size
 
 log = logging.getLogger("hsextract.regen")
 
 PRE_TOKENIZED = "pre_tokenized"
 DUPLICATE_ID = "duplicate_id"
+
+# The read timeout of a reply: one of thousands of tokens behind a full batch takes minutes.
+REPLY_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -55,7 +59,8 @@ class RegenConfig:
     concurrency: int = 64  # per server
     max_row_bytes: int = defaults.MAX_ROW_BYTES
     shard: tuple[int, int] = (0, 1)
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # a reply of thousands of tokens behind a full batch takes minutes
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(read_timeout_s=REPLY_TIMEOUT_S))
     status_every_s: float = 1.0
     log_every_s: float = 30.0
 

@@ -22,7 +22,6 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -31,6 +30,7 @@ from hsextract.client.conversation import BadConversation, Message, parse_tool_c
 from hsextract.errors import HsextractError
 from hsextract.regen.core import CONTEXT_FULL, RETRIES_EXHAUSTED, SERVER_REJECTED, Reply, TurnFailed
 from hsextract.regen.sampling import Sampling
+from hsextract.retry import RetryPolicy
 
 log = logging.getLogger("hsextract.regen")
 
@@ -42,19 +42,6 @@ class ServerGone(HsextractError):
     """A server did not answer /health within the configured wait."""
 
     exit_code = 75  # EX_TEMPFAIL: systemd may restart the regenerator once the servers are back
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int = 5
-    backoff_s: float = 0.5
-    backoff_max_s: float = 30.0
-    connect_timeout_s: float = 10.0
-    request_timeout_s: float = 1800.0  # a 4096-token reply behind a full batch takes minutes
-    server_wait_s: float = 3600.0
-
-    def delay(self, attempt: int) -> float:
-        return min(self.backoff_max_s, self.backoff_s * (2 ** max(0, attempt - 1)))
 
 
 def parse_reply(data: Any) -> Reply:
@@ -106,7 +93,7 @@ class ChatServer:
         self.requests = 0
 
     async def open(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=self.policy.request_timeout_s, sock_connect=self.policy.connect_timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.policy.read_timeout_s, sock_connect=self.policy.connect_timeout_s)
         connector = aiohttp.TCPConnector(limit=self.concurrency + 2)
         self.session = aiohttp.ClientSession(timeout=timeout, connector=connector)
 
@@ -191,7 +178,7 @@ class ChatServer:
                                              json=self.body(messages, tools, kwargs, max_tokens)) as resp:
                     status, text = resp.status, await resp.text()
             except asyncio.TimeoutError:
-                detail = f"no answer within {self.policy.request_timeout_s:.0f} s"
+                detail = f"no answer within {self.policy.read_timeout_s:.0f} s"
                 continue
             except (aiohttp.ClientError, OSError) as exc:
                 detail = f"{type(exc).__name__}: {str(exc)[:200]}"
