@@ -70,6 +70,15 @@ def size(n: float | None) -> str:
     return f"{n / 1e9:,.2f} GB"
 
 
+def binary_size(n: float) -> str:
+    """Bytes in binary units (as memory and tmpfs sizes are given): "512 B", "1.5 GiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def duration(seconds: float | None) -> str:
     """45 -> "45 s", 127 -> "2 min 07 s", 11400 -> "3 h 10 min", 200000 -> "2 d 7 h"."""
     if seconds is None:

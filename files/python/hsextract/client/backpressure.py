@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.errors import ConfigError
+from hsextract.report import binary_size
 from hsextract.staging import iter_dump_dirs, run_dumps
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -59,7 +60,7 @@ class Watermark:
         return self.bytes if not self.fraction else int(total_bytes * self.fraction)
 
     def __str__(self) -> str:
-        return f"{self.fraction * 100:g}%" if self.fraction else human_bytes(self.bytes)
+        return f"{self.fraction * 100:g}%" if self.fraction else binary_size(self.bytes)
 
 
 def parse_watermark(value: str | int | float) -> Watermark:
@@ -95,14 +96,6 @@ def resume_below(max_staged: int) -> int:
     return max(1, max_staged - max(1, max_staged // 8))
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 class Backpressure:
     """Answers "may I send now?" for one dump dir; `reason()` is None when sending is fine."""
 
@@ -136,8 +129,8 @@ class Backpressure:
         expected = (inflight_tokens + next_tokens) * self.bytes_per_token
         if free - expected < floor:
             return (
-                f"dump dir {self.dump_dir}: {human_bytes(free)} free, {human_bytes(expected)} expected from requests "
-                f"in flight, below the watermark {self.min_free} ({human_bytes(floor)})"
+                f"dump dir {self.dump_dir}: {binary_size(free)} free, {binary_size(expected)} expected from requests "
+                f"in flight, below the watermark {self.min_free} ({binary_size(floor)})"
             )
         if self.max_staged is not None:
             limit = resume_below(self.max_staged) if paused else self.max_staged

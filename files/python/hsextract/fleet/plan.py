@@ -18,7 +18,7 @@ from typing import Any
 
 from hsextract.collect.shards import Shard, check_coverage
 from hsextract.errors import ConfigError
-from hsextract.ops.check_shm import human
+from hsextract.report import binary_size
 
 EXIT_NO_ROOM = 5  # as `hsextract plan`: a host's volume cannot hold its shard
 
@@ -142,11 +142,11 @@ def render(plan: FleetPlan) -> list[str]:
                          "-"))
             continue
         v = r["output_volume"]
-        room = f"{'room' if v['ok'] else 'NOT ENOUGH'}: {human(v['free_bytes'])} free"
-        rows.append((h.name, r["shard"], f"{r['samples']:,}", f"{r['tokens']:,}", human(_format_bytes(r)), room,
+        room = f"{'room' if v['ok'] else 'NOT ENOUGH'}: {binary_size(v['free_bytes'])} free"
+        rows.append((h.name, r["shard"], f"{r['samples']:,}", f"{r['tokens']:,}", binary_size(_format_bytes(r)), room,
                      _hours(r.get("time", {}).get("seconds"))))
     t = plan.totals()
-    rows.append(("fleet", "", f"{t['samples']:,}", f"{t['tokens']:,}", human(t["remaining_bytes"]), "",
+    rows.append(("fleet", "", f"{t['samples']:,}", f"{t['tokens']:,}", binary_size(t["remaining_bytes"]), "",
                  _hours(t["seconds"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]

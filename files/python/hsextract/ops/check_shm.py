@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from hsextract.client import defaults
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.report import binary_size
 from hsextract.staging import DTYPE_BYTES
 
 PAGE = 4096
@@ -48,14 +49,6 @@ class ShmNeed:
     @property
     def need_bytes(self) -> int:
         return max(self.estimate_bytes, self.watermark_bytes)
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
@@ -118,10 +111,12 @@ def mount_point(path: str) -> str:
 def verdict_message(path: str, free: int, total: int, need: ShmNeed, requests: int, per_request: int) -> str:
     mount = mount_point(path)
     return (
-        f"{path} has {human(free)} free (of {human(total)}), but the run needs {human(need.need_bytes)}: "
+        f"{path} has {binary_size(free)} free (of {binary_size(total)}), "
+        f"but the run needs {binary_size(need.need_bytes)}: "
         f"the estimate is {requests} staged requests x {per_request} tokens x "
         f"{need.bytes_per_token} bytes per token "
-        f"= {human(need.estimate_bytes)}, the client's free-space watermark is {human(need.watermark_bytes)}. "
+        f"= {binary_size(need.estimate_bytes)}, "
+        f"the client's free-space watermark is {binary_size(need.watermark_bytes)}. "
         f"Fix one of: enlarge {mount} (mount -o remount,size=... {mount}, or more RAM), remove stale dumps there, "
         f"lower the requests in flight (--max-in-flight), the staged limit (--max-staged) or the tokens "
         f"per request (--max-tokens), "

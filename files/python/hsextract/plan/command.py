@@ -26,7 +26,8 @@ from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.layout import plan_path
-from hsextract.ops.check_shm import aux_count, human
+from hsextract.ops.check_shm import aux_count
+from hsextract.report import binary_size
 
 if TYPE_CHECKING:
     from hsextract.plan.reuse import Kept
@@ -257,11 +258,11 @@ def render(r: dict[str, Any]) -> str:
                  f"({o['truncated']:,} truncated, {o['skipped']:,} skipped)")
     for name, f in r["formats"].items():
         mark = " <-" if name == r["format"] else ""
-        lines.append(f"  {name:15s} {human(f['total_bytes']):>11s} ({human(f['sample_bytes'])} of sample files)"
-                     f"{mark}")
+        lines.append(f"  {name:15s} {binary_size(f['total_bytes']):>11s} "
+                     f"({binary_size(f['sample_bytes'])} of sample files){mark}")
     s = r["shm"]
-    lines.append(f"  /dev/shm  needs {human(s['need_bytes'])} for {s['requests']} requests x "
-                 f"{s['tokens_per_request']} tokens at {s['path']}; {human(s['free_bytes'])} free"
+    lines.append(f"  /dev/shm  needs {binary_size(s['need_bytes'])} for {s['requests']} requests x "
+                 f"{s['tokens_per_request']} tokens at {s['path']}; {binary_size(s['free_bytes'])} free"
                  f"{'' if s['ok'] else ' (TOO SMALL)'}")
     t = r["time"]
     if t["seconds"] is not None:
@@ -271,8 +272,8 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"  time      unknown ({t['source']})")
     v = r["output_volume"]
     verdict = "room" if v["ok"] else "NOT ENOUGH ROOM"
-    lines.append(f"  output    {verdict}: {human(v['free_bytes'])} free at {v['path']}, the run needs "
-                 f"{human(v['need_bytes'])} + {human(v['margin_bytes'])} margin ({r['format']})")
+    lines.append(f"  output    {verdict}: {binary_size(v['free_bytes'])} free at {v['path']}, the run needs "
+                 f"{binary_size(v['need_bytes'])} + {binary_size(v['margin_bytes'])} margin ({r['format']})")
     if "disk" in r:
         from hsextract.plan.disk_pace import render as render_disk
 
@@ -323,9 +324,10 @@ def run(args: argparse.Namespace) -> int:
     if not v["ok"] and not args.no_space_check:
         f = report["formats"][report["format"]]
         raise OutputVolumeTooSmall(
-            f"{v['path']} has {human(v['free_bytes'])} free, but the run needs {human(v['need_bytes'])} "
-            f"({human(f['remaining_bytes'])} of {report['format']} training set for {report['remaining_tokens']:,} "
-            f"tokens of {report['samples'] - report['already_written']:,} samples) + {human(v['margin_bytes'])} "
+            f"{v['path']} has {binary_size(v['free_bytes'])} free, but the run needs {binary_size(v['need_bytes'])} "
+            f"({binary_size(f['remaining_bytes'])} of {report['format']} training set "
+            f"for {report['remaining_tokens']:,} tokens of {report['samples'] - report['already_written']:,} samples) "
+            f"+ {binary_size(v['margin_bytes'])} "
             f"margin ({v['margin']}). Free space there, point the output elsewhere, plan a shard of the dataset, "
             f"or lower the margin (--space-margin; --no-space-check to start anyway)."
         )

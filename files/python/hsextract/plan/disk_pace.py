@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hsextract.ops.check_shm import human
 from hsextract.ops.disk_ceiling import DEFAULT_WRITERS, measure
+from hsextract.report import binary_size
 
 MIN_FILE = 64 << 10
 
@@ -44,16 +44,18 @@ def disk_pace(report: dict[str, Any], directory: Path, seconds_per_point: float,
 def render(d: dict) -> list[str]:
     """The plan's lines for the measurement."""
     lines = [f"  disk      ceiling {d['disk_ceiling_gb_per_s']:.2f} GB/s at {d['directory']} "
-             f"({d['best_writers']} writers, files of {human(min(d['file_sizes']))}-{human(max(d['file_sizes']))}, "
+             f"({d['best_writers']} writers, "
+             f"files of {binary_size(min(d['file_sizes']))}-{binary_size(max(d['file_sizes']))}, "
              "fsync each): at most "
              + (f"{d['disk_tokens_per_s']:,} tokens/s" if d["disk_tokens_per_s"] else "? tokens/s")
-             + f" at {human(d['bytes_per_token'])} per token"]
+             + f" at {binary_size(d['bytes_per_token'])} per token"]
     if d["paced_by"] == "disk":
-        lines.append(f"  pace      the DISK sets the run's pace: the GPU makes {human(d['run_bytes_per_s'])}/s, more "
-                     "than the volume takes; write the set to a faster volume, or expect the drain to be the bound")
+        lines.append(f"  pace      the DISK sets the run's pace: the GPU makes "
+                     f"{binary_size(d['run_bytes_per_s'])}/s, more than the volume takes; "
+                     "write the set to a faster volume, or expect the drain to be the bound")
     elif d["paced_by"] == "gpu":
-        lines.append(f"  pace      the GPU sets the run's pace: it makes {human(d['run_bytes_per_s'])}/s, within what "
-                     "the volume takes")
+        lines.append(f"  pace      the GPU sets the run's pace: it makes "
+                     f"{binary_size(d['run_bytes_per_s'])}/s, within what the volume takes")
     else:
         lines.append("  pace      unknown: no prefill rate (pass --tokens-per-s)")
     lines.append(f"  workers   the volume took files fastest from {d['best_writers']} writers: `hsextract drain "
