@@ -8,11 +8,9 @@ written atomically and only by a run that has an answer for every sample.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import secrets
-import sys
 import threading
 import time
 from collections import Counter
@@ -20,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from hsextract.durable import atomic_write_json
 from hsextract.layout import WHOLE_DATASET, client_status_path
 from hsextract.report import progress_line
+from hsextract.run_progress import RateWindow, StatusReporter
 
 log = logging.getLogger("hsextract.client")
 
@@ -56,7 +54,10 @@ class RunStats:
     # from the last run's summary (hsextract.client_state.summary_id).
     attempt: str = field(default_factory=lambda: secrets.token_hex(8))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _window: collections.deque = field(default_factory=lambda: collections.deque(maxlen=600), repr=False)
+    _window: RateWindow = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._window = RateWindow(self.started)
 
     @property
     def done(self) -> int:
@@ -90,17 +91,11 @@ class RunStats:
         with self.lock:
             self.ok += 1
             self.tokens += tokens
-            self._window.append((time.monotonic(), self.tokens, self.ok))
+            self._window.add(self.tokens, self.ok)
 
     def rates(self) -> tuple[float, float]:
         """(tokens/s, samples/s) over the last ~60 s of answers, or since the start if shorter."""
-        now = time.monotonic()
-        win = [w for w in self._window if now - w[0] <= 60]
-        if len(win) >= 2 and win[-1][0] > win[0][0]:
-            dt = max(now - win[0][0], 1e-6)
-            return (win[-1][1] - win[0][1]) / dt, (win[-1][2] - win[0][2]) / dt
-        elapsed = max(now - self.started, 1e-6)
-        return self.tokens / elapsed, self.ok / elapsed
+        return self._window.rates(self.tokens, self.ok)
 
     def snapshot(self) -> dict[str, Any]:
         tok_s, smp_s = self.rates()
@@ -156,61 +151,28 @@ class RunStats:
         }
 
 
-class Reporter:
-    """Writes the status file every `status_every` s and shows progress (a bar on a TTY, else log lines)."""
+class Reporter(StatusReporter):
+    """The client's status file and progress; logs each pause and the resumption once."""
 
     def __init__(self, stats: RunStats, output: str | Path, stream: TextIO | None = None,
                  status_every: float = 1.0, log_every: float = 30.0, shard: tuple[int, int] = WHOLE_DATASET):
+        super().__init__(client_status_path(output, shard), log, stream, status_every, log_every)
         self.stats = stats
-        self.status_path = client_status_path(output, shard)
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.status_every = status_every
-        self.log_every = log_every
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_log = 0.0
         self._last_paused: str | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="hsextract-progress", daemon=True)
-        self._thread.start()
+    def snapshot(self) -> dict[str, Any]:
+        return self.stats.snapshot()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.status_every):
-            self.tick()
+    def line(self, snap: dict[str, Any]) -> str:
+        return progress_line(snap)
 
-    def tick(self) -> None:
-        snap = self.stats.snapshot()
-        atomic_write_json(self.status_path, snap)
+    def fraction_done(self, snap: dict[str, Any]) -> float:
+        return (snap["ok"] + snap["skipped"] + snap["failed"] + snap["rejected"]) / max(1, snap["samples_total"])
+
+    def noticed(self, snap: dict[str, Any]) -> None:
         if snap["paused_reason"] != self._last_paused:
             if snap["paused_reason"]:
                 log.warning("paused: %s", snap["paused_reason"])
             elif self._last_paused and snap["state"] == "running":
                 log.info("resumed sending")  # not when the pause ended because the run did
             self._last_paused = snap["paused_reason"]
-        if self.tty:
-            self._bar(snap)
-        elif time.monotonic() - self._last_log >= self.log_every:
-            self._last_log = time.monotonic()
-            log.info("%s", progress_line(snap))
-
-    def _bar(self, snap: dict[str, Any]) -> None:
-        total = max(1, snap["samples_total"])
-        done = snap["ok"] + snap["skipped"] + snap["failed"] + snap["rejected"]
-        width = 24
-        filled = int(width * min(1.0, done / total))
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {progress_line(snap)}\x1b[K")
-        self.stream.flush()
-
-    def stop(self, final_tick: bool = True) -> None:
-        """Stop reporting; ``final_tick``: write the last status (else the caller writes it)."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-        if not final_tick:
-            return
-        self.tick()
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()

@@ -7,10 +7,8 @@ seconds, and the summary is written only by a run that has an outcome for every 
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
-import sys
 import threading
 import time
 from collections import Counter
@@ -18,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from hsextract.durable import atomic_write_json
+from hsextract.run_progress import RateWindow, StatusReporter
 
 log = logging.getLogger("hsextract.regen")
 
@@ -40,7 +38,10 @@ class RegenStats:
     started: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _window: collections.deque = field(default_factory=lambda: collections.deque(maxlen=600), repr=False)
+    _window: RateWindow = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._window = RateWindow(self.started)
 
     @property
     def done(self) -> int:
@@ -54,7 +55,7 @@ class RegenStats:
             self.truncated += truncated
             if cut_reason:
                 self.cut[cut_reason] += 1
-            self._window.append((time.monotonic(), self.completion_tokens, self.ok))
+            self._window.add(self.completion_tokens, self.ok)
 
     def record_failed(self, reason: str, tokens: int = 0) -> None:
         with self.lock:
@@ -63,13 +64,7 @@ class RegenStats:
 
     def rates(self) -> tuple[float, float]:
         """(completion tokens/s, conversations/s) over the last minute, or since the start if shorter."""
-        now = time.monotonic()
-        win = [w for w in self._window if now - w[0] <= 60]
-        if len(win) >= 2 and win[-1][0] > win[0][0]:
-            dt = max(now - win[0][0], 1e-6)
-            return (win[-1][1] - win[0][1]) / dt, (win[-1][2] - win[0][2]) / dt
-        elapsed = max(now - self.started, 1e-6)
-        return self.completion_tokens / elapsed, self.ok / elapsed
+        return self._window.rates(self.completion_tokens, self.ok)
 
     def snapshot(self) -> dict[str, Any]:
         """The counters as one consistent copy (the status thread reads them while the run updates them)."""
@@ -129,46 +124,21 @@ def progress_line(snap: dict[str, Any]) -> str:
             f"in flight {snap['in_flight']} | ETA {_eta(snap['eta_s'])}")
 
 
-class Reporter:
-    """Writes the status file every `every` s and shows progress (a bar on a TTY, else log lines)."""
+class Reporter(StatusReporter):
+    """The regeneration's status file and progress."""
+
+    thread_name = "hsextract-regen-progress"
 
     def __init__(self, stats: RegenStats, status_path: Path, stream: TextIO | None = None,
                  every: float = 1.0, log_every: float = 30.0):
+        super().__init__(status_path, log, stream, every, log_every)
         self.stats = stats
-        self.status_path = status_path
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.every = every
-        self.log_every = log_every
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_log = 0.0
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="hsextract-regen-progress", daemon=True)
-        self._thread.start()
+    def snapshot(self) -> dict[str, Any]:
+        return self.stats.snapshot()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every):
-            self.tick()
+    def line(self, snap: dict[str, Any]) -> str:
+        return progress_line(snap)
 
-    def tick(self) -> None:
-        snap = self.stats.snapshot()
-        atomic_write_json(self.status_path, snap)
-        if self.tty:
-            total = max(1, snap["conversations_total"])
-            filled = int(24 * min(1.0, snap["done"] / total))
-            self.stream.write(f"\r[{'#' * filled}{'.' * (24 - filled)}] {progress_line(snap)}\x1b[K")
-            self.stream.flush()
-        elif time.monotonic() - self._last_log >= self.log_every:
-            self._last_log = time.monotonic()
-            log.info("%s", progress_line(snap))
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-        self.tick()
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+    def fraction_done(self, snap: dict[str, Any]) -> float:
+        return snap["done"] / max(1, snap["conversations_total"])
