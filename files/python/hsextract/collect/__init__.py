@@ -10,7 +10,9 @@ training set. Collect makes them one, on a collector host or a shared volume::
 * what to fetch (`plan`): the samples the collected set lacks, in dataset-index order, numbered
   after the ones it has; each sample's file is renamed only, its bytes and checksum unchanged;
 * how (`transfer`, `commit`): copy, hard link or move, re-hashed against the host's manifest in
-  the collected set, fetched again once when that fails, else listed with its reason; committed
+  the collected set and checked to be the row's sample (hsextract.formats.sample_check); a host's
+  paths are opened only inside its output, never through a link (hsextract.contained); fetched
+  again once when a read fails, else listed with its reason; committed
   in order (rename, then the manifest line), so kill -9 at any instant and run again gives the
   same set;
 * the fleet's accounts (`accounts`, `shards`): every host's reconciliation and the fleet's, and

@@ -36,11 +36,13 @@ from hsextract.formats import get_format
 from hsextract.formats.manifest import (
     ManifestEntry,
     ManifestError,
+    ManifestHeader,
     iter_entries,
     read_header,
     repair_torn_tail,
     write_header,
 )
+from hsextract.formats.sample_check import SampleCheck
 from hsextract.layout import collect_tmp_dir
 
 log = logging.getLogger("hsextract.collect")
@@ -99,7 +101,7 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     if removed:
         notes.append(f"removed {len(removed)} file(s) a killed collect renamed but never recorded")
     clear_dir(collect_tmp_dir(out))
-    fetcher = _fetcher(cfg, out, adm)
+    fetcher = _fetcher(cfg, out, adm, fmt, ref.header)
     plan = plan_collect(entries, {h.name: h.entries for h in adm.admitted})
     fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
     write_identity(out, ref.header.run_id, ref.dataset)
@@ -122,7 +124,7 @@ def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
     return hosts, unreadable
 
 
-def _fetcher(cfg: CollectConfig, out: Path, adm: Admission) -> Fetcher:
+def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, header: ManifestHeader) -> Fetcher:
     same = {h.name: same_filesystem(h.path, out) for h in adm.admitted}
     if cfg.mode == "link":
         other = [h for h in adm.admitted if not same[h.name]]
@@ -132,7 +134,8 @@ def _fetcher(cfg: CollectConfig, out: Path, adm: Admission) -> Fetcher:
                 f"--link: host {h.name}'s output {h.path} is on another filesystem than the collected set {out} "
                 f"(device {os.stat(h.path).st_dev} versus {os.stat(out).st_dev}), and hard links cannot cross "
                 "filesystems. Collect without --link (a copy), or into a directory on that filesystem")
-    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same)
+    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same,
+                   SampleCheck(fmt, header))
 
 
 def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Plan, fetcher: Fetcher,
