@@ -74,7 +74,7 @@ SLOW_MODULES = {
     "client/test_one_client_per_shard.py", "client/test_stop_signals.py",
     "collect/test_collect.py", "collect/test_collect_processes.py", "collect/test_collect_bad_input.py",
     "collect/test_collect_kill.py",
-    "collect/test_collect_readers.py", "collect/test_collect_trust.py",
+    "collect/test_collect_readers.py", "collect/test_collect_trust.py", "collect/test_collect_into.py",
     "core/test_bad_settings.py", "core/test_packaging.py", "core/test_reader_gone.py",
     "drain/test_crash_safety.py", "drain/test_drain_daemon.py", "drain/test_exit_when_done.py",
     "drain/test_one_writer_per_output.py", "drain/test_what_staging_holds.py",

@@ -18,7 +18,9 @@ training set. Collect makes them one, on a collector host or a shared volume::
 * the fleet's accounts (`accounts`, `shards`): every host's reconciliation and the fleet's, and
   whether the shards cover the dataset exactly once;
 * the set's own files (`finalize`, `vocab`, `bookkeeping`, `card`): the format's dataset-level
-  files, the draft vocabulary of the summed counts, merged rejects and failures, the card.
+  files, the draft vocabulary of the summed counts, merged rejects and failures, the card;
+* where (`into`): a new or empty directory or a set collect made, nothing else; a collect that
+  admits no host changes nothing there.
 
 Hosts on other machines are pulled by rsync into a local staging directory per host first
 (``playbooks/collect.yml``); collect itself reads local paths only.

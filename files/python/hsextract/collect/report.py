@@ -70,6 +70,14 @@ def finish(c: Collected) -> CollectResult:
     return CollectResult(RUN_CHECK_FAILED if bad else 0, c.new, len(c.entries), lines, report)
 
 
+def nothing_admitted(c: Collected) -> CollectResult:
+    """The answer of a collect that admitted no host output: it wrote nothing into the set (not even
+    its report), so an existing set's bookkeeping stays as the last collect left it."""
+    lines = [*c.admission.refused,
+             f"no host output was admitted: nothing in the collected set was changed ({c.cfg.into})"]
+    return CollectResult(RUN_CHECK_FAILED if c.admission.refused else 0, 0, len(c.entries), lines)
+
+
 def _coverage_lines(coverage: Coverage, final: bool) -> list[str]:
     word = "FAIL" if final else "WARN"
     return [f"{word} {m}" for m in coverage.missing] + [f"{word} {m}" for m in coverage.doubled]

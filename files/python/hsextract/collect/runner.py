@@ -25,9 +25,10 @@ from hsextract.collect.bookkeeping import clear_dir, write_identity
 from hsextract.collect.commit import Committer, FailureJournal, SpacePolicy
 from hsextract.collect.config import CollectConfig, Collected, CollectResult
 from hsextract.collect.hosts import HostOutput, HostUnreadable, read_clients, read_host
+from hsextract.collect.into import check_into, mark
 from hsextract.collect.lock import collected_set_lock
 from hsextract.collect.plan import Plan, plan_collect
-from hsextract.collect.report import finish
+from hsextract.collect.report import finish, nothing_admitted
 from hsextract.collect.transfer import Fetched, Fetcher, same_filesystem
 from hsextract.drain.recovery import remove_orphans
 from hsextract.durable import check_writable
@@ -74,6 +75,7 @@ def check_arguments(cfg: CollectConfig) -> None:
 def collect(cfg: CollectConfig) -> CollectResult:
     check_arguments(cfg)
     out = cfg.into
+    check_into(out)  # before the lock: it is a file of ours in that directory
     check_writable(out, "collected set", "--into")
     with collected_set_lock(out):
         return _collect_locked(cfg, out)
@@ -81,9 +83,7 @@ def collect(cfg: CollectConfig) -> CollectResult:
 
 def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     notes: list[str] = []
-    if repair_torn_tail(out):
-        notes.append("cut off a torn last manifest line left by a killed collect")
-    entries = list(iter_entries(out))
+    entries = list(iter_entries(out))  # a torn last line is not read (and cut below, once a host is admitted)
     if [e.output_index for e in entries] != list(range(len(entries))):
         raise ManifestError(f"{out}/manifest.jsonl: output indices are not 0, 1, 2...: was it edited?")
     header = read_header(out)
@@ -94,6 +94,11 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     ref = choose_reference(header, read_record(out), fleet_lines, hosts)
     adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move")
     adm.refused[:0] = unreadable
+    if not adm.admitted:  # nothing to add: the set, its bookkeeping and its report stay as they are
+        return nothing_admitted(Collected(cfg, ref, None, entries, adm))
+    mark(out)
+    if repair_torn_tail(out):
+        notes.append("cut off a torn last manifest line left by a killed collect")
     if ref.header is None:
         return finish(Collected(cfg, ref, None, entries, adm, notes=notes))
     fmt = get_format(ref.header.format)
