@@ -162,7 +162,7 @@ def unlink_regular(root: Path, rel: str) -> bool:
                 raise UnsafePath(f"{rel!r} is {kind_of(mode)}, not a regular file: not removed")
             os.unlink(parts[-1], dir_fd=parent)
             return True
-    except FileNotFoundError:  # a directory on the way is gone: so is the file
+    except (FileNotFoundError, NotADirectoryError):  # no directory on the way: no file there either
         return False
 
 
@@ -185,6 +185,9 @@ def _walk(root: Path, rel: str, found: list[str]) -> None:
         try:
             children = sorted(os.listdir(root / rel))
         except FileNotFoundError:
+            return
+        except OSError as exc:  # what cannot be looked at cannot be vouched for
+            found.append(f"{rel} cannot be listed ({exc.strerror or exc})")
             return
         for child in children:
             _walk(root, f"{rel}/{child}", found)
