@@ -10,11 +10,14 @@ about three seconds, and a command from the test into its sandbox takes a second
 * stop-units stops UNITs the moment OUTPUT's manifest holds COUNT samples (polled every
   millisecond): the host is stopped a few samples into its shard, whatever the machine's load.
 * kill-collect holds the ``hsextract collect --into INTO`` at the point it means: it freezes the
-  collect as it starts (SIGSTOP), puts a FIFO in place of the last sample the collect will fetch
-  (the highest dataset index of its sources: a first collect into an empty set, which fetches
-  every sample in one batch and commits none before the whole batch is fetched), lets it go on,
-  and SIGKILLs it once it has fetched every other sample and waits on the FIFO. Nothing is
-  committed and every other sample is fetched, every time; the sample is put back afterwards.
+  collect as it starts (SIGSTOP), takes a write lease (``F_SETLEASE``) on the last sample the
+  collect will fetch (the highest dataset index of its sources: a first collect into an empty set,
+  which fetches every sample in one batch and commits none before the whole batch is fetched),
+  lets it go on, and SIGKILLs it once it has fetched every other sample and waits in its open of
+  the leased file (the kernel holds an open of a leased file until the holder lets go, up to
+  /proc/sys/fs/lease-break-time). Nothing is committed and every other sample is fetched, every
+  time; the sample itself is never changed. (A FIFO in its place no longer holds it: collect
+  refuses a sample that is not a regular file.)
 
 Each writes REPORT (JSON) last, after it has put back what it changed, so that a test that reads
 the report finds the host as the run left it. Only the standard library: it runs with the host's
@@ -24,6 +27,7 @@ the report finds the host as the run left it. Only the standard library: it runs
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -102,16 +106,17 @@ def kill_collect(into: Path, report: Path) -> None:
             return
         time.sleep(POLL_S)
     pid, argv = found
+    signal.signal(signal.SIGIO, lambda *_: None)  # the kernel's word that an open waits on the lease
     os.kill(pid, signal.SIGSTOP)
     try:
         sample, samples = _last_sample(argv)
-        held = sample.with_name(sample.name + ".held")
-        os.rename(sample, held)
-        os.mkfifo(sample)
+        lease = os.open(sample, os.O_RDONLY)
+        fcntl.fcntl(lease, fcntl.F_SETLEASE, fcntl.F_WRLCK)
     finally:
         os.kill(pid, signal.SIGCONT)
     try:
-        # Its temporary file is made before the sample is read: the collect waits on the FIFO.
+        # Its temporary file (a hard link to the sample) is made before the sample is opened: the
+        # collect waits in that open until the lease is let go.
         waiting = tmp_dir / f"{samples - 1}.tmp"
         while _alive(pid) and not waiting.exists() and time.monotonic() < deadline:
             time.sleep(POLL_S)
@@ -123,8 +128,8 @@ def kill_collect(into: Path, report: Path) -> None:
         fetched = len([n for n in os.listdir(tmp_dir) if n.endswith(".tmp")]) - 1 if held_there else 0
         lines = _lines(into / "manifest.jsonl")
     finally:
-        sample.unlink()
-        os.rename(held, sample)
+        fcntl.fcntl(lease, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        os.close(lease)
     _report(report, {"held": held_there, "fetched_at_kill": fetched, "lines_at_kill": lines, "samples": samples,
                      "pid": pid})
 

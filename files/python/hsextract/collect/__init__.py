@@ -10,13 +10,17 @@ training set. Collect makes them one, on a collector host or a shared volume::
 * what to fetch (`plan`): the samples the collected set lacks, in dataset-index order, numbered
   after the ones it has; each sample's file is renamed only, its bytes and checksum unchanged;
 * how (`transfer`, `commit`): copy, hard link or move, re-hashed against the host's manifest in
-  the collected set, fetched again once when that fails, else listed with its reason; committed
+  the collected set and checked to be the row's sample (hsextract.formats.sample_check); a host's
+  paths are opened only inside its output, never through a link (hsextract.contained); fetched
+  again once when a read fails, else listed with its reason; committed
   in order (rename, then the manifest line), so kill -9 at any instant and run again gives the
   same set;
 * the fleet's accounts (`accounts`, `shards`): every host's reconciliation and the fleet's, and
   whether the shards cover the dataset exactly once;
 * the set's own files (`finalize`, `vocab`, `bookkeeping`, `card`): the format's dataset-level
-  files, the draft vocabulary of the summed counts, merged rejects and failures, the card.
+  files, the draft vocabulary of the summed counts, merged rejects and failures, the card;
+* where (`into`): a new or empty directory or a set collect made, nothing else; a collect that
+  admits no host changes nothing there.
 
 Hosts on other machines are pulled by rsync into a local staging directory per host first
 (``playbooks/collect.yml``); collect itself reads local paths only.

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.collect.hosts import HostOutput
+from hsextract.contained import UnsafePath, list_dir, read_regular
 from hsextract.durable import atomic_write_bytes
 from hsextract.layout import (
     FAILURES,
+    QUARANTINE_DIR,
     QUARANTINE_HOST,
     QUARANTINE_REASON,
     QUARANTINE_RECORD,
@@ -93,23 +95,50 @@ def write_merged_lists(out: Path, hosts: Sequence[HostOutput], collect_failures:
     merge_lines(failures_path(out), hosts, FAILURES, collect_failures)
 
 
-def copy_quarantine(out: Path, hosts: Sequence[HostOutput]) -> int:
-    """Bring each host's quarantine reasons into the collected set; return how many are new."""
-    new = 0
+def copy_quarantine(out: Path, hosts: Sequence[HostOutput]) -> list[str]:
+    """Bring each host's quarantine reasons into the collected set; return a line for each one left
+    out because it is not a regular file inside the host output (hsextract.contained: no link is
+    followed, so a host cannot bring the collector's files in this way)."""
+    left_out: list[str] = []
     for h in hosts:
-        src_root = default_quarantine_dir(h.path)
-        if not src_root.is_dir():
+        try:
+            names = list_dir(h.path, QUARANTINE_DIR)
+        except (FileNotFoundError, NotADirectoryError):
             continue
-        for d in sorted(src_root.iterdir()):
-            if d.name.startswith(".") or not (d / QUARANTINE_REASON).is_file():
-                continue
-            dst = default_quarantine_dir(out) / d.name
-            new += not dst.is_dir()
-            for name in (QUARANTINE_REASON, QUARANTINE_SOURCE, QUARANTINE_RECORD):
-                with contextlib.suppress(FileNotFoundError):
-                    write_if_changed(dst / name, (d / name).read_bytes())
-            write_if_changed(dst / QUARANTINE_HOST, _json_bytes({"host": h.name, "path": str(h.path / d.name)}))
-    return new
+        except UnsafePath as exc:
+            left_out.append(f"host {h.name}: its quarantine was not copied: {exc}")
+            continue
+        for rid in names:
+            if not rid.startswith("."):
+                _copy_quarantined(out, h, rid, left_out)
+    return left_out
+
+
+def _copy_quarantined(out: Path, h: HostOutput, rid: str, left_out: list[str]) -> None:
+    """Copy one quarantined sample's reasons of host `h` (a line in `left_out` when it is refused)."""
+    try:
+        files = {name: _quarantine_file(h.path, rid, name)
+                 for name in (QUARANTINE_REASON, QUARANTINE_SOURCE, QUARANTINE_RECORD)}
+    except NotADirectoryError:  # a plain file there: no quarantined sample
+        return
+    except UnsafePath as exc:
+        left_out.append(f"host {h.name}: quarantine/{rid} was not copied: {exc}")
+        return
+    if files[QUARANTINE_REASON] is None:
+        return
+    dst = default_quarantine_dir(out) / rid
+    for name, data in files.items():
+        if data is not None:
+            write_if_changed(dst / name, data)
+    write_if_changed(dst / QUARANTINE_HOST, _json_bytes({"host": h.name, "path": str(h.path / rid)}))
+
+
+def _quarantine_file(host: Path, rid: str, name: str) -> bytes | None:
+    """The bytes of a host's quarantine file (None when it has none), read as hsextract.contained reads."""
+    try:
+        return read_regular(host, f"{QUARANTINE_DIR}/{rid}/{name}")
+    except FileNotFoundError:
+        return None
 
 
 def write_fleet_client_files(out: Path, lines: int, final: bool, hosts: dict[str, list[list[int]]]) -> None:

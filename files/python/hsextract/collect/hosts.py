@@ -20,10 +20,26 @@ from typing import Any
 
 from hsextract.client.dataset_record import read_record
 from hsextract.collect.lock import held_by_a_process
+from hsextract.contained import irregular_entries
 from hsextract.errors import HsextractError
 from hsextract.formats.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
-from hsextract.layout import CLIENT_STATUS, CLIENT_SUMMARY, drain_status_path, output_lock_path, state_dir
+from hsextract.layout import (
+    CLIENT_STATUS,
+    CLIENT_SUMMARY,
+    MANIFEST_ENTRIES,
+    MANIFEST_HEADER,
+    QUARANTINE_DIR,
+    RUN_FILE,
+    STATE_DIR,
+    drain_status_path,
+    output_lock_path,
+    state_dir,
+)
 from hsextract.reconcile import read_accounts
+
+# What collect reads of a host output besides its sample files (those are opened row by row through
+# hsextract.contained): every file under these must be a regular file, every directory a directory.
+BOOKKEEPING = (MANIFEST_HEADER, MANIFEST_ENTRIES, RUN_FILE, STATE_DIR, QUARANTINE_DIR)
 
 # A drain's status says it is working in these states (see hsextract.drain.metrics).
 _DRAIN_WORKING = ("starting", "running", "paused", "stopping")
@@ -81,6 +97,7 @@ def read_host(name: str, path: Path, *, stale_after_s: float, now: float | None 
     """Everything collect needs of one host output; HostUnreadable when it is not one."""
     if not path.is_dir():
         raise HostUnreadable(f"{path}: no such directory")
+    check_bookkeeping(path)
     try:
         header = read_header(path)
         entries = list(iter_entries(path))
@@ -98,6 +115,17 @@ def read_host(name: str, path: Path, *, stale_after_s: float, now: float | None 
         behind = list(accounts.unaccounted) if accounts else []
     return HostOutput(name, path, header, entries, dataset, clients,
                       drain_busy(path, stale_after_s, time.time() if now is None else now), behind)
+
+
+def check_bookkeeping(path: Path) -> None:
+    """HostUnreadable naming them when the host output's manifest, bookkeeping or quarantine hold a
+    symbolic link or a special file: a host controls what is there, and a link read as root on the
+    collector would bring the collector's own files into the set (a FIFO would hang the collect)."""
+    irregular = irregular_entries(path, BOOKKEEPING)
+    if irregular:
+        more = f" (and {len(irregular) - 5} more)" if len(irregular) > 5 else ""
+        raise HostUnreadable(f"{path}: {'; '.join(irregular[:5])}{more}: a host output's manifest, bookkeeping and "
+                             "quarantine must be regular files, and collect follows no link")
 
 
 def read_clients(out: Path) -> list[ClientShard]:

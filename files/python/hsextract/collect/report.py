@@ -3,7 +3,8 @@ card, the report, and the exit status.
 
 The exit status is 0 when everything given was collected and nothing needs a person; 3
 (RUN_CHECK_FAILED, as the drain's) when a host output was refused, a sample failed
-verification or was left out as a duplicate, or, for ``--final``, when the shards do not cover
+verification or was left out as a duplicate, a host's quarantine entry was not copied (not a
+regular file inside it), or, for ``--final``, when the shards do not cover
 the dataset exactly once or the fleet's counts do not add up. A collect that is not final only
 warns about shards it has not seen yet: hosts may still be on their way.
 """
@@ -42,7 +43,7 @@ def finish(c: Collected) -> CollectResult:
     in_set = {e.dataset_index for e in c.entries}
     failures = [d for d in (c.journal.lines if c.journal else []) if d.get("index") not in in_set]
     write_merged_lists(out, c.admission.admitted, failures)
-    copy_quarantine(out, c.admission.admitted)
+    left_out = copy_quarantine(out, c.admission.admitted)
     shards = {h.name: [c_.shard for c_ in h.clients] for h in c.admission.admitted}
     dataset_lines = c.ref.lines or 0
     coverage = check_coverage(shards, dataset_lines)
@@ -56,17 +57,25 @@ def finish(c: Collected) -> CollectResult:
     failed_by_host = Counter(str(d.get("host")) for d in failures)
     account_lines = accounts.lines_of_text(dict(by_host), dict(failed_by_host))
     _write_card(c, dataset_lines, account_lines)
-    lines += c.plan.duplicates
+    lines += c.plan.duplicates + left_out
     lines += [f"FAILED {d['host']} sample {d['host_index']} (dataset index {d['index']}): {d['reason']}: "
               f"{d['detail']}" for d in failures]
     lines += [f"collected {c.new} new sample(s) into {out}: {len(c.entries)} in all"
               f" ({len(c.plan.already)} were there already)", *account_lines]
     lines += _coverage_lines(coverage, c.cfg.final) + [f"PROBLEM {p}" for p in accounts.problems]
-    bad = bool(c.admission.refused or failures or c.plan.duplicates or accounts.problems
+    bad = bool(c.admission.refused or failures or c.plan.duplicates or left_out or accounts.problems
                or (cfg.final and not coverage.complete))
     report = _report(c, failures, coverage, accounts.fleet.as_dict(), final)
     write_if_changed(collect_report_path(out), (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
     return CollectResult(RUN_CHECK_FAILED if bad else 0, c.new, len(c.entries), lines, report)
+
+
+def nothing_admitted(c: Collected) -> CollectResult:
+    """The answer of a collect that admitted no host output: it wrote nothing into the set (not even
+    its report), so an existing set's bookkeeping stays as the last collect left it."""
+    lines = [*c.admission.refused,
+             f"no host output was admitted: nothing in the collected set was changed ({c.cfg.into})"]
+    return CollectResult(RUN_CHECK_FAILED if c.admission.refused else 0, 0, len(c.entries), lines)
 
 
 def _coverage_lines(coverage: Coverage, final: bool) -> list[str]:

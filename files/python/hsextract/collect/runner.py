@@ -25,9 +25,10 @@ from hsextract.collect.bookkeeping import clear_dir, write_identity
 from hsextract.collect.commit import Committer, FailureJournal, SpacePolicy
 from hsextract.collect.config import CollectConfig, Collected, CollectResult
 from hsextract.collect.hosts import HostOutput, HostUnreadable, read_clients, read_host
+from hsextract.collect.into import check_into, mark
 from hsextract.collect.lock import collected_set_lock
 from hsextract.collect.plan import Plan, plan_collect
-from hsextract.collect.report import finish
+from hsextract.collect.report import finish, nothing_admitted
 from hsextract.collect.transfer import Fetched, Fetcher, same_filesystem
 from hsextract.drain.recovery import remove_orphans
 from hsextract.durable import check_writable
@@ -36,11 +37,13 @@ from hsextract.formats import get_format
 from hsextract.formats.manifest import (
     ManifestEntry,
     ManifestError,
+    ManifestHeader,
     iter_entries,
     read_header,
     repair_torn_tail,
     write_header,
 )
+from hsextract.formats.sample_check import SampleCheck
 from hsextract.layout import collect_tmp_dir
 
 log = logging.getLogger("hsextract.collect")
@@ -72,6 +75,7 @@ def check_arguments(cfg: CollectConfig) -> None:
 def collect(cfg: CollectConfig) -> CollectResult:
     check_arguments(cfg)
     out = cfg.into
+    check_into(out)  # before the lock: it is a file of ours in that directory
     check_writable(out, "collected set", "--into")
     with collected_set_lock(out):
         return _collect_locked(cfg, out)
@@ -79,9 +83,7 @@ def collect(cfg: CollectConfig) -> CollectResult:
 
 def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     notes: list[str] = []
-    if repair_torn_tail(out):
-        notes.append("cut off a torn last manifest line left by a killed collect")
-    entries = list(iter_entries(out))
+    entries = list(iter_entries(out))  # a torn last line is not read (and cut below, once a host is admitted)
     if [e.output_index for e in entries] != list(range(len(entries))):
         raise ManifestError(f"{out}/manifest.jsonl: output indices are not 0, 1, 2...: was it edited?")
     header = read_header(out)
@@ -92,6 +94,11 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     ref = choose_reference(header, read_record(out), fleet_lines, hosts)
     adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move")
     adm.refused[:0] = unreadable
+    if not adm.admitted:  # nothing to add: the set, its bookkeeping and its report stay as they are
+        return nothing_admitted(Collected(cfg, ref, None, entries, adm))
+    mark(out)
+    if repair_torn_tail(out):
+        notes.append("cut off a torn last manifest line left by a killed collect")
     if ref.header is None:
         return finish(Collected(cfg, ref, None, entries, adm, notes=notes))
     fmt = get_format(ref.header.format)
@@ -99,7 +106,7 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     if removed:
         notes.append(f"removed {len(removed)} file(s) a killed collect renamed but never recorded")
     clear_dir(collect_tmp_dir(out))
-    fetcher = _fetcher(cfg, out, adm)
+    fetcher = _fetcher(cfg, out, adm, fmt, ref.header)
     plan = plan_collect(entries, {h.name: h.entries for h in adm.admitted})
     fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
     write_identity(out, ref.header.run_id, ref.dataset)
@@ -122,7 +129,7 @@ def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
     return hosts, unreadable
 
 
-def _fetcher(cfg: CollectConfig, out: Path, adm: Admission) -> Fetcher:
+def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, header: ManifestHeader) -> Fetcher:
     same = {h.name: same_filesystem(h.path, out) for h in adm.admitted}
     if cfg.mode == "link":
         other = [h for h in adm.admitted if not same[h.name]]
@@ -132,7 +139,8 @@ def _fetcher(cfg: CollectConfig, out: Path, adm: Admission) -> Fetcher:
                 f"--link: host {h.name}'s output {h.path} is on another filesystem than the collected set {out} "
                 f"(device {os.stat(h.path).st_dev} versus {os.stat(out).st_dev}), and hard links cannot cross "
                 "filesystems. Collect without --link (a copy), or into a directory on that filesystem")
-    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same)
+    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same,
+                   SampleCheck(fmt, header))
 
 
 def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Plan, fetcher: Fetcher,

@@ -13,25 +13,39 @@ failure, with its reason. Only a verified file is ever renamed into the set (`hs
   leaves the collected link alone.
 * move: a hard link where the filesystems agree, else a copy; the host's file is removed
   once the sample is committed to the collected set (`Fetcher.release`), never before.
+
+Whatever the mode, a host's row is not trusted: its file is opened, linked or removed only as its
+sample's own name and a regular file inside the host output, reached without following a link
+(hsextract.contained); anything else is the row's failure (`collect_unsafe_path`) and is never
+read, so no size or checksum of it is ever printed. A placed file must also hold the row's sample
+(hsextract.formats.sample_check: its token count, its fingerprint), else `collect_wrong_sample`.
+Neither is fetched a second time: another read gives the same.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.collect.plan import Pending
+from hsextract.contained import UnsafePath, link_regular, open_regular, unlink_regular
 from hsextract.durable import fsync_dir, is_no_space, write_file_durably
 from hsextract.formats.manifest import file_problem
+from hsextract.formats.sample_check import SampleCheck
+
+log = logging.getLogger("hsextract.collect")
 
 MODES = ("copy", "link", "move")
 _CHUNK = 8 << 20
 # What a file's problem (hsextract.formats.manifest.file_problem) is called in the failures.
 REASONS = {"missing": "collect_missing", "size": "collect_size", "checksum": "collect_checksum"}
 UNREADABLE = "collect_unreadable"
+UNSAFE = "collect_unsafe_path"  # the row names no regular file inside its host output: nothing was read
+WRONG_SAMPLE = "collect_wrong_sample"  # the file is not the row's sample (hsextract.formats.sample_check)
 
 
 @dataclass
@@ -47,20 +61,42 @@ class Fetched:
 
 
 class Fetcher:
-    """Places host samples in the collected set's temporary directory by one transfer mode."""
+    """Places host samples in the collected set's temporary directory by one transfer mode.
 
-    def __init__(self, mode: str, tmp_dir: Path, hosts: dict[str, Path], same_fs: dict[str, bool]):
+    A host's rows are not trusted (hsextract.contained): a row's file is read, linked or removed
+    only when it is its sample's own name (`SampleCheck.name_problem`) and a regular file reached
+    inside the host output without following a link; the placed copy must then be the row's
+    sample (`SampleCheck.content_problem`), not only of its size and checksum.
+    """
+
+    def __init__(self, mode: str, tmp_dir: Path, hosts: dict[str, Path], same_fs: dict[str, bool],
+                 check: SampleCheck):
         self.mode = mode
         self.tmp_dir = tmp_dir
         self.hosts = hosts
         self.same_fs = same_fs
+        self.check = check
 
-    def source(self, p: Pending) -> Path:
-        return self.hosts[p.host] / p.entry.file
+    def source(self, p: Pending) -> str:
+        """The host's file of `p`, as a refusal or failure names it (never opened by this name)."""
+        return f"{self.hosts[p.host]}/{p.entry.file}"
+
+    def refusal(self, p: Pending) -> tuple[str, str] | None:
+        """(reason, detail) when the row of `p` is not to be read at all: its file is no plain path
+        inside the host output, or not its sample's name."""
+        try:
+            wrong = self.check.name_problem(p.entry)
+        except UnsafePath as exc:
+            return UNSAFE, f"host output {self.hosts[p.host]}: {exc}; not read"
+        return (WRONG_SAMPLE, f"host output {self.hosts[p.host]}: {wrong}; not read") if wrong else None
 
     def fetch(self, k: int, p: Pending) -> Fetched:
         """Fetch `p` as the k-th sample of this collect, verify it, and once more if that fails."""
         out = Fetched(p)
+        refused = self.refusal(p)
+        if refused is not None:
+            out.reason, out.detail = refused
+            return out
         tmp = self.tmp_dir / f"{k}.tmp"
         src = self.source(p)
         for out.attempts in (1, 2):
@@ -69,6 +105,11 @@ class Fetcher:
                 problem = file_problem(tmp, p.entry)
                 if problem is not None:  # say it of the host's file, the temporary name means nothing later
                     problem = (problem[0], f"{src} as fetched: {problem[1].removeprefix(f'{tmp}: ')}")
+                else:
+                    wrong = self.check.content_problem(tmp, p.entry)
+                    problem = None if wrong is None else ("wrong_sample", f"{src}: {wrong}")
+            except UnsafePath as exc:
+                problem = ("unsafe", f"host output {self.hosts[p.host]}: {exc}")
             except FileNotFoundError:
                 problem = ("missing", f"{src}: missing")
             except OSError as exc:
@@ -81,17 +122,24 @@ class Fetcher:
                 out.tmp = tmp
                 return out
             _remove(tmp)
-            out.reason, out.detail = REASONS.get(problem[0], UNREADABLE), problem[1]
+            out.reason, out.detail = _REASONS.get(problem[0], UNREADABLE), problem[1]
+            if problem[0] in ("unsafe", "wrong_sample"):
+                break  # what the host holds, not a read gone wrong: another read gives the same
         return out
 
     def place(self, p: Pending, tmp: Path) -> None:
-        """Make `tmp` a durable copy of, or link to, the host's file of `p`."""
-        src = self.source(p)
+        """Make `tmp` a durable copy of, or link to, the host's file of `p` (a regular file inside
+        the host output, reached without following a link: UnsafePath otherwise)."""
+        root = self.hosts[p.host]
         _remove(tmp)
         if self.mode == "copy" or not self.same_fs[p.host]:
-            write_file_durably(tmp, _chunks(src))
+            fd = open_regular(root, p.entry.file)
+            try:
+                write_file_durably(tmp, _chunks(fd))
+            finally:
+                os.close(fd)
             return
-        os.link(src, tmp)
+        link_regular(root, p.entry.file, tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)  # rsync does not fsync what it writes; the collected set must be durable
@@ -99,27 +147,36 @@ class Fetcher:
             os.close(fd)
 
     def release(self, committed: list[Pending]) -> None:
-        """After a commit: remove the hosts' files of the committed samples (``--move`` only)."""
+        """After a commit: remove the hosts' files of the committed samples (``--move`` only). Only
+        a row's own file, a regular file inside its host output, is ever removed."""
         if self.mode != "move":
             return
         dirs = set()
         for p in committed:
-            src = self.source(p)
-            with contextlib.suppress(FileNotFoundError):
-                src.unlink()
-                dirs.add(src.parent)
+            refused = self.refusal(p)
+            if refused is not None:
+                log.warning("--move: host %s sample %d left in place: %s", p.host, p.entry.output_index, refused[1])
+                continue
+            root = self.hosts[p.host]
+            try:
+                if unlink_regular(root, p.entry.file):
+                    dirs.add((root / p.entry.file).parent)
+            except UnsafePath as exc:
+                log.warning("--move: host %s sample %d left in place: %s", p.host, p.entry.output_index, exc)
         for d in dirs:
             fsync_dir(d)
+
+
+_REASONS = {**REASONS, "unsafe": UNSAFE, "wrong_sample": WRONG_SAMPLE}
 
 
 def same_filesystem(a: Path, b: Path) -> bool:
     return os.stat(a).st_dev == os.stat(b).st_dev
 
 
-def _chunks(src: Path) -> Iterator[bytes]:
-    with open(src, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            yield chunk
+def _chunks(fd: int) -> Iterator[bytes]:
+    while chunk := os.read(fd, _CHUNK):
+        yield chunk
 
 
 def _remove(p: Path) -> None:

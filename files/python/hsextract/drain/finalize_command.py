@@ -1,8 +1,10 @@
 """``hsextract finalize``: (re)write an output directory's dataset-level files from its manifest.
 
 The drain does this itself when idle and when it stops; this command is for a directory copied
-elsewhere, or to check one: ``--verify`` re-reads every file and compares size and checksum, and
-recounts the loss-masked tokens from the files against the draft vocabulary's counts. A check
+elsewhere, or to check one: ``--verify`` re-reads every file and checks that it is its row's sample
+(its name, size and checksum, the token count of its tensors, its fingerprint:
+hsextract.formats.sample_check), and recounts the loss-masked tokens from the files against the
+draft vocabulary's counts. A check
 writes nothing, so it runs on a finished set on a read-only volume, on a copy a trainer is
 reading, or beside a drain; ``finalize`` without it writes what the check would only report.
 """
@@ -23,7 +25,8 @@ from hsextract.output_lock import OutputLock
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="training-set directory (the drain's --output)")
     parser.add_argument("--verify", action="store_true",
-                        help="check every sample's size and checksum, and the token counts against a recount")
+                        help="check that every sample's file is its row's (name, size, checksum, token count, "
+                             "fingerprint), and the draft vocabulary's counts against a recount")
     add_draft_vocab_arguments(parser)
     add_config_argument(parser)
 
@@ -64,36 +67,54 @@ def _finalize(args: argparse.Namespace, out: Path, sizes: tuple[int, ...], vocab
 
 
 def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
-    """Check every sample's file against the manifest and the draft vocabulary's counts against a
-    recount of the files; print a BAD line per problem, write nothing; 1 if any was found."""
-    from hsextract.formats.manifest import entries_path, iter_entries, verify_entry
-    from hsextract.vocab.tracker import VocabTracker
+    """Check every sample's file against its manifest row (hsextract.formats.sample_check: its name,
+    size, checksum, shapes and fingerprint) and the draft vocabulary's counts against a recount of
+    the files; print a BAD line per problem, write nothing; 1 if any was found."""
+    from hsextract.formats.manifest import entries_path, iter_entries, read_header
+    from hsextract.formats.sample_check import SampleCheck
 
     torn = _torn_tail(entries_path(out))
     if torn:
         print(f"BAD {entries_path(out)} ends with a torn line ({torn} bytes, a crash mid-append; not a sample): "
               "`hsextract finalize` cuts it")
     entries = list(iter_entries(out))
+    header = read_header(out)
+    assert header is not None  # _finalize refused a directory without one
+    check = SampleCheck(fmt, header)
     bad_samples = 0
     for e in entries:
-        problem = verify_entry(out, e)
+        problem = check.verify_row(out, e)
         if problem:
             bad_samples += 1
             print(f"BAD {e.output_index} ({e.rid}): {problem}")
-    print(f"verified {len(entries) - bad_samples}/{len(entries)} samples")
+    unchecked = sum(not check.checks_fingerprint(e) for e in entries)
+    print(f"verified {len(entries) - bad_samples}/{len(entries)} samples (name, size, checksum, shapes"
+          f"{', fingerprint' if unchecked < len(entries) else ''})"
+          + (f"; {unchecked} carry no fingerprint this version computes: their rows were not recomputed"
+             if unchecked else ""))
     bad = bad_samples + bool(torn)
-    if check_vocab:
-        tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
-        tracker.recover(entries, save=False)
-        problems = tracker.verify(entries)
-        for problem in problems:
-            print(f"BAD {problem}")
-        counts, _ = tracker.snapshot()
-        print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
-              f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' files")
-        bad += len(problems)
+    if check_vocab and bad_samples:
+        print(f"draft vocabulary: not checked, {bad_samples} sample file(s) are BAD: put them right (or their rows) "
+              "and verify again")
+    elif check_vocab:
+        bad += _verify_vocab(out, fmt, sizes, entries)
     print(f"{out}: checked, nothing written (`hsextract finalize --output {out}` writes the dataset-level files)")
     return 1 if bad else 0
+
+
+def _verify_vocab(out: Path, fmt, sizes, entries) -> int:
+    """Print the draft vocabulary's problems against a recount of the files; return how many."""
+    from hsextract.vocab.tracker import VocabTracker
+
+    tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
+    tracker.recover(entries, save=False)
+    problems = tracker.verify(entries)
+    for problem in problems:
+        print(f"BAD {problem}")
+    counts, _ = tracker.snapshot()
+    print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
+          f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' files")
+    return len(problems)
 
 
 def _torn_tail(path: Path) -> int:

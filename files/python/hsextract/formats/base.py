@@ -18,6 +18,7 @@ import torch
 
 from hsextract.formats.index_width import pickled_int_bytes as _pickled_int_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.formats.stored import StoredSample
 
 
 @dataclass
@@ -163,6 +164,14 @@ class OutputFormat(Protocol):
 
     def sample_file_bytes(self, shape: SampleShape) -> int:
         """The exact size of the file `encode` writes for a sample of this shape."""
+        ...
+
+    def stored_shapes(self, shape: SampleShape) -> dict[str, list[int]]:
+        """The shape of each tensor `encode` writes for a sample of this shape, by name."""
+        ...
+
+    def read_stored(self, path: Path) -> StoredSample:
+        """What one written sample file holds, mapped rather than read (hsextract.formats.stored)."""
         ...
 
 

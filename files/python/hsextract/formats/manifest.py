@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsextract.contained import UnsafePath, open_regular
 from hsextract.durable import atomic_write_bytes, fsync_dir, write_all
 from hsextract.errors import HsextractError
 from hsextract.layout import manifest_entries_path as entries_path
@@ -227,16 +228,33 @@ def new_hasher(algorithm: str) -> Any:
 
 
 def checksum_file(path: str | Path, algorithm: str, block: int = 16 << 20) -> str:
-    h = new_hasher(algorithm)
     with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
+        return checksum_fd(f.fileno(), algorithm, block)
+
+
+def checksum_fd(fd: int, algorithm: str, block: int = 16 << 20) -> str:
+    """The checksum of the file open as `fd`, read from its start (the descriptor's offset moves)."""
+    h = new_hasher(algorithm)
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, block):
+        h.update(chunk)
     return f"{algorithm}:{h.hexdigest()}"
 
 
 def verify_entry(output_dir: str | Path, entry: ManifestEntry) -> str | None:
-    """None if the entry's file exists with its recorded size and checksum, else what is wrong."""
-    problem = file_problem(Path(output_dir) / entry.file, entry)
+    """None if the entry's file is a regular file inside `output_dir` (reached without following a
+    link: hsextract.contained) with its recorded size and checksum, else what is wrong."""
+    p = Path(output_dir) / entry.file
+    try:
+        fd = open_regular(Path(output_dir), entry.file)
+    except FileNotFoundError:
+        return f"{p}: missing"
+    except UnsafePath as exc:
+        return f"{output_dir}: {exc}"
+    try:
+        problem = fd_problem(fd, p, entry)
+    finally:
+        os.close(fd)
     return problem[1] if problem else None
 
 
@@ -244,13 +262,22 @@ def file_problem(p: Path, entry: ManifestEntry) -> tuple[str, str] | None:
     """None if the file `p` has the size and checksum `entry` records (by the entry's own
     algorithm), else (kind, what is wrong), kind one of "missing", "size", "checksum"."""
     try:
-        size = p.stat().st_size
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return "missing", f"{p}: missing"
+    try:
+        return fd_problem(fd, p, entry)
+    finally:
+        os.close(fd)
+
+
+def fd_problem(fd: int, p: Path, entry: ManifestEntry) -> tuple[str, str] | None:
+    """`file_problem` of the file open as `fd` (`p`: its name in the messages)."""
+    size = os.fstat(fd).st_size
     if size != entry.bytes:
         return "size", f"{p}: {size} bytes, manifest says {entry.bytes}"
     algorithm = entry.checksum.split(":", 1)[0]
-    actual = checksum_file(p, algorithm)
+    actual = checksum_fd(fd, algorithm)
     if actual != entry.checksum:
         return "checksum", f"{p}: checksum {actual}, manifest says {entry.checksum}"
     return None

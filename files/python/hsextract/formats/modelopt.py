@@ -41,6 +41,7 @@ from hsextract.formats.base import (
     torch_slot_groups,
 )
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.formats.stored import StoredSample, byte_rows, load_torch_sample
 
 
 def _object(input_ids: torch.Tensor, loss_mask: torch.Tensor, aux: torch.Tensor, final: torch.Tensor,
@@ -83,6 +84,18 @@ class ModelOptFormat:
 
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return read_torch_tokens(path)
+
+    def stored_shapes(self, shape: SampleShape) -> dict[str, list[int]]:
+        """The shapes `encode` gives a sample of this shape, by tensor name."""
+        t, k, h = shape.tokens, shape.num_aux, shape.hidden_size
+        return {"input_ids": [t], "hidden_states": [t, h], "aux_hidden_states": [t, k * h], "loss_mask": [t]}
+
+    def read_stored(self, path: Path) -> StoredSample:
+        obj, shapes = load_torch_sample(path, dict.fromkeys(self.stored_shapes(SampleShape(0, 1, 1)), False))
+        cid = obj.get("conversation_id")
+        return StoredSample(shapes, obj["input_ids"].numpy(),
+                            lambda: [byte_rows(obj["aux_hidden_states"]), byte_rows(obj["hidden_states"])],
+                            dataset_index=cid if isinstance(cid, int) else None)
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.

@@ -32,6 +32,7 @@ from hsextract.formats.base import (
     torch_slot_groups,
 )
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.formats.stored import StoredSample, byte_rows, load_torch_sample
 
 GROUP_SIZE = 2000
 
@@ -75,6 +76,16 @@ class SpecForgeFormat:
 
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return read_torch_tokens(path)
+
+    def stored_shapes(self, shape: SampleShape) -> dict[str, list[int]]:
+        """The shapes `encode` gives a sample of this shape, by tensor name."""
+        t, k, h = shape.tokens, shape.num_aux, shape.hidden_size
+        return {"input_ids": [t], "loss_mask": [t], "aux_hidden_state": [1, t, k * h], "hidden_state": [1, t, h]}
+
+    def read_stored(self, path: Path) -> StoredSample:
+        obj, shapes = load_torch_sample(path, dict.fromkeys(self.stored_shapes(SampleShape(0, 1, 1)), False))
+        return StoredSample(shapes, obj["input_ids"].numpy(),
+                            lambda: [byte_rows(obj["aux_hidden_state"][0]), byte_rows(obj["hidden_state"][0])])
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.

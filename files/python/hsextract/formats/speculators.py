@@ -33,11 +33,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hsextract.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, tensor_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.formats.stored import StoredSample
 from hsextract.layout import ARROW_BUILD_PREFIX, arrow_build_dir, state_dir
 from hsextract.staging import DTYPES
 
@@ -54,6 +56,39 @@ def safetensors_header(tensors: Sequence[tuple[str, str, list[int], int]]) -> by
     body = json.dumps(meta, separators=(",", ":")).encode()
     body += b" " * ((-(8 + len(body))) % 8)
     return struct.pack("<Q", len(body)) + body
+
+
+# safetensors' own readers refuse a header past 100 MB; ours are a few hundred bytes.
+_MAX_HEADER = 100 << 20
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int, int]:
+    """The header of a safetensors file, where its data starts, and the file's size (ValueError when it
+    is not a safetensors file)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes: too short for a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, _MAX_HEADER):
+            raise ValueError(f"its header claims {n} bytes, the file has {size}")
+        meta = json.loads(f.read(n))
+    if not isinstance(meta, dict):
+        raise ValueError("its header is not a JSON object")
+    return meta, 8 + n, size
+
+
+def _mapped(path: Path, meta: dict[str, Any], name: str, start: int, size: int, shape: tuple[int, ...],
+            dtype: Any) -> np.ndarray:
+    """Tensor `name` of a safetensors file as a read-only map of `shape` in `dtype` (uint8 for raw rows)."""
+    off = meta[name]["data_offsets"]
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if off[1] - off[0] != nbytes or start + off[1] > size:
+        raise ValueError(f"{name}'s data_offsets {off} do not hold {nbytes} bytes inside the file")
+    if nbytes == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=start + off[0], shape=shape)
 
 
 def _header(tokens: int, slots: int, hidden_size: int, dtype: torch.dtype) -> tuple[bytes, int]:
@@ -90,6 +125,29 @@ class SpeculatorsFormat:
 
         with safe_open(str(path), framework="pt") as f:
             return f.get_tensor("token_ids"), f.get_tensor("loss_mask")
+
+    def stored_shapes(self, shape: SampleShape) -> dict[str, list[int]]:
+        """The shapes `encode` gives a sample of this shape, by tensor name."""
+        t = shape.tokens
+        return {"hidden_states": [t, shape.num_aux + 1, shape.hidden_size], "token_ids": [t], "loss_mask": [t]}
+
+    def read_stored(self, path: Path) -> StoredSample:
+        """The sample's tensors mapped from the file, after its header (no tensor is read here)."""
+        meta, start, size = read_safetensors_header(path)
+        shapes = {name: list(meta[name]["shape"]) for name in ("hidden_states", "token_ids", "loss_mask")
+                  if isinstance(meta.get(name), dict)}
+        t = int((shapes.get("token_ids") or [0])[0])
+        ids = _mapped(path, meta, "token_ids", start, size, (t,), np.dtype("<i8"))
+
+        def pieces() -> list[np.ndarray]:
+            rows, slots, hidden = shapes["hidden_states"]
+            code = meta["hidden_states"]["dtype"]
+            elem = next((n for _, (_, c, n) in DTYPES.items() if c == code), None)
+            if elem is None:
+                raise ValueError(f"hidden_states has dtype {code!r}, not one the drain writes")
+            return [_mapped(path, meta, "hidden_states", start, size, (rows, slots * hidden * elem), np.uint8)]
+
+        return StoredSample(shapes, ids, pieces)
 
     def encode(self, sample: Sample) -> Payload:
         mask = tensor_bytes(sample.loss_mask.to(torch.int64))

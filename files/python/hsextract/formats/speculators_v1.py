@@ -34,6 +34,7 @@ from hsextract.formats.base import (
     torch_save_bytes,
 )
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.formats.stored import StoredSample, byte_rows, load_torch_sample
 
 LENGTHS_FILE = "sample_lengths.json"
 CONFIG_FILE = "data_config.json"
@@ -78,6 +79,15 @@ class SpeculatorsV1Format:
 
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return read_torch_tokens(path)
+
+    def stored_shapes(self, shape: SampleShape) -> dict[str, list[int]]:
+        """The shapes `encode` gives a sample of this shape, by tensor name (``hidden_states[j]``: layer j)."""
+        t, h = shape.tokens, shape.hidden_size
+        return {"input_ids": [t], "loss_mask": [t], **{f"hidden_states[{j}]": [t, h] for j in range(shape.num_aux + 1)}}
+
+    def read_stored(self, path: Path) -> StoredSample:
+        obj, shapes = load_torch_sample(path, {"input_ids": False, "loss_mask": False, "hidden_states": True})
+        return StoredSample(shapes, obj["input_ids"].numpy(), lambda: [byte_rows(t) for t in obj["hidden_states"]])
 
     def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
         out = Path(output_dir)
