@@ -75,7 +75,7 @@ SLOW_MODULES = {
     "collect/test_collect.py", "collect/test_collect_processes.py", "collect/test_collect_bad_input.py",
     "collect/test_collect_kill.py",
     "collect/test_collect_readers.py",
-    "core/test_bad_settings.py", "core/test_packaging.py", "core/test_reader_gone.py",
+    "core/test_bad_settings.py", "core/test_packaging.py", "core/test_reader_gone.py", "core/test_status_command.py",
     "drain/test_crash_safety.py", "drain/test_drain_daemon.py", "drain/test_exit_when_done.py",
     "drain/test_one_writer_per_output.py", "drain/test_what_staging_holds.py",
     "formats/test_arrow_dataset.py", "gpu_tier/test_gpu_tier.py", "plan/test_plan.py",
