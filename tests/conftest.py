@@ -45,18 +45,18 @@ def _models_root() -> Path:
     return Path(os.environ.get("HSEXTRACT_MODEL_CACHE", REPO / ".work" / "models"))
 
 
-def _tiny_model(kind: str) -> Path:
+def _tiny_model(kind: str, seed: int = 0) -> Path:
     from hsextract import tiny_model
 
     digest = hashlib.sha256(Path(tiny_model.__file__).read_bytes()).hexdigest()[:12]
-    path = _models_root() / f"{kind}-{digest}"
+    path = _models_root() / (f"{kind}-{digest}" if seed == 0 else f"{kind}-seed{seed}-{digest}")
     lock = path.with_name(path.name + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
     import fcntl
 
     with open(lock, "w") as fh:  # several pytest processes may build the same model at once
         fcntl.flock(fh, fcntl.LOCK_EX)
-        tiny_model.ensure_tiny_model(kind, path)
+        tiny_model.ensure_tiny_model(kind, path, seed)
     return path
 
 
@@ -77,7 +77,7 @@ SLOW_MODULES = {
     "collect/test_collect_readers.py",
     "core/test_bad_settings.py", "core/test_packaging.py", "core/test_reader_gone.py", "core/test_status_command.py",
     "drain/test_crash_safety.py", "drain/test_drain_daemon.py", "drain/test_exit_when_done.py",
-    "drain/test_one_writer_per_output.py", "drain/test_what_staging_holds.py",
+    "drain/test_one_writer_per_output.py", "drain/test_what_staging_holds.py", "drain/test_model_identity.py",
     "formats/test_arrow_dataset.py", "gpu_tier/test_gpu_tier.py", "plan/test_plan.py",
     "vocab/test_vocab_drain.py", "vocab/test_vocab_readers.py", "test_docs.py",
 }
@@ -194,6 +194,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def tiny_llama() -> Path:
     return _tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_seed2() -> Path:
+    """The tiny Llama's twin: the same config.json, tokenizer and chat template, other weights."""
+    return _tiny_model("llama", seed=2)
 
 
 @pytest.fixture(scope="session")
