@@ -136,3 +136,9 @@ def test_a_report_of_another_shard_than_the_controller_gave_is_a_problem_naming_
 def test_a_report_of_the_same_shard_written_otherwise_is_not_a_mismatch():
     plan = plan_fleet("gpu", [HostPlan("a", "", report("0/1"), 0)])
     assert plan.problems == []
+
+
+def test_a_plan_that_exited_0_without_a_report_is_a_problem_not_a_silent_pass():
+    plan = plan_fleet("gpu", [*planned(("a", "0/2")), HostPlan("b", "1/2", None, 0)])
+    assert plan.problems == ["host b: its plan exited 0 but no report of it came back, so its room and its dataset "
+                             "are not checked"]

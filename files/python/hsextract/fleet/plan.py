@@ -121,9 +121,12 @@ def _host_problems(plan: FleetPlan, h: HostPlan) -> None:
         plan.problems.append(f"host {h.name} cannot hold its shard {h.shard_text}: {h.error}")
     elif h.rc:
         plan.problems.append(f"host {h.name}: its plan failed (exit status {h.rc}): {h.error}")
-    elif h.report is None and not h.problems:
+    elif h.report is None and h.rc is None and not h.problems:
         plan.notes.append(f"host {h.name}: not planned (unreachable, or it failed before its plan); its shard "
                           f"{h.shard_text} waits until the play runs again with it")
+    elif h.report is None and not h.problems:
+        plan.problems.append(f"host {h.name}: its plan exited 0 but no report of it came back, so its room and its "
+                             "dataset are not checked")
     if h.report is not None and h.shard is not None and read_shard(h.report["shard"]) != read_shard(h.shard):
         plan.problems.append(f"host {h.name}: its plan sized shard {h.report['shard']}, but the controller gave it "
                              f"shard {h.shard_text}: its numbers are not its share; plan it again with its shard "
