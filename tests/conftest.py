@@ -45,18 +45,18 @@ def _models_root() -> Path:
     return Path(os.environ.get("HSEXTRACT_MODEL_CACHE", REPO / ".work" / "models"))
 
 
-def _tiny_model(kind: str) -> Path:
+def _tiny_model(kind: str, seed: int = 0) -> Path:
     from hsextract import tiny_model
 
     digest = hashlib.sha256(Path(tiny_model.__file__).read_bytes()).hexdigest()[:12]
-    path = _models_root() / f"{kind}-{digest}"
+    path = _models_root() / (f"{kind}-{digest}" if seed == 0 else f"{kind}-seed{seed}-{digest}")
     lock = path.with_name(path.name + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
     import fcntl
 
     with open(lock, "w") as fh:  # several pytest processes may build the same model at once
         fcntl.flock(fh, fcntl.LOCK_EX)
-        tiny_model.ensure_tiny_model(kind, path)
+        tiny_model.ensure_tiny_model(kind, path, seed)
     return path
 
 
@@ -115,6 +115,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def tiny_llama() -> Path:
     return _tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_seed2() -> Path:
+    """The tiny Llama's twin: the same config.json, tokenizer and chat template, other weights."""
+    return _tiny_model("llama", seed=2)
 
 
 @pytest.fixture(scope="session")

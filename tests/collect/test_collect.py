@@ -254,3 +254,40 @@ def test_the_help_says_what_each_flag_does():
         assert flag in r.stdout, flag
     assert "hard-link" in r.stdout and "exactly once" in r.stdout
 
+
+
+def _status(output, capsys, *args: str) -> tuple[int, list[str]]:
+    """``hsextract status`` on `output`; the fleets' hosts each fail or quarantine 1 of 10 samples on purpose."""
+    from hsextract.cli import main
+
+    capsys.readouterr()
+    code = main(["status", "--output", str(output), "--max-failure-share", "0.2", *args])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def test_status_of_a_collected_set_reports_the_sets_counts_not_a_missing_drain(fleets, collect, tmp_path, capsys):
+    fleet, into = fleets("speculators"), tmp_path / "collected"
+    assert collect("--into", str(into), *fleet.args())[0] == 0
+    code, lines = _status(into, capsys)
+    assert code == 0, lines
+    assert lines[0] == "The collected set is final: 27 samples from 3 hosts are in the training set."
+    assert not [line for line in lines if "FAIL" in line or "drain" in line]
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines[1:] if line.startswith("  ") and line[2] != " "}
+    assert rows["samples"].startswith("27 in the set, collected from a (0/3): 9, b (1/3): 9, c (2/3): 9")
+    assert rows["quarantined"].startswith("1, listed in ")
+    assert "  counts         30 dataset lines = 29 accepted + 1 rejected" in lines
+    assert "                 29 accepted = 27 in the set + 1 failed + 1 quarantined" in lines
+
+
+def test_status_of_a_collected_set_still_missing_a_shard_is_not_final_and_says_which(fleets, collect, tmp_path,
+                                                                                       capsys):
+    fleet, into = fleets("speculators"), tmp_path / "collected"
+    assert collect("--into", str(into), *fleet.args("a", "b"))[0] == 0
+    code, lines = _status(into, capsys)
+    assert code == 0, lines
+    assert lines[0] == ("The collected set is not final yet: 18 samples from 2 hosts are in the training set; "
+                        "collect again with every host once each has finished.")
+    assert any("shard 2/3 is in no host output" in line for line in lines)
+    code, lines = _status(into, capsys, "--json")
+    out = json.loads("\n".join(lines))
+    assert out["ok"] is True and out["collected"]["final"] is False and out["accounts"]["in_set"] == 18

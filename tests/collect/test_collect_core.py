@@ -178,3 +178,29 @@ def test_a_dataset_index_of_two_hosts_is_collected_once_and_the_other_reported()
     plan = plan_collect([], {"a": [_entry(0, 5)], "b": [_entry(0, 5), _entry(1, 8)]})
     assert [(p.host, p.entry.dataset_index) for p in plan.pending] == [("a", 5), ("b", 8)]
     assert plan.duplicates == ["host b sample 0 (dataset index 5) is also in host a: left out (their shards overlap)"]
+
+
+FINGERPRINT = {"method": "hsextract-model-v1", "weights": "1" * 64, "tokenizer": "2" * 64, "chat_template": "3" * 64}
+PARTS = [("weights", "model weights (sha256)"), ("tokenizer", "model tokenizer (sha256)"),
+         ("chat_template", "model chat template (sha256)")]
+
+
+@pytest.mark.parametrize(("part", "name"), PARTS, ids=[p for p, _ in PARTS])
+def test_a_host_of_other_weights_tokenizer_or_chat_template_is_refused_naming_the_part(part, name):
+    ref = dataclasses.replace(HEADER, model_fingerprint=FINGERPRINT)
+    other = dataclasses.replace(HEADER, model_fingerprint={**FINGERPRINT, part: "9" * 64})
+    hosts = [_host("a", header=ref), _host("b", (1, 3), other)]
+    (line,) = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused
+    assert line.startswith("host b (/staging/b) refused: ")
+    assert f"{name} is '9999999999999999', expected '{FINGERPRINT[part][:16]}' (as host a has it)" in line
+    assert line.count("sha256)") == 1, "only the part that differs is named"
+
+
+def test_a_host_with_no_fingerprint_is_refused_beside_one_that_has_one_and_taken_beside_one_that_has_none():
+    hosts = [_host("a", header=dataclasses.replace(HEADER, model_fingerprint=FINGERPRINT)), _host("b", (1, 3))]
+    (line,) = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused
+    assert "model fingerprint is 'none recorded (an output of an hsextract before model fingerprints, or of a " \
+           "model given by name)', expected 'weights 1111111111111111, tokenizer 2222222222222222, chat template " \
+           "3333333333333333' (as host a has it)" in line
+    hosts = [_host("a"), _host("b", (1, 3))]
+    assert admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused == []

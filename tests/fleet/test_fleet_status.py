@@ -3,7 +3,9 @@ fleet's reconciliation."""
 
 from __future__ import annotations
 
+import pytest
 from hsextract.fleet.status import HostStatus, fleet_status, render
+from hsextract.fleet.status_input import host_statuses
 from support.fleet_reports import status
 
 
@@ -38,3 +40,22 @@ def test_shards_that_do_not_add_up_to_the_dataset_are_a_problem():
     fs = fleet_status("gpu", [HostStatus("a", status(lines=10)), HostStatus("b", status(lines=9, in_set=7))])
     assert fs.problems == ["the hosts' shards hold 19 lines of a 20-line dataset: a shard is missing or taken twice "
                            "(hsextract fleet plan says which)"]
+
+
+BAD_STATUSES = [
+    (None, "host b: its entry is null, not an object with status and error"),
+    ("oops", "host b: its entry is a string, not an object with status and error"),
+    ({"status": "oops"}, "host b: its status is a string, not the object of `hsextract status --json`"),
+    ({"status": {}}, "host b: its status's ok is null, not true or false"),
+    ({"status": {**status(), "drain": []}}, "host b: its status's drain is a list, not an object"),
+    ({"status": {**status(), "accounts": {**status()["accounts"], "in_set": "8"}}},
+     "host b: its status's accounts.in_set is \"8\", not a count (or counts by reason)"),
+]
+
+
+@pytest.mark.parametrize(("entry", "problem"), BAD_STATUSES,
+                         ids=["null", "string", "status-string", "status-empty", "drain-list", "count-string"])
+def test_a_malformed_host_entry_is_a_bad_entry_row_and_one_problem_naming_the_host_and_the_field(entry, problem):
+    fs = fleet_status("gpu", host_statuses({"a": {"status": status()}, "b": entry}))
+    assert fs.problems == [problem]
+    assert render(fs)[3].split()[:3] == ["b", "bad", "entry"]

@@ -22,6 +22,7 @@ from hsextract.drain.config import DrainConfig
 from hsextract.drain.core import Drainer
 from hsextract.formats import FORMATS
 from hsextract.layout import WHOLE_DATASET, client_status_path, client_summary_path, failures_path, rejects_path
+from hsextract.model_info import read_model_info
 from hsextract.records import SampleRecord, make_rid, write_record
 from hsextract.shard import sub_shard
 
@@ -84,9 +85,10 @@ def write_client_files(out: Path, shard: tuple[int, int], lines: int, *, finishe
 
 
 def drain_host(out: Path, dump: Path, fmt: str, plan: HostPlan, lines: int, indices: Iterable[int], *,
-               run_id: str = RUN_ID, finished: bool = True) -> dict[int, Staged]:
-    """Stage the host's samples of `indices` (those of its shard), drain them with the real drain,
-    and record the client's files; return the staged samples written, by dataset index."""
+               run_id: str = RUN_ID, finished: bool = True, model: Path | None = None) -> dict[int, Staged]:
+    """Stage the host's samples of `indices` (those of its shard), drain them with the real drain
+    (given ``--model model`` when there is one), and record the client's files; return the staged
+    samples written, by dataset index."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps({"run_id": run_id}))
     final_hidden = FORMATS[fmt].final_hidden
@@ -117,6 +119,9 @@ def drain_host(out: Path, dump: Path, fmt: str, plan: HostPlan, lines: int, indi
     cfg = DrainConfig(dump_dir=dump, output=out, format=fmt, workers=2, poll_interval_s=0.05, status_interval_s=0.2,
                       exit_when_done=True, max_failure_share=1.0, vocab_size=VOCAB_SIZE,
                       draft_vocab_sizes=DRAFT_SIZES, selfcheck_share=0.0, selfcheck_first=0)
+    if model is not None:  # as `hsextract drain --model` sets them
+        info = read_model_info(model)
+        cfg.model_path, cfg.model_config_sha256, cfg.architecture = str(model), info.config_sha256, info.architecture
     Drainer(cfg).run()
     if not finished:
         for shard in clients:

@@ -276,3 +276,70 @@ def status_lines(view: RunView) -> list[str]:
     """`hsextract status` and the play's closing summary."""
     problems = [sentence(f"FAIL: {problem}") for problem in view.problems]
     return [headline(view), *problems, *table(_progress_rows(view) + _problem_rows(view) + _count_rows(view))]
+
+
+# ---- a collected set (hsextract collect) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CollectedView:
+    """One look at a set made by ``hsextract collect``: its manifest's totals, its last collect's
+    report (``.hsextract/collect-report.json``) and its own reconciliation. No drain writes it, so
+    there is no drain status to look for."""
+
+    output: str
+    files: ProblemFiles
+    format: str
+    samples: int  # in the set (its manifest)
+    tokens: int
+    bytes: int
+    report: Snapshot  # the last collect's report
+    problems: list[str] = field(default_factory=list)  # what fails a final set's check
+    counts: list[str] = field(default_factory=list)
+    accounts: Snapshot | None = None
+
+    @property
+    def final(self) -> bool:
+        return bool(self.report.get("final"))
+
+
+def _host_list(hosts: Mapping[str, Any]) -> str:
+    """"a (0/3): 9, b (1/3): 9": each host with its shards and the samples collected from it."""
+    parts = []
+    for name, h in hosts.items():
+        shards = ", ".join(f"{i}/{n}" for i, n in (h.get("shards") or []))
+        parts.append(f"{name} ({shards or '?'}): {count(h.get('collected', 0))}"
+                     + ("" if h.get("finished") else ", not finished"))
+    return ", ".join(parts)
+
+
+def collected_headline(view: CollectedView) -> str:
+    hosts = len(view.report.get("hosts") or {})
+    held = f"{_plural(view.samples, 'sample')} from {_plural(hosts, 'host')} are in the training set"
+    if view.final:
+        return f"The collected set is final: {held}."
+    return f"The collected set is not final yet: {held}; collect again with every host once each has finished."
+
+
+def _last_collect_rows(report: Snapshot) -> list[tuple[str, str]]:
+    """What the last collect found that a person should know: hosts refused, shards not seen,
+    samples left out or failed at verification."""
+    found = [*(report.get("refused") or []), *(report.get("missing_shards") or []),
+             *(report.get("doubled_shards") or []), *(report.get("duplicates") or [])]
+    failed = len(report.get("failed_verification") or [])
+    if failed:
+        found.append(f"{_plural(failed, 'sample')} failed verification (listed with the failures)")
+    return [("last collect" if i == 0 else "", str(line)) for i, line in enumerate(found)]
+
+
+def collected_status_lines(view: CollectedView) -> list[str]:
+    """`hsextract status` on a collected set: where it stands, its totals, its hosts, its counts."""
+    rows = [("training set", f"{view.output}" + (f" ({view.format})" if view.format else "")),
+            ("samples", f"{count(view.samples)} in the set, collected from "
+                        f"{_host_list(view.report.get('hosts') or {}) or 'no host'}"),
+            ("tokens", f"{count(view.tokens)} in the set"),
+            ("written", size(view.bytes))]
+    rows += _last_collect_rows(view.report)
+    run = RunView(output=view.output, files=view.files, accounts=view.accounts, counts=view.counts)
+    problems = [sentence(f"FAIL: {problem}") for problem in view.problems]
+    return [collected_headline(view), *problems, *table(rows + _problem_rows(run) + _count_rows(run))]

@@ -3,7 +3,8 @@
 Exits non-zero when the drain's status is missing or stale (its daemon stopped writing it while
 claiming to run), or when a finished run's counts do not add up or too many of its samples
 failed (see hsextract.reconcile), so a monitoring check or an Ansible task can act on the exit
-code alone.
+code alone. A set made by ``hsextract collect`` has no drain: its status comes from its own files
+(hsextract.status_collected).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hsextract.layout import (
 )
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.report import ProblemFiles, RunView, status_lines
+from hsextract.status_collected import collected_view, print_collected_status, read_collect_report
 
 FINISHED_STATES = ("done", "stopped")
 
@@ -127,6 +129,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise ConfigError("status needs --output (on the command line or in --config)")
     drain = _read(drain_status_path(args.output))
+    collected = read_collect_report(args.output) if drain is None else None
+    if collected is not None:  # a set made by hsextract collect: no drain writes it
+        return print_collected_status(
+            collected_view(Path(args.output), collected, problem_files(args.output), args.max_failure_share),
+            args.json)
     shards = read_shards(args.output)
     client = combined_status(shards)
     now = time.time()

@@ -13,6 +13,7 @@ from typing import Any
 
 from hsextract.formats import FORMATS
 from hsextract.formats.manifest import ManifestHeader
+from hsextract.model_fingerprint import PART_NAMES
 
 # How each trainer is pointed at the set ("<set>" is replaced by its path).
 LOADING = {
@@ -59,6 +60,7 @@ def card_text(path: str, header: ManifestHeader, samples: int, tokens: int, nbyt
         f"| final hidden state | {header.final_hidden} |",
         f"| dtype, hidden size | {header.dtype}, {header.hidden_size} |",
         f"| model config sha256 | `{header.model_config_sha256 or '?'}` |",
+        f"| model fingerprint | {_fingerprint(header.model_fingerprint)} |",
         f"| dataset | `{(dataset or {}).get('path', '?')}`, {'?' if dataset_lines is None else dataset_lines} lines |",
         f"| run id | `{header.run_id}` |",
         "",
@@ -97,3 +99,10 @@ def _vocab_lines(vocab: dict[str, Any] | None) -> list[str]:
     return ["## Draft vocabulary", "",
             f"Counted over the {vocab['masked_tokens']} loss-masked tokens ({vocab['distinct_tokens']} distinct) of "
             f"all hosts' samples; sizes {sizes or 'none'}. `draft_vocab.json` lists every trainer's files.", ""]
+
+
+def _fingerprint(fp: dict[str, str]) -> str:
+    """The model's fingerprint in a table cell: each part's digest, shortened (hsextract.model_fingerprint)."""
+    if not fp:
+        return "none recorded"
+    return ", ".join(f"{PART_NAMES[p]} `{(fp.get(p) or '?')[:16]}`" for p in PART_NAMES)

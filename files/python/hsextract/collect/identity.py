@@ -7,6 +7,13 @@ and the same run (so that the hosts are the shards of one run, not outputs that 
 look alike). A host output that differs in any of them is refused as a whole, naming the host,
 the field, the value expected and the value found; nothing of it is collected.
 
+The model is compared by its config's hash (or, where a header has none, its path) and by its
+fingerprint (hsextract.model_fingerprint): the weights, the tokenizer and the chat template, each
+named when it differs. An output whose header records no fingerprint (an hsextract before them,
+or a model given by hub name) is taken with others that have none, compared as before, and refused
+beside one that has one: its samples cannot be shown to come from that model, and a collected set
+that took both would claim a model for samples it cannot vouch for (docs/fleet.md).
+
 The reference is the collected set's own header when it exists (what was collected before
 decides), else the first host output given that has one.
 """
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hsextract.formats.manifest import ManifestHeader
+from hsextract.model_fingerprint import PART_NAMES, differing_parts
 
 # (header field, its name in a refusal). The model is compared by its config's hash where both
 # sides have one (a model may sit at another path on each host), else by its path.
@@ -55,6 +63,7 @@ def header_differences(ref: ManifestHeader, other: ManifestHeader) -> list[Diffe
             out.append(Difference("model (config.json sha256)", ref.model_config_sha256, other.model_config_sha256))
     elif ref.model_path != other.model_path:
         out.append(Difference("model path", ref.model_path, other.model_path))
+    out += fingerprint_differences(ref.model_fingerprint, other.model_fingerprint)
     if ref.vocab_size and other.vocab_size and ref.vocab_size != other.vocab_size:
         out.append(Difference("vocabulary size", ref.vocab_size, other.vocab_size))
     return out
@@ -90,3 +99,28 @@ def lines_difference(expected: int | None, actual: int | None) -> Difference | N
     if expected is None or actual is None or expected == actual:
         return None
     return Difference("dataset lines", expected, actual)
+
+
+NO_FINGERPRINT = "none recorded (an output of an hsextract before model fingerprints, or of a model given by name)"
+
+
+def fingerprint_differences(ref: dict[str, str], other: dict[str, str]) -> list[Difference]:
+    """How two headers' model fingerprints differ: each part that differs, or one of them missing."""
+    if not ref and not other:
+        return []
+    if not ref or not other:
+        return [Difference("model fingerprint", _fingerprint_line(ref), _fingerprint_line(other))]
+    parts = differing_parts(ref, other)
+    if parts == ["method"]:
+        return [Difference("model fingerprint method", ref.get("method"), other.get("method"))]
+    return [Difference(f"model {PART_NAMES[p]} (sha256)", _short(ref.get(p)), _short(other.get(p))) for p in parts]
+
+
+def _short(digest: str | None) -> str:
+    return (digest or "?")[:16]
+
+
+def _fingerprint_line(fp: dict[str, str]) -> str:
+    if not fp:
+        return NO_FINGERPRINT
+    return ", ".join(f"{PART_NAMES[p]} {_short(fp.get(p))}" for p in PART_NAMES)

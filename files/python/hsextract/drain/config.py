@@ -31,6 +31,8 @@ class DrainConfig:
     num_hidden_layers: int | None = None
     model_path: str = ""
     model_config_sha256: str = ""
+    # hsextract.model_fingerprint of model_path, once taken (None: not yet; the header takes it).
+    model_fingerprint: dict[str, str] | None = None
     architecture: str = ""
     quarantine_dir: Path | None = None
     workers: int = DEFAULT_WORKERS

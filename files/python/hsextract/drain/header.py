@@ -4,10 +4,17 @@ Written once, before the first sample, from the drain's configuration and the fi
 the configuration's facts (from ``--model`` and ``--aux-layers``) where it has them, the dump's
 marker (what the capture staged) for the rest. From then on every dump must match it
 (`RunHeader.expected`); until then, whatever the configuration says.
+
+The model's fingerprint (hsextract.model_fingerprint) is taken of ``--model``, or without it of the
+directory the capture names when that is an absolute path (the server runs on this host): collect
+refuses to mix host outputs whose fingerprints differ. A model that cannot be read leaves it out,
+with a warning: such an output is collected only with others that have none.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -17,7 +24,24 @@ from hsextract.drain.config import DrainConfig
 from hsextract.drain.validate import Expected
 from hsextract.formats import FORMATS
 from hsextract.formats.manifest import ManifestHeader, default_checksum_algorithm, write_header
+from hsextract.model_fingerprint import model_fingerprint
 from hsextract.staging import DoneMarker
+
+log = logging.getLogger("hsextract.drain")
+
+
+def header_fingerprint(cfg: DrainConfig, marker: DoneMarker) -> dict[str, str]:
+    """The model's fingerprint for the header (see the module docstring); {} when there is none."""
+    if cfg.model_fingerprint is not None:
+        return cfg.model_fingerprint
+    path = cfg.model_path or (marker.model_path if os.path.isabs(marker.model_path or "") else "")
+    try:
+        cfg.model_fingerprint = model_fingerprint(path)
+    except OSError as exc:
+        log.warning("the model's fingerprint is not recorded in the manifest header: %s; collect will take this "
+                    "output only with others that have none", exc)
+        cfg.model_fingerprint = {}
+    return cfg.model_fingerprint
 
 
 def header_from_marker(cfg: DrainConfig, marker: DoneMarker, run_id: str) -> ManifestHeader:
@@ -36,6 +60,7 @@ def header_from_marker(cfg: DrainConfig, marker: DoneMarker, run_id: str) -> Man
         num_hidden_layers=c.num_hidden_layers or m.num_hidden_layers,
         model_path=c.model_path or m.model_path,
         model_config_sha256=c.model_config_sha256,
+        model_fingerprint=header_fingerprint(c, m),
         architecture=c.architecture or m.architecture,
         vocab_size=c.vocab_size or 0,
         sglang_version=m.sglang_version,

@@ -35,6 +35,7 @@ from hsextract.formats.manifest import (
     read_header,
     repair_torn_tail,
 )
+from hsextract.model_fingerprint import PART_NAMES, differing_parts, model_fingerprint
 from hsextract.records import load_or_create_run_id
 from hsextract.staging import TRASH_PREFIX
 
@@ -126,8 +127,27 @@ def check_header_matches_config(out: Path, h: ManifestHeader, c: DrainConfig) ->
         problems.append(
             f"eagle layer ids {h.eagle_aux_hidden_state_layer_ids} (configured {list(c.eagle_layer_ids)})"
         )
+    problems += model_problems(h, c)
     if problems:
         raise ConfigError(
             f"output directory {out} was written with " + "; ".join(problems)
             + ". Use the same configuration to resume, or a new output directory."
         )
+
+
+def model_problems(h: ManifestHeader, c: DrainConfig) -> list[str]:
+    """How the model of `c` (``--model``) differs from the one the output's header records: its
+    weights, tokenizer or chat template (hsextract.model_fingerprint). Nothing when the header
+    records no fingerprint (an older output) or the drain is given no model."""
+    if not h.model_fingerprint or not c.model_path:
+        return []
+    try:
+        c.model_fingerprint = model_fingerprint(c.model_path)
+    except OSError as exc:
+        raise ConfigError(f"model {c.model_path}: cannot read it to check it against the output's header ({exc})") \
+            from exc
+    parts = differing_parts(h.model_fingerprint, c.model_fingerprint)
+    if not parts:
+        return []
+    names = " and ".join(PART_NAMES.get(p, p) for p in parts)
+    return [f"other model {names} than {c.model_path} has (the header's model: {h.model_path or '?'})"]

@@ -9,9 +9,17 @@ The input (a file, or ``-`` for stdin) is one JSON object, which ``extract.yml``
 
 where ``report`` is the host's ``hsextract plan --json`` report and ``status`` its
 ``hsextract status --json``. Prints lines a person reads; ``--json`` prints one JSON object
-instead, and ``--write FILE`` keeps it in a file as well. Exit status: 0 when all is well, 3 when
-a host stops the fleet (plan) or the fleet's status is not ok, 5 when a host's volume cannot hold
-its shard (plan).
+instead, and ``--write FILE`` keeps it in a file as well.
+
+A host entry that cannot be used (not an object, a report or status of the wrong shape, an exit
+status that is not one) is one problem line naming the host and the field, never a traceback
+(`hsextract.fleet.plan_input`, `hsextract.fleet.status_input`).
+
+Exit status: 0 when all is well; 5 (plan) when a host's volume cannot hold its shard (its plan
+exited 5, whatever else is wrong: the first thing to fix is the most expensive one, a volume);
+3 for every other problem that stops the fleet (plan: a malformed entry, a failed plan, another
+dataset, a report of another shard, shards that miss or double part of the dataset) or when the
+fleet's status is not ok; 2 when the input as a whole is not one JSON object with ``hosts``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from hsextract.durable import atomic_write_bytes
 from hsextract.errors import ConfigError
 from hsextract.fleet import plan as fleet_plan
 from hsextract.fleet import status as fleet_status
+from hsextract.fleet.plan_input import host_plans
+from hsextract.fleet.status_input import host_statuses
 
 EXIT_PROBLEM = 3
 
@@ -55,14 +65,11 @@ def run(args: argparse.Namespace) -> int:
     group = str(data.get("group") or "hsextract")
     hosts = data["hosts"]
     if args.what == "plan":
-        plan = fleet_plan.plan_fleet(group, [
-            fleet_plan.HostPlan(name, str(h.get("shard") or ""), h.get("report"), h.get("rc"),
-                                str(h.get("error") or "")) for name, h in hosts.items()])
+        plan = fleet_plan.plan_fleet(group, host_plans(hosts))
         result, lines, ok = plan.as_dict(), fleet_plan.render(plan), not plan.problems
         code = 0 if ok else (fleet_plan.EXIT_NO_ROOM if plan.no_room else EXIT_PROBLEM)
     else:
-        fs = fleet_status.fleet_status(group, [
-            fleet_status.HostStatus(name, h.get("status"), str(h.get("error") or "")) for name, h in hosts.items()])
+        fs = fleet_status.fleet_status(group, host_statuses(hosts))
         result, lines, code = fs.as_dict(), fleet_status.render(fs), 0 if fs.ok else EXIT_PROBLEM
     text = json.dumps(result, indent=2)
     if args.write:

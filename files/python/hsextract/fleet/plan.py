@@ -8,10 +8,17 @@ that dataset index x is the same row everywhere), and the shards cover the datas
 starts: a short volume or a stale dataset copy found after hours of extraction costs the whole
 run. A host with no report (unreachable, or failed before its plan) is not a problem: it takes
 no part until it is back, and the plan says so.
+
+A host's report must be of the shard the controller gave it: a plan of another shard (a stale
+``hsextract_shard``, a report left from another layout of the fleet) sizes samples the host will not
+extract, and two such reports can pass for a dataset covered once while counting it twice. An entry
+the controller could not fill in properly is read by `hsextract.fleet.plan_input`, which turns each
+unusable field into a problem naming the host and the field.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,10 +35,17 @@ class HostPlan:
     """What the controller knows of one host's plan: its shard, its report, or why it has none."""
 
     name: str
-    shard: str  # "i/n"; "" for the whole dataset
+    shard: str | None  # "i/n" the controller gave it; "" for the whole dataset; None when unreadable
     report: dict[str, Any] | None = None
     rc: int | None = None  # the plan's exit status; None when it did not run
     error: str = ""  # the plan's one-line error when it failed
+    # What of its entry could not be used, one line each naming the host and the field
+    # (hsextract.fleet.plan_input); the report is None when it was one of them.
+    problems: tuple[str, ...] = ()
+
+    @property
+    def shard_text(self) -> str:
+        return "?" if self.shard is None else self.shard or "0/1"
 
 
 @dataclass
@@ -62,19 +76,18 @@ class FleetPlan:
     def as_dict(self) -> dict[str, Any]:
         return {"group": self.group, "ok": not self.problems, "problems": self.problems, "notes": self.notes,
                 "totals": self.totals(),
-                "hosts": {h.name: {"shard": h.shard or "0/1", "rc": h.rc, "error": h.error, "report": h.report}
-                          for h in self.hosts}}
+                "hosts": {h.name: {"shard": h.shard_text, "rc": h.rc, "error": h.error, "report": h.report,
+                                   "problems": list(h.problems)} for h in self.hosts}}
 
 
-def parse_shard(text: str, host: str) -> Shard:
+def read_shard(text: str) -> Shard | None:
+    """"i/n" ("" for the whole dataset, 0/1) as (i, n); None when it is not i/n with 0 <= i < n."""
     i, sep, n = (text or "0/1").partition("/")
     try:
         shard = (int(i), int(n))
     except ValueError:
-        shard = (-1, 0)
-    if not sep or not 0 <= shard[0] < shard[1]:
-        raise ConfigError(f"host {host}: shard {text!r} is not i/n with 0 <= i < n")
-    return shard
+        return None
+    return shard if sep and 0 <= shard[0] < shard[1] else None
 
 
 def _format_bytes(report: dict[str, Any]) -> int:
@@ -99,24 +112,50 @@ def _dataset_problems(planned: list[HostPlan]) -> list[str]:
     return out
 
 
+def _host_problems(plan: FleetPlan, h: HostPlan) -> None:
+    """What one host's own entry says: a problem of its entry, no room, a failed plan, no plan at all,
+    a report of another shard than it was given."""
+    plan.problems += h.problems
+    if h.rc == EXIT_NO_ROOM:
+        plan.no_room = True
+        plan.problems.append(f"host {h.name} cannot hold its shard {h.shard_text}: {h.error}")
+    elif h.rc:
+        plan.problems.append(f"host {h.name}: its plan failed (exit status {h.rc}): {h.error}")
+    elif h.report is None and h.rc is None and not h.problems:
+        plan.notes.append(f"host {h.name}: not planned (unreachable, or it failed before its plan); its shard "
+                          f"{h.shard_text} waits until the play runs again with it")
+    elif h.report is None and not h.problems:
+        plan.problems.append(f"host {h.name}: its plan exited 0 but no report of it came back, so its room and its "
+                             "dataset are not checked")
+    if h.report is not None and h.shard is not None and read_shard(h.report["shard"]) != read_shard(h.shard):
+        plan.problems.append(f"host {h.name}: its plan sized shard {h.report['shard']}, but the controller gave it "
+                             f"shard {h.shard_text}: its numbers are not its share; plan it again with its shard "
+                             "(hsextract_shard)")
+
+
 def plan_fleet(group: str, hosts: list[HostPlan]) -> FleetPlan:
     """Judge the hosts' plans as one run (see the module docstring)."""
     if not hosts:
         raise ConfigError(f"group {group!r} has no hosts")
     plan = FleetPlan(group, hosts)
-    shards = {h.name: [parse_shard(h.shard, h.name)] for h in hosts}
+    shards: dict[str, list[Shard]] = {}
+    unknown = []
     for h in hosts:
-        if h.report is None and h.rc is None:
-            plan.notes.append(f"host {h.name}: not planned (unreachable, or it failed before its plan); its shard "
-                              f"{h.shard or '0/1'} waits until the play runs again with it")
-        elif h.rc == EXIT_NO_ROOM:
-            plan.no_room = True
-            plan.problems.append(f"host {h.name} cannot hold its shard {h.shard or '0/1'}: {h.error}")
-        elif h.rc:
-            plan.problems.append(f"host {h.name}: its plan failed (exit status {h.rc}): {h.error}")
+        shard = None if h.shard is None else read_shard(h.shard)
+        if shard is None:
+            unknown.append(h.name)
+            if h.shard is not None and not h.problems:
+                plan.problems.append(f"host {h.name}: its shard {json.dumps(h.shard)} is not i/n with 0 <= i < n")
+        else:
+            shards[h.name] = [shard]
+        _host_problems(plan, h)
     planned = plan.planned
     if planned:
         plan.problems += _dataset_problems(planned)
+    if unknown:
+        plan.notes.append(f"the shards' coverage of the dataset is not judged: the shard of {', '.join(unknown)} "
+                          "is not known")
+        return plan
     lines = planned[0].report["rows"] if planned and planned[0].report else 0
     cov = check_coverage(shards, lines) if lines else check_coverage(shards, _period(shards))
     plan.problems += ["the hosts' shards do not cover the dataset: " + m.replace("is in no host output",
@@ -138,8 +177,8 @@ def render(plan: FleetPlan) -> list[str]:
     for h in plan.hosts:
         r = h.report
         if r is None:
-            rows.append((h.name, h.shard or "0/1", "-", "-", "-", "not planned" if h.rc is None else "plan failed",
-                         "-"))
+            why = "bad entry" if h.problems else "not planned" if h.rc is None else "plan failed"
+            rows.append((h.name, h.shard_text, "-", "-", "-", why, "-"))
             continue
         v = r["output_volume"]
         room = f"{'room' if v['ok'] else 'NOT ENOUGH'}: {binary_size(v['free_bytes'])} free"

@@ -19,7 +19,7 @@ from typing import Any
 
 from hsextract.report import count, duration
 
-_BUCKETS = ("lines", "accepted", "rejected", "in_set", "failed", "quarantined", "on_the_way")
+BUCKETS = ("lines", "accepted", "rejected", "in_set", "failed", "quarantined", "on_the_way")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class HostStatus:
     name: str
     status: dict[str, Any] | None = None
     error: str = ""  # "unreachable", or the status command's complaint
+    problem: str = ""  # what of its entry could not be used (hsextract.fleet.status_input); status is None
 
 
 @dataclass
@@ -74,7 +75,7 @@ class FleetStatus:
 
     def reconciliation(self) -> dict[str, Any]:
         reporting = [r.accounts for r in self.rows if r.accounts is not None]
-        sums = {k: sum(a[k] for a in reporting) for k in _BUCKETS}
+        sums = {k: sum(a[k] for a in reporting) for k in BUCKETS}
         lines = {r.dataset_lines for r in self.rows if r.dataset_lines is not None}
         return {**sums, "hosts_reporting": len(reporting), "hosts": len(self.rows),
                 "dataset_lines": lines.pop() if len(lines) == 1 else None}
@@ -97,12 +98,14 @@ def _dataset_lines(status: dict[str, Any]) -> int | None:
 
 
 def host_row(h: HostStatus) -> HostRow:
+    if h.problem:
+        return HostRow(h.name, "bad entry", None, None, None, None, None, None, None, False, h.problem, None, None)
     if h.status is None:
         return HostRow(h.name, h.error or "no status", None, None, None, None, None, None, None, False,
                        h.error or "no status", None, None)
     st = h.status
     client, drain, acc = st.get("client") or {}, st.get("drain") or {}, st.get("accounts")
-    accounts = {k: _sum(acc[k]) for k in _BUCKETS} if acc else None
+    accounts = {k: _sum(acc[k]) for k in BUCKETS} if acc else None
     state = str(client.get("state") or ("waiting for its client" if drain else "no status"))
     return HostRow(
         h.name, state,
@@ -114,7 +117,7 @@ def host_row(h: HostStatus) -> HostRow:
         failed=accounts["failed"] if accounts else client.get("failed"),
         quarantined=accounts["quarantined"] if accounts else drain.get("quarantined"),
         ok=bool(st.get("ok")),
-        why="; ".join([str(st.get("why", "")), *(st.get("problems") or [])]),
+        why="; ".join([str(st.get("why", "")), *map(str, st.get("problems") or [])]),
         accounts=accounts,
         dataset_lines=_dataset_lines(st),
     )

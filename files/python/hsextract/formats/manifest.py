@@ -3,8 +3,10 @@
 ::
 
     <output>/manifest.json    header, written once (atomically) before the first sample:
-                              format, model path + config hash, SGLang version, layer ids in both
-                              conventions, final-norm placement, dtype, hidden size, checksum algorithm
+                              format, model path + config hash + fingerprint (weights, tokenizer,
+                              chat template: hsextract.model_fingerprint), SGLang version, layer ids
+                              in both conventions, final-norm placement, dtype, hidden size,
+                              checksum algorithm
     <output>/manifest.jsonl   one JSON line per written sample, appended (and fsynced) only after
                               the sample's file is durable: output index, dataset index, rid,
                               token count, file, bytes, checksum
@@ -54,6 +56,10 @@ class ManifestHeader:
     num_hidden_layers: int
     model_path: str = ""
     model_config_sha256: str = ""
+    # hsextract.model_fingerprint of the model directory: {"method", "weights", "tokenizer",
+    # "chat_template"}; {} where none was recorded (a model given by hub name, or an output started
+    # by an hsextract before fingerprints).
+    model_fingerprint: dict[str, str] = field(default_factory=dict)
     architecture: str = ""
     vocab_size: int = 0  # the model's vocabulary (config.json), for the draft vocabulary's t2d; 0 = unknown
     sglang_version: str = ""
