@@ -90,8 +90,16 @@ class Outcomes:
         self._stop.set()
         self._inflight.wake.set()
 
-    def pause_for_space(self, path: Path, exc: OSError) -> None:
-        """The volume of `path` is full: wait (saying so in the log and the status), then let the caller retry."""
+    def stopping(self) -> bool:
+        """Whether the drain was asked to stop (a worker waiting for space gives its sample back)."""
+        return self._stop.is_set()
+
+    def pause_for_space(self, path: Path, exc: OSError, stoppable: bool = False) -> None:
+        """The volume of `path` is full: wait (saying so in the log and the status), then let the caller retry.
+
+        ``stoppable``: a stop ends the wait at once (a worker whose sample is still staged, and can be
+        left there for the next drain); the committer's and the quarantine's waits are not, as what
+        they hold is half-way between staging and the set."""
         free = free_bytes(path)
         reason = (
             f"output volume full: {path} has {free} bytes free ({exc.strerror}); "
@@ -102,7 +110,10 @@ class Outcomes:
                 log.error("%s", reason)
             self.stats.set(paused_reason=reason, state="paused")
         self.write_status()
-        time.sleep(self._cfg.enospc_retry_s)
+        if stoppable:
+            self._stop.wait(self._cfg.enospc_retry_s)
+        else:
+            time.sleep(self._cfg.enospc_retry_s)
         with self._pause_lock:
             self.stats.set(paused_reason="", state="running")
 

@@ -18,6 +18,7 @@ to (`WorkerEvents`).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from hsextract.formats.base import OutputFormat
 from hsextract.formats.manifest import default_checksum_algorithm
 from hsextract.records import SampleRecord
 from hsextract.staging import STATES_FILE
+
+log = logging.getLogger("hsextract.drain")
 
 __all__ = ["SampleWorker", "torch_set_threads"]
 
@@ -70,8 +73,11 @@ class WorkerEvents(Protocol):
     def settled(self, rid: str) -> None:
         """A sample left the drain's hands (here: quarantined)."""
 
-    def pause_for_space(self, path: Path, exc: OSError) -> None:
-        """A full volume waits for space; it does not fail."""
+    def stopping(self) -> bool:
+        """Whether the drain was asked to stop."""
+
+    def pause_for_space(self, path: Path, exc: OSError, stoppable: bool = False) -> None:
+        """A full volume waits for space; it does not fail. ``stoppable``: a stop ends the wait."""
 
 
 class SampleWorker:
@@ -130,7 +136,11 @@ class SampleWorker:
                 outcome = self._processes.prepare(job)
             if not isinstance(outcome, NoSpace):
                 break
-            self._events.pause_for_space(self.out, outcome.error)
+            if self._events.stopping():
+                # Nothing of the sample left staging: the next drain writes it.
+                log.warning("stopping with the output volume full: %s stays staged for the next drain", record.rid)
+                return
+            self._events.pause_for_space(self.out, outcome.error, stoppable=True)
         if isinstance(outcome, Invalid):
             self._events.quarantine(d, record.rid, outcome.reason, outcome.detail)
             self._events.settled(record.rid)
