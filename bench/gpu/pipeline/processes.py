@@ -29,6 +29,7 @@ def product_env(env: gpu_env.GpuEnv) -> dict[str, str]:
 
 
 def free_port() -> int:
+    """A port free now on the loopback, for the drain's metrics endpoint."""
     import socket
 
     with socket.socket() as s:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 
 def load_rows(out: Path) -> dict[int, Path]:
+    """Each sample's file in a set, by its index in the dataset (the key both runs share)."""
     from hsextract.formats.manifest import iter_entries
 
     return {e.dataset_index: out / e.file for e in iter_entries(out)}

@@ -35,6 +35,7 @@ class ModelPlan:
 
 
 def parallel_args(tp: int, dp_attention: int) -> tuple[str, ...]:
+    """The servers' flags for ``--tp`` and ``--dp-attention`` (none at 1)."""
     args: list[str] = []
     if tp > 1:
         args += ["--tp", str(tp), "--disable-custom-all-reduce"]
@@ -93,11 +94,13 @@ def start_servers(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, gpus: tuple[
 
 
 def wait_servers(plan: ModelPlan, deadline: float) -> None:
+    """Until each of the model's servers answers, a minute at least each (`ServerStartError` else)."""
     for handle in plan.servers.values():
         wait_healthy(handle, max(60.0, deadline - time.monotonic()))
 
 
 def stop_servers(plan: ModelPlan) -> None:
+    """The model's servers stopped together, their GPU memory free for the next model's."""
     with ThreadPoolExecutor() as pool:
         list(pool.map(lambda h: h.stop(), plan.servers.values()))
     plan.servers = {}

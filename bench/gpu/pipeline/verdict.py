@@ -25,6 +25,9 @@ def selfcheck_numbers(out: Path) -> dict:
 
 def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float, client_wall: float,
               first_request: float | None) -> dict:
+    """One run's outcome: ``ok`` with the processes' exit codes, the set's samples, tokens and bytes,
+    the accounts, the quarantine's reasons, the self-check's numbers and the rates; the logs' tails
+    where it failed."""
     from hsextract.formats.manifest import iter_entries
     from hsextract.layout import CLIENT_SUMMARY, client_files
     from hsextract.reconcile import read_accounts
