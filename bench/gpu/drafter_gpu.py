@@ -243,8 +243,8 @@ class Bench:
                 raise RuntimeError(f"hsextract regenerate exited {done.returncode}: {done.stderr[-1500:]}")
             gen.stop()
             self.say(f"regenerated in {self.state['regenerate']['wall_s']} s; extracting")
-            res = pipeline_gpu.run_pipeline(self.env, cap, self.model, regen, self.set_a, in_flight=32,
-                                            max_tokens=4096, drain_first=True)
+            res = pipeline_gpu.run_case(self.env, cap, pipeline_gpu.Case(self.model, regen, self.set_a, in_flight=32,
+                                                                          max_tokens=4096, drain_first=True))
         finally:
             gen.stop()
             cap.stop()

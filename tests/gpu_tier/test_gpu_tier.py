@@ -122,6 +122,22 @@ def test_bundle_carries_a_complete_package_whose_patch_renders(tmp_path, tiny_ll
     assert (tmp_path / "patch" / "hsextract_capture_patch" / "model.py").is_file()
 
 
+
+def test_the_bundles_tree_carries_the_pipeline_bench_package_and_its_command_runs(tmp_path):
+    """The end-to-end bench is a package beside its script: a tree copied into the bundle must hold
+    both, so that the GPU host can run the documented command from it."""
+    out = tmp_path / "bundle"
+    done = subprocess.run([sys.executable, str(GPU / "build_bundle.py"), "--out", str(out), "--with-tree",
+                           "--offline"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    script = out / "tree" / "bench" / "gpu" / "pipeline_gpu.py"
+    assert sorted(p.name for p in script.with_name("pipeline").glob("*.py")) == sorted(
+        p.name for p in (GPU / "pipeline").glob("*.py"))
+    helped = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert "--throughput-in-flight" in helped.stdout and "--reap-output" in helped.stdout
+
 @pytest.mark.parametrize("writer_process", [False, True])
 def test_a_capture_server_spec_renders_its_writer_mode_into_the_patch(tmp_path, tiny_llama, writer_process):
     from gpu_server import ServerSpec, render_capture_patch
@@ -326,6 +342,39 @@ def test_the_ceilings_files_are_the_runs_samples_at_their_length_quantiles():
 
     sizes = pipeline_gpu.ceiling_sizes([[0] * n for n in range(1, 101)], 32_768)
     assert sizes == sorted(sizes) and len(sizes) == 9 and sizes[-1] == 91 * 32_768 and sizes[0] == 11 * 32_768
+
+
+@pytest.mark.parametrize(("side", "processes", "drain_after", "drain_first"), [
+    ("pipeline", 1, False, False), ("pipeline_2_processes", 2, False, False), ("client_alone", 1, True, False),
+    ("pipeline_drain_first", 1, False, True)])
+def test_each_product_side_runs_its_case_as_its_name_says(tmp_path, side, processes, drain_after, drain_first):
+    from pipeline.case import Case
+
+    base = Case(tmp_path / "model", tmp_path / "data.jsonl", tmp_path / "bench-32", 32, 2032)
+    run = base.for_side(side, tmp_path / f"bench-32-0-{side}", reap=True)
+    assert (run.processes, run.drain_after, run.drain_first) == (processes, drain_after, drain_first)
+    assert (run.in_flight, run.dataset, run.out, run.selfcheck_share, run.reap) == (
+        32, base.dataset, tmp_path / f"bench-32-0-{side}", 0.01, True)
+
+
+def test_a_loop_side_is_no_case_of_the_product(tmp_path):
+    from pipeline.case import Case
+
+    with pytest.raises(ValueError, match="plain_loop"):
+        Case(tmp_path, tmp_path, tmp_path, 32, 2032).for_side("plain_loop", tmp_path / "out")
+
+
+def test_a_client_alone_runs_without_a_staging_limit_and_the_others_with_the_clients_default(tmp_path):
+    import pipeline_gpu
+    from pipeline.processes import client_command
+
+    server = types.SimpleNamespace(dump_dir=tmp_path / "dump", url="http://127.0.0.1:1")
+    base = pipeline_gpu.Case(tmp_path / "model", tmp_path / "data.jsonl", tmp_path / "bench-8", 8, 2032)
+    alone = client_command(["hsx"], server, base.for_side("client_alone", tmp_path / "a"))
+    together = client_command(["hsx"], server, base.for_side("pipeline", tmp_path / "b"))
+    assert alone[-2:] == ["--max-staged", "0"] and "--max-staged" not in together
+    assert together[together.index("--max-in-flight") + 1] == "8"
+    assert together[together.index("--format") + 1] == "specforge"
 
 @pytest.mark.server
 def test_the_tiers_selfcheck_compares_the_servers_own_logprobs_and_records_them(llama_server):
