@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from hsextract.capture.core import (
     BatchRequest,
     CapturePlanner,
@@ -29,6 +32,39 @@ def test_only_rids_with_the_run_prefix_are_selected_with_their_row_offsets():
         ("hsx-ab12cd34-0", 3, 5, 1),
         ("hsx-ab12cd34-2", 14, 6, 4),
     ]
+
+
+@pytest.mark.parametrize("rid", [
+    "hsx-x/../../../../tmp/pwn",  # climbs out of the staging directory
+    "hsx-ab12cd34-0/../../pwn",
+    "hsx-../../pwn-ab12cd34-0",
+    "hsx-/etc-ab12cd34-0",
+    "hsx-ab12cd34-0/",
+    "hsx-ab12cd34-",  # no index
+    "hsx-AB12CD34-0",  # the run id is lower-case hex
+    "hsx-ab12-0",  # a run id too short
+    "hsx-ab12cd34-0x",
+    "hsx-ab12cd34-pzz",  # a probe's tag is hex
+    "hsx.y-ab12cd34-0",  # another prefix that starts like ours
+])
+def test_rids_that_are_not_the_clients_ids_of_this_prefix_are_never_selected(rid):
+    assert select_requests([rid, "hsx-ab12cd34-1"], [0, 0], [3, 4], settings()) == [
+        req("hsx-ab12cd34-1", 0, 4, row=3, index=1)]
+
+
+def test_the_clients_sample_and_probe_ids_are_selected():
+    rids = ["hsx-ab12cd34-0", "hsx-0123456789abcdef0123456789abcdef-17", "hsx-ab12cd34-p0a1b2c3d4e5f"]
+    assert [r.rid for r in select_requests(rids, [0] * 3, [1] * 3, settings())] == rids
+
+
+def test_a_refused_rid_of_the_run_prefix_is_logged_once_with_the_reason(caplog):
+    rid = "hsx-x/../../../../tmp/pwn2"
+    with caplog.at_level(logging.WARNING, logger="hsextract.capture"):
+        for _ in range(3):
+            assert select_requests([rid], [0], [5], settings()) == []
+    logged = [r.getMessage() for r in caplog.records if rid in r.getMessage()]
+    assert len(logged) == 1, logged
+    assert "not captured" in logged[0] and "<prefix>-<run id>-<index>" in logged[0]
 
 
 def test_batch_without_rids_selects_nothing():

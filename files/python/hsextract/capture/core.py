@@ -12,8 +12,9 @@ Rules, each one a reason a training sample could otherwise be silently wrong:
 
 * only extend rows are kept (never decode steps, never speculative target-verify batches), and
   only rows inside the prompt: the decode rows of a MIXED batch lie past the prompt and drop out;
-* only rids of the form ``<prefix>-...``: health checks, warmup and other clients' traffic are
-  never written;
+* only rids of the form the client makes, ``<prefix>-<run id>-<index>`` (or ``-p<hex>``, a
+  probe): health checks, warmup and other clients' traffic are never written, and neither is a
+  rid that would not be one plain name in the staging directory (``/``, ``..``);
 * each chunk is placed at its row offset; the dump is complete only when the covered rows are
   exactly ``[0, prompt_len)``. A request first seen past row 0 (a cached prefix, or a decode row
   of a request no longer tracked) is not written at all, so a sample missing its prefix is
@@ -45,6 +46,7 @@ import numpy as np
 
 from hsextract import fingerprint
 from hsextract.layers import CaptureLayers
+from hsextract.records import parse_rid
 from hsextract.staging import CAPTURE_MISSING_ROWS, CAPTURE_SERVER_ABORTED, DoneMarker, StateFileLayout
 
 log = logging.getLogger("hsextract.capture")
@@ -77,8 +79,35 @@ class CaptureSettings:
         return self.num_aux + 1
 
     def wants(self, rid: object) -> bool:
-        """True for rids this run's client sent (``<prefix>-...``); False for everything else."""
-        return isinstance(rid, str) and rid.startswith(self.rid_prefix + "-")
+        """True for the ids this prefix's clients make (`hsextract.records.make_rid` and
+        `make_probe_rid`); False for everything else. The rid becomes a directory name in the staging
+        directory, and anyone who can POST to the server chooses it: an id of any other form (a
+        ``/``, a ``..``) is never written."""
+        return isinstance(rid, str) and rid.startswith(self.rid_prefix + "-") and _is_client_rid(rid, self.rid_prefix)
+
+
+def _is_client_rid(rid: str, prefix: str) -> bool:
+    parsed = parse_rid(rid)
+    return parsed is not None and parsed.prefix == prefix
+
+
+_REFUSED_LOG_LIMIT = 100  # distinct refused rids logged; whoever sends them must not fill the log
+_refused_logged: set[str] = set()
+
+
+def _log_refused(rid: str, prefix: str) -> None:
+    """Say once per rid why a request that carries the run's prefix is not captured (the first
+    `_REFUSED_LOG_LIMIT` of them; then once that no more are logged)."""
+    if rid in _refused_logged or len(_refused_logged) > _REFUSED_LOG_LIMIT:
+        return
+    _refused_logged.add(rid)
+    if len(_refused_logged) > _REFUSED_LOG_LIMIT:
+        log.warning("capture: more than %d requests with malformed ids of prefix %r; no more are logged",
+                    _REFUSED_LOG_LIMIT, prefix)
+        return
+    log.warning("capture: request id %r is not captured: it starts with the run's prefix but is not of the form "
+                "<prefix>-<run id>-<index> (run id 8-32 lower-case hex, index decimal or p<hex>) that the client "
+                "sends, and the capture writes only those into the staging directory", rid)
 
 
 @dataclass(frozen=True)
@@ -110,6 +139,8 @@ def select_requests(
         n = int(extend_lens[i])
         if n > 0 and settings.wants(rid):
             out.append(BatchRequest(str(rid), row, int(prefix_lens[i]), n, i))
+        elif n > 0 and isinstance(rid, str) and rid.startswith(settings.rid_prefix + "-"):
+            _log_refused(rid, settings.rid_prefix)
         row += n
     return out
 
