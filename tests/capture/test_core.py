@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
+from hsextract import fingerprint
 from hsextract.capture.core import (
     BatchRequest,
     CapturePlanner,
     CaptureSettings,
+    LandedMeta,
     add_range,
     select_requests,
 )
@@ -106,6 +109,39 @@ def test_a_failed_request_sent_again_from_row_0_starts_a_new_dump():
     again = p.plan([req(rid, 0, 16)], [40])
     assert [(s.dst_row, s.rows, s.create) for s in again] == [(0, 16, True)]
     assert not p.get(rid).failed
+
+
+def _rows(values, start: int, n: int, prompt_len: int) -> LandedMeta:
+    return LandedMeta(prompt_lens=[prompt_len], row_values=values[start:start + n])
+
+
+def test_a_request_sent_again_from_row_0_before_it_was_complete_is_captured_as_one_pass():
+    """The client died mid-prefill (SGLang aborted the request, and the capture is not told); the
+    restarted client sends the same rid from row 0. The dump is that second send's alone."""
+    p = CapturePlanner(settings())
+    rid = "hsx-ab12cd34-0"
+    values = np.arange(1, 41, dtype=np.int64) * 7919
+    p.plan([req(rid, 0, 16)], _rows(values, 0, 16, 40))
+    p.plan([req(rid, 16, 16)], _rows(values, 16, 16, 40))
+    p.get(rid).pending = 0  # the writer wrote the aborted send's two chunks
+    again = p.plan([req(rid, 0, 16)], _rows(values, 0, 16, 40))
+    assert [(s.dst_row, s.rows, s.create) for s in again] == [(0, 16, True)], "the file is created anew"
+    p.plan([req(rid, 16, 16)], _rows(values, 16, 16, 40))
+    p.plan([req(rid, 32, 8)], _rows(values, 32, 8, 40))
+    state = p.get(rid)
+    assert state.complete and not state.failed
+    assert state.marker.chunks == [[0, 16], [16, 16], [32, 8]]
+    assert state.marker.fingerprint == fingerprint.to_text(fingerprint.combine(values, 0))
+    assert p.take_failures() == []
+
+
+def test_a_send_from_row_0_while_the_earlier_sends_writes_are_in_flight_writes_nothing_over_them():
+    p = CapturePlanner(settings())
+    rid = "hsx-ab12cd34-0"
+    first = p.plan([req(rid, 0, 16)], [40])
+    assert p.plan([req(rid, 0, 16)], [40]) == [], "its rows would race the first send's writes into one file"
+    assert first[0].state.failed, "the first send can never complete: its later writes are dropped"
+    assert [f.reason for f in p.take_failures()] == ["missing_rows"], "the client learns the sample must come again"
 
 
 def test_decode_rows_of_a_mixed_batch_are_not_written():

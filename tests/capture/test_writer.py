@@ -272,6 +272,30 @@ def test_a_batch_the_forward_pass_could_not_hand_over_leaves_failed_json_and_its
     assert torch.equal(read_states(tmp_path / fine).hidden, expected_rows(aux, final)[16:24])
 
 
+def test_a_send_aborted_midway_and_sent_again_from_row_0_stages_the_second_send_alone(tmp_path, mode):
+    """The client died after two of three chunks (SGLang aborted the request; the capture is not
+    told); the restarted client sends the rid again, whose rows differ here: the dump is the second
+    send's, and its done.json's fingerprint matches the file, so the drain accepts it."""
+    w = make_writer(tmp_path, mode)
+    rid = "hsx-ab12cd34-0"
+    aborted, again = batch(40, seed=11), batch(40, seed=12)
+    try:
+        for (aux, final, ids), chunks in ((aborted, [(0, 16), (16, 16)]), (again, [(0, 16), (16, 16), (32, 8)])):
+            for start, n in chunks:
+                w.submit([BatchRequest(rid, 0, start, n, 0)], aux[start:start + n], final[start:start + n],
+                         ids[start:start + n], [40])
+            assert w.flush(timeout=30)
+    finally:
+        w.close()
+    st = read_states(tmp_path / rid)
+    aux, final, ids = again
+    assert torch.equal(st.hidden, expected_rows(aux, final)) and torch.equal(st.input_ids, ids)
+    marker = read_done_marker(tmp_path / rid)
+    assert marker.chunks == [[0, 16], [16, 16], [32, 8]]
+    assert marker.fingerprint == fingerprint.of_states(st.hidden, st.input_ids)
+    assert not (tmp_path / rid / FAILED_FILE).exists()
+
+
 def test_done_json_carries_the_fingerprint_of_the_staged_rows_and_the_greedy_token(tmp_path, mode):
     w = make_writer(tmp_path, mode)
     rid = "hsx-ab12cd34-0"

@@ -19,6 +19,9 @@ Rules, each one a reason a training sample could otherwise be silently wrong:
   exactly ``[0, prompt_len)``. A request first seen past row 0 (a cached prefix, or a decode row
   of a request no longer tracked) is not written at all, so a sample missing its prefix is
   never handed to the drain;
+* a request sent again from row 0 before it was complete (the server aborted the earlier send:
+  its client died mid-prefill, and SGLang does not tell the capture) starts a new dump: the file
+  is created anew and the aborted send's rows and fingerprint are dropped;
 * once a request is complete, later forwards of the same rid (a re-prefill after retraction)
   are ignored, so they cannot overwrite a finished dump; only a resend of the same prompt after
   its dump has left the staging directory starts a new dump;
@@ -243,6 +246,7 @@ class CapturePlanner:
         self._tracked: OrderedDict[str, RequestState] = OrderedDict()
         self.evicted_incomplete = 0
         self.skipped_partial = 0
+        self.restarted = 0  # incomplete requests sent again from row 0: their dumps started anew
         self._failures: list[Failure] = []  # found while planning, for the writer to report
 
     def __len__(self) -> int:
@@ -314,6 +318,10 @@ class CapturePlanner:
                 log.debug("rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
                           req.rid, req.prefix_len, req.extend_len)
                 return None
+            elif req.prefix_len == 0:
+                if not self._restart(state, prompt_len):
+                    return None
+                state = None
         if state is None:
             state = self._start(req, prompt_len, first_id)
             if state is None:
@@ -357,6 +365,27 @@ class CapturePlanner:
         state = RequestState(req.rid, StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype))
         self._track(state)
         return state
+
+    def _restart(self, state: RequestState, prompt_len: int) -> bool:
+        """A tracked request, neither complete nor failed, comes again from row 0: an earlier send
+        that the server aborted midway (its client died: SGLang drops the request and the capture
+        is not told), sent again under the same rid. Its dump starts anew (True), so that the
+        aborted send's rows and fingerprint are not mixed into it; while the aborted send's writes
+        are still in flight they would race the new ones into one file, so the request is failed
+        instead (False) and the client sends it once more."""
+        if self._settled(state):
+            log.info("rid %s: sent again from row 0 after %d of its %d rows were seen (the server aborted the "
+                     "earlier send?); its dump starts anew", state.rid, sum(e - s for s, e in state.covered),
+                     state.prompt_len)
+            self.restarted += 1
+            del self._tracked[state.rid]
+            return True
+        detail = (f"sent again from row 0 (prompt of {prompt_len} rows) while the writes of an earlier send of the "
+                  "same rid were still in flight; the client sends it again")
+        log.warning("rid %s: %s; it is marked failed", state.rid, detail)
+        self.fail(state.rid, CAPTURE_MISSING_ROWS)
+        self._failures.append(Failure(state.rid, CAPTURE_MISSING_ROWS, detail))
+        return False
 
     @staticmethod
     def _settled(state: RequestState) -> bool:
