@@ -16,12 +16,8 @@ import time
 import pytest
 import torch
 from hsextract import fingerprint
-from hsextract.capture.core import BatchRequest, CaptureSettings
+from hsextract.capture.core import BatchRequest
 from hsextract.capture.host_stage import HostBufferPool, own_batch
-from hsextract.capture.sink import WriterOptions
-from hsextract.capture.writer import CaptureWriter
-from hsextract.capture.writer_process import ProcessCaptureWriter
-from hsextract.layers import resolve
 from hsextract.staging import (
     CAPTURE_FINGERPRINT,
     CAPTURE_QUEUE_ERROR,
@@ -34,31 +30,12 @@ from hsextract.staging import (
     read_failed_marker,
     read_states,
 )
-
-H = 16
-K = 3
-
-
-MODES = ("in_process", "writer_process")
+from support.capture_writers import MODES, H, K, batch, make_writer
 
 
 @pytest.fixture(params=MODES)
 def mode(request) -> str:
     return request.param
-
-
-def make_writer(dump_dir, mode: str = "in_process", **kw) -> CaptureWriter | ProcessCaptureWriter:
-    s = CaptureSettings(rid_prefix="hsx", layers=resolve(None, 8), hidden_size=H, architecture="LlamaForCausalLM")
-    kind = CaptureWriter if mode == "in_process" else ProcessCaptureWriter
-    return kind(dump_dir, s, WriterOptions(**kw), device="cpu")
-
-
-def batch(rows: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    aux = torch.randn(rows, K * H, generator=g).to(torch.bfloat16)
-    final = torch.randn(rows, H, generator=g).to(torch.bfloat16)
-    ids = torch.randint(0, 300, (rows,), generator=g)
-    return aux, final, ids
 
 
 def expected_rows(aux, final):
@@ -171,7 +148,8 @@ def tiny_tmpfs(tmp_path):
     """A 1 MiB tmpfs of our own, to fill up (needs root and mount; skipped without them)."""
     mnt = tmp_path / "shm"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True,
+                       text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:

@@ -306,22 +306,9 @@ class CapturePlanner:
         create = False
         if state is not None:
             self._tracked.move_to_end(req.rid)
-            if state.failed and not state.complete:
-                if req.prefix_len != 0 or not self._settled(state):
-                    return None  # a later chunk of a failed request: its dump can never complete
-                del self._tracked[req.rid]  # sent again from row 0: a new dump
-                state = None
-            elif state.complete and self._is_resend(state, req, prompt_len):
-                del self._tracked[req.rid]
-                state = None
-            elif state.complete:
-                log.debug("rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
-                          req.rid, req.prefix_len, req.extend_len)
+            planned, state = self._follow(state, req, prompt_len)
+            if not planned:
                 return None
-            elif req.prefix_len == 0:
-                if not self._restart(state, prompt_len):
-                    return None
-                state = None
         if state is None:
             state = self._start(req, prompt_len, first_id)
             if state is None:
@@ -365,6 +352,25 @@ class CapturePlanner:
         state = RequestState(req.rid, StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype))
         self._track(state)
         return state
+
+    def _follow(self, state: RequestState, req: BatchRequest, prompt_len: int) -> tuple[bool, RequestState | None]:
+        """A chunk of a tracked request: whether it is planned, and the state it adds to (None: a
+        new dump, the old state dropped)."""
+        if state.failed and not state.complete:
+            if req.prefix_len != 0 or not self._settled(state):
+                return False, None  # a later chunk of a failed request: its dump can never complete
+            del self._tracked[req.rid]  # sent again from row 0: a new dump
+            return True, None
+        if state.complete and self._is_resend(state, req, prompt_len):
+            del self._tracked[req.rid]
+            return True, None
+        if state.complete:
+            log.debug("rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
+                      req.rid, req.prefix_len, req.extend_len)
+            return False, None
+        if req.prefix_len == 0:
+            return self._restart(state, prompt_len), None
+        return True, state
 
     def _restart(self, state: RequestState, prompt_len: int) -> bool:
         """A tracked request, neither complete nor failed, comes again from row 0: an earlier send
