@@ -36,7 +36,10 @@ CASES: dict[str, dict] = {
     "too-deep": {"hsextract_aux_layer_ids": [1, 3, 40]},
     "no-model": {"hsextract_model_path": "/nonexistent/model"},
     "regenerated-inside": {"hsextract_regenerate": True, "hsextract_regenerated_dir": "{{ hsextract_dataset }}/regen"},
+    "squatted-staging": {},  # its staging directory is made by another user, mode 0777, before the play
 }
+STAGING = "hsextract : Refuse a staging directory another user could have filled."
+NOBODY = 65534
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +55,10 @@ def play(tmp_path_factory) -> PlayResult:
     hosts = {case: {**base, **{k: str(tmp / case / k) for k in ("hsextract_output_dir", "hsextract_state_dir",
                                                                   "hsextract_config_dir", "hsextract_dump_dir")},
                     **overrides} for case, overrides in CASES.items()}
+    squat = Path(hosts["squatted-staging"]["hsextract_dump_dir"])
+    squat.mkdir(parents=True)
+    squat.chmod(0o777)
+    os.chown(squat, NOBODY, NOBODY)
     (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     (tmp / "play.yml").write_text("- hosts: all\n  gather_facts: false\n  roles:\n    - hsextract\n")
     env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
@@ -117,6 +124,13 @@ def test_a_regenerated_dataset_inside_the_source_stops_the_play(play):
     task, msg = refusal(play, "regenerated-inside")
     assert task == PARSERS and msg.startswith("hsextract_regenerated_dir must be an absolute path on the host "
                                               "outside the dataset")
+
+
+def test_a_staging_directory_another_user_made_stops_the_play_before_it_is_taken(play):
+    task, msg = refusal(play, "squatted-staging")
+    assert task == STAGING
+    assert msg.startswith("hsextract_dump_dir=") and "exists and is a directory of nobody, mode 0777" in msg
+    assert "rm -rf" in msg
 
 
 def test_extract_yml_checks_the_settings_first_whatever_the_tags():

@@ -216,7 +216,21 @@ def disagreements(case_dir: Path) -> list[str]:
            f"server: the start waits on {server.keys['ExecStartPost'][0]}, not on {run['server']}/health")
     for name, u in units.items():
         expect(u.argv[0] == facts["python"], f"{name} runs {u.argv[0]}, hsextract is installed in {facts['python']}")
+    for name in ("server", "drain"):
+        expect(steps_naming(units[name], run["dump_dir"]) == [[
+            facts["python"], "-m", "hsextract.ops.staging_root", "--owner", units[name].keys.get("User", ["root"])[0],
+            run["dump_dir"]]],
+               f"{name}: the staging directory {run['dump_dir']} is not made (or refused) for the unit's user before "
+               f"it starts: {units[name].keys.get('ExecStartPre')}")
     return problems
+
+
+def steps_naming(unit: Unit, path: str) -> list[list[str]]:
+    """The unit's steps before its start (run as root: a leading '+') that name `path`, each as
+    argv. ``install -d -o`` of the staging directory would give one another user made first to the
+    service's user, with whatever was planted in it."""
+    steps = [shlex.split(v.lstrip("+")) for v in unit.keys.get("ExecStartPre", [])]
+    return [s for s in steps if path in s]
 
 
 @pytest.fixture(scope="module")

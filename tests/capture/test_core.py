@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
+import numpy as np
+import pytest
+from hsextract import fingerprint
 from hsextract.capture.core import (
     BatchRequest,
     CapturePlanner,
     CaptureSettings,
+    LandedMeta,
     add_range,
     select_requests,
 )
@@ -29,6 +35,39 @@ def test_only_rids_with_the_run_prefix_are_selected_with_their_row_offsets():
         ("hsx-ab12cd34-0", 3, 5, 1),
         ("hsx-ab12cd34-2", 14, 6, 4),
     ]
+
+
+@pytest.mark.parametrize("rid", [
+    "hsx-x/../../../../tmp/pwn",  # climbs out of the staging directory
+    "hsx-ab12cd34-0/../../pwn",
+    "hsx-../../pwn-ab12cd34-0",
+    "hsx-/etc-ab12cd34-0",
+    "hsx-ab12cd34-0/",
+    "hsx-ab12cd34-",  # no index
+    "hsx-AB12CD34-0",  # the run id is lower-case hex
+    "hsx-ab12-0",  # a run id too short
+    "hsx-ab12cd34-0x",
+    "hsx-ab12cd34-pzz",  # a probe's tag is hex
+    "hsx.y-ab12cd34-0",  # another prefix that starts like ours
+])
+def test_rids_that_are_not_the_clients_ids_of_this_prefix_are_never_selected(rid):
+    assert select_requests([rid, "hsx-ab12cd34-1"], [0, 0], [3, 4], settings()) == [
+        req("hsx-ab12cd34-1", 0, 4, row=3, index=1)]
+
+
+def test_the_clients_sample_and_probe_ids_are_selected():
+    rids = ["hsx-ab12cd34-0", "hsx-0123456789abcdef0123456789abcdef-17", "hsx-ab12cd34-p0a1b2c3d4e5f"]
+    assert [r.rid for r in select_requests(rids, [0] * 3, [1] * 3, settings())] == rids
+
+
+def test_a_refused_rid_of_the_run_prefix_is_logged_once_with_the_reason(caplog):
+    rid = "hsx-x/../../../../tmp/pwn2"
+    with caplog.at_level(logging.WARNING, logger="hsextract.capture"):
+        for _ in range(3):
+            assert select_requests([rid], [0], [5], settings()) == []
+    logged = [r.getMessage() for r in caplog.records if rid in r.getMessage()]
+    assert len(logged) == 1, logged
+    assert "not captured" in logged[0] and "<prefix>-<run id>-<index>" in logged[0]
 
 
 def test_batch_without_rids_selects_nothing():
@@ -70,6 +109,39 @@ def test_a_failed_request_sent_again_from_row_0_starts_a_new_dump():
     again = p.plan([req(rid, 0, 16)], [40])
     assert [(s.dst_row, s.rows, s.create) for s in again] == [(0, 16, True)]
     assert not p.get(rid).failed
+
+
+def _rows(values, start: int, n: int, prompt_len: int) -> LandedMeta:
+    return LandedMeta(prompt_lens=[prompt_len], row_values=values[start:start + n])
+
+
+def test_a_request_sent_again_from_row_0_before_it_was_complete_is_captured_as_one_pass():
+    """The client died mid-prefill (SGLang aborted the request, and the capture is not told); the
+    restarted client sends the same rid from row 0. The dump is that second send's alone."""
+    p = CapturePlanner(settings())
+    rid = "hsx-ab12cd34-0"
+    values = np.arange(1, 41, dtype=np.int64) * 7919
+    p.plan([req(rid, 0, 16)], _rows(values, 0, 16, 40))
+    p.plan([req(rid, 16, 16)], _rows(values, 16, 16, 40))
+    p.get(rid).pending = 0  # the writer wrote the aborted send's two chunks
+    again = p.plan([req(rid, 0, 16)], _rows(values, 0, 16, 40))
+    assert [(s.dst_row, s.rows, s.create) for s in again] == [(0, 16, True)], "the file is created anew"
+    p.plan([req(rid, 16, 16)], _rows(values, 16, 16, 40))
+    p.plan([req(rid, 32, 8)], _rows(values, 32, 8, 40))
+    state = p.get(rid)
+    assert state.complete and not state.failed
+    assert state.marker.chunks == [[0, 16], [16, 16], [32, 8]]
+    assert state.marker.fingerprint == fingerprint.to_text(fingerprint.combine(values, 0))
+    assert p.take_failures() == []
+
+
+def test_a_send_from_row_0_while_the_earlier_sends_writes_are_in_flight_writes_nothing_over_them():
+    p = CapturePlanner(settings())
+    rid = "hsx-ab12cd34-0"
+    first = p.plan([req(rid, 0, 16)], [40])
+    assert p.plan([req(rid, 0, 16)], [40]) == [], "its rows would race the first send's writes into one file"
+    assert first[0].state.failed, "the first send can never complete: its later writes are dropped"
+    assert [f.reason for f in p.take_failures()] == ["missing_rows"], "the client learns the sample must come again"
 
 
 def test_decode_rows_of_a_mixed_batch_are_not_written():

@@ -131,6 +131,31 @@ def test_health_checks_and_foreign_requests_are_never_dumped(llama_server):
     assert not strangers, f"dumps of requests the client did not send: {strangers}"
 
 
+def test_a_rid_that_names_another_place_writes_nothing_outside_the_staging_directory_or_inside(llama_server):
+    """Anyone who can POST to the server chooses the rid, and the capture once joined it into its
+    paths: these made it create directories and write states and markers wherever they pointed."""
+    server = llama_server
+    tag = secrets.token_hex(4)
+    outside = server.dump_dir.parent / f"escaped-{tag}"
+    p = server.rid_prefix
+    rids = [f"{p}-x/../../escaped-{tag}", f"{p}-{tag}-0/../../escaped-{tag}", f"{p}-../escaped-{tag}",
+            f"{p}-{'/..' * 12}{outside}/pwn"]
+    before = {q.name for q in server.dump_dir.iterdir()}
+    for i, rid in enumerate(rids):
+        server.generate(prompt(20, seed=60 + i), rid=rid)  # answered: the server serves it, uncaptured
+    own = fresh_rid(server)
+    server.generate(prompt(12, seed=66), rid=own)
+    try:
+        wait_done(server.dump_dir, own)  # the writer works in order: the requests before it are handled
+        assert not outside.exists()
+        assert {q.name for q in server.dump_dir.iterdir()} - before == {own}
+        log = server.log_path.read_text(errors="replace")
+        assert all(f"request id {rid!r} is not captured" in log for rid in rids)
+    finally:
+        shutil.rmtree(rid_dir(server.dump_dir, own), ignore_errors=True)
+        shutil.rmtree(outside, ignore_errors=True)
+
+
 def test_repeated_prompt_yields_two_complete_dumps(llama_server):
     server = llama_server
     run = secrets.token_hex(4)

@@ -16,12 +16,8 @@ import time
 import pytest
 import torch
 from hsextract import fingerprint
-from hsextract.capture.core import BatchRequest, CaptureSettings
+from hsextract.capture.core import BatchRequest
 from hsextract.capture.host_stage import HostBufferPool, own_batch
-from hsextract.capture.sink import WriterOptions
-from hsextract.capture.writer import CaptureWriter
-from hsextract.capture.writer_process import ProcessCaptureWriter
-from hsextract.layers import resolve
 from hsextract.staging import (
     CAPTURE_FINGERPRINT,
     CAPTURE_QUEUE_ERROR,
@@ -34,33 +30,14 @@ from hsextract.staging import (
     read_failed_marker,
     read_states,
 )
+from support.capture_writers import MODES, H, K, batch, make_writer
 
 pytestmark = pytest.mark.slow
-
-H = 16
-K = 3
-
-
-MODES = ("in_process", "writer_process")
 
 
 @pytest.fixture(params=MODES)
 def mode(request) -> str:
     return request.param
-
-
-def make_writer(dump_dir, mode: str = "in_process", **kw) -> CaptureWriter | ProcessCaptureWriter:
-    s = CaptureSettings(rid_prefix="hsx", layers=resolve(None, 8), hidden_size=H, architecture="LlamaForCausalLM")
-    kind = CaptureWriter if mode == "in_process" else ProcessCaptureWriter
-    return kind(dump_dir, s, WriterOptions(**kw), device="cpu")
-
-
-def batch(rows: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    aux = torch.randn(rows, K * H, generator=g).to(torch.bfloat16)
-    final = torch.randn(rows, H, generator=g).to(torch.bfloat16)
-    ids = torch.randint(0, 300, (rows,), generator=g)
-    return aux, final, ids
 
 
 def expected_rows(aux, final):
@@ -173,7 +150,8 @@ def tiny_tmpfs(tmp_path):
     """A 1 MiB tmpfs of our own, to fill up (needs root and mount; skipped without them)."""
     mnt = tmp_path / "shm"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True,
+                       text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -272,6 +250,30 @@ def test_a_batch_the_forward_pass_could_not_hand_over_leaves_failed_json_and_its
     assert not (tmp_path / failed / DONE_FILE).exists() and not (tmp_path / failed / STATES_FILE).exists()
     assert not (tmp_path / fine / FAILED_FILE).exists()
     assert torch.equal(read_states(tmp_path / fine).hidden, expected_rows(aux, final)[16:24])
+
+
+def test_a_send_aborted_midway_and_sent_again_from_row_0_stages_the_second_send_alone(tmp_path, mode):
+    """The client died after two of three chunks (SGLang aborted the request; the capture is not
+    told); the restarted client sends the rid again, whose rows differ here: the dump is the second
+    send's, and its done.json's fingerprint matches the file, so the drain accepts it."""
+    w = make_writer(tmp_path, mode)
+    rid = "hsx-ab12cd34-0"
+    aborted, again = batch(40, seed=11), batch(40, seed=12)
+    try:
+        for (aux, final, ids), chunks in ((aborted, [(0, 16), (16, 16)]), (again, [(0, 16), (16, 16), (32, 8)])):
+            for start, n in chunks:
+                w.submit([BatchRequest(rid, 0, start, n, 0)], aux[start:start + n], final[start:start + n],
+                         ids[start:start + n], [40])
+            assert w.flush(timeout=30)
+    finally:
+        w.close()
+    st = read_states(tmp_path / rid)
+    aux, final, ids = again
+    assert torch.equal(st.hidden, expected_rows(aux, final)) and torch.equal(st.input_ids, ids)
+    marker = read_done_marker(tmp_path / rid)
+    assert marker.chunks == [[0, 16], [16, 16], [32, 8]]
+    assert marker.fingerprint == fingerprint.of_states(st.hidden, st.input_ids)
+    assert not (tmp_path / rid / FAILED_FILE).exists()
 
 
 def test_done_json_carries_the_fingerprint_of_the_staged_rows_and_the_greedy_token(tmp_path, mode):

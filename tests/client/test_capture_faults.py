@@ -1,21 +1,27 @@
-"""Batches the capture fails inside a real server lose no sample: each ends in the training set
-exactly once, or in the client's failures with its reason, and the run's counts add up.
+"""Batches the capture fails inside a real server, and clients killed mid-prefill, lose no sample:
+each ends in the training set exactly once, or in the client's failures with its reason, and the
+run's counts add up.
 
-The server runs with the capture's test-only fault switch: every 4th prefill batch (of requests
-it has not failed before) is failed through the path a real failure to queue takes, so the
-capture leaves ``failed.json`` for each of its requests.
+``faulty_server`` runs with the capture's test-only fault switch: every 4th prefill batch (of
+requests it has not failed before) is failed through the path a real failure to queue takes, so
+the capture leaves ``failed.json`` for each of its requests. The kill test uses the suite's shared
+``llama_server``, whose capture fails nothing of its own.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from hsextract.client.chat_template import load_tokenizer
+from hsextract.staging import DONE_FILE, STATES_FILE
 from support.client_run import (
+    Expected,
     assert_training_set_matches,
     env,
     extract_args,
@@ -24,6 +30,7 @@ from support.client_run import (
     stop,
     tail,
     wait_exit,
+    wait_for,
     write_mixed_dataset,
 )
 from support.sglang_server import start_server
@@ -96,3 +103,52 @@ def test_without_retries_the_failed_samples_are_reported_and_the_run_fails_its_c
     assert any("failed" in p and "failures.jsonl" in p for p in status["problems"]), status["problems"]
     drain_log = (tmp_path / "logs" / "drain.log").read_text()
     assert f"{len(failures)} of {len(exp.samples)} accepted samples failed" in drain_log
+
+
+LONG = 1500  # tokens a prompt: about 94 chunks of the server's 16-token chunked prefill
+
+
+def _in_prefill(dump: Path, out: Path) -> list[str]:
+    """Rids of this run whose dump the capture has begun (its file is created at the first chunk)
+    and not finished: requests the server is prefilling right now."""
+    try:
+        run = json.loads((out / "run.json").read_text())["run_id"]
+    except (OSError, ValueError, KeyError):
+        return []
+    mine = re.compile(rf"hsx-{run}-\d+")
+    return [d.name for d in dump.iterdir() if mine.fullmatch(d.name) and (d / STATES_FILE).exists()
+            and not (d / DONE_FILE).exists()]
+
+
+def test_a_client_killed_mid_prefill_and_started_again_loses_and_quarantines_nothing(llama_server, tiny_llama,
+                                                                                      tmp_path):
+    """kill -9 of the client drops its connections: SGLang aborts the requests it is prefilling, and
+    the capture is not told. The client started again sends them anew under the same rids; each must
+    be staged as that one send, not merged into the aborted one (a fingerprint_mismatch)."""
+    server = llama_server
+    rng = random.Random(7)
+    prompts = [[rng.randrange(10, 300) for _ in range(LONG)] for _ in range(6)]
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": ids, "loss_mask": [1] * len(ids)}) + "\n" for ids in prompts))
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    args = extract_args(server.url, data, tiny_llama, server.dump_dir, out, "--max-in-flight", "2",
+                        "--max-tokens", "2000")
+    drain = start_drain(logs / "drain.log", server.dump_dir, out, tiny_llama)
+    client = start_client(logs / "client-killed.log", *args)
+    try:
+        killed = wait_for(lambda: _in_prefill(server.dump_dir, out), 180, "a request mid-prefill",
+                          logs / "client-killed.log", every=0.05)
+        stop(client)  # SIGKILL
+        client = start_client(logs / "client.log", *args)
+        client_rc = wait_exit(client, 420, logs / "client.log")
+        drain_rc = wait_exit(drain, 180, logs / "drain.log")
+    finally:
+        stop(client)
+        stop(drain)
+    assert client_rc == 0, tail(logs / "client.log")
+    drain_log = (logs / "drain.log").read_text()
+    assert drain_rc == 0, drain_log[-3000:]
+    assert "6 accepted = 6 in the set + 0 failed + 0 quarantined" in drain_log, (killed, drain_log[-3000:])
+    assert_training_set_matches(out, Expected({i: (ids, [1] * LONG) for i, ids in enumerate(prompts)},
+                                              total_lines=len(prompts)))

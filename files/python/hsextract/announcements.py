@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes, pid_alive
-from hsextract.layout import captures_dir
+from hsextract.layout import CAPTURES_DIR, captures_dir
+from hsextract.staging_fs import FILE_MODE, make_dir, plain_name
 
 
 @dataclass
@@ -67,9 +68,10 @@ def process_start_ticks(pid: int) -> int | None:
 
 def write_announcement(dump_dir: str | Path, ann: CaptureAnnouncement) -> Path:
     """Write `ann` into the dump dir's ``_captures/`` atomically: a reader sees all of it or none."""
-    path = captures_dir(dump_dir) / ann.file_name
+    make_dir(dump_dir, CAPTURES_DIR)
+    path = captures_dir(dump_dir) / plain_name(ann.file_name)
     # Not durable: the staging directory is a ramdisk, and a reboot ends the capture anyway.
-    atomic_write_bytes(path, json.dumps(asdict(ann), sort_keys=True).encode(), durable=False)
+    atomic_write_bytes(path, json.dumps(asdict(ann), sort_keys=True).encode(), durable=False, mode=FILE_MODE)
     return path
 
 

@@ -53,12 +53,13 @@ def write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
 
 
 @contextlib.contextmanager
-def _new_durable_file(path: str | Path, *, exclusive: bool = False, durable: bool = True) -> Iterator[int]:
-    """An fd on `path` (created or truncated; created only with `exclusive`), fsynced when the block
-    ends if `durable`; on any failure the partial file is removed, so a half-written sample never
-    stands under any name."""
+def _new_durable_file(path: str | Path, *, exclusive: bool = False, durable: bool = True,
+                      mode: int = 0o644) -> Iterator[int]:
+    """An fd on `path` (created or truncated; created only with `exclusive`, never through a link
+    then), fsynced when the block ends if `durable`; on any failure the partial file is removed, so
+    a half-written sample never stands under any name."""
     p = Path(path)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC), 0o644)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC), mode)
     try:
         yield fd
         if durable:
@@ -148,10 +149,12 @@ def _sweep_once(path: Path) -> None:
     remove_orphaned_temporaries(path)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True, swept: bool = False) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True, swept: bool = False,
+                       mode: int = 0o644) -> None:
     """Replace `path` with `data` atomically (a temporary name of this write's own beside it, then
     rename); with `durable`, the file and the rename are fsynced before it returns. Safe to call
-    from several threads and processes on the same path: the last rename wins, whole.
+    from several threads and processes on the same path: the last rename wins, whole. The file
+    gets `mode` (0600 in the staging directory: `hsextract.staging_fs`).
 
     ``swept``: the caller removed the directory's orphaned temporaries itself
     (`remove_orphaned_temporaries_in`) and the directory exists; skip both per write."""
@@ -160,7 +163,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True, s
         p.parent.mkdir(parents=True, exist_ok=True)
         _sweep_once(p)
     tmp = temporary_name(p)
-    with _new_durable_file(tmp, exclusive=True, durable=durable) as fd:
+    with _new_durable_file(tmp, exclusive=True, durable=durable, mode=mode) as fd:
         write_all(fd, [data])
     try:
         os.replace(tmp, p)

@@ -40,6 +40,8 @@ import os
 import re
 from pathlib import Path
 
+from hsextract.staging_fs import plain_name
+
 # <output>/
 MANIFEST_HEADER = "manifest.json"
 MANIFEST_ENTRIES = "manifest.jsonl"
@@ -253,7 +255,8 @@ def records_dir(dump_dir: str | Path) -> Path:
 
 
 def record_path(dump_dir: str | Path, rid: str) -> Path:
-    return records_dir(dump_dir) / f"{rid}{RECORD_SUFFIX}"
+    """The record of `rid`; UnsafeEntryError for a rid that would name another place."""
+    return records_dir(dump_dir) / plain_name(f"{rid}{RECORD_SUFFIX}")
 
 
 def record_rid(name: str) -> str | None:

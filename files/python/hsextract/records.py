@@ -28,7 +28,8 @@ from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes, remove_orphaned_temporaries_in
 from hsextract.errors import ConfigError, StagingError
-from hsextract.layout import record_path, run_file_path
+from hsextract.layout import RECORDS_DIR, record_path, run_file_path
+from hsextract.staging_fs import FILE_MODE, make_dir, prepare_root
 
 _RID_RE = re.compile(
     r"^(?P<prefix>[A-Za-z0-9_.]+)-(?P<run>[0-9a-f]{8,32})-(?:(?P<index>\d+)|p(?P<probe>[0-9a-f]{4,32}))$")
@@ -103,13 +104,14 @@ def write_record(dump_dir: str | Path, record: SampleRecord) -> Path:
     final = record_path(dump_dir, record.rid)
     directory = str(final.parent)
     if directory not in _RECORDS_SWEPT:
-        final.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(prepare_root(dump_dir), RECORDS_DIR)
         remove_orphaned_temporaries_in(final.parent)
         _RECORDS_SWEPT.add(directory)
     body = json.dumps({f: getattr(record, f) for f in _RECORD_FIELDS}, separators=(",", ":")).encode()
     try:
-        # Not durable: the staging directory is a ramdisk that a reboot empties anyway.
-        atomic_write_bytes(final, body, durable=False, swept=True)
+        # Not durable: the staging directory is a ramdisk that a reboot empties anyway. 0600: a
+        # record holds the prompt's token ids.
+        atomic_write_bytes(final, body, durable=False, swept=True, mode=FILE_MODE)
     except FileNotFoundError:  # the records directory was removed since (a test, an operator): again, whole
         _RECORDS_SWEPT.discard(directory)
         return write_record(dump_dir, record)

@@ -30,7 +30,6 @@ request the server answered is ever lost without a word.
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import os
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from hsextract.durable import atomic_write_bytes
 from hsextract.errors import StagingError
 from hsextract.records import ParsedRid, parse_rid
+from hsextract.staging_fs import FILE_MODE, make_dir, plain_name, write_file_atomically
 
 STATES_FILE = "states.safetensors"
 DONE_FILE = "done.json"
@@ -209,7 +209,9 @@ _SHARED_FIELDS = tuple(sorted(set(DoneMarker.__dataclass_fields__) - set(_OWN_FI
 
 
 def rid_dir(dump_dir: str | Path, rid: str) -> Path:
-    return Path(dump_dir) / rid
+    """The directory of `rid` in the staging directory; UnsafeEntryError for a rid that is not one
+    plain name (it would name another place)."""
+    return Path(dump_dir) / plain_name(rid)
 
 
 def write_done_marker(dump_dir: str | Path, marker: DoneMarker, shared_json: str | None = None) -> None:
@@ -218,16 +220,8 @@ def write_done_marker(dump_dir: str | Path, marker: DoneMarker, shared_json: str
     Plain string paths and file descriptors (no pathlib, no buffered file object): this runs once
     per captured request, inside the server. ``shared_json``: see `DoneMarker.to_json`.
     """
-    d = f"{os.fspath(dump_dir)}/{marker.rid}"
-    tmp = f"{d}/.{DONE_FILE}.tmp"
-    data = marker.to_json(shared_json).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        if os.write(fd, data) != len(data):  # a few hundred bytes: short only on a full /dev/shm
-            raise OSError(errno.ENOSPC, f"short write of {tmp}")
-    finally:
-        os.close(fd)
-    os.replace(tmp, f"{d}/{DONE_FILE}")
+    write_file_atomically(f"{os.fspath(dump_dir)}/{plain_name(marker.rid)}/{DONE_FILE}",
+                          marker.to_json(shared_json).encode())
 
 
 def read_done_marker(path: str | Path) -> DoneMarker:
@@ -271,12 +265,11 @@ def write_failed_marker(dump_dir: str | Path, marker: FailureMarker) -> None:
     """Write ``<rid>/failed.json`` atomically, unless the dump is complete already (a done dump stays).
 
     Through `atomic_write_bytes`, unlike ``done.json``: a failure is rare, not once per request."""
-    d = rid_dir(dump_dir, marker.rid)
-    d.mkdir(parents=True, exist_ok=True)
+    d = Path(make_dir(dump_dir, marker.rid)[0])
     if (d / DONE_FILE).exists():
         return
     # Not durable: the staging directory is a ramdisk that a reboot empties anyway.
-    atomic_write_bytes(d / FAILED_FILE, marker.to_json().encode(), durable=False)
+    atomic_write_bytes(d / FAILED_FILE, marker.to_json().encode(), durable=False, mode=FILE_MODE)
 
 
 def read_failed_marker(path: str | Path) -> FailureMarker | None:

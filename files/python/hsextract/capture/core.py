@@ -12,12 +12,16 @@ Rules, each one a reason a training sample could otherwise be silently wrong:
 
 * only extend rows are kept (never decode steps, never speculative target-verify batches), and
   only rows inside the prompt: the decode rows of a MIXED batch lie past the prompt and drop out;
-* only rids of the form ``<prefix>-...``: health checks, warmup and other clients' traffic are
-  never written;
+* only rids of the form the client makes, ``<prefix>-<run id>-<index>`` (or ``-p<hex>``, a
+  probe): health checks, warmup and other clients' traffic are never written, and neither is a
+  rid that would not be one plain name in the staging directory (``/``, ``..``);
 * each chunk is placed at its row offset; the dump is complete only when the covered rows are
   exactly ``[0, prompt_len)``. A request first seen past row 0 (a cached prefix, or a decode row
   of a request no longer tracked) is not written at all, so a sample missing its prefix is
   never handed to the drain;
+* a request sent again from row 0 before it was complete (the server aborted the earlier send:
+  its client died mid-prefill, and SGLang does not tell the capture) starts a new dump: the file
+  is created anew and the aborted send's rows and fingerprint are dropped;
 * once a request is complete, later forwards of the same rid (a re-prefill after retraction)
   are ignored, so they cannot overwrite a finished dump; only a resend of the same prompt after
   its dump has left the staging directory starts a new dump;
@@ -45,6 +49,7 @@ import numpy as np
 
 from hsextract import fingerprint
 from hsextract.layers import CaptureLayers
+from hsextract.records import parse_rid
 from hsextract.staging import CAPTURE_MISSING_ROWS, CAPTURE_SERVER_ABORTED, DoneMarker, StateFileLayout
 
 log = logging.getLogger("hsextract.capture")
@@ -77,8 +82,35 @@ class CaptureSettings:
         return self.num_aux + 1
 
     def wants(self, rid: object) -> bool:
-        """True for rids this run's client sent (``<prefix>-...``); False for everything else."""
-        return isinstance(rid, str) and rid.startswith(self.rid_prefix + "-")
+        """True for the ids this prefix's clients make (`hsextract.records.make_rid` and
+        `make_probe_rid`); False for everything else. The rid becomes a directory name in the staging
+        directory, and anyone who can POST to the server chooses it: an id of any other form (a
+        ``/``, a ``..``) is never written."""
+        return isinstance(rid, str) and rid.startswith(self.rid_prefix + "-") and _is_client_rid(rid, self.rid_prefix)
+
+
+def _is_client_rid(rid: str, prefix: str) -> bool:
+    parsed = parse_rid(rid)
+    return parsed is not None and parsed.prefix == prefix
+
+
+_REFUSED_LOG_LIMIT = 100  # distinct refused rids logged; whoever sends them must not fill the log
+_refused_logged: set[str] = set()
+
+
+def _log_refused(rid: str, prefix: str) -> None:
+    """Say once per rid why a request that carries the run's prefix is not captured (the first
+    `_REFUSED_LOG_LIMIT` of them; then once that no more are logged)."""
+    if rid in _refused_logged or len(_refused_logged) > _REFUSED_LOG_LIMIT:
+        return
+    _refused_logged.add(rid)
+    if len(_refused_logged) > _REFUSED_LOG_LIMIT:
+        log.warning("capture: more than %d requests with malformed ids of prefix %r; no more are logged",
+                    _REFUSED_LOG_LIMIT, prefix)
+        return
+    log.warning("capture: request id %r is not captured: it starts with the run's prefix but is not of the form "
+                "<prefix>-<run id>-<index> (run id 8-32 lower-case hex, index decimal or p<hex>) that the client "
+                "sends, and the capture writes only those into the staging directory", rid)
 
 
 @dataclass(frozen=True)
@@ -110,6 +142,8 @@ def select_requests(
         n = int(extend_lens[i])
         if n > 0 and settings.wants(rid):
             out.append(BatchRequest(str(rid), row, int(prefix_lens[i]), n, i))
+        elif n > 0 and isinstance(rid, str) and rid.startswith(settings.rid_prefix + "-"):
+            _log_refused(rid, settings.rid_prefix)
         row += n
     return out
 
@@ -212,6 +246,7 @@ class CapturePlanner:
         self._tracked: OrderedDict[str, RequestState] = OrderedDict()
         self.evicted_incomplete = 0
         self.skipped_partial = 0
+        self.restarted = 0  # incomplete requests sent again from row 0: their dumps started anew
         self._failures: list[Failure] = []  # found while planning, for the writer to report
 
     def __len__(self) -> int:
@@ -271,17 +306,8 @@ class CapturePlanner:
         create = False
         if state is not None:
             self._tracked.move_to_end(req.rid)
-            if state.failed and not state.complete:
-                if req.prefix_len != 0 or not self._settled(state):
-                    return None  # a later chunk of a failed request: its dump can never complete
-                del self._tracked[req.rid]  # sent again from row 0: a new dump
-                state = None
-            elif state.complete and self._is_resend(state, req, prompt_len):
-                del self._tracked[req.rid]
-                state = None
-            elif state.complete:
-                log.debug("rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
-                          req.rid, req.prefix_len, req.extend_len)
+            planned, state = self._follow(state, req, prompt_len)
+            if not planned:
                 return None
         if state is None:
             state = self._start(req, prompt_len, first_id)
@@ -326,6 +352,46 @@ class CapturePlanner:
         state = RequestState(req.rid, StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype))
         self._track(state)
         return state
+
+    def _follow(self, state: RequestState, req: BatchRequest, prompt_len: int) -> tuple[bool, RequestState | None]:
+        """A chunk of a tracked request: whether it is planned, and the state it adds to (None: a
+        new dump, the old state dropped)."""
+        if state.failed and not state.complete:
+            if req.prefix_len != 0 or not self._settled(state):
+                return False, None  # a later chunk of a failed request: its dump can never complete
+            del self._tracked[req.rid]  # sent again from row 0: a new dump
+            return True, None
+        if state.complete and self._is_resend(state, req, prompt_len):
+            del self._tracked[req.rid]
+            return True, None
+        if state.complete:
+            log.debug("rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
+                      req.rid, req.prefix_len, req.extend_len)
+            return False, None
+        if req.prefix_len == 0:
+            return self._restart(state, prompt_len), None
+        return True, state
+
+    def _restart(self, state: RequestState, prompt_len: int) -> bool:
+        """A tracked request, neither complete nor failed, comes again from row 0: an earlier send
+        that the server aborted midway (its client died: SGLang drops the request and the capture
+        is not told), sent again under the same rid. Its dump starts anew (True), so that the
+        aborted send's rows and fingerprint are not mixed into it; while the aborted send's writes
+        are still in flight they would race the new ones into one file, so the request is failed
+        instead (False) and the client sends it once more."""
+        if self._settled(state):
+            log.info("rid %s: sent again from row 0 after %d of its %d rows were seen (the server aborted the "
+                     "earlier send?); its dump starts anew", state.rid, sum(e - s for s, e in state.covered),
+                     state.prompt_len)
+            self.restarted += 1
+            del self._tracked[state.rid]
+            return True
+        detail = (f"sent again from row 0 (prompt of {prompt_len} rows) while the writes of an earlier send of the "
+                  "same rid were still in flight; the client sends it again")
+        log.warning("rid %s: %s; it is marked failed", state.rid, detail)
+        self.fail(state.rid, CAPTURE_MISSING_ROWS)
+        self._failures.append(Failure(state.rid, CAPTURE_MISSING_ROWS, detail))
+        return False
 
     @staticmethod
     def _settled(state: RequestState) -> bool:

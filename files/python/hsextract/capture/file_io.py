@@ -15,6 +15,8 @@ import os
 import threading
 from pathlib import Path
 
+from hsextract.staging_fs import open_file
+
 
 class MappedFile:
     """A shared mapping of one request's file that several writer threads fill at once.
@@ -25,7 +27,7 @@ class MappedFile:
     """
 
     def __init__(self, path: Path, size: int, users: int, reserved: int, unreserve):
-        fd = os.open(path, os.O_RDWR)
+        fd = open_file(os.fspath(path), os.O_RDWR)
         try:
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.capture.ranks import attention_dp_size
-from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
+from hsextract.staging_fs import prepare_root
 
 log = logging.getLogger("hsextract.capture")
 
@@ -78,10 +78,9 @@ def check_server(facts: ServerFacts) -> None:
 
 
 def check_dump_dir(dump_dir: str | Path) -> Path:
-    """Create the dump directory if needed and prove it is writable, or raise saying how to fix it."""
-    d = Path(dump_dir)
-    check_writable(d, "dump directory", "--dump-dir", fix="create it and give the server's user write access")
-    return d
+    """Create the dump directory if needed (mode 0700), refuse one another user could have filled
+    (`hsextract.staging_fs`), prove it is writable, or raise saying how to fix it."""
+    return prepare_root(dump_dir, what="dump directory")
 
 
 def sglang_version() -> str:

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hsextract import fingerprint
+from hsextract import fingerprint, staging_fs
 from hsextract.capture.core import CapturePlanner, CaptureSettings, Failure, LandedMeta, RequestState, Segment
 from hsextract.capture.file_io import MappedFile, pwrite_all
 from hsextract.capture.host_stage import FailedRequests, HostBufferPool, HostStager, StagedBatch, failures_of
@@ -75,6 +75,7 @@ class CaptureWriter(BatchQueue):
         options = options or WriterOptions()
         self.options = options
         self.dump_dir = Path(dump_dir)
+        staging_fs.check_root(self.dump_dir)  # never write through what another user planted
         self._root = os.fspath(self.dump_dir)  # string paths on the per-request path: pathlib costs
         # The planner asks whether a complete dump is still staged before it takes a resend for one.
         self.planner = CapturePlanner(settings, is_staged=self._complete_dump_staged)
@@ -237,17 +238,12 @@ class CaptureWriter(BatchQueue):
 
     def _prepare_file(self, state: RequestState) -> None:
         """(Re)create the request's file at full size with its header; drop a stale marker."""
-        d = rid_dir(self.dump_dir, state.rid)
-        path = d / STATES_FILE
+        path = self._states_path(state.rid)
         try:
-            d.mkdir(parents=True, exist_ok=True)
-            for stale in (DONE_FILE, FAILED_FILE):
-                try:
-                    (d / stale).unlink()
-                    log.warning("rid %s: removed a stale %s left by an earlier send", state.rid, stale)
-                except FileNotFoundError:
-                    pass
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            d, new = staging_fs.make_dir(self._root, state.rid)
+            if not new:
+                self._remove_stale_markers(d, state.rid)
+            fd = staging_fs.create_file(path)
             try:
                 os.ftruncate(fd, state.layout.file_size)
                 pwrite_all(fd, memoryview(state.layout.header), 0)
@@ -320,11 +316,11 @@ class CaptureWriter(BatchQueue):
             dst = layout.hidden_offset(seg.dst_row + a)
             whole = with_ids and self._is_whole_slice(seg, a, b)
             if whole:
-                self._create_whole_file(path, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
+                self._create_whole_file(seg.state.rid, layout, mv[src : src + nbytes], self._ids_view(job, mv, seg))
             elif mapped is not None:  # parallel: page faults do not take the inode lock
                 ctypes.memmove(mapped.addr + dst, job.buf.data_ptr() + src, nbytes)
             if (mapped is None or with_ids) and not whole:
-                fd = os.open(path, os.O_WRONLY)
+                fd = staging_fs.open_file(path, os.O_WRONLY)
                 try:
                     if mapped is None:  # pwrite: tmpfs serialises these per file
                         pwrite_all(fd, mv[src : src + nbytes], dst)
@@ -349,16 +345,12 @@ class CaptureWriter(BatchQueue):
     def _states_path(self, rid: str) -> str:
         return f"{self._root}/{rid}/{STATES_FILE}"
 
-    def _create_whole_file(self, path: str, layout: StateFileLayout, rows: memoryview, ids: memoryview) -> None:
+    def _create_whole_file(self, rid: str, layout: StateFileLayout, rows: memoryview, ids: memoryview) -> None:
         """Create a request's file and write all of it (header, rows, ids: contiguous) in one call."""
-        d = os.path.dirname(path)
-        try:
-            os.mkdir(d)
-        except FileExistsError:
-            for stale in (DONE_FILE, FAILED_FILE):  # of an earlier send of the same rid
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(d, stale))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        d, new = staging_fs.make_dir(self._root, rid)
+        if not new:
+            self._remove_stale_markers(d, rid)
+        fd = staging_fs.create_file(f"{d}/{STATES_FILE}")
         try:
             parts = [memoryview(layout.header), rows, ids]
             written = os.pwritev(fd, parts, 0)
@@ -367,6 +359,16 @@ class CaptureWriter(BatchQueue):
                 pwrite_all(fd, memoryview(flat)[written:], written)
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _remove_stale_markers(d: str, rid: str) -> None:
+        """Remove the markers an earlier send of the same rid left in its directory."""
+        for stale in (DONE_FILE, FAILED_FILE):
+            try:
+                os.unlink(f"{d}/{stale}")
+                log.info("rid %s: removed a stale %s left by an earlier send", rid, stale)
+            except FileNotFoundError:
+                pass
 
     def _write_failed(self, state: RequestState, path: str | Path, exc: OSError) -> None:
         """A write of the request failed: give up on it and tell the client why."""
@@ -388,8 +390,10 @@ class CaptureWriter(BatchQueue):
                 self.write_errors += 1
         log.error("capture: request %s cannot be staged (%s: %s); it is marked failed for the client to send again",
                   state.rid, reason, detail)
-        with contextlib.suppress(OSError):
-            (rid_dir(self.dump_dir, state.rid) / STATES_FILE).unlink()  # give the space back
+        with contextlib.suppress(OSError):  # give the space back; nothing in a directory the capture did not make
+            d = rid_dir(self.dump_dir, state.rid)
+            staging_fs.check_own_dir(os.fspath(d))
+            (d / STATES_FILE).unlink()
         self._leave_failure_marker(state.rid, reason, detail)
 
     def _leave_failure_marker(self, rid: str, reason: str, detail: str) -> None:

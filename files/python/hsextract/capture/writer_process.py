@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from hsextract import staging_fs
 from hsextract.capture import wire
 from hsextract.capture.core import CaptureSettings
 from hsextract.capture.host_stage import FailedRequests, HostBufferPool, HostStager, StagedBatch, failures_of
@@ -91,6 +92,7 @@ class ProcessCaptureWriter(BatchQueue):
     def __init__(self, dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions | None = None, *,
                  device: str | torch.device = "cpu"):
         self.dump_dir = Path(dump_dir)
+        staging_fs.check_root(self.dump_dir)  # as the child's writer will: refused here, before it starts
         self.settings = settings
         self.options = options = options or WriterOptions()
         self.device = torch.device(device)

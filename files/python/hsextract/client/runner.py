@@ -69,6 +69,7 @@ from hsextract.records import (
 from hsextract.retry import RetryPolicy
 from hsextract.shard import shard_size
 from hsextract.staging import FAILED_FILE, discard_dump, rid_dir, staged_indices
+from hsextract.staging_fs import prepare_root
 
 log = logging.getLogger("hsextract.client")
 
@@ -267,7 +268,7 @@ class ExtractRun:
         stats as stopped, with the output's client files as they were (hsextract.client.start_state)."""
         cfg = self.cfg
         check_writable(self.output, "output directory", "--output")
-        check_writable(Path(cfg.dump_dir), "staging directory", "--dump-dir")
+        prepare_root(cfg.dump_dir)  # mode 0700; one another user could have filled is refused
         try:
             with ShardLock(self.output, cfg.shard):  # a client of an overlapping shard refuses here
                 return self._run_locked()

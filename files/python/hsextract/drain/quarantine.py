@@ -66,7 +66,7 @@ class Quarantine:
         tmp = self.root / f".{target.name}.tmp"
         if tmp.exists():
             shutil.rmtree(tmp)
-        shutil.copytree(d, tmp)
+        shutil.copytree(d, tmp, symlinks=True)  # a link in staging is copied as a link, never followed
         rec = record_path(self.dump_dir, rid)
         if rec.exists():
             shutil.copy2(rec, tmp / QUARANTINE_RECORD)

@@ -38,6 +38,7 @@ from hsextract.formats.manifest import (
 from hsextract.model_fingerprint import PART_NAMES, differing_parts, model_fingerprint
 from hsextract.records import load_or_create_run_id
 from hsextract.staging import TRASH_PREFIX
+from hsextract.staging_fs import prepare_root
 
 log = logging.getLogger("hsextract.drain")
 
@@ -58,6 +59,7 @@ def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
         raise ConfigError(
             f"staging directory {dump_dir} does not exist: the capture creates it when the server starts. "
             "Start the server first, or check --dump-dir (it must be the capture's dump_dir and the client's)")
+    prepare_root(dump_dir, create=False)  # another user's, or one others may write: refused
     check_writable(out, "output directory", "--output")
     check_captures(dump_dir, cfg.format)
     run_id = load_or_create_run_id(out)
