@@ -3,11 +3,9 @@ drain paused on a full volume with samples still staged."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,8 @@ from hsextract.cli import main
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.records import load_or_create_run_id
 from support import volumes
+from support.client_run import wait_for
+from support.drain_proc import drain_status
 from support.fleet import HostPlan, drain_host, write_client_files
 from support.staged_dumps import stage_sample
 
@@ -27,18 +27,6 @@ def _status(out: Path, capsys) -> tuple[int, list[str]]:
     return code, capsys.readouterr().out.splitlines()
 
 
-def _drain_status(out: Path) -> dict:
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads((out / ".hsextract" / "drain-status.json").read_text())
-    return {}
-
-
-def _wait(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_the_table_counts_the_quarantines_of_every_drain_of_the_run_as_the_counts_line_does(tmp_path, capsys):
@@ -46,7 +34,7 @@ def test_the_table_counts_the_quarantines_of_every_drain_of_the_run_as_the_count
     out, dump = tmp_path / "out", tmp_path / "dump"
     drain_host(out, dump, "speculators", HostPlan("h", (0, 1), quarantined={2}), 3, range(3))
     drain_host(out, dump, "speculators", HostPlan("h", (0, 1), quarantined={4}), 6, range(3, 6))
-    assert _drain_status(out)["quarantined"] == 1, "the last drain quarantined one"
+    assert drain_status(out)["quarantined"] == 1, "the last drain quarantined one"
     _, lines = _status(out, capsys)
     assert "  quarantined    2, listed in " + str(out / "quarantine") + "/<rid>/reason.txt" in lines
     assert "                 6 accepted = 4 in the set + 0 failed + 2 quarantined" in lines
@@ -70,8 +58,9 @@ def test_a_drain_paused_on_a_full_volume_with_samples_staged_is_not_a_finished_r
         t = threading.Thread(target=d.run, daemon=True)
         t.start()
         try:
-            _wait(lambda: "output volume full" in _drain_status(out).get("paused_reason", "")
-                  and _drain_status(out).get("lag"), "the drain to pause on the full volume with samples staged")
+            wait_for(lambda: "output volume full" in drain_status(out).get("paused_reason", "")
+                     and drain_status(out).get("lag"), 60, "the drain to pause on the full volume with samples staged",
+                     every=0.05)
             _, lines = _status(out, capsys)
         finally:
             # Room again: the drain writes the rest and exits (a drain stopped while paused on a full

@@ -6,11 +6,8 @@ sample in hand until the volume had room, whatever the stop.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,8 @@ from hsextract.formats.manifest import completed_indices
 from hsextract.records import load_or_create_run_id
 from hsextract.staging import staged_indices
 from support import volumes
+from support.client_run import wait_for
+from support.drain_proc import drain_status
 from support.fleet import write_client_files
 from support.staged_dumps import stage_sample
 
@@ -27,18 +26,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SAMPLES = 12
 
 
-def _drain_status(out: Path) -> dict:
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads((out / ".hsextract" / "drain-status.json").read_text())
-    return {}
-
-
-def _wait(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _drainer(dump: Path, out: Path) -> Drainer:
@@ -59,8 +46,8 @@ def test_a_drain_stopped_while_paused_on_a_full_volume_stops_and_leaves_its_samp
         d = _drainer(dump, out)
         t = threading.Thread(target=d.run, daemon=True)
         t.start()
-        _wait(lambda: "output volume full" in _drain_status(out).get("paused_reason", ""),
-              "the drain to pause on the full volume")
+        wait_for(lambda: "output volume full" in drain_status(out).get("paused_reason", ""), 60,
+                 "the drain to pause on the full volume", every=0.05)
         d.stop()
         t.join(30)  # a 5 s retry interval: a drain that waits it out twice over has ignored the stop
         stopped_in_time = not t.is_alive()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -10,6 +11,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = REPO / "files" / "python"
+
+
+def drain_status(out: Path) -> dict:
+    """The drain's status file of the output `out`, or {} while there is none (or it is being replaced)."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads((out / ".hsextract" / "drain-status.json").read_text())
+    return {}
 
 
 def env() -> dict[str, str]:
