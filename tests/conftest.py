@@ -78,7 +78,8 @@ SLOW_MODULES = {
     "core/test_bad_settings.py", "core/test_packaging.py", "core/test_reader_gone.py",
     "drain/test_crash_safety.py", "drain/test_drain_daemon.py", "drain/test_exit_when_done.py",
     "drain/test_one_writer_per_output.py", "drain/test_what_staging_holds.py",
-    "formats/test_arrow_dataset.py", "gpu_tier/test_gpu_tier.py", "plan/test_plan.py",
+    "formats/test_arrow_dataset.py", "gpu_tier/test_gpu_tier.py",
+    "objectstore/test_drain_to_bucket.py", "objectstore/test_server_checks.py", "plan/test_plan.py",
     "vocab/test_vocab_drain.py", "vocab/test_vocab_readers.py", "test_docs.py",
 }
 

@@ -58,6 +58,8 @@ from hsextract.finalized import record_finalized
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
 from hsextract.layout import drain_tmp_dir
+from hsextract.objectstore.drain_side import BucketSide
+from hsextract.objectstore.store import Stopped
 from hsextract.output_lock import OutputLock
 from hsextract.reconcile import read_accounts
 from hsextract.staging import run_dumps
@@ -92,6 +94,9 @@ class Drainer:
         self._processes: WorkerProcesses | None = None  # the worker processes, where the workers are processes
         self._finalized_at_count = -1
         self._finalize_problem = ""  # why the dataset-level files lag behind the manifest at the end
+        # A bucket as the set's home (hsextract.objectstore): its store, and how its samples' tokens
+        # are read back for the dataset-level files; None for a directory.
+        self._bucket: BucketSide | None = None
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -130,6 +135,7 @@ class Drainer:
             log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
             exit_code = exit_code or FINALIZE_FAILED
         self.stats.set(finalize_problem=self._finalize_problem)
+        self._publish_bucket_state()
         self._outcomes.write_status()
         log.info("drain stopped: %d samples written by this process, %d in the manifest",
                  self.stats.samples, self.stats.samples_total)
@@ -139,10 +145,18 @@ class Drainer:
         """Bring the output directory to a consistent state after whatever happened before, and
         build the parts that work on it."""
         cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
+        if cfg.object_store is not None:
+            # Before the work directory is read: it is made equal to the bucket, the truth.
+            self._bucket = BucketSide.start(cfg, self.fmt, self.stop_event)
         found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
-        committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
+        committer: Committer
+        if self._bucket is not None:
+            committer = self._bucket.committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries,
+                                               self._outcomes)
+        else:
+            committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
         self._selfcheck = make_selfcheck(cfg, stop=self.stop_event, publish=lambda c: self.stats.set(selfcheck=c))
         if cfg.worker_processes:
             self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
@@ -157,7 +171,7 @@ class Drainer:
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
                        bytes_total=sum(e.bytes for e in found.entries))
-        self._vocab.recover(found.entries)
+        self._vocab.recover(found.entries, self._bucket.tokens if self._bucket is not None else None)
         scanner = Scanner(cfg, found.run_id, inflight=self._inflight, committer=committer, worker=worker,
                           clients=self._clients, outcomes=self._outcomes, stop=self.stop_event)
         scanner.sweep_records(time.time(), force=True)
@@ -196,6 +210,7 @@ class Drainer:
             submitted = scanner.scan_and_submit(pool)
             now = time.monotonic()
             if now - last_status >= self.cfg.status_interval_s:
+                self._publish_bucket_state()
                 self._outcomes.write_status()
                 last_status = now
             if submitted == 0 and self._inflight.idle():
@@ -208,6 +223,23 @@ class Drainer:
             wake.wait(self._wait_s())
             wake.clear()
         return False
+
+    def _publish_to_bucket(self, n: int) -> bool:
+        """The dataset-level files, written in the work directory, go to the bucket; False (said in
+        the log and the status) when a stop came while the server did not answer."""
+        assert self._bucket is not None
+        try:
+            self._bucket.publish_dataset_files(self.out)
+        except Stopped as exc:
+            self._finalize_problem = (f"the dataset-level files for {n} samples were written in {self.out} but not "
+                                      f"published to {self._bucket.target.url} ({exc}); the next drain publishes them")
+            log.error("%s", self._finalize_problem)
+            return False
+        return True
+
+    def _publish_bucket_state(self) -> None:
+        if self._bucket is not None:
+            self.stats.set(objectstore=self._bucket.status())
 
     def _wait_s(self) -> float:
         """How long the main loop waits for a wake: a freed slot, a settled sample or a stop wake
@@ -259,11 +291,14 @@ class Drainer:
             return
         while True:
             try:
-                paths = self.fmt.finalize(self.out, header, list(committer.entries))
+                tokens = self._bucket.tokens if self._bucket is not None else None
+                paths = self.fmt.finalize(self.out, header, list(committer.entries), tokens)
                 self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
                 paths += write_draft_files_logged(self.out, header, committer.entries, self.cfg.model_path,
                                                   self.cfg.draft_vocab_sizes)
                 record_finalized(self.out, n)
+                if self._bucket is not None and not self._publish_to_bucket(n):
+                    return
                 break
             except OSError as exc:
                 if not is_no_space(exc):

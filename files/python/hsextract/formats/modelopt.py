@@ -34,6 +34,7 @@ from hsextract.formats.base import (
     Payload,
     Sample,
     SampleShape,
+    TokenReader,
     TorchSavePayload,
     empty_rows,
     read_torch_tokens,
@@ -84,6 +85,7 @@ class ModelOptFormat:
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return read_torch_tokens(path)
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
+                 tokens: TokenReader | None = None) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.
         return []

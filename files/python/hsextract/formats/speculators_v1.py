@@ -29,6 +29,7 @@ from hsextract.formats.base import (
     Payload,
     Sample,
     SampleShape,
+    TokenReader,
     TorchSavePayload,
     read_torch_tokens,
     torch_save_bytes,
@@ -79,7 +80,8 @@ class SpeculatorsV1Format:
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return read_torch_tokens(path)
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
+                 tokens: TokenReader | None = None) -> list[Path]:
         out = Path(output_dir)
         lengths = {str(e.output_index): e.tokens for e in sorted(entries, key=lambda e: e.output_index)}
         atomic_write_bytes(out / LENGTHS_FILE, json.dumps(lengths).encode())
