@@ -76,7 +76,7 @@ def test_a_missing_bucket_is_named(weed, credentials, tmp_path):
 
 def test_an_endpoint_that_is_not_s3_is_refused(credentials, tmp_path):
     class Plain(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             body = b"<html>a web page</html>"
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -101,5 +101,5 @@ def test_an_endpoint_that_is_not_s3_is_refused(credentials, tmp_path):
 
 def test_a_credentials_file_others_can_read_is_refused(weed, credentials, tmp_path):
     credentials.chmod(0o644)
-    with pytest.raises(ConfigError, match="readable by others.*chmod 600"):
+    with pytest.raises(ConfigError, match=r"readable by others.*chmod 600"):
         settings_from(weed.endpoint, "", str(credentials))

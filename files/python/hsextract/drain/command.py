@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_store_arguments(parser)
     parser.add_argument("--uploads", type=int, default=8,
                         help="with --output s3://...: samples uploaded at once (default 8)")
+    parser.add_argument("--s3-part-size", type=int, default=32 << 20, metavar="BYTES",
+                        help="with --output s3://...: a sample of two parts or more goes up in parts of this size "
+                             "(default 32 MiB, at least 5 MiB)")
     parser.add_argument("--vocab-checkpoint-interval", type=float, default=30.0,
                         help="seconds between checkpoints of the token counts (a restart recounts what came after)")
     add_config_argument(parser)
@@ -128,7 +131,9 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
     if bucket is not None:
         if args.uploads < 1:
             raise ConfigError(f"--uploads {args.uploads}: give at least 1")
-        bucket = dataclasses.replace(bucket, uploads=args.uploads)
+        if args.s3_part_size < 5 << 20:
+            raise ConfigError(f"--s3-part-size {args.s3_part_size}: S3's smallest part is 5 MiB (5242880 bytes)")
+        bucket = dataclasses.replace(bucket, uploads=args.uploads, part_size=args.s3_part_size)
         output.mkdir(parents=True, exist_ok=True)
     cfg = DrainConfig(
         dump_dir=Path(args.dump_dir),

@@ -57,6 +57,7 @@ from hsextract.durable import check_writable, is_no_space
 from hsextract.finalized import record_finalized
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
+from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.layout import drain_tmp_dir
 from hsextract.objectstore.drain_side import BucketSide
 from hsextract.objectstore.store import Stopped
@@ -70,6 +71,8 @@ log = logging.getLogger("hsextract.drain")
 RUN_CHECK_FAILED = 3
 # Exit status of a drain that finished its run but could not write the dataset-level files.
 FINALIZE_FAILED = 4
+# A bucket's server that did not answer a finalize is asked again after this long.
+FINALIZE_RETRY_S = 5.0
 
 __all__ = ["FINALIZE_FAILED", "RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
 
@@ -97,6 +100,7 @@ class Drainer:
         # A bucket as the set's home (hsextract.objectstore): its store, and how its samples' tokens
         # are read back for the dataset-level files; None for a directory.
         self._bucket: BucketSide | None = None
+        self._finalize_later_at = 0.0  # a bucket's server did not answer: no finalize before then
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -224,19 +228,6 @@ class Drainer:
             wake.clear()
         return False
 
-    def _publish_to_bucket(self, n: int) -> bool:
-        """The dataset-level files, written in the work directory, go to the bucket; False (said in
-        the log and the status) when a stop came while the server did not answer."""
-        assert self._bucket is not None
-        try:
-            self._bucket.publish_dataset_files(self.out)
-        except Stopped as exc:
-            self._finalize_problem = (f"the dataset-level files for {n} samples were written in {self.out} but not "
-                                      f"published to {self._bucket.target.url} ({exc}); the next drain publishes them")
-            log.error("%s", self._finalize_problem)
-            return False
-        return True
-
     def _publish_bucket_state(self) -> None:
         if self._bucket is not None:
             self.stats.set(objectstore=self._bucket.status())
@@ -289,17 +280,15 @@ class Drainer:
         header = self._header.header if self._header is not None else None
         if n == self._finalized_at_count or header is None:
             return
+        if time.monotonic() < self._finalize_later_at and not self.stop_event.is_set():
+            return
         while True:
             try:
-                tokens = self._bucket.tokens if self._bucket is not None else None
-                paths = self.fmt.finalize(self.out, header, list(committer.entries), tokens)
-                self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
-                paths += write_draft_files_logged(self.out, header, committer.entries, self.cfg.model_path,
-                                                  self.cfg.draft_vocab_sizes)
-                record_finalized(self.out, n)
-                if self._bucket is not None and not self._publish_to_bucket(n):
-                    return
+                paths = self._write_dataset_files(header, committer.entries, n)
                 break
+            except Stopped as exc:  # a bucket's server does not answer: the files wait for it
+                self._finalize_waits_for_bucket(n, exc)
+                return
             except OSError as exc:
                 if not is_no_space(exc):
                     raise
@@ -312,10 +301,30 @@ class Drainer:
                     return
                 self._outcomes.pause_for_space(self.out, exc)
         self._finalized_at_count = n
+        self._finalize_later_at = 0.0
         self._finalize_problem = ""
         self.stats.set(finalized_samples=n)
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
+
+    def _write_dataset_files(self, header: ManifestHeader, entries: list[ManifestEntry], n: int) -> list[Path]:
+        """The format's, the draft vocabulary's and the config files, then the record that they cover
+        `n` samples; published to the bucket where the set is one."""
+        tokens = self._bucket.tokens if self._bucket is not None else None
+        paths = self.fmt.finalize(self.out, header, list(entries), tokens)
+        self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
+        paths += write_draft_files_logged(self.out, header, entries, self.cfg.model_path, self.cfg.draft_vocab_sizes)
+        record_finalized(self.out, n)
+        if self._bucket is not None:
+            self._bucket.publish_dataset_files(self.out)
+        return paths
+
+    def _finalize_waits_for_bucket(self, n: int, exc: Stopped) -> None:
+        if not self._finalize_later_at:
+            log.warning("the dataset-level files for %d samples wait for the bucket: %s", n, exc)
+        self._finalize_problem = (f"the dataset-level files for {n} samples are not yet in the bucket: {exc}; the "
+                                  "drain writes them once the server answers")
+        self._finalize_later_at = time.monotonic() + FINALIZE_RETRY_S
 
     def _check_run(self) -> int:
         """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""

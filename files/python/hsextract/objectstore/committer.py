@@ -97,6 +97,11 @@ class ObjectCommitter(Committer):
         self._header_published = False
         self.bytes_uploaded = 0
 
+    @property
+    def uploading(self) -> int:
+        """Samples given an index and not yet in a published segment."""
+        return len(self._pending)
+
     # --- the seam -------------------------------------------------------------------------------
 
     def put(self, prepared: Prepared) -> None:

@@ -26,7 +26,10 @@ from hsextract.records import load_or_create_run_id
 class BucketSide:
     def __init__(self, target: ObjectOutput, store: ObjectStore, started: DrainStart, fmt: OutputFormat, work: Path):
         self.target, self.store, self.started = target, store, started
-        self.tokens = RemoteTokens(store, fmt, drain_tmp_dir(work))
+        # The dataset-level files are written when the server answers; an outage leaves them for
+        # later rather than hold the daemon's loop (and its status) while the uploads wait.
+        self._later = store.impatient()
+        self.tokens = RemoteTokens(self._later, fmt, drain_tmp_dir(work))
         self._committer: ObjectCommitter | None = None
 
     @classmethod
@@ -34,7 +37,8 @@ class BucketSide:
         """Check the server and take the prefix over (hsextract.objectstore.output.start_drain)."""
         target: ObjectOutput = cfg.object_store
         work = Path(cfg.output)
-        store = ObjectStore(target.url, target.settings, stop=stop, pool=target.uploads * 2 + 8)
+        store = ObjectStore(target.url, target.settings, stop=stop, pool=target.uploads * 2 + 8,
+                            part_size=target.part_size)
         started = start_drain(store, work, load_or_create_run_id(work), target)
         return cls(target, store, started, fmt, work)
 
@@ -47,11 +51,11 @@ class BucketSide:
         return self._committer
 
     def publish_dataset_files(self, work: Path) -> list[str]:
-        return publish_dataset_files(self.store, work)
+        return publish_dataset_files(self._later, work)
 
     def status(self) -> dict[str, Any]:
         c = self._committer
         return {"url": str(self.target.url), "endpoint": self.target.settings.endpoint, "writer": self.started.writer,
                 "epoch": self.started.epoch, "segments": c.next_segment if c else self.started.next_segment,
-                "uploading": len(c._pending) if c else 0, "retries": self.store.retries,
-                "unreachable_since": self.store.outage_since}
+                "uploading": c.uploading if c else 0, "retries": self.store.retries + self._later.retries,
+                "unreachable_since": self.store.outage_since or self._later.outage_since}

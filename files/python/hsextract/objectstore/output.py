@@ -61,6 +61,7 @@ class ObjectOutput:
     url: ObjectURL
     settings: StoreSettings
     uploads: int = 8
+    part_size: int = 32 << 20  # a sample of two parts or more goes up in parts
 
 
 @dataclass

@@ -33,9 +33,9 @@ log = logging.getLogger("hsextract.objectstore")
 
 T = TypeVar("T")
 
-# A sample file at least this big goes up in parts (S3's smallest part is 5 MiB).
-MULTIPART_FROM = 64 << 20
+# A sample file of at least two parts goes up in parts (S3's smallest part is 5 MiB).
 PART_SIZE = 32 << 20
+MIN_PART_SIZE = 5 << 20
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 20.0
 
@@ -50,6 +50,10 @@ class KeyExists(StoreError):
 
 class Stopped(HsextractError):
     """The caller was stopped while the server was unreachable."""
+
+
+class Unreachable(Stopped):
+    """The server does not answer, and the caller would rather come back later than wait."""
 
 
 @dataclass
@@ -108,8 +112,12 @@ class ObjectStore:
     """One bucket and prefix, one client, shared by threads (boto3 clients are thread-safe)."""
 
     def __init__(self, url: ObjectURL, settings: StoreSettings, stop: threading.Event | None = None,
-                 client: Any = None, pool: int = 32):
+                 client: Any = None, pool: int = 32, part_size: int = PART_SIZE, patient: bool = True):
         self.url = url
+        # Whether `retrying` waits out an unreachable server (the samples' uploads) or raises
+        # `Unreachable` at once (the dataset-level files: the daemon writes them when it can).
+        self.patient = patient
+        self.part_size = max(MIN_PART_SIZE, part_size)
         self.settings = settings
         self.stop = stop or threading.Event()
         self.client = client if client is not None else make_client(settings, pool)
@@ -124,6 +132,11 @@ class ObjectStore:
     def outage_since(self) -> float:
         return self._outage_since
 
+    def impatient(self) -> ObjectStore:
+        """The same bucket and client, raising `Unreachable` instead of waiting."""
+        return ObjectStore(self.url, self.settings, self.stop, client=self.client, part_size=self.part_size,
+                           patient=False)
+
     # --- waiting out an unreachable server ------------------------------------------------------
 
     def retrying(self, what: str, call: Callable[[], T]) -> T:
@@ -137,6 +150,8 @@ class ObjectStore:
                 if not is_transient(exc):
                     raise
                 self._note_outage(what, exc)
+                if not self.patient:
+                    raise Unreachable(f"{self.url} does not answer ({what})") from exc
                 if self.stop.wait(delay):
                     raise Stopped(f"stopped while {self.url} did not answer ({what})") from exc
                 delay = min(BACKOFF_MAX_S, delay * 2)
@@ -229,9 +244,9 @@ class ObjectStore:
 
     def put_file(self, key: str, path: Path, size: int, *, create_only: bool,
                  metadata: dict[str, str] | None = None, part_pool: Any = None) -> str:
-        """Upload a file: one PUT, or in parts from `MULTIPART_FROM` (completed with If-None-Match
-        when `create_only`; an upload that fails is aborted, so no part lingers). Its ETag."""
-        if size < MULTIPART_FROM:
+        """Upload a file: one PUT, or in parts when it makes two or more (completed with
+        If-None-Match when `create_only`; an upload that fails is aborted, so no part lingers). Its ETag."""
+        if size < 2 * self.part_size:
             def single() -> Any:
                 with open(path, "rb") as f:
                     kw: dict[str, Any] = {"Bucket": self.url.bucket, "Key": key, "Body": f, "Metadata": metadata or {},
@@ -249,7 +264,8 @@ class ObjectStore:
         upload = self._checked(f"start the multipart upload of {key}", lambda: self.client.create_multipart_upload(
             Bucket=bucket, Key=key, Metadata=metadata))["UploadId"]
         try:
-            ranges = [(n + 1, off, min(PART_SIZE, size - off)) for n, off in enumerate(range(0, size, PART_SIZE))]
+            step = self.part_size
+            ranges = [(n + 1, off, min(step, size - off)) for n, off in enumerate(range(0, size, step))]
 
             def part(spec: tuple[int, int, int]) -> dict[str, Any]:
                 number, off, length = spec
