@@ -28,6 +28,8 @@ from hsextract.layout import (
     rejects_path,
     state_dir,
 )
+from hsextract.objectstore.output import resolve_output
+from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.report import ProblemFiles, RunView, status_lines
 
@@ -35,7 +37,9 @@ FINISHED_STATES = ("done", "stopped")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", help="training-set directory of the run")
+    parser.add_argument("--output", help="training-set directory of the run, or its s3://bucket/prefix (with the "
+                                         "drain's --work-dir)")
+    add_work_dir_argument(parser)
     parser.add_argument("--stale-after", type=float, default=60.0,
                         help="seconds after which a running drain's status counts as stale (default 60)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -126,6 +130,8 @@ def start_refusal(client: dict[str, Any] | None) -> str:
 def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise ConfigError("status needs --output (on the command line or in --config)")
+    shown = str(args.output)
+    args.output = resolve_output(args.output, args)[0]  # a bucket's run is seen in its work directory
     drain = _read(drain_status_path(args.output))
     shards = read_shards(args.output)
     client = combined_status(shards)
@@ -150,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                           "dataset_files": None if files is None else
                           {"samples": files[0], "of": files[1], "current": files[0] == files[1]}}, indent=2))
     else:
-        view = RunView(output=str(args.output), files=problem_files(args.output, drain, [s.shard for s in shards]),
+        view = RunView(output=shown, files=problem_files(args.output, drain, [s.shard for s in shards]),
                        drain=drain, client=client,
                        healthy=health[0], health=health[1], now=now, problems=problems,
                        counts=accounts.lines_of_text() if accounts else [],

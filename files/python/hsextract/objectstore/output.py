@@ -38,6 +38,7 @@ from hsextract.layout import state_dir
 from hsextract.objectstore.segments import (
     HEADER_KEY,
     RUN_KEY,
+    Published,
     SegmentTaken,
     epoch_head,
     new_writer_id,
@@ -130,6 +131,13 @@ def start_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutpu
     log.info("%s: %d samples in %d manifest segments; this drain is writer %s, epoch %d", store.url,
              len(published.entries), published.next_segment, writer, epoch)
     return DrainStart(writer, epoch, epoch + 1, published.entries)
+
+
+def sync_work_dir(store: ObjectStore, work: Path, published: Published) -> None:
+    """The work directory's header and manifest made the bucket's (what a finalize writes from)."""
+    work.mkdir(parents=True, exist_ok=True)
+    _sync_header(store, work, bool(published.entries))
+    _sync_manifest(work, published.entries, store)
 
 
 def _same_run(store: ObjectStore, work: Path, run_id: str) -> None:
