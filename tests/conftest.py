@@ -64,7 +64,8 @@ def _tiny_model(kind: str) -> Path:
 # kill loops, child writer processes): seconds each, so the fast tier (`make test-fast`) leaves them
 # out with the servers and sandboxes. `make test` runs them all.
 SLOW_MODULES = {
-    "ansible/test_bad_settings_play.py", "ansible/test_capture_patch_role.py", "ansible/test_collect_playbook.py",
+    "ansible/test_bad_settings_play.py", "ansible/test_capture_patch_role.py",
+    "ansible/test_collect_playbook.py",
     "ansible/test_output_dataset_check.py", "ansible/test_plan_role.py", "ansible/test_server_profiles.py",
     "ansible/test_unit_paths.py", "ansible/test_client_processes_role.py", "ansible/test_extract_playbook.py",
     "ansible/test_fleet.py", "ansible/test_service_handlers_states.py",

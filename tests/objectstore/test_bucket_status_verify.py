@@ -6,7 +6,7 @@ import json
 
 import pytest
 from hsextract.records import load_or_create_run_id
-from objectstore.helpers import drain, published, store_of, target
+from support.bucket_sets import drain, published, store_of, target
 from support.drain_proc import hsextract
 from support.staged_dumps import stage_sample
 

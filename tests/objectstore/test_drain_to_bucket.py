@@ -9,7 +9,7 @@ from hsextract.formats import get_format
 from hsextract.formats.manifest import iter_entries
 from hsextract.objectstore.segments import SEGMENTS_DIR, read_published
 from hsextract.records import load_or_create_run_id
-from objectstore.helpers import (
+from support.bucket_sets import (
     drain,
     object_checksum,
     published,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hsextract.formats.manifest import iter_entries, verify_entry
 from hsextract.records import load_or_create_run_id
-from objectstore.helpers import drain, published, target
+from support.bucket_sets import drain, published, target
 from support.drain_proc import hsextract
 from support.reader_check import assert_reader_sees_captured, load_with_reader
 from support.staged_dumps import stage_sample

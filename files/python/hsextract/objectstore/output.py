@@ -47,11 +47,10 @@ from hsextract.objectstore.segments import (
 )
 from hsextract.objectstore.settings import StoreSettings, settings_from, settings_from_args
 from hsextract.objectstore.store import KeyExists, ObjectStore
-from hsextract.objectstore.url import ObjectURL, is_object_url, parse_object_url
+from hsextract.objectstore.url import ObjectURL, is_object_url, parse_object_url, work_dir_for
 
 log = logging.getLogger("hsextract.objectstore")
 
-DEFAULT_WORK_ROOT = Path("/var/lib/hsextract/objectstore")
 TARGET_FILE = "objectstore.json"  # <work>/.hsextract/objectstore.json
 
 
@@ -75,17 +74,13 @@ class DrainStart:
     entries: list[ManifestEntry]
 
 
-def work_dir_for(url: ObjectURL, work_dir: str | Path | None = None) -> Path:
-    return Path(work_dir) if work_dir else DEFAULT_WORK_ROOT / url.bucket / (url.prefix or "_bucket")
-
-
 def resolve_output(value: str | Path, args: argparse.Namespace | None = None) -> tuple[Path, ObjectOutput | None]:
     """(the local directory every command works in, the bucket or None) of an ``--output``."""
     if not is_object_url(str(value)):
         return Path(value), None
     url = parse_object_url(str(value))
     settings = settings_from_args(args) if args is not None else StoreSettings()
-    work = work_dir_for(url, getattr(args, "work_dir", None) if args is not None else None)
+    work = Path(work_dir_for(url, getattr(args, "work_dir", None) if args is not None else None))
     return work, ObjectOutput(url, settings)
 
 

@@ -16,6 +16,10 @@ SCHEME = "s3://"
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 
 
+# Where a bucket output's local bookkeeping lives when --work-dir does not say.
+DEFAULT_WORK_ROOT = "/var/lib/hsextract/objectstore"
+
+
 def is_object_url(value: object) -> bool:
     """Whether an ``--output`` names an object store rather than a directory."""
     return isinstance(value, str) and value.startswith(SCHEME)
@@ -62,3 +66,8 @@ def parse_object_url(value: str, what: str = "--output") -> ObjectURL:
     if "//" in prefix or any(part in (".", "..") for part in prefix.split("/")):
         raise ConfigError(f"{what} {value!r}: the prefix may not hold empty, '.' or '..' parts")
     return ObjectURL(bucket, prefix)
+
+
+def work_dir_for(url: ObjectURL, work_dir: str | None = None) -> str:
+    """The local work directory of a bucket output: `work_dir`, else one of its own under DEFAULT_WORK_ROOT."""
+    return str(work_dir) if work_dir else f"{DEFAULT_WORK_ROOT}/{url.bucket}/{url.prefix or '_bucket'}"

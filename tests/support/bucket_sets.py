@@ -12,6 +12,7 @@ from hsextract.objectstore.segments import read_published
 from hsextract.objectstore.settings import settings_from
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.url import ObjectURL
+
 from support.drain_proc import finish_client
 
 
