@@ -82,7 +82,7 @@ SLOW_MODULES = {
     "formats/test_arrow_dataset.py", "gpu_tier/test_gpu_tier.py",
     "objectstore/test_drain_to_bucket.py", "objectstore/test_server_checks.py",
     "objectstore/test_faults.py", "objectstore/test_bucket_status_verify.py",
-    "objectstore/test_pull.py", "plan/test_plan.py",
+    "objectstore/test_pull.py", "objectstore/test_collect_in_place.py", "plan/test_plan.py",
     "vocab/test_vocab_drain.py", "vocab/test_vocab_readers.py", "test_docs.py",
 }
 
