@@ -169,7 +169,8 @@ class Drainer:
         vocab = self._vocab
         worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
                               commit=committer.put, events=self._outcomes, selfcheck=self._selfcheck,
-                              processes=self._processes, count_vocab=lambda: vocab.counting)
+                              processes=self._processes, count_vocab=lambda: vocab.counting,
+                              durable_tmp=self._bucket is None)
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
