@@ -16,7 +16,7 @@ from hsextract.formats.manifest import iter_entries
 from hsextract.objectstore.segments import read_published
 from hsextract.records import load_or_create_run_id
 from support.bucket_sets import object_checksum, sample_keys, staged_names, store_of, target
-from support.drain_proc import drain_until_done, finish_client, start
+from support.drain_proc import drain_until_done, finish_client, hsextract, start
 from support.staged_dumps import stage_sample
 
 pytestmark = pytest.mark.timeout(600)
@@ -84,6 +84,10 @@ def test_a_server_stopped_mid_run_holds_the_drain_and_loses_nothing(own_weed, tm
               lambda: (_status(work).get("objectstore") or {}).get("unreachable_since"), proc=proc)
         assert len(staged_names(dump)) == 10, "what could not go up is still staged"
         assert _in_manifest(work) == 10
+        _wait("the status file to say so", lambda: (_status(work).get("objectstore") or {}).get("unreachable_since")
+              and _status(work).get("lag") == 10, proc=proc)
+        said = hsextract("status", "--output", f"s3://{bucket}/down", "--work-dir", str(work))
+        assert said.returncode == 1 and "has not answered for" in said.stdout, said.stdout
         own_weed.start()
         _wait("the other 10 samples once the server is back", lambda: _in_manifest(work) == 20, proc=proc)
         proc.send_signal(signal.SIGTERM)

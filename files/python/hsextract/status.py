@@ -118,6 +118,17 @@ def dataset_files_problem(output: str | Path, drain: dict[str, Any] | None, file
             f"samples in the set, so a trainer would not read the others: {why}")
 
 
+def bucket_problem(drain: dict[str, Any] | None, now: float) -> str:
+    """The problem of a drain whose bucket's server does not answer (it waits), or ''."""
+    store = (drain or {}).get("objectstore") or {}
+    since = float(store.get("unreachable_since") or 0)
+    if not since or (drain or {}).get("state") in FINISHED_STATES:
+        return ""
+    at = time.strftime("%H:%M:%S", time.localtime(since))
+    return (f"the object store {store.get('url', '?')} has not answered for {now - since:.0f} s (since {at}): the "
+            "drain waits and retries, nothing staged is lost, and the client pauses when staging fills")
+
+
 def start_refusal(client: dict[str, Any] | None) -> str:
     """The problem of a client whose last start was refused, or ''."""
     refused = (client or {}).get("start_refused")
@@ -142,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
     refusal = start_refusal(client)
     if refusal:
         problems = [refusal, *problems]
+    unreachable = bucket_problem(drain, now)
+    if unreachable:
+        problems = [unreachable, *problems]
     files = dataset_files(args.output, drain)
     behind = dataset_files_problem(args.output, drain, files)
     if behind:
