@@ -5,37 +5,19 @@ through the controller; the orphans the hosts hold are reported, never collected
 from __future__ import annotations
 
 import argparse
-import json
 
 import pytest
-from hsextract.drain.core import Drainer
 from hsextract.formats.manifest import iter_entries, verify_entry
-from hsextract.layout import client_summary_path
 from hsextract.objectstore import store as store_mod
-from hsextract.records import load_or_create_run_id
-from support.bucket_sets import drain_config, published, store_of, target
+from support.bucket_sets import drain_fleet, published, store_of, target
 from support.drain_proc import hsextract
-from support.staged_dumps import stage_sample
 
 pytestmark = pytest.mark.timeout(600)
 
 
-def _fleet(weed, bucket, credentials, tmp_path, n=12, hidden_size=64, tokens=5):
+def _fleet(weed, bucket, credentials, tmp_path, **kw):
     """Hosts a and b of one run, each its shard (even / odd indices) drained into its own prefix."""
-    work_a, work_b = tmp_path / "work-a", tmp_path / "work-b"
-    run = load_or_create_run_id(work_a)
-    work_b.mkdir()
-    (work_b / "run.json").write_text((work_a / "run.json").read_text())
-    staged = {}
-    for host, work, shard in (("a", work_a, 0), ("b", work_b, 1)):
-        dump = tmp_path / f"dump-{host}"
-        for i in range(shard, n, 2):
-            staged[i] = stage_sample(dump, run, i, tokens=tokens + i, hidden_size=hidden_size)
-        summary = client_summary_path(work, (shard, 2))
-        summary.parent.mkdir(parents=True, exist_ok=True)
-        summary.write_text(json.dumps({"state": "done", "dataset_lines": n, "shard": [shard, 2]}))
-        assert Drainer(drain_config(dump, work, target(weed, bucket, f"run/{host}", credentials))).run() == 0
-    return staged
+    return drain_fleet(weed, bucket, credentials, tmp_path, **kw)
 
 
 def _collect_args(weed, bucket, credentials, tmp_path):

@@ -60,3 +60,28 @@ def staged_names(dump: Path) -> list[str]:
 
 def status_of(work: Path) -> dict:
     return json.loads((work / ".hsextract" / "drain-status.json").read_text())
+
+
+def drain_fleet(weed, bucket: str, credentials: Path, tmp_path: Path, hosts: tuple[str, ...] = ("a", "b"), n: int = 12,
+                hidden_size: int = 64, tokens: int = 5) -> dict:
+    """Hosts of one run, host k drains shard k/len(hosts) of an n-line dataset into s3://bucket/run/<host>,
+    as extract.yml's hosts do; the staged samples by dataset index."""
+    from hsextract.layout import client_summary_path
+    from hsextract.records import load_or_create_run_id
+
+    from support.staged_dumps import stage_sample
+
+    works = [tmp_path / f"work-{h}" for h in hosts]
+    run = load_or_create_run_id(works[0])
+    staged = {}
+    for k, (host, work) in enumerate(zip(hosts, works, strict=True)):
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "run.json").write_text((works[0] / "run.json").read_text())
+        dump = tmp_path / f"dump-{host}"
+        for i in range(k, n, len(hosts)):
+            staged[i] = stage_sample(dump, run, i, tokens=tokens + i, hidden_size=hidden_size)
+        summary = client_summary_path(work, (k, len(hosts)))
+        summary.parent.mkdir(parents=True, exist_ok=True)
+        summary.write_text(json.dumps({"state": "done", "dataset_lines": n, "shard": [k, len(hosts)]}))
+        assert Drainer(drain_config(dump, work, target(weed, bucket, f"run/{host}", credentials))).run() == 0
+    return staged
