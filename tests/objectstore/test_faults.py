@@ -138,6 +138,8 @@ def test_kill_9_mid_multipart_then_resume_names_every_sample_once_and_no_partial
 
     assert sample_keys(store, get_format(FMT)) == {e.file for e in read_published(store).entries}
     assert staged_names(dump) == []
+    # The killed drain's upload was aborted by the next one (its epoch fenced it): no parts linger.
+    assert not client.list_multipart_uploads(Bucket=bucket, Prefix="killed/").get("Uploads")
 
 
 def test_a_second_drain_on_a_prefix_fences_the_first_which_stops_saying_so_and_loses_nothing(weed, bucket,

@@ -42,7 +42,7 @@ from hsextract.drain.committer import CommitEvents, Committer, Prepared
 from hsextract.formats.base import OutputFormat
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader, read_header
 from hsextract.objectstore.segments import HEADER_KEY, SegmentHead, SegmentTaken, publish
-from hsextract.objectstore.store import KeyExists, ObjectStore, Stopped, StoreError
+from hsextract.objectstore.store import KeyExists, ObjectStore, Stopped, StoreError, UploadAborted
 from hsextract.records import remove_record
 from hsextract.staging import discard_dump
 
@@ -171,6 +171,11 @@ class ObjectCommitter(Committer):
             self.store.put_file(key, p.tmp, p.nbytes, create_only=True, metadata=meta, part_pool=self._parts)
         except KeyExists:
             self._replace_or_stop(key, p, entry, meta)
+        except UploadAborted:
+            raise WriterFenced(
+                f"{self.store.url}: the multipart upload of {entry.file} was aborted by a newer drain of this prefix, "
+                f"whose epoch fenced this one ({self.writer}, epoch {self.epoch}). This one stops; its samples not "
+                "yet in the set are still staged, nothing is lost") from None
         self._confirm(key, entry)
         self.bytes_uploaded += p.nbytes
 

@@ -44,6 +44,7 @@ from hsextract.objectstore.segments import (
     new_writer_id,
     publish,
     read_published,
+    segment_rel,
 )
 from hsextract.objectstore.settings import StoreSettings, settings_from, settings_from_args
 from hsextract.objectstore.store import KeyExists, ObjectStore
@@ -125,6 +126,7 @@ def start_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutpu
         raise SegmentTaken(f"{exc} (at the drain's start)") from None
     log.info("%s: %d samples in %d manifest segments; this drain is writer %s, epoch %d", store.url,
              len(published.entries), published.next_segment, writer, epoch)
+    abort_fenced_uploads(store, epoch)
     return DrainStart(writer, epoch, epoch + 1, published.entries)
 
 
@@ -133,6 +135,23 @@ def sync_work_dir(store: ObjectStore, work: Path, published: Published) -> None:
     work.mkdir(parents=True, exist_ok=True)
     _sync_header(store, work, bool(published.entries))
     _sync_manifest(work, published.entries, store)
+
+
+def abort_fenced_uploads(store: ObjectStore, epoch: int) -> int:
+    """Abort the multipart uploads the server began before `epoch`'s segment: a writer the epoch
+    fenced (one killed mid-upload, say) can never name what they would make, so their parts only
+    take space. Both times are the server's, so no clock of this host is trusted. Their number."""
+    info = store.head(store.url.key(segment_rel(epoch)))
+    if info is None or not info.last_modified:
+        return 0
+    stale = [(key, upload) for key, upload, began in store.incomplete_uploads()
+             if began and began <= info.last_modified]
+    for key, upload in stale:
+        store.abort_upload(key, upload)
+    if stale:
+        log.info("%s: aborted %d multipart upload(s) of fenced writers (never completed, never named)", store.url,
+                 len(stale))
+    return len(stale)
 
 
 def _same_run(store: ObjectStore, work: Path, run_id: str) -> None:

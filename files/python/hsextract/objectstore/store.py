@@ -48,6 +48,10 @@ class KeyExists(StoreError):
     """A create with If-None-Match met a key that exists."""
 
 
+class UploadAborted(StoreError):
+    """A multipart upload was aborted under this writer (by a newer writer that fenced it)."""
+
+
 class Stopped(HsextractError):
     """The caller was stopped while the server was unreachable."""
 
@@ -331,12 +335,23 @@ class ObjectStore:
                 return
             token = r.get("NextContinuationToken")
 
-    def incomplete_uploads(self) -> list[tuple[str, str]]:
-        """(key, upload id) of the multipart uploads under the prefix that were never completed."""
+    def incomplete_uploads(self) -> list[tuple[str, str, float]]:
+        """(key, upload id, when the server began it) of the multipart uploads under the prefix that
+        were never completed nor aborted."""
         full = self.url.prefix + "/" if self.url.prefix else ""
-        r = self._checked("LIST uploads", lambda: self.client.list_multipart_uploads(Bucket=self.url.bucket,
-                                                                                      Prefix=full))
-        return [(u["Key"], u["UploadId"]) for u in r.get("Uploads") or []]
+        out: list[tuple[str, str, float]] = []
+        marker: dict[str, Any] = {}
+        while True:
+            r: dict[str, Any] = self._checked("LIST uploads", functools.partial(
+                self.client.list_multipart_uploads, Bucket=self.url.bucket, Prefix=full, **marker))
+            out += [(u["Key"], u["UploadId"], u["Initiated"].timestamp() if u.get("Initiated") else 0.0)
+                    for u in r.get("Uploads") or []]
+            if not r.get("IsTruncated"):
+                return out
+            marker = {"KeyMarker": r.get("NextKeyMarker", ""), "UploadIdMarker": r.get("NextUploadIdMarker", "")}
+
+    def abort_upload(self, key: str, upload: str) -> None:
+        self._abort(key, upload)
 
     # --- errors -------------------------------------------------------------------------------
 
@@ -350,6 +365,8 @@ class ObjectStore:
             refused = status_of(exc) == 412 or code_of(exc) in ("PreconditionFailed", "ConditionalRequestConflict")
             if create and refused:
                 raise KeyExists(f"{self.url.bucket}/{what.split(' ', 1)[-1]}: exists") from None
+            if code_of(exc) == "NoSuchUpload":
+                raise UploadAborted(f"{self.url}: {what}: the upload was aborted meanwhile") from None
             raise StoreError(describe_refusal(exc, self.url, what)) from None
         except errors.NoCredentialsError:
             raise StoreError(f"{self.url}: no credentials: give --s3-credentials FILE, or set them as boto3 reads "
