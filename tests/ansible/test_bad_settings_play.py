@@ -36,10 +36,19 @@ CASES: dict[str, dict] = {
     "too-deep": {"hsextract_aux_layer_ids": [1, 3, 40]},
     "no-model": {"hsextract_model_path": "/nonexistent/model"},
     "regenerated-inside": {"hsextract_regenerate": True, "hsextract_regenerated_dir": "{{ hsextract_dataset }}/regen"},
+    # An object store output: "@creds" and "@loose-creds" become credentials files of mode 0600 and 0644.
+    "bucket": {"hsextract_output_dir": "s3://sets/run7", "hsextract_s3_endpoint": "http://127.0.0.1:8333",
+               "hsextract_s3_credentials_src": "@creds"},
+    "bucket-loose-credentials": {"hsextract_output_dir": "s3://sets/run7",
+                                 "hsextract_s3_credentials_src": "@loose-creds"},
+    "bucket-bad-name": {"hsextract_output_dir": "s3://Sets_7/run"},
     "squatted-staging": {},  # its staging directory is made by another user, mode 0777, before the play
 }
 STAGING = "hsextract : Refuse a staging directory another user could have filled."
 NOBODY = 65534
+BUCKET = "hsextract : Check an object-store output with hsextract's own code (its URL, its endpoint, the credentials " \
+         "file's mode)."
+SECRET = "wJalrXUtnFEMI-not-a-real-secret"
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +61,14 @@ def play(tmp_path_factory) -> PlayResult:
     base = {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python"),
             "hsextract_model_path": str(model), "hsextract_dataset": str(REPO / "files" / "datasets" / "demo.jsonl"),
             "hsextract_format": "speculators"}
+    for name, mode in (("creds", 0o600), ("loose-creds", 0o644)):
+        (tmp / name).write_text(f"[default]\naws_access_key_id = AKIDEXAMPLE\naws_secret_access_key = {SECRET}\n")
+        (tmp / name).chmod(mode)
     hosts = {case: {**base, **{k: str(tmp / case / k) for k in ("hsextract_output_dir", "hsextract_state_dir",
-                                                                  "hsextract_config_dir", "hsextract_dump_dir")},
-                    **overrides} for case, overrides in CASES.items()}
+                                                                  "hsextract_config_dir", "hsextract_dump_dir",
+                                                                  "hsextract_work_dir")},
+                    **{k: str(tmp / v[1:]) if str(v).startswith("@") else v for k, v in overrides.items()}}
+             for case, overrides in CASES.items()}
     squat = Path(hosts["squatted-staging"]["hsextract_dump_dir"])
     squat.mkdir(parents=True)
     squat.chmod(0o777)
@@ -131,6 +145,25 @@ def test_a_staging_directory_another_user_made_stops_the_play_before_it_is_taken
     assert task == STAGING
     assert msg.startswith("hsextract_dump_dir=") and "exists and is a directory of nobody, mode 0777" in msg
     assert "rm -rf" in msg
+
+
+def test_a_bucket_output_with_its_credentials_file_passes_and_no_secret_is_printed(play):
+    assert play.failed_tasks("bucket") == []
+    ran = [name for name, _ in play.task_results("bucket")]
+    assert BUCKET in ran and "hsextract : Write the run config that every hsextract subcommand reads." in ran
+    assert SECRET not in play.log
+
+
+def test_a_credentials_file_others_can_read_stops_the_play_naming_the_variable(play):
+    task, msg = refusal(play, "bucket-loose-credentials")
+    assert task == BUCKET
+    assert "hsextract_s3_credentials_src" in msg and "chmod 600" in msg and SECRET not in msg
+    assert SECRET not in play.log
+
+
+def test_a_bucket_name_s3_refuses_stops_the_play(play):
+    task, msg = refusal(play, "bucket-bad-name")
+    assert task == BUCKET and "not a valid bucket name" in msg
 
 
 def test_extract_yml_checks_the_settings_first_whatever_the_tags():

@@ -88,3 +88,25 @@ def test_a_host_of_another_run_and_one_not_pulled_stop_the_play_naming_each_afte
     assert "run identity is '0badc0de', expected 'c011ec70' (as host a has it)" in r.stdout
     assert sorted(e.dataset_index for e in iter_entries(tmp_path / "collected")) == [x for x in fleet.samples
                                                                                      if x % 3 == 0]
+
+
+def test_a_run_into_a_bucket_is_collected_in_place_from_the_hosts_prefixes(tmp_path):
+    from support.bucket_sets import drain_fleet, published, target
+    from support.s3_server import WeedServer
+
+    ansible_bin()
+    weed = WeedServer(tmp_path / "weed-data").start()
+    try:
+        bucket = weed.new_bucket()
+        creds = weed.credentials_file(tmp_path / "s3.credentials")
+        staged = drain_fleet(weed, bucket, creds, tmp_path / "fleet")
+        r = play(tmp_path, {"a": f"s3://{bucket}/run", "b": f"s3://{bucket}/run"},
+                 hsextract_s3_endpoint=weed.endpoint, hsextract_s3_credentials_src=str(creds),
+                 collect_work_dir=str(tmp_path / "set-work"), collect_into=f"s3://{bucket}/run/set")
+        assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+        assert f"collected {len(staged)} new samples into s3://{bucket}/run/set" in r.stdout, r.stdout[-3000:]
+        entries = published(target(weed, bucket, "run/set", creds))
+        assert [e.dataset_index for e in entries] == sorted(staged)
+        assert weed.secret_key not in r.stdout + r.stderr
+    finally:
+        weed.stop()

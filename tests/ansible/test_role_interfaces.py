@@ -78,7 +78,7 @@ def set_by_hsextract_role() -> set[str]:
 
 
 def test_the_reads_are_found_in_tasks_conditions_and_templates():
-    assert {"hsextract_output_dir", "hsextract_rid_prefix"} <= public_reads("smoke_test")  # a task and a condition
+    assert {"hsextract_output_local", "hsextract_rid_prefix"} <= public_reads("smoke_test")  # a task and a condition
     assert {"hsextract_capture_package", "sglang_server_profile"} <= public_reads("sglang_server")  # the unit
     assert "sglang_server__health" not in public_reads("sglang_server")  # private: registered by the role
 

@@ -43,7 +43,21 @@ def test_ansible_sees_the_filters_under_their_hsextract_names():
         "hsextract_client_processes_problem": checks.client_processes_problem,
         "hsextract_process_shards": checks.process_shards,
         "hsextract_summary_path": checks.summary_path,
+        "hsextract_output_problem": checks.output_problem,
     }
+
+
+def test_a_bad_bucket_url_and_a_credentials_file_others_can_read_are_refused_naming_the_variable(tmp_path):
+    assert "hsextract_output_dir" in checks.output_problem("s3://Bad_Bucket/x")
+    assert checks.output_problem("/a/directory", "/nonexistent") == ""
+    creds = tmp_path / "creds"
+    creds.write_text("[default]\naws_access_key_id = AKIDEXAMPLE\naws_secret_access_key = s3cr3t\n")
+    creds.chmod(0o644)
+    problem = checks.output_problem("s3://sets/run", str(creds))
+    assert "hsextract_s3_credentials_src" in problem and "chmod 600" in problem and "s3cr3t" not in problem
+    creds.chmod(0o600)
+    assert checks.output_problem("s3://sets/run", str(creds), "http://127.0.0.1:8333") == ""
+    assert "hsextract_s3_endpoint" in checks.output_problem("s3://sets/run", str(creds), "127.0.0.1:8333")
 
 
 def test_the_plugin_and_what_it_imports_need_only_the_standard_library():

@@ -271,3 +271,27 @@ def test_the_drain_role_refuses_a_selfcheck_server_that_is_not_a_url(tmp_path):
     assert r.returncode != 0
     assert "drain_daemon_selfcheck_server=127.0.0.1:30000: give the server's URL" in r.stdout, r.stdout[-3000:]
     assert "Install the drain daemon unit" not in r.stdout
+
+
+BUCKET_SECRET = "wJalrXUtnFEMI-not-a-real-secret"
+
+
+def test_a_bucket_output_renders_the_hosts_prefix_its_work_directory_and_only_the_credentials_path(tmp_path):
+    creds = tmp_path / "s3.credentials"
+    creds.write_text(f"[default]\naws_access_key_id = AKIDEXAMPLE\naws_secret_access_key = {BUCKET_SECRET}\n")
+    creds.chmod(0o600)
+    render_cases(tmp_path, {"gpu-7": {"hsextract_output_dir": "s3://sets/run7", "hsextract_s3_endpoint":
+                                      "http://10.0.0.5:8333", "hsextract_s3_credentials_src": str(creds)}})
+    case = tmp_path / "cases" / "gpu-7"
+    config = json.loads((case / "run.json").read_text())
+    work = "/var/lib/hsextract/objectstore/sets/run7/gpu-7"
+    assert config["output"] == "s3://sets/run7/gpu-7"
+    assert config["work_dir"] == work
+    assert config["s3_endpoint"] == "http://10.0.0.5:8333"
+    assert config["s3_credentials"] == "/etc/hsextract/s3.credentials"
+    for unit in ("drain", "client"):
+        text = (case / f"{unit}.service").read_text()
+        assert BUCKET_SECRET not in text and "AKIDEXAMPLE" not in text
+        rw = Unit(case / f"{unit}.service").keys["ReadWritePaths"][0].split()
+        assert f"-{work}" in rw and not any("s3://" in p for p in rw)
+    assert BUCKET_SECRET not in (case / "run.json").read_text()

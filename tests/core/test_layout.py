@@ -18,7 +18,7 @@ from hsextract import layout
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_FILES = sorted([*(REPO / "roles").rglob("*.yml"), *(REPO / "roles").rglob("*.j2"),
                         *(REPO / "playbooks").glob("*.yml"), REPO / "extract.yml"])
-DERIVED = re.compile(r"^\{\{ (hsextract_\w+_dir) \| hsextract_layout_path\('(\w+)'\) \}\}$")
+DERIVED = re.compile(r"^\{\{ (hsextract_\w+_(?:dir|local)) \| hsextract_layout_path\('(\w+)'\) \}\}$")
 
 
 def test_no_role_or_playbook_spells_a_path_inside_the_output_bookkeeping():

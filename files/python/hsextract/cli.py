@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drain": ("hsextract.drain.command", "move staged dumps into the training set (daemon)"),
     "finalize": ("hsextract.drain.finalize_command", "write the dataset-level files of an output directory"),
     "draft-config": ("hsextract.draft_command", "write a set's EAGLE-3 draft config and SpecForge run file"),
+    "pull": ("hsextract.objectstore.pull", "download a set from a bucket into a directory, every object checked"),
     "collect": ("hsextract.collect.command", "bring many hosts' training sets into one, verified (resumable)"),
     "fleet": ("hsextract.fleet.command", "judge the hosts of a fleet as one run: their plans, their progress"),
     "plan": ("hsextract.plan.command", "size a run from its dataset before starting it (bytes, time, room)"),

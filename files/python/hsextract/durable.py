@@ -275,9 +275,10 @@ class HashingFileSink:
             self._kicked = self._on_disk
 
 
-def write_payload_durably(path: str | Path, payload: object, hasher: object) -> int:
-    """Create `path`, stream the payload into it while hashing, fsync; remove it on failure. Returns bytes."""
-    with _new_durable_file(path) as fd:
+def write_payload_durably(path: str | Path, payload: object, hasher: object, durable: bool = True) -> int:
+    """Create `path`, stream the payload into it while hashing, fsync (unless not `durable`: a file
+    that is only a step on the way, e.g. to a bucket); remove it on failure. Returns bytes."""
+    with _new_durable_file(path, durable=durable) as fd:
         sink = HashingFileSink(fd, hasher)
         payload.write_to(sink)  # type: ignore[attr-defined]
         sink.flush()

@@ -29,6 +29,8 @@ from hsextract.layout import (
     rejects_path,
     state_dir,
 )
+from hsextract.objectstore.output import resolve_output
+from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.report import ProblemFiles, RunView, status_lines
 from hsextract.status_collected import collected_view, print_collected_status, read_collect_report
@@ -37,7 +39,9 @@ FINISHED_STATES = ("done", "stopped")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", help="training-set directory of the run")
+    parser.add_argument("--output", help="training-set directory of the run, or its s3://bucket/prefix (with the "
+                                         "drain's --work-dir)")
+    add_work_dir_argument(parser)
     parser.add_argument("--stale-after", type=float, default=60.0,
                         help="seconds after which a running drain's status counts as stale (default 60)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -116,6 +120,17 @@ def dataset_files_problem(output: str | Path, drain: dict[str, Any] | None, file
             f"samples in the set, so a trainer would not read the others: {why}")
 
 
+def bucket_problem(drain: dict[str, Any] | None, now: float) -> str:
+    """The problem of a drain whose bucket's server does not answer (it waits), or ''."""
+    store = (drain or {}).get("objectstore") or {}
+    since = float(store.get("unreachable_since") or 0)
+    if not since or (drain or {}).get("state") in FINISHED_STATES:
+        return ""
+    at = time.strftime("%H:%M:%S", time.localtime(since))
+    return (f"the object store {store.get('url', '?')} has not answered for {now - since:.0f} s (since {at}): the "
+            "drain waits and retries, nothing staged is lost, and the client pauses when staging fills")
+
+
 def start_refusal(client: dict[str, Any] | None) -> str:
     """The problem of a client whose last start was refused, or ''."""
     refused = (client or {}).get("start_refused")
@@ -128,6 +143,8 @@ def start_refusal(client: dict[str, Any] | None) -> str:
 def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise ConfigError("status needs --output (on the command line or in --config)")
+    shown = str(args.output)
+    args.output = resolve_output(args.output, args)[0]  # a bucket's run is seen in its work directory
     drain = _read(drain_status_path(args.output))
     collected = read_collect_report(args.output) if drain is None else None
     if collected is not None:  # a set made by hsextract collect: no drain writes it
@@ -143,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
     refusal = start_refusal(client)
     if refusal:
         problems = [refusal, *problems]
+    unreachable = bucket_problem(drain, now)
+    if unreachable:
+        problems = [unreachable, *problems]
     files = dataset_files(args.output, drain)
     behind = dataset_files_problem(args.output, drain, files)
     if behind:
@@ -157,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
                           "dataset_files": None if files is None else
                           {"samples": files[0], "of": files[1], "current": files[0] == files[1]}}, indent=2))
     else:
-        view = RunView(output=str(args.output), files=problem_files(args.output, drain, [s.shard for s in shards]),
+        view = RunView(output=shown, files=problem_files(args.output, drain, [s.shard for s in shards]),
                        drain=drain, client=client,
                        healthy=health[0], health=health[1], now=now, problems=problems,
                        counts=accounts.lines_of_text() if accounts else [],

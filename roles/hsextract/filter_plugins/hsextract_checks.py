@@ -29,6 +29,8 @@ if str(_SOURCE) not in sys.path:
 
 from hsextract import layers, layout, model_info, records, shard  # noqa: E402
 from hsextract.errors import ConfigError  # noqa: E402
+from hsextract.objectstore import settings as store_settings  # noqa: E402
+from hsextract.objectstore import url as store_url  # noqa: E402
 
 _parse_shard = shard.parse_shard  # for `layout_path`, whose parameter `shard` hides the module
 
@@ -188,6 +190,25 @@ def layout_path(directory: str, name: str, shard: str = "") -> str:
     return str(files[name](str(directory)))
 
 
+def output_problem(output_dir: str, credentials_src: str = "", endpoint: str = "") -> str:
+    """What is wrong with an ``hsextract_output_dir`` of ``s3://bucket/prefix`` and its object-store
+    settings ("" for a directory, or when nothing is): the URL, the endpoint's form, and the
+    controller's credentials file (its mode 0600 and its keys; never what they are)."""
+    output_dir = str(output_dir)
+    if not store_url.is_object_url(output_dir):
+        return ""
+    try:
+        store_url.parse_object_url(output_dir, "hsextract_output_dir")
+        store_settings.settings_from(str(endpoint or ""), "", "")
+        if credentials_src:
+            store_settings.read_credentials_file(str(credentials_src))
+    except ConfigError as exc:
+        text = str(exc).replace("--s3-credentials", "hsextract_s3_credentials_src").replace(
+            "--s3-endpoint", "hsextract_s3_endpoint")
+        return f"{text}."
+    return ""
+
+
 class FilterModule:
     """The filters, as Ansible names them."""
 
@@ -202,4 +223,5 @@ class FilterModule:
             "hsextract_client_processes_problem": client_processes_problem,
             "hsextract_process_shards": process_shards,
             "hsextract_summary_path": summary_path,
+            "hsextract_output_problem": output_problem,
         }

@@ -25,6 +25,8 @@ from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import parse_ids
+from hsextract.objectstore.output import resolve_output
+from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.report import client_lines
 from hsextract.retry import RetryPolicy
 from hsextract.shard import parse_process, parse_shard, sub_shard
@@ -47,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "save_to_disk; ShareGPT, OpenAI messages (tools, reasoning) or pre-tokenized rows")
     g.add_argument("--model", help="the served model's directory (its tokenizer and chat template are used)")
     g.add_argument("--dump-dir", help="the capture's staging directory (records are written there too)")
-    g.add_argument("--output", help="the training set's output directory (shared with the drain)")
+    g.add_argument("--output", help="the training set's output directory (shared with the drain), or "
+                                    "s3://bucket/prefix: then the client works in the drain's --work-dir")
+    add_work_dir_argument(g)
     g.add_argument("--format", choices=FORMAT_NAMES,
                    help="the training set's format (the drain's); the capture must stage what it needs")
     g.add_argument("--rid-prefix", default=_default("rid_prefix"),
@@ -110,7 +114,7 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         dataset=Path(args.dataset),
         model=Path(args.model),
         dump_dir=Path(args.dump_dir),
-        output=Path(args.output),
+        output=resolve_output(args.output, args)[0],
         format=args.format,
         rid_prefix=args.rid_prefix,
         max_in_flight=int(args.max_in_flight),

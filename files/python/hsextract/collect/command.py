@@ -19,13 +19,16 @@ from hsextract.collect.config import DEFAULT_WORKERS, CollectConfig
 from hsextract.collect.hosts import parse_host_argument
 from hsextract.drain.command import add_draft_vocab_arguments, draft_vocab_settings
 from hsextract.errors import ConfigError
+from hsextract.objectstore.settings import add_store_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("hosts", nargs="*", metavar="[NAME=]HOST_OUTPUT",
                         help="each host's output directory (the drain's --output, or rsync's copy of it); NAME "
                              "defaults to the directory's name. After --draft-vocab-size, put them after --")
-    parser.add_argument("--into", help="the collected set's directory (created; collecting again adds what is new)")
+    parser.add_argument("--into", help="the collected set's directory (created; collecting again adds what is new), "
+                                       "or s3://bucket/prefix: the hosts' s3:// prefixes merged in place, by "
+                                       "server-side copies (docs/object-store.md)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--link", action="store_true",
                       help="hard-link the hosts' sample files instead of copying them (no space used; the host "
@@ -46,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a host drain's status older than this no longer counts as a drain at work "
                              "(default 60)")
     add_draft_vocab_arguments(parser)
+    add_store_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
@@ -67,8 +71,49 @@ def config_from_args(args: argparse.Namespace) -> CollectConfig:
     )
 
 
+def run_in_bucket(args: argparse.Namespace) -> int:
+    """`--into s3://...`: every host an s3:// prefix on the same server, merged in place."""
+    from hsextract.objectstore.collect import collect_in_place
+    from hsextract.objectstore.output import resolve_output
+    from hsextract.objectstore.store import ObjectStore
+    from hsextract.objectstore.url import is_object_url, parse_object_url
+
+    if args.link or args.move:
+        raise ConfigError("--link and --move are for directories: a bucket's samples are copied by the server")
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: give at least 1")
+    sizes, vocab_size = draft_vocab_settings(args)
+    work, target = resolve_output(args.into, args)
+    assert target is not None
+    hosts = []
+    for text in args.hosts:
+        name, sep, url = text.partition("=")
+        if not sep:
+            name, url = "", text
+        if not is_object_url(url):
+            raise ConfigError(f"host {text!r}: with --into s3://..., give each host's s3://bucket/prefix")
+        parsed = parse_object_url(url, "host")
+        hosts.append((name or parsed.prefix.rsplit("/", 1)[-1], ObjectStore(parsed, target.settings)))
+    if not hosts:
+        raise ConfigError("collect needs at least one host output (NAME=s3://bucket/prefix)")
+    names = [n for n, _ in hosts]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"host names given twice: {', '.join(sorted(names))}: name each host once (NAME=URL)")
+    work.mkdir(parents=True, exist_ok=True)
+    result = collect_in_place(ObjectStore(target.url, target.settings), hosts, work,
+                              None if args.no_draft_vocab else sizes, vocab_size, workers=args.workers * 4)
+    print("\n".join(result.lines), file=sys.stderr)
+    print(json.dumps({"exit_code": result.exit_code, "collected_now": result.collected_now, "samples": result.total,
+                      "into": str(target.url)}, sort_keys=True))
+    return result.exit_code
+
+
 def run(args: argparse.Namespace) -> int:
     from hsextract.collect.runner import collect
+    from hsextract.objectstore.url import is_object_url
+
+    if is_object_url(args.into or ""):
+        return run_in_bucket(args)
 
     result = collect(config_from_args(args))
     print("\n".join(result.lines), file=sys.stderr)

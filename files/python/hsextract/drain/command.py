@@ -7,6 +7,7 @@ recovers from any crash (see hsextract.drain.core).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,6 +20,8 @@ from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import CONVENTIONS, parse_ids, resolve
 from hsextract.layout import FAILURES
+from hsextract.objectstore.output import resolve_output
+from hsextract.objectstore.settings import add_store_arguments
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
 
@@ -27,7 +30,8 @@ log = logging.getLogger("hsextract.drain")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-dir", required=False, help="staging directory the capture writes (in /dev/shm)")
-    parser.add_argument("--output", required=False, help="training-set directory to write")
+    parser.add_argument("--output", required=False,
+                        help="training-set directory to write, or s3://bucket/prefix (docs/object-store.md)")
     parser.add_argument("--format", choices=FORMAT_NAMES, help="trainer format of the training set")
     parser.add_argument("--model", help="model directory: hidden size, layer count and dtype every dump must match")
     parser.add_argument("--aux-layers", help="aux layer ids every dump must have, e.g. 1,29,57 (default: the model's)")
@@ -68,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the mean absolute error of a sample's compared logprobs above which it is quarantined "
                              f"as logprob_mismatch (default {DEFAULT_MAX_MEAN_ABS_ERROR:g})")
     add_draft_vocab_arguments(parser)
+    add_store_arguments(parser)
+    parser.add_argument("--uploads", type=int, default=8,
+                        help="with --output s3://...: samples uploaded at once (default 8)")
+    parser.add_argument("--s3-part-size", type=int, default=32 << 20, metavar="BYTES",
+                        help="with --output s3://...: a sample of two parts or more goes up in parts of this size "
+                             "(default 32 MiB, at least 5 MiB)")
     parser.add_argument("--vocab-checkpoint-interval", type=float, default=30.0,
                         help="seconds between checkpoints of the token counts (a restart recounts what came after)")
     add_config_argument(parser)
@@ -117,9 +127,18 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         raise ConfigError(f"drain needs {', '.join(missing)} (on the command line or in --config)")
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: give at least 1")
+    output, bucket = resolve_output(args.output, args)
+    if bucket is not None:
+        if args.uploads < 1:
+            raise ConfigError(f"--uploads {args.uploads}: give at least 1")
+        if args.s3_part_size < 5 << 20:
+            raise ConfigError(f"--s3-part-size {args.s3_part_size}: S3's smallest part is 5 MiB (5242880 bytes)")
+        bucket = dataclasses.replace(bucket, uploads=args.uploads, part_size=args.s3_part_size)
+        output.mkdir(parents=True, exist_ok=True)
     cfg = DrainConfig(
         dump_dir=Path(args.dump_dir),
-        output=Path(args.output),
+        output=output,
+        object_store=bucket,
         format=args.format,
         memory_budget_bytes=args.memory_budget,
         quarantine_dir=Path(args.quarantine_dir) if args.quarantine_dir else None,

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hsextract.layout import default_quarantine_dir
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
+
+if TYPE_CHECKING:
+    from hsextract.objectstore.output import ObjectOutput
 
 # One worker per core up to 8: measured on 2 and 16 cores, more threads than cores only contend.
 DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
@@ -76,6 +80,9 @@ class DrainConfig:
     # their prompt logprobs ("" = off), and the mean absolute error a sample may have.
     selfcheck_server: str = ""
     selfcheck_logprob_bound: float = DEFAULT_MAX_MEAN_ABS_ERROR
+    # The set goes to a bucket (``--output s3://...``): `output` is then the local work directory
+    # (hsextract.objectstore.output), and the samples and dataset-level files go to the bucket.
+    object_store: ObjectOutput | None = None
 
     @property
     def worker_processes(self) -> int:

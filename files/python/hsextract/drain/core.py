@@ -57,7 +57,10 @@ from hsextract.durable import check_writable, is_no_space
 from hsextract.finalized import record_finalized
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
+from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.layout import drain_tmp_dir
+from hsextract.objectstore.drain_side import BucketSide
+from hsextract.objectstore.store import Stopped
 from hsextract.output_lock import OutputLock
 from hsextract.reconcile import read_accounts
 from hsextract.staging import run_dumps
@@ -68,6 +71,8 @@ log = logging.getLogger("hsextract.drain")
 RUN_CHECK_FAILED = 3
 # Exit status of a drain that finished its run but could not write the dataset-level files.
 FINALIZE_FAILED = 4
+# A bucket's server that did not answer a finalize is asked again after this long.
+FINALIZE_RETRY_S = 5.0
 
 __all__ = ["FINALIZE_FAILED", "RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
 
@@ -92,6 +97,10 @@ class Drainer:
         self._processes: WorkerProcesses | None = None  # the worker processes, where the workers are processes
         self._finalized_at_count = -1
         self._finalize_problem = ""  # why the dataset-level files lag behind the manifest at the end
+        # A bucket as the set's home (hsextract.objectstore): its store, and how its samples' tokens
+        # are read back for the dataset-level files; None for a directory.
+        self._bucket: BucketSide | None = None
+        self._finalize_later_at = 0.0  # a bucket's server did not answer: no finalize before then
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -130,6 +139,7 @@ class Drainer:
             log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
             exit_code = exit_code or FINALIZE_FAILED
         self.stats.set(finalize_problem=self._finalize_problem)
+        self._publish_bucket_state()
         self._outcomes.write_status()
         log.info("drain stopped: %d samples written by this process, %d in the manifest",
                  self.stats.samples, self.stats.samples_total)
@@ -139,10 +149,18 @@ class Drainer:
         """Bring the output directory to a consistent state after whatever happened before, and
         build the parts that work on it."""
         cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
+        if cfg.object_store is not None:
+            # Before the work directory is read: it is made equal to the bucket, the truth.
+            self._bucket = BucketSide.start(cfg, self.fmt, self.stop_event)
         found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
-        committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
+        committer: Committer
+        if self._bucket is not None:
+            committer = self._bucket.committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries,
+                                               self._outcomes)
+        else:
+            committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
         self._selfcheck = make_selfcheck(cfg, stop=self.stop_event, publish=lambda c: self.stats.set(selfcheck=c))
         if cfg.worker_processes:
             self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
@@ -151,13 +169,14 @@ class Drainer:
         vocab = self._vocab
         worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
                               commit=committer.put, events=self._outcomes, selfcheck=self._selfcheck,
-                              processes=self._processes, count_vocab=lambda: vocab.counting)
+                              processes=self._processes, count_vocab=lambda: vocab.counting,
+                              durable_tmp=self._bucket is None)
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
         self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
                        tokens_total=sum(e.tokens for e in found.entries),
                        bytes_total=sum(e.bytes for e in found.entries))
-        self._vocab.recover(found.entries)
+        self._vocab.recover(found.entries, self._bucket.tokens if self._bucket is not None else None)
         scanner = Scanner(cfg, found.run_id, inflight=self._inflight, committer=committer, worker=worker,
                           clients=self._clients, outcomes=self._outcomes, stop=self.stop_event)
         scanner.sweep_records(time.time(), force=True)
@@ -196,6 +215,7 @@ class Drainer:
             submitted = scanner.scan_and_submit(pool)
             now = time.monotonic()
             if now - last_status >= self.cfg.status_interval_s:
+                self._publish_bucket_state()
                 self._outcomes.write_status()
                 last_status = now
             if submitted == 0 and self._inflight.idle():
@@ -208,6 +228,10 @@ class Drainer:
             wake.wait(self._wait_s())
             wake.clear()
         return False
+
+    def _publish_bucket_state(self) -> None:
+        if self._bucket is not None:
+            self.stats.set(objectstore=self._bucket.status())
 
     def _wait_s(self) -> float:
         """How long the main loop waits for a wake: a freed slot, a settled sample or a stop wake
@@ -257,14 +281,15 @@ class Drainer:
         header = self._header.header if self._header is not None else None
         if n == self._finalized_at_count or header is None:
             return
+        if time.monotonic() < self._finalize_later_at and not self.stop_event.is_set():
+            return
         while True:
             try:
-                paths = self.fmt.finalize(self.out, header, list(committer.entries))
-                self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
-                paths += write_draft_files_logged(self.out, header, committer.entries, self.cfg.model_path,
-                                                  self.cfg.draft_vocab_sizes)
-                record_finalized(self.out, n)
+                paths = self._write_dataset_files(header, committer.entries, n)
                 break
+            except Stopped as exc:  # a bucket's server does not answer: the files wait for it
+                self._finalize_waits_for_bucket(n, exc)
+                return
             except OSError as exc:
                 if not is_no_space(exc):
                     raise
@@ -277,10 +302,30 @@ class Drainer:
                     return
                 self._outcomes.pause_for_space(self.out, exc)
         self._finalized_at_count = n
+        self._finalize_later_at = 0.0
         self._finalize_problem = ""
         self.stats.set(finalized_samples=n)
         if paths:
             log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
+
+    def _write_dataset_files(self, header: ManifestHeader, entries: list[ManifestEntry], n: int) -> list[Path]:
+        """The format's, the draft vocabulary's and the config files, then the record that they cover
+        `n` samples; published to the bucket where the set is one."""
+        tokens = self._bucket.tokens if self._bucket is not None else None
+        paths = self.fmt.finalize(self.out, header, list(entries), tokens)
+        self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
+        paths += write_draft_files_logged(self.out, header, entries, self.cfg.model_path, self.cfg.draft_vocab_sizes)
+        record_finalized(self.out, n)
+        if self._bucket is not None:
+            self._bucket.publish_dataset_files(self.out)
+        return paths
+
+    def _finalize_waits_for_bucket(self, n: int, exc: Stopped) -> None:
+        if not self._finalize_later_at:
+            log.warning("the dataset-level files for %d samples wait for the bucket: %s", n, exc)
+        self._finalize_problem = (f"the dataset-level files for {n} samples are not yet in the bucket: {exc}; the "
+                                  "drain writes them once the server answers")
+        self._finalize_later_at = time.monotonic() + FINALIZE_RETRY_S
 
     def _check_run(self) -> int:
         """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""

@@ -19,15 +19,18 @@ from hsextract.config_file import add_config_argument
 from hsextract.drain.command import add_draft_vocab_arguments, draft_vocab_settings
 from hsextract.errors import ConfigError
 from hsextract.finalized import record_finalized
+from hsextract.objectstore.settings import add_store_arguments
+from hsextract.objectstore.url import is_object_url
 from hsextract.output_lock import OutputLock
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", help="training-set directory (the drain's --output)")
+    parser.add_argument("--output", help="training-set directory (the drain's --output), or s3://bucket/prefix")
     parser.add_argument("--verify", action="store_true",
                         help="check that every sample's file is its row's (name, size, checksum, token count, "
                              "fingerprint), and the draft vocabulary's counts against a recount")
     add_draft_vocab_arguments(parser)
+    add_store_arguments(parser)
     add_config_argument(parser)
 
 
@@ -35,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise ConfigError("finalize needs --output (on the command line or in --config)")
     sizes, vocab_size = draft_vocab_settings(args)
+    if is_object_url(args.output):
+        return _finalize_bucket(args, sizes, vocab_size)
     out = Path(args.output)
     # A drain of this output rewrites what finalize writes and reads (hsextract.output_lock): refuse
     # while one runs, and keep one from starting meanwhile. Verifying alone needs no write access.
@@ -115,6 +120,28 @@ def _verify_vocab(out: Path, fmt, sizes, entries) -> int:
     print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
           f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' files")
     return len(problems)
+
+
+def _finalize_bucket(args: argparse.Namespace, sizes: tuple[int, ...], vocab_size: int | None) -> int:
+    """A set in a bucket: checked from its objects (`--verify`, anywhere the bucket is reachable),
+    or its dataset-level files rewritten in its work directory and published."""
+    from hsextract.objectstore.output import recorded_target, resolve_output
+    from hsextract.objectstore.store import ObjectStore
+    from hsextract.objectstore.verify import finalize_bucket, verify_bucket
+
+    work, target = resolve_output(args.output, args)
+    assert target is not None
+    recorded = recorded_target(work)
+    if recorded is not None and recorded.url == target.url and not any(
+            (args.s3_endpoint, args.s3_region, args.s3_credentials)):
+        target = recorded  # how the drain reached it (the endpoint and the credentials file's path)
+    store = ObjectStore(target.url, target.settings)
+    if args.verify:
+        return verify_bucket(store, sizes, check_vocab=not args.no_draft_vocab)
+    with OutputLock(work, "finalize"):
+        sent = finalize_bucket(store, work, sizes, vocab_size, count_vocab=not args.no_draft_vocab)
+    print(f"{target.url}: published {', '.join(sent) or 'nothing new'}")
+    return 0
 
 
 def _torn_tail(path: Path) -> int:

@@ -54,6 +54,9 @@ class DrainStats:
     finalized_samples: int | None = None  # the samples the dataset-level files were last written for
     finalize_problem: str = ""  # why they lag behind the manifest, when the drain stops with them behind
     paused_reason: str = ""
+    # Where the set goes when it is a bucket (hsextract.objectstore): the URL, segments published,
+    # since when the server does not answer (0: it answers). Never a credential.
+    objectstore: dict = field(default_factory=dict)
     state: str = "starting"
     started_at: float = field(default_factory=time.time)
     _recent: deque = field(default_factory=deque)  # (time, samples, tokens, bytes)
@@ -116,6 +119,7 @@ class DrainStats:
                 "stale_removed": sum(self.stale_removed.values()),
                 "stale_removed_by_reason": dict(self.stale_removed),
                 "paused_reason": self.paused_reason,
+                **({"objectstore": dict(self.objectstore)} if self.objectstore else {}),
                 "started_at": self.started_at,
                 "updated_at": now,
             }

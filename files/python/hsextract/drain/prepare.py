@@ -39,6 +39,9 @@ class Job:
     expected: v.Expected  # what every dump of the run must look like
     checksum_algorithm: str  # the manifest header's
     count_vocab: bool  # count the sample's loss-masked tokens (the draft vocabulary)
+    # fsync the temporary file: it becomes the set's file by a rename. Not for a bucket, where it is
+    # only read back for the upload: a crash before the upload leaves the dump staged anyway.
+    durable: bool = True
 
 
 @dataclass
@@ -189,7 +192,7 @@ def _write_temporary(fmt: OutputFormat, tmp_dir: Path, job: Job, sample: Sample)
     record = job.record
     tmp = tmp_dir / f"{record.rid}.tmp"
     hasher = new_hasher(job.checksum_algorithm)
-    nbytes = write_payload_durably(tmp, fmt.encode(sample), hasher)
+    nbytes = write_payload_durably(tmp, fmt.encode(sample), hasher, durable=job.durable)
     checksum = f"{job.checksum_algorithm}:{hasher.hexdigest()}"
     # Counted from the very tensors written.
     counts = masked_counts(sample.input_ids, sample.loss_mask) if job.count_vocab else None

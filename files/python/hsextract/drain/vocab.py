@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hsextract.drain.config import DrainConfig
-from hsextract.formats.base import OutputFormat
+from hsextract.formats.base import OutputFormat, TokenReader
 from hsextract.formats.manifest import ManifestEntry
 from hsextract.vocab.mapping import VocabError
 from hsextract.vocab.tracker import VocabTracker
@@ -34,13 +34,14 @@ class DrainVocab:
         self._pending: dict[str, tuple] = {}  # rid -> the counts of a prepared sample, until its commit
         self._lock = threading.Lock()
 
-    def recover(self, entries: Sequence[ManifestEntry]) -> None:
+    def recover(self, entries: Sequence[ManifestEntry], tokens: TokenReader | None = None) -> None:
         """Start counting where the manifest's `entries` end (the checkpoint, and a recount of the
         files past it); unless the configuration switches the vocabulary off."""
         cfg = self._cfg
         if not cfg.count_vocab:
             return
-        tracker = VocabTracker(Path(cfg.output), self._fmt, cfg.draft_vocab_sizes, cfg.vocab_checkpoint_interval_s)
+        tracker = VocabTracker(Path(cfg.output), self._fmt, cfg.draft_vocab_sizes, cfg.vocab_checkpoint_interval_s,
+                               tokens)
         self._tracker = tracker
         try:
             tracker.recover(entries)

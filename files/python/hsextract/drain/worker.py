@@ -91,7 +91,7 @@ class SampleWorker:
     def __init__(self, fmt: OutputFormat, out: Path, tmp_dir: Path, memory_budget_bytes: int, *,
                  header: RunHeader, commit: Callable[[Prepared], None], events: WorkerEvents,
                  selfcheck: GreedySelfCheck | None = None, processes: WorkerProcesses | None = None,
-                 count_vocab: Callable[[], bool] = lambda: False):
+                 count_vocab: Callable[[], bool] = lambda: False, durable_tmp: bool = True):
         self.fmt = fmt
         # The format's file body is the staged bytes, streamed through piece by piece (see SourceRange).
         self._streams_staged = bool(getattr(fmt, "streams_staged", False))
@@ -105,6 +105,7 @@ class SampleWorker:
         self._selfcheck = selfcheck  # the greedy self-check of a share of samples (None: off)
         self._processes = processes
         self._count_vocab = count_vocab  # whether the draft vocabulary is counted (it may stop)
+        self._durable_tmp = durable_tmp  # fsync the temporary files (not when they only go up to a bucket)
 
     def process(self, d: Path, record: SampleRecord) -> None:
         """Prepare the staged dump `d` of `record` within the byte budget, and commit or quarantine it."""
@@ -129,7 +130,7 @@ class SampleWorker:
             header = self._header.header
             job = Job(d, record, self._header.expected(),
                       header.checksum_algorithm if header is not None else default_checksum_algorithm(),
-                      self._count_vocab())
+                      self._count_vocab(), self._durable_tmp)
             if checked or self._processes is None or not self._processes.ready():
                 outcome = prepare(self.fmt, self.tmp_dir, job, self._selfcheck if checked else None)
             else:

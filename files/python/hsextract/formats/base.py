@@ -137,6 +137,11 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return t.reshape(-1).view(torch.uint8).numpy().data
 
 
+# A sample's (input_ids, loss_mask) from its manifest entry, where its file is not beside the
+# dataset-level files (a set in a bucket: hsextract.objectstore.tokens.RemoteTokens).
+TokenReader = Callable[[ManifestEntry], tuple[torch.Tensor, torch.Tensor]]
+
+
 class OutputFormat(Protocol):
     name: str
     final_hidden: str  # where this format's trainer expects the final hidden state
@@ -154,8 +159,10 @@ class OutputFormat(Protocol):
         """The file's contents."""
         ...
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
-        """Write the dataset-level files the reader needs; return the paths written."""
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
+                 tokens: TokenReader | None = None) -> list[Path]:
+        """Write the dataset-level files the reader needs; return the paths written. `tokens` reads
+        a sample's ids and mask where its file is not under `output_dir`."""
         ...
 
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:

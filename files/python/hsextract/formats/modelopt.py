@@ -34,6 +34,7 @@ from hsextract.formats.base import (
     Payload,
     Sample,
     SampleShape,
+    TokenReader,
     TorchSavePayload,
     empty_rows,
     read_torch_tokens,
@@ -97,6 +98,7 @@ class ModelOptFormat:
                             lambda: [byte_rows(obj["aux_hidden_states"]), byte_rows(obj["hidden_states"])],
                             dataset_index=cid if isinstance(cid, int) else None)
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
+                 tokens: TokenReader | None = None) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.
         return []

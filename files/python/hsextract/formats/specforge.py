@@ -25,6 +25,7 @@ from hsextract.formats.base import (
     Payload,
     Sample,
     SampleShape,
+    TokenReader,
     TorchSavePayload,
     empty_rows,
     read_torch_tokens,
@@ -87,6 +88,7 @@ class SpecForgeFormat:
         return StoredSample(shapes, obj["input_ids"].numpy(),
                             lambda: [byte_rows(obj["aux_hidden_state"][0]), byte_rows(obj["hidden_state"][0])])
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
+                 tokens: TokenReader | None = None) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.
         return []

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from hsextract.durable import atomic_write_bytes, fsync_dir
-from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, tensor_bytes
+from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, TokenReader, tensor_bytes
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.formats.stored import StoredSample
 from hsextract.layout import ARROW_BUILD_PREFIX, arrow_build_dir, state_dir
@@ -162,8 +162,9 @@ class SpeculatorsFormat:
             body = [tensor_bytes(sample.hidden), tensor_bytes(sample.input_ids.to(torch.int64))]
         return ChunksPayload([header, *body, mask])
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
-        return [build_arrow_dataset(output_dir, entries)]
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
+                 tokens: TokenReader | None = None) -> list[Path]:
+        return [build_arrow_dataset(output_dir, entries, tokens)]
 
 
 def _read_row(path: Path) -> tuple[list[int], list[int]]:
@@ -215,13 +216,15 @@ def _current_files(out: Path, rows: Sequence[ManifestEntry]) -> tuple[list[str],
     return names, len(lengths)
 
 
-def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]) -> Path:
+def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry],
+                        tokens: TokenReader | None = None) -> Path:
     """Bring the Arrow dataset of `output_dir` up to its manifest entries; return state.json's path.
 
     Only the rows the dataset lacks are read from their files. They are appended to the last data
     file while it is under TAIL_FILE_LIMIT, else written as a new file. The new files get
     build-unique names and ``state.json``, which lists them, is replaced last: a reader sees the old
-    dataset or the new one, never a mix.
+    dataset or the new one, never a mix. `tokens` reads a sample's ids and mask where its file is
+    not in `output_dir` (a set in a bucket: hsextract.objectstore.tokens).
     """
     import datasets
 
@@ -239,7 +242,7 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
         tail = [datasets.Dataset.from_file(str(out / kept.pop()))]
     new: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     for e in rows[covered:]:
-        ids, mask = _read_row(out / e.file)
+        ids, mask = _read_row(out / e.file) if tokens is None else (t.tolist() for t in tokens(e))
         new["input_ids"].append(ids)
         new["loss_mask"].append(mask)
         new["seq_len"].append(len(ids))

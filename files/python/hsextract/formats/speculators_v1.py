@@ -29,6 +29,7 @@ from hsextract.formats.base import (
     Payload,
     Sample,
     SampleShape,
+    TokenReader,
     TorchSavePayload,
     read_torch_tokens,
     torch_save_bytes,
@@ -89,7 +90,8 @@ class SpeculatorsV1Format:
         obj, shapes = load_torch_sample(path, {"input_ids": False, "loss_mask": False, "hidden_states": True})
         return StoredSample(shapes, obj["input_ids"].numpy(), lambda: [byte_rows(t) for t in obj["hidden_states"]])
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry]) -> list[Path]:
+    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
+                 tokens: TokenReader | None = None) -> list[Path]:
         out = Path(output_dir)
         lengths = {str(e.output_index): e.tokens for e in sorted(entries, key=lambda e: e.output_index)}
         atomic_write_bytes(out / LENGTHS_FILE, json.dumps(lengths).encode())

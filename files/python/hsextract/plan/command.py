@@ -26,6 +26,8 @@ from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.layout import plan_path
+from hsextract.objectstore.output import resolve_output
+from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.ops.check_shm import aux_count
 from hsextract.report import binary_size
 
@@ -55,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=FORMAT_NAMES, help=f"the training set's format (default {DEFAULT_FORMAT}); "
                    "bytes are printed for every format, the room check uses this one")
     g.add_argument("--output", help="the training set's directory: its volume is checked; samples it has are "
-                   "counted as written")
+                   "counted as written (s3://bucket/prefix: its --work-dir)")
+    add_work_dir_argument(g)
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template instead of the tokenizer's")
     g.add_argument("--shard", default="0/1", help="this host's share, i/n (default 0/1)")
     g.add_argument("--max-tokens", type=int, default=None,
@@ -104,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def report_path(args: argparse.Namespace) -> Path | None:
     """Where the report is kept: --json, else the output's state directory; None without either (a
     plan asked for no place is written nowhere: not into whatever directory it was started in)."""
-    return args.json or (plan_path(args.output) if args.output else None)
+    return args.json or (plan_path(resolve_output(args.output, args)[0]) if args.output else None)
 
 
 def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str, Any]:
@@ -128,7 +131,8 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     info = read_model_info(args.model)
     dtype_name = info.torch_dtype if info.torch_dtype in DTYPE_BYTES else "bfloat16"
     template = read_template_file(args.chat_template)
-    out = Path(args.output) if args.output else None
+    # A bucket's run is planned in its work directory: the drain's temporary files and bookkeeping.
+    out = resolve_output(args.output, args)[0] if args.output else None
     done = frozenset(completed_indices(out)) if out is not None else frozenset()
     cfg = ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
                        bool(args.last_turn_only), int(args.min_loss_tokens or 0), parse_shard(args.shard), done,

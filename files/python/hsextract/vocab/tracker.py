@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hsextract.formats.base import TokenReader
 from hsextract.formats.manifest import ManifestEntry
 from hsextract.layout import vocab_checkpoint_path, vocab_checkpoint_relpath
 from hsextract.vocab.checkpoint import (
@@ -41,13 +42,14 @@ from hsextract.vocab.mapping import VocabError, clamp_message, resolve_sizes
 log = logging.getLogger("hsextract.vocab")
 
 
-def recount(out: Path, fmt, entries: Sequence[ManifestEntry]) -> TokenCounts:
-    """The loss-masked token counts of `entries`, read back from their files."""
+def recount(out: Path, fmt, entries: Sequence[ManifestEntry], tokens: TokenReader | None = None) -> TokenCounts:
+    """The loss-masked token counts of `entries`, read back from their files (through `tokens`
+    where the files are not under `out`: a set in a bucket)."""
     counts = TokenCounts()
     for e in entries:
         path = Path(out) / e.file
         try:
-            ids, mask = fmt.read_tokens(path)
+            ids, mask = fmt.read_tokens(path) if tokens is None else tokens(e)
             counts.add(*masked_counts(ids, mask))
         except Exception as exc:  # a missing or damaged file: torch, safetensors and numpy raise many kinds
             raise VocabError(
@@ -60,8 +62,10 @@ def recount(out: Path, fmt, entries: Sequence[ManifestEntry]) -> TokenCounts:
 class VocabTracker:
     """The running counts of one output directory, their checkpoint and the trainers' files."""
 
-    def __init__(self, out: Path, fmt, sizes: Sequence[int], checkpoint_interval_s: float = 30.0):
+    def __init__(self, out: Path, fmt, sizes: Sequence[int], checkpoint_interval_s: float = 30.0,
+                 tokens: TokenReader | None = None):
         self.out = Path(out)
+        self.tokens = tokens  # where the sample files are not under `out` (a set in a bucket)
         self.fmt = fmt
         self.sizes = list(sizes)
         self.interval = checkpoint_interval_s
@@ -90,7 +94,7 @@ class VocabTracker:
                 self.discarded = why
                 log.warning("draft vocabulary: recounting all %d samples from their files (%s)", len(entries), why)
         tail = entries[cp.covered:]
-        cp.counts.merge(recount(self.out, self.fmt, tail))
+        cp.counts.merge(recount(self.out, self.fmt, tail, self.tokens))
         with self._lock:
             self.counts, self.covered = cp.counts, len(entries)
             self.last = entry_identity(entries[-1]) if entries else None
@@ -162,7 +166,7 @@ class VocabTracker:
 
     def verify(self, entries: Sequence[ManifestEntry]) -> list[str]:
         """Recount every entry from its file; the problems found with the counts and token_freq, if any."""
-        truth = recount(self.out, self.fmt, entries)
+        truth = recount(self.out, self.fmt, entries, self.tokens)
         counts, covered = self.snapshot()
         problems = []
         if self.discarded:

@@ -1,0 +1,387 @@
+"""One bucket through boto3: conditional creates, multipart, reads, lists, with backoff and clear errors.
+
+Two kinds of failure are told apart here, once, for every caller:
+
+* the server is unreachable or overloaded (refused or reset connections, timeouts, 5xx,
+  SlowDown): `retrying` waits and tries again with exponential backoff (0.5 s doubling to 20 s)
+  until the call succeeds or the caller's stop event is set (`Stopped`): a server stopped
+  mid-run holds the drain, it does not fail it, and nothing staged is lost meanwhile;
+* anything else (refused credentials, a missing bucket, a refused precondition the caller did
+  not expect) is raised at once as `StoreError`, whose message names the bucket and key, never a
+  secret.
+
+A create with ``If-None-Match: *`` that meets an existing key raises `KeyExists`: the caller
+decides (hsextract.objectstore.committer).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hsextract.errors import HsextractError
+from hsextract.objectstore.settings import StoreSettings
+from hsextract.objectstore.url import ObjectURL
+
+log = logging.getLogger("hsextract.objectstore")
+
+T = TypeVar("T")
+
+# A sample file of at least two parts goes up in parts (S3's smallest part is 5 MiB).
+PART_SIZE = 32 << 20
+MIN_PART_SIZE = 5 << 20
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 20.0
+
+
+class StoreError(HsextractError):
+    """The object store refused or failed a request in a way waiting will not fix."""
+
+
+class KeyExists(StoreError):
+    """A create with If-None-Match met a key that exists."""
+
+
+class UploadAborted(StoreError):
+    """A multipart upload was aborted under this writer (by a newer writer that fenced it)."""
+
+
+class Stopped(HsextractError):
+    """The caller was stopped while the server was unreachable."""
+
+
+class Unreachable(Stopped):
+    """The server does not answer, and the caller would rather come back later than wait."""
+
+
+@dataclass
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+    metadata: dict[str, str]
+    last_modified: float = 0.0
+
+
+def _boto():  # imported late: only an object-store output pays for boto3
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    return boto3, botocore.config, botocore.exceptions
+
+
+def make_client(settings: StoreSettings, pool: int = 32) -> Any:
+    """A boto3 S3 client for the settings: path-style addressing (what every self-hosted server
+    takes), botocore's own retries off (ours wait longer and say so), CRC32 sent with every body."""
+    boto3, config, _ = _boto()
+    cfg = config.Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=120,
+                        max_pool_connections=pool, s3={"addressing_style": "path"},
+                        request_checksum_calculation="when_supported", response_checksum_validation="when_supported")
+    return boto3.session.Session().client("s3", config=cfg, **settings.client_kwargs())
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status of a botocore ClientError (0 for anything else)."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return 0
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def code_of(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether waiting may fix it: the server unreachable, overloaded or failing for now."""
+    _, _, errors = _boto()
+    if isinstance(exc, (errors.EndpointConnectionError, errors.ConnectionClosedError, errors.ReadTimeoutError,
+                        errors.ConnectTimeoutError, errors.ConnectionError, errors.ResponseStreamingError)):
+        return True
+    if isinstance(exc, errors.ClientError):
+        status = status_of(exc)
+        return status in (429, 500, 502, 503, 504) or code_of(exc) in ("SlowDown", "RequestTimeout", "InternalError")
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+class ObjectStore:
+    """One bucket and prefix, one client, shared by threads (boto3 clients are thread-safe)."""
+
+    def __init__(self, url: ObjectURL, settings: StoreSettings, stop: threading.Event | None = None,
+                 client: Any = None, pool: int = 32, part_size: int = PART_SIZE, patient: bool = True):
+        self.url = url
+        # Whether `retrying` waits out an unreachable server (the samples' uploads) or raises
+        # `Unreachable` at once (the dataset-level files: the daemon writes them when it can).
+        self.patient = patient
+        self.part_size = max(MIN_PART_SIZE, part_size)
+        self.settings = settings
+        self.stop = stop or threading.Event()
+        self.client = client if client is not None else make_client(settings, pool)
+        self._outage_lock = threading.Lock()
+        self._outage_since = 0.0  # when the server stopped answering (0: it answers)
+        self.retries = 0
+
+    def __str__(self) -> str:
+        return str(self.url)
+
+    @property
+    def outage_since(self) -> float:
+        return self._outage_since
+
+    def impatient(self) -> ObjectStore:
+        """The same bucket and client, raising `Unreachable` instead of waiting."""
+        return ObjectStore(self.url, self.settings, self.stop, client=self.client, part_size=self.part_size,
+                           patient=False)
+
+    # --- waiting out an unreachable server ------------------------------------------------------
+
+    def retrying(self, what: str, call: Callable[[], T]) -> T:
+        """`call()`, tried again with backoff while the server is unreachable; `Stopped` if the stop
+        event is set meanwhile; anything else raised as it came."""
+        delay = BACKOFF_FIRST_S
+        while True:
+            try:
+                result = call()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                self._note_outage(what, exc)
+                if not self.patient:
+                    raise Unreachable(f"{self.url} does not answer ({what})") from exc
+                if self.stop.wait(delay):
+                    raise Stopped(f"stopped while {self.url} did not answer ({what})") from exc
+                delay = min(BACKOFF_MAX_S, delay * 2)
+                continue
+            self._note_back()
+            return result
+
+    def _note_outage(self, what: str, exc: BaseException) -> None:
+        with self._outage_lock:
+            self.retries += 1
+            if not self._outage_since:
+                self._outage_since = time.time()
+                log.warning("object store %s does not answer (%s: %s: %s); waiting and retrying with backoff, "
+                            "nothing staged is lost meanwhile", self.url, what, type(exc).__name__,
+                            str(exc)[:200])
+
+    def _note_back(self) -> None:
+        if self._outage_since:
+            with self._outage_lock:
+                if self._outage_since:
+                    log.warning("object store %s answers again after %.0f s", self.url,
+                                time.time() - self._outage_since)
+                    self._outage_since = 0.0
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """The object's size, ETag and metadata; None if there is none."""
+        _, _, errors = _boto()
+
+        def call() -> ObjectInfo | None:
+            try:
+                r = self.client.head_object(Bucket=self.url.bucket, Key=key)
+            except errors.ClientError as exc:
+                if status_of(exc) == 404:
+                    return None
+                raise
+            return ObjectInfo(key, int(r["ContentLength"]), r.get("ETag", ""), dict(r.get("Metadata") or {}),
+                              r["LastModified"].timestamp() if r.get("LastModified") else 0.0)
+
+        return self._checked(f"HEAD {key}", call)
+
+    def get_bytes(self, key: str, first: int | None = None, last: int | None = None) -> bytes | None:
+        """The object's bytes (or bytes first..last, inclusive); None if there is no such object."""
+        _, _, errors = _boto()
+        kw: dict[str, Any] = {}
+        if first is not None:
+            kw["Range"] = f"bytes={first}-{'' if last is None else last}"
+
+        def call() -> bytes | None:
+            try:
+                r = self.client.get_object(Bucket=self.url.bucket, Key=key, **kw)
+            except errors.ClientError as exc:
+                if status_of(exc) == 404 or code_of(exc) == "NoSuchKey":
+                    return None
+                raise
+            return r["Body"].read()
+
+        return self._checked(f"GET {key}", call)
+
+    def download(self, key: str, dest: Path, algorithm: str = "", chunk: int = 8 << 20) -> tuple[int, str]:
+        """The object into `dest` (created or truncated), hashed on the way with `algorithm` (the
+        manifest's); (byte count, "<algorithm>:<hex>" or "")."""
+        from hsextract.formats.manifest import new_hasher
+
+        def call() -> tuple[int, str]:
+            r = self.client.get_object(Bucket=self.url.bucket, Key=key)
+            n = 0
+            h = new_hasher(algorithm) if algorithm else None
+            with open(dest, "wb") as f:
+                for piece in r["Body"].iter_chunks(chunk):
+                    f.write(piece)
+                    if h is not None:
+                        h.update(piece)
+                    n += len(piece)
+            return n, f"{algorithm}:{h.hexdigest()}" if h is not None else ""
+
+        return self._checked(f"GET {key}", call)
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  metadata: dict[str, str] | None = None, content_type: str = "") -> str:
+        """PUT `data` (with ``If-None-Match: *`` when `create_only`: `KeyExists` if the key exists); its ETag."""
+        kw: dict[str, Any] = {"Bucket": self.url.bucket, "Key": key, "Body": data, "Metadata": metadata or {}}
+        if create_only:
+            kw["IfNoneMatch"] = "*"
+        if content_type:
+            kw["ContentType"] = content_type
+        r = self._checked(f"PUT {key}", lambda: self.client.put_object(**kw), create=create_only)
+        return str(r.get("ETag", ""))
+
+    def put_file(self, key: str, path: Path, size: int, *, create_only: bool,
+                 metadata: dict[str, str] | None = None, part_pool: Any = None) -> str:
+        """Upload a file: one PUT, or in parts when it makes two or more (completed with
+        If-None-Match when `create_only`; an upload that fails is aborted, so no part lingers). Its ETag."""
+        if size < 2 * self.part_size:
+            def single() -> Any:
+                with open(path, "rb") as f:
+                    kw: dict[str, Any] = {"Bucket": self.url.bucket, "Key": key, "Body": f, "Metadata": metadata or {},
+                                          "ContentLength": size}
+                    if create_only:
+                        kw["IfNoneMatch"] = "*"
+                    return self.client.put_object(**kw)
+
+            return str(self._checked(f"PUT {key}", single, create=create_only).get("ETag", ""))
+        return self._put_multipart(key, path, size, create_only, metadata or {}, part_pool)
+
+    def _put_multipart(self, key: str, path: Path, size: int, create_only: bool, metadata: dict[str, str],
+                       part_pool: Any) -> str:
+        bucket = self.url.bucket
+        upload = self._checked(f"start the multipart upload of {key}", lambda: self.client.create_multipart_upload(
+            Bucket=bucket, Key=key, Metadata=metadata))["UploadId"]
+        try:
+            step = self.part_size
+            ranges = [(n + 1, off, min(step, size - off)) for n, off in enumerate(range(0, size, step))]
+
+            def part(spec: tuple[int, int, int]) -> dict[str, Any]:
+                number, off, length = spec
+                with open(path, "rb") as f:
+                    f.seek(off)
+                    data = f.read(length)
+                r = self._checked(f"part {number} of {key}", lambda: self.client.upload_part(
+                    Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=data))
+                done = {"PartNumber": number, "ETag": r["ETag"]}
+                if r.get("ChecksumCRC32"):
+                    done["ChecksumCRC32"] = r["ChecksumCRC32"]
+                return done
+
+            parts = list(part_pool.map(part, ranges)) if part_pool is not None else [part(r) for r in ranges]
+            kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "UploadId": upload, "MultipartUpload": {"Parts": parts}}
+            if create_only:
+                kw["IfNoneMatch"] = "*"
+            r = self._checked(f"complete the multipart upload of {key}",
+                              lambda: self.client.complete_multipart_upload(**kw), create=create_only)
+        except BaseException:
+            self._abort(key, upload)
+            raise
+        return str(r.get("ETag", ""))
+
+    def _abort(self, key: str, upload: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload)
+        except Exception as exc:  # the server may be down: the upload lingers, never an object
+            log.warning("could not abort the multipart upload of %s (%s); an incomplete upload is never an object, "
+                        "and a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes it", key,
+                        type(exc).__name__)
+
+    def copy(self, source_key: str, key: str, *, source: ObjectURL | None = None, create_only: bool = True,
+             metadata: dict[str, str] | None = None) -> str:
+        """A server-side copy (no byte passes through this process); its ETag."""
+        src = source or self.url
+        kw: dict[str, Any] = {"Bucket": self.url.bucket, "Key": key,
+                              "CopySource": {"Bucket": src.bucket, "Key": source_key}}
+        if metadata is not None:
+            kw["Metadata"] = metadata
+            kw["MetadataDirective"] = "REPLACE"
+        if create_only:
+            kw["IfNoneMatch"] = "*"
+        r = self._checked(f"copy {source_key} to {key}", lambda: self.client.copy_object(**kw), create=create_only)
+        return str(r.get("CopyObjectResult", {}).get("ETag", ""))
+
+    def delete(self, key: str) -> None:
+        self._checked(f"DELETE {key}", lambda: self.client.delete_object(Bucket=self.url.bucket, Key=key))
+
+    def list_objects(self, prefix_rel: str = "") -> Iterator[ObjectInfo]:
+        """Every object under ``<prefix>/<prefix_rel>``, in key order."""
+        full = self.url.key(prefix_rel) if prefix_rel else (self.url.prefix + "/" if self.url.prefix else "")
+        token = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": self.url.bucket, "Prefix": full}
+            if token:
+                kw["ContinuationToken"] = token
+            r: dict[str, Any] = self._checked(f"LIST {full}", functools.partial(self.client.list_objects_v2, **kw))
+            for item in r.get("Contents") or []:
+                yield ObjectInfo(item["Key"], int(item["Size"]), item.get("ETag", ""), {},
+                                 item["LastModified"].timestamp() if item.get("LastModified") else 0.0)
+            if not r.get("IsTruncated"):
+                return
+            token = r.get("NextContinuationToken")
+
+    def incomplete_uploads(self) -> list[tuple[str, str, float]]:
+        """(key, upload id, when the server began it) of the multipart uploads under the prefix that
+        were never completed nor aborted."""
+        full = self.url.prefix + "/" if self.url.prefix else ""
+        out: list[tuple[str, str, float]] = []
+        marker: dict[str, Any] = {}
+        while True:
+            r: dict[str, Any] = self._checked("LIST uploads", functools.partial(
+                self.client.list_multipart_uploads, Bucket=self.url.bucket, Prefix=full, **marker))
+            out += [(u["Key"], u["UploadId"], u["Initiated"].timestamp() if u.get("Initiated") else 0.0)
+                    for u in r.get("Uploads") or []]
+            if not r.get("IsTruncated"):
+                return out
+            marker = {"KeyMarker": r.get("NextKeyMarker", ""), "UploadIdMarker": r.get("NextUploadIdMarker", "")}
+
+    def abort_upload(self, key: str, upload: str) -> None:
+        self._abort(key, upload)
+
+    # --- errors -------------------------------------------------------------------------------
+
+    def _checked(self, what: str, call: Callable[[], T], create: bool = False) -> T:
+        """`retrying(call)`, with a refused precondition on a create as `KeyExists` and any other
+        refusal as a `StoreError` that says what and where."""
+        _, _, errors = _boto()
+        try:
+            return self.retrying(what, call)
+        except errors.ClientError as exc:
+            refused = status_of(exc) == 412 or code_of(exc) in ("PreconditionFailed", "ConditionalRequestConflict")
+            if create and refused:
+                raise KeyExists(f"{self.url.bucket}/{what.split(' ', 1)[-1]}: exists") from None
+            if code_of(exc) == "NoSuchUpload":
+                raise UploadAborted(f"{self.url}: {what}: the upload was aborted meanwhile") from None
+            raise StoreError(describe_refusal(exc, self.url, what)) from None
+        except errors.NoCredentialsError:
+            raise StoreError(f"{self.url}: no credentials: give --s3-credentials FILE, or set them as boto3 reads "
+                             "them (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials)") from None
+        except errors.BotoCoreError as exc:
+            raise StoreError(f"{self.url}: {what}: {type(exc).__name__}: {exc}") from None
+
+
+def describe_refusal(exc: BaseException, url: ObjectURL, what: str) -> str:
+    """A refusal as a sentence a user can act on (the server's code, never a credential)."""
+    status, code = status_of(exc), code_of(exc)
+    if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return (f"{url}: the server refused the credentials ({code or status} on {what}): check the access key and "
+                "secret (--s3-credentials, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and that they may write "
+                "the bucket")
+    if code == "NoSuchBucket" or (status == 404 and what.startswith(("HEAD bucket", "LIST"))):
+        return f"{url}: the bucket {url.bucket!r} does not exist on this server: create it, or check --output"
+    return f"{url}: {what}: the server answered {status} {code}: {str(exc)[:300]}"
