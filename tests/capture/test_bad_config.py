@@ -49,7 +49,7 @@ def test_one_failed_start_names_every_mistake_an_unknown_architecture_bad_layers
     assert "aux layer ids [1, 3, 7] (eagle convention) out of range for a model with 8 layers" in message
     assert "[7] not in [0, 6]" in message
     assert f"dump directory {ro / 'dump'} is not writable" in message
-    assert "give the server's user write access" in message
+    assert "give the user that runs this process write access" in message
 
 
 def facts(**kw) -> ServerFacts:
