@@ -24,7 +24,7 @@ def _host(root, name, shard, model, dataset):
     out.mkdir()
     check_and_record(out, dataset, has_samples=False)
     drain_host(out, root / f"dump-{name}", "speculators", HostPlan(name, shard), LINES,
-               range(shard[0], LINES, shard[1]), model=model)
+               shard.indices(LINES), model=model)
     return out
 
 

@@ -169,8 +169,8 @@ def make_fleet(root: Path, fmt: str, plans: list[HostPlan], lines: int, *, datas
 
 def three_hosts() -> list[HostPlan]:
     """Shards 0/3, 1/3, 2/3, each with something rejected, failed or quarantined."""
-    return [HostPlan("a", (0, 3), rejected={3}), HostPlan("b", (1, 3), failed={4}),
-            HostPlan("c", (2, 3), quarantined={5})]
+    return [HostPlan("a", Shard(0, 3), rejected={3}), HostPlan("b", Shard(1, 3), failed={4}),
+            HostPlan("c", Shard(2, 3), quarantined={5})]
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
