@@ -19,6 +19,10 @@ client (``other-...``, 32 decode steps), one without a rid, one whose rid only s
   whether the prompt runs alone or in a batch), which no capture error resembles. On the GPU the
   DeepSeek median bound is 2 % (`GPU_MEDIAN_TOKEN_BOUND`), for the reason given there;
 * ``hsextract selfcheck`` passes with the server's greedy token and its own logprobs of the prompt;
+* wrong final rows fail the logprob check on the GPU as they do on the CPU
+  (tests/capture/test_logprob_check.py), for the first `WRONG_ROWS_PROMPTS` prompts: the layer
+  before (transformers' output of layer L-2, stored pre-norm) always, and the captured rows
+  taken for post-norm ones where the dump holds them pre-norm;
 * the server log shows one capture start line per scheduler process and exactly one writer per
   attention-DP group (``writing to`` versus ``not writing``), and no lost or failed rows;
 * at TP 2 and under DP attention, the rows equal those of the same requests at TP 1 within the
@@ -76,6 +80,8 @@ GPU_MEDIAN_TOKEN_BOUND = {"DeepseekV3ForCausalLM": 0.02}
 FAILED_FILE = getattr(staging, "FAILED_FILE", "failed.json")
 # Capture log lines that mean rows were lost or a dump failed.
 LOSS_PATTERNS = ("rows are lost", "could not queue", "cannot write", "will not be marked done")
+# Prompts per configuration whose wrong final rows must fail the logprob check.
+WRONG_ROWS_PROMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,9 @@ class ConfigResult:
     logprob_compared: int = 0
     logprob_worst_mean_abs_error: float = 0.0
     logprob_max_abs_error: float = 0.0
+    # Wrong final rows given to the logprob check, each of which must fail it: case, prompt, its
+    # mean absolute error, and whether the check failed it (as it must) and the greedy check passed it.
+    logprob_wrong_rows: list[dict] = field(default_factory=list)
     standin_kernel_calls: int = 0  # calls of an sgl_kernel kernel the stand-in does not have
     problems: list[str] = field(default_factory=list)
     rows: dict[int, object] = field(default_factory=dict, repr=False)  # prompt index -> hidden [T, K+1, H]
@@ -283,6 +292,30 @@ def record_logprobs(res: ConfigResult, verdict: dict) -> None:
         res.logprob_max_abs_error = max(res.logprob_max_abs_error, numbers["max_abs_error"])
 
 
+def check_wrong_final_rows(res: ConfigResult, handle: ServerHandle, prompt: int, ids: list[int], token: int,
+                           final_rows: torch.Tensor, final_hidden: str, ref: Reference) -> None:
+    """Final rows that are not the server's must fail the logprob check against this server's own
+    prompt logprobs: the layer before, and where the dump holds pre-norm rows, those rows taken for
+    post-norm ones (a scale the greedy check cannot see)."""
+    from hsextract import server_logprobs
+    from hsextract.greedy_check import GreedyHead
+    from hsextract.logprob_check import check_final_rows
+
+    given = server_logprobs.fetch(handle.url, ids)
+    cases = [("layer before", ref.hidden_states[-2].bfloat16(), "pre_norm")]
+    if final_hidden == "pre_norm":
+        cases.append(("pre-norm rows taken for post-norm", final_rows, "post_norm"))
+    head = GreedyHead(handle.model_dir)
+    for case, rows, given_as in cases:
+        greedy, logprobs = check_final_rows(head, rows, given_as, token, given)
+        failed = logprobs is not None and not logprobs.ok
+        res.logprob_wrong_rows.append({
+            "case": case, "prompt": prompt, "tokens": len(ids), "failed": failed, "greedy_passed": greedy.ok,
+            "mean_abs_error": None if logprobs is None else logprobs.mean_abs_error})
+        if not failed:
+            res.problems.append(f"prompt {prompt}: {case} passed the logprob check: {logprobs}")
+
+
 _WRITER_RE = re.compile(r"attn_tp_rank (\d+) attn_dp_rank (\d+), (writing to|not writing)")
 STANDIN_CALLED = "stand-in for sgl_kernel has no kernels"
 
@@ -332,6 +365,9 @@ def check_dumps(res: ConfigResult, cfg: CheckConfig, handle: ServerHandle, run_i
             refs[i] = reference_of(handle.model_dir, ids[i])
             res.rows[i], res.tokens[i] = states.hidden.clone(), tokens[i]
             check_prompt_rows(res, rid, states.hidden, refs[i])
+            if i < WRONG_ROWS_PROMPTS:
+                check_wrong_final_rows(res, handle, i, ids[i], tokens[i], states.hidden[:, -1], marker.final_hidden,
+                                       refs[i])
         for rid, verdict in ((r, f.result()) for r, f in verdicts.items()):
             record_logprobs(res, verdict)
             if verdict.get("ok") and verdict["exit_code"] == 0:

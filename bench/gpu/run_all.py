@@ -252,7 +252,10 @@ def report_checks(checks: dict, say: Log) -> None:
         say(f"check {c['name']}: {'ok' if c['ok'] else 'FAILED'}; {c['complete_dumps']}/{c['requests']} dumps, "
             f"{c['failure_markers']} failure markers, max rel. err {c['max_rel_err']:.4f}, selfcheck "
             f"{c['selfcheck_passed']} (logprobs of {c.get('logprob_compared', 0)}: worst mean abs error "
-            f"{c.get('logprob_worst_mean_abs_error', 0):.4g}), decode graphs {c['decode_graphs']}; "
+            f"{c.get('logprob_worst_mean_abs_error', 0):.4g}; wrong rows failed "
+            f"{sum(w['failed'] for w in c.get('logprob_wrong_rows', []))} of {len(c.get('logprob_wrong_rows', []))}, "
+            f"least error {min((w['mean_abs_error'] or 0 for w in c.get('logprob_wrong_rows', [])), default=0):.4g}), "
+            f"decode graphs {c['decode_graphs']}; "
             f"problems: {c['problems'][:5]}")
     for c in checks.get("comparisons", []):
         say(f"compare {c['config']} vs {c['reference']}: {'ok' if c['ok'] else 'FAILED'}, max rel. err "

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hsextract import layout, records
 from hsextract.errors import ConfigError
+from hsextract.shard import Shard
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "roles" / "hsextract" / "filter_plugins" / "hsextract_checks.py"
@@ -229,5 +230,5 @@ def test_the_processes_shards_are_the_clients_sub_shards_of_the_host_shard():
 
 
 def test_a_processs_summary_is_the_file_its_client_writes():
-    assert checks.summary_path("3/4", "/o") == str(layout.client_summary_path("/o", (3, 4)))
+    assert checks.summary_path("3/4", "/o") == str(layout.client_summary_path("/o", Shard(3, 4)))
     assert checks.summary_path("0/1", "/o") == str(layout.client_summary_path("/o"))

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hsextract.output_lock import shards_overlap
+from hsextract.shard import Shard
 from support.client_run import env, stop, tail, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 def test_two_shards_overlap_exactly_when_some_dataset_index_belongs_to_both(a, b, overlap):
     both = [x for x in range(a[1] * b[1] * 2) if x % a[1] == a[0] and x % b[1] == b[0]]
     assert bool(both) is overlap, "the table itself"
-    assert shards_overlap(a, b) is overlap and shards_overlap(b, a) is overlap
+    assert Shard(*a).overlaps(Shard(*b)) is overlap and Shard(*b).overlaps(Shard(*a)) is overlap
 
 
 def _client(tmp_path: Path, model: Path, port: int, shard: str, name: str) -> tuple[subprocess.Popen, Path]:

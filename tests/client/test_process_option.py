@@ -9,6 +9,7 @@ import pytest
 from hsextract.cli import main
 from hsextract.client.command import add_arguments, config_from_args
 from hsextract.config_file import apply_config
+from hsextract.shard import Shard
 
 
 def _config(tmp_path, *argv: str, shard: str | None = None):
@@ -25,19 +26,19 @@ def _config(tmp_path, *argv: str, shard: str | None = None):
 
 
 def test_process_narrows_the_config_files_shard_to_its_sub_shard(tmp_path):
-    assert _config(tmp_path, "--process", "1/4", shard="2/3").shard == (5, 12)
+    assert _config(tmp_path, "--process", "1/4", shard="2/3").shard == Shard(5, 12)
 
 
 def test_process_narrows_the_shard_given_as_a_flag(tmp_path):
-    assert _config(tmp_path, "--shard", "1/2", "--process", "1/2").shard == (3, 4)
+    assert _config(tmp_path, "--shard", "1/2", "--process", "1/2").shard == Shard(3, 4)
 
 
 def test_process_of_the_whole_dataset_is_every_pth_sample(tmp_path):
-    assert _config(tmp_path, "--process", "0/3").shard == (0, 3)
+    assert _config(tmp_path, "--process", "0/3").shard == Shard(0, 3)
 
 
 def test_without_process_the_shard_is_unchanged(tmp_path):
-    assert _config(tmp_path, shard="1/2").shard == (1, 2)
+    assert _config(tmp_path, shard="1/2").shard == Shard(1, 2)
 
 
 @pytest.mark.parametrize(("value", "why"), [("2/2", "0 <= j < P=2, got j=2"), ("0/0", "P >= 1"),

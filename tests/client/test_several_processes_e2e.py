@@ -17,6 +17,7 @@ from collections import Counter
 
 import pytest
 from hsextract.client.chat_template import load_tokenizer
+from hsextract.shard import Shard
 from support.client_run import (
     assert_training_set_matches,
     env,
@@ -40,19 +41,18 @@ def _state(out, name: str) -> dict:
         return {}
 
 
-def _written(out, shard: tuple[int, int]) -> int:
+def _written(out, shard: Shard) -> int:
     """How many samples of `shard` the drain has written to the training set so far."""
     from hsextract.formats.manifest import iter_entries
 
-    i, n = shard
-    return sum(1 for e in iter_entries(out) if e.dataset_index % n == i)
+    return sum(1 for e in iter_entries(out) if shard.takes(e.dataset_index))
 
 
 def _mid_run_with_samples_written(out, pid: int, unsent: int) -> bool:
     """Process 1 of 2 (sub-shard 1/2) runs, the drain has written some of its samples, and at least
     `unsent` of its shard are not sent yet: a kill now interrupts a run with work on both sides."""
     s = _state(out, "client-status.shard-1-of-2.json")
-    return (s.get("pid") == pid and s.get("state") == "running" and _written(out, (1, 2)) >= 5
+    return (s.get("pid") == pid and s.get("state") == "running" and _written(out, Shard(1, 2)) >= 5
             and s.get("sent", 0) + s.get("skipped", 0) <= s.get("samples_total", 0) - unsent)
 
 

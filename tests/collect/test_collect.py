@@ -14,6 +14,7 @@ import torch
 from hsextract.formats import get_format
 from hsextract.formats.manifest import iter_entries, read_header, verify_entry
 from hsextract.reconcile import read_accounts
+from hsextract.shard import Shard
 from hsextract.vocab.counts import TokenCounts
 from hsextract.vocab.files import read_token_freq
 from hsextract.vocab.mapping import select_tokens, sorted_mapping
@@ -140,7 +141,7 @@ def test_a_second_collect_changes_no_file(mode, fleets, collect, tmp_path):
 
 
 def test_a_host_still_extracting_is_collected_as_far_as_committed_and_then_adds_only_what_is_new(collect, tmp_path):
-    plans = [HostPlan("a", (0, 2)), HostPlan("b", (1, 2))]
+    plans = [HostPlan("a", Shard(0, 2)), HostPlan("b", Shard(1, 2))]
     fleet = make_fleet(tmp_path / "fleet", "speculators", plans[:1], 20)
     b = tmp_path / "fleet" / "b"
     from hsextract.client.dataset_record import check_and_record

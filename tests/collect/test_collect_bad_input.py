@@ -14,6 +14,7 @@ import pytest
 from hsextract.client.dataset_record import check_and_record
 from hsextract.collect.lock import collected_set_lock
 from hsextract.formats.manifest import iter_entries, verify_entry
+from hsextract.shard import Shard
 from support.drain_proc import env, hsextract, start
 from support.fleet import RUN_ID, HostPlan, drain_host, make_fleet, snapshot, three_hosts, tokens_of, write_dataset
 from support.kill_loop import manifest_lines
@@ -84,7 +85,7 @@ def test_a_final_collect_refuses_a_host_whose_drain_has_not_caught_up_and_takes_
     fleet = make_fleet(tmp_path / "hosts", "speculators", [three_hosts()[0], three_hosts()[2]], 30)
     b, dump = tmp_path / "hosts" / "b", tmp_path / "dump-b"
     check_and_record(b, fleet.dataset, has_samples=False)
-    drain_host(b, dump, "speculators", HostPlan("b", (1, 3)), 30, range(1, 20, 3))  # client done, drain stopped
+    drain_host(b, dump, "speculators", HostPlan("b", Shard(1, 3)), 30, range(1, 20, 3))  # client done, drain stopped
     left = {x: stage_sample(dump, RUN_ID, x, tokens_of(x)) for x in range(22, 30, 3)}  # staged, not drained yet
     hosts = [*fleet.args(), f"b={b}"]
     into = tmp_path / "collected"

@@ -13,6 +13,7 @@ from hsextract.collect.hosts import ClientShard, HostOutput, parse_host_argument
 from hsextract.collect.plan import Pending, collected_entry, plan_collect
 from hsextract.collect.shards import check_coverage, shard_indices
 from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.shard import Shard
 
 HEADER = ManifestHeader(format="speculators", final_hidden="pre_norm", dtype="bfloat16", hidden_size=64, num_aux=3,
                         eagle_aux_hidden_state_layer_ids=[1, 3, 4], sglang_layers_to_capture=[2, 4, 5],
@@ -28,7 +29,10 @@ def _entry(i: int, x: int, host: str = "", host_index: int = -1) -> ManifestEntr
                          fingerprint=f"{x:016x}", host=host, host_index=host_index)
 
 
-def _host(name: str, shard=(0, 3), header: ManifestHeader | None = HEADER, dataset=DATASET, lines=30,
+FIRST = Shard(0, 3)
+
+
+def _host(name: str, shard=FIRST, header: ManifestHeader | None = HEADER, dataset=DATASET, lines=30,
           finished=True, drain_busy="", behind=()) -> HostOutput:
     return HostOutput(name, Path(f"/staging/{name}"), header, [], dataset,
                       [ClientShard(shard, lines, finished)], drain_busy, list(behind))
@@ -38,30 +42,30 @@ def _host(name: str, shard=(0, 3), header: ManifestHeader | None = HEADER, datas
 
 
 def test_shards_i_of_n_of_every_i_cover_the_dataset_once():
-    cov = check_coverage({"a": [(0, 3)], "b": [(1, 3)], "c": [(2, 3)]}, lines=30)
+    cov = check_coverage({"a": [Shard(0, 3)], "b": [Shard(1, 3)], "c": [Shard(2, 3)]}, lines=30)
     assert cov.complete and cov.missing == [] and cov.doubled == []
 
 
 def test_a_missing_shard_is_named_with_its_first_dataset_indices():
-    cov = check_coverage({"a": [(0, 3)], "c": [(2, 3)]}, lines=30)
+    cov = check_coverage({"a": [Shard(0, 3)], "c": [Shard(2, 3)]}, lines=30)
     assert cov.missing == ["shard 1/3 is in no host output (dataset indices 1, 4, 7, 10 ...)"]
     assert not cov.complete
 
 
 def test_a_shard_given_to_two_hosts_names_both():
-    cov = check_coverage({"a": [(0, 2)], "b": [(1, 2)], "c": [(1, 2)]}, lines=10)
+    cov = check_coverage({"a": [Shard(0, 2)], "b": [Shard(1, 2)], "c": [Shard(1, 2)]}, lines=10)
     assert cov.doubled == ["dataset index 1 (and each 2 later) is in the shards of b (1/2) and c (1/2)"]
 
 
 def test_shards_of_different_sizes_that_partition_the_dataset_are_complete():
-    assert check_coverage({"a": [(0, 2)], "b": [(1, 4)], "c": [(3, 4)]}, lines=17).complete
-    cov = check_coverage({"a": [(0, 2)], "b": [(1, 4)]}, lines=17)
+    assert check_coverage({"a": [Shard(0, 2)], "b": [Shard(1, 4)], "c": [Shard(3, 4)]}, lines=17).complete
+    cov = check_coverage({"a": [Shard(0, 2)], "b": [Shard(1, 4)]}, lines=17)
     assert cov.missing == ["dataset indices 3 (and each 4 later) are in no host's shard"]
 
 
 def test_a_host_output_of_several_shards_covers_them_all():
-    assert check_coverage({"a": [(0, 4), (2, 4)], "b": [(1, 2)]}, lines=9).complete
-    assert shard_indices([(0, 4), (2, 4)], 9) == [0, 2, 4, 6, 8]
+    assert check_coverage({"a": [Shard(0, 4), Shard(2, 4)], "b": [Shard(1, 2)]}, lines=9).complete
+    assert shard_indices([Shard(0, 4), Shard(2, 4)], 9) == [0, 2, 4, 6, 8]
 
 
 # -- which hosts belong together --------------------------------------------------------------------
@@ -81,7 +85,7 @@ FIELDS = [
 @pytest.mark.parametrize(("field", "value", "name"), FIELDS, ids=[f[0] for f in FIELDS])
 def test_a_host_whose_header_differs_is_refused_naming_host_field_expected_and_actual(field, value, name):
     other = dataclasses.replace(HEADER, **{field: value})
-    hosts = [_host("a"), _host("b", (1, 3), other), _host("c", (2, 3))]
+    hosts = [_host("a"), _host("b", Shard(1, 3), other), _host("c", Shard(2, 3))]
     adm = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False)
     assert [h.name for h in adm.admitted] == ["a", "c"]
     (line,) = adm.refused
@@ -91,10 +95,10 @@ def test_a_host_whose_header_differs_is_refused_naming_host_field_expected_and_a
 
 def test_the_model_is_compared_by_its_config_not_its_path_where_both_hosts_record_one():
     moved = dataclasses.replace(HEADER, model_path="/mnt/models/tiny")
-    hosts = [_host("a"), _host("b", (1, 3), moved)]
+    hosts = [_host("a"), _host("b", Shard(1, 3), moved)]
     assert admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused == []
     unhashed = dataclasses.replace(moved, model_config_sha256="")
-    hosts = [_host("a"), _host("b", (1, 3), unhashed)]
+    hosts = [_host("a"), _host("b", Shard(1, 3), unhashed)]
     (line,) = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused
     assert "model path is '/mnt/models/tiny', expected '/models/tiny'" in line
 
@@ -103,7 +107,7 @@ def test_a_host_of_another_dataset_is_refused_by_its_fingerprint_and_one_of_anot
     other = json.loads(json.dumps(DATASET))
     other["path"] = "/data/other.jsonl"
     other["fingerprint"]["files"][0]["sha256"] = "6" * 64
-    hosts = [_host("a"), _host("b", (1, 3), dataset=other), _host("c", (2, 3), lines=31)]
+    hosts = [_host("a"), _host("b", Shard(1, 3), dataset=other), _host("c", Shard(2, 3), lines=31)]
     adm = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False)
     assert [h.name for h in adm.admitted] == ["a"]
     assert "dataset fingerprint is '/data/other.jsonl (first 99 bytes sha256 6666666666666666)', expected " \
@@ -112,7 +116,7 @@ def test_a_host_of_another_dataset_is_refused_by_its_fingerprint_and_one_of_anot
 
 
 def test_the_collected_sets_own_header_is_the_reference_once_it_has_one():
-    hosts = [_host("a", header=dataclasses.replace(HEADER, run_id="0badc0de")), _host("b", (1, 3))]
+    hosts = [_host("a", header=dataclasses.replace(HEADER, run_id="0badc0de")), _host("b", Shard(1, 3))]
     ref = choose_reference(HEADER, DATASET, 30, hosts)
     adm = admit(hosts, ref, final=False, move=False)
     assert [h.name for h in adm.admitted] == ["b"]
@@ -120,8 +124,8 @@ def test_the_collected_sets_own_header_is_the_reference_once_it_has_one():
 
 
 def test_a_final_collect_refuses_a_host_not_finished_which_a_plain_collect_takes():
-    behind = _host("b", (1, 3), drain_busy="its drain's status says 'running', 2 s ago", behind=[4, 7])
-    running = _host("c", (2, 3), finished=False)
+    behind = _host("b", Shard(1, 3), drain_busy="its drain's status says 'running', 2 s ago", behind=[4, 7])
+    running = _host("c", Shard(2, 3), finished=False)
     hosts = [_host("a"), behind, running]
     ref = choose_reference(None, None, None, hosts)
     assert [h.name for h in admit(hosts, ref, final=False, move=False).admitted] == ["a", "b", "c"]
@@ -135,7 +139,7 @@ def test_a_final_collect_refuses_a_host_not_finished_which_a_plain_collect_takes
 
 
 def test_a_drain_idling_on_a_finished_host_refuses_a_move_but_not_a_final_collect():
-    idle = _host("b", (1, 3), drain_busy="a process holds its lock (.hsextract/output.lock)")
+    idle = _host("b", Shard(1, 3), drain_busy="a process holds its lock (.hsextract/output.lock)")
     hosts = [_host("a"), idle]
     ref = choose_reference(None, None, None, hosts)
     assert [h.name for h in admit(hosts, ref, final=True, move=False).admitted] == ["a", "b"]
@@ -189,7 +193,7 @@ PARTS = [("weights", "model weights (sha256)"), ("tokenizer", "model tokenizer (
 def test_a_host_of_other_weights_tokenizer_or_chat_template_is_refused_naming_the_part(part, name):
     ref = dataclasses.replace(HEADER, model_fingerprint=FINGERPRINT)
     other = dataclasses.replace(HEADER, model_fingerprint={**FINGERPRINT, part: "9" * 64})
-    hosts = [_host("a", header=ref), _host("b", (1, 3), other)]
+    hosts = [_host("a", header=ref), _host("b", Shard(1, 3), other)]
     (line,) = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused
     assert line.startswith("host b (/staging/b) refused: ")
     assert f"{name} is '9999999999999999', expected '{FINGERPRINT[part][:16]}' (as host a has it)" in line
@@ -197,10 +201,10 @@ def test_a_host_of_other_weights_tokenizer_or_chat_template_is_refused_naming_th
 
 
 def test_a_host_with_no_fingerprint_is_refused_beside_one_that_has_one_and_taken_beside_one_that_has_none():
-    hosts = [_host("a", header=dataclasses.replace(HEADER, model_fingerprint=FINGERPRINT)), _host("b", (1, 3))]
+    hosts = [_host("a", header=dataclasses.replace(HEADER, model_fingerprint=FINGERPRINT)), _host("b", Shard(1, 3))]
     (line,) = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused
     assert "model fingerprint is 'none recorded (an output of an hsextract before model fingerprints, or of a " \
            "model given by name)', expected 'weights 1111111111111111, tokenizer 2222222222222222, chat template " \
            "3333333333333333' (as host a has it)" in line
-    hosts = [_host("a"), _host("b", (1, 3))]
+    hosts = [_host("a"), _host("b", Shard(1, 3))]
     assert admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused == []

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from hsextract.formats.manifest import entries_path, iter_entries
+from hsextract.shard import Shard
 from support.drain_proc import hsextract, start
 from support.fleet import HostPlan, make_fleet
 from support.kill_loop import manifest_lines
@@ -47,7 +48,8 @@ def _files(root) -> set[str]:
 def test_a_collect_killed_at_random_instants_and_run_again_gives_the_uninterrupted_set(tmp_path):
     import datasets
 
-    plans = [HostPlan("a", (0, 3), rejected={30}), HostPlan("b", (1, 3), failed={31}), HostPlan("c", (2, 3))]
+    plans = [HostPlan("a", Shard(0, 3), rejected={30}), HostPlan("b", Shard(1, 3), failed={31}),
+             HostPlan("c", Shard(2, 3))]
     fleet = make_fleet(tmp_path / "fleet", "speculators", plans, LINES)
     args = ["--workers", "2", "--draft-vocab-size", "16", "--", *fleet.args()]
     reference = tmp_path / "reference"

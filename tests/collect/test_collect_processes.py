@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from hsextract.formats.manifest import iter_entries
+from hsextract.shard import Shard
 from support.fleet import HostPlan, make_fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -14,7 +15,8 @@ LINES = 20
 
 def test_a_host_of_two_processes_covers_its_shard_in_a_final_collect(collect, tmp_path):
     # host a: shard 0/2 by two processes, sub-shards 0/4 and 2/4; host b: shard 1/2 by one
-    plans = [HostPlan("a", (0, 2), rejected={4}, failed={6}, processes=2), HostPlan("b", (1, 2), quarantined={3})]
+    plans = [HostPlan("a", Shard(0, 2), rejected={4}, failed={6}, processes=2),
+             HostPlan("b", Shard(1, 2), quarantined={3})]
     fleet = make_fleet(tmp_path / "fleet", "speculators", plans, LINES)
     into = tmp_path / "collected"
     code, err = collect("--into", str(into), "--final", *fleet.args())
@@ -25,7 +27,7 @@ def test_a_host_of_two_processes_covers_its_shard_in_a_final_collect(collect, tm
 
 
 def test_a_host_missing_one_processs_sub_shard_is_refused_by_a_final_collect(collect, tmp_path):
-    plans = [HostPlan("a", (0, 2), processes=2, ran=(0,)), HostPlan("b", (1, 2))]  # process 1 (2/4) never ran
+    plans = [HostPlan("a", Shard(0, 2), processes=2, ran=(0,)), HostPlan("b", Shard(1, 2))]  # process 1 (2/4) never ran
     fleet = make_fleet(tmp_path / "fleet", "speculators", plans, LINES)
     code, err = collect("--into", str(tmp_path / "collected"), "--final", *fleet.args())
     assert code == 3, err

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 from hsextract import layout
+from hsextract.shard import Shard
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_FILES = sorted([*(REPO / "roles").rglob("*.yml"), *(REPO / "roles").rglob("*.j2"),
@@ -45,7 +46,7 @@ def test_the_extraction_role_looks_for_the_summary_the_client_writes_of_any_shar
     assert lookup["paths"] == "{{ hsextract_client_summary_file | dirname }}"
     assert lookup["patterns"] == "{{ (hsextract_client_summary_file | basename | splitext)[0] }}*.json"
     stem = layout.client_summary_path("o").name.rsplit(".", 1)[0]
-    names = [layout.client_summary_path("o").name, layout.client_summary_path("o", (1, 4)).name]
+    names = [layout.client_summary_path("o").name, layout.client_summary_path("o", Shard(1, 4)).name]
     assert all(fnmatch.fnmatch(name, f"{stem}*.json") for name in names), names
 
 

@@ -11,11 +11,14 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from hsextract.announcements import CaptureAnnouncement, write_announcement
 from hsextract.records import SampleRecord, write_record
+from hsextract.staging_fs import prepare_root
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -148,3 +151,19 @@ def test_the_units_refuse_a_link_in_place_of_the_staging_directory(tmp_path):
     r = staging_root("root", link)
     assert r.returncode == 1
     assert f"staging directory {link} is a symbolic link made by nobody (uid {NOBODY})" in _error_line(r)
+
+
+def test_threads_preparing_one_staging_root_at_once_all_succeed(tmp_path):
+    """The first records of a run are written from several threads, each preparing the root: no
+    thread's write probe removes another's (they once shared one name, and one failed 'not writable')."""
+    root = tmp_path / "dump"
+    start = threading.Barrier(16)
+
+    def prepare() -> Path:
+        start.wait()
+        return prepare_root(root)
+
+    for _ in range(20):
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            assert set(pool.map(lambda _: prepare(), range(16))) == {root}
+    assert [p.name for p in root.iterdir()] == [], "the probes leave nothing behind"

@@ -12,6 +12,7 @@ import pytest
 from hsextract.cli import main
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.records import load_or_create_run_id
+from hsextract.shard import Shard
 from support import volumes
 from support.client_run import wait_for
 from support.drain_proc import drain_status
@@ -32,8 +33,8 @@ def _status(out: Path, capsys) -> tuple[int, list[str]]:
 def test_the_table_counts_the_quarantines_of_every_drain_of_the_run_as_the_counts_line_does(tmp_path, capsys):
     """The drain's status file holds its last process's count; a run restarted in a storm has more."""
     out, dump = tmp_path / "out", tmp_path / "dump"
-    drain_host(out, dump, "speculators", HostPlan("h", (0, 1), quarantined={2}), 3, range(3))
-    drain_host(out, dump, "speculators", HostPlan("h", (0, 1), quarantined={4}), 6, range(3, 6))
+    drain_host(out, dump, "speculators", HostPlan("h", Shard(0, 1), quarantined={2}), 3, range(3))
+    drain_host(out, dump, "speculators", HostPlan("h", Shard(0, 1), quarantined={4}), 6, range(3, 6))
     assert drain_status(out)["quarantined"] == 1, "the last drain quarantined one"
     _, lines = _status(out, capsys)
     assert "  quarantined    2, listed in " + str(out / "quarantine") + "/<rid>/reason.txt" in lines
@@ -47,7 +48,7 @@ def test_a_drain_paused_on_a_full_volume_with_samples_staged_is_not_a_finished_r
         run = load_or_create_run_id(out)
         for i in range(samples):
             stage_sample(dump, run, i, tokens=600)
-        write_client_files(out, (0, 1), samples, finished=True)
+        write_client_files(out, Shard(0, 1), samples, finished=True)
         (out / ".hsextract" / "client-status.json").write_text(json.dumps(
             {"state": "done", "samples_total": samples, "sent": samples, "ok": samples, "shard": [0, 1]}))
         st = os.statvfs(vol)

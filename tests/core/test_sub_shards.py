@@ -6,15 +6,14 @@ import re
 
 import pytest
 from hsextract.errors import ConfigError
-from hsextract.shard import parse_process, sub_shard
+from hsextract.shard import WHOLE, Shard, parse_process
 
 # (k, N, P): the whole dataset, a fleet's first and last host, a P that shares factors with N.
 CASES = [(0, 1, 1), (0, 1, 2), (0, 1, 8), (1, 2, 2), (0, 3, 4), (2, 3, 4), (3, 4, 6), (5, 8, 8)]
 
 
-def _members(shard: tuple[int, int], rows: int) -> set[int]:
-    i, n = shard
-    return {x for x in range(rows) if x % n == i}
+def _members(shard: Shard, rows: int) -> set[int]:
+    return {x for x in range(rows) if shard.takes(x)}
 
 
 @pytest.mark.parametrize(("k", "n", "p"), CASES)
@@ -22,7 +21,7 @@ def test_the_processes_sub_shards_are_disjoint(k, n, p):
     rows = 3 * n * p + 5
     taken: dict[int, int] = {}
     for j in range(p):
-        for x in _members(sub_shard((k, n), (j, p)), rows):
+        for x in _members(Shard(k, n).sub_shard((j, p)), rows):
             assert x not in taken, f"index {x} is in the sub-shards of processes {taken[x]} and {j}"
             taken[x] = j
 
@@ -30,21 +29,21 @@ def test_the_processes_sub_shards_are_disjoint(k, n, p):
 @pytest.mark.parametrize(("k", "n", "p"), CASES)
 def test_the_processes_sub_shards_cover_the_host_shard_exactly(k, n, p):
     rows = 3 * n * p + 5
-    union = set().union(*(_members(sub_shard((k, n), (j, p)), rows) for j in range(p)))
-    assert union == _members((k, n), rows)
+    union = set().union(*(_members(Shard(k, n).sub_shard((j, p)), rows) for j in range(p)))
+    assert union == _members(Shard(k, n), rows)
 
 
 def test_process_j_of_p_takes_every_pth_index_of_the_host_shard():
     # host 1 of 2 takes 1, 3, 5, 7, ...; its process 1 of 2 takes the second of each pair: 3, 7, 11
-    assert sub_shard((1, 2), (1, 2)) == (3, 4)
-    assert sub_shard((0, 1), (0, 1)) == (0, 1), "one process keeps the host's shard unchanged"
+    assert Shard(1, 2).sub_shard((1, 2)) == Shard(3, 4)
+    assert WHOLE.sub_shard((0, 1)) == WHOLE, "one process keeps the host's shard unchanged"
 
 
 @pytest.mark.parametrize(("process", "why"), [((2, 2), "0 <= j < P=2, got j=2"), ((-1, 2), "got j=-1"),
                                               ((0, 0), "P >= 1"), ((0, -3), "P >= 1")])
 def test_a_process_out_of_range_is_refused_naming_the_bound(process, why):
     with pytest.raises(ConfigError, match="process") as exc:
-        sub_shard((0, 2), process)
+        Shard(0, 2).sub_shard(process)
     assert why in str(exc.value)
 
 

@@ -15,6 +15,7 @@ from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.formats.manifest import iter_entries
 from hsextract.output_lock import ShardLock, running_clients
 from hsextract.records import load_or_create_run_id
+from hsextract.shard import Shard
 from support.client_run import stop, tail, wait_for
 from support.drain_proc import drain_until_done, finish_client, start
 from support.staged_dumps import stage_sample
@@ -53,7 +54,7 @@ def test_exit_when_done_waits_while_a_client_of_the_output_runs(tmp_path, monkey
     dump, out = tmp_path / "dump", tmp_path / "out"
     stage_sample(dump, load_or_create_run_id(out), 0)
     finish_client(out, 1)  # a summary is there, but a client is at its start (it keeps the summary till then)
-    client = ShardLock(out, (0, 1)).acquire()
+    client = ShardLock(out, Shard(0, 1)).acquire()
     looked = threading.Semaphore(0)
 
     def counted(output):  # each time the drain looks for running clients

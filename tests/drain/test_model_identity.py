@@ -12,6 +12,7 @@ from hsextract.drain.core import Drainer
 from hsextract.errors import ConfigError
 from hsextract.formats.manifest import iter_entries, read_header
 from hsextract.model_fingerprint import model_fingerprint
+from hsextract.shard import Shard
 from support.fleet import HostPlan, drain_host, write_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -23,20 +24,20 @@ def _host(root, name, shard, model, dataset):
     out.mkdir()
     check_and_record(out, dataset, has_samples=False)
     drain_host(out, root / f"dump-{name}", "speculators", HostPlan(name, shard), LINES,
-               range(shard[0], LINES, shard[1]), model=model)
+               shard.indices(LINES), model=model)
     return out
 
 
 def test_the_manifest_header_records_the_fingerprint_of_the_model_the_drain_was_given(tiny_llama, tmp_path):
-    out = _host(tmp_path, "a", (0, 1), tiny_llama, write_dataset(tmp_path / "train.jsonl", LINES))
+    out = _host(tmp_path, "a", Shard(0, 1), tiny_llama, write_dataset(tmp_path / "train.jsonl", LINES))
     assert read_header(out).model_fingerprint == model_fingerprint(tiny_llama)
 
 
 def test_collect_refuses_a_host_that_served_other_weights_of_the_same_config(tiny_llama, tiny_llama_seed2, tmp_path,
                                                                              capsys):
     dataset = write_dataset(tmp_path / "train.jsonl", LINES)
-    a = _host(tmp_path, "a", (0, 2), tiny_llama, dataset)
-    b = _host(tmp_path, "b", (1, 2), tiny_llama_seed2, dataset)
+    a = _host(tmp_path, "a", Shard(0, 2), tiny_llama, dataset)
+    b = _host(tmp_path, "b", Shard(1, 2), tiny_llama_seed2, dataset)
     assert read_header(a).model_config_sha256 == read_header(b).model_config_sha256
     capsys.readouterr()
     code = main(["collect", "--into", str(tmp_path / "set"), f"a={a}", f"b={b}"])
@@ -52,7 +53,7 @@ def test_collect_refuses_a_host_that_served_other_weights_of_the_same_config(tin
 
 def test_the_drain_refuses_to_go_on_with_an_output_written_with_another_models_weights(tiny_llama, tiny_llama_seed2,
                                                                                        tmp_path):
-    out = _host(tmp_path, "a", (0, 1), tiny_llama, write_dataset(tmp_path / "train.jsonl", LINES))
+    out = _host(tmp_path, "a", Shard(0, 1), tiny_llama, write_dataset(tmp_path / "train.jsonl", LINES))
     cfg = DrainConfig(dump_dir=tmp_path / "dump-a", output=out, format="speculators", model_path=str(tiny_llama_seed2))
     with pytest.raises(ConfigError, match=f"written with other model weights than {tiny_llama_seed2} has"):
         Drainer(cfg).run()

@@ -14,6 +14,7 @@ import pytest
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.formats.manifest import completed_indices
 from hsextract.records import load_or_create_run_id
+from hsextract.shard import Shard
 from hsextract.staging import staged_indices
 from support import volumes
 from support.client_run import wait_for
@@ -40,7 +41,7 @@ def test_a_drain_stopped_while_paused_on_a_full_volume_stops_and_leaves_its_samp
         run = load_or_create_run_id(out)
         for i in range(SAMPLES):
             stage_sample(dump, run, i, tokens=600)
-        write_client_files(out, (0, 1), SAMPLES, finished=True)
+        write_client_files(out, Shard(0, 1), SAMPLES, finished=True)
         st = os.statvfs(vol)
         (vol / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (1 << 20)))
         d = _drainer(dump, out)

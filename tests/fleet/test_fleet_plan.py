@@ -102,7 +102,7 @@ MALFORMED = [
     ({"shard": "1/2", "report": None, "rc": "x", "error": "boom"},
      "host b: its rc is \"x\", not an exit status"),
     ({"shard": "one of two", "report": report("1/2"), "rc": 0},
-     "host b: its shard \"one of two\" is not i/n with 0 <= i < n"),
+     "host b: shard 'one of two': expected i/n, e.g. 0/4 for the first of four hosts"),
 ]
 
 

@@ -21,10 +21,10 @@ from hsextract.client.dataset_record import check_and_record
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.core import Drainer
 from hsextract.formats import FORMATS
-from hsextract.layout import WHOLE_DATASET, client_status_path, client_summary_path, failures_path, rejects_path
+from hsextract.layout import client_status_path, client_summary_path, failures_path, rejects_path
 from hsextract.model_info import read_model_info
 from hsextract.records import SampleRecord, make_rid, write_record
-from hsextract.shard import sub_shard
+from hsextract.shard import WHOLE, Shard
 
 from support.staged_dumps import Staged, stage_sample
 
@@ -51,7 +51,7 @@ class HostPlan:
     """What one host's shard holds: the indices rejected, failed and quarantined; the rest are written."""
 
     name: str
-    shard: tuple[int, int]
+    shard: Shard
     rejected: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     quarantined: set[int] = field(default_factory=set)
@@ -60,11 +60,11 @@ class HostPlan:
     processes: int = 1
     ran: tuple[int, ...] | None = None
 
-    def client_shards(self) -> list[tuple[int, int]]:
+    def client_shards(self) -> list[Shard]:
         """The shards whose clients wrote files: the host's, or the sub-shards of the processes that ran."""
         if self.processes == 1:
             return [self.shard]
-        return [sub_shard(self.shard, (j, self.processes)) for j in (self.ran or range(self.processes))]
+        return [self.shard.sub_shard((j, self.processes)) for j in (self.ran or range(self.processes))]
 
 
 def _append_jsonl(path: Path, objs: Iterable[dict]) -> None:
@@ -73,11 +73,11 @@ def _append_jsonl(path: Path, objs: Iterable[dict]) -> None:
         f.writelines(json.dumps(o) + "\n" for o in objs)
 
 
-def write_client_files(out: Path, shard: tuple[int, int], lines: int, *, finished: bool, named: bool = False) -> None:
+def write_client_files(out: Path, shard: Shard, lines: int, *, finished: bool, named: bool = False) -> None:
     """The client's summary (finished) or status (still extracting) of shard `shard` of a `lines`-line
     dataset; `named`: under the shard's own names, as one of several clients of an output writes them."""
-    body = {"state": "done" if finished else "running", "dataset_lines": lines, "shard": list(shard)}
-    tag = shard if named else WHOLE_DATASET
+    body = {"state": "done" if finished else "running", "dataset_lines": lines, "shard": shard.to_json()}
+    tag = shard if named else WHOLE
     keep, drop = (client_summary_path(out, tag), client_status_path(out, tag))[:: 1 if finished else -1]
     keep.parent.mkdir(parents=True, exist_ok=True)
     keep.write_text(json.dumps(body))
@@ -108,10 +108,10 @@ def drain_host(out: Path, dump: Path, fmt: str, plan: HostPlan, lines: int, indi
                 written[x] = s
     clients = plan.client_shards()
     named = plan.processes > 1
-    for i, n in clients:
-        tag = (i, n) if named else WHOLE_DATASET
-        _append_jsonl(rejects_path(out, tag), [r for r in rejects if r["index"] % n == i])
-        _append_jsonl(failures_path(out, tag), [f for f in failures if f["index"] % n == i])
+    for client in clients:
+        tag = client if named else WHOLE
+        _append_jsonl(rejects_path(out, tag), [r for r in rejects if client.takes(r["index"])])
+        _append_jsonl(failures_path(out, tag), [f for f in failures if client.takes(f["index"])])
     # The drain's --exit-when-done waits for a finished client; a host still extracting gets its
     # status back once the drain has written what was staged.
     for shard in clients:
@@ -161,7 +161,7 @@ def make_fleet(root: Path, fmt: str, plans: list[HostPlan], lines: int, *, datas
         out = root / plan.name
         out.mkdir(parents=True)
         check_and_record(out, dataset, has_samples=False)
-        indices = sorted({x for i, n in plan.client_shards() for x in range(i, lines, n)})
+        indices = sorted({x for s in plan.client_shards() for x in s.indices(lines)})
         samples.update(drain_host(out, root / f"dump-{plan.name}", fmt, plan, lines, indices))
         hosts[plan.name] = out
     return Fleet(fmt, lines, dataset, hosts, {p.name: p for p in plans}, samples)
@@ -169,8 +169,8 @@ def make_fleet(root: Path, fmt: str, plans: list[HostPlan], lines: int, *, datas
 
 def three_hosts() -> list[HostPlan]:
     """Shards 0/3, 1/3, 2/3, each with something rejected, failed or quarantined."""
-    return [HostPlan("a", (0, 3), rejected={3}), HostPlan("b", (1, 3), failed={4}),
-            HostPlan("c", (2, 3), quarantined={5})]
+    return [HostPlan("a", Shard(0, 3), rejected={3}), HostPlan("b", Shard(1, 3), failed={4}),
+            HostPlan("c", Shard(2, 3), quarantined={5})]
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:

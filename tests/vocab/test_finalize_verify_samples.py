@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hsextract.cli import main
 from hsextract.formats.manifest import checksum_file, iter_entries
+from hsextract.shard import Shard
 from support.fleet import HostPlan, make_fleet
 
 FORMATS = ["specforge", "speculators", "speculators-v1", "modelopt"]
@@ -27,7 +28,7 @@ def sets(tmp_path_factory):
 
     def get(fmt: str) -> Path:
         if fmt not in built:
-            fleet = make_fleet(tmp_path_factory.mktemp(f"set-{fmt}"), fmt, [HostPlan("a", (0, 1))], LINES)
+            fleet = make_fleet(tmp_path_factory.mktemp(f"set-{fmt}"), fmt, [HostPlan("a", Shard(0, 1))], LINES)
             built[fmt] = fleet.hosts["a"]
         return built[fmt]
 

@@ -53,7 +53,10 @@ def run(args: argparse.Namespace, result: dict, say: Say, save: Callable[[], Non
     def start_model(k: int) -> None:
         # The throughput rounds run on the 8B-shaped model and, for the client's ceiling, the tiny one.
         plain = args.rounds > 0 and plans[k].kind in args.throughput_models
-        start_servers(plans[k], env, args.work, gpus, PORT + 10 * k, extra, plain=plain)
+        # The no-overlap server only where something uses it: three 8B servers fill an H100's 80 GB.
+        no_overlap = plans[k].kind in args.compare_no_overlap.split(",") or (
+            plain and (not args.sides or "loop_on_capture_no_overlap" in args.sides.split(",")))
+        start_servers(plans[k], env, args.work, gpus, PORT + 10 * k, extra, plain=plain, no_overlap=no_overlap)
 
     # One model's servers start together; the next model's once these are up, while these run: SGLang
     # sizes its KV cache from the memory that loading its weights took, which another model loading at

@@ -81,13 +81,15 @@ def plan_models(kinds: list[str], env: gpu_env.GpuEnv, work: Path, gpu: int, say
 
 
 def start_servers(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, gpus: tuple[int, ...], port: int,
-                  extra: tuple[str, ...], plain: bool) -> None:
-    """Overlap capture, no-overlap capture and (for the throughput rounds) plain servers of ``plan``."""
+                  extra: tuple[str, ...], plain: bool, no_overlap: bool = True) -> None:
+    """Overlap capture, no-overlap capture (where ``no_overlap``) and (for the throughput rounds)
+    plain servers of ``plan``."""
     if not env.cuda:  # the CPU engine has no overlap scheduler to switch off: two capture servers alike
         extra = ()
-    specs = {"capture": ServerSpec(f"{plan.kind}-capture", plan.path, port, gpus, True, (*plan.server_args, *extra)),
-             "no_overlap": ServerSpec(f"{plan.kind}-capture-no-overlap", plan.path, port + 1, gpus, True,
-                                      (*plan.server_args, *extra, "--disable-overlap-schedule"))}
+    specs = {"capture": ServerSpec(f"{plan.kind}-capture", plan.path, port, gpus, True, (*plan.server_args, *extra))}
+    if no_overlap:
+        specs["no_overlap"] = ServerSpec(f"{plan.kind}-capture-no-overlap", plan.path, port + 1, gpus, True,
+                                         (*plan.server_args, *extra, "--disable-overlap-schedule"))
     if plain:
         specs["plain"] = ServerSpec(f"{plan.kind}-plain", plan.path, port + 2, gpus, False, (*plan.server_args, *extra))
     plan.servers = {name: start(spec, env, work) for name, spec in specs.items()}

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.layout import CLIENT_STATUS, CLIENT_SUMMARY, WHOLE_DATASET, client_files
+from hsextract.errors import ConfigError
+from hsextract.layout import CLIENT_STATUS, CLIENT_SUMMARY, client_files
+from hsextract.shard import WHOLE, Shard
 
-Shard = tuple[int, int]
 # Counters of a status snapshot that add up over shards.
 _SUMMED = ("samples_total", "sent", "ok", "skipped", "truncated", "failed", "rejected", "in_flight",
            "awaiting_capture", "tokens", "tokens_per_s", "paused_s")
@@ -74,10 +75,10 @@ def summary_id(path: Path, summary: dict[str, Any]) -> str:
 
 def _shard_of(named: Shard, data: dict[str, Any] | None) -> Shard:
     """A file named for the whole dataset may hold a shard's run (older clients wrote every shard so)."""
-    if named == WHOLE_DATASET and data and isinstance(data.get("shard"), list) and len(data["shard"]) == 2:
+    if named == WHOLE and data and isinstance(data.get("shard"), list):
         try:
-            return int(data["shard"][0]), int(data["shard"][1])
-        except (TypeError, ValueError):
+            return Shard.from_json(data["shard"])
+        except ConfigError:
             pass
     return named
 
@@ -149,7 +150,7 @@ def combined_status(shards: Iterable[ShardFiles]) -> dict[str, Any] | None:
         updated_at=max(float(s.get("updated_at") or 0) for s in snaps),
         pid=snaps[0].get("pid"),
         clients=len(snaps),
-        shards=[f"{i}/{n}" for s in snaps for i, n in [s.get("shard") or WHOLE_DATASET]],
+        shards=[str(Shard.from_json(s["shard"]) if s.get("shard") else WHOLE) for s in snaps],
     )
     refused = [s["start_refused"] for s in snaps if s.get("start_refused")]
     if refused:

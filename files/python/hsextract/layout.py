@@ -40,6 +40,8 @@ import os
 import re
 from pathlib import Path
 
+from hsextract.errors import ConfigError
+from hsextract.shard import WHOLE, Shard
 from hsextract.staging_fs import plain_name
 
 # <output>/
@@ -119,49 +121,56 @@ def regen_output_path(output: str | Path) -> Path:
     return Path(output) / REGEN_OUTPUT
 
 
-WHOLE_DATASET = (0, 1)
-
-
-def shard_tag(shard: tuple[int, int] = WHOLE_DATASET) -> str:
+def shard_tag(shard: Shard = WHOLE) -> str:
     """What a client file's name carries of its shard: nothing for the whole dataset, else ``.shard-i-of-n``."""
-    i, n = shard
-    return "" if (i, n) == WHOLE_DATASET else f".shard-{i}-of-{n}"
+    return "" if shard == WHOLE else f".shard-{shard.index}-of-{shard.count}"
 
 
-def _tagged(name: str, shard: tuple[int, int]) -> str:
+def _tagged(name: str, shard: Shard) -> str:
     stem, dot, ext = name.partition(".")
     return f"{stem}{shard_tag(shard)}{dot}{ext}"
 
 
-def client_status_path(output: str | Path, shard: tuple[int, int] = WHOLE_DATASET) -> Path:
+def client_status_path(output: str | Path, shard: Shard = WHOLE) -> Path:
     return state_dir(output) / _tagged(CLIENT_STATUS, shard)
 
 
-def client_summary_path(output: str | Path, shard: tuple[int, int] = WHOLE_DATASET) -> Path:
+def client_summary_path(output: str | Path, shard: Shard = WHOLE) -> Path:
     return state_dir(output) / _tagged(CLIENT_SUMMARY, shard)
 
 
-def rejects_path(output: str | Path, shard: tuple[int, int] = WHOLE_DATASET) -> Path:
+def rejects_path(output: str | Path, shard: Shard = WHOLE) -> Path:
     return state_dir(output) / _tagged(REJECTS, shard)
 
 
-def failures_path(output: str | Path, shard: tuple[int, int] = WHOLE_DATASET) -> Path:
+def failures_path(output: str | Path, shard: Shard = WHOLE) -> Path:
     return state_dir(output) / _tagged(FAILURES, shard)
 
 
-def client_file_shard(name: str, base: str) -> tuple[int, int] | None:
+def shard_in_name(match: re.Match[str] | None) -> Shard | None:
+    """The shard a match of ``SHARD_TAG_RE`` or ``CLIENT_LOCK_RE`` names; None when there is no
+    match or it names no shard that can exist (``-3-of-2``: no file hsextract writes)."""
+    if match is None:
+        return None
+    try:
+        return Shard(int(match["i"]), int(match["n"]))
+    except ConfigError:
+        return None
+
+
+def client_file_shard(name: str, base: str) -> Shard | None:
     """The shard a client file of kind `base` (``CLIENT_STATUS``, ``REJECTS``...) is named for, or
     None if `name` is no such file."""
     stem, _, ext = base.partition(".")
     m = re.fullmatch(re.escape(stem) + f"(?:{SHARD_TAG_RE})?" + re.escape("." + ext), name)
     if not m:
         return None
-    return (int(m["i"]), int(m["n"])) if m["n"] else WHOLE_DATASET
+    return shard_in_name(m) if m["n"] else WHOLE
 
 
-def client_files(output: str | Path, base: str) -> dict[tuple[int, int], Path]:
+def client_files(output: str | Path, base: str) -> dict[Shard, Path]:
     """Every client file of kind `base` in the output directory, by the shard its name carries."""
-    out: dict[tuple[int, int], Path] = {}
+    out: dict[Shard, Path] = {}
     try:
         names = sorted(os.listdir(state_dir(output)))
     except FileNotFoundError:
@@ -181,8 +190,8 @@ def clients_registry_path(output: str | Path) -> Path:
     return state_dir(output) / CLIENTS_LOCK
 
 
-def client_lock_path(output: str | Path, shard: tuple[int, int]) -> Path:
-    return state_dir(output) / f"client-{shard[0]}-of-{shard[1]}.lock"
+def client_lock_path(output: str | Path, shard: Shard) -> Path:
+    return state_dir(output) / f"client-{shard.index}-of-{shard.count}.lock"
 
 
 def drain_status_path(output: str | Path) -> Path:

@@ -36,7 +36,6 @@ import contextlib
 import errno
 import fcntl
 import json
-import math
 import os
 import re
 import socket
@@ -44,11 +43,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from hsextract.errors import HsextractError
-from hsextract.layout import CLIENT_LOCK_RE, client_lock_path, clients_registry_path, output_lock_path, state_dir
-
-Shard = tuple[int, int]
+from hsextract.errors import ConfigError, HsextractError
+from hsextract.layout import (
+    CLIENT_LOCK_RE,
+    client_lock_path,
+    clients_registry_path,
+    output_lock_path,
+    shard_in_name,
+    state_dir,
+)
+from hsextract.shard import Shard
 
 # How long a refused start waits for the holder to finish writing who it is (it writes right
 # after taking the lock; this is only the window between the two).
@@ -73,15 +79,15 @@ class Holder:
 
     def describe(self) -> str:
         """E.g. ``hsextract drain (pid 4711 on gpu-3, since 2026-12-01 10:04:05)``."""
-        shard = f" of shard {self.shard[0]}/{self.shard[1]}" if self.shard else ""
+        shard = f" of shard {self.shard}" if self.shard else ""
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started_at)) if self.started_at else "?"
         return f"hsextract {self.role}{shard} (pid {self.pid} on {self.host}, since {since})"
 
-
-def shards_overlap(a: Shard, b: Shard) -> bool:
-    """Whether some dataset index belongs to both shards (see the module docstring)."""
-    (i, n), (j, m) = a, b
-    return (i - j) % math.gcd(n, m) == 0
+    def to_json(self) -> dict[str, Any]:
+        """What the holder writes into the lock file (the shard as ``[i, n]``, as always)."""
+        data = asdict(self)
+        data["shard"] = self.shard.to_json() if self.shard else None
+        return data
 
 
 def _this_process(role: str, shard: Shard | None = None) -> Holder:
@@ -120,7 +126,7 @@ class _LockFile:
         """Say who holds it (in the same file: the lock is on this inode, a rename would lose it)."""
         if self.fd is None:
             return
-        data = json.dumps(asdict(holder), sort_keys=True).encode()
+        data = json.dumps(holder.to_json(), sort_keys=True).encode()
         with contextlib.suppress(OSError):  # a read-only descriptor: the lock holds all the same
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, data, 0)
@@ -141,8 +147,8 @@ def read_holder(path: Path, wait_s: float = _HOLDER_WAIT_S) -> Holder | None:
             shard = data.get("shard")
             return Holder(role=str(data["role"]), pid=int(data["pid"]), host=str(data["host"]),
                           started_at=float(data.get("started_at") or 0),
-                          shard=(int(shard[0]), int(shard[1])) if shard else None)
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
+                          shard=Shard.from_json(shard) if shard else None)
+        except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.02)
@@ -203,9 +209,9 @@ def _client_lock_files(output: Path) -> list[tuple[Path, Shard]]:
     out = []
     with contextlib.suppress(FileNotFoundError):
         for p in sorted(state_dir(output).iterdir()):
-            m = re.fullmatch(CLIENT_LOCK_RE, p.name)
-            if m:
-                out.append((p, (int(m["i"]), int(m["n"]))))
+            shard = shard_in_name(re.fullmatch(CLIENT_LOCK_RE, p.name))
+            if shard is not None:
+                out.append((p, shard))
     return out
 
 
@@ -234,7 +240,7 @@ class ShardLock:
         """Take the shard's lock, or raise OutputBusy naming a running client of an overlapping shard."""
         with _clients_registry(self.output):
             for path, shard in _client_lock_files(self.output):
-                if path != self._file.path and shards_overlap(shard, self.shard):
+                if path != self._file.path and shard.overlaps(self.shard):
                     holder = _held_by(path, shard)
                     if holder is not None:
                         raise self._busy(holder, "whose shard shares samples with this client's shard")
@@ -244,9 +250,8 @@ class ShardLock:
         return self
 
     def _busy(self, holder: Holder | None, why: str) -> OutputBusy:
-        i, n = self.shard
         return OutputBusy(
-            f"the output directory {self.output} is in use by {_who(holder)}, {why} {i}/{n}: two clients of one "
+            f"the output directory {self.output} is in use by {_who(holder)}, {why} {self.shard}: two clients of one "
             "sample would send the same request id. Stop that client "
             "first, or give this one a shard disjoint from it (--shard)")
 

@@ -34,6 +34,7 @@ from hsextract.layout import (
     run_file_path,
 )
 from hsextract.records import parse_rid
+from hsextract.shard import Shard
 
 DEFAULT_MAX_FAILURE_SHARE = 0.01
 
@@ -191,9 +192,9 @@ def read_accounts(output: Path, quarantine: Path | None = None, on_the_way: Iter
     )
 
 
-def _shard_indices(shards: list[tuple[tuple[int, int], int]]) -> Iterable[int]:
-    """The dataset indices of the clients' shards ((i, n), dataset lines), in order, each once."""
-    ranges = [range(i, lines, n) for (i, n), lines in shards]
+def _shard_indices(shards: list[tuple[Shard, int]]) -> Iterable[int]:
+    """The dataset indices of the clients' shards ((shard, dataset lines)), in order, each once."""
+    ranges = [shard.indices(lines) for shard, lines in shards]
     if len(ranges) == 1:
         return ranges[0]
     return sorted(set().union(*ranges))

@@ -32,7 +32,9 @@ import contextlib
 import errno
 import os
 import pwd
+import secrets
 import stat
+import threading
 from pathlib import Path
 
 from hsextract.errors import ConfigError
@@ -187,7 +189,9 @@ def write_file_atomically(path: str, data: bytes) -> None:
 
 def probe_writable(root: str | Path, what: str = "staging directory", flag: str = "--dump-dir") -> None:
     """Prove that this process can create a file in `root`, or raise a ConfigError saying so."""
-    probe = f"{os.fspath(root)}/.hsextract-write-probe-{os.getpid()}"
+    # One name per call: threads of one process that prepare the root at once (the first records
+    # of a run, written from several threads) each probe with a file of their own.
+    probe = f"{os.fspath(root)}/.hsextract-write-probe-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}"
     try:
         os.close(create_file(probe))
         os.unlink(probe)

@@ -22,7 +22,6 @@ from hsextract.finalized import finalized_samples
 from hsextract.layout import (
     FAILURES,
     REJECTS,
-    WHOLE_DATASET,
     default_quarantine_dir,
     drain_status_path,
     failures_path,
@@ -33,6 +32,7 @@ from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.report import ProblemFiles, RunView, status_lines
+from hsextract.shard import WHOLE, Shard
 from hsextract.status_collected import collected_view, print_collected_status, read_collect_report
 
 FINISHED_STATES = ("done", "stopped")
@@ -84,14 +84,14 @@ def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
 
 
 def problem_files(output: str | Path, drain: dict[str, Any] | None = None,
-                  shards: list[tuple[int, int]] | None = None) -> ProblemFiles:
+                  shards: list[Shard] | None = None) -> ProblemFiles:
     """The files that list a run's rejected, failed and quarantined samples (of one client's
     shard, or a pattern for the files of several)."""
     quarantine = (drain or {}).get("quarantine_dir") or default_quarantine_dir(output)
     if shards is not None and len(shards) > 1:
         return ProblemFiles(rejected=_every_shard(output, REJECTS), failed=_every_shard(output, FAILURES),
                             quarantined=str(quarantine))
-    shard = shards[0] if shards else WHOLE_DATASET
+    shard = shards[0] if shards else WHOLE
     return ProblemFiles(rejected=str(rejects_path(output, shard)), failed=str(failures_path(output, shard)),
                         quarantined=str(quarantine))
 

@@ -3,7 +3,7 @@
 The play must refuse a bad setting in seconds, before it builds the environment or loads a model,
 and refuse exactly what hsextract itself would refuse hours later. So the checks are not written
 again in Jinja: each filter calls the function the client, the drain or the capture calls
-(`hsextract.records.check_prefix`, `hsextract.shard.parse_shard`, `hsextract.layers.resolve`) and
+(`hsextract.records.check_prefix`, `hsextract.shard.Shard.parse`, `hsextract.layers.resolve`) and
 returns the problem as one line that names the Ansible variable, or "" when there is none; the
 role asserts that the problems are empty. The paths of the files a run keeps in an output
 directory come from `hsextract.layout`, their one owner.
@@ -32,7 +32,7 @@ from hsextract.errors import ConfigError  # noqa: E402
 from hsextract.objectstore import settings as store_settings  # noqa: E402
 from hsextract.objectstore import url as store_url  # noqa: E402
 
-_parse_shard = shard.parse_shard  # for `layout_path`, whose parameter `shard` hides the module
+_Shard = shard.Shard  # for `layout_path`, whose parameter `shard` hides the module
 
 
 def rid_prefix_problem(prefix: str) -> str:
@@ -54,11 +54,11 @@ def shard_problem(text: str) -> str:
     if text == "":
         return ""
     try:
-        i, n = shard.parse_shard(text)
+        parsed = shard.Shard.parse(text)
     except ConfigError as exc:
         return f"hsextract_shard: {exc}; '' sends the whole dataset."
-    if text != f"{i}/{n}":
-        return f"hsextract_shard: shard {text!r}: write it as '{i}/{n}'."
+    if text != str(parsed):
+        return f"hsextract_shard: shard {text!r}: write it as '{parsed}'."
     return ""
 
 
@@ -80,10 +80,10 @@ def client_processes_problem(value: object) -> str:
 
 def process_shards(host_shard: str, processes: int | str) -> list[str]:
     """The sub-shards of the host's client processes, process j's at index j, as ``i/n``
-    (hsextract.shard.sub_shard): the names of their files in the output (their summaries)."""
-    host = shard.parse_shard(str(host_shard or "0/1"))
+    (hsextract.shard.Shard.sub_shard): the names of their files in the output (their summaries)."""
+    host = shard.Shard.parse(str(host_shard or shard.WHOLE))
     count = int(processes)
-    return ["{}/{}".format(*shard.sub_shard(host, (j, count))) for j in range(count)]
+    return [str(host.sub_shard((j, count))) for j in range(count)]
 
 
 def summary_path(of_shard: str, output_dir: str) -> str:
@@ -186,7 +186,7 @@ def layout_path(directory: str, name: str, shard: str = "") -> str:
         raise ValueError(f"hsextract_layout_path: hsextract.layout has no file {name!r}; "
                          f"it has {', '.join(sorted(files))}")
     if shard:
-        return str(files[name](str(directory), _parse_shard(shard)))  # type: ignore[call-arg]
+        return str(files[name](str(directory), _Shard.parse(shard)))  # type: ignore[call-arg]
     return str(files[name](str(directory)))
 
 

@@ -29,7 +29,7 @@ from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.report import client_lines
 from hsextract.retry import RetryPolicy
-from hsextract.shard import parse_process, parse_shard, sub_shard
+from hsextract.shard import WHOLE, Shard, parse_process
 from hsextract.status import problem_files
 
 REQUIRED = ("server", "dataset", "model", "dump_dir", "output", "format")
@@ -136,15 +136,15 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
     )
 
 
-def _shard(args: argparse.Namespace) -> tuple[int, int]:
+def _shard(args: argparse.Namespace) -> Shard:
     """The shard this process takes: ``--shard`` (or the config's), narrowed by ``--process`` to its sub-shard."""
-    shard = parse_shard(args.shard)
+    shard = Shard.parse(args.shard, where="--shard")
     if not getattr(args, "process", None):
         return shard
     try:
-        return sub_shard(shard, parse_process(args.process))
+        return shard.sub_shard(parse_process(args.process))
     except ConfigError as exc:
-        where = f" (of shard {shard[0]}/{shard[1]})" if shard != (0, 1) else ""
+        where = f" (of shard {shard})" if shard != WHOLE else ""
         raise ConfigError(f"--process{where}: {exc}") from None
 
 

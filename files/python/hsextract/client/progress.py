@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from hsextract.layout import WHOLE_DATASET, client_status_path
+from hsextract.layout import client_status_path
 from hsextract.report import progress_line
 from hsextract.run_progress import RateWindow, StatusReporter
+from hsextract.shard import WHOLE, Shard
 
 log = logging.getLogger("hsextract.client")
 
@@ -30,7 +31,7 @@ class RunStats:
 
     samples_total: int = 0  # lines of this shard
     dataset_lines: int = 0  # lines of the whole dataset
-    shard: tuple[int, int] = (0, 1)
+    shard: Shard = WHOLE
     sent: int = 0
     ok: int = 0
     skipped: int = 0  # already in the training set or staged by an earlier run
@@ -123,7 +124,7 @@ class RunStats:
             "paused_s": round(self.paused_total_s, 1),
             "paused_for_s": None if (under_way := self.pause_under_way_s()) is None else round(under_way, 1),
             "error": self.error,
-            "shard": list(self.shard),
+            "shard": self.shard.to_json(),
             "attempt": self.attempt,
             "pid": os.getpid(),
             "started_at": self.started_at,
@@ -135,7 +136,7 @@ class RunStats:
             "state": self.state,
             "samples_total": self.samples_total,
             "dataset_lines": self.dataset_lines,
-            "shard": list(self.shard),
+            "shard": self.shard.to_json(),
             "ok": self.ok,
             "skipped": self.skipped,
             "truncated": self.truncated,
@@ -155,7 +156,7 @@ class Reporter(StatusReporter):
     """The client's status file and progress; logs each pause and the resumption once."""
 
     def __init__(self, stats: RunStats, output: str | Path, stream: TextIO | None = None,
-                 status_every: float = 1.0, log_every: float = 30.0, shard: tuple[int, int] = WHOLE_DATASET):
+                 status_every: float = 1.0, log_every: float = 30.0, shard: Shard = WHOLE):
         super().__init__(client_status_path(output, shard), log, stream, status_every, log_every)
         self.stats = stats
         self._last_paused: str | None = None

@@ -67,7 +67,7 @@ from hsextract.records import (
     write_record,
 )
 from hsextract.retry import RetryPolicy
-from hsextract.shard import shard_size
+from hsextract.shard import WHOLE, Shard
 from hsextract.staging import FAILED_FILE, discard_dump, rid_dir, staged_indices
 from hsextract.staging_fs import prepare_root
 
@@ -91,7 +91,7 @@ class ExtractConfig:
     max_in_flight: int = defaults.MAX_IN_FLIGHT
     max_tokens: int | None = None  # None: defaults.MAX_TOKENS, or the longest prompt the server accepts if fewer
     overlong: str = defaults.OVERLONG
-    shard: tuple[int, int] = (0, 1)
+    shard: Shard = WHOLE
     shm_min_free: Watermark = field(default_factory=lambda: parse_watermark(defaults.SHM_MIN_FREE))
     max_staged: int | None = defaults.MAX_STAGED
     max_row_bytes: int = defaults.MAX_ROW_BYTES
@@ -288,10 +288,10 @@ class ExtractRun:
             with clock.phase("dataset_count"):
                 st.dataset_lines = call_unless_stopped(self.stop, "counting the dataset's rows",
                                                        functools.partial(count_rows, cfg.dataset))
-            st.samples_total = shard_size(st.dataset_lines, cfg.shard)
+            st.samples_total = cfg.shard.size(st.dataset_lines)
             reporter = Reporter(st, out, status_every=cfg.status_every_s, log_every=cfg.log_every_s, shard=cfg.shard)
             reporter.start()
-            log.info("run %s: %d samples in shard %d/%d of %s -> %s", run_id, st.samples_total, *cfg.shard,
+            log.info("run %s: %d samples in shard %s of %s -> %s", run_id, st.samples_total, cfg.shard,
                      cfg.dataset, cfg.server)
             with clock.phase("server_wait"):
                 self._wait_for_server()
@@ -412,12 +412,11 @@ class ExtractRun:
 
     def _produce(self, run_id: str, skip: set[int]) -> None:
         cfg = self.cfg
-        i_shard, n_shard = cfg.shard
         reader = DatasetReader(max_row_bytes=cfg.max_row_bytes)
         for item in read_dataset(cfg.dataset, reader):  # every row, for shard-independent duplicate detection
             if self.stop.is_set() or not self._send_again():
                 return
-            if item.index % n_shard == i_shard and not self._produce_one(item, run_id, skip):
+            if cfg.shard.takes(item.index) and not self._produce_one(item, run_id, skip):
                 return
         self._wait_for_answers()
 

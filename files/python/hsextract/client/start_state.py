@@ -26,7 +26,7 @@ from typing import Any
 
 from hsextract.durable import atomic_write_json
 from hsextract.layout import CLIENT_STATUS, CLIENT_SUMMARY, FAILURES, REJECTS, client_files, client_status_path
-from hsextract.output_lock import Shard, shards_overlap
+from hsextract.shard import Shard
 
 
 def read_previous(output: Path, shard: Shard) -> dict[str, Any] | None:
@@ -63,7 +63,7 @@ def begin_run(output: Path, shard: Shard) -> list[Path]:
                 if base == CLIENT_SUMMARY:
                     path.unlink(missing_ok=True)  # this run is not finished yet
                 continue
-            if shards_overlap(named, shard):
+            if named.overlaps(shard):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                     removed.append(path)

@@ -44,6 +44,7 @@ from hsextract.layout import (
     run_file_path,
     state_dir,
 )
+from hsextract.shard import WHOLE
 
 
 def write_if_changed(path: Path, data: bytes) -> bool:
@@ -143,7 +144,7 @@ def _quarantine_file(host: Path, rid: str, name: str) -> bytes | None:
 
 def write_fleet_client_files(out: Path, lines: int, final: bool, hosts: dict[str, list[list[int]]]) -> None:
     """The fleet's lines as one shard, as a client would record them: a summary once final."""
-    body = {"state": "done" if final else "collecting", "dataset_lines": lines, "shard": [0, 1],
+    body = {"state": "done" if final else "collecting", "dataset_lines": lines, "shard": WHOLE.to_json(),
             "collected_from": hosts}
     keep, drop = (client_summary_path(out), client_status_path(out))[:: 1 if final else -1]
     write_if_changed(keep, _json_bytes(body))

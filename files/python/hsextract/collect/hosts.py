@@ -21,7 +21,7 @@ from typing import Any
 from hsextract.client.dataset_record import read_record
 from hsextract.collect.lock import held_by_a_process
 from hsextract.contained import irregular_entries
-from hsextract.errors import HsextractError
+from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
 from hsextract.layout import (
     CLIENT_STATUS,
@@ -36,6 +36,7 @@ from hsextract.layout import (
     state_dir,
 )
 from hsextract.reconcile import read_accounts
+from hsextract.shard import WHOLE, Shard
 
 # What collect reads of a host output besides its sample files (those are opened row by row through
 # hsextract.contained): every file under these must be a regular file, every directory a directory.
@@ -53,7 +54,7 @@ class HostUnreadable(HsextractError):
 class ClientShard:
     """What one client of the host output recorded: its shard, the dataset's size, and whether it finished."""
 
-    shard: tuple[int, int]
+    shard: Shard
     dataset_lines: int
     finished: bool
 
@@ -132,15 +133,17 @@ def read_clients(out: Path) -> list[ClientShard]:
     """The shards the clients of `out` recorded: finished ones from their summaries, running ones
     from their status files (``client-summary*.json``, ``client-status*.json``: one per shard
     where several clients share an output)."""
-    found: dict[tuple[int, int], ClientShard] = {}
+    found: dict[Shard, ClientShard] = {}
     for base, finished in ((CLIENT_SUMMARY, True), (CLIENT_STATUS, False)):
         stem, _, ext = base.rpartition(".")
         for p in sorted(state_dir(out).glob(f"{stem}*.{ext}")):
             data = _json(p)
             if not data or not isinstance(data.get("dataset_lines"), int):
                 continue
-            i, n = (data.get("shard") or [0, 1])[:2]
-            shard = (int(i), int(n))
+            try:
+                shard = Shard.from_json(data["shard"]) if data.get("shard") else WHOLE
+            except ConfigError:
+                continue  # no shard a client writes: not a client's file
             if shard not in found:
                 found[shard] = ClientShard(shard, int(data["dataset_lines"]), finished)
     return sorted(found.values(), key=lambda c: c.shard)

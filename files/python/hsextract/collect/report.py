@@ -48,7 +48,7 @@ def finish(c: Collected) -> CollectResult:
     dataset_lines = c.ref.lines or 0
     coverage = check_coverage(shards, dataset_lines)
     final = bool(shards) and coverage.complete and all(h.finished for h in c.admission.admitted)
-    write_fleet_client_files(out, dataset_lines, final, {h: [list(s) for s in ss] for h, ss in shards.items()})
+    write_fleet_client_files(out, dataset_lines, final, {h: [s.to_json() for s in ss] for h, ss in shards.items()})
     finalize_collected(out, c.fmt, header, c.entries, c.admission.admitted, cfg.draft_vocab_sizes,
                        cfg.vocab_size or header.vocab_size)
     accounts = fleet_accounts(c.admission.admitted, dataset_lines, in_set,
@@ -86,7 +86,7 @@ def _coverage_lines(coverage: Coverage, final: bool) -> list[str]:
 def _write_card(c: Collected, dataset_lines: int, account_lines: list[str]) -> None:
     out = c.cfg.into
     counts = Counter(e.host for e in c.entries)
-    hosts = [HostLine(h.name, ", ".join(f"{i}/{n}" for i, n in (x.shard for x in h.clients)) or "?",
+    hosts = [HostLine(h.name, ", ".join(str(x.shard) for x in h.clients) or "?",
                       counts.get(h.name, 0),
                       "finished" if h.finished else "draining" if h.clients_finished else "extracting")
              for h in c.admission.admitted]
@@ -104,7 +104,7 @@ def _report(c: Collected, failures: list[dict], coverage: Coverage, fleet: dict[
         "into": str(c.cfg.into),
         "final": final,
         "samples": len(c.entries),
-        "hosts": {h.name: {"path": str(h.path), "shards": [list(x.shard) for x in h.clients],
+        "hosts": {h.name: {"path": str(h.path), "shards": [x.shard.to_json() for x in h.clients],
                            "samples_in_host": len(h.entries), "collected": counts.get(h.name, 0),
                            "finished": h.finished} for h in c.admission.admitted},
         "refused": c.admission.refused,

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-Shard = tuple[int, int]
+from hsextract.shard import Shard
 
 # Past this many residues the check looks at the first ones only (fleets use one n in practice).
 _MAX_RESIDUES = 1 << 20
@@ -35,7 +35,7 @@ class Coverage:
 
 def shard_indices(shards: Sequence[Shard], lines: int) -> list[int]:
     """Every dataset index below `lines` that lies in one of `shards`, ascending, each once."""
-    return sorted({x for i, n in shards for x in range(i, lines, n)})
+    return sorted({x for s in shards for x in s.indices(lines)})
 
 
 def check_coverage(shards: Mapping[str, Sequence[Shard]], lines: int) -> Coverage:
@@ -44,13 +44,13 @@ def check_coverage(shards: Mapping[str, Sequence[Shard]], lines: int) -> Coverag
     cov = Coverage()
     if lines <= 0:
         return cov
-    period = math.lcm(*(n for _, (_, n) in owners)) if owners else 1
+    period = math.lcm(*(s.count for _, s in owners)) if owners else 1
     span = min(period, lines, _MAX_RESIDUES)
     holders: list[list[str]] = [[] for _ in range(span)]
-    for host, (i, n) in owners:
-        for x in range(i, span, n):
-            holders[x].append(f"{host} ({i}/{n})")
-    ns = {n for _, (_, n) in owners}
+    for host, s in owners:
+        for x in s.indices(span):
+            holders[x].append(f"{host} ({s})")
+    ns = {s.count for _, s in owners}
     missing = [x for x in range(span) if not holders[x]]
     if missing:
         if len(ns) == 1:

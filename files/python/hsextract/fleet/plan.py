@@ -18,14 +18,14 @@ unusable field into a problem naming the host and the field.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hsextract.collect.shards import Shard, check_coverage
+from hsextract.collect.shards import check_coverage
 from hsextract.errors import ConfigError
 from hsextract.report import binary_size
+from hsextract.shard import WHOLE, Shard
 
 EXIT_NO_ROOM = 5  # as `hsextract plan`: a host's volume cannot hold its shard
 
@@ -80,14 +80,18 @@ class FleetPlan:
                                    "problems": list(h.problems)} for h in self.hosts}}
 
 
-def read_shard(text: str) -> Shard | None:
-    """"i/n" ("" for the whole dataset, 0/1) as (i, n); None when it is not i/n with 0 <= i < n."""
-    i, sep, n = (text or "0/1").partition("/")
+def read_shard(text: object, where: str = "") -> Shard:
+    """A host's shard as the controller or its report gives it: ``i/n``, "" for the whole dataset;
+    a ConfigError that says what is wrong, prefixed by `where` (e.g. ``host b``), when it is neither."""
+    return WHOLE if text == "" else Shard.parse(text, where)
+
+
+def _same_shard(a: str, b: str) -> bool:
+    """Whether two shard texts name one shard (both readable); an unreadable one is reported elsewhere."""
     try:
-        shard = (int(i), int(n))
-    except ValueError:
-        return None
-    return shard if sep and 0 <= shard[0] < shard[1] else None
+        return read_shard(a) == read_shard(b)
+    except ConfigError:
+        return False
 
 
 def _format_bytes(report: dict[str, Any]) -> int:
@@ -127,7 +131,7 @@ def _host_problems(plan: FleetPlan, h: HostPlan) -> None:
     elif h.report is None and not h.problems:
         plan.problems.append(f"host {h.name}: its plan exited 0 but no report of it came back, so its room and its "
                              "dataset are not checked")
-    if h.report is not None and h.shard is not None and read_shard(h.report["shard"]) != read_shard(h.shard):
+    if h.report is not None and h.shard is not None and not _same_shard(h.report["shard"], h.shard):
         plan.problems.append(f"host {h.name}: its plan sized shard {h.report['shard']}, but the controller gave it "
                              f"shard {h.shard_text}: its numbers are not its share; plan it again with its shard "
                              "(hsextract_shard)")
@@ -141,13 +145,15 @@ def plan_fleet(group: str, hosts: list[HostPlan]) -> FleetPlan:
     shards: dict[str, list[Shard]] = {}
     unknown = []
     for h in hosts:
-        shard = None if h.shard is None else read_shard(h.shard)
-        if shard is None:
+        try:
+            if h.shard is None:
+                unknown.append(h.name)
+            else:
+                shards[h.name] = [read_shard(h.shard, f"host {h.name}")]
+        except ConfigError as exc:
             unknown.append(h.name)
-            if h.shard is not None and not h.problems:
-                plan.problems.append(f"host {h.name}: its shard {json.dumps(h.shard)} is not i/n with 0 <= i < n")
-        else:
-            shards[h.name] = [shard]
+            if not h.problems:
+                plan.problems.append(str(exc))
         _host_problems(plan, h)
     planned = plan.planned
     if planned:
@@ -166,7 +172,7 @@ def plan_fleet(group: str, hosts: list[HostPlan]) -> FleetPlan:
 
 
 def _period(shards: dict[str, list[Shard]]) -> int:
-    return math.lcm(*(n for ss in shards.values() for _, n in ss))
+    return math.lcm(*(s.count for ss in shards.values() for s in ss))
 
 
 def render(plan: FleetPlan) -> list[str]:

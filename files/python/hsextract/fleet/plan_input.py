@@ -19,6 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from hsextract.errors import ConfigError
 from hsextract.fleet.plan import HostPlan, read_shard
 
 ENTRY_FIELDS = "shard, report, rc and error"
@@ -87,10 +88,12 @@ def _shard(name: str, value: Any, problems: list[str]) -> str | None:
     """The shard the controller gave the host ("" for the whole dataset); None when unreadable."""
     if value is None or value == "":
         return ""
-    if isinstance(value, str) and read_shard(value) is not None:
-        return value
-    problems.append(f"host {name}: its shard {shown(value)} is not i/n with 0 <= i < n")
-    return None
+    try:
+        read_shard(value, f"host {name}")
+    except ConfigError as exc:
+        problems.append(str(exc))
+        return None
+    return str(value)
 
 
 def _exit_status(name: str, value: Any, problems: list[str]) -> int | None:
@@ -113,8 +116,10 @@ def report_problem(report: Any) -> str:
     for k in COUNT_FIELDS:
         if not is_count(report[k]):
             return f"its report's {k} is {shown(report[k])}, not a count"
-    if not isinstance(report["shard"], str) or read_shard(report["shard"]) is None:
-        return f"its report's shard {shown(report['shard'])} is not i/n with 0 <= i < n"
+    try:
+        read_shard(report["shard"])
+    except ConfigError as exc:
+        return f"its report's {exc}"
     return _format_problem(report) or _volume_problem(report["output_volume"]) or _time_problem(report.get("time"))
 
 

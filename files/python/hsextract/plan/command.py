@@ -121,7 +121,7 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
     from hsextract.plan.estimate import bench_rate, default_results_dir
     from hsextract.plan.scan import ScanSettings
-    from hsextract.shard import parse_shard
+    from hsextract.shard import Shard
 
     missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
     if missing:
@@ -134,8 +134,9 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     # A bucket's run is planned in its work directory: the drain's temporary files and bookkeeping.
     out = resolve_output(args.output, args)[0] if args.output else None
     done = frozenset(completed_indices(out)) if out is not None else frozenset()
+    shard = Shard.parse(args.shard, where="--shard")
     cfg = ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
-                       bool(args.last_turn_only), int(args.min_loss_tokens or 0), parse_shard(args.shard), done,
+                       bool(args.last_turn_only), int(args.min_loss_tokens or 0), shard, done,
                        args.workers, progress=not args.no_progress, max_row_bytes=int(args.max_row_bytes),
                        context_length=args.context_length, kv_pool_tokens=args.max_total_tokens)
     num_aux = aux_count(args.aux_layers)

@@ -71,7 +71,7 @@ def scan_key(cfg: ScanSettings) -> str:
         "dataset": _files(Path(f.path) for f in dataset_files(cfg.dataset)),
         "model": _files(sorted(p for p in model.iterdir() if p.is_file())),
         "settings": [cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only, cfg.min_loss_tokens,
-                     list(cfg.shard), cfg.max_row_bytes, cfg.context_length, cfg.kv_pool_tokens],
+                     cfg.shard.to_json(), cfg.max_row_bytes, cfg.context_length, cfg.kv_pool_tokens],
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 

@@ -27,6 +27,7 @@ from hsextract.client.chat_template import TOO_LONG, Encoded, build_encoder
 from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, read_dataset
 from hsextract.client.direct_tokenizer import DirectTokenizer
 from hsextract.formats.index_width import same_size_index
+from hsextract.shard import WHOLE, Shard
 
 CHUNK = 64  # samples per task: large enough to amortize the pickling, small enough for a smooth bar
 # Rows per worker below which another process costs more to start (imports, tokenizer) than it saves:
@@ -48,7 +49,7 @@ class ScanSettings:
     overlong: str = "truncate"
     last_turn_only: bool = False
     min_loss_tokens: int = 0
-    shard: tuple[int, int] = (0, 1)
+    shard: Shard = WHOLE
     done: frozenset[int] = frozenset()  # dataset indices already in the training set
     workers: int | None = None  # None: `default_workers`
     progress: bool = True
@@ -155,13 +156,12 @@ def _encode_chunk(chunk: tuple[int, list[Sample]]) -> tuple[int, list[tuple | Re
 
 def _chunks(cfg: ScanSettings, res: ScanResult, parse_rejects: list[Reject]) -> Iterator[tuple[int, list[Sample]]]:
     """Chunks of this shard's samples; rows read, shard membership and reader rejects are tallied here."""
-    i_shard, n_shard = cfg.shard
     batch: list[Sample] = []
     rows = 0
     for item in read_dataset(cfg.dataset, DatasetReader(max_row_bytes=cfg.max_row_bytes)):
         res.lines += 1
         rows += 1
-        if item.index % n_shard != i_shard:
+        if not cfg.shard.takes(item.index):
             continue
         res.in_shard += 1
         if isinstance(item, Reject):

@@ -21,7 +21,7 @@ from hsextract.regen.reasoning import MODES
 from hsextract.regen.runner import REPLY_TIMEOUT_S, RegenConfig, RegenerateRun
 from hsextract.regen.sampling import DEFAULT_MAX_NEW_TOKENS
 from hsextract.retry import RetryPolicy
-from hsextract.shard import parse_shard
+from hsextract.shard import Shard
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> RegenConfig:
         max_new_tokens=args.max_new_tokens,
         concurrency=int(args.concurrency),
         max_row_bytes=int(args.max_row_bytes),
-        shard=parse_shard(args.shard),
+        shard=Shard.parse(args.shard, where="--shard"),
         retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
                           read_timeout_s=float(args.request_timeout)),
         log_every_s=float(args.log_every),

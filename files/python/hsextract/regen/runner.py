@@ -32,7 +32,7 @@ from hsextract.regen.sampling import Sampling, resolve
 from hsextract.regen.server import ChatServer, ServerGone
 from hsextract.regen.store import Store, conversation_key
 from hsextract.retry import RetryPolicy
-from hsextract.shard import shard_size
+from hsextract.shard import WHOLE, Shard
 
 log = logging.getLogger("hsextract.regen")
 
@@ -58,7 +58,7 @@ class RegenConfig:
     max_new_tokens: int | None = None
     concurrency: int = 64  # per server
     max_row_bytes: int = defaults.MAX_ROW_BYTES
-    shard: tuple[int, int] = (0, 1)
+    shard: Shard = WHOLE
     # a reply of thousands of tokens behind a full batch takes minutes
     retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(read_timeout_s=REPLY_TIMEOUT_S))
     status_every_s: float = 1.0
@@ -126,12 +126,11 @@ class RegenerateRun:
     # -- the producer and the workers ------------------------------------------------------------
 
     async def _produce(self) -> None:
-        i_shard, n_shard = self.cfg.shard
         seen: set[str] = set()
         # a prompt without a reply gets one
         reader = DatasetReader(require_assistant=False, max_row_bytes=self.cfg.max_row_bytes)
         for item in read_dataset(self.cfg.dataset, reader):
-            if item.index % n_shard != i_shard:
+            if not self.cfg.shard.takes(item.index):
                 continue
             if isinstance(item, Reject):
                 key = f"row:{item.file}:{item.line}"
@@ -234,7 +233,7 @@ class RegenerateRun:
             self.store.check_settings({
                 "model": models[0], "sampling": self.sampling.to_json(), "reasoning": cfg.reasoning,
                 "last_turn_only": cfg.last_turn_only, "drop_truncated": cfg.drop_truncated,
-                "shard": f"{cfg.shard[0]}/{cfg.shard[1]}"})
+                "shard": str(cfg.shard)})
             log.info("regenerating %s -> %s on %d servers (%s), sampling %s, reasoning %s", cfg.dataset,
                      self.store.data_path, len(servers), models[0], self.sampling.request_fields(), cfg.reasoning)
             await self._run_workers(servers)
@@ -283,7 +282,7 @@ class RegenerateRun:
         out = self.store.output
         regen_summary_path(out).unlink(missing_ok=True)  # a new run is not finished yet
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hsextract-regen-write")
-        st.conversations_total = shard_size(count_rows(cfg.dataset), cfg.shard)
+        st.conversations_total = cfg.shard.size(count_rows(cfg.dataset))
         reporter = Reporter(st, regen_status_path(out), every=cfg.status_every_s, log_every=cfg.log_every_s)
         reporter.start()
         try:
