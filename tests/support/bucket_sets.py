@@ -68,6 +68,7 @@ def drain_fleet(weed, bucket: str, credentials: Path, tmp_path: Path, hosts: tup
     as extract.yml's hosts do; the staged samples by dataset index."""
     from hsextract.layout import client_summary_path
     from hsextract.records import load_or_create_run_id
+    from hsextract.shard import Shard
 
     from support.staged_dumps import stage_sample
 
@@ -80,7 +81,7 @@ def drain_fleet(weed, bucket: str, credentials: Path, tmp_path: Path, hosts: tup
         dump = tmp_path / f"dump-{host}"
         for i in range(k, n, len(hosts)):
             staged[i] = stage_sample(dump, run, i, tokens=tokens + i, hidden_size=hidden_size)
-        summary = client_summary_path(work, (k, len(hosts)))
+        summary = client_summary_path(work, Shard(k, len(hosts)))
         summary.parent.mkdir(parents=True, exist_ok=True)
         summary.write_text(json.dumps({"state": "done", "dataset_lines": n, "shard": [k, len(hosts)]}))
         assert Drainer(drain_config(dump, work, target(weed, bucket, f"run/{host}", credentials))).run() == 0
