@@ -109,17 +109,9 @@ def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
 
 def _verify_vocab(out: Path, fmt, sizes, entries) -> int:
     """Print the draft vocabulary's problems against a recount of the files; return how many."""
-    from hsextract.vocab.tracker import VocabTracker
+    from hsextract.vocab.tracker import VocabTracker, print_recount_verdict
 
-    tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
-    tracker.recover(entries, save=False)
-    problems = tracker.verify(entries)
-    for problem in problems:
-        print(f"BAD {problem}")
-    counts, _ = tracker.snapshot()
-    print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
-          f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' files")
-    return len(problems)
+    return print_recount_verdict(VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0), entries, "files")
 
 
 def _finalize_bucket(args: argparse.Namespace, sizes: tuple[int, ...], vocab_size: int | None) -> int:

@@ -109,7 +109,7 @@ def _verify_vocab(store: ObjectStore, found: BucketSet, sizes: Sequence[int], tm
     """The published counts and token-frequency files against a recount of the objects."""
     from hsextract.layout import state_dir
     from hsextract.objectstore.tokens import RemoteTokens
-    from hsextract.vocab.tracker import VocabTracker
+    from hsextract.vocab.tracker import VocabTracker, print_recount_verdict
 
     view = tmp / "view"  # the set's small files, where the tracker reads its checkpoint and token_freq
     view.mkdir()
@@ -124,14 +124,7 @@ def _verify_vocab(store: ObjectStore, found: BucketSet, sizes: Sequence[int], tm
     entries = found.published.entries
     tokens = RemoteTokens(store, found.fmt, tmp)
     tracker = VocabTracker(view, found.fmt, sizes, checkpoint_interval_s=0.0, tokens=tokens)
-    tracker.recover(entries, save=False)
-    problems = tracker.verify(entries)
-    for problem in problems:
-        print(f"BAD {problem}")
-    counts, _ = tracker.snapshot()
-    print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
-          f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' objects")
-    return len(problems)
+    return print_recount_verdict(tracker, entries, "objects")
 
 
 def finalize_bucket(store: ObjectStore, work: Path, sizes: Sequence[int], vocab_size: int | None,

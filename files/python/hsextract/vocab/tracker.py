@@ -189,3 +189,16 @@ class VocabTracker:
         if covered != len(entries):
             problems.append(f"draft vocabulary counts cover {covered} samples, the manifest has {len(entries)}")
         return problems
+
+
+def print_recount_verdict(tracker: VocabTracker, entries: Sequence[ManifestEntry], of: str) -> int:
+    """`finalize --verify`'s lines on the draft vocabulary: each problem of ``tracker``'s counts
+    against a recount of the samples' ``of`` (files, objects), then the totals; how many problems."""
+    tracker.recover(entries, save=False)
+    problems = tracker.verify(entries)
+    for problem in problems:
+        print(f"BAD {problem}")
+    counts, _ = tracker.snapshot()
+    print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
+          f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' {of}")
+    return len(problems)
