@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "files" / "python")
 from hsextract.capture.core import BatchRequest, CaptureSettings
 from hsextract.capture.writer import CaptureWriter
 from hsextract.layers import resolve
-from hsextract.staging import iter_complete, read_states
+from hsextract.staging.dumps import iter_complete, read_states
 
 
 class Layer(torch.nn.Module):

@@ -55,9 +55,10 @@ sys.path[:0] = [str(REPO / "bench" / "gpu"), str(REPO / "files" / "python")]
 
 import gpu_env  # noqa: E402
 from gpu_server import ServerHandle, ServerSpec, start, wait_healthy  # noqa: E402
-from hsextract import fingerprint, staging  # noqa: E402
+from hsextract import fingerprint  # noqa: E402
 from hsextract.capture.config import WRITER_PROCESS_DEFAULT  # noqa: E402
-from hsextract.staging import DONE_FILE, STATES_FILE, iter_dump_dirs  # noqa: E402
+from hsextract.staging import dumps as staging  # noqa: E402
+from hsextract.staging.dumps import DONE_FILE, STATES_FILE, iter_dump_dirs  # noqa: E402
 
 FAILED_FILE = getattr(staging, "FAILED_FILE", "failed.json")
 LOSS_PATTERNS = ("rows are lost", "could not queue", "cannot write", "will not be marked done")

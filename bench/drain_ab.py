@@ -34,9 +34,9 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "bench")]
 from common import machine_info, on_disk_keys  # noqa: E402
 from drain_throughput import stage_master, staged_sizes  # noqa: E402
 from hsextract.formats import FORMATS  # noqa: E402
-from hsextract.formats.manifest import iter_entries  # noqa: E402
-from hsextract.layout import client_summary_path  # noqa: E402
 from hsextract.ops.disk_ceiling import measure  # noqa: E402
+from hsextract.output.layout import client_summary_path  # noqa: E402
+from hsextract.output.manifest import iter_entries  # noqa: E402
 
 
 def _ready(out: Path, log: Path, processes: bool) -> bool:
@@ -51,7 +51,7 @@ _STAMP = """
 import json, sys
 from pathlib import Path
 from hsextract import fingerprint
-from hsextract.staging import read_states
+from hsextract.staging.dumps import read_states
 out = {}
 for d in Path(sys.argv[1]).iterdir():
     if d.name != "_records":

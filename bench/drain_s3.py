@@ -44,11 +44,11 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "bench"), str(REPO / 
 import drain_throughput as dt  # noqa: E402
 from common import machine_info  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
-from hsextract.layout import client_summary_path  # noqa: E402
 from hsextract.objectstore.committer import ObjectCommitter  # noqa: E402
 from hsextract.objectstore.output import ObjectOutput  # noqa: E402
 from hsextract.objectstore.settings import settings_from  # noqa: E402
 from hsextract.objectstore.url import ObjectURL  # noqa: E402
+from hsextract.output.layout import client_summary_path  # noqa: E402
 from support.s3_server import WeedServer  # noqa: E402
 
 logging.disable(logging.ERROR)  # a bench run has no model: no draft config, said at ERROR

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "files" / "python"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import drain_throughput as dt  # noqa: E402
-from hsextract.formats.manifest import entries_path  # noqa: E402
+from hsextract.output.manifest import entries_path  # noqa: E402
 
 
 def first_sample_s(tree: Path, master: Path, base: Path, workers: int, timeout: float = 300) -> tuple[float, float]:

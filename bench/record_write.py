@@ -28,8 +28,8 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "bench")]
 
 from common import machine_info  # noqa: E402
 from hsextract import durable  # noqa: E402
-from hsextract.layout import record_path  # noqa: E402
-from hsextract.records import SampleRecord, write_record  # noqa: E402
+from hsextract.staging.names import record_path  # noqa: E402
+from hsextract.staging.records import SampleRecord, write_record  # noqa: E402
 
 
 def write_record_before(dump_dir: Path, record: SampleRecord) -> None:

@@ -208,7 +208,7 @@ def main() -> int:
 
 def check(storm: Storm, exp) -> dict:
     """The storm's verdict: the accounts, the samples against the dataset, the verify."""
-    from hsextract.reconcile import read_accounts
+    from hsextract.output.accounts import read_accounts
 
     accounts = read_accounts(storm.out, storm.out / "quarantine", final=True)
     acc = accounts.as_dict() if accounts else {}

@@ -53,9 +53,9 @@ import requests
 import torch
 from gpu_env import PACKAGE_DIR, GpuEnv
 from gpu_server import ServerHandle, ServerSpec, ServerStartError, dump_dir_for, log_tail, start, wait_healthy
-from hsextract import staging
 from hsextract.capture.config import WRITER_PROCESS_DEFAULT
-from hsextract.staging import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
+from hsextract.staging import dumps as staging
+from hsextract.staging.dumps import DONE_FILE, iter_dump_dirs, read_done_marker, read_states, rid_dir
 from support.hf_reference import (
     MEDIAN_TOKEN_BOUND,
     REL_ERR_BOUND,

@@ -78,7 +78,7 @@ def transformers_arm(set_a: Path, model: Path, set_b: Path, device: str, max_bat
     """Write arm B: set A's samples with transformers' bf16 rows (see the module's docstring), and
     compare them with A's, sample by sample (relative L2 over all slots)."""
     import torch
-    from hsextract.formats.manifest import iter_entries, read_header
+    from hsextract.output.manifest import iter_entries, read_header
     from transformers import AutoModelForCausalLM
 
     header = read_header(set_a)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hsextract.formats.manifest import iter_entries, verify_entry
+from hsextract.output.manifest import iter_entries, verify_entry
 from support import ansiballz_cache
 from support.fleet import make_fleet, three_hosts
 

@@ -129,7 +129,7 @@ def status(box: Sandbox) -> dict:
 
 
 def manifest_indices(box: Sandbox) -> list[int]:
-    code = ("import json, sys\nfrom hsextract.formats.manifest import iter_entries\n"
+    code = ("import json, sys\nfrom hsextract.output.manifest import iter_entries\n"
             "print(json.dumps([e.dataset_index for e in iter_entries(sys.argv[1])]))")
     out = box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", code, OUTPUT, check=True).stdout
     return json.loads(out)
@@ -357,8 +357,8 @@ REGEN_VARS = {"hsextract_regenerate": True, "hsextract_output_dir": REGEN_OUTPUT
               "hsextract_regenerated_dir": REGENERATED, "regeneration_max_new_tokens": 16,
               "regeneration_concurrency": 8, "wait": True}
 ENCODE = """import json, sys
-from hsextract.client.chat_template import SampleEncoder, load_tokenizer
-from hsextract.client.dataset import Sample, read_dataset
+from hsextract.dataset.chat_template import SampleEncoder, load_tokenizer
+from hsextract.dataset.reader import Sample, read_dataset
 encoder = SampleEncoder(load_tokenizer(sys.argv[1]), int(sys.argv[3]), "truncate")
 print(json.dumps({item.index: getattr(encoder.encode(item), "input_ids", None) for item in read_dataset(sys.argv[2])
                   if isinstance(item, Sample)}))
@@ -457,7 +457,7 @@ def test_the_training_set_of_the_regenerated_dataset_is_complete_and_loads_with_
     readers = os.environ.get("HSEXTRACT_READERS")
     if not readers:
         pytest.skip("HSEXTRACT_READERS is not set: install requirements/readers.txt (make venv)")
-    from hsextract.formats.manifest import iter_entries
+    from hsextract.output.manifest import iter_entries
     from support.reader_check import load_with_reader
 
     box, out = regen_host["box"], regen_host["output"]

@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hsextract.formats.manifest import iter_entries
+from hsextract.output.manifest import iter_entries
 from support import fleet_interrupts
 from support.client_run import wait_for
 from support.hosts import Fleet, missing_requirements
@@ -46,8 +46,8 @@ LINES = 24  # the dataset: the first rows of the demo dataset (chat, ShareGPT an
 STOPPED_AT = 2  # host b's units are stopped once this many of its samples are in its set
 UNITS = ("hsextract-extract.service", "hsextract-drain.service")  # host b's, stopped mid-run
 ENCODE = """import json, sys
-from hsextract.client.chat_template import SampleEncoder, load_tokenizer
-from hsextract.client.dataset import Sample, read_dataset
+from hsextract.dataset.chat_template import SampleEncoder, load_tokenizer
+from hsextract.dataset.reader import Sample, read_dataset
 encoder = SampleEncoder(load_tokenizer(sys.argv[1]), int(sys.argv[3]), "truncate")
 print(json.dumps({item.index: encoder.encode(item).input_ids for item in read_dataset(sys.argv[2])
                   if isinstance(item, Sample)}))

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hsextract.client.dataset_record import check_and_record
+from hsextract.output.dataset_record import check_and_record
 from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 

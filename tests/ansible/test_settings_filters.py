@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hsextract import layout, records
 from hsextract.errors import ConfigError
+from hsextract.output import layout
 from hsextract.shard import Shard
+from hsextract.staging import records
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "roles" / "hsextract" / "filter_plugins" / "hsextract_checks.py"

@@ -14,7 +14,12 @@ import sys
 import textwrap
 
 import pytest
-from hsextract.announcements import CaptureAnnouncement, live_announcements, process_start_ticks, write_announcement
+from hsextract.staging.announcements import (
+    CaptureAnnouncement,
+    live_announcements,
+    process_start_ticks,
+    write_announcement,
+)
 from support.client_run import env
 
 pytestmark = pytest.mark.slow

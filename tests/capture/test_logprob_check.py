@@ -23,7 +23,7 @@ from hsextract.capture.selfcheck import check_dump
 from hsextract.greedy_check import GreedyHead
 from hsextract.logprob_check import check_final_rows
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
-from hsextract.staging import DONE_FILE, read_done_marker, read_states, write_done_marker
+from hsextract.staging.dumps import DONE_FILE, read_done_marker, read_states, write_done_marker
 from support.drain_proc import env as hsextract_env
 from support.hf_reference import reference
 from support.server_dumps import wait_done

@@ -18,7 +18,7 @@ import requests
 import torch
 from hsextract import fingerprint
 from hsextract.capture.selfcheck import check_dump
-from hsextract.staging import (
+from hsextract.staging.dumps import (
     CAPTURE_SERVER_ABORTED,
     DONE_FILE,
     FAILED_FILE,

@@ -16,7 +16,7 @@ import pytest
 from hsextract.capture.core import BatchRequest
 from hsextract.capture.preflight import check_dump_dir
 from hsextract.errors import ConfigError
-from hsextract.staging import DONE_FILE, FAILED_FILE, STATES_FILE, read_done_marker, read_states
+from hsextract.staging.dumps import DONE_FILE, FAILED_FILE, STATES_FILE, read_done_marker, read_states
 from support.capture_writers import MODES, batch, make_writer
 
 NOBODY = 65534

@@ -18,7 +18,7 @@ import torch
 from hsextract import fingerprint
 from hsextract.capture.core import BatchRequest
 from hsextract.capture.host_stage import HostBufferPool, own_batch
-from hsextract.staging import (
+from hsextract.staging.dumps import (
     CAPTURE_FINGERPRINT,
     CAPTURE_QUEUE_ERROR,
     CAPTURE_SERVER_ABORTED,

@@ -22,7 +22,7 @@ from hsextract.capture.shared_buffers import MEMFD_NAME
 from hsextract.capture.sink import WriterOptions
 from hsextract.capture.writer_process import ProcessCaptureWriter
 from hsextract.layers import resolve
-from hsextract.staging import (
+from hsextract.staging.dumps import (
     CAPTURE_MISSING_ROWS,
     CAPTURE_WRITER_DIED,
     DONE_FILE,

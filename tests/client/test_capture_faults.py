@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hsextract.client.chat_template import load_tokenizer
-from hsextract.staging import DONE_FILE, STATES_FILE
+from hsextract.dataset.chat_template import load_tokenizer
+from hsextract.staging.dumps import DONE_FILE, STATES_FILE
 from support.client_run import (
     Expected,
     assert_training_set_matches,

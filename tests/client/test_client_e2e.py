@@ -11,7 +11,7 @@ import signal
 from collections import Counter
 
 import pytest
-from hsextract.client.chat_template import load_tokenizer
+from hsextract.dataset.chat_template import load_tokenizer
 from support.client_run import (
     assert_training_set_matches,
     client_status,
@@ -117,8 +117,8 @@ def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_
 
 
 def _staged_indices(dump, run_id: str) -> set[int]:
-    from hsextract.records import parse_rid
-    from hsextract.staging import iter_complete
+    from hsextract.staging.dumps import iter_complete
+    from hsextract.staging.records import parse_rid
 
     return {p.index for d in iter_complete(dump) if (p := parse_rid(d.name)) and p.run_id == run_id}
 
@@ -133,7 +133,7 @@ def _remove_run(dump, run_id: str) -> None:
 
 def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(llama_server, tiny_llama, tmp_path):
     from hsextract.cli import main
-    from hsextract.records import load_or_create_run_id
+    from hsextract.staging.records import load_or_create_run_id
 
     data = tmp_path / "data.jsonl"
     exp = write_mixed_dataset(data, load_tokenizer(tiny_llama), n_lines=12, seed=4, bad=False)
@@ -171,7 +171,7 @@ def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_
     import shutil
 
     from hsextract.cli import main
-    from hsextract.records import load_or_create_run_id, make_rid, record_path
+    from hsextract.staging.records import load_or_create_run_id, make_rid, record_path
     from support.recording_proxy import RecordingProxy
 
     model = tmp_path / "model"
@@ -229,6 +229,6 @@ def test_json_array_and_parquet_files_of_a_directory_reach_the_training_set(llam
     assert_training_set_matches(out, exp)  # index = file order, then row: the same as the one JSONL file
     summary = _summary(out)
     assert summary["ok"] == 24 and summary["rejected"] == {} and summary["failed"] == {}
-    from hsextract.formats.manifest import iter_entries
+    from hsextract.output.manifest import iter_entries
 
     assert {e.dataset_index for e in iter_entries(out)} == set(range(24))

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hsextract.client.chat_template import load_tokenizer
+from hsextract.dataset.chat_template import load_tokenizer
 from support.client_run import (
     assert_training_set_matches,
     client_status,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hsextract.formats.manifest import iter_entries
+from hsextract.output.manifest import iter_entries
 from support.client_run import env, extract_args
 
 pytestmark = pytest.mark.server

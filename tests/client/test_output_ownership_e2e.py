@@ -19,9 +19,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hsextract.announcements import live_announcements, process_start_ticks
-from hsextract.client.chat_template import load_tokenizer
-from hsextract.records import parse_rid, read_record
+from hsextract.dataset.chat_template import load_tokenizer
+from hsextract.staging.announcements import live_announcements, process_start_ticks
+from hsextract.staging.records import parse_rid, read_record
 from support.client_run import (
     assert_training_set_matches,
     env,
@@ -74,7 +74,7 @@ def test_clients_of_disjoint_shards_fill_one_output_and_one_drain_accounts_for_e
                 llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out, *LIMITS,
                 "--shard", shard)))
         # Both hold their shard before the drain looks: one finishing before the other started would
-        # be a finished run of one shard (see hsextract.client_state).
+        # be a finished run of one shard (see hsextract.output.client_files).
         wait_for(lambda: [_lock_pid(out, s) for s in ("0/2", "1/2")] == [c.pid for c in clients], 240,
                  "both clients to hold their shards", logs / "client-1.log")
         drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)

@@ -18,9 +18,9 @@ import psutil
 import pytest
 import requests
 from hsextract.client.sender import Sender
-from hsextract.records import make_rid
 from hsextract.retry import RetryPolicy
-from hsextract.staging import DONE_FILE, discard_dump, rid_dir
+from hsextract.staging.dumps import DONE_FILE, discard_dump, rid_dir
+from hsextract.staging.records import make_rid
 from support.client_run import (
     extract_args,
     start_client,

@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 
 import pytest
-from hsextract.client.chat_template import load_tokenizer
+from hsextract.dataset.chat_template import load_tokenizer
 from hsextract.shard import Shard
 from support.client_run import (
     assert_training_set_matches,
@@ -43,7 +43,7 @@ def _state(out, name: str) -> dict:
 
 def _written(out, shard: Shard) -> int:
     """How many samples of `shard` the drain has written to the training set so far."""
-    from hsextract.formats.manifest import iter_entries
+    from hsextract.output.manifest import iter_entries
 
     return sum(1 for e in iter_entries(out) if shard.takes(e.dataset_index))
 

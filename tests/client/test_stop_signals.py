@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hsextract.client.chat_template import load_tokenizer
+from hsextract.dataset.chat_template import load_tokenizer
 from support.answering_server import AnsweringServer
 from support.client_run import (
     assert_training_set_matches,

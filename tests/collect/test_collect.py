@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from hsextract.formats import get_format
-from hsextract.formats.manifest import iter_entries, read_header, verify_entry
-from hsextract.reconcile import read_accounts
+from hsextract.output.accounts import read_accounts
+from hsextract.output.manifest import iter_entries, read_header, verify_entry
 from hsextract.shard import Shard
 from hsextract.vocab.counts import TokenCounts
 from hsextract.vocab.files import read_token_freq
@@ -144,7 +144,7 @@ def test_a_host_still_extracting_is_collected_as_far_as_committed_and_then_adds_
     plans = [HostPlan("a", Shard(0, 2)), HostPlan("b", Shard(1, 2))]
     fleet = make_fleet(tmp_path / "fleet", "speculators", plans[:1], 20)
     b = tmp_path / "fleet" / "b"
-    from hsextract.client.dataset_record import check_and_record
+    from hsextract.output.dataset_record import check_and_record
 
     check_and_record(b, fleet.dataset, has_samples=False)
     first = drain_host(b, tmp_path / "dump-b", "speculators", plans[1], 20, [1, 3, 5], finished=False)

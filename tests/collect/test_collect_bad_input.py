@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
-from hsextract.client.dataset_record import check_and_record
 from hsextract.collect.lock import collected_set_lock
-from hsextract.formats.manifest import iter_entries, verify_entry
+from hsextract.output.dataset_record import check_and_record
+from hsextract.output.manifest import iter_entries, verify_entry
 from hsextract.shard import Shard
 from support.drain_proc import env, hsextract, start
 from support.fleet import RUN_ID, HostPlan, drain_host, make_fleet, snapshot, three_hosts, tokens_of, write_dataset

@@ -12,7 +12,7 @@ from hsextract.collect.admit import admit, choose_reference
 from hsextract.collect.hosts import ClientShard, HostOutput, parse_host_argument
 from hsextract.collect.plan import Pending, collected_entry, plan_collect
 from hsextract.collect.shards import check_coverage, shard_indices
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 from hsextract.shard import Shard
 
 HEADER = ManifestHeader(format="speculators", final_hidden="pre_norm", dtype="bfloat16", hidden_size=64, num_aux=3,

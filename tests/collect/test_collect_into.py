@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hsextract.formats.manifest import iter_entries
+from hsextract.output.manifest import iter_entries
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

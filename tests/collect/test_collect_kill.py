@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from hsextract.formats.manifest import entries_path, iter_entries
+from hsextract.output.manifest import entries_path, iter_entries
 from hsextract.shard import Shard
 from support.drain_proc import hsextract, start
 from support.fleet import HostPlan, make_fleet

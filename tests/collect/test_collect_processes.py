@@ -5,7 +5,7 @@ final collect takes it as that shard, and refuses it while a process's sub-shard
 from __future__ import annotations
 
 import pytest
-from hsextract.formats.manifest import iter_entries
+from hsextract.output.manifest import iter_entries
 from hsextract.shard import Shard
 from support.fleet import HostPlan, make_fleet
 

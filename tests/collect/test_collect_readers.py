@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hsextract.formats.manifest import iter_entries
+from hsextract.output.manifest import iter_entries
 from support.reader_check import assert_reader_sees_captured, load_with_reader
 
 pytestmark = [pytest.mark.slow, pytest.mark.readers, pytest.mark.timeout(600)]

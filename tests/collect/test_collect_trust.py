@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hsextract.formats.manifest import checksum_file, iter_entries
+from hsextract.output.manifest import checksum_file, iter_entries
 from support.fleet import Fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -147,7 +147,7 @@ def test_a_read_only_output_directory_is_one_line_for_the_client(tmp_path, read_
 
 
 def test_finalize_of_a_read_only_output_directory_fails_and_claims_nothing(tmp_path, read_only_dir):
-    from hsextract.formats.manifest import ManifestHeader, write_header
+    from hsextract.output.manifest import ManifestHeader, write_header
 
     staged = tmp_path / "out"
     staged.mkdir()

@@ -1,4 +1,4 @@
-"""The names of a run's files have one owner, hsextract.layout, and the roles take theirs from it.
+"""The names of a run's files have one owner, hsextract.output.layout, and the roles take theirs from it.
 
 Ansible reads some of the files the client and the drain write (whether a run has finished is
 the client's summary file). The roles never spell such a path: roles/hsextract/vars/main.yml
@@ -13,8 +13,9 @@ import re
 from pathlib import Path
 
 import yaml
-from hsextract import layout
+from hsextract.output import layout
 from hsextract.shard import Shard
+from hsextract.staging import names
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_FILES = sorted([*(REPO / "roles").rglob("*.yml"), *(REPO / "roles").rglob("*.j2"),
@@ -33,7 +34,8 @@ def test_the_roles_derive_each_file_they_read_from_the_layout():
     for variable, value in derived.items():
         m = DERIVED.match(value)
         assert m, f"{variable}: {value!r} is not derived with hsextract_layout_path"
-        assert callable(getattr(layout, f"{m[2]}_path", None)), f"{variable}: hsextract.layout has no {m[2]}_path"
+        assert callable(getattr(layout, f"{m[2]}_path", None)), \
+            f"{variable}: hsextract.output.layout has no {m[2]}_path"
         names[variable] = m[2]
     assert names == {"hsextract_dataset_record_file": "dataset_record",
                      "hsextract_client_summary_file": "client_summary",
@@ -58,11 +60,11 @@ def test_the_paths_are_under_the_output_and_staging_directories(tmp_path):
     assert layout.failures_path(out) == out / ".hsextract" / "failures.jsonl"
     assert layout.rejects_path(out) == out / ".hsextract" / "rejects.jsonl"
     assert layout.default_quarantine_dir(out) == out / "quarantine"
-    assert layout.record_path(dump, "hsx-0123abcd-7") == dump / "_records" / "hsx-0123abcd-7.json"
+    assert names.record_path(dump, "hsx-0123abcd-7") == dump / "_records" / "hsx-0123abcd-7.json"
 
 
 def test_a_writers_temporary_file_among_the_records_is_no_record(tmp_path):
-    path = layout.record_path(tmp_path, "hsx-0123abcd-7")
-    assert layout.record_rid(path.name) == "hsx-0123abcd-7"
-    assert layout.record_rid(f".{path.name}.123.456.0.tmp") is None
-    assert layout.record_rid("notes.txt") is None
+    path = names.record_path(tmp_path, "hsx-0123abcd-7")
+    assert names.record_rid(path.name) == "hsx-0123abcd-7"
+    assert names.record_rid(f".{path.name}.123.456.0.tmp") is None
+    assert names.record_rid("notes.txt") is None

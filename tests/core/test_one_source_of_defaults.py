@@ -1,7 +1,7 @@
 """The client's defaults, the Ansible roles' and those of every subcommand that sizes a client run
 are one set of numbers.
 
-`hsextract.client.defaults` is the source: `ExtractConfig` and the CLI's flags take their
+`hsextract.dataset.defaults` is the source: `ExtractConfig` and the CLI's flags take their
 defaults from it, the roles' public interface (roles/hsextract/defaults/main.yml and its argument
 specs) must say the same, or a run started by hand would behave otherwise than one started by
 the play; and ``plan`` and ``check-shm``, which size the client's run, must assume the client's
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hsextract.client import defaults
 from hsextract.client.command import REQUIRED, _default
+from hsextract.dataset import defaults
 
 REPO = Path(__file__).resolve().parents[2]
 

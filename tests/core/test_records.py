@@ -7,7 +7,7 @@ import multiprocessing
 
 import pytest
 from hsextract.errors import ConfigError, StagingError
-from hsextract.records import (
+from hsextract.staging.records import (
     SampleRecord,
     check_prefix,
     load_or_create_run_id,

@@ -6,8 +6,8 @@ import json
 import re
 
 import pytest
-from hsextract import layout
 from hsextract.errors import ConfigError
+from hsextract.output import layout
 from hsextract.shard import WHOLE, Shard
 
 

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 from hsextract.errors import StagingError
-from hsextract.staging import (
+from hsextract.staging.dumps import (
     DoneMarker,
     StateFileLayout,
     iter_complete,

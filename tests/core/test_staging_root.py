@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from hsextract.announcements import CaptureAnnouncement, write_announcement
-from hsextract.records import SampleRecord, write_record
-from hsextract.staging_fs import prepare_root
+from hsextract.staging.announcements import CaptureAnnouncement, write_announcement
+from hsextract.staging.fs import prepare_root
+from hsextract.staging.records import SampleRecord, write_record
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534

@@ -17,9 +17,9 @@ import torch
 from hsextract import fingerprint
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.errors import ConfigError
-from hsextract.formats.manifest import entries_path, iter_entries, read_header, verify_entry
-from hsextract.records import load_or_create_run_id
-from hsextract.staging import StateFileLayout
+from hsextract.output.manifest import entries_path, iter_entries, read_header, verify_entry
+from hsextract.staging.dumps import StateFileLayout
+from hsextract.staging.records import load_or_create_run_id
 from safetensors.torch import load_file
 from support import volumes
 from support.drain_proc import finish_client, hsextract, start

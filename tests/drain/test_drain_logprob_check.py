@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hsextract.formats.manifest import iter_entries
 from hsextract.greedy_check import GreedyHead
-from hsextract.records import load_or_create_run_id
-from hsextract.staging import DONE_FILE, STATES_FILE, read_done_marker, read_states, write_done_marker
+from hsextract.output.manifest import iter_entries
+from hsextract.staging.dumps import DONE_FILE, STATES_FILE, read_done_marker, read_states, write_done_marker
+from hsextract.staging.records import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.hf_reference import reference
 from support.server_dumps import capture

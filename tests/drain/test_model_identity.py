@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 from hsextract.cli import main
-from hsextract.client.dataset_record import check_and_record
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.core import Drainer
 from hsextract.errors import ConfigError
-from hsextract.formats.manifest import iter_entries, read_header
 from hsextract.model_fingerprint import model_fingerprint
+from hsextract.output.dataset_record import check_and_record
+from hsextract.output.manifest import iter_entries, read_header
 from hsextract.shard import Shard
 from support.fleet import HostPlan, drain_host, write_dataset
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hsextract.formats.manifest import iter_entries
 from hsextract.greedy_check import GreedyHead, rms_norm
-from hsextract.records import load_or_create_run_id, read_record, record_path
-from hsextract.staging import (
+from hsextract.output.manifest import iter_entries
+from hsextract.staging.dumps import (
     DONE_FILE,
     STATES_FILE,
     StateFileLayout,
@@ -20,6 +19,7 @@ from hsextract.staging import (
     read_states,
     write_done_marker,
 )
+from hsextract.staging.records import load_or_create_run_id, read_record, record_path
 from safetensors import safe_open
 from support.drain_proc import drain_until_done
 from support.server_dumps import capture

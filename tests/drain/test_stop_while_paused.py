@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from hsextract.drain.core import DrainConfig, Drainer
-from hsextract.formats.manifest import completed_indices
-from hsextract.records import load_or_create_run_id
+from hsextract.output.manifest import completed_indices
 from hsextract.shard import Shard
-from hsextract.staging import staged_indices
+from hsextract.staging.dumps import staged_indices
+from hsextract.staging.records import load_or_create_run_id
 from support import volumes
 from support.client_run import wait_for
 from support.drain_proc import drain_status

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-from hsextract.formats.manifest import iter_entries
-from hsextract.records import load_or_create_run_id, make_probe_rid, read_record, write_record
-from hsextract.staging import DoneMarker, write_done_marker
+from hsextract.output.manifest import iter_entries
+from hsextract.staging.dumps import DoneMarker, write_done_marker
+from hsextract.staging.records import load_or_create_run_id, make_probe_rid, read_record, write_record
 from support.drain_proc import drain_until_done
 from support.staged_dumps import stage_sample
 

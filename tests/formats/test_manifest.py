@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hsextract.formats.manifest import (
+from hsextract.output.manifest import (
     ManifestAppender,
     ManifestEntry,
     completed_indices,

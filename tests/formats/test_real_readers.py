@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 from hsextract.formats import FORMATS
-from hsextract.formats.manifest import iter_entries, read_header, verify_entry
-from hsextract.records import load_or_create_run_id
+from hsextract.output.manifest import iter_entries, read_header, verify_entry
+from hsextract.staging.records import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.reader_check import assert_reader_sees_captured, load_with_reader
 from support.server_dumps import capture

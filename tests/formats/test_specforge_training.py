@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 from hsextract.draft_config import served_capture
-from hsextract.formats.manifest import read_header
-from hsextract.records import load_or_create_run_id
+from hsextract.output.manifest import read_header
+from hsextract.staging.records import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.server_dumps import capture
 

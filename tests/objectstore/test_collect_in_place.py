@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from hsextract.formats.manifest import iter_entries, verify_entry
 from hsextract.objectstore import store as store_mod
+from hsextract.output.manifest import iter_entries, verify_entry
 from support.bucket_sets import drain_fleet, published, store_of, target
 from support.drain_proc import hsextract
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from hsextract.drain.core import RUN_CHECK_FAILED
 from hsextract.formats import get_format
-from hsextract.formats.manifest import iter_entries
 from hsextract.objectstore.segments import SEGMENTS_DIR, read_published
-from hsextract.records import load_or_create_run_id
+from hsextract.output.manifest import iter_entries
+from hsextract.staging.records import load_or_create_run_id
 from support.bucket_sets import (
     drain,
     object_checksum,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from hsextract.client.chat_template import load_tokenizer
+from hsextract.dataset.chat_template import load_tokenizer
 from support.client_run import (
     assert_training_set_matches,
     extract_args,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hsextract.client.conversation import Conversation, Message, ToolCall
+from hsextract.dataset.conversation import Conversation, Message, ToolCall
 from hsextract.regen import core, reasoning, tools
 from hsextract.regen.core import Options, Reply, TurnFailed, regenerate
 

@@ -34,7 +34,7 @@ from support.sglang_server import start_server
 pytestmark = pytest.mark.server
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = REPO / "tests" / "client" / "templates"
+TEMPLATES = REPO / "tests" / "dataset" / "templates"
 WORDS = ["the", "capital", "city", "of", "france", "is", "paris", "hello", "world", "quick", "brown", "fox", "jumps",
          "over", "lazy", "dog"]
 
@@ -280,9 +280,9 @@ def test_regeneration_through_a_capturing_server_leaves_no_dump(llama_server, tm
 
 def test_regenerated_dataset_is_extracted_unchanged(regen_server, llama_server, tiny_llama, tmp_path):
     import torch
-    from hsextract.client.chat_template import load_tokenizer, tokenize_with_mask
-    from hsextract.client.dataset import read_dataset
-    from hsextract.formats.manifest import iter_entries
+    from hsextract.dataset.chat_template import load_tokenizer, tokenize_with_mask
+    from hsextract.dataset.reader import read_dataset
+    from hsextract.output.manifest import iter_entries
 
     write_conversations(tmp_path / "d.jsonl", 6, seed=5)
     assert regenerate(regen_server.url, tmp_path / "d.jsonl", tmp_path / "regen", "--max-new-tokens", "8") == 0

@@ -9,12 +9,12 @@ import uuid
 
 import pytest
 from hsextract.capture.core import CaptureSettings
-from hsextract.client.conversation import Conversation, Message
+from hsextract.dataset.conversation import Conversation, Message
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.records import make_rid
 from hsextract.regen import sampling
 from hsextract.regen.server import parse_reply, room_left
 from hsextract.regen.store import Store, conversation_key, repair_torn_tail
+from hsextract.staging.records import make_rid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 from hsextract.drain.core import DrainConfig, Drainer
-from hsextract.formats.manifest import ManifestEntry, new_hasher
 from hsextract.objectstore.output import ObjectOutput
 from hsextract.objectstore.segments import read_published
 from hsextract.objectstore.settings import settings_from
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.url import ObjectURL
+from hsextract.output.manifest import ManifestEntry, new_hasher
 
 from support.drain_proc import finish_client
 
@@ -66,9 +66,9 @@ def drain_fleet(weed, bucket: str, credentials: Path, tmp_path: Path, hosts: tup
                 hidden_size: int = 64, tokens: int = 5) -> dict:
     """Hosts of one run, host k drains shard k/len(hosts) of an n-line dataset into s3://bucket/run/<host>,
     as extract.yml's hosts do; the staged samples by dataset index."""
-    from hsextract.layout import client_summary_path
-    from hsextract.records import load_or_create_run_id
+    from hsextract.output.layout import client_summary_path
     from hsextract.shard import Shard
+    from hsextract.staging.records import load_or_create_run_id
 
     from support.staged_dumps import stage_sample
 

@@ -4,7 +4,7 @@ training set against that truth.
 
 The expected token ids and loss masks are derived here independently of the client: from the
 tiny model's template written out by hand as (text, is_reply) segments, each tokenized alone
-(see tests/client/test_client_chat_template.py), and cross-checked against transformers' own
+(see tests/dataset/test_chat_template.py), and cross-checked against transformers' own
 ``apply_chat_template(tokenize=True)``.
 """
 
@@ -196,7 +196,7 @@ def wait_for(predicate, timeout: float, what: str, log: Path | None = None, ever
 
 def training_set(output: Path) -> dict[int, list[dict]]:
     """dataset index -> the specforge samples written for it (a list, so duplicates show)."""
-    from hsextract.formats.manifest import iter_entries
+    from hsextract.output.manifest import iter_entries
 
     found: dict[int, list[dict]] = {}
     for entry in iter_entries(output):

@@ -17,14 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.client.dataset_record import check_and_record
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.core import Drainer
 from hsextract.formats import FORMATS
-from hsextract.layout import client_status_path, client_summary_path, failures_path, rejects_path
 from hsextract.model_info import read_model_info
-from hsextract.records import SampleRecord, make_rid, write_record
+from hsextract.output.dataset_record import check_and_record
+from hsextract.output.layout import client_status_path, client_summary_path, failures_path, rejects_path
 from hsextract.shard import WHOLE, Shard
+from hsextract.staging.records import SampleRecord, make_rid, write_record
 
 from support.staged_dumps import Staged, stage_sample
 

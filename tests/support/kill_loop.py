@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.formats.manifest import entries_path
+from hsextract.output.manifest import entries_path
 
 from support.drain_proc import start
 

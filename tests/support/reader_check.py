@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from hsextract.formats.manifest import iter_entries
+from hsextract.output.manifest import iter_entries
 
 LOADER = Path(__file__).with_name("load_with_reader.py")
 READER_DIR = {"specforge": "specforge", "speculators": "speculators", "speculators-v1": "speculators-v1",

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from hsextract.records import SampleRecord, make_rid, write_record
-from hsextract.staging import DONE_FILE, read_states
+from hsextract.staging.dumps import DONE_FILE, read_states
+from hsextract.staging.records import SampleRecord, make_rid, write_record
 
 from support.staged_dumps import Staged
 

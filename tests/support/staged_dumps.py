@@ -13,8 +13,15 @@ from pathlib import Path
 
 import torch
 from hsextract import fingerprint
-from hsextract.records import SampleRecord, make_rid, write_record
-from hsextract.staging import DONE_FILE, DoneMarker, StateFileLayout, read_done_marker, read_states, write_done_marker
+from hsextract.staging.dumps import (
+    DONE_FILE,
+    DoneMarker,
+    StateFileLayout,
+    read_done_marker,
+    read_states,
+    write_done_marker,
+)
+from hsextract.staging.records import SampleRecord, make_rid, write_record
 
 EAGLE_IDS = [1, 3, 4]
 HIDDEN = 64

@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "client" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "dataset" / "templates"
 # template name -> the special tokens the real model's tokenizer has for it ("tiny": the tiny
 # model's own template and tokenizer, unchanged)
 TEMPLATE_SPECIAL_TOKENS = {
@@ -26,7 +26,7 @@ TEMPLATE_SPECIAL_TOKENS = {
 
 def template_model(base: Path, template: str) -> Path:
     """A model directory like ``base`` whose tokenizer files carry ``template``
-    (tests/client/templates) and its special tokens; ``base`` itself for "tiny"."""
+    (tests/dataset/templates) and its special tokens; ``base`` itself for "tiny"."""
     if template == "tiny":
         return base
     out = base.parent / f"{base.name}-tokenizer-{template}"

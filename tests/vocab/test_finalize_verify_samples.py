@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.cli import main
-from hsextract.formats.manifest import checksum_file, iter_entries
+from hsextract.output.manifest import checksum_file, iter_entries
 from hsextract.shard import Shard
 from support.fleet import HostPlan, make_fleet
 

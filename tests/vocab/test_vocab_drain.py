@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 from hsextract.formats import FORMAT_NAMES, get_format
-from hsextract.formats.manifest import iter_entries
-from hsextract.records import load_or_create_run_id
+from hsextract.output.manifest import iter_entries
+from hsextract.staging.records import load_or_create_run_id
 from hsextract.vocab.checkpoint import checkpoint_path
 from hsextract.vocab.tracker import VocabTracker
 from support.drain_proc import drain_until_done, hsextract

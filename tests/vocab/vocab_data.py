@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 from hsextract import fingerprint
-from hsextract.records import SampleRecord, make_rid, write_record
-from hsextract.staging import DoneMarker, write_done_marker
+from hsextract.staging.dumps import DoneMarker, write_done_marker
+from hsextract.staging.records import SampleRecord, make_rid, write_record
 from support.staged_dumps import write_states
 
 VOCAB = 500

@@ -47,8 +47,8 @@ def write_dataset(path: Path, n: int, context: int, words: str, seed: int = 0, m
 def encode(dataset: Path, model: Path, max_tokens: int) -> list[list[int]]:
     """Every sample's ids, as the client's own encoder makes them (the samples it rejects, as too
     long for instance, are not sent by the client either)."""
-    from hsextract.client.chat_template import Encoded, build_encoder
-    from hsextract.client.dataset import Reject, read_dataset
+    from hsextract.dataset.chat_template import Encoded, build_encoder
+    from hsextract.dataset.reader import Reject, read_dataset
 
     encoder = build_encoder(model, None, max_tokens, "truncate")
     out = []

@@ -17,7 +17,7 @@ from .processes import product_env
 _TOKENIZER_PHASES = """
 import json, sys, time
 t0 = time.monotonic()
-from hsextract.client.chat_template import load_tokenizer
+from hsextract.dataset.chat_template import load_tokenizer
 tok = load_tokenizer(sys.argv[1])
 t1 = time.monotonic()
 import torch

@@ -9,7 +9,7 @@ from pathlib import Path
 
 def load_rows(out: Path) -> dict[int, Path]:
     """Each sample's file in a set, by its index in the dataset (the key both runs share)."""
-    from hsextract.formats.manifest import iter_entries
+    from hsextract.output.manifest import iter_entries
 
     return {e.dataset_index: out / e.file for e in iter_entries(out)}
 
@@ -56,7 +56,7 @@ def compare_with_transformers(out: Path, model: Path, samples: int, max_tokens: 
     DeepSeek-V3: 2 %, `capture_checks.GPU_MEDIAN_TOKEN_BOUND`, whose comment says why)."""
     import torch
     from capture_checks import GPU_MEDIAN_TOKEN_BOUND
-    from hsextract.formats.manifest import iter_entries, read_header
+    from hsextract.output.manifest import iter_entries, read_header
     from support import hf_reference
     from transformers import AutoModelForCausalLM
 

@@ -12,7 +12,7 @@ from pathlib import Path
 def selfcheck_numbers(out: Path) -> dict:
     """The drain's self-check counts and the logprob check's errors (drain-status.json's ``selfcheck``),
     with ``logprob_done``: every greedy-checked sample's logprobs compared, none left undone."""
-    from hsextract.layout import drain_status_path
+    from hsextract.output.layout import drain_status_path
 
     try:
         numbers = json.loads(drain_status_path(out).read_text()).get("selfcheck") or {}
@@ -28,9 +28,9 @@ def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float,
     """One run's outcome: ``ok`` with the processes' exit codes, the set's samples, tokens and bytes,
     the accounts, the quarantine's reasons, the self-check's numbers and the rates; the logs' tails
     where it failed."""
-    from hsextract.formats.manifest import iter_entries
-    from hsextract.layout import CLIENT_SUMMARY, client_files
-    from hsextract.reconcile import read_accounts
+    from hsextract.output.accounts import read_accounts
+    from hsextract.output.layout import CLIENT_SUMMARY, client_files
+    from hsextract.output.manifest import iter_entries
 
     summaries = [json.loads(p.read_text()) for p in client_files(out, CLIENT_SUMMARY).values()]
     summary = combine_summaries(summaries)

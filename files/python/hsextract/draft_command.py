@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hsextract.draft_config import write_draft_files
     from hsextract.drain.draft_files import max_length_for
-    from hsextract.formats.manifest import iter_entries, read_header
+    from hsextract.output.manifest import iter_entries, read_header
     from hsextract.vocab.mapping import resolve_sizes
 
     out = Path(args.output)

@@ -154,7 +154,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True, s
     """Replace `path` with `data` atomically (a temporary name of this write's own beside it, then
     rename); with `durable`, the file and the rename are fsynced before it returns. Safe to call
     from several threads and processes on the same path: the last rename wins, whole. The file
-    gets `mode` (0600 in the staging directory: `hsextract.staging_fs`).
+    gets `mode` (0600 in the staging directory: `hsextract.staging.fs`).
 
     ``swept``: the caller removed the directory's orphaned temporaries itself
     (`remove_orphaned_temporaries_in`) and the directory exists; skip both per write."""

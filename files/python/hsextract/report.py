@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hsextract.layout import QUARANTINE_REASON
+from hsextract.output.layout import QUARANTINE_REASON
 
 Snapshot = Mapping[str, Any]
 
@@ -40,12 +40,12 @@ class RunView:
     healthy: bool = True
     health: str = ""  # why healthy or not, e.g. "drain running, updated 2 s ago"
     now: float = 0.0
-    problems: list[str] = field(default_factory=list)  # what fails a finished run's check (hsextract.reconcile)
+    problems: list[str] = field(default_factory=list)  # what fails a finished run's check (hsextract.output.accounts)
     counts: list[str] = field(default_factory=list)  # the run's reconciliation, one fact a line
     # The reconciliation's figures (`Accounts.as_dict`): the table's rejected, failed and quarantined
     # rows take them, so they agree with `counts` (the status files hold the last process's counts).
     accounts: Snapshot | None = None
-    # (samples the dataset-level files cover, samples in the set), where known (hsextract.finalized).
+    # (samples the dataset-level files cover, samples in the set), where known (hsextract.output.finalized).
     dataset_files: tuple[int, int] | None = None
 
     @property

@@ -3,7 +3,7 @@
 `Shard` is the one owner of the concept: the one parser of ``i/n`` (the CLIs' ``--shard``, the
 Ansible role's ``hsextract_shard``, the fleet plan's host entries), the one membership test, the
 one size, and the forms a shard is written in (``i/n`` for people, ``[i, n]`` in JSON files, and
-``.shard-i-of-n`` in file names, hsextract.layout).
+``.shard-i-of-n`` in file names, hsextract.output.layout).
 
 Standard library only (and `hsextract.errors`): the Ansible role checks ``hsextract_shard`` with
 this parser on the controller, whose Python has neither torch nor SGLang, so the play refuses in

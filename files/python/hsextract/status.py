@@ -2,7 +2,7 @@
 
 Exits non-zero when the drain's status is missing or stale (its daemon stopped writing it while
 claiming to run), or when a finished run's counts do not add up or too many of its samples
-failed (see hsextract.reconcile), so a monitoring check or an Ansible task can act on the exit
+failed (see hsextract.output.accounts), so a monitoring check or an Ansible task can act on the exit
 code alone. A set made by ``hsextract collect`` has no drain: its status comes from its own files
 (hsextract.status_collected).
 """
@@ -15,11 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hsextract.client_state import combined_status, read_shards
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
-from hsextract.finalized import finalized_samples
-from hsextract.layout import (
+from hsextract.objectstore.output import resolve_output
+from hsextract.objectstore.settings import add_work_dir_argument
+from hsextract.output.accounts import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
+from hsextract.output.client_files import combined_status, read_shards
+from hsextract.output.finalized import finalized_samples
+from hsextract.output.layout import (
     FAILURES,
     REJECTS,
     default_quarantine_dir,
@@ -28,9 +31,6 @@ from hsextract.layout import (
     rejects_path,
     state_dir,
 )
-from hsextract.objectstore.output import resolve_output
-from hsextract.objectstore.settings import add_work_dir_argument
-from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.report import ProblemFiles, RunView, status_lines
 from hsextract.shard import WHOLE, Shard
 from hsextract.status_collected import collected_view, print_collected_status, read_collect_report
@@ -104,7 +104,7 @@ def _every_shard(output: str | Path, base: str) -> str:
 
 def dataset_files(output: str | Path, drain: dict[str, Any] | None) -> tuple[int, int] | None:
     """(samples the dataset-level files cover, samples in the set), where the drain's status says
-    how many are in the set and the drain records finalizes (hsextract.finalized); else None."""
+    how many are in the set and the drain records finalizes (hsextract.output.finalized); else None."""
     if drain is None or "finalized_samples" not in drain:
         return None  # no drain yet, or one of a version that did not record them: not known
     return finalized_samples(output) or 0, int(drain.get("samples_total") or 0)

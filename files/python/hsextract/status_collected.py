@@ -4,7 +4,7 @@ A collected set has no drain: collect writes it, once per run of collect, and le
 drain's output has for the whole fleet (hsextract.collect.bookkeeping: the run id, the dataset
 record, the fleet's rejects, failures and quarantine, one client file of the whole dataset) and
 its last report (``.hsextract/collect-report.json``). So its status is read from those: the
-samples, tokens and bytes of its manifest, its own reconciliation (hsextract.reconcile, as for
+samples, tokens and bytes of its manifest, its own reconciliation (hsextract.output.accounts, as for
 any output), and whether the last collect made it final. Looking for a drain's status there would
 report a healthy set as a failed run ("no drain status file", "0 in the set").
 
@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hsextract.formats.manifest import iter_entries, read_header
-from hsextract.layout import collect_report_path
-from hsextract.reconcile import read_accounts
+from hsextract.output.accounts import read_accounts
+from hsextract.output.layout import collect_report_path
+from hsextract.output.manifest import iter_entries, read_header
 from hsextract.report import CollectedView, collected_status_lines
 
 

@@ -3,10 +3,10 @@
 The play must refuse a bad setting in seconds, before it builds the environment or loads a model,
 and refuse exactly what hsextract itself would refuse hours later. So the checks are not written
 again in Jinja: each filter calls the function the client, the drain or the capture calls
-(`hsextract.records.check_prefix`, `hsextract.shard.Shard.parse`, `hsextract.layers.resolve`) and
+(`hsextract.staging.records.check_prefix`, `hsextract.shard.Shard.parse`, `hsextract.layers.resolve`) and
 returns the problem as one line that names the Ansible variable, or "" when there is none; the
 role asserts that the problems are empty. The paths of the files a run keeps in an output
-directory come from `hsextract.layout`, their one owner.
+directory come from `hsextract.output.layout`, their one owner.
 
 The modules imported here use only the standard library (the controller's Python has neither
 torch nor SGLang; tests/ansible/test_settings_filters.py holds them to that). They are imported
@@ -27,10 +27,12 @@ _SOURCE = Path(__file__).resolve().parents[3] / "files" / "python"
 if str(_SOURCE) not in sys.path:
     sys.path.insert(0, str(_SOURCE))
 
-from hsextract import layers, layout, model_info, records, shard  # noqa: E402
+from hsextract import layers, model_info, shard  # noqa: E402
 from hsextract.errors import ConfigError  # noqa: E402
 from hsextract.objectstore import settings as store_settings  # noqa: E402
 from hsextract.objectstore import url as store_url  # noqa: E402
+from hsextract.output import layout  # noqa: E402
+from hsextract.staging import records  # noqa: E402
 
 _Shard = shard.Shard  # for `layout_path`, whose parameter `shard` hides the module
 
@@ -87,7 +89,7 @@ def process_shards(host_shard: str, processes: int | str) -> list[str]:
 
 
 def summary_path(of_shard: str, output_dir: str) -> str:
-    """The summary of the client of shard `of_shard` (``i/n``) in `output_dir`, as hsextract.layout names it."""
+    """The summary of the client of shard `of_shard` (``i/n``) in `output_dir`, as hsextract.output.layout names it."""
     return layout_path(output_dir, "client_summary", shard=of_shard)
 
 
@@ -167,7 +169,7 @@ def dataset_switch_problem(record_text: str, output_dir: str, extract_dataset: s
 
 
 def _layout_files() -> dict[str, Callable[[str], Path]]:
-    """hsextract.layout's ``<name>_path(directory)`` functions (any further parameter has a default:
+    """hsextract.output.layout's ``<name>_path(directory)`` functions (any further parameter has a default:
     a client file's shard is the whole dataset's), by name."""
     def takes_one(function: Callable) -> bool:
         params = inspect.signature(function).parameters.values()
@@ -179,11 +181,11 @@ def _layout_files() -> dict[str, Callable[[str], Path]]:
 
 def layout_path(directory: str, name: str, shard: str = "") -> str:
     """The path of a run's file `name` in `directory` (an output or staging directory), as
-    `hsextract.layout.<name>_path` gives it: e.g. ``output | hsextract_layout_path('client_summary')``;
+    `hsextract.output.layout.<name>_path` gives it: e.g. ``output | hsextract_layout_path('client_summary')``;
     a client file of a shard's client with ``shard='i/n'``."""
     files = _layout_files()
     if name not in files:
-        raise ValueError(f"hsextract_layout_path: hsextract.layout has no file {name!r}; "
+        raise ValueError(f"hsextract_layout_path: hsextract.output.layout has no file {name!r}; "
                          f"it has {', '.join(sorted(files))}")
     if shard:
         return str(files[name](str(directory), _Shard.parse(shard)))  # type: ignore[call-arg]

@@ -8,7 +8,7 @@ from typing import Any
 from hsextract.errors import ConfigError
 from hsextract.formats import FINAL_HIDDEN_PLACEMENTS, final_hidden_for
 from hsextract.layers import CONVENTIONS, parse_ids
-from hsextract.records import check_prefix
+from hsextract.staging.records import check_prefix
 
 # Settings only the tests change, kept out of the roles' interface.
 TEST_TUNABLES: dict[str, str] = {

@@ -49,8 +49,8 @@ import numpy as np
 
 from hsextract import fingerprint
 from hsextract.layers import CaptureLayers
-from hsextract.records import parse_rid
-from hsextract.staging import CAPTURE_MISSING_ROWS, CAPTURE_SERVER_ABORTED, DoneMarker, StateFileLayout
+from hsextract.staging.dumps import CAPTURE_MISSING_ROWS, CAPTURE_SERVER_ABORTED, DoneMarker, StateFileLayout
+from hsextract.staging.records import parse_rid
 
 log = logging.getLogger("hsextract.capture")
 
@@ -82,7 +82,7 @@ class CaptureSettings:
         return self.num_aux + 1
 
     def wants(self, rid: object) -> bool:
-        """True for the ids this prefix's clients make (`hsextract.records.make_rid` and
+        """True for the ids this prefix's clients make (`hsextract.staging.records.make_rid` and
         `make_probe_rid`); False for everything else. The rid becomes a directory name in the staging
         directory, and anyone who can POST to the server chooses it: an id of any other form (a
         ``/``, a ``..``) is never written."""

@@ -15,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 
-from hsextract.staging_fs import open_file
+from hsextract.staging.fs import open_file
 
 
 class MappedFile:

@@ -33,7 +33,7 @@ import torch
 
 from hsextract import fingerprint
 from hsextract.capture.core import BatchRequest, CaptureSettings, Failure
-from hsextract.staging import DTYPES
+from hsextract.staging.dumps import DTYPES
 
 log = logging.getLogger("hsextract.capture")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from hsextract.capture.ranks import attention_dp_size
 from hsextract.errors import ConfigError
-from hsextract.staging_fs import prepare_root
+from hsextract.staging.fs import prepare_root
 
 log = logging.getLogger("hsextract.capture")
 
@@ -79,7 +79,7 @@ def check_server(facts: ServerFacts) -> None:
 
 def check_dump_dir(dump_dir: str | Path) -> Path:
     """Create the dump directory if needed (mode 0700), refuse one another user could have filled
-    (`hsextract.staging_fs`), prove it is writable, or raise saying how to fix it."""
+    (`hsextract.staging.fs`), prove it is writable, or raise saying how to fix it."""
     return prepare_root(dump_dir, what="dump directory")
 
 

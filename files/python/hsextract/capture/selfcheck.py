@@ -28,7 +28,7 @@ from hsextract.errors import ConfigError, StagingError
 from hsextract.greedy_check import GreedyHead
 from hsextract.logprob_check import check_final_rows
 from hsextract.server_logprobs import LogprobsUnavailable
-from hsextract.staging import DTYPES, read_done_marker, read_states, rid_dir
+from hsextract.staging.dumps import DTYPES, read_done_marker, read_states, rid_dir
 
 
 @dataclass

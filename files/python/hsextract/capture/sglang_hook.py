@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from hsextract import __version__ as hsextract_version
-from hsextract.announcements import CaptureAnnouncement, write_announcement
 from hsextract.archs import ArchSpec, lookup
 from hsextract.capture.config import CaptureConfig
 from hsextract.capture.core import CaptureSettings, select_requests
@@ -47,7 +46,8 @@ from hsextract.capture.writer import CaptureWriter
 from hsextract.capture.writer_process import ProcessCaptureWriter
 from hsextract.errors import ConfigError, UnsupportedArchitecture
 from hsextract.layers import CaptureLayers, resolve
-from hsextract.staging import (
+from hsextract.staging.announcements import CaptureAnnouncement, write_announcement
+from hsextract.staging.dumps import (
     CAPTURE_BATCH_UNUSABLE,
     CAPTURE_FAULT_INJECTED,
     CAPTURE_QUEUE_ERROR,
@@ -281,12 +281,12 @@ class CaptureHook:
 def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts) -> None:
     """Leave this capture's description in its dump dir, for the client's and the drain's checks;
     removed at this process's exit where it gets one (SGLang kills its schedulers with SIGKILL:
-    then the readers remove it, see hsextract.announcements.live_announcements)."""
+    then the readers remove it, see hsextract.staging.announcements.live_announcements)."""
     import atexit
     import socket
     import time
 
-    from hsextract.announcements import process_start_ticks, remove_announcement
+    from hsextract.staging.announcements import process_start_ticks, remove_announcement
 
     try:
         path = write_announcement(cfg.dump_dir, CaptureAnnouncement(

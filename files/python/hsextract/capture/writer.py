@@ -43,12 +43,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hsextract import fingerprint, staging_fs
+from hsextract import fingerprint
 from hsextract.capture.core import CapturePlanner, CaptureSettings, Failure, LandedMeta, RequestState, Segment
 from hsextract.capture.file_io import MappedFile, pwrite_all
 from hsextract.capture.host_stage import FailedRequests, HostBufferPool, HostStager, StagedBatch, failures_of
 from hsextract.capture.sink import BatchQueue, WriterOptions
-from hsextract.staging import (
+from hsextract.staging import fs as staging_fs
+from hsextract.staging.dumps import (
     CAPTURE_FINGERPRINT,
     CAPTURE_QUEUE_ERROR,
     CAPTURE_WRITE_ERROR,

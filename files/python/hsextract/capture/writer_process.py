@@ -47,7 +47,6 @@ from pathlib import Path
 
 import torch
 
-from hsextract import staging_fs
 from hsextract.capture import wire
 from hsextract.capture.core import CaptureSettings
 from hsextract.capture.host_stage import FailedRequests, HostBufferPool, HostStager, StagedBatch, failures_of
@@ -55,7 +54,8 @@ from hsextract.capture.shared_buffers import SharedHostBuffers
 from hsextract.capture.sink import BatchQueue, WriterOptions
 from hsextract.capture.wire import MessageReader, send_message
 from hsextract.capture.writer import CaptureWriter
-from hsextract.staging import CAPTURE_QUEUE_ERROR, CAPTURE_WRITER_DIED, DONE_FILE
+from hsextract.staging import fs as staging_fs
+from hsextract.staging.dumps import CAPTURE_QUEUE_ERROR, CAPTURE_WRITER_DIED, DONE_FILE
 
 log = logging.getLogger("hsextract.capture")
 

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from hsextract import shutdown
-from hsextract.client import defaults
 from hsextract.client.backpressure import parse_watermark
-from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
-from hsextract.client.dataset import add_max_row_bytes_argument
 from hsextract.client.runner import ExtractConfig, ExtractRun
 from hsextract.client.sender import StopRequested
 from hsextract.config_file import add_config_argument
+from hsextract.dataset import defaults
+from hsextract.dataset.chat_template import OVERLONG_POLICIES, read_template_file
+from hsextract.dataset.reader import add_max_row_bytes_argument
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import parse_ids

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsextract.records import record_path
-from hsextract.staging import DONE_FILE, FAILED_FILE, read_failed_marker, rid_dir
+from hsextract.staging.dumps import DONE_FILE, FAILED_FILE, read_failed_marker, rid_dir
+from hsextract.staging.records import record_path
 
 log = logging.getLogger("hsextract.client")
 

@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from hsextract.announcements import CaptureAnnouncement, live_announcements
 from hsextract.client.sender import STOPPED, Sender, StopRequested
 from hsextract.errors import ConfigError
 from hsextract.formats import final_hidden_for
-from hsextract.layout import CAPTURES_DIR
-from hsextract.records import make_probe_rid
-from hsextract.staging import (
+from hsextract.staging.announcements import CaptureAnnouncement, live_announcements
+from hsextract.staging.dumps import (
     DONE_FILE,
     FAILED_FILE,
     discard_dump,
@@ -31,6 +29,8 @@ from hsextract.staging import (
     read_failed_marker,
     rid_dir,
 )
+from hsextract.staging.names import CAPTURES_DIR
+from hsextract.staging.records import make_probe_rid
 
 
 @dataclass(frozen=True)

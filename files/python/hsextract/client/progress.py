@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from hsextract.layout import client_status_path
+from hsextract.output.layout import client_status_path
 from hsextract.report import progress_line
 from hsextract.run_progress import RateWindow, StatusReporter
 from hsextract.shard import WHOLE, Shard
@@ -52,7 +52,7 @@ class RunStats:
     started: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)
     # Which start of the client this is: its summary carries it, so a drain tells a new run's end
-    # from the last run's summary (hsextract.client_state.summary_id).
+    # from the last run's summary (hsextract.output.client_files.summary_id).
     attempt: str = field(default_factory=lambda: secrets.token_hex(8))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _window: RateWindow = field(init=False, repr=False)

@@ -16,7 +16,7 @@ The flow per sample (the producer is the calling thread, senders are a thread po
 
 Before the first sample, a probe request checks that the server's capture stages into this
 client's staging directory, in the final-norm placement of the format (`probe`). The client holds
-the lock of its shard of the output for its whole life (hsextract.output_lock: a client of an
+the lock of its shard of the output for its whole life (hsextract.output.lock: a client of an
 overlapping shard refuses), and until those start-up checks pass it changes none of the last
 run's files (`start_state`); a stop during the start ends it at once (`stoppable`).
 
@@ -36,12 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsextract.client import defaults
 from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark, pause_poll_s
-from hsextract.client.chat_template import Encoded, build_encoder
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict, look
-from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
-from hsextract.client.dataset_record import check_and_record
 from hsextract.client.probe import probe_capture
 from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.run_jsonl import RunJsonl
@@ -50,15 +46,23 @@ from hsextract.client.server_limit import ServerLimit, server_limit
 from hsextract.client.start_state import begin_run, read_previous, record_unstarted
 from hsextract.client.startup import StartupClock
 from hsextract.client.stoppable import call_unless_stopped
+from hsextract.dataset import defaults
+from hsextract.dataset.chat_template import Encoded, build_encoder
+from hsextract.dataset.reader import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.durable import atomic_write_json, check_writable
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for
-from hsextract.formats.manifest import completed_indices, read_header
-from hsextract.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.model_info import read_model_info
-from hsextract.output_lock import ShardLock
+from hsextract.output.dataset_record import check_and_record
+from hsextract.output.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
+from hsextract.output.lock import ShardLock
+from hsextract.output.manifest import completed_indices, read_header
 from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
-from hsextract.records import (
+from hsextract.retry import RetryPolicy
+from hsextract.shard import WHOLE, Shard
+from hsextract.staging.dumps import FAILED_FILE, discard_dump, rid_dir, staged_indices
+from hsextract.staging.fs import prepare_root
+from hsextract.staging.records import (
     SampleRecord,
     check_prefix,
     load_or_create_run_id,
@@ -66,10 +70,6 @@ from hsextract.records import (
     remove_record,
     write_record,
 )
-from hsextract.retry import RetryPolicy
-from hsextract.shard import WHOLE, Shard
-from hsextract.staging import FAILED_FILE, discard_dump, rid_dir, staged_indices
-from hsextract.staging_fs import prepare_root
 
 log = logging.getLogger("hsextract.client")
 
@@ -86,7 +86,7 @@ class ExtractConfig:
     dump_dir: Path
     output: Path
     format: str = DEFAULT_FORMAT
-    # The defaults of the CLI, of plan and check-shm and of the Ansible roles: `hsextract.client.defaults`.
+    # The defaults of the CLI, of plan and check-shm and of the Ansible roles: `hsextract.dataset.defaults`.
     rid_prefix: str = defaults.RID_PREFIX
     max_in_flight: int = defaults.MAX_IN_FLIGHT
     max_tokens: int | None = None  # None: defaults.MAX_TOKENS, or the longest prompt the server accepts if fewer

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.durable import atomic_write_json
-from hsextract.layout import CLIENT_STATUS, CLIENT_SUMMARY, FAILURES, REJECTS, client_files, client_status_path
+from hsextract.output.layout import CLIENT_STATUS, CLIENT_SUMMARY, FAILURES, REJECTS, client_files, client_status_path
 from hsextract.shard import Shard
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from hsextract.announcements import process_start_ticks
+from hsextract.staging.announcements import process_start_ticks
 
 
 def process_age_s() -> float | None:

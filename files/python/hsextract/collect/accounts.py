@@ -1,6 +1,6 @@
 """Every sample of the fleet accounted for: each host's own reconciliation, and the fleet's.
 
-Each host output reconciles its shard by itself (hsextract.reconcile: its lines = accepted +
+Each host output reconciles its shard by itself (hsextract.output.accounts: its lines = accepted +
 rejected; accepted = in its set + failed + quarantined). Over the fleet the same identity must
 hold with the collected set in place of the hosts' sets::
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from hsextract.collect.hosts import HostOutput
 from hsextract.collect.shards import shard_indices
-from hsextract.layout import FAILURES, REJECTS, default_quarantine_dir, state_dir
-from hsextract.reconcile import Accounts, quarantined_indices, read_accounts, read_indexed_jsonl, reconcile
+from hsextract.output.accounts import Accounts, quarantined_indices, read_accounts, read_indexed_jsonl, reconcile
+from hsextract.output.layout import FAILURES, REJECTS, default_quarantine_dir, state_dir
 
 
 @dataclass

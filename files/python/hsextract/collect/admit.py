@@ -22,7 +22,7 @@ from typing import Any
 
 from hsextract.collect.hosts import HostOutput
 from hsextract.collect.identity import Difference, dataset_difference, header_differences, lines_difference
-from hsextract.formats.manifest import ManifestHeader
+from hsextract.output.manifest import ManifestHeader
 
 
 @dataclass

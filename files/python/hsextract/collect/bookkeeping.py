@@ -1,6 +1,6 @@
 """The collected set's own bookkeeping, in the files a drain's output has, for the whole fleet.
 
-So that the collected set is read like any output directory (``hsextract.reconcile.read_accounts``,
+So that the collected set is read like any output directory (``hsextract.output.accounts.read_accounts``,
 ``hsextract finalize --verify``, the card), collect writes into it:
 
 * ``run.json`` and ``.hsextract/dataset.json``: the fleet's run id and dataset record (the hosts');
@@ -27,7 +27,7 @@ from typing import Any
 from hsextract.collect.hosts import HostOutput
 from hsextract.contained import UnsafePath, list_dir, read_regular
 from hsextract.durable import atomic_write_bytes
-from hsextract.layout import (
+from hsextract.output.layout import (
     FAILURES,
     QUARANTINE_DIR,
     QUARANTINE_HOST,

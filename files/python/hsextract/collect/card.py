@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hsextract.formats import FORMATS
-from hsextract.formats.manifest import ManifestHeader
 from hsextract.model_fingerprint import PART_NAMES
+from hsextract.output.manifest import ManifestHeader
 
 # How each trainer is pointed at the set ("<set>" is replaced by its path).
 LOADING = {

@@ -26,8 +26,8 @@ from hsextract.collect.plan import collected_entry
 from hsextract.collect.transfer import Fetched
 from hsextract.durable import free_bytes, fsync_dir, is_no_space
 from hsextract.errors import HsextractError
-from hsextract.formats.manifest import ManifestAppender, ManifestEntry
-from hsextract.layout import collect_failures_path
+from hsextract.output.layout import collect_failures_path
+from hsextract.output.manifest import ManifestAppender, ManifestEntry
 
 log = logging.getLogger("hsextract.collect")
 T = TypeVar("T")

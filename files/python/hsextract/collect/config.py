@@ -10,7 +10,7 @@ from typing import Any
 from hsextract.collect.admit import Admission, Reference
 from hsextract.collect.commit import FailureJournal
 from hsextract.collect.plan import Plan
-from hsextract.formats.manifest import ManifestEntry
+from hsextract.output.manifest import ManifestEntry
 
 # Fetching is mostly waiting for disks and the network filesystem: a few threads keep them busy.
 DEFAULT_WORKERS = max(1, min(4, os.cpu_count() or 1))

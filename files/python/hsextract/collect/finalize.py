@@ -22,8 +22,8 @@ from typing import Any
 from hsextract.collect.hosts import HostOutput
 from hsextract.collect.vocab import write_vocab
 from hsextract.durable import atomic_write_bytes, atomic_write_json
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
-from hsextract.layout import READER_ORDER, collect_state_path
+from hsextract.output.layout import READER_ORDER, collect_state_path
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 from hsextract.vocab.checkpoint import entry_identity
 
 SPECFORGE_READER = "SpecForge 0.2.0 OfflineManifestReader: os.walk for *.ckpt, absolute paths sorted as strings"

@@ -6,7 +6,7 @@ its run id, the client's record of the dataset and of its shard, whether a drain
 it, and whether its drain has caught up with its finished client. Reading it never changes it.
 
 A host is *finished* when every client of it has finished and its own reconciliation
-(hsextract.reconcile, final) places every accepted sample in its set, its failures or its
+(hsextract.output.accounts, final) places every accepted sample in its set, its failures or its
 quarantine: nothing more will be committed to it, whether its drain daemon still idles or not.
 """
 
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsextract.client.dataset_record import read_record
 from hsextract.collect.lock import held_by_a_process
 from hsextract.contained import irregular_entries
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
-from hsextract.layout import (
+from hsextract.output.accounts import read_accounts
+from hsextract.output.dataset_record import read_record
+from hsextract.output.layout import (
     CLIENT_STATUS,
     CLIENT_SUMMARY,
     MANIFEST_ENTRIES,
@@ -35,7 +35,7 @@ from hsextract.layout import (
     output_lock_path,
     state_dir,
 )
-from hsextract.reconcile import read_accounts
+from hsextract.output.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
 from hsextract.shard import WHOLE, Shard
 
 # What collect reads of a host output besides its sample files (those are opened row by row through

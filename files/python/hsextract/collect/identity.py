@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hsextract.formats.manifest import ManifestHeader
 from hsextract.model_fingerprint import PART_NAMES, differing_parts
+from hsextract.output.manifest import ManifestHeader
 
 # (header field, its name in a refusal). The model is compared by its config's hash where both
 # sides have one (a model may sit at another path on each host), else by its path.
@@ -72,7 +72,7 @@ def header_differences(ref: ManifestHeader, other: ManifestHeader) -> list[Diffe
 def dataset_difference(ref: dict[str, Any] | None, other: dict[str, Any] | None) -> Difference | None:
     """How the dataset record `other` (``.hsextract/dataset.json``) differs from `ref`, or None.
 
-    The records' fingerprints (hsextract.client.dataset_record: the heads of the dataset's first
+    The records' fingerprints (hsextract.output.dataset_record: the heads of the dataset's first
     files) must be equal; the path may differ, as each host reads its own copy.
     """
     if ref is None or other is None:

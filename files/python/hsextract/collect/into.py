@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError
-from hsextract.layout import MANIFEST_HEADER, OUTPUT_LOCK, STATE_DIR, collect_state_path
+from hsextract.output.layout import MANIFEST_HEADER, OUTPUT_LOCK, STATE_DIR, collect_state_path
 
 
 def is_collected_set(out: Path) -> bool:

@@ -1,7 +1,7 @@
 """The collected set's lock: one collect writes a collected set at a time.
 
 Two collects into one set would give two samples the same output index. The lock is an
-exclusive ``flock`` on ``.hsextract/output.lock``, the drain's own lock (`hsextract.output_lock`),
+exclusive ``flock`` on ``.hsextract/output.lock``, the drain's own lock (`hsextract.output.lock`),
 so a collect into a directory a drain writes is refused too. The kernel releases it when its holder
 dies (kill -9 included), so a collect killed mid-copy never leaves the set locked. The holder
 writes who it is into the file, so the refusal names it.
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hsextract.errors import HsextractError
-from hsextract.layout import output_lock_path
-from hsextract.output_lock import OutputBusy, OutputLock, read_holder
+from hsextract.output.layout import output_lock_path
+from hsextract.output.lock import OutputBusy, OutputLock, read_holder
 
 
 class SetBusy(HsextractError):
@@ -32,7 +32,7 @@ class SetBusy(HsextractError):
 @contextlib.contextmanager
 def collected_set_lock(out: Path) -> Iterator[None]:
     """Hold the collected set's lock (the output lock every writer of a training set takes:
-    `hsextract.output_lock.OutputLock`) for the block, or raise SetBusy naming the holder."""
+    `hsextract.output.lock.OutputLock`) for the block, or raise SetBusy naming the holder."""
     try:
         lock = OutputLock(out, "collect").acquire()
     except OutputBusy:

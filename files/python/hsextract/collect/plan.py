@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from hsextract.formats.manifest import ManifestEntry
+from hsextract.output.manifest import ManifestEntry
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from hsextract.collect.card import HostLine, card_text
 from hsextract.collect.config import Collected, CollectResult
 from hsextract.collect.finalize import finalize_collected
 from hsextract.collect.shards import Coverage, check_coverage
-from hsextract.layout import DATASET_CARD, collect_report_path
+from hsextract.output.layout import DATASET_CARD, collect_report_path
 from hsextract.vocab.files import read_summary
 
 RUN_CHECK_FAILED = 3

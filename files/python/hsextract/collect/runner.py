@@ -19,7 +19,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hsextract.client.dataset_record import read_record
 from hsextract.collect.admit import Admission, admit, choose_reference
 from hsextract.collect.bookkeeping import clear_dir, write_identity
 from hsextract.collect.commit import Committer, FailureJournal, SpacePolicy
@@ -34,7 +33,10 @@ from hsextract.drain.recovery import remove_orphans
 from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
 from hsextract.formats import get_format
-from hsextract.formats.manifest import (
+from hsextract.formats.sample_check import SampleCheck
+from hsextract.output.dataset_record import read_record
+from hsextract.output.layout import collect_tmp_dir
+from hsextract.output.manifest import (
     ManifestEntry,
     ManifestError,
     ManifestHeader,
@@ -43,8 +45,6 @@ from hsextract.formats.manifest import (
     repair_torn_tail,
     write_header,
 )
-from hsextract.formats.sample_check import SampleCheck
-from hsextract.layout import collect_tmp_dir
 
 log = logging.getLogger("hsextract.collect")
 

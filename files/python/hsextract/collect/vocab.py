@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hsextract.collect.hosts import HostOutput
-from hsextract.formats.manifest import ManifestEntry
+from hsextract.output.manifest import ManifestEntry
 from hsextract.vocab.checkpoint import entry_identity, read_checkpoint
 from hsextract.vocab.counts import TokenCounts
 from hsextract.vocab.tracker import VocabTracker, recount

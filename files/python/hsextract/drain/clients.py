@@ -17,9 +17,9 @@ import logging
 import time
 from pathlib import Path
 
-from hsextract.client_state import read_shards, run_finished, summary_ids
-from hsextract.layout import FAILURES, client_files, drain_status_path
-from hsextract.output_lock import running_clients
+from hsextract.output.client_files import read_shards, run_finished, summary_ids
+from hsextract.output.layout import FAILURES, client_files, drain_status_path
+from hsextract.output.lock import running_clients
 
 log = logging.getLogger("hsextract.drain")
 

@@ -19,10 +19,10 @@ from hsextract.drain.config import WORKER_MODES
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import CONVENTIONS, parse_ids, resolve
-from hsextract.layout import FAILURES
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_store_arguments
-from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
+from hsextract.output.accounts import DEFAULT_MAX_FAILURE_SHARE
+from hsextract.output.layout import FAILURES
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
 
 log = logging.getLogger("hsextract.drain")
@@ -120,7 +120,7 @@ def check_selfcheck_server(url: str, bound: float) -> None:
 
 def build_config(args: argparse.Namespace):  # -> DrainConfig
     from hsextract.drain.core import DrainConfig
-    from hsextract.staging import DTYPES
+    from hsextract.staging.dumps import DTYPES
 
     missing = [f"--{n.replace('_', '-')}" for n in ("dump_dir", "output", "format") if not getattr(args, n, None)]
     if missing:

@@ -27,9 +27,9 @@ from typing import Protocol
 
 from hsextract.durable import fsync_dir, is_no_space
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.manifest import ManifestAppender, ManifestEntry
-from hsextract.records import remove_record
-from hsextract.staging import discard_dump
+from hsextract.output.manifest import ManifestAppender, ManifestEntry
+from hsextract.staging.dumps import discard_dump
+from hsextract.staging.records import remove_record
 
 log = logging.getLogger("hsextract.drain")
 

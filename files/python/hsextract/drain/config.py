@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hsextract.layout import default_quarantine_dir
-from hsextract.reconcile import DEFAULT_MAX_FAILURE_SHARE
+from hsextract.output.accounts import DEFAULT_MAX_FAILURE_SHARE
+from hsextract.output.layout import default_quarantine_dir
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
 
 if TYPE_CHECKING:

@@ -54,16 +54,16 @@ from hsextract.drain.warmup import warm_up
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.durable import check_writable, is_no_space
-from hsextract.finalized import record_finalized
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
-from hsextract.layout import drain_tmp_dir
 from hsextract.objectstore.drain_side import BucketSide
 from hsextract.objectstore.store import Stopped
-from hsextract.output_lock import OutputLock
-from hsextract.reconcile import read_accounts
-from hsextract.staging import run_dumps
+from hsextract.output.accounts import read_accounts
+from hsextract.output.finalized import record_finalized
+from hsextract.output.layout import drain_tmp_dir
+from hsextract.output.lock import OutputLock
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
+from hsextract.staging.dumps import run_dumps
 
 log = logging.getLogger("hsextract.drain")
 
@@ -112,7 +112,7 @@ class Drainer:
     def run(self) -> int:
         """Drain until stopped (or, with exit_when_done, until the client is finished); return an exit code.
 
-        The output's lock (hsextract.output_lock) is held from before the recovery to the end: a
+        The output's lock (hsextract.output.lock) is held from before the recovery to the end: a
         second drain of this output refuses at start, naming this one."""
         check_writable(self.out, "output directory", "--output")
         with OutputLock(self.out, "drain"):
@@ -274,7 +274,7 @@ class Drainer:
 
     def _finalize_if_changed(self, committer: Committer) -> None:
         """Rebuild the dataset-level files (the format's, the draft vocabulary's and config) if samples came
-        since, and record how many they cover (hsextract.finalized). A full volume pauses and
+        since, and record how many they cover (hsextract.output.finalized). A full volume pauses and
         retries, as for samples; a stop meanwhile leaves them behind (said in the log and by
         `hsextract status`; the next drain or ``hsextract finalize`` writes them)."""
         n = len(committer.entries)

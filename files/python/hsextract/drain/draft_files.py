@@ -16,7 +16,7 @@ from pathlib import Path
 from hsextract.draft_config import write_draft_files
 from hsextract.durable import is_no_space
 from hsextract.errors import HsextractError
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 from hsextract.vocab.mapping import resolve_sizes
 
 log = logging.getLogger("hsextract.drain")

@@ -18,10 +18,10 @@ from pathlib import Path
 from hsextract.config_file import add_config_argument
 from hsextract.drain.command import add_draft_vocab_arguments, draft_vocab_settings
 from hsextract.errors import ConfigError
-from hsextract.finalized import record_finalized
 from hsextract.objectstore.settings import add_store_arguments
 from hsextract.objectstore.url import is_object_url
-from hsextract.output_lock import OutputLock
+from hsextract.output.finalized import record_finalized
+from hsextract.output.lock import OutputLock
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if is_object_url(args.output):
         return _finalize_bucket(args, sizes, vocab_size)
     out = Path(args.output)
-    # A drain of this output rewrites what finalize writes and reads (hsextract.output_lock): refuse
+    # A drain of this output rewrites what finalize writes and reads (hsextract.output.lock): refuse
     # while one runs, and keep one from starting meanwhile. Verifying alone needs no write access.
     with OutputLock(out, "finalize", read_only=not os.access(out, os.W_OK)):
         return _finalize(args, out, sizes, vocab_size)
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _finalize(args: argparse.Namespace, out: Path, sizes: tuple[int, ...], vocab_size: int | None) -> int:
     from hsextract.formats import get_format
-    from hsextract.formats.manifest import iter_entries, read_header, repair_torn_tail
+    from hsextract.output.manifest import iter_entries, read_header, repair_torn_tail
     from hsextract.vocab.tracker import VocabTracker
 
     header = read_header(out)
@@ -75,8 +75,8 @@ def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
     """Check every sample's file against its manifest row (hsextract.formats.sample_check: its name,
     size, checksum, shapes and fingerprint) and the draft vocabulary's counts against a recount of
     the files; print a BAD line per problem, write nothing; 1 if any was found."""
-    from hsextract.formats.manifest import entries_path, iter_entries, read_header
     from hsextract.formats.sample_check import SampleCheck
+    from hsextract.output.manifest import entries_path, iter_entries, read_header
 
     torn = _torn_tail(entries_path(out))
     if torn:

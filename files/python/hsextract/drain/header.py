@@ -23,9 +23,9 @@ from hsextract import __version__
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.validate import Expected
 from hsextract.formats import FORMATS
-from hsextract.formats.manifest import ManifestHeader, default_checksum_algorithm, write_header
 from hsextract.model_fingerprint import model_fingerprint
-from hsextract.staging import DoneMarker
+from hsextract.output.manifest import ManifestHeader, default_checksum_algorithm, write_header
+from hsextract.staging.dumps import DoneMarker
 
 log = logging.getLogger("hsextract.drain")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.durable import atomic_write_bytes
-from hsextract.layout import drain_status_path
+from hsextract.output.layout import drain_status_path
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class DrainStats:
     foreign: dict = field(default_factory=dict)  # dumps of other runs in staging, left alone: owner -> count
     accounts: dict = field(default_factory=dict)  # the run's reconciliation, once it has finished
     selfcheck: dict = field(default_factory=dict)  # the self-check's counts (hsextract.drain.selfcheck)
-    # The client summaries (hsextract.client_state.summary_id) of the last run a drain of this output
+    # The client summaries (hsextract.output.client_files.summary_id) of the last run a drain of this output
     # finished with --exit-when-done: kept from drain to drain, so a later one never takes them for
     # the end of a new run.
     finished_client_runs: list = field(default_factory=list)

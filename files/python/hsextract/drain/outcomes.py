@@ -24,9 +24,9 @@ from hsextract.drain.metrics import DrainStats, write_status
 from hsextract.drain.quarantine import Quarantine
 from hsextract.drain.vocab import DrainVocab
 from hsextract.durable import free_bytes
-from hsextract.formats.manifest import ManifestEntry
-from hsextract.records import remove_record
-from hsextract.staging import discard_dump
+from hsextract.output.manifest import ManifestEntry
+from hsextract.staging.dumps import discard_dump
+from hsextract.staging.records import remove_record
 
 log = logging.getLogger("hsextract.drain")
 

@@ -22,9 +22,9 @@ from hsextract.drain.staged_io import StagedReader
 from hsextract.durable import is_no_space, write_payload_durably
 from hsextract.errors import StagingError
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
-from hsextract.formats.manifest import new_hasher
-from hsextract.records import SampleRecord
-from hsextract.staging import STATES_FILE, DoneMarker, StagedStates, read_done_marker
+from hsextract.output.manifest import new_hasher
+from hsextract.staging.dumps import STATES_FILE, DoneMarker, StagedStates, read_done_marker
+from hsextract.staging.records import SampleRecord
 from hsextract.vocab.counts import masked_counts
 
 __all__ = ["Invalid", "Job", "NoSpace", "Ready", "prepare"]

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hsextract.durable import is_no_space
-from hsextract.layout import QUARANTINE_REASON, QUARANTINE_RECORD, QUARANTINE_SOURCE
-from hsextract.records import record_path, remove_record
-from hsextract.staging import discard_dump
+from hsextract.output.layout import QUARANTINE_REASON, QUARANTINE_RECORD, QUARANTINE_SOURCE
+from hsextract.staging.dumps import discard_dump
+from hsextract.staging.records import record_path, remove_record
 
 log = logging.getLogger("hsextract.drain")
 

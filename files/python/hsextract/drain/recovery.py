@@ -21,13 +21,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsextract.announcements import live_announcements
 from hsextract.drain.config import DrainConfig
 from hsextract.durable import check_writable, fsync_dir
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMATS
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.manifest import (
+from hsextract.model_fingerprint import PART_NAMES, differing_parts, model_fingerprint
+from hsextract.output.manifest import (
     ManifestEntry,
     ManifestError,
     ManifestHeader,
@@ -35,10 +35,10 @@ from hsextract.formats.manifest import (
     read_header,
     repair_torn_tail,
 )
-from hsextract.model_fingerprint import PART_NAMES, differing_parts, model_fingerprint
-from hsextract.records import load_or_create_run_id
-from hsextract.staging import TRASH_PREFIX
-from hsextract.staging_fs import prepare_root
+from hsextract.staging.announcements import live_announcements
+from hsextract.staging.dumps import TRASH_PREFIX
+from hsextract.staging.fs import prepare_root
+from hsextract.staging.records import load_or_create_run_id
 
 log = logging.getLogger("hsextract.drain")
 

@@ -39,9 +39,9 @@ from hsextract.drain.outcomes import Outcomes
 from hsextract.drain.quarantine import safe_iterdir
 from hsextract.drain.worker import SampleWorker
 from hsextract.errors import ConfigError, StagingError
-from hsextract.layout import record_rid, records_dir
-from hsextract.records import SampleRecord, parse_rid, read_record
-from hsextract.staging import DONE_FILE, FAILED_FILE, iter_dump_names
+from hsextract.staging.dumps import DONE_FILE, FAILED_FILE, iter_dump_names
+from hsextract.staging.names import record_rid, records_dir
+from hsextract.staging.records import SampleRecord, parse_rid, read_record
 
 log = logging.getLogger("hsextract.drain")
 

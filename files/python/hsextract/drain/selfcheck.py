@@ -27,7 +27,7 @@ from hsextract.drain.validate import GREEDY, LOGPROB, InvalidDump
 from hsextract.greedy_check import GreedyHead
 from hsextract.logprob_check import LogprobVerdict, check_final_rows
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
-from hsextract.staging import DoneMarker, StagedStates
+from hsextract.staging.dumps import DoneMarker, StagedStates
 
 log = logging.getLogger("hsextract.drain")
 

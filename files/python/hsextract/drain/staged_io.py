@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from hsextract.errors import StagingError
-from hsextract.staging import DTYPES, STATES_FILE, parse_header
+from hsextract.staging.dumps import DTYPES, STATES_FILE, parse_header
 
 _ST_TO_TORCH = {code: dt for _, (dt, code, _) in DTYPES.items()}
 _MAX_HEADER = 100_000_000

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from hsextract.layout import FAILURES
-from hsextract.records import ParsedRid, SampleRecord
+from hsextract.output.layout import FAILURES
+from hsextract.staging.records import ParsedRid, SampleRecord
 
 
 @dataclass(frozen=True)

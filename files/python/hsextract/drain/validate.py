@@ -15,8 +15,8 @@ import torch
 
 from hsextract import fingerprint
 from hsextract.drain.staged_io import RowsLayout
-from hsextract.records import SampleRecord
-from hsextract.staging import DTYPES, DoneMarker
+from hsextract.staging.dumps import DTYPES, DoneMarker
+from hsextract.staging.records import SampleRecord
 
 # Reason codes, one per way a dump can be wrong.
 UNREADABLE = "unreadable"  # states file or done marker truncated / not parseable

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hsextract.drain.config import DrainConfig
 from hsextract.formats.base import OutputFormat, TokenReader
-from hsextract.formats.manifest import ManifestEntry
+from hsextract.output.manifest import ManifestEntry
 from hsextract.vocab.mapping import VocabError
 from hsextract.vocab.tracker import VocabTracker
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from hsextract.drain import validate as v
 from hsextract.drain.prepare import Job, Ready, prepare
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.manifest import default_checksum_algorithm
-from hsextract.records import SampleRecord
-from hsextract.staging import DONE_FILE, STATES_FILE, DoneMarker, StateFileLayout
+from hsextract.output.manifest import default_checksum_algorithm
+from hsextract.staging.dumps import DONE_FILE, STATES_FILE, DoneMarker, StateFileLayout
+from hsextract.staging.records import SampleRecord
 
 _ROWS, _SLOTS, _HIDDEN = 2, 2, 64
 

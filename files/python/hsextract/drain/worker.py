@@ -32,9 +32,9 @@ from hsextract.drain.selfcheck import GreedySelfCheck
 from hsextract.drain.staged_io import PIECE
 from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.manifest import default_checksum_algorithm
-from hsextract.records import SampleRecord
-from hsextract.staging import STATES_FILE
+from hsextract.output.manifest import default_checksum_algorithm
+from hsextract.staging.dumps import STATES_FILE
+from hsextract.staging.records import SampleRecord
 
 log = logging.getLogger("hsextract.drain")
 

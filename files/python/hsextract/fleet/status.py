@@ -1,7 +1,7 @@
 """The fleet's progress: every host's ``hsextract status --json`` as one table, its totals and the
 fleet's reconciliation.
 
-Each host reconciles its own shard (hsextract.reconcile). Summed over the fleet, the hosts' shard
+Each host reconciles its own shard (hsextract.output.accounts). Summed over the fleet, the hosts' shard
 lines must be the dataset's lines once every host reports (the shards cover the dataset exactly
 once: hsextract.fleet.plan checked that before the run), and the sums keep the host identities::
 

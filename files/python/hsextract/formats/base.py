@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import torch
 
 from hsextract.formats.index_width import pickled_int_bytes as _pickled_int_bytes
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.formats.stored import StoredSample
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 
 
 @dataclass

@@ -41,8 +41,8 @@ from hsextract.formats.base import (
     torch_save_bytes,
     torch_slot_groups,
 )
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.formats.stored import StoredSample, byte_rows, load_torch_sample
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 
 
 def _object(input_ids: torch.Tensor, loss_mask: torch.Tensor, aux: torch.Tensor, final: torch.Tensor,

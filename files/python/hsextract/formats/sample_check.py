@@ -27,8 +27,8 @@ import numpy as np
 from hsextract import fingerprint
 from hsextract.contained import UnsafePath, checked_parts, fd_path, open_regular
 from hsextract.formats.base import SampleShape
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader, fd_problem
 from hsextract.formats.stored import StoredSample
+from hsextract.output.manifest import ManifestEntry, ManifestHeader, fd_problem
 
 # Rows whose fingerprint is recomputed at once: bounds the memory a check takes (rows of a large
 # model are tens of kB each, and a row group is copied once to put its slots back together).

@@ -32,8 +32,8 @@ from hsextract.formats.base import (
     torch_save_bytes,
     torch_slot_groups,
 )
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.formats.stored import StoredSample, byte_rows, load_torch_sample
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 
 GROUP_SIZE = 2000
 

@@ -38,10 +38,10 @@ import torch
 
 from hsextract.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, TokenReader, tensor_bytes
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.formats.stored import StoredSample
-from hsextract.layout import ARROW_BUILD_PREFIX, arrow_build_dir, state_dir
-from hsextract.staging import DTYPES
+from hsextract.output.layout import ARROW_BUILD_PREFIX, arrow_build_dir, state_dir
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
+from hsextract.staging.dumps import DTYPES
 
 HS_DIR = "hidden_states"
 
@@ -272,7 +272,7 @@ def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry]
 
 def remove_arrow_builds(out: Path) -> None:
     """Remove the build directories of earlier Arrow builds (only one process writes a set at a time:
-    hsextract.output_lock)."""
+    hsextract.output.lock)."""
     for old in state_dir(out).glob(f"{ARROW_BUILD_PREFIX}*"):
         shutil.rmtree(old, ignore_errors=True)
 

@@ -34,8 +34,8 @@ from hsextract.formats.base import (
     read_torch_tokens,
     torch_save_bytes,
 )
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.formats.stored import StoredSample, byte_rows, load_torch_sample
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 
 LENGTHS_FILE = "sample_lengths.json"
 CONFIG_FILE = "data_config.json"

@@ -36,12 +36,12 @@ from pathlib import Path
 
 from hsextract.drain.recovery import check_header_matches_fields
 from hsextract.errors import ConfigError
-from hsextract.formats.manifest import ManifestEntry
 from hsextract.objectstore.committer import META_EPOCH, META_WRITER, entry_of, publish_header, sample_metadata
 from hsextract.objectstore.segments import RUN_KEY, SegmentHead, epoch_head, new_writer_id, publish
 from hsextract.objectstore.store import KeyExists, ObjectStore, StoreError
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.objectstore.verify import BucketSet, orphans, read_bucket_set
+from hsextract.output.manifest import ManifestEntry
 
 log = logging.getLogger("hsextract.collect")
 
@@ -177,10 +177,10 @@ def _copy(into: ObjectStore, h: HostSet, src: ManifestEntry, new: ManifestEntry,
 
 def _write_dataset_files(into: ObjectStore, work: Path, ref: BucketSet, entries: list[ManifestEntry],
                          sets: Sequence[HostSet], sizes: Sequence[int] | None, vocab_size: int | None) -> None:
-    from hsextract.finalized import record_finalized
     from hsextract.objectstore.mirror import publish_dataset_files
     from hsextract.objectstore.output import sync_work_dir
     from hsextract.objectstore.segments import read_published
+    from hsextract.output.finalized import record_finalized
 
     assert ref.header is not None
     sync_work_dir(into, work, read_published(into))
@@ -198,7 +198,7 @@ def _write_vocab(work: Path, ref: BucketSet, entries: list[ManifestEntry], sets:
     from the collected objects (hsextract.collect.vocab's rule)."""
     from collections import defaultdict
 
-    from hsextract.layout import VOCAB_CHECKPOINT, state_dir
+    from hsextract.output.layout import VOCAB_CHECKPOINT, state_dir
     from hsextract.vocab.checkpoint import entry_identity, read_checkpoint
     from hsextract.vocab.counts import TokenCounts
     from hsextract.vocab.tracker import VocabTracker, recount

@@ -40,11 +40,11 @@ from pathlib import Path
 
 from hsextract.drain.committer import CommitEvents, Committer, Prepared
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader, read_header
 from hsextract.objectstore.segments import HEADER_KEY, SegmentHead, SegmentTaken, publish
 from hsextract.objectstore.store import KeyExists, ObjectStore, Stopped, StoreError, UploadAborted
-from hsextract.records import remove_record
-from hsextract.staging import discard_dump
+from hsextract.output.manifest import ManifestEntry, ManifestHeader, read_header
+from hsextract.staging.dumps import discard_dump
+from hsextract.staging.records import remove_record
 
 log = logging.getLogger("hsextract.objectstore")
 

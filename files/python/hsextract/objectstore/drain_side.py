@@ -13,14 +13,14 @@ from typing import Any
 
 from hsextract.drain.committer import CommitEvents
 from hsextract.formats.base import OutputFormat
-from hsextract.formats.manifest import ManifestEntry
-from hsextract.layout import drain_tmp_dir
 from hsextract.objectstore.committer import ObjectCommitter
 from hsextract.objectstore.mirror import publish_dataset_files
 from hsextract.objectstore.output import DrainStart, ObjectOutput, start_drain
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.tokens import RemoteTokens
-from hsextract.records import load_or_create_run_id
+from hsextract.output.layout import drain_tmp_dir
+from hsextract.output.manifest import ManifestEntry
+from hsextract.staging.records import load_or_create_run_id
 
 
 class BucketSide:

@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes
-from hsextract.layout import (
+from hsextract.objectstore.store import ObjectStore
+from hsextract.output.layout import (
     CLIENT_SUMMARY,
     DATASET_RECORD,
     FAILURES,
@@ -37,7 +38,6 @@ from hsextract.layout import (
     client_file_shard,
     state_dir,
 )
-from hsextract.objectstore.store import ObjectStore
 
 PUBLISHED = "objectstore-published.json"
 LAST = ("state.json", f"{STATE_DIR}/{FINALIZED}")  # published after every other file, in this order

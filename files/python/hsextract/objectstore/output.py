@@ -26,15 +26,6 @@ from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes
 from hsextract.errors import ConfigError
-from hsextract.formats.manifest import (
-    ManifestEntry,
-    ManifestHeader,
-    entries_path,
-    iter_entries,
-    read_header,
-    write_header,
-)
-from hsextract.layout import state_dir
 from hsextract.objectstore.segments import (
     HEADER_KEY,
     RUN_KEY,
@@ -49,6 +40,15 @@ from hsextract.objectstore.segments import (
 from hsextract.objectstore.settings import StoreSettings, settings_from, settings_from_args
 from hsextract.objectstore.store import KeyExists, ObjectStore
 from hsextract.objectstore.url import ObjectURL, is_object_url, parse_object_url, work_dir_for
+from hsextract.output.layout import state_dir
+from hsextract.output.manifest import (
+    ManifestEntry,
+    ManifestHeader,
+    entries_path,
+    iter_entries,
+    read_header,
+    write_header,
+)
 
 log = logging.getLogger("hsextract.objectstore")
 

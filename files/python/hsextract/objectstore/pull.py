@@ -28,12 +28,12 @@ from pathlib import Path
 from hsextract.config_file import add_config_argument
 from hsextract.durable import atomic_write_bytes, fsync_dir
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats.manifest import ManifestEntry, entries_path, write_header
-from hsextract.layout import FINALIZED, STATE_DIR, VOCAB_CHECKPOINT, state_dir
 from hsextract.objectstore.settings import add_store_arguments, settings_from_args
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.url import parse_object_url
 from hsextract.objectstore.verify import read_bucket_set
+from hsextract.output.layout import FINALIZED, STATE_DIR, VOCAB_CHECKPOINT, state_dir
+from hsextract.output.manifest import ManifestEntry, entries_path, write_header
 
 log = logging.getLogger("hsextract.pull")
 
@@ -172,7 +172,7 @@ def _whole(path: Path, e: ManifestEntry) -> bool:
 def _write_set(store: ObjectStore, dest: Path, found, chosen: Sequence[ManifestEntry], whole: bool) -> None:
     """The manifest of the pulled samples, then the dataset-level files: the bucket's, where they
     cover exactly these samples, else rebuilt from the pulled files."""
-    from hsextract.finalized import finalized_samples, record_finalized
+    from hsextract.output.finalized import finalized_samples, record_finalized
 
     write_header(dest, found.header)
     atomic_write_bytes(entries_path(dest), b"".join(e.to_line() for e in chosen))

@@ -2,7 +2,7 @@
 
 ::
 
-    <prefix>/manifest.json                        the header (hsextract.formats.manifest), created once
+    <prefix>/manifest.json                        the header (hsextract.output.manifest), created once
     <prefix>/.hsextract/run.json                  the run id, created once
     <prefix>/.hsextract/segments/000000000.jsonl  segment 0, 1, 2...: a head line, then manifest lines
 
@@ -30,8 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from hsextract.errors import HsextractError
-from hsextract.formats.manifest import ManifestEntry, ManifestError
 from hsextract.objectstore.store import KeyExists, ObjectStore
+from hsextract.output.manifest import ManifestEntry, ManifestError
 
 SEGMENTS_DIR = ".hsextract/segments"
 RUN_KEY = ".hsextract/run.json"

@@ -219,7 +219,7 @@ class ObjectStore:
     def download(self, key: str, dest: Path, algorithm: str = "", chunk: int = 8 << 20) -> tuple[int, str]:
         """The object into `dest` (created or truncated), hashed on the way with `algorithm` (the
         manifest's); (byte count, "<algorithm>:<hex>" or "")."""
-        from hsextract.formats.manifest import new_hasher
+        from hsextract.output.manifest import new_hasher
 
         def call() -> tuple[int, str]:
             r = self.client.get_object(Bucket=self.url.bucket, Key=key)

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hsextract.formats.manifest import ManifestEntry
 from hsextract.objectstore.store import ObjectStore, StoreError
+from hsextract.output.manifest import ManifestEntry
 
 _DTYPE_BYTES = {"I64": 8}
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.formats.manifest import ManifestEntry, ManifestHeader
 from hsextract.objectstore.segments import HEADER_KEY, SEGMENTS_DIR, Published, read_published
 from hsextract.objectstore.store import ObjectStore
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 
 
 @dataclass
@@ -107,8 +107,8 @@ def verify_bucket(store: ObjectStore, sizes: Sequence[int], check_vocab: bool, t
 
 def _verify_vocab(store: ObjectStore, found: BucketSet, sizes: Sequence[int], tmp: Path) -> int:
     """The published counts and token-frequency files against a recount of the objects."""
-    from hsextract.layout import state_dir
     from hsextract.objectstore.tokens import RemoteTokens
+    from hsextract.output.layout import state_dir
     from hsextract.vocab.tracker import VocabTracker, print_recount_verdict
 
     view = tmp / "view"  # the set's small files, where the tracker reads its checkpoint and token_freq
@@ -131,10 +131,10 @@ def finalize_bucket(store: ObjectStore, work: Path, sizes: Sequence[int], vocab_
                     count_vocab: bool) -> list[str]:
     """The dataset-level files rewritten in the work directory from the bucket's segments, then
     published; the paths published."""
-    from hsextract.finalized import record_finalized
     from hsextract.objectstore.mirror import publish_dataset_files
     from hsextract.objectstore.output import sync_work_dir
     from hsextract.objectstore.tokens import RemoteTokens
+    from hsextract.output.finalized import record_finalized
     from hsextract.vocab.tracker import VocabTracker
 
     found = read_bucket_set(store)

@@ -21,11 +21,11 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
-from hsextract.client import defaults
 from hsextract.config_file import add_config_argument
+from hsextract.dataset import defaults
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.report import binary_size
-from hsextract.staging import DTYPE_BYTES
+from hsextract.staging.dumps import DTYPE_BYTES
 
 PAGE = 4096
 PAGES_PER_REQUEST = 3  # states file header page, done.json, the client's record
@@ -144,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model dir: the hidden size is read from its config.json")
     parser.add_argument("--hidden-size", type=int, help="hidden size, instead of --model")
     parser.add_argument("--aux-layers", help="aux layer ids (e.g. 1,29,57); only their number matters here (default 3)")
-    # The client's defaults (`hsextract.client.defaults`): a check by hand sizes the run the client makes.
+    # The client's defaults (`hsextract.dataset.defaults`): a check by hand sizes the run the client makes.
     parser.add_argument("--max-in-flight", type=int, default=defaults.MAX_IN_FLIGHT,
                         help=f"requests the client keeps in flight (default {defaults.MAX_IN_FLIGHT})")
     parser.add_argument("--max-tokens", type=int, default=None,

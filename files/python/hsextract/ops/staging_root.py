@@ -6,8 +6,8 @@ where ``install -d -o USER`` stood: that gave a directory another user had made 
 user can create ``/dev/shm/hsextract`` after a reboot) to the service's user, with whatever links
 were planted in it. Here a missing directory is made mode 0700 and given to USER; an existing one is
 taken only if it is USER's or root's, and neither group nor others may write it (then it is given to
-USER, mode 0700); anything else is refused, saying why and what to do (`hsextract.staging_fs`).
-Exit 0 when the directory is ready, 1 when refused. Standard library and hsextract.staging_fs only.
+USER, mode 0700); anything else is refused, saying why and what to do (`hsextract.staging.fs`).
+Exit 0 when the directory is ready, 1 when refused. Standard library and hsextract.staging.fs only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from hsextract.errors import ConfigError
-from hsextract.staging_fs import DIR_MODE, inspect_root, user_name
+from hsextract.staging.fs import DIR_MODE, inspect_root, user_name
 
 
 def ensure(path: Path, owner: str) -> None:

@@ -18,17 +18,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hsextract.client import defaults
-from hsextract.client.chat_template import OVERLONG_POLICIES, read_template_file
-from hsextract.client.dataset import add_max_row_bytes_argument
 from hsextract.config_file import add_config_argument
+from hsextract.dataset import defaults
+from hsextract.dataset.chat_template import OVERLONG_POLICIES, read_template_file
+from hsextract.dataset.reader import add_max_row_bytes_argument
 from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
-from hsextract.layout import plan_path
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.ops.check_shm import aux_count
+from hsextract.output.layout import plan_path
 from hsextract.report import binary_size
 
 if TYPE_CHECKING:
@@ -114,11 +114,11 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     """Scan the dataset and estimate everything; the report as a JSON-able dict. With `kept` (the
     scan and sizes kept beside the report), a scan or sizes of the same inputs are taken from it
     (unless --rescan), and what is made anew is put in it."""
-    from hsextract.client.dataset import dataset_files
-    from hsextract.client.dataset_record import fingerprint
-    from hsextract.formats.manifest import completed_indices
+    from hsextract.dataset.reader import dataset_files
     from hsextract.model_info import read_model_info
     from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
+    from hsextract.output.dataset_record import fingerprint
+    from hsextract.output.manifest import completed_indices
     from hsextract.plan.estimate import bench_rate, default_results_dir
     from hsextract.plan.scan import ScanSettings
     from hsextract.shard import Shard
@@ -231,7 +231,7 @@ def _per_format_bytes(res: ScanResult, layout: dict[str, Any], vocab_size: int,
     """Every format's bytes for the scan (`hsextract.plan.estimate`: the sample files sized by the
     formats' own writers, which import torch)."""
     from hsextract.plan.estimate import Layout, per_format_bytes
-    from hsextract.staging import DTYPES
+    from hsextract.staging.dumps import DTYPES
 
     return per_format_bytes(res.shapes, res.pending_shapes, res.samples, res.tokens, res.samples - res.already_written,
                             res.pending_tokens, Layout(layout["num_aux"], layout["hidden_size"],

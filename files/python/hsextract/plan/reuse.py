@@ -61,7 +61,7 @@ def _version(dist: str) -> str | None:
 
 def scan_key(cfg: ScanSettings) -> str:
     """The digest of everything the scan of `cfg` reads; another scan of equal key gives the same result."""
-    from hsextract.client.dataset import dataset_files
+    from hsextract.dataset.reader import dataset_files
 
     model = Path(cfg.model)
     inputs = {

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hsextract.client import defaults
-from hsextract.client.chat_template import TOO_LONG, Encoded, build_encoder
-from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, read_dataset
-from hsextract.client.direct_tokenizer import DirectTokenizer
+from hsextract.dataset import defaults
+from hsextract.dataset.chat_template import TOO_LONG, Encoded, build_encoder
+from hsextract.dataset.direct_tokenizer import DirectTokenizer
+from hsextract.dataset.reader import DatasetReader, Reject, Sample, count_rows, read_dataset
 from hsextract.formats.index_width import same_size_index
 from hsextract.shard import WHOLE, Shard
 
@@ -195,7 +195,7 @@ def scan(cfg: ScanSettings) -> ScanResult:
         pool = None
     else:
         ctx = multiprocessing.get_context("forkserver")
-        preload = ["hsextract.client.chat_template"]
+        preload = ["hsextract.dataset.chat_template"]
         if not isinstance(encoder.tok, DirectTokenizer):  # the workers load it through transformers too
             preload.append("transformers.models.auto.tokenization_auto")
         ctx.set_forkserver_preload(preload)

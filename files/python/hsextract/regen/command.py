@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from hsextract import shutdown
-from hsextract.client.dataset import add_max_row_bytes_argument
 from hsextract.config_file import add_config_argument
+from hsextract.dataset.reader import add_max_row_bytes_argument
 from hsextract.errors import ConfigError
-from hsextract.layout import REGEN_OUTPUT, STATE_DIR
+from hsextract.output.layout import REGEN_OUTPUT, STATE_DIR
 from hsextract.regen.progress import progress_line
 from hsextract.regen.reasoning import MODES
 from hsextract.regen.runner import REPLY_TIMEOUT_S, RegenConfig, RegenerateRun

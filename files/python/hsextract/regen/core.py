@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hsextract.client.conversation import Conversation, Message, ToolCall
+from hsextract.dataset.conversation import Conversation, Message, ToolCall
 from hsextract.regen import reasoning, tools
 
 # Reasons (stable codes: counted in the status and written to the output and errors files).

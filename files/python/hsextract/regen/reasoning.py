@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hsextract.client.conversation import Message
+from hsextract.dataset.conversation import Message
 
 MODES = ("keep", "strip-history", "disable")
 THINK_START, THINK_END = "<think>", "</think>"

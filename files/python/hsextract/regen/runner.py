@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsextract.client import defaults
-from hsextract.client.dataset import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
+from hsextract.dataset import defaults
+from hsextract.dataset.reader import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.layout import regen_status_path, regen_summary_path
+from hsextract.output.layout import regen_status_path, regen_summary_path
 from hsextract.regen import core, reasoning
 from hsextract.regen.progress import RegenStats, Reporter
 from hsextract.regen.sampling import Sampling, resolve

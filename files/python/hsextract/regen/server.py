@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from hsextract.client.conversation import BadConversation, Message, parse_tool_call
+from hsextract.dataset.conversation import BadConversation, Message, parse_tool_call
 from hsextract.errors import HsextractError
 from hsextract.regen.core import CONTEXT_FULL, RETRIES_EXHAUSTED, SERVER_REJECTED, Reply, TurnFailed
 from hsextract.regen.sampling import Sampling

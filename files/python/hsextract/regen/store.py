@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hsextract.client.conversation import Conversation
+from hsextract.dataset.conversation import Conversation
 from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.layout import regen_errors_path, regen_output_path, regen_settings_path, state_dir
+from hsextract.output.layout import regen_errors_path, regen_output_path, regen_settings_path, state_dir
 from hsextract.regen.totals import Totals
 
 log = logging.getLogger("hsextract.regen")

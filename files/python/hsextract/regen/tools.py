@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hsextract.client.conversation import Message, ToolCall
+from hsextract.dataset.conversation import Message, ToolCall
 
 TOOL_CALLS_DIFFER = "tool_calls_differ"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.durable import atomic_write_bytes
-from hsextract.formats.manifest import ManifestEntry
-from hsextract.layout import vocab_checkpoint_path
+from hsextract.output.layout import vocab_checkpoint_path
+from hsextract.output.manifest import ManifestEntry
 from hsextract.vocab.counts import TokenCounts
 
 VERSION = 1

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from hsextract.formats.base import TokenReader
-from hsextract.formats.manifest import ManifestEntry
-from hsextract.layout import vocab_checkpoint_path, vocab_checkpoint_relpath
+from hsextract.output.layout import vocab_checkpoint_path, vocab_checkpoint_relpath
+from hsextract.output.manifest import ManifestEntry
 from hsextract.vocab.checkpoint import (
     Checkpoint,
     checkpoint_bytes,

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.client import defaults, tokenizer_files
-from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample
-from hsextract.client.head_tokens import tokenize_head
+from hsextract.dataset import defaults, tokenizer_files
+from hsextract.dataset.head_tokens import tokenize_head
+from hsextract.dataset.reader import BAD_INPUT_IDS, Message, Reject, Sample
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.model_info import read_model_info
 from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
@@ -54,7 +54,7 @@ class Encoded:
     input_ids: list[int]
     loss_mask: list[int]
     # when truncated: the original length, or, where only its head was tokenized, max_tokens + 1 (a
-    # lower bound: hsextract.client.head_tokens); else 0
+    # lower bound: hsextract.dataset.head_tokens); else 0
     truncated_from: int = 0
     file: str = ""  # where the sample came from, for failure reports
     line: int = 0
@@ -179,7 +179,7 @@ def tokenize_with_mask(tok: Any, messages: Sequence[Message], tools: Tools = Non
 def tokenize_head_with_mask(tok: Any, messages: Sequence[Message], tools: Tools, last_turn_only: bool,
                             limit: int | None) -> tuple[list[int], list[int], bool]:
     """`tokenize_with_mask`, or where the conversation has more than `limit` tokens, its first
-    ``limit + 1`` and True (tokenized only as far as that: `hsextract.client.head_tokens`)."""
+    ``limit + 1`` and True (tokenized only as far as that: `hsextract.dataset.head_tokens`)."""
     text, spans = assistant_spans(tok, messages, tools)
     if last_turn_only:
         spans = spans[-1:]

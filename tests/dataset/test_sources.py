@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from hsextract.client import dataset as ds
-from hsextract.client import sources
-from hsextract.client.dataset import Message, Reject, Sample, ToolCall, count_rows, read_dataset
+from hsextract.dataset import reader as ds
+from hsextract.dataset import sources
+from hsextract.dataset.reader import Message, Reject, Sample, ToolCall, count_rows, read_dataset
 from hsextract.errors import HsextractError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -32,8 +32,8 @@ from typing import Any
 from hsextract.contained import UnsafePath, open_regular
 from hsextract.durable import atomic_write_bytes, fsync_dir, write_all
 from hsextract.errors import HsextractError
-from hsextract.layout import manifest_entries_path as entries_path
-from hsextract.layout import manifest_header_path as header_path
+from hsextract.output.layout import manifest_entries_path as entries_path
+from hsextract.output.layout import manifest_header_path as header_path
 
 MANIFEST_VERSION = 1
 

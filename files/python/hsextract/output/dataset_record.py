@@ -32,10 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hsextract.client.sources import dataset_files
+from hsextract.dataset.sources import dataset_files
 from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError
-from hsextract.layout import dataset_record_path
+from hsextract.output.layout import dataset_record_path
 
 log = logging.getLogger("hsextract.client")
 

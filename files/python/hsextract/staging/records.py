@@ -28,8 +28,9 @@ from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes, remove_orphaned_temporaries_in
 from hsextract.errors import ConfigError, StagingError
-from hsextract.layout import RECORDS_DIR, record_path, run_file_path
-from hsextract.staging_fs import FILE_MODE, make_dir, prepare_root
+from hsextract.output.layout import run_file_path
+from hsextract.staging.fs import FILE_MODE, make_dir, prepare_root
+from hsextract.staging.names import RECORDS_DIR, record_path
 
 _RID_RE = re.compile(
     r"^(?P<prefix>[A-Za-z0-9_.]+)-(?P<run>[0-9a-f]{8,32})-(?:(?P<index>\d+)|p(?P<probe>[0-9a-f]{4,32}))$")

@@ -34,8 +34,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.client import defaults
-from hsextract.client.conversation import (
+from hsextract.dataset import defaults
+from hsextract.dataset.conversation import (
     BAD_MESSAGE,
     BAD_TOOL_CALL,
     BAD_TOOLS,
@@ -54,11 +54,11 @@ from hsextract.client.conversation import (
     ToolCall,
     parse_conversation,
 )
-from hsextract.client.sources import BOM, UNREADABLE_FILE, Row, Unreadable, count_rows, dataset_files, file_rows
+from hsextract.dataset.sources import BOM, UNREADABLE_FILE, Row, Unreadable, count_rows, dataset_files, file_rows
 from hsextract.errors import ConfigError
 
 # Reject reason codes (stable: they are counted in the summary and grepped in rejects files); the
-# conversation's own are in `hsextract.client.conversation`.
+# conversation's own are in `hsextract.dataset.conversation`.
 BLANK_LINE = "blank_line"
 MALFORMED_JSON = "malformed_json"
 NOT_AN_OBJECT = "not_an_object"

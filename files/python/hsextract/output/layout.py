@@ -1,5 +1,4 @@
-"""Where every file of a run lives: the one owner of the names inside an output directory and a
-staging directory.
+"""Where every file of a run lives: the one owner of the names inside an output directory.
 
 The client, the drain, ``hsextract status``, the reconciliation, the planner, the regeneration
 and the Ansible roles all read files the others write; a name spelled twice drifts. So every
@@ -9,7 +8,7 @@ equal to it.
 ::
 
     <output>/
-      manifest.json, manifest.jsonl     the training set's manifest (hsextract.formats.manifest)
+      manifest.json, manifest.jsonl     the training set's manifest (hsextract.output.manifest)
       run.json                          the run id, created once per output directory
       conversations.jsonl               hsextract regenerate's output
       quarantine/<rid>/                 the drain's default quarantine: reason.txt, source.json, record.json
@@ -19,19 +18,16 @@ equal to it.
         client-status.json, client-summary.json, rejects.jsonl, failures.jsonl   the client of the whole dataset's
         client-status.shard-<i>-of-<n>.json, ...   the same four files of a client of shard i/n (n > 1)
         output.lock                     held by the training set's writer (the drain, finalize)
-        client-<i>-of-<n>.lock, clients.lock   held by the client of each shard (hsextract.output_lock)
+        client-<i>-of-<n>.lock, clients.lock   held by the client of each shard (hsextract.output.lock)
         drain-status.json, tmp/, arrow-build-<id>/, vocab_counts.json
-        finalized.json                  how many samples the dataset-level files cover (hsextract.finalized)
+        finalized.json                  how many samples the dataset-level files cover (hsextract.output.finalized)
         dataset.json                    which dataset the training set was extracted from (the client's)
         plan.json
         output.lock                     held by the process that writes the set (hsextract collect)
         collect-tmp/, collect-failures.jsonl, collect-report.json, collect-state.json   hsextract collect's
         regen-status.json, regen-summary.json, regen-errors.jsonl, regen-settings.json
 
-    <dump_dir>/                        the staging directory (/dev/shm)
-      <rid>/                            a staged dump: its files and markers are hsextract.staging's
-      _records/<rid>.json               the client's record of a sample (hsextract.records)
-      _captures/<host>-<pid>.json       each writing capture's description of itself
+The staging directory's names are hsextract.staging.names's.
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ from pathlib import Path
 
 from hsextract.errors import ConfigError
 from hsextract.shard import WHOLE, Shard
-from hsextract.staging_fs import plain_name
 
 # <output>/
 MANIFEST_HEADER = "manifest.json"
@@ -60,9 +55,9 @@ FAILURES = "failures.jsonl"  # the samples the client gave up on, one JSON objec
 DRAIN_STATUS = "drain-status.json"
 DRAIN_TMP_DIR = "tmp"
 ARROW_BUILD_PREFIX = "arrow-build-"
-FINALIZED = "finalized.json"  # the samples the dataset-level files were last written for (hsextract.finalized)
+FINALIZED = "finalized.json"  # the samples the dataset-level files were last written for (hsextract.output.finalized)
 VOCAB_CHECKPOINT = "vocab_counts.json"  # never ends in "pt": some readers take every such file
-DATASET_RECORD = "dataset.json"  # the dataset the client extracts into this output (hsextract.client.dataset_record)
+DATASET_RECORD = "dataset.json"  # the dataset the client extracts into this output (hsextract.output.dataset_record)
 PLAN = "plan.json"
 COLLECT_TMP_DIR = "collect-tmp"
 COLLECT_FAILURES = "collect-failures.jsonl"  # samples a collect could not verify: the same lines as FAILURES, plus host
@@ -72,7 +67,7 @@ REGEN_STATUS = "regen-status.json"
 REGEN_SUMMARY = "regen-summary.json"
 REGEN_ERRORS = "regen-errors.jsonl"
 REGEN_SETTINGS = "regen-settings.json"
-OUTPUT_LOCK = "output.lock"  # hsextract.output_lock: the drain's (and finalize's) exclusive lock
+OUTPUT_LOCK = "output.lock"  # hsextract.output.lock: the drain's (and finalize's) exclusive lock
 CLIENTS_LOCK = "clients.lock"  # ... held for a moment while a client checks the other shards' locks
 CLIENT_LOCK_RE = r"client-(?P<i>\d+)-of-(?P<n>\d+)\.lock"  # ... and each client's lock on its shard
 # A client of shard i/n (n > 1) writes its status, summary, rejects and failures under names of its
@@ -89,11 +84,6 @@ QUARANTINE_HOST = "host.json"  # in a collected set: which host output quarantin
 # <collected set>/
 DATASET_CARD = "README.md"
 READER_ORDER = "reader_order.json"  # SpecForge's reading order of a collected set (hsextract.collect.order)
-
-# <dump_dir>/
-RECORDS_DIR = "_records"
-RECORD_SUFFIX = ".json"  # _records/<rid>.json
-CAPTURES_DIR = "_captures"
 
 
 def state_dir(output: str | Path) -> Path:
@@ -257,24 +247,3 @@ def regen_errors_path(output: str | Path) -> Path:
 
 def regen_settings_path(output: str | Path) -> Path:
     return state_dir(output) / REGEN_SETTINGS
-
-
-def records_dir(dump_dir: str | Path) -> Path:
-    return Path(dump_dir) / RECORDS_DIR
-
-
-def record_path(dump_dir: str | Path, rid: str) -> Path:
-    """The record of `rid`; UnsafeEntryError for a rid that would name another place."""
-    return records_dir(dump_dir) / plain_name(f"{rid}{RECORD_SUFFIX}")
-
-
-def record_rid(name: str) -> str | None:
-    """The rid a file name in the records directory is the record of; None for other files
-    (a writer's hidden temporary file among them)."""
-    if name.startswith(".") or not name.endswith(RECORD_SUFFIX):
-        return None
-    return name[: -len(RECORD_SUFFIX)]
-
-
-def captures_dir(dump_dir: str | Path) -> Path:
-    return Path(dump_dir) / CAPTURES_DIR

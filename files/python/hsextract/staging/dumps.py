@@ -6,9 +6,9 @@
       <rid>/states.safetensors   rows of one request; written by the capture, chunk by chunk
       <rid>/done.json            written last, atomically (write a temporary name, then rename)
       <rid>/failed.json          instead of done.json: the capture could not stage this request, and why
-      _records/<rid>.json        the client's record of the sample (see hsextract.records)
+      _records/<rid>.json        the client's record of the sample (see hsextract.staging.records)
       _captures/<host>-<pid>.json  each writing capture announces itself: what it writes, and how
-                                   (hsextract.announcements)
+                                   (hsextract.staging.announcements)
 
 ``states.safetensors`` is a standard safetensors file (no pickle) holding
 
@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from hsextract.durable import atomic_write_bytes
 from hsextract.errors import StagingError
-from hsextract.records import ParsedRid, parse_rid
-from hsextract.staging_fs import FILE_MODE, make_dir, plain_name, write_file_atomically
+from hsextract.staging.fs import FILE_MODE, make_dir, plain_name, write_file_atomically
+from hsextract.staging.records import ParsedRid, parse_rid
 
 STATES_FILE = "states.safetensors"
 DONE_FILE = "done.json"

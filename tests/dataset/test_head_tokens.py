@@ -10,9 +10,9 @@ import sys
 import textwrap
 
 import pytest
-from hsextract.client.chat_template import Encoded, SampleEncoder, load_tokenizer
-from hsextract.client.dataset import Reject, Sample
-from hsextract.client.head_tokens import MIN_HEAD_CHARS, tokenize_head
+from hsextract.dataset.chat_template import Encoded, SampleEncoder, load_tokenizer
+from hsextract.dataset.head_tokens import MIN_HEAD_CHARS, tokenize_head
+from hsextract.dataset.reader import Reject, Sample
 from support.client_run import WORDS, env
 
 
@@ -61,7 +61,7 @@ def test_a_long_sample_is_cut_or_skipped_as_the_whole_text_would_be(tiny_llama):
 
 
 def _message(m: dict):
-    from hsextract.client.dataset import Message
+    from hsextract.dataset.reader import Message
 
     return Message(m["role"], m["content"])
 
@@ -69,8 +69,8 @@ def _message(m: dict):
 PEAK = textwrap.dedent("""
     import json, resource, sys
     from pathlib import Path
-    from hsextract.client.chat_template import build_encoder
-    from hsextract.client.dataset import DatasetReader, read_dataset
+    from hsextract.dataset.chat_template import build_encoder
+    from hsextract.dataset.reader import DatasetReader, read_dataset
     encoder = build_encoder(Path(sys.argv[2]), None, None, "truncate", quiet=True)
     encoder.encode(next(iter(read_dataset(sys.argv[3], DatasetReader()))))  # the libraries' own first use
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -27,6 +27,6 @@ NUM_AUX = 3
 # A row longer than this (a JSON text's bytes, a table row's characters) is rejected before it is
 # parsed: parsing and rendering it costs several times its size. (Tokenizing a whole row with
 # offsets cost a few hundred bytes per byte, 17 GB for a 50 MB line; the encoder now tokenizes only
-# as far as the length limit needs: hsextract.client.head_tokens.) 8 MiB is some 2 million tokens
+# as far as the length limit needs: hsextract.dataset.head_tokens.) 8 MiB is some 2 million tokens
 # of text, far beyond any context.
 MAX_ROW_BYTES = 8 << 20

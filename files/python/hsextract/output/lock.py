@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.layout import (
+from hsextract.output.layout import (
     CLIENT_LOCK_RE,
     client_lock_path,
     clients_registry_path,

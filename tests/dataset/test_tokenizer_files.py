@@ -1,6 +1,6 @@
 """The client loads the model's tokenizer without transformers where AutoTokenizer would build the
 generic fast tokenizer anyway, and through AutoTokenizer otherwise (the direct tokenizer's own
-equivalence with transformers: tests/client/test_direct_tokenizer.py)."""
+equivalence with transformers: tests/dataset/test_direct_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hsextract.client.chat_template import load_tokenizer
-from hsextract.client.direct_tokenizer import DirectTokenizer
-from hsextract.client.tokenizer_files import GENERIC_FAST_CLASSES, GENERIC_MODEL_TYPES, generic_fast_tokenizer
+from hsextract.dataset.chat_template import load_tokenizer
+from hsextract.dataset.direct_tokenizer import DirectTokenizer
+from hsextract.dataset.tokenizer_files import GENERIC_FAST_CLASSES, GENERIC_MODEL_TYPES, generic_fast_tokenizer
 from transformers import AutoTokenizer
 
 
@@ -34,7 +34,7 @@ def _tokenizer_copy(src: Path, dst: Path, model_type: str | None = None, **confi
 
 
 def test_the_generic_fast_tokenizer_loads_without_importing_transformers(tiny_llama):
-    probe = ("import sys; from hsextract.client.chat_template import load_tokenizer; "
+    probe = ("import sys; from hsextract.dataset.chat_template import load_tokenizer; "
              f"tok = load_tokenizer({str(tiny_llama)!r}); "
              "print(type(tok).__name__, 'transformers' in sys.modules, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hsextract.client import dataset as ds
-from hsextract.client.dataset import DatasetReader, Message, Reject, Sample, count_rows, parse_line, read_dataset
+from hsextract.dataset import reader as ds
+from hsextract.dataset.reader import DatasetReader, Message, Reject, Sample, count_rows, parse_line, read_dataset
 from hsextract.errors import HsextractError
 from hypothesis import given, settings
 from hypothesis import strategies as st

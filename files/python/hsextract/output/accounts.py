@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.client_state import all_finished, read_shards
-from hsextract.layout import (
+from hsextract.output.client_files import all_finished, read_shards
+from hsextract.output.layout import (
     FAILURES,
     QUARANTINE_DIR,
     QUARANTINE_REASON,
@@ -33,8 +33,8 @@ from hsextract.layout import (
     default_quarantine_dir,
     run_file_path,
 )
-from hsextract.records import parse_rid
 from hsextract.shard import Shard
+from hsextract.staging.records import parse_rid
 
 DEFAULT_MAX_FAILURE_SHARE = 0.01
 
@@ -171,9 +171,9 @@ def read_accounts(output: Path, quarantine: Path | None = None, on_the_way: Iter
                   final: bool | None = None) -> Accounts | None:
     """The accounts of the run written to `output`, from its files; None before every client has
     said how large its shard is (its summary). Several clients of disjoint shards are counted
-    together (hsextract.client_state). ``final`` defaults to "every client has finished"; the
+    together (hsextract.output.client_files). ``final`` defaults to "every client has finished"; the
     caller knows whether anything is still staged (``on_the_way``)."""
-    from hsextract.formats.manifest import iter_entries
+    from hsextract.output.manifest import iter_entries
 
     shards = read_shards(output)
     clients = [s.summary or s.status for s in shards]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from hsextract.client.json_array import ArrayScan, NotAnElement
+from hsextract.dataset.json_array import ArrayScan, NotAnElement
 from hsextract.errors import HsextractError
 
 log = logging.getLogger("hsextract.dataset")
@@ -317,7 +317,7 @@ def _count_lines(f: DataFile) -> int:
 
 def _array_elements(f: DataFile) -> Iterator[bytes | Unreadable]:
     """The elements of a JSON array file as their own JSON texts, read block by block (see
-    `hsextract.client.json_array`); what is no element, or a read that fails, is an Unreadable row."""
+    `hsextract.dataset.json_array`); what is no element, or a read that fails, is an Unreadable row."""
     scan = ArrayScan(f.name)
     n = 0
     try:

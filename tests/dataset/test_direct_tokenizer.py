@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hsextract.client.chat_template import load_tokenizer
-from hsextract.client.direct_tokenizer import DirectTokenizer, NotDirect, load_direct
+from hsextract.dataset.chat_template import load_tokenizer
+from hsextract.dataset.direct_tokenizer import DirectTokenizer, NotDirect, load_direct
 from support.tokenizer_dirs import TEMPLATE_SPECIAL_TOKENS, template_model
 from transformers import AutoTokenizer
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from hsextract.durable import atomic_write_json
-from hsextract.layout import finalized_path
+from hsextract.output.layout import finalized_path
 
 
 def record_finalized(output: str | Path, samples: int) -> None:

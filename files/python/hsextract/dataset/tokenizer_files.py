@@ -15,7 +15,7 @@ installed transformers, that ``AutoTokenizer`` builds that same class. Anything 
 ``AutoTokenizer``.
 
 Where the direct path is taken, the tokenizer is loaded without transformers at all
-(`hsextract.client.direct_tokenizer`) unless one of that module's premises fails; then it is
+(`hsextract.dataset.direct_tokenizer`) unless one of that module's premises fails; then it is
 transformers' generic class, imported directly.
 """
 
@@ -25,7 +25,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from hsextract.client.direct_tokenizer import NotDirect, load_direct, read_json_object
+from hsextract.dataset.direct_tokenizer import NotDirect, load_direct, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # TokenizersBackend and keeps PreTrainedTokenizerFast as its alias).
 GENERIC_FAST_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 # Model types for which AutoTokenizer keeps a generic class that the files name (checked against the
-# installed transformers by tests/client/test_tokenizer_files.py).
+# installed transformers by tests/dataset/test_tokenizer_files.py).
 GENERIC_MODEL_TYPES = frozenset({"llama", "deepseek_v3"})
 
 

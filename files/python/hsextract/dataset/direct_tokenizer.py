@@ -1,6 +1,6 @@
 """The generic fast tokenizer and its chat template, loaded from the model's files without transformers.
 
-For a model whose files name the generic fast tokenizer (`hsextract.client.tokenizer_files`),
+For a model whose files name the generic fast tokenizer (`hsextract.dataset.tokenizer_files`),
 transformers adds nothing to ``tokenizer.json`` that the client uses: its tokens and offsets are
 the ``tokenizers`` library's, and its chat template is rendered by Jinja in a sandbox with a few
 helpers. Importing transformers costs seconds (2.2 s on the H200 host, plus torch through its GGUF
@@ -21,7 +21,7 @@ goes through transformers):
 The rendering follows transformers' ``render_jinja_template``: an immutable sandbox with
 ``trim_blocks`` and ``lstrip_blocks``, the loop controls, the ``{% generation %}`` tag (rendered
 as its body), ``tojson`` without HTML escaping, ``raise_exception`` and ``strftime_now``; the
-named special tokens are passed to the template as variables. ``tests/client/test_direct_tokenizer.py``
+named special tokens are passed to the template as variables. ``tests/dataset/test_direct_tokenizer.py``
 checks the texts, ids and offsets against transformers, template by template.
 """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hsextract.client.chat_template import (
+from hsextract.dataset.chat_template import (
     CHAT_TEMPLATE_ERROR,
     TEMPLATE_NOT_INCREMENTAL,
     TOO_FEW_LOSS_TOKENS,
@@ -22,7 +22,7 @@ from hsextract.client.chat_template import (
     load_tokenizer,
     tokenize_with_mask,
 )
-from hsextract.client.dataset import BAD_INPUT_IDS, Message, Reject, Sample, ToolCall, parse_line
+from hsextract.dataset.reader import BAD_INPUT_IDS, Message, Reject, Sample, ToolCall, parse_line
 from hsextract.errors import HsextractError
 from support.tokenizer_dirs import TEMPLATE_SPECIAL_TOKENS, template_model
 
@@ -333,7 +333,7 @@ def test_null_content_is_rendered_as_empty_in_a_tool_calling_conversation(tiny_l
 
 
 def test_an_unreadable_chat_template_file_is_a_config_error_naming_it(tmp_path):
-    from hsextract.client.chat_template import read_template_file
+    from hsextract.dataset.chat_template import read_template_file
     from hsextract.errors import ConfigError
 
     missing = tmp_path / "no-such.jinja"

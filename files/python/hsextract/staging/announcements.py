@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes, pid_alive
-from hsextract.layout import CAPTURES_DIR, captures_dir
-from hsextract.staging_fs import FILE_MODE, make_dir, plain_name
+from hsextract.staging.fs import FILE_MODE, make_dir, plain_name
+from hsextract.staging.names import CAPTURES_DIR, captures_dir
 
 
 @dataclass

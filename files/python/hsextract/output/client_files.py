@@ -1,8 +1,8 @@
 """What the clients of an output directory say, read together: one status and one summary per shard.
 
 An output is extracted by one client of the whole dataset, or by several clients of disjoint
-shards of it (hsextract.output_lock lets those run side by side). Each client writes its own
-files (hsextract.layout: the plain names for the whole dataset, ``.shard-i-of-n`` ones for a
+shards of it (hsextract.output.lock lets those run side by side). Each client writes its own
+files (hsextract.output.layout: the plain names for the whole dataset, ``.shard-i-of-n`` ones for a
 shard), so that none rewrites another's. `hsextract status`, the reconciliation and the drain's
 ``--exit-when-done`` read them all through this module:
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.errors import ConfigError
-from hsextract.layout import CLIENT_STATUS, CLIENT_SUMMARY, client_files
+from hsextract.output.layout import CLIENT_STATUS, CLIENT_SUMMARY, client_files
 from hsextract.shard import WHOLE, Shard
 
 # Counters of a status snapshot that add up over shards.

@@ -1,0 +1,13 @@
+"""The output directory: the training set and every file beside it, one owner for each.
+
+The client, the drain, collect, the fleet, ``hsextract status`` and the roles all read or write
+it; each goes through this package:
+
+* `layout`: every file name inside an output directory;
+* `manifest`: the set's header and its one line per written sample;
+* `lock`: one writer per output, one client per shard, locks that die with their holder;
+* `client_files`: the clients' status and summary files, read together across shards;
+* `dataset_record`: which dataset the set is extracted from, and the refusal to resume another;
+* `accounts`: every sample accounted for (accepted = in the set + failed + quarantined);
+* `finalized`: whether the dataset-level files are in step with the manifest.
+"""
