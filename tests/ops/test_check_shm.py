@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from hsextract.errors import ConfigError
-from hsextract.ops.check_shm import PAGE, PAGES_PER_REQUEST, ShmTooSmall, check, estimate_need, parse_size
+from hsextract.ops.check_shm import ShmTooSmall, check
+from hsextract.staging.room import PAGE, PAGES_PER_REQUEST, estimate_need, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "files" / "python")}

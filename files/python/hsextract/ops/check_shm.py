@@ -18,94 +18,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from hsextract.config_file import add_config_argument
 from hsextract.dataset import defaults
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.report import binary_size
 from hsextract.staging.dumps import DTYPE_BYTES
-
-PAGE = 4096
-PAGES_PER_REQUEST = 3  # states file header page, done.json, the client's record
+from hsextract.staging.room import ShmNeed, aux_count, estimate_need, mount_point, parse_size
 
 
 class ShmTooSmall(HsextractError):
     """The staging filesystem has less free space than the run needs."""
 
     exit_code = 4
-
-
-@dataclass(frozen=True)
-class ShmNeed:
-    """What a run needs on the staging filesystem, with the parts that explain the figure."""
-
-    bytes_per_token: int
-    tokens_in_flight: int
-    estimate_bytes: int
-    watermark_bytes: int
-
-    @property
-    def need_bytes(self) -> int:
-        return max(self.estimate_bytes, self.watermark_bytes)
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str | int | None, total: int) -> int:
-    """Parse "512M", "2GiB", "1073741824" or "10%" (of ``total``) into bytes; None/"" is 0."""
-    if text is None or text == "":
-        return 0
-    if isinstance(text, int):
-        return text
-    s = str(text).strip()
-    if s.endswith("%"):
-        try:
-            pct = float(s[:-1])
-        except ValueError:
-            raise ConfigError(f"size {text!r}: expected a percentage such as 10%") from None
-        if not 0 <= pct <= 100:
-            raise ConfigError(f"size {text!r}: a percentage must lie in 0..100")
-        return int(total * pct / 100)
-    m = _SIZE.match(s)
-    if not m:
-        raise ConfigError(f"size {text!r}: expected bytes, a size such as 512M or 2G, or a percentage such as 10%")
-    factor = 1024 ** " kmgt".index((m.group(2) or " ").lower())
-    return int(float(m.group(1)) * factor)
-
-
-def estimate_need(
-    *,
-    hidden_size: int,
-    aux_layers: int,
-    requests_in_flight: int,
-    tokens_per_request: int,
-    watermark_bytes: int = 0,
-    dtype: str = "bfloat16",
-) -> ShmNeed:
-    """The staging space of ``requests_in_flight`` requests of ``tokens_per_request`` tokens each."""
-    if dtype not in DTYPE_BYTES:
-        raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
-    for name, value in (("hidden size", hidden_size), ("requests in flight", requests_in_flight),
-                        ("tokens per request", tokens_per_request)):
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
-    if aux_layers < 1:
-        raise ConfigError(f"aux layers must be >= 1, got {aux_layers}")
-    per_token = hidden_size * (aux_layers + 1) * DTYPE_BYTES[dtype] + 8
-    tokens = requests_in_flight * tokens_per_request
-    estimate = tokens * per_token + requests_in_flight * PAGES_PER_REQUEST * PAGE
-    return ShmNeed(per_token, tokens, estimate, watermark_bytes)
-
-
-def mount_point(path: str) -> str:
-    """The mount point holding ``path`` (what `mount -o remount,size=` needs)."""
-    p = os.path.realpath(path)
-    while not os.path.ismount(p):
-        p = os.path.dirname(p)
-    return p
 
 
 def verdict_message(path: str, free: int, total: int, need: ShmNeed, requests: int, per_request: int) -> str:
@@ -160,18 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {defaults.SHM_MIN_FREE.replace('%', '%%')})")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES), help="dtype of the captured states")
     add_config_argument(parser)
-
-
-def aux_count(aux: object) -> int:
-    """The number of aux layers of ``--aux-layers`` (ids, or a list of them); the default without."""
-    if aux in (None, "", []):
-        return defaults.NUM_AUX
-    if isinstance(aux, list):
-        return len(aux)
-    from hsextract.layers import parse_ids
-
-    ids = parse_ids(str(aux))
-    return len(ids) if ids else defaults.NUM_AUX
 
 
 def run(args: argparse.Namespace) -> int:

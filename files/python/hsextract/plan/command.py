@@ -27,9 +27,9 @@ from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
-from hsextract.ops.check_shm import aux_count
 from hsextract.output.layout import plan_path
 from hsextract.report import binary_size
+from hsextract.staging.room import aux_count
 
 if TYPE_CHECKING:
     from hsextract.plan.reuse import Kept
@@ -116,12 +116,13 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     (unless --rescan), and what is made anew is put in it."""
     from hsextract.dataset.reader import dataset_files
     from hsextract.model_info import read_model_info
-    from hsextract.ops.check_shm import DTYPE_BYTES, estimate_need, mount_point, parse_size
     from hsextract.output.dataset_record import fingerprint
     from hsextract.output.manifest import completed_indices
     from hsextract.plan.estimate import bench_rate, default_results_dir
     from hsextract.plan.scan import ScanSettings
     from hsextract.shard import Shard
+    from hsextract.staging.dumps import DTYPE_BYTES
+    from hsextract.staging.room import estimate_need, mount_point, parse_size
 
     missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
     if missing:

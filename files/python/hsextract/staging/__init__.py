@@ -9,7 +9,8 @@ One room for everything that is written on one side of the RAM disk and read on 
   names it;
 * `announcements`: each capture's note of what it writes and how (``_captures/<host>-<pid>.json``);
 * `names`: the staging directory's file names, the one place they are spelled;
-* `fs`: making and opening anything there without trusting what another user left.
+* `fs`: making and opening anything there without trusting what another user left;
+* `room`: the space a run's staged requests need there (``hsextract check-shm``, ``hsextract plan``).
 
 The output directory, where the drain puts the training set, is `hsextract.output`.
 """
