@@ -12,7 +12,7 @@ run whose dataset is not that one is refused before it sends anything.
 bytes at another path (moved, renamed) and for a dataset that grew at its end (rows appended to
 the last file, files added after the last in reading order), and it fails for a dataset whose rows
 differ. A digest of the whole dataset fits neither way: hours for a TB dataset, and different after
-every append. The fingerprint is instead, for each of the first `FINGERPRINT_FILES` files in
+every append. The head digest is instead, for each of the first `HEAD_FILES` files in
 reading order (`dataset_files`): its name relative to the dataset path (the names order the files,
 so they order the indices; a single file's own name is not kept, as renaming it changes no index),
 the length of its head (the first `HEAD_BYTES`, or all of a shorter file) and the sha256 of that
@@ -40,7 +40,7 @@ from hsextract.output.layout import dataset_record_path
 log = logging.getLogger("hsextract.client")
 
 METHOD = "sha256-of-heads-v1"
-FINGERPRINT_FILES = 4
+HEAD_FILES = 4
 HEAD_BYTES = 1 << 20
 
 
@@ -57,11 +57,11 @@ def _head(path: Path, limit: int) -> tuple[int, str]:
     return read, digest.hexdigest()
 
 
-def fingerprint(dataset: Path) -> dict[str, Any]:
-    """The dataset's fingerprint (see the module's docstring)."""
+def head_digest(dataset: Path) -> dict[str, Any]:
+    """The dataset's head digest (see the module's docstring): what tells it from another dataset."""
     single = not Path(dataset).is_dir()
     heads = []
-    for f in dataset_files(dataset)[:FINGERPRINT_FILES]:
+    for f in dataset_files(dataset)[:HEAD_FILES]:
         n, sha = _head(f.path, HEAD_BYTES)
         heads.append({"name": None if single else f.name, "bytes": n, "sha256": sha})
     return {"method": METHOD, "files": heads}
@@ -92,7 +92,7 @@ def describe(dataset: Path) -> dict[str, Any]:
     return {
         "path": os.path.abspath(dataset),  # as the run was given it (what the Ansible roles compare with)
         "resolved": os.path.realpath(dataset),
-        "fingerprint": fingerprint(dataset),
+        "fingerprint": head_digest(dataset),  # the record's key since its first version
         "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -116,7 +116,7 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     (unless --rescan), and what is made anew is put in it."""
     from hsextract.dataset.reader import dataset_files
     from hsextract.model_info import read_model_info
-    from hsextract.output.dataset_record import fingerprint
+    from hsextract.output.dataset_record import head_digest
     from hsextract.output.manifest import completed_indices
     from hsextract.plan.estimate import bench_rate, default_results_dir
     from hsextract.plan.scan import ScanSettings
@@ -179,7 +179,7 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     report = {
         "dataset": str(args.dataset), "model": str(args.model), "shard": args.shard, "format": fmt,
         # What the client will record of the dataset: a fleet's hosts must all read the same one.
-        "dataset_fingerprint": fingerprint(Path(args.dataset)),
+        "dataset_fingerprint": head_digest(Path(args.dataset)),
         "rows": res.lines, "rows_in_shard": res.in_shard,
         "samples": res.samples, "already_written": res.already_written,
         "rejects": dict(sorted(res.rejects.items())), "reject_examples": res.examples,
