@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsextract.direct_write import write_payload_direct
 from hsextract.drain import validate as v
 from hsextract.drain.committer import Prepared
 from hsextract.drain.selfcheck import GreedySelfCheck
@@ -192,7 +193,10 @@ def _write_temporary(fmt: OutputFormat, tmp_dir: Path, job: Job, sample: Sample)
     record = job.record
     tmp = tmp_dir / f"{record.rid}.tmp"
     hasher = new_hasher(job.checksum_algorithm)
-    nbytes = write_payload_durably(tmp, fmt.encode(sample), hasher, durable=job.durable)
+    if job.durable:  # around the page cache: the drain never reads the file back (hsextract.direct_write)
+        nbytes = write_payload_direct(tmp, fmt.encode(sample), hasher)
+    else:  # read back for an upload: through the page cache, not fsynced
+        nbytes = write_payload_durably(tmp, fmt.encode(sample), hasher, durable=False)
     checksum = f"{job.checksum_algorithm}:{hasher.hexdigest()}"
     # Counted from the very tensors written.
     counts = masked_counts(sample.input_ids, sample.loss_mask) if job.count_vocab else None
