@@ -127,7 +127,9 @@ def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps
             "rest_gb_per_s": (total - first) / (end - first_s) / 1e9, "bytes": total,
             # CPU seconds of the whole drain process (its workers too) per GB: what a busy shared
             # machine disturbs least; start-up included.
-            "cpu_s_per_gb": cpu / (total / 1e9)}
+            "cpu_s_per_gb": cpu / (total / 1e9),
+            # The machine's load when the side ended: a shared machine's other work shows here.
+            "loadavg": [round(x, 2) for x in os.getloadavg()]}
 
 
 def _children_cpu() -> float:
@@ -138,6 +140,8 @@ def _children_cpu() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, required=True, help="the other version's package directory (files/python)")
+    ap.add_argument("--baseline-label", default="",
+                    help="what the baseline is, for the JSON (e.g. 'main at 4f9f950'); its path is not written there")
     ap.add_argument("--gb", type=float, default=1.5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--formats", default="speculators,specforge")
@@ -169,7 +173,8 @@ def main() -> int:
                     runs[fmt][name].append(res)
                     print(f"  {fmt} round {r} {name:8s}: {res['gb_per_s']:.3f} GB/s (first {res['first_s']:.1f} s "
                           f"{res['first_gb_per_s']:.3f}, rest {res['rest_gb_per_s']:.3f}); up in "
-                          f"{res['start_to_up_s']:.1f} s; {res['cpu_s_per_gb']:.2f} CPU-s/GB", flush=True)
+                          f"{res['start_to_up_s']:.1f} s; {res['cpu_s_per_gb']:.2f} CPU-s/GB; load {res['loadavg']}",
+                          flush=True)
         ceilings.append(measure(base / "ceiling", sizes, seconds_per_point=args.ceiling_seconds))
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -193,10 +198,13 @@ def main() -> int:
               f"{formats[fmt]['this_over_baseline_by_round']}); over the ceiling {formats[fmt]['over_ceiling']}; "
               f"first seconds over the rest {formats[fmt]['first_over_rest']}")
     last = formats[list(formats)[-1]]["median"]["this"]
-    result = {"benchmark": "drain_ab", "baseline": str(args.baseline), "samples": samples, "staged_bytes": nbytes,
-              "worker_mode": args.worker_mode, "workers": args.workers,
-              **on_disk_keys(str(base), ceiling, last["gb_per_s"]),
-              "disk_ceiling": [c.as_dict() for c in ceilings], "formats": formats, "machine": machine_info(),
+    # No path of this machine in the JSON: the baseline by its label, the output directory relative to the checkout.
+    root = str(base.resolve().relative_to(REPO)) if base.resolve().is_relative_to(REPO) else base.name
+    result = {"benchmark": "drain_ab", "baseline": args.baseline_label or "<baseline>/files/python", "samples": samples,
+              "staged_bytes": nbytes, "worker_mode": args.worker_mode, "workers": args.workers,
+              **on_disk_keys(root, ceiling, last["gb_per_s"]),
+              "disk_ceiling": [{**c.as_dict(), "directory": f"{root}/ceiling"} for c in ceilings],
+              "formats": formats, "machine": machine_info(),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
