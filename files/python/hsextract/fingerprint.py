@@ -108,6 +108,31 @@ def row_values_np(rows: np.ndarray | memoryview | bytes, ids: np.ndarray, row_by
     return sums + np.asarray(ids, dtype=np.int64) * np.int64(_ID_MULT)
 
 
+def row_values_parts_np(parts: Sequence[np.ndarray], ids: np.ndarray, row_bytes: int) -> np.ndarray:
+    """`row_values_np` of rows whose bytes are spread over column blocks: ``parts[i]`` is a C-contiguous
+    uint8 ``[len(ids), w_i]`` array, each row's bytes in order across the parts (a format's slot
+    groups, read straight into their own arrays). A row's value is its words' weighted sum, so each
+    part adds its own words with their weights; every width must be a multiple of the row's word
+    width (ValueError otherwise: the caller then checks whole rows)."""
+    width = word_bytes(row_bytes)
+    weights = word_weights(row_bytes // width)
+    sums = np.zeros(len(ids), dtype=np.int64)
+    col = 0
+    for part in parts:
+        w = part.shape[1]
+        if w % width:
+            raise ValueError(f"a part of {w} bytes splits the rows' {width}-byte words")
+        if w:
+            words = part.view(_NUMPY_WORDS[width])
+            if width != 8:
+                words = words.astype(np.int64)
+            sums += words @ weights[col // width : (col + w) // width]  # wraps modulo 2**64
+        col += w
+    if col != row_bytes:
+        raise ValueError(f"parts of {col} bytes for rows of {row_bytes}")
+    return sums + np.asarray(ids, dtype=np.int64) * np.int64(_ID_MULT)
+
+
 def combine(values: np.ndarray | Sequence[int], first_row: int) -> int:
     """The partial fingerprint of rows ``first_row ..`` of a request, from their values (an int in
     [0, 2**64)); partial sums of a request's chunks add modulo 2**64."""

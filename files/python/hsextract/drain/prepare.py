@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsextract import fingerprint
 from hsextract.direct_write import write_payload_direct
 from hsextract.drain import validate as v
 from hsextract.drain.committer import Prepared
@@ -138,19 +139,27 @@ def _read_whole(reader: StagedReader, checks: v.RowChecks):  # -> torch.Tensor
 
 def _read_slot_groups(reader: StagedReader, checks: v.RowChecks,
                       groups: list[tuple[int, int]]):  # -> dict[tuple[int, int], torch.Tensor]
-    """The rows' slots [a, b) of each group as ``[T, (b - a) * H]`` tensors of their own, filled piece
-    by piece from the reader's piece buffer while the piece is in the CPU cache, once every row passed."""
+    """The rows' slots [a, b) of each group as ``[T, (b - a) * H]`` tensors of their own, once every row
+    passed. Where the groups tile a row in order, the kernel reads the rows straight into them
+    (`StagedReader.scatter`) and the checks read them there, piece by piece while in the CPU cache;
+    else each piece is read whole and copied into the groups."""
     import numpy as np
     import torch
 
     layout = reader.layout
     slot_bytes = layout.row_bytes // max(1, layout.slots)
     out = {g: np.empty((layout.rows, (g[1] - g[0]) * slot_bytes), dtype=np.uint8) for g in groups}
-    for first, piece in reader.pieces():
-        checks.piece(first, piece)
-        rows = np.frombuffer(piece, dtype=np.uint8).reshape(-1, layout.row_bytes)
-        for (a, b), dest in out.items():
-            np.copyto(dest[first : first + len(rows)], rows[:, a * slot_bytes : b * slot_bytes], casting="no")
+    width = fingerprint.word_bytes(layout.row_bytes)
+    bounds = [0, *(b for _, b in groups)]
+    if [a for a, _ in groups] == bounds[:-1] and bounds[-1] == layout.slots and (slot_bytes % width == 0):
+        for first, parts in reader.scatter(list(out.values())):
+            checks.parts(first, parts)
+    else:
+        for first, piece in reader.pieces():
+            checks.piece(first, piece)
+            rows = np.frombuffer(piece, dtype=np.uint8).reshape(-1, layout.row_bytes)
+            for (a, b), dest in out.items():
+                np.copyto(dest[first : first + len(rows)], rows[:, a * slot_bytes : b * slot_bytes], casting="no")
     checks.finish()
     return {g: torch.from_numpy(arr).view(layout.dtype) for g, arr in out.items()}
 

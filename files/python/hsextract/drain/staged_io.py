@@ -17,10 +17,11 @@ copy out of the staging filesystem and nothing more.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from hsextract.errors import StagingError
@@ -29,6 +30,7 @@ from hsextract.staging.dumps import DTYPES, STATES_FILE, parse_header
 _ST_TO_TORCH = {code: dt for _, (dt, code, _) in DTYPES.items()}
 _MAX_HEADER = 100_000_000
 PIECE = 1 << 20  # bytes of rows read, checked, hashed and written at a time (at least one row)
+_IOV_MAX = 1024  # buffers per preadv (Linux's UIO_MAXIOV; POSIX guarantees at least 16)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,42 @@ class StagedReader:
             target = into[first * row_bytes : first * row_bytes + n] if into is not None else own[:n]  # type: ignore[index]
             self._read_exact(target, self._data_start + first * row_bytes)
             yield first, target
+
+    def scatter(self, parts: Sequence[np.ndarray]) -> Iterator[tuple[int, list[np.ndarray]]]:
+        """Every row read straight into `parts`, piece by piece: each part a C-contiguous uint8
+        ``[rows, width]`` array, the widths adding up to a row, each row's bytes spread over the parts
+        in order (a format's slot groups). Yields (first row, each part's rows just read) per piece.
+
+        The kernel spreads the rows as it copies them (``preadv`` with one buffer per row and part),
+        so a format that stores groups of slots apart costs no second copy of the rows."""
+        row_bytes, rows = self.layout.row_bytes, self.layout.rows
+        if sum(p.shape[1] for p in parts) != row_bytes or any(p.shape[0] != rows for p in parts):
+            raise ValueError(f"parts {[p.shape for p in parts]} do not tile {rows} rows of {row_bytes} bytes")
+        per_piece = max(1, min(PIECE // max(1, row_bytes), _IOV_MAX // max(1, len(parts))))
+        flat = [(memoryview(p.reshape(-1)), p.shape[1]) for p in parts if p.shape[1]]  # slices of these are cheap
+        for first in range(0, rows, per_piece):
+            last = min(rows, first + per_piece)
+            views = [view[r * w : (r + 1) * w] for r in range(first, last) for view, w in flat]
+            self._read_vectors(views, self._data_start + first * row_bytes, (last - first) * row_bytes)
+            yield first, [p[first:last] for p in parts]
+
+    def _read_vectors(self, views: list[memoryview], offset: int, total: int) -> None:
+        """Fill `views` (`total` bytes) in order from `offset`, looping over short reads."""
+        done = os.preadv(self._fd, views, offset)
+        while done < total:  # rare: a short read; go on from where it stopped
+            skip, rest = done, []
+            for v in views:
+                if skip >= len(v):
+                    skip -= len(v)
+                else:
+                    rest.append(v[skip:])
+                    skip = 0
+            views = rest
+            n = os.preadv(self._fd, views, offset + done)
+            if n == 0:
+                raise StagingError(f"{self.path}: ended at byte {offset + done} while read, header promises "
+                                   f"{offset + total} (the file shrank)")
+            done += n
 
     def close(self) -> None:
         if self._fd >= 0:

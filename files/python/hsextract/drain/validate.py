@@ -81,6 +81,16 @@ def finite_checker(dtype: torch.dtype, row_bytes: int):  # -> Callable[[memoryvi
     return check
 
 
+def _first_non_finite_row(block, dtype: torch.dtype) -> int | None:  # block: np.ndarray [rows, bytes]
+    """The first row of a uint8 ``[rows, bytes]`` block of `dtype` values holding a NaN or inf, or None."""
+    if not block.size:
+        return None
+    t = torch.from_numpy(block).view(dtype)
+    if all_finite(t):
+        return None
+    return int((~torch.isfinite(t.float())).any(dim=1).nonzero()[0, 0])
+
+
 def validate(marker: DoneMarker, layout: RowsLayout, input_ids: torch.Tensor, record: SampleRecord,
              expected: Expected) -> None:
     """Raise InvalidDump unless the dump is exactly the configured capture of the recorded sample,
@@ -194,6 +204,20 @@ class RowChecks:
             except InvalidDump as exc:
                 self._non_finite = exc
         values = fingerprint.row_values_np(piece, self._ids[first_row : first_row + n], self._row_bytes)
+        self._sum = fingerprint.add(self._sum, fingerprint.combine(values, first_row))
+        self._rows += n
+
+    def parts(self, first_row: int, parts: list) -> None:  # parts: list[np.ndarray]
+        """Rows ``first_row ..`` (whole rows, in order) whose bytes are spread over column blocks, as
+        `StagedReader.scatter` yields them: the same checks as `piece`, part by part."""
+        n = parts[0].shape[0] if parts else 0
+        if first_row != self._rows:
+            raise ValueError(f"rows {first_row}.. given after {self._rows} rows: the pieces must come in order")
+        if self._non_finite is None:
+            bad = [row for part in parts if (row := _first_non_finite_row(part, self._layout.dtype)) is not None]
+            if bad:
+                self._non_finite = InvalidDump(NON_FINITE, f"non-finite values, first at token {first_row + min(bad)}")
+        values = fingerprint.row_values_parts_np(parts, self._ids[first_row : first_row + n], self._row_bytes)
         self._sum = fingerprint.add(self._sum, fingerprint.combine(values, first_row))
         self._rows += n
 
