@@ -56,20 +56,36 @@ def test_a_filesystem_refusing_direct_mode_at_open_gets_the_same_bytes_buffered(
 
 
 def test_a_filesystem_refusing_direct_writes_gets_the_same_bytes_buffered(tmp_path, monkeypatch):
-    real_write = os.write
+    real_pwrite = os.pwrite
     refused = []
 
-    def refuse_while_direct(fd, data):
+    def refuse_while_direct(fd, data, offset):
         if direct_write.fcntl.fcntl(fd, direct_write.fcntl.F_GETFL) & direct_write._O_DIRECT:
-            refused.append(len(data))
+            refused.append(offset)
             raise OSError(errno.EINVAL, "no direct writes here")
-        return real_write(fd, data)
+        return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(os, "write", refuse_while_direct)
-    payload, want = _payload([BUFFER * 2 + 100], [])
+    monkeypatch.setattr(os, "pwrite", refuse_while_direct)
+    payload, want = _payload([BUFFER * 5 + 100], [BLOCK * 3 + 1])
     assert write_payload_direct(tmp_path / "s.tmp", payload, hashlib.sha256()) == len(want)
     assert (tmp_path / "s.tmp").read_bytes() == want
-    assert len(refused) == 1  # refused once, then buffered to the end
+    assert refused  # refused, then the same bytes buffered to the end
+
+
+def test_a_failed_write_in_flight_fails_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    real_pwrite = os.pwrite
+
+    def full_at_the_second_buffer(fd, data, offset):
+        if offset >= BUFFER:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", full_at_the_second_buffer)
+    payload, _ = _payload([BUFFER * (direct_write.DEPTH + 3)], [])
+    with pytest.raises(OSError) as caught:
+        write_payload_direct(tmp_path / "s.tmp", payload, hashlib.sha256())
+    assert caught.value.errno == errno.ENOSPC  # the drain then waits for space and writes the sample again
+    assert not (tmp_path / "s.tmp").exists()
 
 
 def test_a_failed_payload_leaves_no_file(tmp_path):
