@@ -6,9 +6,10 @@ convert, serialize, hash, write, fsync: hsextract.drain.prepare, the worker's wh
 temporary directory on the disk, under cProfile with a CPU clock (``time.thread_time``), once per
 round. Each function's own time (cProfile's tottime) is put into one step by where it lives
 (`_STEPS`); the figures are the CPU seconds of each step per GB of samples written, the median over
-the rounds. Run it with ``--package`` another checkout's ``files/python`` to profile that version
-on the same dumps (it must have `prepare` of the same signature): each pass runs in a child process
-whose ``PYTHONPATH`` is that package.
+the rounds; the CPU time of the process's other threads (the writer threads of direct writes,
+hsextract.direct_write) is added as ``write (other threads)``. Run it with ``--package`` another
+checkout's ``files/python`` to profile that version on the same dumps (it must have `prepare` of
+the same signature): each pass runs in a child process whose ``PYTHONPATH`` is that package.
 
     python bench/drain_prepare_cpu.py [--gb 0.5] [--rounds 3] [--formats specforge,speculators] [--package DIR]
 """
@@ -76,6 +77,7 @@ def profile_format(fmt_name: str, master: Path, scratch: Path, post_norm: bool) 
                           False, True))
     prof = cProfile.Profile(time.thread_time)
     written = 0
+    process0, thread0 = time.process_time(), time.thread_time()
     prof.enable()
     for job in jobs:
         out = p.prepare(fmt, tmp, job)
@@ -83,6 +85,8 @@ def profile_format(fmt_name: str, master: Path, scratch: Path, post_norm: bool) 
             raise SystemExit(f"{fmt_name}: {job.dump.name} did not prepare: {out}")
         written += out.prepared.nbytes
     prof.disable()
+    # CPU of the process's other threads (the direct writes' writer threads), which the profile of this one misses.
+    others = (time.process_time() - process0) - (time.thread_time() - thread0)
     shutil.rmtree(dump)
     shutil.rmtree(tmp)
     stats = pstats.Stats(prof)
@@ -92,6 +96,7 @@ def profile_format(fmt_name: str, master: Path, scratch: Path, post_norm: bool) 
         step = classify(key)
         steps[step] = steps.get(step, 0.0) + tottime
         top.append((tottime, step, f"{Path(key[0]).name}:{key[2]}"))
+    steps["write (other threads)"] = max(0.0, others)
     top.sort(reverse=True)
     return steps, written, top[:12]
 
