@@ -100,6 +100,7 @@ def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps
                 raise SystemExit(f"{package}: the drain exited {proc.returncode} before it was up:\n{log.read_text()}")
             time.sleep(0.05)
         fed = time.time()
+        cpu_up = _process_cpu(proc.pid)
         for rec in (incoming / "_records").iterdir():
             os.rename(rec, dump / "_records" / rec.name)
         for d in incoming.iterdir():
@@ -128,8 +129,17 @@ def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps
             # CPU seconds of the whole drain process (its workers too) per GB: what a busy shared
             # machine disturbs least; start-up included.
             "cpu_s_per_gb": cpu / (total / 1e9),
+            # The same from the feeding on: the drain's own work without its start (its process's
+            # threads and the children it reaped; worker processes still running at the feed count whole).
+            "cpu_s_per_gb_after_up": (cpu - cpu_up) / (total / 1e9),
             # The machine's load when the side ended: a shared machine's other work shows here.
             "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of a running process so far: its threads', and its reaped children's (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime, stime, cutime, cstime
 
 
 def _children_cpu() -> float:
@@ -173,7 +183,8 @@ def main() -> int:
                     runs[fmt][name].append(res)
                     print(f"  {fmt} round {r} {name:8s}: {res['gb_per_s']:.3f} GB/s (first {res['first_s']:.1f} s "
                           f"{res['first_gb_per_s']:.3f}, rest {res['rest_gb_per_s']:.3f}); up in "
-                          f"{res['start_to_up_s']:.1f} s; {res['cpu_s_per_gb']:.2f} CPU-s/GB; load {res['loadavg']}",
+                          f"{res['start_to_up_s']:.1f} s; {res['cpu_s_per_gb']:.2f} CPU-s/GB "
+                          f"({res['cpu_s_per_gb_after_up']:.2f} once up); load {res['loadavg']}",
                           flush=True)
         ceilings.append(measure(base / "ceiling", sizes, seconds_per_point=args.ceiling_seconds))
     finally:
@@ -182,19 +193,23 @@ def main() -> int:
     ceiling = max(c.gb_per_s for c in ceilings)
     formats = {}
     for fmt, by_side in runs.items():
-        keys = ("gb_per_s", "first_gb_per_s", "rest_gb_per_s", "start_to_up_s", "cpu_s_per_gb")
+        keys = ("gb_per_s", "first_gb_per_s", "rest_gb_per_s", "start_to_up_s", "cpu_s_per_gb", "cpu_s_per_gb_after_up")
         med = {n: {k: statistics.median(x[k] for x in rs) for k in keys} for n, rs in by_side.items()}
         ratios = [t["gb_per_s"] / b["gb_per_s"] for t, b in zip(by_side["this"], by_side["baseline"], strict=True)]
         cpu = [t["cpu_s_per_gb"] / b["cpu_s_per_gb"] for t, b in zip(by_side["this"], by_side["baseline"], strict=True)]
+        cpu_up = [t["cpu_s_per_gb_after_up"] / b["cpu_s_per_gb_after_up"]
+                  for t, b in zip(by_side["this"], by_side["baseline"], strict=True)]
         formats[fmt] = {"median": med, "this_over_baseline_by_round": [round(x, 3) for x in ratios],
                         "cpu_per_gb_this_over_baseline": round(statistics.median(cpu), 3),
+                        "cpu_per_gb_after_up_this_over_baseline": round(statistics.median(cpu_up), 3),
                         "this_over_baseline": round(statistics.median(ratios), 3),
                         "over_ceiling": {n: round(m["gb_per_s"] / ceiling, 3) for n, m in med.items()},
                         "first_over_rest": {n: round(m["first_gb_per_s"] / m["rest_gb_per_s"], 3)
                                             for n, m in med.items()},
                         "rounds": by_side}
         print(f"{fmt}: this / baseline {formats[fmt]['this_over_baseline']:.3f}, CPU per GB "
-              f"{formats[fmt]['cpu_per_gb_this_over_baseline']:.3f} (by round "
+              f"{formats[fmt]['cpu_per_gb_this_over_baseline']:.3f} (once up "
+              f"{formats[fmt]['cpu_per_gb_after_up_this_over_baseline']:.3f}; by round "
               f"{formats[fmt]['this_over_baseline_by_round']}); over the ceiling {formats[fmt]['over_ceiling']}; "
               f"first seconds over the rest {formats[fmt]['first_over_rest']}")
     last = formats[list(formats)[-1]]["median"]["this"]
