@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.collect.admit import Admission, Reference
-from hsextract.collect.commit import FailureJournal
+from hsextract.collect.failures import FailureJournal
 from hsextract.collect.plan import Plan
 from hsextract.output.manifest import ManifestEntry
 

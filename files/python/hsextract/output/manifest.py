@@ -14,8 +14,8 @@
 The manifest is the single source of truth for "this sample is done": the client resumes from
 `completed_indices`, the drain never writes a sample whose dataset index is already listed, and
 the dataset-level files (Arrow dataset, ``sample_lengths.json``) are rebuilt from it. A line
-torn by a power cut is the only damage an append can leave; readers ignore it and the drain cuts
-it off when it starts (`repair_torn_tail`).
+torn by a power cut is the only damage an append can leave; readers ignore it and the drain and
+collect cut it off when they start (hsextract.output.repair).
 """
 
 from __future__ import annotations
@@ -157,23 +157,6 @@ def completed_indices(output_dir: str | Path) -> set[int]:
     exists, and the line is appended only after the sample's file is durable.
     """
     return {e.dataset_index for e in iter_entries(output_dir)}
-
-
-def repair_torn_tail(output_dir: str | Path) -> int:
-    """Cut a torn last line off the manifest (left by a crash mid-append); return the bytes removed."""
-    p = entries_path(output_dir)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        return 0
-    keep = data.rfind(b"\n") + 1
-    torn = len(data) - keep
-    if torn:
-        with open(p, "r+b") as f:
-            f.truncate(keep)
-            f.flush()
-            os.fsync(f.fileno())
-    return torn
 
 
 class ManifestAppender:
