@@ -132,14 +132,3 @@ def model_problems(h: ManifestHeader, c: DrainConfig) -> list[str]:
         return []
     names = " and ".join(PART_NAMES.get(p, p) for p in parts)
     return [f"other model {names} than {c.model_path} has (the header's model: {h.model_path or '?'})"]
-
-
-def check_header_matches_fields(where: str, theirs: ManifestHeader, ours: ManifestHeader) -> None:
-    """ConfigError unless two headers describe samples of one configuration (a set published
-    elsewhere, say in a bucket, against the one this drain writes)."""
-    problems = [f"{name} {getattr(theirs, name)!r} (this drain's: {getattr(ours, name)!r})"
-                for name in ("format", "final_hidden", "dtype", "hidden_size", "eagle_aux_hidden_state_layer_ids")
-                if getattr(theirs, name) != getattr(ours, name)]
-    if problems:
-        raise ConfigError(f"{where} was written with " + "; ".join(problems)
-                          + ". Use the same configuration to resume, or a new prefix.")

@@ -5,6 +5,10 @@ it; each goes through this package:
 
 * `layout`: every file name inside an output directory;
 * `manifest`: the set's header and its one line per written sample;
+* `commit`: the ordered commit of samples into the set (rename, fsync, manifest line), for the
+  drain and collect, with what a full volume does passed in;
+* `repair`: what a killed writer left (a torn manifest line, orphan sample files, temporary
+  files), put right at the drain's and collect's start;
 * `lock`: one writer per output, one client per shard, locks that die with their holder;
 * `client_files`: the clients' status and summary files, read together across shards;
 * `dataset_record`: which dataset the set is extracted from, and the refusal to resume another;

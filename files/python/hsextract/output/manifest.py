@@ -31,7 +31,7 @@ from typing import Any
 
 from hsextract.contained import UnsafePath, open_regular
 from hsextract.durable import atomic_write_bytes, fsync_dir, write_all
-from hsextract.errors import HsextractError
+from hsextract.errors import ConfigError, HsextractError
 from hsextract.output.layout import manifest_entries_path as entries_path
 from hsextract.output.layout import manifest_header_path as header_path
 
@@ -157,6 +157,17 @@ def completed_indices(output_dir: str | Path) -> set[int]:
     exists, and the line is appended only after the sample's file is durable.
     """
     return {e.dataset_index for e in iter_entries(output_dir)}
+
+
+def check_header_matches_fields(where: str, theirs: ManifestHeader, ours: ManifestHeader) -> None:
+    """ConfigError unless two headers describe samples of one configuration: a set published in a
+    bucket against the one a drain writes, or a host's set against the one collect merges it into."""
+    problems = [f"{name} {getattr(theirs, name)!r} (this drain's: {getattr(ours, name)!r})"
+                for name in ("format", "final_hidden", "dtype", "hidden_size", "eagle_aux_hidden_state_layer_ids")
+                if getattr(theirs, name) != getattr(ours, name)]
+    if problems:
+        raise ConfigError(f"{where} was written with " + "; ".join(problems)
+                          + ". Use the same configuration to resume, or a new prefix.")
 
 
 class ManifestAppender:
