@@ -1,12 +1,13 @@
 """Progress of the drain: counters, the status file `hsextract status` reads, Prometheus text.
 
-The status file is rewritten atomically every few seconds (``updated_at`` tells a reader whether
-the daemon is alive); the metrics endpoint is optional and binds to 127.0.0.1 only.
+The status file (hsextract.output.run_files.DrainStatus) is rewritten atomically every few seconds
+(``updated_at`` tells a reader whether the daemon is alive); the metrics endpoint is optional and
+binds to 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import threading
 import time
@@ -16,16 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from hsextract.durable import atomic_write_bytes
-from hsextract.output.layout import drain_status_path
+from hsextract.output.run_files import DrainStatus, write_drain_status
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 30.0
-
-
-def status_path(output_dir: str | Path) -> Path:
-    return drain_status_path(output_dir)
 
 
 @dataclass
@@ -88,48 +84,52 @@ class DrainStats:
             for k, v in kwargs.items():
                 setattr(self, k, v)
 
-    def snapshot(self) -> dict[str, Any]:
+    def status(self) -> DrainStatus:
+        """The status file's record, now (the caller adds what the stats do not hold: `write_status`)."""
         with self._lock:
             now = time.time()
             recent = [r for r in self._recent if r[0] >= now - RATE_WINDOW_S]
             span = min(RATE_WINDOW_S, max(now - self.started_at, 1e-3))
-            return {
-                "state": self.state,
-                "format": self.format,
-                "run_id": self.run_id,
-                "samples": self.samples,
-                "samples_total": self.samples_total,
-                "tokens": self.tokens,
-                "tokens_total": self.tokens_total,
-                "bytes": self.bytes,
-                "bytes_total": self.bytes_total,
-                "samples_per_s": round(sum(r[1] for r in recent) / span, 3),
-                "tokens_per_s": round(sum(r[2] for r in recent) / span, 1),
-                "mb_per_s": round(sum(r[3] for r in recent) / span / 1e6, 2),
-                "lag": self.lag,
-                "foreign": dict(self.foreign),
-                "accounts": dict(self.accounts),
-                "selfcheck": dict(self.selfcheck),
-                "finished_client_runs": list(self.finished_client_runs),
-                "in_flight": self.in_flight,
-                "finalized_samples": self.finalized_samples,
-                "finalize_problem": self.finalize_problem,
-                "quarantined": sum(self.quarantined.values()),
-                "quarantined_by_reason": dict(self.quarantined),
-                "stale_removed": sum(self.stale_removed.values()),
-                "stale_removed_by_reason": dict(self.stale_removed),
-                "paused_reason": self.paused_reason,
-                **({"objectstore": dict(self.objectstore)} if self.objectstore else {}),
-                "started_at": self.started_at,
-                "updated_at": now,
-            }
+            return DrainStatus(
+                state=self.state,
+                format=self.format,
+                run_id=self.run_id,
+                samples=self.samples,
+                samples_total=self.samples_total,
+                tokens=self.tokens,
+                tokens_total=self.tokens_total,
+                bytes=self.bytes,
+                bytes_total=self.bytes_total,
+                samples_per_s=round(sum(r[1] for r in recent) / span, 3),
+                tokens_per_s=round(sum(r[2] for r in recent) / span, 1),
+                mb_per_s=round(sum(r[3] for r in recent) / span / 1e6, 2),
+                lag=self.lag,
+                foreign=dict(self.foreign),
+                accounts=dict(self.accounts),
+                selfcheck=dict(self.selfcheck),
+                finished_client_runs=list(self.finished_client_runs),
+                in_flight=self.in_flight,
+                finalized_samples=self.finalized_samples,
+                finalize_problem=self.finalize_problem,
+                quarantined=sum(self.quarantined.values()),
+                quarantined_by_reason=dict(self.quarantined),
+                stale_removed=sum(self.stale_removed.values()),
+                stale_removed_by_reason=dict(self.stale_removed),
+                paused_reason=self.paused_reason,
+                objectstore=dict(self.objectstore) if self.objectstore else None,
+                started_at=self.started_at,
+                updated_at=now,
+            )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status file's object, now (the metrics endpoint serves it)."""
+        return self.status().to_json()
 
 
 def write_status(output_dir: str | Path, stats: DrainStats, **extra: Any) -> None:
-    snap = stats.snapshot()
-    snap.update(extra)
-    # Atomic but not fsynced: the status is rewritten every few seconds and lost nothing if a crash eats it.
-    atomic_write_bytes(status_path(output_dir), (json.dumps(snap, indent=2) + "\n").encode(), durable=False)
+    """The status file, from the stats and `extra` (the process's pid, its directories, its error:
+    fields of hsextract.output.run_files.DrainStatus)."""
+    write_drain_status(output_dir, dataclasses.replace(stats.status(), **extra))
 
 
 def prometheus_text(snap: dict[str, Any]) -> str:
