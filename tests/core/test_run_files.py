@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from hsextract.client import progress
 from hsextract.client.start_state import record_unstarted
 from hsextract.collect.bookkeeping import write_fleet_client_files

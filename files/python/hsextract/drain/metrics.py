@@ -132,8 +132,13 @@ def write_status(output_dir: str | Path, stats: DrainStats, **extra: Any) -> Non
     write_drain_status(output_dir, dataclasses.replace(stats.status(), **extra))
 
 
-def prometheus_text(snap: dict[str, Any]) -> str:
-    """The snapshot as Prometheus text exposition (version 0.0.4)."""
+def _n(value: float | None) -> float:
+    """A number of the status as exposed: 0 where it has none."""
+    return 0 if value is None else value
+
+
+def prometheus_text(status: DrainStatus) -> str:
+    """The status as Prometheus text exposition (version 0.0.4)."""
     lines = []
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -142,26 +147,24 @@ def prometheus_text(snap: dict[str, Any]) -> str:
         for labels, value in samples:
             lines.append(f"hsextract_drain_{name}{labels} {value}")
 
-    metric("samples_total", "counter", "Samples written by this process.", [("", snap["samples"])])
-    metric("manifest_samples", "gauge", "Samples in the output manifest.", [("", snap["samples_total"])])
-    metric("tokens_total", "counter", "Tokens written by this process.", [("", snap["tokens"])])
-    metric("bytes_total", "counter", "Bytes written by this process.", [("", snap["bytes"])])
-    metric("lag_dumps", "gauge", "Complete dumps waiting in staging.", [("", snap["lag"])])
-    metric("in_flight", "gauge", "Dumps being validated or written.", [("", snap["in_flight"])])
-    metric(
-        "quarantined_total", "counter", "Dumps quarantined, by reason.",
-        [(f'{{reason="{r}"}}', n) for r, n in sorted(snap["quarantined_by_reason"].items())] or [("", 0)],
-    )
-    metric(
-        "stale_removed_total", "counter", "Stale dumps removed, by reason.",
-        [(f'{{reason="{r}"}}', n) for r, n in sorted(snap["stale_removed_by_reason"].items())] or [("", 0)],
-    )
-    paused = int(bool(snap["paused_reason"]))
+    def by_reason(counts: dict[str, int] | None) -> list[tuple[str, float]]:
+        return [(f'{{reason="{r}"}}', n) for r, n in sorted((counts or {}).items())] or [("", 0)]
+
+    metric("samples_total", "counter", "Samples written by this process.", [("", _n(status.samples))])
+    metric("manifest_samples", "gauge", "Samples in the output manifest.", [("", _n(status.samples_total))])
+    metric("tokens_total", "counter", "Tokens written by this process.", [("", _n(status.tokens))])
+    metric("bytes_total", "counter", "Bytes written by this process.", [("", _n(status.bytes))])
+    metric("lag_dumps", "gauge", "Complete dumps waiting in staging.", [("", _n(status.lag))])
+    metric("in_flight", "gauge", "Dumps being validated or written.", [("", _n(status.in_flight))])
+    metric("quarantined_total", "counter", "Dumps quarantined, by reason.", by_reason(status.quarantined_by_reason))
+    metric("stale_removed_total", "counter", "Stale dumps removed, by reason.",
+           by_reason(status.stale_removed_by_reason))
+    paused = int(bool(status.paused_reason))
     window = f"{RATE_WINDOW_S:.0f} s"
     metric("paused", "gauge", "1 while the drain waits (e.g. the output volume is full).", [("", paused)])
-    metric("samples_per_second", "gauge", f"Write rate over the last {window}.", [("", snap["samples_per_s"])])
-    metric("tokens_per_second", "gauge", f"Token rate over the last {window}.", [("", snap["tokens_per_s"])])
-    metric("last_update_timestamp_seconds", "gauge", "Time of this snapshot.", [("", snap["updated_at"])])
+    metric("samples_per_second", "gauge", f"Write rate over the last {window}.", [("", _n(status.samples_per_s))])
+    metric("tokens_per_second", "gauge", f"Token rate over the last {window}.", [("", _n(status.tokens_per_s))])
+    metric("last_update_timestamp_seconds", "gauge", "Time of this snapshot.", [("", _n(status.updated_at))])
     return "\n".join(lines) + "\n"
 
 
@@ -176,7 +179,7 @@ class MetricsServer:
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404)
                     return
-                body = prometheus_text(stats_ref.snapshot()).encode()
+                body = prometheus_text(stats_ref.status()).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
