@@ -10,7 +10,8 @@ So that the collected set is read like any output directory (``hsextract.output.
 * ``quarantine/<rid>/``: each host's quarantine reasons (``reason.txt``, ``source.json``,
   ``record.json``, not the staged states) and ``host.json`` naming the host;
 * ``.hsextract/client-summary.json`` once every host has finished and the shards cover the
-  dataset, ``client-status.json`` before: the dataset's lines as one shard, 0/1.
+  dataset, ``client-status.json`` before: the dataset's lines as one shard, 0/1 (the client's
+  own records, hsextract.output.run_files, with only the keys a collected set has).
 
 Every file is replaced only when its bytes change, so a collect that adds nothing changes nothing.
 """

@@ -63,9 +63,10 @@ _KINDS: dict[str, Callable[[Any], bool]] = {
     "list": lambda v: isinstance(v, list),
 }
 _SHARD = "Shard"
+_BOOKKEEPING = ("extra", "absent")  # the fields of _Record itself, no key of a file
 
 
-_BOOKKEEPING = ("extra", "absent")
+_KEYS: dict[type, dict[str, str]] = {}
 
 
 @dataclass
@@ -79,8 +80,13 @@ class _Record:
 
     @classmethod
     def _keys(cls) -> dict[str, str]:
-        """key -> its kind: every field but the bookkeeping's, each ``X | None`` (see _KINDS)."""
-        return {f.name: str(f.type).split("[")[0].split(" ")[0] for f in fields(cls) if f.name not in _BOOKKEEPING}
+        """key -> its kind: every field but the bookkeeping's, each ``X | None`` (see _KINDS); worked
+        out once a class (the client writes its status every second)."""
+        keys = _KEYS.get(cls)
+        if keys is None:
+            keys = _KEYS[cls] = {f.name: str(f.type).split("[")[0].split(" ")[0]
+                                 for f in fields(cls) if f.name not in _BOOKKEEPING}
+        return keys
 
     @classmethod
     def from_json(cls: type[R], data: Mapping[str, Any]) -> R:
