@@ -11,6 +11,8 @@ it; each goes through this package:
   files), put right at the drain's and collect's start;
 * `lock`: one writer per output, one client per shard, locks that die with their holder;
 * `client_files`: the clients' status and summary files, read together across shards;
+* `run_files`: the run's status files typed (the client's status and summary, the drain's status),
+  one reader and one writer each, and `read_json_object`;
 * `dataset_record`: which dataset the set is extracted from, and the refusal to resume another;
 * `accounts`: every sample accounted for (accepted = in the set + failed + quarantined);
 * `finalized`: whether the dataset-level files are in step with the manifest.
