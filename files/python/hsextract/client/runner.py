@@ -57,6 +57,7 @@ from hsextract.output.layout import FAILURES, client_summary_path, failures_path
 from hsextract.output.lock import ShardLock
 from hsextract.output.manifest import completed_indices, read_header
 from hsextract.output.run_files import ClientStatus, write_client_summary
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
 from hsextract.retry import RetryPolicy
 from hsextract.shard import WHOLE, Shard
@@ -65,7 +66,6 @@ from hsextract.staging.fs import prepare_root
 from hsextract.staging.records import (
     SampleRecord,
     check_prefix,
-    load_or_create_run_id,
     make_rid,
     remove_record,
     write_record,

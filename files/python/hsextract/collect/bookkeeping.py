@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -169,17 +168,3 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
                 if isinstance(obj, dict):
                     out.append(obj)
     return out
-
-
-def clear_dir(d: Path) -> int:
-    """Empty a temporary directory of what a killed collect left there (create it if needed; an
-    empty one is left as it is); return how many entries were removed."""
-    d.mkdir(parents=True, exist_ok=True)
-    removed = 0
-    for p in list(d.iterdir()):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-        removed += 1
-    return removed

@@ -27,8 +27,8 @@ from hsextract.collect.failures import FailureJournal
 from hsextract.collect.hosts import HostOutput, HostUnreadable, read_clients, read_host
 from hsextract.collect.into import check_into, mark
 from hsextract.collect.lock import collected_set_lock
-from hsextract.collect.plan import Plan, collected_entry, plan_collect
 from hsextract.collect.report import finish, nothing_admitted
+from hsextract.collect.selection import Selection, collected_entry, select_entries
 from hsextract.collect.space import SpacePolicy
 from hsextract.collect.transfer import Fetched, Fetcher, same_filesystem
 from hsextract.durable import check_writable
@@ -109,7 +109,7 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
         notes.append(f"removed {len(removed)} file(s) a killed collect renamed but never recorded")
     clear_temporary(collect_tmp_dir(out))
     fetcher = _fetcher(cfg, out, adm, fmt, ref.header)
-    plan = plan_collect(entries, {h.name: h.entries for h in adm.admitted})
+    plan = select_entries(entries, {h.name: h.entries for h in adm.admitted})
     fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
     write_identity(out, ref.header.run_id, ref.dataset)
     if header is None and plan.pending:
@@ -145,7 +145,7 @@ def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, header: Manifes
                    SampleCheck(fmt, header))
 
 
-def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Plan, fetcher: Fetcher,
+def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Selection, fetcher: Fetcher,
                       journal: FailureJournal) -> list[ManifestEntry]:
     """Fetch the plan's samples BATCH at a time in parallel and commit each batch in plan order;
     on a full volume, what precedes the first sample that found no room is committed, then the

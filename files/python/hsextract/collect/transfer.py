@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsextract.collect.plan import Pending
+from hsextract.collect.selection import Pending
 from hsextract.contained import UnsafePath, link_regular, open_regular, unlink_regular
 from hsextract.durable import fsync_dir, is_no_space, write_file_durably
 from hsextract.formats.sample_check import SampleCheck

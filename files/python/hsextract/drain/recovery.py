@@ -31,10 +31,10 @@ from hsextract.formats.base import OutputFormat
 from hsextract.model_fingerprint import PART_NAMES, differing_parts, model_fingerprint
 from hsextract.output.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
 from hsextract.output.repair import clear_temporary, remove_orphans, repair_torn_tail
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.announcements import live_announcements
 from hsextract.staging.dumps import TRASH_PREFIX
 from hsextract.staging.fs import prepare_root
-from hsextract.staging.records import load_or_create_run_id
 
 log = logging.getLogger("hsextract.drain")
 

@@ -9,6 +9,7 @@ it; each goes through this package:
   drain and collect, with what a full volume does passed in;
 * `repair`: what a killed writer left (a torn manifest line, orphan sample files, temporary
   files), put right at the drain's and collect's start;
+* `run_id`: the output's run id, created once, carried by every request id;
 * `lock`: one writer per output, one client per shard, locks that die with their holder;
 * `client_files`: the clients' status and summary files, read together across shards;
 * `run_files`: the run's status files typed (the client's status and summary, the drain's status),
