@@ -49,6 +49,7 @@ def one_round(side: str, dump_root: str, a: argparse.Namespace) -> dict:
     """One round in this process: ``a.batches`` batches of ``a.per_batch`` requests, with or without capture."""
     import torch
     from hsextract.capture.core import BatchRequest, CaptureSettings
+    from hsextract.capture.sink import WriterOptions
     from hsextract.capture.writer import CaptureWriter
     from hsextract.layers import resolve
 
@@ -62,11 +63,11 @@ def one_round(side: str, dump_root: str, a: argparse.Namespace) -> dict:
     if side == "capture-process":
         from hsextract.capture.writer_process import ProcessCaptureWriter
 
-        writer = ProcessCaptureWriter(dump_root, settings, device="cpu", num_threads=8)
+        writer = ProcessCaptureWriter(dump_root, settings, WriterOptions(num_threads=8), device="cpu")
         writer.flush()  # the child has started (its start is not the round's)
         child = writer.child_pid
     elif side != "plain":
-        writer = CaptureWriter(dump_root, settings, device="cpu", num_threads=8)
+        writer = CaptureWriter(dump_root, settings, WriterOptions(num_threads=8), device="cpu")
     child0 = _cpu_of(child)
     cpu0, work, n = os.times(), 0.0, 0
     start = time.perf_counter()

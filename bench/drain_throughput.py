@@ -50,8 +50,9 @@ from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.formats import FORMATS as REGISTRY  # noqa: E402
 from hsextract.ops.disk_ceiling import DiskCeiling, measure  # noqa: E402
 from hsextract.output.layout import client_summary_path  # noqa: E402
+from hsextract.output.run_id import load_or_create_run_id  # noqa: E402
 from hsextract.staging.dumps import DoneMarker, StateFileLayout, write_done_marker  # noqa: E402
-from hsextract.staging.records import SampleRecord, load_or_create_run_id, make_rid, write_record  # noqa: E402
+from hsextract.staging.records import SampleRecord, make_rid, write_record  # noqa: E402
 from hsextract.vocab import counts as counts_mod  # noqa: E402
 from hsextract.vocab.tracker import VocabTracker  # noqa: E402
 

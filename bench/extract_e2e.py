@@ -45,8 +45,9 @@ from hsextract.dataset.chat_template import Encoded, build_encoder  # noqa: E402
 from hsextract.dataset.reader import Reject, read_dataset  # noqa: E402
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for  # noqa: E402
 from hsextract.ops.disk_ceiling import measure  # noqa: E402
+from hsextract.output.run_id import load_or_create_run_id  # noqa: E402
 from hsextract.staging.dumps import iter_complete  # noqa: E402
-from hsextract.staging.records import load_or_create_run_id, parse_rid  # noqa: E402
+from hsextract.staging.records import parse_rid  # noqa: E402
 from hsextract.tiny_model import ensure_tiny_model  # noqa: E402
 from support.sglang_server import start_server  # noqa: E402
 

@@ -133,7 +133,7 @@ def _remove_run(dump, run_id: str) -> None:
 
 def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(llama_server, tiny_llama, tmp_path):
     from hsextract.cli import main
-    from hsextract.staging.records import load_or_create_run_id
+    from hsextract.output.run_id import load_or_create_run_id
 
     data = tmp_path / "data.jsonl"
     exp = write_mixed_dataset(data, load_tokenizer(tiny_llama), n_lines=12, seed=4, bad=False)
@@ -171,7 +171,8 @@ def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_
     import shutil
 
     from hsextract.cli import main
-    from hsextract.staging.records import load_or_create_run_id, make_rid, record_path
+    from hsextract.output.run_id import load_or_create_run_id
+    from hsextract.staging.records import make_rid, record_path
     from support.recording_proxy import RecordingProxy
 
     model = tmp_path / "model"

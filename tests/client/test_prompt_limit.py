@@ -57,7 +57,7 @@ def _remove_run(dump, run_id: str) -> None:
 def test_the_client_and_plan_cut_a_long_sample_to_what_the_server_runs(llama_server, tiny_llama, tmp_path, caplog,
                                                                         max_tokens):
     from hsextract.cli import main
-    from hsextract.staging.records import load_or_create_run_id
+    from hsextract.output.run_id import load_or_create_run_id
 
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     _write_long_and_short(data)

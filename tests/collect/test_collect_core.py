@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hsextract.collect.admit import admit, choose_reference
 from hsextract.collect.hosts import ClientShard, HostOutput, parse_host_argument
-from hsextract.collect.plan import Pending, collected_entry, plan_collect
+from hsextract.collect.selection import Pending, collected_entry, select_entries
 from hsextract.collect.shards import check_coverage, shard_indices
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
 from hsextract.shard import Shard
@@ -160,11 +160,11 @@ def test_a_host_output_is_named_after_its_directory_unless_named():
 
 def test_pending_samples_go_in_dataset_index_order_after_the_collected_ones():
     hosts = {"a": [_entry(0, 6), _entry(1, 0), _entry(2, 3)], "b": [_entry(0, 4), _entry(1, 1)]}
-    plan = plan_collect([], hosts)
+    plan = select_entries([], hosts)
     assert [(p.host, p.entry.dataset_index) for p in plan.pending] == [("a", 0), ("b", 1), ("a", 3), ("b", 4),
                                                                       ("a", 6)]
     collected = [collected_entry(p, i, f"hidden_states/hs_{i}.safetensors") for i, p in enumerate(plan.pending)]
-    again = plan_collect(collected, {**hosts, "a": [*hosts["a"], _entry(3, 9)]})
+    again = select_entries(collected, {**hosts, "a": [*hosts["a"], _entry(3, 9)]})
     assert [(p.host, p.entry.dataset_index) for p in again.pending] == [("a", 9)]
     assert len(again.already) == 5 and again.duplicates == []
 
@@ -179,7 +179,7 @@ def test_a_collected_entry_keeps_the_hosts_checksum_and_fingerprint_and_records_
 
 
 def test_a_dataset_index_of_two_hosts_is_collected_once_and_the_other_reported():
-    plan = plan_collect([], {"a": [_entry(0, 5)], "b": [_entry(0, 5), _entry(1, 8)]})
+    plan = select_entries([], {"a": [_entry(0, 5)], "b": [_entry(0, 5), _entry(1, 8)]})
     assert [(p.host, p.entry.dataset_index) for p in plan.pending] == [("a", 5), ("b", 8)]
     assert plan.duplicates == ["host b sample 0 (dataset index 5) is also in host a: left out (their shards overlap)"]
 

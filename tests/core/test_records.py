@@ -7,10 +7,10 @@ import multiprocessing
 
 import pytest
 from hsextract.errors import ConfigError, StagingError
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.records import (
     SampleRecord,
     check_prefix,
-    load_or_create_run_id,
     make_rid,
     parse_rid,
     read_record,

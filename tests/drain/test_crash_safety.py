@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 from hsextract.output.manifest import iter_entries, verify_entry
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.kill_loop import kill_drain_repeatedly
 from support.server_dumps import capture

@@ -23,8 +23,9 @@ from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.formats import get_format
 from hsextract.output.layout import drain_tmp_dir
 from hsextract.output.manifest import iter_entries, verify_entry
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.dumps import DONE_FILE, STATES_FILE, StateFileLayout, read_done_marker, write_done_marker
-from hsextract.staging.records import load_or_create_run_id, make_rid
+from hsextract.staging.records import make_rid
 from support.client_run import stop, wait_for
 from support.drain_proc import finish_client, start
 from support.staged_dumps import Staged, stage_sample

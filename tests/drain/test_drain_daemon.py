@@ -18,8 +18,8 @@ from hsextract import fingerprint
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.errors import ConfigError
 from hsextract.output.manifest import entries_path, iter_entries, read_header, verify_entry
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.dumps import StateFileLayout
-from hsextract.staging.records import load_or_create_run_id
 from safetensors.torch import load_file
 from support import volumes
 from support.drain_proc import finish_client, hsextract, start

@@ -11,8 +11,8 @@ import pytest
 import torch
 from hsextract.greedy_check import GreedyHead
 from hsextract.output.manifest import iter_entries
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.dumps import DONE_FILE, STATES_FILE, read_done_marker, read_states, write_done_marker
-from hsextract.staging.records import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.hf_reference import reference
 from support.server_dumps import capture

@@ -14,8 +14,8 @@ import pytest
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.output.lock import ShardLock, running_clients
 from hsextract.output.manifest import iter_entries
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.shard import Shard
-from hsextract.staging.records import load_or_create_run_id
 from support.client_run import stop, tail, wait_for
 from support.drain_proc import drain_until_done, finish_client, start
 from support.staged_dumps import stage_sample

@@ -15,7 +15,7 @@ import pytest
 from hsextract.cli import main
 from hsextract.drain.core import FINALIZE_FAILED, DrainConfig, Drainer
 from hsextract.output.manifest import iter_entries
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support import volumes
 from support.drain_proc import finish_client
 from support.staged_dumps import stage_sample

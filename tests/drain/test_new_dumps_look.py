@@ -13,7 +13,7 @@ import pytest
 from hsextract.drain import scan as scan_mod
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.output.manifest import iter_entries
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.staged_dumps import stage_sample
 
 pytestmark = pytest.mark.timeout(120)

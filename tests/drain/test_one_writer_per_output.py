@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hsextract.output.lock import OutputLock
 from hsextract.output.manifest import iter_entries, verify_entry
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.client_run import stop, wait_for
 from support.drain_proc import finish_client, hsextract, start
 from support.staged_dumps import stage_sample

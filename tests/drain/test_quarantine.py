@@ -11,6 +11,7 @@ import pytest
 import torch
 from hsextract.greedy_check import GreedyHead, rms_norm
 from hsextract.output.manifest import iter_entries
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.dumps import (
     DONE_FILE,
     STATES_FILE,
@@ -19,7 +20,7 @@ from hsextract.staging.dumps import (
     read_states,
     write_done_marker,
 )
-from hsextract.staging.records import load_or_create_run_id, read_record, record_path
+from hsextract.staging.records import read_record, record_path
 from safetensors import safe_open
 from support.drain_proc import drain_until_done
 from support.server_dumps import capture

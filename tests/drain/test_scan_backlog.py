@@ -16,7 +16,7 @@ from hsextract.drain import scan as scan_mod
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.output.layout import client_summary_path
 from hsextract.output.manifest import iter_entries
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.staged_dumps import stage_sample
 
 pytestmark = pytest.mark.timeout(300)

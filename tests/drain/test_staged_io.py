@@ -6,7 +6,7 @@ import pytest
 import torch
 from hsextract.drain.staged_io import PIECE, StagedReader
 from hsextract.errors import StagingError
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.staged_dumps import stage_sample
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.output.manifest import completed_indices
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.shard import Shard
 from hsextract.staging.dumps import staged_indices
-from hsextract.staging.records import load_or_create_run_id
 from support import volumes
 from support.client_run import wait_for
 from support.drain_proc import drain_status

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from hsextract.output.manifest import iter_entries
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.dumps import DoneMarker, write_done_marker
-from hsextract.staging.records import load_or_create_run_id, make_probe_rid, read_record, write_record
+from hsextract.staging.records import make_probe_rid, read_record, write_record
 from support.drain_proc import drain_until_done
 from support.staged_dumps import stage_sample
 

@@ -17,7 +17,7 @@ from hsextract.drain import core
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.output.manifest import iter_entries, verify_entry
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.drain_proc import finish_client
 from support.staged_dumps import stage_sample
 

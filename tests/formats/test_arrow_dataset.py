@@ -14,7 +14,7 @@ import pytest
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.formats import speculators
 from hsextract.output.manifest import iter_entries
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.drain_proc import finish_client
 from support.reader_check import assert_reader_sees_captured, load_with_reader
 from support.staged_dumps import stage_sample

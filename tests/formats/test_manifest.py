@@ -8,8 +8,8 @@ from hsextract.output.manifest import (
     completed_indices,
     entries_path,
     iter_entries,
-    repair_torn_tail,
 )
+from hsextract.output.repair import repair_torn_tail
 
 
 def _entry(i: int, dataset_index: int) -> ManifestEntry:

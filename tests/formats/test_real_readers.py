@@ -11,7 +11,7 @@ import pytest
 import torch
 from hsextract.formats import FORMATS
 from hsextract.output.manifest import iter_entries, read_header, verify_entry
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.reader_check import assert_reader_sees_captured, load_with_reader
 from support.server_dumps import capture

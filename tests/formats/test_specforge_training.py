@@ -21,7 +21,7 @@ import pytest
 import torch
 from hsextract.draft_config import served_capture
 from hsextract.output.manifest import read_header
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.server_dumps import capture
 

@@ -25,7 +25,7 @@ sys.path[:0] = [str(GPU), str(REPO / "bench")]
 
 import capture_checks  # noqa: E402
 from capture_server_gpu import StagingCounter, round_order, scheduler_stats, server_of  # noqa: E402
-from hsextract.staging.records import load_or_create_run_id  # noqa: E402
+from hsextract.output.run_id import load_or_create_run_id  # noqa: E402
 from support.drain_proc import env as hsextract_env  # noqa: E402
 from support.drain_proc import finish_client  # noqa: E402
 from support.server_dumps import capture, wait_done  # noqa: E402

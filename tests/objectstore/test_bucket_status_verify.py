@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.bucket_sets import drain, published, store_of, target
 from support.drain_proc import hsextract
 from support.staged_dumps import stage_sample

@@ -8,7 +8,7 @@ from hsextract.drain.core import RUN_CHECK_FAILED
 from hsextract.formats import get_format
 from hsextract.objectstore.segments import SEGMENTS_DIR, read_published
 from hsextract.output.manifest import iter_entries
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.bucket_sets import (
     drain,
     object_checksum,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hsextract.objectstore.segments import read_published
 from hsextract.output.manifest import iter_entries
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.bucket_sets import object_checksum, sample_keys, staged_names, store_of, target
 from support.drain_proc import drain_until_done, finish_client, hsextract, start
 from support.staged_dumps import stage_sample

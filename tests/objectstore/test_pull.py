@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.output.manifest import iter_entries, verify_entry
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.bucket_sets import drain, published, target
 from support.drain_proc import hsextract
 from support.reader_check import assert_reader_sees_captured, load_with_reader

@@ -13,7 +13,7 @@ from hsextract.objectstore.output import ObjectOutput
 from hsextract.objectstore.settings import settings_from
 from hsextract.objectstore.store import StoreError
 from hsextract.objectstore.url import ObjectURL
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.bucket_sets import drain, staged_names
 from support.s3_server import RcloneServer, free_ports, tool
 from support.staged_dumps import stage_sample

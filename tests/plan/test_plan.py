@@ -22,8 +22,9 @@ from hsextract.cli import main
 from hsextract.dataset.chat_template import load_tokenizer
 from hsextract.formats import FORMAT_NAMES, FORMATS
 from hsextract.output.manifest import ManifestAppender, ManifestEntry, iter_entries
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.dumps import iter_complete
-from hsextract.staging.records import load_or_create_run_id, parse_rid
+from hsextract.staging.records import parse_rid
 from support.client_run import env, extract_args, start_client, stop, tail, wait_exit, wait_for, write_mixed_dataset
 from support.drain_proc import hsextract
 

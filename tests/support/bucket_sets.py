@@ -67,8 +67,8 @@ def drain_fleet(weed, bucket: str, credentials: Path, tmp_path: Path, hosts: tup
     """Hosts of one run, host k drains shard k/len(hosts) of an n-line dataset into s3://bucket/run/<host>,
     as extract.yml's hosts do; the staged samples by dataset index."""
     from hsextract.output.layout import client_summary_path
+    from hsextract.output.run_id import load_or_create_run_id
     from hsextract.shard import Shard
-    from hsextract.staging.records import load_or_create_run_id
 
     from support.staged_dumps import stage_sample
 

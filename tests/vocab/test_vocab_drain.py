@@ -17,7 +17,7 @@ import pytest
 import torch
 from hsextract.formats import FORMAT_NAMES, get_format
 from hsextract.output.manifest import iter_entries
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.vocab.checkpoint import checkpoint_path
 from hsextract.vocab.tracker import VocabTracker
 from support.drain_proc import drain_until_done, hsextract

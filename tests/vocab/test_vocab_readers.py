@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 from support.drain_proc import drain_until_done
 from support.reader_check import load_vocab_with_reader
 from vocab.vocab_data import VOCAB, expected_counts, expected_selection, make_samples, stage_all

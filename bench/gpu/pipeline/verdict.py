@@ -12,12 +12,10 @@ from pathlib import Path
 def selfcheck_numbers(out: Path) -> dict:
     """The drain's self-check counts and the logprob check's errors (drain-status.json's ``selfcheck``),
     with ``logprob_done``: every greedy-checked sample's logprobs compared, none left undone."""
-    from hsextract.output.layout import drain_status_path
+    from hsextract.output.run_files import read_drain_status
 
-    try:
-        numbers = json.loads(drain_status_path(out).read_text()).get("selfcheck") or {}
-    except (OSError, ValueError):
-        numbers = {}
+    status = read_drain_status(out)
+    numbers = dict((status.selfcheck if status else None) or {})
     logprob = numbers.get("logprob") or {}
     numbers["logprob_done"] = bool(logprob.get("compared")) and not logprob.get("not_done")
     return numbers

@@ -13,9 +13,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Generic, TextIO, TypeVar
 
 from hsextract.durable import atomic_write_json
+
+S = TypeVar("S")  # a run's snapshot of its counters
 
 RATE_WINDOW_S = 60.0
 BAR_WIDTH = 24
@@ -46,11 +48,12 @@ class RateWindow:
         return tokens / elapsed, items / elapsed
 
 
-class StatusReporter:
+class StatusReporter(Generic[S]):
     """Writes the status file every `every` s and shows progress (a bar on a TTY, else log lines).
 
     A run's reporter gives `snapshot` (its counters), `line` (one line of progress) and
-    `fraction_done`; `noticed` sees each snapshot first (the client logs its pauses there).
+    `fraction_done`; `noticed` sees each snapshot first (the client logs its pauses there);
+    `write` writes it (as JSON, unless the run's status file has a writer of its own).
     """
 
     thread_name = "hsextract-progress"
@@ -67,16 +70,19 @@ class StatusReporter:
         self._thread: threading.Thread | None = None
         self._last_log = 0.0
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> S:
         raise NotImplementedError
 
-    def line(self, snap: dict[str, Any]) -> str:
+    def write(self, snap: S) -> None:
+        atomic_write_json(self.status_path, snap)
+
+    def line(self, snap: S) -> str:
         raise NotImplementedError
 
-    def fraction_done(self, snap: dict[str, Any]) -> float:
+    def fraction_done(self, snap: S) -> float:
         raise NotImplementedError
 
-    def noticed(self, snap: dict[str, Any]) -> None:
+    def noticed(self, snap: S) -> None:
         """Called with every snapshot before it is shown."""
 
     def start(self) -> None:
@@ -89,7 +95,7 @@ class StatusReporter:
 
     def tick(self) -> None:
         snap = self.snapshot()
-        atomic_write_json(self.status_path, snap)
+        self.write(snap)
         self.noticed(snap)
         if self.tty:
             filled = int(BAR_WIDTH * min(1.0, self.fraction_done(snap)))

@@ -26,11 +26,11 @@ from hsextract.output.layout import (
     FAILURES,
     REJECTS,
     default_quarantine_dir,
-    drain_status_path,
     failures_path,
     rejects_path,
     state_dir,
 )
+from hsextract.output.run_files import DrainStatus, read_drain_status
 from hsextract.report import ProblemFiles, RunView, status_lines
 from hsextract.shard import WHOLE, Shard
 from hsextract.status_collected import collected_view, print_collected_status, read_collect_report
@@ -51,43 +51,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def drain_health(drain: dict[str, Any] | None, stale_after: float, now: float) -> tuple[bool, str]:
+def drain_health(drain: DrainStatus | None, stale_after: float, now: float) -> tuple[bool, str]:
     """(ok, why): ok if the drain reported recently, or reported that it finished."""
     if drain is None:
         return False, "no drain status file (is the drain running?)"
-    age = now - float(drain.get("updated_at", 0))
-    if drain.get("state") in FINISHED_STATES:
-        return True, f"drain {drain.get('state')} {age:.0f} s ago"
-    if drain.get("state") == "failed":
-        return False, f"drain failed: {drain.get('error', '?')}"
+    age = now - float(drain.updated_at or 0)
+    if drain.state in FINISHED_STATES:
+        return True, f"drain {drain.state} {age:.0f} s ago"
+    if drain.state == "failed":
+        return False, f"drain failed: {'?' if drain.error is None else drain.error}"
     if age > stale_after:
         return False, f"drain status is stale: last update {age:.0f} s ago (limit {stale_after:.0f} s)"
-    return True, f"drain {drain.get('state')}, updated {age:.0f} s ago"
+    return True, f"drain {drain.state}, updated {age:.0f} s ago"
 
 
-def run_accounts(output: Path, drain: dict[str, Any] | None) -> Accounts | None:
+def run_accounts(output: Path, drain: DrainStatus | None) -> Accounts | None:
     """The run's reconciliation; final once the client has finished and the drain has caught up."""
-    caught_up = drain is not None and not drain.get("lag") and not drain.get("in_flight")
-    quarantine = Path(drain["quarantine_dir"]) if drain and drain.get("quarantine_dir") else None
+    caught_up = drain is not None and not drain.lag and not drain.in_flight
+    quarantine = Path(drain.quarantine_dir) if drain and drain.quarantine_dir else None
     accounts = read_accounts(output, quarantine)
     if accounts is not None and accounts.final and not caught_up:
         accounts = read_accounts(output, quarantine, final=False)
     return accounts
 
 
-def problem_files(output: str | Path, drain: dict[str, Any] | None = None,
+def problem_files(output: str | Path, drain: DrainStatus | None = None,
                   shards: list[Shard] | None = None) -> ProblemFiles:
     """The files that list a run's rejected, failed and quarantined samples (of one client's
     shard, or a pattern for the files of several)."""
-    quarantine = (drain or {}).get("quarantine_dir") or default_quarantine_dir(output)
+    quarantine = (drain.quarantine_dir if drain else None) or default_quarantine_dir(output)
     if shards is not None and len(shards) > 1:
         return ProblemFiles(rejected=_every_shard(output, REJECTS), failed=_every_shard(output, FAILURES),
                             quarantined=str(quarantine))
@@ -102,29 +94,29 @@ def _every_shard(output: str | Path, base: str) -> str:
     return str(state_dir(output) / f"{stem}*.{ext}")
 
 
-def dataset_files(output: str | Path, drain: dict[str, Any] | None) -> tuple[int, int] | None:
+def dataset_files(output: str | Path, drain: DrainStatus | None) -> tuple[int, int] | None:
     """(samples the dataset-level files cover, samples in the set), where the drain's status says
     how many are in the set and the drain records finalizes (hsextract.output.finalized); else None."""
-    if drain is None or "finalized_samples" not in drain:
+    if drain is None or not drain.has("finalized_samples"):
         return None  # no drain yet, or one of a version that did not record them: not known
-    return finalized_samples(output) or 0, int(drain.get("samples_total") or 0)
+    return finalized_samples(output) or 0, drain.samples_total or 0
 
 
-def dataset_files_problem(output: str | Path, drain: dict[str, Any] | None, files: tuple[int, int] | None) -> str:
+def dataset_files_problem(output: str | Path, drain: DrainStatus | None, files: tuple[int, int] | None) -> str:
     """The problem of a drain that has finished with the dataset-level files behind the set, or ''.
     A running drain writes them when idle or when the run is over: not a problem yet."""
-    if files is None or files[0] == files[1] or (drain or {}).get("state") not in FINISHED_STATES:
+    if files is None or files[0] == files[1] or drain is None or drain.state not in FINISHED_STATES:
         return ""
-    why = (drain or {}).get("finalize_problem") or f"run `hsextract finalize --output {output}`"
+    why = drain.finalize_problem or f"run `hsextract finalize --output {output}`"
     return (f"the dataset-level files (the format's, the draft vocabulary's) cover {files[0]} of the {files[1]} "
             f"samples in the set, so a trainer would not read the others: {why}")
 
 
-def bucket_problem(drain: dict[str, Any] | None, now: float) -> str:
+def bucket_problem(drain: DrainStatus | None, now: float) -> str:
     """The problem of a drain whose bucket's server does not answer (it waits), or ''."""
-    store = (drain or {}).get("objectstore") or {}
+    store = (drain.objectstore if drain else None) or {}
     since = float(store.get("unreachable_since") or 0)
-    if not since or (drain or {}).get("state") in FINISHED_STATES:
+    if not since or (drain is not None and drain.state in FINISHED_STATES):
         return ""
     at = time.strftime("%H:%M:%S", time.localtime(since))
     return (f"the object store {store.get('url', '?')} has not answered for {now - since:.0f} s (since {at}): the "
@@ -145,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("status needs --output (on the command line or in --config)")
     shown = str(args.output)
     args.output = resolve_output(args.output, args)[0]  # a bucket's run is seen in its work directory
-    drain = _read(drain_status_path(args.output))
+    drain = read_drain_status(args.output)
     collected = read_collect_report(args.output) if drain is None else None
     if collected is not None:  # a set made by hsextract collect: no drain writes it
         return print_collected_status(
@@ -170,15 +162,16 @@ def run(args: argparse.Namespace) -> int:
     ok = health[0] and not problems
     if args.json:
         # The dataset's size as the finished clients counted it (a fleet's hosts sum their shards to it).
-        lines = {s.summary.get("dataset_lines") for s in shards if s.summary}
-        print(json.dumps({"ok": ok, "why": health[1], "problems": problems, "drain": drain, "client": client,
+        lines = {s.summary.dataset_lines for s in shards if s.summary}
+        print(json.dumps({"ok": ok, "why": health[1], "problems": problems,
+                          "drain": drain.to_json() if drain else None, "client": client,
                           "dataset_lines": lines.pop() if len(lines) == 1 else None,
                           "accounts": accounts.as_dict() if accounts else None,
                           "dataset_files": None if files is None else
                           {"samples": files[0], "of": files[1], "current": files[0] == files[1]}}, indent=2))
     else:
         view = RunView(output=shown, files=problem_files(args.output, drain, [s.shard for s in shards]),
-                       drain=drain, client=client,
+                       drain=drain.to_json() if drain else None, client=client,
                        healthy=health[0], health=health[1], now=now, problems=problems,
                        counts=accounts.lines_of_text() if accounts else [],
                        accounts=accounts.as_dict() if accounts else None, dataset_files=files)

@@ -21,16 +21,13 @@ from typing import Any
 from hsextract.output.accounts import read_accounts
 from hsextract.output.layout import collect_report_path
 from hsextract.output.manifest import iter_entries, read_header
+from hsextract.output.run_files import read_json_object
 from hsextract.report import CollectedView, collected_status_lines
 
 
 def read_collect_report(output: str | Path) -> dict[str, Any] | None:
     """The last collect's report of `output`, or None when `output` is not a collected set."""
-    try:
-        data = json.loads(collect_report_path(output).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(collect_report_path(output))
 
 
 def collected_view(output: Path, report: dict[str, Any], files, max_failure_share: float) -> CollectedView:

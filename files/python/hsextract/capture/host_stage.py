@@ -297,9 +297,10 @@ class StagedBatch:
 
 
 @dataclass
-class FailedRequests:
-    """Requests the forward pass could not hand over: the writer marks them failed, in order with
-    the batches before and after them (so that a later chunk of one finds it failed)."""
+class Failures:
+    """Requests to fail (the forward pass could not hand them over, or the writer process died
+    before it wrote them): the writer fails them in order with the batches before and after them
+    (so that a later chunk of one finds it failed)."""
 
     failures: list[Failure]
 

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from hsextract.capture.core import BatchRequest, CaptureSettings
-from hsextract.capture.host_stage import FailedRequests, HostStager, OwnedBatch, StagedBatch, failures_of, own_batch
+from hsextract.capture.host_stage import Failures, HostStager, OwnedBatch, StagedBatch, failures_of, own_batch
 
 _MiB = 1 << 20
 
@@ -80,9 +80,9 @@ class BatchQueue:
 
     def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
         if requests:
-            self._enqueue(FailedRequests(failures_of(requests, reason, detail)))
+            self._enqueue(Failures(failures_of(requests, reason, detail)))
 
-    def _enqueue(self, item: StagedBatch | FailedRequests) -> None:
+    def _enqueue(self, item: StagedBatch | Failures) -> None:
         with self._cond:
             self._outstanding += 1
         self._jobs.put(item)

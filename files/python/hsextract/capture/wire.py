@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hsextract.capture.core import BatchRequest, CaptureSettings, Failure
+from hsextract.capture.outcomes import WriterCounters
 
 _LEN = struct.Struct("<I")
 
@@ -63,7 +64,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class Fail:
-    """Requests to mark failed."""
+    """Requests to fail."""
 
     failures: tuple[tuple[str, str, str], ...]  # Failure fields, plain
 
@@ -88,8 +89,10 @@ class Released:
 
 @dataclass(frozen=True)
 class Flushed:
+    """Everything sent before `Flush` ``token`` is written; the child's writer's counters as of then."""
+
     token: int
-    counters: dict[str, int]
+    counters: WriterCounters
 
 
 def batch_message(buffer_id: int, rows: int, row_bytes: int, meta_offset: int, batch_size: int,

@@ -49,7 +49,8 @@ import torch
 
 from hsextract.capture import wire
 from hsextract.capture.core import CaptureSettings
-from hsextract.capture.host_stage import FailedRequests, HostBufferPool, HostStager, StagedBatch, failures_of
+from hsextract.capture.host_stage import Failures, HostBufferPool, HostStager, StagedBatch, failures_of
+from hsextract.capture.outcomes import CounterAttributes, WriterCounters
 from hsextract.capture.shared_buffers import SharedHostBuffers
 from hsextract.capture.sink import BatchQueue, WriterOptions
 from hsextract.capture.wire import MessageReader, send_message
@@ -86,7 +87,7 @@ def _spawn(child_sock: socket.socket) -> subprocess.Popen:
                             pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
 
 
-class ProcessCaptureWriter(BatchQueue):
+class ProcessCaptureWriter(CounterAttributes, BatchQueue):
     """`CaptureSink` with the writing done by a child process; see the module docstring."""
 
     def __init__(self, dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions | None = None, *,
@@ -101,7 +102,7 @@ class ProcessCaptureWriter(BatchQueue):
         self.pool = HostBufferPool(options.max_bytes_in_flight, pin=False, granularity=options.pool_granularity,
                                    allocate=self.buffers.allocate, drop=self.buffers.drop)
         self._stager = HostStager(settings, self.device, self.pool)
-        self._jobs: queue.Queue[StagedBatch | FailedRequests | wire.Flush | None] = queue.Queue()
+        self._jobs: queue.Queue[StagedBatch | Failures | wire.Flush | None] = queue.Queue()
         self._cond = threading.Condition()  # guards everything below
         self._in_flight: dict[int, StagedBatch] = {}  # buffer id -> batch sent to the child, not yet released
         self._outstanding = 0  # batches submitted and not yet released, failures not yet handed over
@@ -111,9 +112,7 @@ class ProcessCaptureWriter(BatchQueue):
         self._closing = False
         self._closed = False
         self._fallback: CaptureWriter | None = None
-        # The child's counters, as of its last flush.
-        self.requests_done = self.requests_failed = self.write_errors = self.bytes_written = 0
-        self.fingerprint_mismatches = 0
+        self._counters = WriterCounters()  # the child's, as of its last flush
         self._sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = _spawn(child_sock)
@@ -129,6 +128,12 @@ class ProcessCaptureWriter(BatchQueue):
 
     # ---- forward-pass side: submit_owned, submit, fail_requests (BatchQueue) -------------------
     @property
+    def counters(self) -> WriterCounters:
+        """What the child had staged as of its last flush."""
+        with self._cond:
+            return self._counters
+
+    @property
     def in_flight_batches(self) -> int:
         """Batches the child has been sent and has not released."""
         with self._cond:
@@ -141,12 +146,12 @@ class ProcessCaptureWriter(BatchQueue):
             return self._dead and self._fallback is not None
 
     # ---- dispatcher (BatchQueue._dispatch_loop): one message per batch -----------------------
-    def _dispatch_one(self, item: StagedBatch | FailedRequests | wire.Flush) -> None:
+    def _dispatch_one(self, item: StagedBatch | Failures | wire.Flush) -> None:
         try:
             match item:
                 case StagedBatch():
                     self._hand_over(item)
-                case FailedRequests():
+                case Failures():
                     self._hand_over_failures(item)
                 case wire.Flush():
                     self._hand_over_flush(item)
@@ -154,7 +159,7 @@ class ProcessCaptureWriter(BatchQueue):
             log.exception("capture: handing an item to the writer process failed")
             if isinstance(item, StagedBatch):
                 self._not_handed_over(item, "handing the batch to the writer process failed (see the server log)")
-            elif isinstance(item, FailedRequests):
+            elif isinstance(item, Failures):
                 log.error("capture: %d requests could not be marked failed: %s", len(item.failures),
                           ", ".join(f"{f.rid} ({f.reason})" for f in item.failures))
                 self._done(1)
@@ -205,7 +210,7 @@ class ProcessCaptureWriter(BatchQueue):
         if mine:
             self._write_here(job)
 
-    def _hand_over_failures(self, item: FailedRequests) -> None:
+    def _hand_over_failures(self, item: Failures) -> None:
         with self._cond:
             dead = self._dead
         if dead or not self._send(wire.fail_message(item.failures)):
@@ -265,8 +270,7 @@ class ProcessCaptureWriter(BatchQueue):
                             self._release(job)
                     case wire.Flushed(token=token, counters=counters):
                         with self._cond:
-                            for name, value in counters.items():
-                                setattr(self, name, value)
+                            self._counters = counters
                             self._acks[token] = True
                             self._cond.notify_all()
         except Exception:
@@ -378,12 +382,6 @@ def landed_batch_writer(dump_dir: str | Path, settings: CaptureSettings, options
                          device="cpu")
 
 
-def _counters(writer: CaptureWriter) -> dict[str, int]:
-    return {"requests_done": writer.requests_done, "requests_failed": writer.requests_failed,
-            "write_errors": writer.write_errors, "bytes_written": writer.bytes_written,
-            "fingerprint_mismatches": writer.fingerprint_mismatches}
-
-
 class _Child:
     """The child's state: the parent's buffers mapped here, and the writer that writes from them."""
 
@@ -415,7 +413,7 @@ class _Child:
                 self.writer.queue_failures(msg.as_failures())
             case wire.Flush(token=token):
                 self.writer.flush()
-                self.send(wire.Flushed(token, _counters(self.writer)))
+                self.send(wire.Flushed(token, self.writer.counters))
             case _:
                 log.error("capture writer process: unknown message %r; ignored", type(msg).__name__)
 

@@ -34,7 +34,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark, pause_poll_s
 from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict, look
@@ -49,7 +48,7 @@ from hsextract.client.stoppable import call_unless_stopped
 from hsextract.dataset import defaults
 from hsextract.dataset.chat_template import Encoded, build_encoder
 from hsextract.dataset.reader import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
-from hsextract.durable import atomic_write_json, check_writable
+from hsextract.durable import check_writable
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for
 from hsextract.model_info import read_model_info
@@ -57,6 +56,8 @@ from hsextract.output.dataset_record import check_and_record
 from hsextract.output.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.output.lock import ShardLock
 from hsextract.output.manifest import completed_indices, read_header
+from hsextract.output.run_files import ClientStatus, write_client_summary
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
 from hsextract.retry import RetryPolicy
 from hsextract.shard import WHOLE, Shard
@@ -65,7 +66,6 @@ from hsextract.staging.fs import prepare_root
 from hsextract.staging.records import (
     SampleRecord,
     check_prefix,
-    load_or_create_run_id,
     make_rid,
     remove_record,
     write_record,
@@ -169,22 +169,16 @@ class ExtractRun:
             self.fatal = exc
             self.stop.set()
             res = SendResult(False, reason="client_error", detail=f"{type(exc).__name__}: {exc}")
-        st = self.stats
-        with st.lock:
-            st.in_flight -= 1
-            st.in_flight_tokens -= len(enc.input_ids)
+        self.stats.answered(len(enc.input_ids))
         if res.ok:
             with self._outcomes:
                 self._open[rid] = enc
-                st.awaiting_capture = len(self._open)
+                self.stats.set_awaiting(len(self._open))
             self._watch.expect(rid)
         elif res.reason == STOPPED:
             pass  # no answer yet and no failure: its record stays, the next run sends it again
         elif self.fatal is None or res.reason not in ("server_unavailable", "client_error"):
-            with st.lock:
-                st.failed[res.reason] += 1
-            self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
-                                  "reason": res.reason, "detail": res.detail, "attempts": res.attempts})
+            self._failed(rid, enc, res.reason, res.detail, res.attempts)
             if res.reason != "prompt_tokens_mismatch":
                 remove_record(self.cfg.dump_dir, rid)  # no dump will come for it
         self._slots.release()
@@ -196,7 +190,7 @@ class ExtractRun:
         st = self.stats
         with self._outcomes:
             enc = self._open.pop(rid, None)
-            st.awaiting_capture = len(self._open)
+            st.set_awaiting(len(self._open))
         if enc is None:
             return
         if verdict.outcome is Outcome.STAGED:
@@ -208,60 +202,70 @@ class ExtractRun:
             if attempts < self.cfg.retry.max_attempts:
                 log.warning("sample %d (%s): %s (%s); sending it again (attempt %d of %d)", enc.index, rid, reason,
                             verdict.detail, attempts + 1, self.cfg.retry.max_attempts)
-                with st.lock:
-                    st.retried[reason] += 1
+                st.record_retried(reason)
                 with self._outcomes:
                     self._resend.append((rid, enc))
             else:
                 log.error("sample %d (%s): %s after %d attempts (%s); reported in %s", enc.index, rid, reason,
                           attempts, verdict.detail, FAILURES)
-                with st.lock:
-                    st.failed[reason] += 1
-                self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
-                                      "reason": reason, "detail": verdict.detail, "attempts": attempts})
+                self._failed(rid, enc, reason, verdict.detail, attempts)
                 discard_dump(rid_dir(self.cfg.dump_dir, rid))
                 remove_record(self.cfg.dump_dir, rid)
         with self._outcomes:
             self._outcomes.notify_all()
 
+    def _failed(self, rid: str, enc: Encoded, reason: str, detail: str, attempts: int) -> None:
+        """A sample this run gives up on: counted, and its line in the failures file."""
+        self.stats.record_failed(reason)
+        self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
+                              "reason": reason, "detail": detail, "attempts": attempts})
+
     def _reject(self, rej: Reject) -> None:
-        with self.stats.lock:
-            self.stats.rejected[rej.reason] += 1
+        self.stats.record_rejected(rej.reason)
         self._rejects.write(rej.to_json())
 
     # -- the producer -----------------------------------------------------------------------------
 
     def _wait_to_send(self, n_tokens: int) -> bool:
         """Block until a slot is free and the staging limits allow one more request; False on stop."""
-        down_reason = None
-        while not self._slots.acquire(timeout=0.5):
-            if self.stop.is_set():
-                return False
-            down_since = self.sender.gate.down_since
-            if down_since is not None and down_reason is None:
-                since = time.strftime("%H:%M:%S", time.localtime(down_since))
-                down_reason = f"server {self.cfg.server} not answering since {since}; waiting for /health"
-                self.stats.paused_reason = down_reason
-        if down_reason is not None and self.stats.paused_reason == down_reason:
-            self.stats.paused_reason = None
-        paused_at = None
-        while not self.stop.is_set():
-            st = self.stats
-            reason = self._backpressure.reason(st.in_flight, st.in_flight_tokens, n_tokens,
-                                               paused=paused_at is not None)
-            if reason is None:
-                break
-            if paused_at is None:
-                paused_at = time.monotonic()
-            st.pause_begins(reason)
-            self.stop.wait(pause_poll_s(time.monotonic() - paused_at))
-        paused = paused_at is not None
-        if paused:
-            self.stats.pause_ends()
+        if not self._wait_for_slot():
+            return False
+        self._wait_for_staging(n_tokens)
         if self.stop.is_set():
             self._slots.release()
             return False
         return True
+
+    def _wait_for_slot(self) -> bool:
+        """Take an in-flight slot; a pause while the server does not answer. False on stop."""
+        while not self._slots.acquire(timeout=0.5):
+            if self.stop.is_set():
+                return False
+            down_since = self.sender.gate.down_since
+            if down_since is not None:
+                since = time.strftime("%H:%M:%S", time.localtime(down_since))
+                with self.stats.paused(f"server {self.cfg.server} not answering since {since}; waiting for /health"):
+                    while not self._slots.acquire(timeout=0.5):
+                        if self.stop.is_set():
+                            return False
+                return True
+        return True
+
+    def _wait_for_staging(self, n_tokens: int) -> None:
+        """Wait, as one pause, while the staging limits refuse one more request of `n_tokens`."""
+        st = self.stats
+        if self.stop.is_set():
+            return
+        reason = self._backpressure.reason(st.in_flight, st.in_flight_tokens, n_tokens, paused=False)
+        if reason is None:
+            return
+        paused_at = time.monotonic()
+        with st.paused(reason) as still:
+            while reason is not None and not self.stop.is_set():
+                still(reason)
+                self.stop.wait(pause_poll_s(time.monotonic() - paused_at))
+                if not self.stop.is_set():
+                    reason = self._backpressure.reason(st.in_flight, st.in_flight_tokens, n_tokens, paused=True)
 
     def run(self) -> RunStats:
         """Take the shard's lock, check the start, then run; a stop before the run began returns the
@@ -273,7 +277,7 @@ class ExtractRun:
             with ShardLock(self.output, cfg.shard):  # a client of an overlapping shard refuses here
                 return self._run_locked()
         except StopRequested:
-            self.stats.state = "stopped"
+            self.stats.finish("stopped")
             return self.stats
 
     def _run_locked(self) -> RunStats:
@@ -306,7 +310,7 @@ class ExtractRun:
             raise
         return self._run_started(out, run_id, reporter)
 
-    def _unstarted(self, reporter: Reporter | None, previous: dict[str, Any] | None, exc: BaseException) -> None:
+    def _unstarted(self, reporter: Reporter | None, previous: ClientStatus | None, exc: BaseException) -> None:
         """The start ended before its run began: refused (an error), or stopped. The status shows
         the run before it again, with the refusal; a stop before the status was first written
         writes nothing."""
@@ -316,8 +320,11 @@ class ExtractRun:
         stopped = isinstance(exc, (StopRequested, KeyboardInterrupt))
         if stopped and reporter is None:
             return
-        st.state, st.error, st.paused_reason = ("stopped", "", None) if stopped else ("failed", str(exc), None)
-        record_unstarted(self.output, self.cfg.shard, previous, st.snapshot(), None if stopped else str(exc))
+        if stopped:
+            st.finish("stopped")
+        else:
+            st.finish("failed", str(exc))
+        record_unstarted(self.output, self.cfg.shard, previous, st.status(), None if stopped else str(exc))
 
     def _run_started(self, out: Path, run_id: str, reporter: Reporter) -> RunStats:
         cfg, st = self.cfg, self.stats
@@ -346,7 +353,7 @@ class ExtractRun:
             self._rejects.close()
             self._failures.close()
         if st.state == "done":
-            atomic_write_json(client_summary_path(out, cfg.shard), st.summary())
+            write_client_summary(client_summary_path(out, cfg.shard), st.summary_record())
         if isinstance(self.fatal, HsextractError):
             raise self.fatal
         if self.fatal is not None:
@@ -372,9 +379,8 @@ class ExtractRun:
         /server_info is up (milliseconds); /health, which takes a second, only decides otherwise."""
         gate = self.sender.gate
         if not (gate.up_now() or gate.probe()):
-            self.stats.paused_reason = f"waiting for the server {self.cfg.server} to answer /health"
-            gate.wait_healthy(since=time.monotonic())
-            self.stats.paused_reason = None
+            with self.stats.paused(f"waiting for the server {self.cfg.server} to answer /health"):
+                gate.wait_healthy(since=time.monotonic())
 
     def _take_server_limit(self) -> None:
         """Cut samples to what the running server accepts (`hsextract.prompt_limit`): the figure
@@ -389,24 +395,20 @@ class ExtractRun:
 
     def _settle_state(self) -> None:
         """The run's final state: failed (with the error), stopped, or done."""
-        st = self.stats
         if self.fatal is not None:
-            st.state = "failed"
-            st.error = str(self.fatal)
+            self.stats.finish("failed", str(self.fatal))
         elif self.stop.is_set():
-            st.state = "stopped"
+            self.stats.finish("stopped")
         else:
-            st.state = "done"
-        st.paused_reason = None
+            self.stats.finish("done")
 
     def _probe(self, run_id: str) -> None:
         cfg = self.cfg
         ids = list(self.tokenizer("hsextract start-up probe: is the capture writing here?",
                                   add_special_tokens=True)["input_ids"])
-        self.stats.paused_reason = "checking that the capture stages into this client's staging directory"
-        result = probe_capture(self.sender, Path(cfg.dump_dir), cfg.rid_prefix, run_id, cfg.format,
-                               self.model.hidden_size, ids, cfg.probe_timeout_s)
-        self.stats.paused_reason = None
+        with self.stats.paused("checking that the capture stages into this client's staging directory"):
+            result = probe_capture(self.sender, Path(cfg.dump_dir), cfg.rid_prefix, run_id, cfg.format,
+                                   self.model.hidden_size, ids, cfg.probe_timeout_s)
         log.info("start-up probe: the capture stages %s final hidden states into %s (%.1f s)", result.final_hidden,
                  cfg.dump_dir, result.seconds)
 
@@ -428,16 +430,14 @@ class ExtractRun:
             return True
         index = item.index
         if index in skip:
-            with st.lock:
-                st.skipped += 1
+            st.record_skipped()
             return True
         enc = self.encoder.encode(item)
         if isinstance(enc, Reject):
             self._reject(enc)
             return True
         if enc.truncated_from:
-            with st.lock:
-                st.truncated += 1
+            st.record_truncated()
         rid = make_rid(cfg.rid_prefix, run_id, index)
         enc.file, enc.line = item.file, item.line
         write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
@@ -478,11 +478,7 @@ class ExtractRun:
         d = rid_dir(self.cfg.dump_dir, rid)
         if (d / FAILED_FILE).exists():
             discard_dump(d)
-        st = self.stats
-        with st.lock:
-            st.sent += 1
-            st.in_flight += 1
-            st.in_flight_tokens += len(enc.input_ids)
+        self.stats.sending(len(enc.input_ids))
         fut = self._pool.submit(self.sender.send, rid, enc.input_ids)
         fut.add_done_callback(functools.partial(self._finish, rid, enc))
         return True

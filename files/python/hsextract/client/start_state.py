@@ -18,38 +18,32 @@ samples this run will now give an outcome to).
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any
 
-from hsextract.durable import atomic_write_json
 from hsextract.output.layout import CLIENT_STATUS, CLIENT_SUMMARY, FAILURES, REJECTS, client_files, client_status_path
+from hsextract.output.run_files import ClientStatus, write_client_status
 from hsextract.shard import Shard
 
 
-def read_previous(output: Path, shard: Shard) -> dict[str, Any] | None:
+def read_previous(output: Path, shard: Shard) -> ClientStatus | None:
     """The status file of the shard's last client, as it stands before this start (None: none)."""
-    try:
-        data = json.loads(client_status_path(output, shard).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return ClientStatus.read(client_status_path(output, shard))
 
 
-def record_unstarted(output: Path, shard: Shard, previous: dict[str, Any] | None, snapshot: dict[str, Any],
+def record_unstarted(output: Path, shard: Shard, previous: ClientStatus | None, snapshot: ClientStatus,
                      error: str | None) -> None:
     """A start that ended before its run began: put the last run's status back, noting the refusal's
     `error` (None for a stop), or, if there was no run before, this start's own final `snapshot`."""
     path = client_status_path(output, shard)
     if previous is None:
-        atomic_write_json(path, snapshot)
+        write_client_status(path, snapshot)
         return
-    status = {k: v for k, v in previous.items() if k != "start_refused"}
-    if error is not None:
-        status["start_refused"] = {"error": error, "at": time.time(), "pid": os.getpid()}
-    atomic_write_json(path, status)
+    refused = {"error": error, "at": time.time(), "pid": os.getpid()} if error is not None else None
+    extra = {k: v for k, v in previous.extra.items() if k != "start_refused"}  # a malformed earlier refusal
+    write_client_status(path, dataclasses.replace(previous, start_refused=refused, extra=extra))
 
 
 def begin_run(output: Path, shard: Shard) -> list[Path]:

@@ -10,7 +10,8 @@ So that the collected set is read like any output directory (``hsextract.output.
 * ``quarantine/<rid>/``: each host's quarantine reasons (``reason.txt``, ``source.json``,
   ``record.json``, not the staged states) and ``host.json`` naming the host;
 * ``.hsextract/client-summary.json`` once every host has finished and the shards cover the
-  dataset, ``client-status.json`` before: the dataset's lines as one shard, 0/1.
+  dataset, ``client-status.json`` before: the dataset's lines as one shard, 0/1 (the client's
+  own records, hsextract.output.run_files, with only the keys a collected set has).
 
 Every file is replaced only when its bytes change, so a collect that adds nothing changes nothing.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from hsextract.output.layout import (
     run_file_path,
     state_dir,
 )
+from hsextract.output.run_files import ClientStatus, ClientSummary, write_client_status, write_client_summary
 from hsextract.shard import WHOLE
 
 
@@ -143,11 +144,17 @@ def _quarantine_file(host: Path, rid: str, name: str) -> bytes | None:
 
 
 def write_fleet_client_files(out: Path, lines: int, final: bool, hosts: dict[str, list[list[int]]]) -> None:
-    """The fleet's lines as one shard, as a client would record them: a summary once final."""
-    body = {"state": "done" if final else "collecting", "dataset_lines": lines, "shard": WHOLE.to_json(),
-            "collected_from": hosts}
-    keep, drop = (client_summary_path(out), client_status_path(out))[:: 1 if final else -1]
-    write_if_changed(keep, _json_bytes(body))
+    """The fleet's lines as one shard, as a client would record them: a summary once final, a
+    status before (with only these keys: a collected set has no client's counters)."""
+    if final:
+        write_client_summary(client_summary_path(out), ClientSummary(
+            state="done", dataset_lines=lines, shard=WHOLE, collected_from=hosts), if_changed=True)
+        drop = client_status_path(out)
+    else:
+        write_client_status(client_status_path(out), ClientStatus(
+            state="collecting", dataset_lines=lines, shard=WHOLE, collected_from=hosts,
+            absent=frozenset(ClientStatus.NULLABLE)), if_changed=True)
+        drop = client_summary_path(out)
     if drop.exists():
         drop.unlink()
 
@@ -161,17 +168,3 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
                 if isinstance(obj, dict):
                     out.append(obj)
     return out
-
-
-def clear_dir(d: Path) -> int:
-    """Empty a temporary directory of what a killed collect left there (create it if needed; an
-    empty one is left as it is); return how many entries were removed."""
-    d.mkdir(parents=True, exist_ok=True)
-    removed = 0
-    for p in list(d.iterdir()):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-        removed += 1
-    return removed

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from hsextract.collect.config import DEFAULT_WORKERS, CollectConfig
 from hsextract.collect.hosts import parse_host_argument
-from hsextract.drain.command import add_draft_vocab_arguments, draft_vocab_settings
 from hsextract.errors import ConfigError
 from hsextract.objectstore.settings import add_store_arguments
+from hsextract.vocab.arguments import add_draft_vocab_arguments, draft_vocab_settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

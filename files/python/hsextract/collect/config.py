@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.collect.admit import Admission, Reference
-from hsextract.collect.commit import FailureJournal
-from hsextract.collect.plan import Plan
+from hsextract.collect.failures import FailureJournal
+from hsextract.collect.selection import Selection
 from hsextract.output.manifest import ManifestEntry
 
 # Fetching is mostly waiting for disks and the network filesystem: a few threads keep them busy.
@@ -38,7 +38,7 @@ class Collected:
     fmt: Any  # hsextract.formats.base.OutputFormat, None when no host has samples yet
     entries: list[ManifestEntry]
     admission: Admission
-    plan: Plan = field(default_factory=Plan)
+    plan: Selection = field(default_factory=Selection)
     new: int = 0
     notes: list[str] = field(default_factory=list)
     journal: FailureJournal | None = None

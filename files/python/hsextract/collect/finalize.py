@@ -24,6 +24,7 @@ from hsextract.collect.vocab import write_vocab
 from hsextract.durable import atomic_write_bytes, atomic_write_json
 from hsextract.output.layout import READER_ORDER, collect_state_path
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
+from hsextract.output.run_files import read_json_object
 from hsextract.vocab.checkpoint import entry_identity
 
 SPECFORGE_READER = "SpecForge 0.2.0 OfflineManifestReader: os.walk for *.ckpt, absolute paths sorted as strings"
@@ -41,7 +42,7 @@ def finalize_collected(out: Path, fmt, header: ManifestHeader, entries: Sequence
     None: no draft vocabulary); return whether anything was written."""
     key: dict[str, Any] = {"entries": len(entries), "last": entry_identity(entries[-1]) if entries else None,
                            "sizes": list(sizes) if sizes is not None else None, "vocab_size": vocab_size}
-    state = _read(collect_state_path(out))
+    state = read_json_object(collect_state_path(out)) or {}
     if state.get("finalized") == key:
         return False
     fmt.finalize(out, header, list(entries))
@@ -56,9 +57,3 @@ def finalize_collected(out: Path, fmt, header: ManifestHeader, entries: Sequence
     return True
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -12,7 +12,6 @@ quarantine: nothing more will be committed to it, whether its drain daemon still
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 from hsextract.collect.lock import held_by_a_process
 from hsextract.contained import irregular_entries
-from hsextract.errors import ConfigError, HsextractError
+from hsextract.errors import HsextractError
 from hsextract.output.accounts import read_accounts
 from hsextract.output.dataset_record import read_record
 from hsextract.output.layout import (
@@ -31,11 +30,11 @@ from hsextract.output.layout import (
     QUARANTINE_DIR,
     RUN_FILE,
     STATE_DIR,
-    drain_status_path,
     output_lock_path,
     state_dir,
 )
 from hsextract.output.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
+from hsextract.output.run_files import ClientStatus, ClientSummary, read_drain_status
 from hsextract.shard import WHOLE, Shard
 
 # What collect reads of a host output besides its sample files (those are opened row by row through
@@ -134,18 +133,19 @@ def read_clients(out: Path) -> list[ClientShard]:
     from their status files (``client-summary*.json``, ``client-status*.json``: one per shard
     where several clients share an output)."""
     found: dict[Shard, ClientShard] = {}
-    for base, finished in ((CLIENT_SUMMARY, True), (CLIENT_STATUS, False)):
+    kinds: tuple[tuple[str, type[ClientSummary] | type[ClientStatus], bool], ...] = (
+        (CLIENT_SUMMARY, ClientSummary, True), (CLIENT_STATUS, ClientStatus, False))
+    for base, kind, finished in kinds:
         stem, _, ext = base.rpartition(".")
         for p in sorted(state_dir(out).glob(f"{stem}*.{ext}")):
-            data = _json(p)
-            if not data or not isinstance(data.get("dataset_lines"), int):
+            record = kind.read(p)
+            if record is None or record.dataset_lines is None:
                 continue
-            try:
-                shard = Shard.from_json(data["shard"]) if data.get("shard") else WHOLE
-            except ConfigError:
+            if record.extra.get("shard"):
                 continue  # no shard a client writes: not a client's file
+            shard = record.shard or WHOLE
             if shard not in found:
-                found[shard] = ClientShard(shard, int(data["dataset_lines"]), finished)
+                found[shard] = ClientShard(shard, record.dataset_lines, finished)
     return sorted(found.values(), key=lambda c: c.shard)
 
 
@@ -154,17 +154,9 @@ def drain_busy(out: Path, stale_after_s: float, now: float) -> str:
     works and was written within `stale_after_s` (the only sign left on a copy of a remote host's output)."""
     if held_by_a_process(output_lock_path(out)):
         return "a process holds its lock (.hsextract/output.lock)"
-    status = _json(drain_status_path(out))
-    if status and status.get("state") in _DRAIN_WORKING:
-        age = now - float(status.get("updated_at", 0))
+    status = read_drain_status(out)
+    if status and status.state in _DRAIN_WORKING:
+        age = now - float(status.updated_at or 0)
         if age <= stale_after_s:
-            return f"its drain's status says {status['state']!r}, {age:.0f} s ago"
+            return f"its drain's status says {status.state!r}, {age:.0f} s ago"
     return ""
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -17,23 +17,25 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from hsextract.collect.admit import Admission, admit, choose_reference
-from hsextract.collect.bookkeeping import clear_dir, write_identity
-from hsextract.collect.commit import Committer, FailureJournal, SpacePolicy
+from hsextract.collect.bookkeeping import write_identity
 from hsextract.collect.config import CollectConfig, Collected, CollectResult
+from hsextract.collect.failures import FailureJournal
 from hsextract.collect.hosts import HostOutput, HostUnreadable, read_clients, read_host
 from hsextract.collect.into import check_into, mark
 from hsextract.collect.lock import collected_set_lock
-from hsextract.collect.plan import Plan, plan_collect
 from hsextract.collect.report import finish, nothing_admitted
+from hsextract.collect.selection import Selection, collected_entry, select_entries
+from hsextract.collect.space import SpacePolicy
 from hsextract.collect.transfer import Fetched, Fetcher, same_filesystem
-from hsextract.drain.recovery import remove_orphans
 from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
 from hsextract.formats import get_format
 from hsextract.formats.sample_check import SampleCheck
+from hsextract.output.commit import OrderedCommit, ToCommit, stop_short
 from hsextract.output.dataset_record import read_record
 from hsextract.output.layout import collect_tmp_dir
 from hsextract.output.manifest import (
@@ -42,9 +44,9 @@ from hsextract.output.manifest import (
     ManifestHeader,
     iter_entries,
     read_header,
-    repair_torn_tail,
     write_header,
 )
+from hsextract.output.repair import clear_temporary, remove_orphans, repair_torn_tail
 
 log = logging.getLogger("hsextract.collect")
 
@@ -102,12 +104,12 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     if ref.header is None:
         return finish(Collected(cfg, ref, None, entries, adm, notes=notes))
     fmt = get_format(ref.header.format)
-    removed = remove_orphans(out, fmt, len(entries))
+    removed = remove_orphans(out, fmt.relative_path, len(entries))
     if removed:
         notes.append(f"removed {len(removed)} file(s) a killed collect renamed but never recorded")
-    clear_dir(collect_tmp_dir(out))
+    clear_temporary(collect_tmp_dir(out))
     fetcher = _fetcher(cfg, out, adm, fmt, ref.header)
-    plan = plan_collect(entries, {h.name: h.entries for h in adm.admitted})
+    plan = select_entries(entries, {h.name: h.entries for h in adm.admitted})
     fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
     write_identity(out, ref.header.run_id, ref.dataset)
     if header is None and plan.pending:
@@ -143,13 +145,13 @@ def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, header: Manifes
                    SampleCheck(fmt, header))
 
 
-def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Plan, fetcher: Fetcher,
+def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Selection, fetcher: Fetcher,
                       journal: FailureJournal) -> list[ManifestEntry]:
     """Fetch the plan's samples BATCH at a time in parallel and commit each batch in plan order;
     on a full volume, what precedes the first sample that found no room is committed, then the
     collect stops (or waits, and goes on from that sample)."""
     space = SpacePolicy(out, cfg.wait_for_space_s)
-    committer = Committer(out, fmt.relative_path, count)
+    committer = OrderedCommit(out, fmt.relative_path, count, stop_short)  # the runner waits, or stops, below
     pending, new, k = plan.pending, [], 0
     last_log = time.monotonic()
     try:
@@ -170,7 +172,7 @@ def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Plan
     return new
 
 
-def _commit_batch(results: list[Fetched], committer: Committer, journal: FailureJournal, fetcher: Fetcher,
+def _commit_batch(results: list[Fetched], committer: OrderedCommit, journal: FailureJournal, fetcher: Fetcher,
                   space: SpacePolicy) -> tuple[list[ManifestEntry], int, OSError | None]:
     """Commit a fetched batch in order up to the first sample that found no room; record the
     failures before it. Returns the entries committed, how many results are settled (committed
@@ -181,7 +183,7 @@ def _commit_batch(results: list[Fetched], committer: Committer, journal: Failure
         if r.tmp is not None:
             r.tmp.unlink(missing_ok=True)
     ok = [r for r in results[:cut] if r.tmp is not None]
-    done, commit_full = committer.commit(ok)
+    done, commit_full = committer.commit([_to_commit(r) for r in ok])
     if len(done) < len(ok):
         full = commit_full
         for r in ok[len(done):]:
@@ -190,3 +192,9 @@ def _commit_batch(results: list[Fetched], committer: Committer, journal: Failure
     journal.record([r for r in results[:cut] if r.tmp is None], space)
     fetcher.release([r.pending for r in ok[:len(done)]])
     return done, cut, full
+
+
+def _to_commit(r: Fetched) -> ToCommit:
+    """A verified sample's temporary file, and its row in the collected set once it has its place."""
+    assert r.tmp is not None
+    return ToCommit(r.tmp, partial(collected_entry, r.pending))

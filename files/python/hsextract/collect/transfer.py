@@ -4,7 +4,7 @@ The file is placed under a temporary name in the collected set (``.hsextract/col
 made durable, and re-hashed there against the host manifest's size and checksum: what is
 checked is the very file the trainer will read. A file that fails is fetched again once (a
 read that went wrong, a file rsync was still replacing); a second failure is the sample's
-failure, with its reason. Only a verified file is ever renamed into the set (`hsextract.collect.commit`).
+failure, with its reason. Only a verified file is ever renamed into the set (`hsextract.output.commit`).
 
 * copy (the default): the bytes are copied and fsynced; the host output is left as it was.
 * link: a hard link to the host's file (the same bytes, no space used; host output and
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsextract.collect.plan import Pending
+from hsextract.collect.selection import Pending
 from hsextract.contained import UnsafePath, link_regular, open_regular, unlink_regular
 from hsextract.durable import fsync_dir, is_no_space, write_file_durably
 from hsextract.formats.sample_check import SampleCheck

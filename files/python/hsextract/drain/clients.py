@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from hsextract.output.client_files import read_shards, run_finished, summary_ids
-from hsextract.output.layout import FAILURES, client_files, drain_status_path
+from hsextract.output.layout import FAILURES, client_files
 from hsextract.output.lock import running_clients
+from hsextract.output.run_files import read_drain_status
 
 log = logging.getLogger("hsextract.drain")
 
@@ -82,11 +83,8 @@ class ClientRuns:
 
 def finished_client_runs(out: Path) -> set[str]:
     """The client summaries the last drain of `out` finished a run on (from its status file)."""
-    try:
-        status = json.loads(drain_status_path(out).read_text())
-        return {str(s) for s in status.get("finished_client_runs") or []}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return set()
+    status = read_drain_status(out)
+    return {str(s) for s in (status.finished_client_runs if status else None) or []}
 
 
 def _file_key(path: Path) -> tuple[str, int, int]:

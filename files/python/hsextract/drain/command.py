@@ -24,6 +24,7 @@ from hsextract.objectstore.settings import add_store_arguments
 from hsextract.output.accounts import DEFAULT_MAX_FAILURE_SHARE
 from hsextract.output.layout import FAILURES
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
+from hsextract.vocab.arguments import add_draft_vocab_arguments, draft_vocab_settings
 
 log = logging.getLogger("hsextract.drain")
 
@@ -81,32 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-checkpoint-interval", type=float, default=30.0,
                         help="seconds between checkpoints of the token counts (a restart recounts what came after)")
     add_config_argument(parser)
-
-
-def add_draft_vocab_arguments(parser: argparse.ArgumentParser) -> None:
-    """The draft-vocabulary flags shared by `drain` and `finalize`."""
-    from hsextract.vocab.mapping import DEFAULT_DRAFT_VOCAB_SIZE
-
-    g = parser.add_argument_group("draft vocabulary")
-    g.add_argument("--draft-vocab-size", type=int, nargs="+", default=[DEFAULT_DRAFT_VOCAB_SIZE], metavar="N",
-                   help=f"draft vocabulary sizes to write mappings for (default {DEFAULT_DRAFT_VOCAB_SIZE}; a size "
-                        "of at least the model's vocabulary is clamped to it)")
-    g.add_argument("--vocab-size", type=int, default=None,
-                   help="the model's vocabulary size (default: from --model's config.json or the manifest)")
-    g.add_argument("--no-draft-vocab", action="store_true",
-                   help="do not count token frequencies nor write draft vocabulary files")
-
-
-def draft_vocab_settings(args: argparse.Namespace) -> tuple[tuple[int, ...], int | None]:
-    """(sizes, vocabulary size or None) from the flags; ConfigError on a size below 1."""
-    given = args.draft_vocab_size
-    sizes = tuple(int(n) for n in ([given] if isinstance(given, (int, str)) else given or []))
-    bad = [n for n in sizes if n < 1]
-    if not sizes or bad:
-        raise ConfigError(f"--draft-vocab-size {' '.join(map(str, sizes))}: give one or more sizes of at least 1")
-    if args.vocab_size is not None and args.vocab_size < 1:
-        raise ConfigError(f"--vocab-size {args.vocab_size}: must be at least 1")
-    return sizes, args.vocab_size
 
 
 def check_selfcheck_server(url: str, bound: float) -> None:

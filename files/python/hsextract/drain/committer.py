@@ -1,33 +1,36 @@
-"""The ordered commit: prepared samples get their output index, their final name and their
+"""The drain's commit thread: prepared samples get their output index, their final name and their
 manifest line, one batch at a time, and only then is their staged dump deleted.
 
 Workers prepare samples in parallel (read, check, encode, write a durable temporary file). One
 committer thread then, in arrival order:
 
-1. takes the next output index and renames the temporary file to its final name;
-2. fsyncs the directories, appends the batch's manifest lines and fsyncs the manifest;
+1. drops a second dump of a sample already written (the client sent it again), here, where the
+   check and the append cannot race;
+2. commits the others (hsextract.output.commit, the ordered commit collect uses too): each takes
+   the next output index and is renamed to its final name, the directories are fsynced, the
+   batch's manifest lines appended and the manifest fsynced; a full volume pauses the drain
+   (`CommitEvents.pause_for_space`) and the step is tried again;
 3. deletes the staged dumps and the client's records of the samples now recorded.
 
 So the manifest is always the contiguous prefix 0..n-1 (the speculators Arrow row of sample i is
 ``hs_i``), and after a crash at any point each sample is written and recorded once, or still
-staged (see hsextract.drain.core). A second dump of a sample already written (the client sent it
-again) is dropped here, where the check and the append cannot race.
+staged (see hsextract.drain.core).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from hsextract.durable import fsync_dir, is_no_space
 from hsextract.formats.base import OutputFormat
-from hsextract.output.manifest import ManifestAppender, ManifestEntry
+from hsextract.output.commit import OrderedCommit, ToCommit
+from hsextract.output.manifest import ManifestEntry
 from hsextract.staging.dumps import discard_dump
 from hsextract.staging.records import remove_record
 
@@ -47,6 +50,11 @@ class Prepared:
     dump: Path
     fingerprint: str = ""
     greedy_check: str = ""
+
+    def row(self, output_index: int, file: str, written_at: float) -> ManifestEntry:
+        """Its manifest line, once it is the sample `output_index` at `file`."""
+        return ManifestEntry(output_index, self.dataset_index, self.rid, self.tokens, file, self.nbytes,
+                             self.checksum, written_at, self.fingerprint, self.greedy_check)
 
 
 class CommitEvents(Protocol):
@@ -79,14 +87,15 @@ class Committer:
         self.done_indices = {e.dataset_index for e in entries}
         self._events = events
         self._q: queue.Queue[Prepared | None] = queue.Queue()
-        self._appender: ManifestAppender | None = None
+        self._ordered: OrderedCommit | None = None  # the manifest's appender, from `start` on
         self._thread: threading.Thread | None = None
 
     def is_written(self, rid: str, dataset_index: int) -> bool:
         return rid in self.done_rids or dataset_index in self.done_indices
 
     def start(self) -> None:
-        self._appender = ManifestAppender(self.out)
+        self._ordered = OrderedCommit(self.out, self.fmt.relative_path, len(self.entries), self._wait_for_space,
+                                      tmp_dir=self.tmp_dir)
         self._thread = threading.Thread(target=self._loop, name="drain-commit", daemon=True)
         self._thread.start()
 
@@ -98,8 +107,8 @@ class Committer:
         self._q.put(None)
         if self._thread is not None:
             self._thread.join()
-        if self._appender is not None:
-            self._appender.close()
+        if self._ordered is not None:
+            self._ordered.close()
 
     def _loop(self) -> None:
         try:
@@ -126,59 +135,43 @@ class Committer:
             self._events.fail(exc)
 
     def _commit(self, batch: list[Prepared]) -> None:
-        entries, done, dirs = self._place(batch)
-        if not entries:
+        assert self._ordered is not None
+        new = self._drop_written(batch)
+        if not new:
             return
-        for d in dirs:
-            fsync_dir(d)
-        fsync_dir(self.tmp_dir)
-        self._append(entries)
+        now = time.time()
+        entries, _ = self._ordered.commit([ToCommit(p.tmp, partial(p.row, written_at=now)) for p in new])
         self.entries.extend(entries)
         for e in entries:
             self.done_rids.add(e.rid)
             self.done_indices.add(e.dataset_index)
         # Only now is the sample safe on disk and recorded: the staged copy may go.
-        for p in done:
+        for p in new:
             discard_dump(p.dump)
             remove_record(self.dump_dir, p.rid)
             self._events.settled(p.rid)
         self._events.written(entries, len(self.entries))
 
-    def _place(self, batch: list[Prepared]) -> tuple[list[ManifestEntry], list[Prepared], set[Path]]:
-        """Rename each new sample's temporary file to its place in the training set (a second dump of a
-        written sample is dropped); their manifest entries, the samples and the directories to fsync."""
-        entries: list[ManifestEntry] = []
-        done: list[Prepared] = []
-        dirs: set[Path] = set()
-        now = time.time()
+    def _drop_written(self, batch: list[Prepared]) -> list[Prepared]:
+        """The samples of `batch` not yet in the set; a second dump of a written sample (the client
+        resent it) is dropped: its temporary file removed, the first one kept."""
+        new = []
         for p in batch:
             if self.is_written(p.rid, p.dataset_index):
-                # A second dump of a written sample (the client resent it): drop it, keep the first.
                 p.tmp.unlink(missing_ok=True)
                 self._events.duplicate(p)
                 self._events.settled(p.rid)
-                continue
-            idx = len(self.entries) + len(entries)
-            rel = self.fmt.relative_path(idx)
-            final = self.out / rel
-            if not final.parent.exists():
-                final.parent.mkdir(parents=True)
-                fsync_dir(final.parent.parent)
-            os.replace(p.tmp, final)
-            dirs.add(final.parent)
-            entries.append(ManifestEntry(idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, now,
-                                         p.fingerprint, p.greedy_check))
-            done.append(p)
-        return entries, done, dirs
+            else:
+                new.append(p)
+        return new
+
+    def _wait_for_space(self, exc: OSError) -> bool:
+        """The drain's full-volume policy: pause until there is space, then try again."""
+        self._events.pause_for_space(self.out, exc)
+        return True
 
     def _append(self, entries: list[ManifestEntry]) -> None:
-        """Append the entries to the manifest durably, waiting out a full volume."""
-        assert self._appender is not None
-        while True:
-            try:
-                self._appender.append(entries)
-                return
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                self._events.pause_for_space(self.out, exc)
+        """Append lines whose samples are in place by other means (a bucket's objects) to the
+        manifest durably, waiting out a full volume."""
+        assert self._ordered is not None
+        self._ordered.record(entries)

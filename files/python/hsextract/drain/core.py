@@ -20,13 +20,14 @@ restart finishes the job. Files are renamed and recorded in output-index order b
 thread, so the manifest is always the contiguous prefix 0..n-1 (the Arrow row numbering needs it),
 while reading, checking, encoding and the big fsyncs run in parallel workers.
 
-The pieces: `recovery` (the start: checks and repairs), `scan` (a look at each staged directory;
-`triage` decides what to do with it), `worker` (one dump in, one durable temporary file out,
-within the byte budget), `committer` (the ordered commit and the manifest), `header` (the
-manifest header), `outcomes` (where every part reports what became of a sample: the stats, the
-samples in hand (`inflight`), the draft vocabulary (`vocab`), the quarantine), `clients` (have
-the clients finished?); this module is the daemon's life: recover, loop (scan, prepare in
-workers, commit), shut down.
+The pieces: `recovery` (the start: checks, and the repairs of hsextract.output.repair), `scan`
+(a look at each staged directory; `triage` decides what to do with it), `worker` (one dump in,
+one durable temporary file out, within the byte budget), `committer` (the commit thread: the
+ordered commit of hsextract.output.commit, which collect uses too, then the staged dumps'
+deletion), `header` (the manifest header), `outcomes` (where every part reports what became of a
+sample: the stats, the samples in hand (`inflight`), the draft vocabulary (`vocab`), the
+quarantine), `clients` (have the clients finished?); this module is the daemon's life: recover,
+loop (scan, prepare in workers, commit), shut down.
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 
 from hsextract.config_file import add_config_argument
-from hsextract.drain.command import add_draft_vocab_arguments, draft_vocab_settings
 from hsextract.errors import ConfigError
 from hsextract.objectstore.settings import add_store_arguments
 from hsextract.objectstore.url import is_object_url
 from hsextract.output.finalized import record_finalized
 from hsextract.output.lock import OutputLock
+from hsextract.vocab.arguments import add_draft_vocab_arguments, draft_vocab_settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _finalize(args: argparse.Namespace, out: Path, sizes: tuple[int, ...], vocab_size: int | None) -> int:
     from hsextract.formats import get_format
-    from hsextract.output.manifest import iter_entries, read_header, repair_torn_tail
+    from hsextract.output.manifest import iter_entries, read_header
+    from hsextract.output.repair import repair_torn_tail
     from hsextract.vocab.tracker import VocabTracker
 
     header = read_header(out)

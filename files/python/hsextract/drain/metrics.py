@@ -1,12 +1,13 @@
 """Progress of the drain: counters, the status file `hsextract status` reads, Prometheus text.
 
-The status file is rewritten atomically every few seconds (``updated_at`` tells a reader whether
-the daemon is alive); the metrics endpoint is optional and binds to 127.0.0.1 only.
+The status file (hsextract.output.run_files.DrainStatus) is rewritten atomically every few seconds
+(``updated_at`` tells a reader whether the daemon is alive); the metrics endpoint is optional and
+binds to 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import threading
 import time
@@ -16,16 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from hsextract.durable import atomic_write_bytes
-from hsextract.output.layout import drain_status_path
+from hsextract.output.run_files import DrainStatus, write_drain_status
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 30.0
-
-
-def status_path(output_dir: str | Path) -> Path:
-    return drain_status_path(output_dir)
 
 
 @dataclass
@@ -88,52 +84,61 @@ class DrainStats:
             for k, v in kwargs.items():
                 setattr(self, k, v)
 
-    def snapshot(self) -> dict[str, Any]:
+    def status(self) -> DrainStatus:
+        """The status file's record, now (the caller adds what the stats do not hold: `write_status`)."""
         with self._lock:
             now = time.time()
             recent = [r for r in self._recent if r[0] >= now - RATE_WINDOW_S]
             span = min(RATE_WINDOW_S, max(now - self.started_at, 1e-3))
-            return {
-                "state": self.state,
-                "format": self.format,
-                "run_id": self.run_id,
-                "samples": self.samples,
-                "samples_total": self.samples_total,
-                "tokens": self.tokens,
-                "tokens_total": self.tokens_total,
-                "bytes": self.bytes,
-                "bytes_total": self.bytes_total,
-                "samples_per_s": round(sum(r[1] for r in recent) / span, 3),
-                "tokens_per_s": round(sum(r[2] for r in recent) / span, 1),
-                "mb_per_s": round(sum(r[3] for r in recent) / span / 1e6, 2),
-                "lag": self.lag,
-                "foreign": dict(self.foreign),
-                "accounts": dict(self.accounts),
-                "selfcheck": dict(self.selfcheck),
-                "finished_client_runs": list(self.finished_client_runs),
-                "in_flight": self.in_flight,
-                "finalized_samples": self.finalized_samples,
-                "finalize_problem": self.finalize_problem,
-                "quarantined": sum(self.quarantined.values()),
-                "quarantined_by_reason": dict(self.quarantined),
-                "stale_removed": sum(self.stale_removed.values()),
-                "stale_removed_by_reason": dict(self.stale_removed),
-                "paused_reason": self.paused_reason,
-                **({"objectstore": dict(self.objectstore)} if self.objectstore else {}),
-                "started_at": self.started_at,
-                "updated_at": now,
-            }
+            return DrainStatus(
+                state=self.state,
+                format=self.format,
+                run_id=self.run_id,
+                samples=self.samples,
+                samples_total=self.samples_total,
+                tokens=self.tokens,
+                tokens_total=self.tokens_total,
+                bytes=self.bytes,
+                bytes_total=self.bytes_total,
+                samples_per_s=round(sum(r[1] for r in recent) / span, 3),
+                tokens_per_s=round(sum(r[2] for r in recent) / span, 1),
+                mb_per_s=round(sum(r[3] for r in recent) / span / 1e6, 2),
+                lag=self.lag,
+                foreign=dict(self.foreign),
+                accounts=dict(self.accounts),
+                selfcheck=dict(self.selfcheck),
+                finished_client_runs=list(self.finished_client_runs),
+                in_flight=self.in_flight,
+                finalized_samples=self.finalized_samples,
+                finalize_problem=self.finalize_problem,
+                quarantined=sum(self.quarantined.values()),
+                quarantined_by_reason=dict(self.quarantined),
+                stale_removed=sum(self.stale_removed.values()),
+                stale_removed_by_reason=dict(self.stale_removed),
+                paused_reason=self.paused_reason,
+                objectstore=dict(self.objectstore) if self.objectstore else None,
+                started_at=self.started_at,
+                updated_at=now,
+            )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status file's object, now (the metrics endpoint serves it)."""
+        return self.status().to_json()
 
 
 def write_status(output_dir: str | Path, stats: DrainStats, **extra: Any) -> None:
-    snap = stats.snapshot()
-    snap.update(extra)
-    # Atomic but not fsynced: the status is rewritten every few seconds and lost nothing if a crash eats it.
-    atomic_write_bytes(status_path(output_dir), (json.dumps(snap, indent=2) + "\n").encode(), durable=False)
+    """The status file, from the stats and `extra` (the process's pid, its directories, its error:
+    fields of hsextract.output.run_files.DrainStatus)."""
+    write_drain_status(output_dir, dataclasses.replace(stats.status(), **extra))
 
 
-def prometheus_text(snap: dict[str, Any]) -> str:
-    """The snapshot as Prometheus text exposition (version 0.0.4)."""
+def _n(value: float | None) -> float:
+    """A number of the status as exposed: 0 where it has none."""
+    return 0 if value is None else value
+
+
+def prometheus_text(status: DrainStatus) -> str:
+    """The status as Prometheus text exposition (version 0.0.4)."""
     lines = []
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -142,26 +147,24 @@ def prometheus_text(snap: dict[str, Any]) -> str:
         for labels, value in samples:
             lines.append(f"hsextract_drain_{name}{labels} {value}")
 
-    metric("samples_total", "counter", "Samples written by this process.", [("", snap["samples"])])
-    metric("manifest_samples", "gauge", "Samples in the output manifest.", [("", snap["samples_total"])])
-    metric("tokens_total", "counter", "Tokens written by this process.", [("", snap["tokens"])])
-    metric("bytes_total", "counter", "Bytes written by this process.", [("", snap["bytes"])])
-    metric("lag_dumps", "gauge", "Complete dumps waiting in staging.", [("", snap["lag"])])
-    metric("in_flight", "gauge", "Dumps being validated or written.", [("", snap["in_flight"])])
-    metric(
-        "quarantined_total", "counter", "Dumps quarantined, by reason.",
-        [(f'{{reason="{r}"}}', n) for r, n in sorted(snap["quarantined_by_reason"].items())] or [("", 0)],
-    )
-    metric(
-        "stale_removed_total", "counter", "Stale dumps removed, by reason.",
-        [(f'{{reason="{r}"}}', n) for r, n in sorted(snap["stale_removed_by_reason"].items())] or [("", 0)],
-    )
-    paused = int(bool(snap["paused_reason"]))
+    def by_reason(counts: dict[str, int] | None) -> list[tuple[str, float]]:
+        return [(f'{{reason="{r}"}}', n) for r, n in sorted((counts or {}).items())] or [("", 0)]
+
+    metric("samples_total", "counter", "Samples written by this process.", [("", _n(status.samples))])
+    metric("manifest_samples", "gauge", "Samples in the output manifest.", [("", _n(status.samples_total))])
+    metric("tokens_total", "counter", "Tokens written by this process.", [("", _n(status.tokens))])
+    metric("bytes_total", "counter", "Bytes written by this process.", [("", _n(status.bytes))])
+    metric("lag_dumps", "gauge", "Complete dumps waiting in staging.", [("", _n(status.lag))])
+    metric("in_flight", "gauge", "Dumps being validated or written.", [("", _n(status.in_flight))])
+    metric("quarantined_total", "counter", "Dumps quarantined, by reason.", by_reason(status.quarantined_by_reason))
+    metric("stale_removed_total", "counter", "Stale dumps removed, by reason.",
+           by_reason(status.stale_removed_by_reason))
+    paused = int(bool(status.paused_reason))
     window = f"{RATE_WINDOW_S:.0f} s"
     metric("paused", "gauge", "1 while the drain waits (e.g. the output volume is full).", [("", paused)])
-    metric("samples_per_second", "gauge", f"Write rate over the last {window}.", [("", snap["samples_per_s"])])
-    metric("tokens_per_second", "gauge", f"Token rate over the last {window}.", [("", snap["tokens_per_s"])])
-    metric("last_update_timestamp_seconds", "gauge", "Time of this snapshot.", [("", snap["updated_at"])])
+    metric("samples_per_second", "gauge", f"Write rate over the last {window}.", [("", _n(status.samples_per_s))])
+    metric("tokens_per_second", "gauge", f"Token rate over the last {window}.", [("", _n(status.tokens_per_s))])
+    metric("last_update_timestamp_seconds", "gauge", "Time of this snapshot.", [("", _n(status.updated_at))])
     return "\n".join(lines) + "\n"
 
 
@@ -176,7 +179,7 @@ class MetricsServer:
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404)
                     return
-                body = prometheus_text(stats_ref.snapshot()).encode()
+                body = prometheus_text(stats_ref.status()).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))

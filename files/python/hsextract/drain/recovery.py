@@ -2,12 +2,14 @@
 kill -9, a power cut), and refuse to start on a configuration that would write wrong samples.
 
 The crash-safety argument of the drain (see hsextract.drain.core) makes every sample either
-written and recorded once, or still staged. What a crash leaves behind is repaired here:
+written and recorded once, or still staged. What a crash leaves behind is repaired at start:
 
-* a torn last manifest line (a power cut mid-append) is cut off;
-* temporary files of samples never renamed are removed;
-* files at output indices the manifest has not reached (renamed, never recorded) are removed;
-* dump directories half deleted (renamed to a trash name) are deleted.
+* in the output directory, by the repair collect uses too (hsextract.output.repair): a torn last
+  manifest line (a power cut mid-append) is cut off; temporary files of samples never renamed
+  are removed; files at output indices the manifest has not reached (renamed, never recorded)
+  are removed;
+* in the staging directory, here: dump directories half deleted (renamed to a trash name) are
+  deleted.
 
 The checks refuse a staging directory that does not exist, an unwritable output directory, a
 running capture whose final-norm placement the format cannot use, and an output directory
@@ -22,23 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.drain.config import DrainConfig
-from hsextract.durable import check_writable, fsync_dir
+from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMATS
 from hsextract.formats.base import OutputFormat
 from hsextract.model_fingerprint import PART_NAMES, differing_parts, model_fingerprint
-from hsextract.output.manifest import (
-    ManifestEntry,
-    ManifestError,
-    ManifestHeader,
-    iter_entries,
-    read_header,
-    repair_torn_tail,
-)
+from hsextract.output.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
+from hsextract.output.repair import clear_temporary, remove_orphans, repair_torn_tail
+from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.announcements import live_announcements
 from hsextract.staging.dumps import TRASH_PREFIX
 from hsextract.staging.fs import prepare_root
-from hsextract.staging.records import load_or_create_run_id
 
 log = logging.getLogger("hsextract.drain")
 
@@ -80,10 +76,8 @@ def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
         raise ManifestError(f"{out}: manifest.jsonl has entries but manifest.json is missing; restore it")
     for leftover in dump_dir.glob(f"{TRASH_PREFIX}*"):
         shutil.rmtree(leftover, ignore_errors=True)
-    if tmp_dir.exists():
-        shutil.rmtree(tmp_dir)
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    removed = remove_orphans(out, fmt, len(entries))
+    clear_temporary(tmp_dir)
+    removed = remove_orphans(out, fmt.relative_path, len(entries))
     if removed:
         log.warning("removed %d file(s) written but never recorded (crash before the manifest line): %s",
                     len(removed), ", ".join(removed[:5]))
@@ -100,21 +94,6 @@ def check_captures(dump_dir: Path, fmt_name: str) -> None:
                 f"hidden states into {dump_dir}, but the format {fmt_name!r} needs {needed}: every sample would "
                 f"be quarantined. Render the capture patch with --format {fmt_name} (Ansible: hsextract_format) "
                 "and restart the server, or drain in the format that fits")
-
-
-def remove_orphans(out: Path, fmt: OutputFormat, n_entries: int) -> list[str]:
-    """Files at output indices the manifest has not reached (renamed in order, so contiguous)."""
-    removed = []
-    i = n_entries
-    while True:
-        p = out / fmt.relative_path(i)
-        if not p.exists():
-            break
-        p.unlink()
-        fsync_dir(p.parent)
-        removed.append(str(p.relative_to(out)))
-        i += 1
-    return removed
 
 
 def check_header_matches_config(out: Path, h: ManifestHeader, c: DrainConfig) -> None:
@@ -153,14 +132,3 @@ def model_problems(h: ManifestHeader, c: DrainConfig) -> list[str]:
         return []
     names = " and ".join(PART_NAMES.get(p, p) for p in parts)
     return [f"other model {names} than {c.model_path} has (the header's model: {h.model_path or '?'})"]
-
-
-def check_header_matches_fields(where: str, theirs: ManifestHeader, ours: ManifestHeader) -> None:
-    """ConfigError unless two headers describe samples of one configuration (a set published
-    elsewhere, say in a bucket, against the one this drain writes)."""
-    problems = [f"{name} {getattr(theirs, name)!r} (this drain's: {getattr(ours, name)!r})"
-                for name in ("format", "final_hidden", "dtype", "hidden_size", "eagle_aux_hidden_state_layer_ids")
-                if getattr(theirs, name) != getattr(ours, name)]
-    if problems:
-        raise ConfigError(f"{where} was written with " + "; ".join(problems)
-                          + ". Use the same configuration to resume, or a new prefix.")

@@ -34,14 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hsextract.drain.recovery import check_header_matches_fields
 from hsextract.errors import ConfigError
 from hsextract.objectstore.committer import META_EPOCH, META_WRITER, entry_of, publish_header, sample_metadata
 from hsextract.objectstore.segments import RUN_KEY, SegmentHead, epoch_head, new_writer_id, publish
 from hsextract.objectstore.store import KeyExists, ObjectStore, StoreError
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.objectstore.verify import BucketSet, orphans, read_bucket_set
-from hsextract.output.manifest import ManifestEntry
+from hsextract.output.manifest import ManifestEntry, check_header_matches_fields
 
 log = logging.getLogger("hsextract.collect")
 

@@ -42,7 +42,7 @@ from hsextract.drain.committer import CommitEvents, Committer, Prepared
 from hsextract.formats.base import OutputFormat
 from hsextract.objectstore.segments import HEADER_KEY, SegmentHead, SegmentTaken, publish
 from hsextract.objectstore.store import KeyExists, ObjectStore, Stopped, StoreError, UploadAborted
-from hsextract.output.manifest import ManifestEntry, ManifestHeader, read_header
+from hsextract.output.manifest import ManifestEntry, ManifestHeader, check_header_matches_fields, read_header
 from hsextract.staging.dumps import discard_dump
 from hsextract.staging.records import remove_record
 
@@ -283,8 +283,6 @@ class ObjectCommitter(Committer):
 def publish_header(store: ObjectStore, header: ManifestHeader) -> None:
     """Create ``manifest.json`` in the bucket; one there already must be of the same configuration."""
     from dataclasses import asdict
-
-    from hsextract.drain.recovery import check_header_matches_fields
 
     body = (json.dumps(asdict(header), indent=2, sort_keys=True) + "\n").encode()
     try:

@@ -20,7 +20,7 @@ from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.output.layout import drain_tmp_dir
 from hsextract.output.manifest import ManifestEntry
-from hsextract.staging.records import load_or_create_run_id
+from hsextract.output.run_id import load_or_create_run_id
 
 
 class BucketSide:

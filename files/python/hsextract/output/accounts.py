@@ -33,6 +33,7 @@ from hsextract.output.layout import (
     default_quarantine_dir,
     run_file_path,
 )
+from hsextract.output.run_files import ClientSummary, read_json_object
 from hsextract.shard import Shard
 from hsextract.staging.records import parse_rid
 
@@ -176,13 +177,13 @@ def read_accounts(output: Path, quarantine: Path | None = None, on_the_way: Iter
     from hsextract.output.manifest import iter_entries
 
     shards = read_shards(output)
-    clients = [s.summary or s.status for s in shards]
-    run = _read_json(run_file_path(output))
-    if not clients or not run or not all(c and isinstance(c.get("dataset_lines"), int) for c in clients):
+    lines = [(s.summary or s.status or ClientSummary()).dataset_lines for s in shards]
+    run = read_json_object(run_file_path(output))
+    if not lines or not run or any(n is None for n in lines):
         return None
     in_set = {e.dataset_index for e in iter_entries(output)}
     return reconcile(
-        _shard_indices([(s.shard, int(c["dataset_lines"])) for s, c in zip(shards, clients, strict=True) if c]),
+        _shard_indices([(s.shard, n) for s, n in zip(shards, lines, strict=True) if n is not None]),
         rejected=_read_all(output, REJECTS),
         in_set=in_set,
         failed=_read_all(output, FAILURES),
@@ -207,10 +208,3 @@ def _read_all(output: Path, base: str) -> dict[int, str]:
         out.update(read_indexed_jsonl(path))
     return out
 
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -18,12 +18,12 @@ written by whatever launches them, would lift this).
 
 A summary also says which start of the client wrote it (``attempt``, a random id per start), so
 that a drain can tell the summary of the run it already finished from a new one (see
-`summary_id`). Pure reading: the files are written by hsextract.client.
+`summary_id`). Pure reading: the files are hsextract.output.run_files' records, written by
+hsextract.client.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -31,13 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.errors import ConfigError
 from hsextract.output.layout import CLIENT_STATUS, CLIENT_SUMMARY, client_files
+from hsextract.output.run_files import ClientStatus, ClientSummary
 from hsextract.shard import WHOLE, Shard
 
-# Counters of a status snapshot that add up over shards.
-_SUMMED = ("samples_total", "sent", "ok", "skipped", "truncated", "failed", "rejected", "in_flight",
-           "awaiting_capture", "tokens", "tokens_per_s", "paused_s")
+# Counters of a status snapshot that add up over shards (the counts, then the rest).
+_COUNTED = ("samples_total", "sent", "ok", "skipped", "truncated", "failed", "rejected", "in_flight",
+            "awaiting_capture", "tokens")
+_SUMMED = (*_COUNTED, "tokens_per_s", "paused_s")
 _BY_REASON = ("failed_by_reason", "rejected_by_reason", "retried_by_reason")
 
 
@@ -46,26 +47,17 @@ class ShardFiles:
     """One client shard's status and summary, as read (None: no such file, or unreadable)."""
 
     shard: Shard
-    status: dict[str, Any] | None
-    summary: dict[str, Any] | None
+    status: ClientStatus | None
+    summary: ClientSummary | None
     summary_id: str | None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def summary_id(path: Path, summary: dict[str, Any]) -> str:
+def summary_id(path: Path, summary: ClientSummary) -> str:
     """Which summary this is: its client start's ``attempt``, or, for a summary of an older client
     (or one written by hand), the file's identity (inode and modification time): a rewrite is a
     new file, atomically renamed, or at least a newer time."""
-    attempt = summary.get("attempt")
-    if isinstance(attempt, str) and attempt:
-        return attempt
+    if summary.attempt:
+        return summary.attempt
     try:
         st = os.stat(path)
     except OSError:
@@ -73,13 +65,10 @@ def summary_id(path: Path, summary: dict[str, Any]) -> str:
     return f"file:{st.st_ino}:{st.st_mtime_ns}"
 
 
-def _shard_of(named: Shard, data: dict[str, Any] | None) -> Shard:
+def _shard_of(named: Shard, record: ClientStatus | ClientSummary | None) -> Shard:
     """A file named for the whole dataset may hold a shard's run (older clients wrote every shard so)."""
-    if named == WHOLE and data and isinstance(data.get("shard"), list):
-        try:
-            return Shard.from_json(data["shard"])
-        except ConfigError:
-            pass
+    if named == WHOLE and record is not None and record.shard is not None:
+        return record.shard
     return named
 
 
@@ -89,8 +78,8 @@ def read_shards(output: str | Path) -> list[ShardFiles]:
     summaries = client_files(output, CLIENT_SUMMARY)
     out = []
     for named in sorted(set(statuses) | set(summaries)):
-        status = _read_json(statuses[named]) if named in statuses else None
-        summary = _read_json(summaries[named]) if named in summaries else None
+        status = ClientStatus.read(statuses[named]) if named in statuses else None
+        summary = ClientSummary.read(summaries[named]) if named in summaries else None
         sid = summary_id(summaries[named], summary) if summary is not None else None
         out.append(ShardFiles(_shard_of(named, summary or status), status, summary, sid))
     return out
@@ -125,34 +114,33 @@ def _combined_state(states: list[str]) -> str:
 
 
 def combined_status(shards: Iterable[ShardFiles]) -> dict[str, Any] | None:
-    """One status of all the clients, for `hsextract status`: a single client's own, or the
-    counters of several added up (state: failed, else running, paused, stopped, done)."""
+    """One status of all the clients, for `hsextract status` (its object): a single client's own, or
+    the counters of several added up (state: failed, else running, paused, stopped, done)."""
     snaps = [s.status for s in shards if s.status is not None]
     if len(snaps) <= 1:
-        return snaps[0] if snaps else None
-    out: dict[str, Any] = {k: sum(float(s.get(k) or 0) for s in snaps) for k in _SUMMED}
-    for k in ("samples_total", "sent", "ok", "skipped", "truncated", "failed", "rejected", "in_flight",
-              "awaiting_capture", "tokens"):
+        return snaps[0].to_json() if snaps else None
+    out: dict[str, Any] = {k: sum(float(getattr(s, k) or 0) for s in snaps) for k in _SUMMED}
+    for k in _COUNTED:
         out[k] = int(out[k])
     for k in _BY_REASON:
         total: Counter[str] = Counter()
         for s in snaps:
-            total.update(s.get(k) or {})
+            total.update(getattr(s, k) or {})
         out[k] = dict(total)
-    etas = [float(s["eta_s"]) for s in snaps if s.get("eta_s") is not None]
+    etas = [float(s.eta_s) for s in snaps if s.eta_s is not None]
     out.update(
-        state=_combined_state([str(s.get("state", "?")) for s in snaps]),
+        state=_combined_state([s.state or "?" for s in snaps]),
         eta_s=max(etas) if etas else None,
-        paused_reason=next((s["paused_reason"] for s in snaps if s.get("paused_reason")), None),
-        paused_for_s=max((float(s["paused_for_s"]) for s in snaps if s.get("paused_for_s") is not None), default=None),
-        error="; ".join(str(s["error"]) for s in snaps if s.get("error")),
-        started_at=min(float(s.get("started_at") or 0) for s in snaps),
-        updated_at=max(float(s.get("updated_at") or 0) for s in snaps),
-        pid=snaps[0].get("pid"),
+        paused_reason=next((s.paused_reason for s in snaps if s.paused_reason), None),
+        paused_for_s=max((float(s.paused_for_s) for s in snaps if s.paused_for_s is not None), default=None),
+        error="; ".join(s.error for s in snaps if s.error),
+        started_at=min(float(s.started_at or 0) for s in snaps),
+        updated_at=max(float(s.updated_at or 0) for s in snaps),
+        pid=snaps[0].pid,
         clients=len(snaps),
-        shards=[str(Shard.from_json(s["shard"]) if s.get("shard") else WHOLE) for s in snaps],
+        shards=[str(s.shard or WHOLE) for s in snaps],
     )
-    refused = [s["start_refused"] for s in snaps if s.get("start_refused")]
+    refused = [s.start_refused for s in snaps if s.start_refused]
     if refused:
         out["start_refused"] = refused[0]
     return out

@@ -14,8 +14,8 @@
 The manifest is the single source of truth for "this sample is done": the client resumes from
 `completed_indices`, the drain never writes a sample whose dataset index is already listed, and
 the dataset-level files (Arrow dataset, ``sample_lengths.json``) are rebuilt from it. A line
-torn by a power cut is the only damage an append can leave; readers ignore it and the drain cuts
-it off when it starts (`repair_torn_tail`).
+torn by a power cut is the only damage an append can leave; readers ignore it and the drain and
+collect cut it off when they start (hsextract.output.repair).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from hsextract.contained import UnsafePath, open_regular
 from hsextract.durable import atomic_write_bytes, fsync_dir, write_all
-from hsextract.errors import HsextractError
+from hsextract.errors import ConfigError, HsextractError
 from hsextract.output.layout import manifest_entries_path as entries_path
 from hsextract.output.layout import manifest_header_path as header_path
 
@@ -159,21 +159,15 @@ def completed_indices(output_dir: str | Path) -> set[int]:
     return {e.dataset_index for e in iter_entries(output_dir)}
 
 
-def repair_torn_tail(output_dir: str | Path) -> int:
-    """Cut a torn last line off the manifest (left by a crash mid-append); return the bytes removed."""
-    p = entries_path(output_dir)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        return 0
-    keep = data.rfind(b"\n") + 1
-    torn = len(data) - keep
-    if torn:
-        with open(p, "r+b") as f:
-            f.truncate(keep)
-            f.flush()
-            os.fsync(f.fileno())
-    return torn
+def check_header_matches_fields(where: str, theirs: ManifestHeader, ours: ManifestHeader) -> None:
+    """ConfigError unless two headers describe samples of one configuration: a set published in a
+    bucket against the one a drain writes, or a host's set against the one collect merges it into."""
+    problems = [f"{name} {getattr(theirs, name)!r} (this drain's: {getattr(ours, name)!r})"
+                for name in ("format", "final_hidden", "dtype", "hidden_size", "eagle_aux_hidden_state_layer_ids")
+                if getattr(theirs, name) != getattr(ours, name)]
+    if problems:
+        raise ConfigError(f"{where} was written with " + "; ".join(problems)
+                          + ". Use the same configuration to resume, or a new prefix.")
 
 
 class ManifestAppender:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.durable import atomic_write_bytes
+from hsextract.output.run_files import read_json_object
 from hsextract.plan.scan import ScanResult, ScanSettings
 
 VERSION = 1  # of the file's layout
@@ -92,11 +93,8 @@ class Kept:
         self.path = path
         self.data: dict[str, Any] = {}
         self.changed = False  # a scan or sizes put in since it was read: the file is written again
-        try:
-            data = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            return
-        if isinstance(data, dict) and data.get("version") == VERSION:
+        data = read_json_object(path)
+        if data is not None and data.get("version") == VERSION:
             self.data = data
 
     def scan(self, key: str, done: frozenset[int]) -> ScanResult | None:

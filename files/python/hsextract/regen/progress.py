@@ -124,7 +124,7 @@ def progress_line(snap: dict[str, Any]) -> str:
             f"in flight {snap['in_flight']} | ETA {_eta(snap['eta_s'])}")
 
 
-class Reporter(StatusReporter):
+class Reporter(StatusReporter[dict[str, Any]]):
     """The regeneration's status file and progress."""
 
     thread_name = "hsextract-regen-progress"

@@ -19,16 +19,13 @@ output directory), so a drain configured otherwise refuses to write what it woul
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes, remove_orphaned_temporaries_in
 from hsextract.errors import ConfigError, StagingError
-from hsextract.output.layout import run_file_path
 from hsextract.staging.fs import FILE_MODE, make_dir, prepare_root
 from hsextract.staging.names import RECORDS_DIR, record_path
 
@@ -136,28 +133,3 @@ def read_record(dump_dir: str | Path, rid: str) -> SampleRecord | None:
 
 def remove_record(dump_dir: str | Path, rid: str) -> None:
     record_path(dump_dir, rid).unlink(missing_ok=True)
-
-
-def load_or_create_run_id(output_dir: str | Path) -> str:
-    """The run id of an output directory, created once (O_EXCL) by whichever of client or drain starts first."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = run_file_path(out)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"run_id": secrets.token_hex(4)}))
-            f.flush()
-            os.fsync(f.fileno())
-    for _ in range(50):
-        try:
-            run_id = json.loads(path.read_text())["run_id"]
-            if re.fullmatch(r"[0-9a-f]{8,32}", run_id):
-                return run_id
-        except (ValueError, KeyError):
-            pass  # being written by the other process right now
-        time.sleep(0.05)
-    raise ConfigError(f"{path}: no valid run id in it; remove the file to start a new run")

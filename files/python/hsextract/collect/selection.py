@@ -34,7 +34,9 @@ class Pending:
 
 
 @dataclass
-class Plan:
+class Selection:
+    """What this collect fetches, what it skips as already there, and the duplicates it reports."""
+
     pending: list[Pending] = field(default_factory=list)
     already: list[Pending] = field(default_factory=list)  # host samples already in the collected set
     duplicates: list[str] = field(default_factory=list)  # one line each
@@ -43,11 +45,11 @@ class Plan:
         return sum(p.entry.bytes for p in self.pending[start:])
 
 
-def plan_collect(collected: Iterable[ManifestEntry], hosts: Mapping[str, Sequence[ManifestEntry]]) -> Plan:
+def select_entries(collected: Iterable[ManifestEntry], hosts: Mapping[str, Sequence[ManifestEntry]]) -> Selection:
     """The samples of `hosts` (name -> manifest entries, in the order the hosts were given) that
     the collected set lacks, in dataset-index order; see the module docstring."""
     have = {e.dataset_index: e for e in collected}
-    plan = Plan()
+    plan = Selection()
     chosen: dict[int, str] = {}
     for host, entries in hosts.items():
         for e in entries:
