@@ -145,7 +145,7 @@ class StagedReader:
         if sum(p.shape[1] for p in parts) != row_bytes or any(p.shape[0] != rows for p in parts):
             raise ValueError(f"parts {[p.shape for p in parts]} do not tile {rows} rows of {row_bytes} bytes")
         per_piece = max(1, min(PIECE // max(1, row_bytes), _IOV_MAX // max(1, len(parts))))
-        flat = [(memoryview(p.reshape(-1)), p.shape[1]) for p in parts if p.shape[1]]  # slices of these are cheap
+        flat = [(p.reshape(-1).data, p.shape[1]) for p in parts if p.shape[1]]  # slices of these are cheap
         for first in range(0, rows, per_piece):
             last = min(rows, first + per_piece)
             views = [view[r * w : (r + 1) * w] for r in range(first, last) for view, w in flat]
