@@ -100,7 +100,7 @@ def test_a_killed_writer_process_leaves_done_or_failed_json_for_every_request(tm
             os.kill(w.child_pid, signal.SIGSTOP)  # it takes the next batches and writes none of them
             for i, rid in enumerate(lost):
                 submit_whole(w, rid, 8, seed=10 + i)
-            wait_until("the stopped child holds the four batches", lambda: w.in_flight_batches == 4)
+            wait_until("the stopped child was sent the four batches", lambda: w.batches_handed_over == 6)
             os.kill(w.child_pid, signal.SIGKILL)
             wait_until("the parent writes in-process", lambda: w.writing_in_process)
             a_aux, a_final, a_ids = submit_whole(w, after, 12, seed=20)
@@ -160,8 +160,7 @@ def test_the_child_exits_after_writing_what_it_was_sent_when_its_parent_goes_awa
     w = ProcessCaptureWriter(tmp_path, settings(), WriterOptions(pool_granularity=1024), device="cpu")
     try:
         submit_whole(w, "hsx-ab12cd34-0", 8, seed=1)
-        wait_until("the batch is handed over", lambda: w.in_flight_batches == 1 or
-                   (tmp_path / "hsx-ab12cd34-0" / DONE_FILE).exists())
+        wait_until("the batch is sent to the child", lambda: w.batches_handed_over == 1)
         w._sock.shutdown(socket.SHUT_RDWR)  # what the kernel does to the socket of a process that died
         assert w._proc.wait(timeout=60) == 0
         assert (tmp_path / "hsx-ab12cd34-0" / DONE_FILE).exists()

@@ -106,6 +106,7 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         self._cond = threading.Condition()  # guards everything below
         self._in_flight: dict[int, StagedBatch] = {}  # buffer id -> batch sent to the child, not yet released
         self._outstanding = 0  # batches submitted and not yet released, failures not yet handed over
+        self._handed_over = 0  # batches whose message reached the socket whole
         self._acks: dict[int, bool] = {}
         self._next_token = 0
         self._dead = False
@@ -138,6 +139,14 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         """Batches the child has been sent and has not released."""
         with self._cond:
             return len(self._in_flight)
+
+    @property
+    def batches_handed_over(self) -> int:
+        """Batches whose message was sent to the child whole: from then on they are the child's to
+        write, and the parent's death does not take them (a batch only counted in flight may still
+        come back to be written here if the send fails)."""
+        with self._cond:
+            return self._handed_over
 
     @property
     def writing_in_process(self) -> bool:
@@ -203,6 +212,8 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
             self._write_here(job)
             return
         if self._send(wire.batch_message(bid, job.rows, job.row_bytes, job.meta_offset, job.batch_size, job.requests)):
+            with self._cond:
+                self._handed_over += 1
             return
         with self._cond:  # not handed over whole: unless the child's death took it already, write it here
             mine = self._in_flight.pop(bid, None) is not None
