@@ -107,10 +107,17 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="hsx-bench-", dir=args.shm))
     res: dict[str, object] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "hidden": args.hidden, "layers": args.layers, "tokens_per_forward": args.tokens,
-        "sglang_layers_to_capture": capture_at, "slots_per_token": len(capture_at) + 1,
-        "bytes_per_token": bytes_per_batch // args.tokens, "writer_threads": args.writer_threads,
-        "in_flight_gib": args.in_flight_gib, "slice_mib": args.slice_mib, "iters": args.iters,
+        "torch": torch.__version__,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "tokens_per_forward": args.tokens,
+        "sglang_layers_to_capture": capture_at,
+        "slots_per_token": len(capture_at) + 1,
+        "bytes_per_token": bytes_per_batch // args.tokens,
+        "writer_threads": args.writer_threads,
+        "in_flight_gib": args.in_flight_gib,
+        "slice_mib": args.slice_mib,
+        "iters": args.iters,
         "requests_per_forward": 1,
     }
 
@@ -132,15 +139,27 @@ def main() -> int:
         base = timed(lambda i: model(x, capture=False), args.iters)
 
         # 2. the project's capture
-        settings = CaptureSettings(rid_prefix="hsx", layers=layers, hidden_size=args.hidden, dtype="bfloat16",
-                                   final_hidden="post_norm", architecture="StandIn")
-        writer = CaptureWriter(root / "dump", settings, device=device,
-                               num_threads=args.writer_threads,
-                               max_bytes_in_flight=int(args.in_flight_gib * (1 << 30)),
-                               slice_bytes=int(args.slice_mib * (1 << 20)))
+        settings = CaptureSettings(
+            rid_prefix="hsx",
+            layers=layers,
+            hidden_size=args.hidden,
+            dtype="bfloat16",
+            final_hidden="post_norm",
+            architecture="StandIn",
+        )
+        writer = CaptureWriter(
+            root / "dump",
+            settings,
+            device=device,
+            num_threads=args.writer_threads,
+            max_bytes_in_flight=int(args.in_flight_gib * (1 << 30)),
+            slice_bytes=int(args.slice_mib * (1 << 20)),
+        )
         # A server fills its pinned pool on the first batches; do it before timing.
-        bufs = [writer.pool.acquire(bytes_per_batch + 16 * args.tokens) for _ in range(
-            max(1, min(4, int(args.in_flight_gib * (1 << 30)) // (bytes_per_batch + 1))))]
+        bufs = [
+            writer.pool.acquire(bytes_per_batch + 16 * args.tokens)
+            for _ in range(max(1, min(4, int(args.in_flight_gib * (1 << 30)) // (bytes_per_batch + 1))))
+        ]
         for b in bufs:
             writer.pool.release(b)
         # The staged bytes must be the device's bytes: check one batch before timing.
@@ -150,7 +169,8 @@ def main() -> int:
         staged = read_states(root / "dump" / "hsx-00000000-0")
         expect = torch.cat([packed.view(args.tokens, -1, args.hidden), final.view(args.tokens, 1, args.hidden)], 1)
         res["staged_rows_equal_device_rows"] = bool(torch.equal(staged.hidden, expect.cpu())) and bool(
-            torch.equal(staged.input_ids, input_ids.cpu()))
+            torch.equal(staged.input_ids, input_ids.cpu())
+        )
         del staged
         if not res["staged_rows_equal_device_rows"]:
             print("ERROR: staged rows differ from the device rows", file=sys.stderr)
@@ -178,10 +198,14 @@ def main() -> int:
         wall = time.perf_counter() - t0
         written = writer.bytes_written - w0
         res.update(
-            base_tok_s=base, capture_tok_s=cap, ratio=cap / base,
+            base_tok_s=base,
+            capture_tok_s=cap,
+            ratio=cap / base,
             written_GBps=written / wall / 1e9 if wall else 0.0,
-            capture_blocked_s=writer.pool.blocked_seconds, capture_blocked_count=writer.pool.blocked_count,
-            requests_done=writer.requests_done, write_errors=writer.write_errors,
+            capture_blocked_s=writer.pool.blocked_seconds,
+            capture_blocked_count=writer.pool.blocked_count,
+            requests_done=writer.requests_done,
+            write_errors=writer.write_errors,
         )
         writer.close()
         stop.set()

@@ -90,24 +90,66 @@ def server_args(env: gpu_env.GpuEnv) -> tuple[str, ...]:
         return ("--chunked-prefill-size", "512", "--max-total-tokens", "8192", "--max-running-requests", "16")
     # Two 8B servers share one GPU: a capped KV pool (131072 tokens, 16 GiB) each, and a high static
     # fraction so SGLang's headroom (the rest of the memory it found free at start) stays small.
-    return ("--chunked-prefill-size", "8192", "--max-total-tokens", "131072", "--max-running-requests", "256",
-            "--mem-fraction-static", "0.9", "--cuda-graph-max-bs-decode", "8")
+    return (
+        "--chunked-prefill-size",
+        "8192",
+        "--max-total-tokens",
+        "131072",
+        "--max-running-requests",
+        "256",
+        "--mem-fraction-static",
+        "0.9",
+        "--cuda-graph-max-bs-decode",
+        "8",
+    )
 
 
-def start_pair(model: Path, env: gpu_env.GpuEnv, work: Path, gpu: int, port: int,
-               writer_threads: int = 0, writer_process: bool = WRITER_PROCESS_DEFAULT,
-               other_writer_server: bool = False) -> dict[str, ServerHandle]:
+def start_pair(
+    model: Path,
+    env: gpu_env.GpuEnv,
+    work: Path,
+    gpu: int,
+    port: int,
+    writer_threads: int = 0,
+    writer_process: bool = WRITER_PROCESS_DEFAULT,
+    other_writer_server: bool = False,
+) -> dict[str, ServerHandle]:
     """Start the plain and the capture server on ``gpu`` (no wait); with ``other_writer_server``,
     a second capture server too, whose capture writes the other way (in-process if ``writer_process``,
     else from a child process)."""
     args = server_args(env)
-    servers = {"plain": start(ServerSpec("bench-plain", model, port, (gpu,), False, args), env, work),
-               "capture": start(ServerSpec("bench-capture", model, port + 1, (gpu,), True, args,
-                                           writer_threads=writer_threads, writer_process=writer_process), env, work)}
+    servers = {
+        "plain": start(ServerSpec("bench-plain", model, port, (gpu,), False, args), env, work),
+        "capture": start(
+            ServerSpec(
+                "bench-capture",
+                model,
+                port + 1,
+                (gpu,),
+                True,
+                args,
+                writer_threads=writer_threads,
+                writer_process=writer_process,
+            ),
+            env,
+            work,
+        ),
+    }
     if other_writer_server:
-        servers[OTHER_WRITER] = start(ServerSpec("bench-capture-other-writer", model, port + 2, (gpu,), True, args,
-                                                 writer_threads=writer_threads, writer_process=not writer_process),
-                                      env, work)
+        servers[OTHER_WRITER] = start(
+            ServerSpec(
+                "bench-capture-other-writer",
+                model,
+                port + 2,
+                (gpu,),
+                True,
+                args,
+                writer_threads=writer_threads,
+                writer_process=not writer_process,
+            ),
+            env,
+            work,
+        )
     return servers
 
 
@@ -170,8 +212,9 @@ class StagingCounter:
         except Exception:
             return False
         index = int(d.name.rsplit("-", 1)[1])
-        return (states.input_ids.tolist() == self.prompts[index]
-                and marker.fingerprint == fingerprint.of_states(states.hidden, states.input_ids))
+        return states.input_ids.tolist() == self.prompts[index] and marker.fingerprint == fingerprint.of_states(
+            states.hidden, states.input_ids
+        )
 
     def _read(self) -> None:
         with self._shared.get_lock():
@@ -202,9 +245,13 @@ async def _send(url: str, run_id: str, prompts: list[list[int]], in_flight: int,
     sem = asyncio.Semaphore(in_flight)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+
         async def one(i: int, ids: list[int]) -> None:
-            body = {"input_ids": ids, "rid": f"{rid_prefix}-{run_id}-{i}",
-                    "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+            body = {
+                "input_ids": ids,
+                "rid": f"{rid_prefix}-{run_id}-{i}",
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            }
             async with sem, session.post(f"{url}/generate", json=body) as r:
                 if r.status != 200:
                     raise RuntimeError(f"{url} answered {r.status}: {(await r.text())[:500]}")
@@ -220,8 +267,10 @@ def make_prompts(case: Case, n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(10, 300) for _ in range(case.prompt_tokens)] for _ in range(n)]
 
 
-PREFILL_LINE = re.compile(r"Prefill batch.*?#new-seq: (\d+), #new-token: (\d+),.*?#running-req: (\d+), "
-                          r"#queue-req: (\d+),.*?input throughput \(token/s\): ([\d.]+)")
+PREFILL_LINE = re.compile(
+    r"Prefill batch.*?#new-seq: (\d+), #new-token: (\d+),.*?#running-req: (\d+), "
+    r"#queue-req: (\d+),.*?input throughput \(token/s\): ([\d.]+)"
+)
 
 
 def scheduler_stats(log_text: str) -> dict:
@@ -232,17 +281,26 @@ def scheduler_stats(log_text: str) -> dict:
     gaps_ms = sorted(1000 * tok / thr for _, tok, _, _, thr in rows if thr > 0)
     if not rows:
         return {"batches": 0}
-    return {"batches": len(rows), "median_new_seq": statistics.median(r[0] for r in rows),
-            "median_queue_req": statistics.median(r[3] for r in rows),
-            "empty_queue_share": round(sum(r[3] == 0 for r in rows) / len(rows), 3),
-            "median_gap_ms": round(statistics.median(gaps_ms), 1) if gaps_ms else None,
-            "p90_gap_ms": round(gaps_ms[int(0.9 * (len(gaps_ms) - 1))], 1) if gaps_ms else None,
-            "max_gap_ms": round(gaps_ms[-1], 1) if gaps_ms else None,
-            "sum_gap_s": round(sum(gaps_ms) / 1000, 3)}
+    return {
+        "batches": len(rows),
+        "median_new_seq": statistics.median(r[0] for r in rows),
+        "median_queue_req": statistics.median(r[3] for r in rows),
+        "empty_queue_share": round(sum(r[3] == 0 for r in rows) / len(rows), 3),
+        "median_gap_ms": round(statistics.median(gaps_ms), 1) if gaps_ms else None,
+        "p90_gap_ms": round(gaps_ms[int(0.9 * (len(gaps_ms) - 1))], 1) if gaps_ms else None,
+        "max_gap_ms": round(gaps_ms[-1], 1) if gaps_ms else None,
+        "sum_gap_s": round(sum(gaps_ms) / 1000, 3),
+    }
 
 
-def run_round(server: ServerHandle, case: Case, prompts: list[list[int]], capture: bool,
-              remove_during_round: bool = True, rid_prefix: str = "hsx") -> dict:
+def run_round(
+    server: ServerHandle,
+    case: Case,
+    prompts: list[list[int]],
+    capture: bool,
+    remove_during_round: bool = True,
+    rid_prefix: str = "hsx",
+) -> dict:
     """One timed round on one server; with the capture, the staged dumps counted (and removed during
     the round as the drain would, or, with ``remove_during_round`` False, only after it). Rids outside
     the capture's prefix (``rid_prefix``) are served but never captured."""
@@ -252,8 +310,12 @@ def run_round(server: ServerHandle, case: Case, prompts: list[list[int]], captur
         counter.start()
     log_from = server.log_path.stat().st_size
     wall = asyncio.run(_send(server.url, run_id, prompts, case.in_flight, rid_prefix))
-    out = {"requests": len(prompts), "tokens": len(prompts) * case.prompt_tokens, "wall_s": round(wall, 3),
-           "tokens_per_s": round(len(prompts) * case.prompt_tokens / wall, 1)}
+    out = {
+        "requests": len(prompts),
+        "tokens": len(prompts) * case.prompt_tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(len(prompts) * case.prompt_tokens / wall, 1),
+    }
     with open(server.log_path, "rb") as f:
         f.seek(log_from)
         out["scheduler"] = scheduler_stats(f.read().decode(errors="replace"))
@@ -262,17 +324,25 @@ def run_round(server: ServerHandle, case: Case, prompts: list[list[int]], captur
         counter.wait_for(len(prompts))
         if not remove_during_round:
             counter.remove_all()
-        out.update(complete_dumps=counter.complete, failure_markers=counter.failed, wrong_dumps=counter.wrong,
-                   staged_gb=round(counter.staged_bytes / 1e9, 3),
-                   staged_gb_per_s=round(counter.staged_bytes / 1e9 / wall, 3),
-                   staging_lag_s=round(max(0.0, counter.last_seen - replied), 3))
+        out.update(
+            complete_dumps=counter.complete,
+            failure_markers=counter.failed,
+            wrong_dumps=counter.wrong,
+            staged_gb=round(counter.staged_bytes / 1e9, 3),
+            staged_gb_per_s=round(counter.staged_bytes / 1e9 / wall, 3),
+            staging_lag_s=round(max(0.0, counter.last_seen - replied), 3),
+        )
     return out
 
 
 def _spread(values: list[float]) -> dict:
     med = statistics.median(values)
-    return {"median": round(med, 1), "min": round(min(values), 1), "max": round(max(values), 1),
-            "spread_pct": round(100 * (max(values) - min(values)) / med, 2)}
+    return {
+        "median": round(med, 1),
+        "min": round(min(values), 1),
+        "max": round(max(values), 1),
+        "spread_pct": round(100 * (max(values) - min(values)) / med, 2),
+    }
 
 
 SIDES = ("plain", "capture")
@@ -301,13 +371,24 @@ def round_order(sides: tuple[str, ...], r: int) -> tuple[str, ...]:
     return sides[k:] + sides[:k]
 
 
-def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: int, deadline: float,
-            say=print, kept_side: bool = False, uncaptured_side: bool = False) -> dict:
+def measure(
+    servers: dict[str, ServerHandle],
+    cases: tuple[Case, ...],
+    rounds: int,
+    deadline: float,
+    say=print,
+    kept_side: bool = False,
+    uncaptured_side: bool = False,
+) -> dict:
     """Warm both servers up per case, then alternate timed rounds; fewer requests per round where
     the deadline (time.monotonic) would otherwise be passed. Returns the JSON-ready result."""
     results = []
-    sides = (SIDES + ((KEPT,) if kept_side else ()) + ((UNCAPTURED,) if uncaptured_side else ())
-             + ((OTHER_WRITER,) if OTHER_WRITER in servers else ()))
+    sides = (
+        SIDES
+        + ((KEPT,) if kept_side else ())
+        + ((UNCAPTURED,) if uncaptured_side else ())
+        + ((OTHER_WRITER,) if OTHER_WRITER in servers else ())
+    )
     for n, case in enumerate(cases):
         warm = make_prompts(case, min(case.requests, max(2 * case.in_flight, 64)), seed=10_000 + n)
         speeds = []
@@ -323,9 +404,14 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
         for r in range(rounds):
             prompts = make_prompts(case, requests, seed=r)
             for side in round_order(sides, r):
-                res = run_round(servers[server_of(side)], case, prompts, side in CAPTURED_SIDES,
-                                remove_during_round=side != KEPT,
-                                rid_prefix="uncaptured" if side == UNCAPTURED else "hsx")
+                res = run_round(
+                    servers[server_of(side)],
+                    case,
+                    prompts,
+                    side in CAPTURED_SIDES,
+                    remove_during_round=side != KEPT,
+                    rid_prefix="uncaptured" if side == UNCAPTURED else "hsx",
+                )
                 rows[side].append(res)
                 say(f"round {r} {case.name} {side}: {res}")
         plain = [x["tokens_per_s"] for x in rows["plain"]]
@@ -334,16 +420,24 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
         captured = [x for side in sides if side in CAPTURED_SIDES for x in rows[side]]
         dumps_ok = all(x["complete_dumps"] == x["requests"] and x["failure_markers"] == 0 for x in captured)
         result = {
-            "case": case.name, "prompt_tokens": case.prompt_tokens, "in_flight": case.in_flight,
-            "requests_per_round": requests, "rounds": rounds,
-            "plain_tokens_per_s": _spread(plain), "capture_tokens_per_s": _spread(capture),
+            "case": case.name,
+            "prompt_tokens": case.prompt_tokens,
+            "in_flight": case.in_flight,
+            "requests_per_round": requests,
+            "rounds": rounds,
+            "plain_tokens_per_s": _spread(plain),
+            "capture_tokens_per_s": _spread(capture),
             "ratio_of_medians": round(statistics.median(capture) / statistics.median(plain), 4),
-            "ratio_per_round_pair": {"median": round(statistics.median(pairs), 4), "min": round(min(pairs), 4),
-                                     "max": round(max(pairs), 4)},
+            "ratio_per_round_pair": {
+                "median": round(statistics.median(pairs), 4),
+                "min": round(min(pairs), 4),
+                "max": round(max(pairs), 4),
+            },
             "staged_gb_per_s_median": statistics.median(x["staged_gb_per_s"] for x in rows["capture"]),
             "complete_dumps_equal_requests": dumps_ok,
-            "scheduler_median_gap_ms": {side: statistics.median(x["scheduler"].get("median_gap_ms") or 0
-                                                                for x in rows[side]) for side in sides},
+            "scheduler_median_gap_ms": {
+                side: statistics.median(x["scheduler"].get("median_gap_ms") or 0 for x in rows[side]) for side in sides
+            },
             "per_round": rows,
         }
         if kept_side:
@@ -357,28 +451,38 @@ def measure(servers: dict[str, ServerHandle], cases: tuple[Case, ...], rounds: i
             result["ratio_other_writer_of_medians"] = round(statistics.median(other) / statistics.median(plain), 4)
             result["other_writer_over_capture"] = {
                 "of_medians": round(statistics.median(other) / statistics.median(capture), 4),
-                "round_pairs": {"median": round(statistics.median(other_pairs), 4),
-                                "min": round(min(other_pairs), 4), "max": round(max(other_pairs), 4)}}
+                "round_pairs": {
+                    "median": round(statistics.median(other_pairs), 4),
+                    "min": round(min(other_pairs), 4),
+                    "max": round(max(other_pairs), 4),
+                },
+            }
         if uncaptured_side:
             same = [x["tokens_per_s"] for x in rows[UNCAPTURED]]
             same_pairs = [c / u for c, u in zip(capture, same, strict=True)]
             result["capture_server_uncaptured_tokens_per_s"] = _spread(same)
             result["ratio_to_uncaptured_of_medians"] = round(statistics.median(capture) / statistics.median(same), 4)
             result["ratio_to_uncaptured_per_round_pair"] = {
-                "median": round(statistics.median(same_pairs), 4), "min": round(min(same_pairs), 4),
-                "max": round(max(same_pairs), 4)}
+                "median": round(statistics.median(same_pairs), 4),
+                "min": round(min(same_pairs), 4),
+                "max": round(max(same_pairs), 4),
+            }
         results.append(result)
     log = servers["capture"].log_path.read_text(errors="replace")
     lost = [line for line in log.splitlines() if any(p in line for p in LOSS_PATTERNS)]
-    return {"cases": results, "capture_log_lines_about_lost_rows": len(lost),
-            "capture_blocked_log_lines": log.count("capture blocked"),
-            "ok": not lost and all(c["complete_dumps_equal_requests"] for c in results)}
+    return {
+        "cases": results,
+        "capture_log_lines_about_lost_rows": len(lost),
+        "capture_blocked_log_lines": log.count("capture blocked"),
+        "ok": not lost and all(c["complete_dumps_equal_requests"] for c in results),
+    }
 
 
 def nvidia_smi_names() -> list[str]:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout
     except OSError:
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
@@ -396,46 +500,84 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=30300)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hsx-gpu-bench"))
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "capture_server_gpu.json")
-    ap.add_argument("--capture-writer-threads", type=int, default=0,
-                    help="the capture server's writer threads (default: the capture's own, 8 on a GPU)")
-    ap.add_argument("--capture-in-process-writer", action="store_true",
-                    help="the capture server writes from threads of SGLang's scheduler process, not from a child "
-                         "process (writer_process, the default)")
-    ap.add_argument("--other-writer-side", action="store_true",
-                    help="also time a second capture server whose capture writes the other way")
-    ap.add_argument("--uncaptured-side", action="store_true",
-                    help="also time the capture server with rids outside its prefix (same process, no capture)")
-    ap.add_argument("--kept-side", action="store_true",
-                    help="also time capture rounds whose dumps are removed only after the round")
+    ap.add_argument(
+        "--capture-writer-threads",
+        type=int,
+        default=0,
+        help="the capture server's writer threads (default: the capture's own, 8 on a GPU)",
+    )
+    ap.add_argument(
+        "--capture-in-process-writer",
+        action="store_true",
+        help="the capture server writes from threads of SGLang's scheduler process, not from a child "
+        "process (writer_process, the default)",
+    )
+    ap.add_argument(
+        "--other-writer-side",
+        action="store_true",
+        help="also time a second capture server whose capture writes the other way",
+    )
+    ap.add_argument(
+        "--uncaptured-side",
+        action="store_true",
+        help="also time the capture server with rids outside its prefix (same process, no capture)",
+    )
+    ap.add_argument(
+        "--kept-side", action="store_true", help="also time capture rounds whose dumps are removed only after the round"
+    )
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget_s
     args.work.mkdir(parents=True, exist_ok=True)
-    env = (gpu_env.install(args.bundle, Path("/tmp/hsx-gpu-site"), args.work / "install.log") if args.device == "cuda"
-           else gpu_env.cpu_env())
+    env = (
+        gpu_env.install(args.bundle, Path("/tmp/hsx-gpu-site"), args.work / "install.log")
+        if args.device == "cuda"
+        else gpu_env.cpu_env()
+    )
     model = args.model or prepare_model(env, args.work, args.gpu)
-    servers = start_pair(model, env, args.work, args.gpu, args.port, args.capture_writer_threads,
-                         not args.capture_in_process_writer, args.other_writer_side)
+    servers = start_pair(
+        model,
+        env,
+        args.work,
+        args.gpu,
+        args.port,
+        args.capture_writer_threads,
+        not args.capture_in_process_writer,
+        args.other_writer_side,
+    )
     try:
         for s in servers.values():
             wait_healthy(s, 600)
-        result = measure(servers, tuple(args.case or (GPU_CASES if env.cuda else CPU_CASES)), args.rounds, deadline,
-                         kept_side=args.kept_side, uncaptured_side=args.uncaptured_side)
+        result = measure(
+            servers,
+            tuple(args.case or (GPU_CASES if env.cuda else CPU_CASES)),
+            args.rounds,
+            deadline,
+            kept_side=args.kept_side,
+            uncaptured_side=args.uncaptured_side,
+        )
     finally:
         for s in servers.values():
             s.stop()
-    result.update(describe(env, model), capture_writer_threads=args.capture_writer_threads or "default",
-                  capture_writer_process=not args.capture_in_process_writer)
+    result.update(
+        describe(env, model),
+        capture_writer_threads=args.capture_writer_threads or "default",
+        capture_writer_process=not args.capture_in_process_writer,
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for c in result["cases"]:
         kept = f", kept until the round ends {c['ratio_kept_of_medians']:.3f}" if "ratio_kept_of_medians" in c else ""
         if "ratio_other_writer_of_medians" in c:
-            kept += (f"; other writer / plain = {c['ratio_other_writer_of_medians']:.3f}, / capture "
-                     f"{c['other_writer_over_capture']['of_medians']:.3f}")
+            kept += (
+                f"; other writer / plain = {c['ratio_other_writer_of_medians']:.3f}, / capture "
+                f"{c['other_writer_over_capture']['of_medians']:.3f}"
+            )
         if "ratio_to_uncaptured_of_medians" in c:
             kept += f"; capture / same server uncaptured = {c['ratio_to_uncaptured_of_medians']:.3f}"
-        print(f"{c['case']}: capture / plain = {c['ratio_of_medians']:.3f}{kept}; scheduler's median gap between "
-              f"prefill batches (ms): {c['scheduler_median_gap_ms']}")
+        print(
+            f"{c['case']}: capture / plain = {c['ratio_of_medians']:.3f}{kept}; scheduler's median gap between "
+            f"prefill batches (ms): {c['scheduler_median_gap_ms']}"
+        )
     return 0 if result["ok"] else 1
 
 
@@ -448,9 +590,11 @@ def prepare_model(env: gpu_env.GpuEnv, work: Path, gpu: int = 0) -> Path:
         return tiny
     big = work / "models" / "llama8b"
     if not (big / "hsextract-llama8b.json").is_file():
-        subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "gen_llama8b.py"), str(big),
-                        "--tokenizer-from", str(tiny)], check=True,
-                       env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)})
+        subprocess.run(
+            [sys.executable, str(REPO / "bench" / "gpu" / "gen_llama8b.py"), str(big), "--tokenizer-from", str(tiny)],
+            check=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)},
+        )
     return big
 
 
@@ -459,8 +603,9 @@ def describe(env: gpu_env.GpuEnv, model: Path) -> dict:
     return {
         "benchmark": "capture_server_gpu",
         "what": "SGLang 0.5.23 prefill-only requests, plain server vs capture server (same flags, same GPU), "
-                f"{cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, random bf16 weights",
-        "device": env.device, "gpus": nvidia_smi_names() if env.cuda else [],
+        f"{cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, random bf16 weights",
+        "device": env.device,
+        "gpus": nvidia_smi_names() if env.cuda else [],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -89,10 +89,14 @@ def one_round(side: str, dump_root: str, a: argparse.Namespace) -> dict:
     cpu1, child1 = os.times(), _cpu_of(child)
     if writer:
         writer.close()
-    return {"work_s": work, "wall_s": time.perf_counter() - start,
-            "user_s": cpu1.user - cpu0.user + child1[0] - child0[0],
-            "sys_s": cpu1.system - cpu0.system + child1[1] - child0[1],
-            "requests_done": done, "requests": a.batches * b if writer else 0}
+    return {
+        "work_s": work,
+        "wall_s": time.perf_counter() - start,
+        "user_s": cpu1.user - cpu0.user + child1[0] - child0[0],
+        "sys_s": cpu1.system - cpu0.system + child1[1] - child0[1],
+        "requests_done": done,
+        "requests": a.batches * b if writer else 0,
+    }
 
 
 def _cpu_of(pid: int | None) -> tuple[float, float]:
@@ -106,17 +110,35 @@ def _cpu_of(pid: int | None) -> tuple[float, float]:
 
 def package_of(rev: str, into: Path) -> Path:
     """files/python of revision ``rev``, extracted under ``into``."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "files/python"], check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "files/python"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into / "files" / "python"
 
 
 def run_side(side: str, package: Path, dump_root: Path, args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(package), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--_round", side, "--_dump", str(dump_root), "--hidden", str(args.hidden),
-           "--tokens", str(args.tokens), "--per-batch", str(args.per_batch), "--batches", str(args.batches),
-           "--work", str(args.work), "--gpu-ms", str(args.gpu_ms)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--_round",
+        side,
+        "--_dump",
+        str(dump_root),
+        "--hidden",
+        str(args.hidden),
+        "--tokens",
+        str(args.tokens),
+        "--per-batch",
+        str(args.per_batch),
+        "--batches",
+        str(args.batches),
+        "--work",
+        str(args.work),
+        "--gpu-ms",
+        str(args.gpu_ms),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise SystemExit(f"round of {side} failed:\n{done.stderr[-3000:]}")
@@ -126,8 +148,11 @@ def run_side(side: str, package: Path, dump_root: Path, args: argparse.Namespace
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compare-with", metavar="REV", help="also measure the writer of this git revision")
-    ap.add_argument("--writer-process", action="store_true",
-                    help="also measure this tree's writer in a child process (writer_process)")
+    ap.add_argument(
+        "--writer-process",
+        action="store_true",
+        help="also measure this tree's writer in a child process (writer_process)",
+    )
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=128, help="prompt tokens per request")
@@ -150,12 +175,20 @@ def main() -> int:
         sides["capture-process"] = REPO / "files" / "python"
     if args.compare_with:
         sides[f"capture@{args.compare_with}"] = package_of(args.compare_with, tmp)
-    drain = subprocess.Popen([sys.executable, "-c", (
-        "import os, shutil, sys, time\nr = sys.argv[1]\nwhile True:\n"
-        "    for n in os.listdir(r):\n"
-        "        if os.path.exists(os.path.join(r, n, 'done.json')):\n"
-        "            shutil.rmtree(os.path.join(r, n), ignore_errors=True)\n"
-        "    time.sleep(0.01)\n"), str(dump_root)])
+    drain = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, shutil, sys, time\nr = sys.argv[1]\nwhile True:\n"
+                "    for n in os.listdir(r):\n"
+                "        if os.path.exists(os.path.join(r, n, 'done.json')):\n"
+                "            shutil.rmtree(os.path.join(r, n), ignore_errors=True)\n"
+                "    time.sleep(0.01)\n"
+            ),
+            str(dump_root),
+        ]
+    )
     rounds: dict[str, list[dict]] = {s: [] for s in sides}
     try:
         names = list(sides)
@@ -171,21 +204,33 @@ def main() -> int:
     plain_work = statistics.median(x["work_s"] for x in rounds["plain"])
     plain_user = statistics.median(x["user_s"] for x in rounds["plain"])
     plain_sys = statistics.median(x["sys_s"] for x in rounds["plain"])
-    result: dict = {"benchmark": "capture_writer_cpu", "rounds": args.rounds, "hidden": args.hidden,
-                    "tokens_per_request": args.tokens, "requests_per_batch": args.per_batch, "sides": {}}
+    result: dict = {
+        "benchmark": "capture_writer_cpu",
+        "rounds": args.rounds,
+        "hidden": args.hidden,
+        "tokens_per_request": args.tokens,
+        "requests_per_batch": args.per_batch,
+        "sides": {},
+    }
     for side, rows in rounds.items():
         n = rows[0]["requests"]
         if n and any(x["requests_done"] != n for x in rows):
             raise SystemExit(f"{side}: a round staged fewer requests than it submitted: {rows}")
         work = statistics.median(x["work_s"] for x in rows)
         result["sides"][side] = {
-            "scheduler_work_s": round(work, 4), "scheduler_speed_vs_plain": round(plain_work / work, 3),
-            "cpu_us_per_request": None if not n else {
+            "scheduler_work_s": round(work, 4),
+            "scheduler_speed_vs_plain": round(plain_work / work, 3),
+            "cpu_us_per_request": None
+            if not n
+            else {
                 "user": round((statistics.median(x["user_s"] for x in rows) - plain_user) / n * 1e6),
-                "system": round((statistics.median(x["sys_s"] for x in rows) - plain_sys) / n * 1e6)},
+                "system": round((statistics.median(x["sys_s"] for x in rows) - plain_sys) / n * 1e6),
+            },
         }
-        print(f"{side:24s} scheduler work {work:.3f} s ({plain_work / work:.3f} of plain)"
-              + (f", CPU per request: {result['sides'][side]['cpu_us_per_request']} us" if n else ""))
+        print(
+            f"{side:24s} scheduler work {work:.3f} s ({plain_work / work:.3f} of plain)"
+            + (f", CPU per request: {result['sides'][side]['cpu_us_per_request']} us" if n else "")
+        )
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result["machine"] = machine_info()
     if args.json:

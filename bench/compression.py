@@ -89,24 +89,35 @@ def measure(raw: bytes) -> dict[str, dict[str, float]]:
         comp, tc = timed(lambda c=c: c.compress(raw))
         back, td = timed(lambda d=d, comp=comp: d.decompress(comp))
         assert back == raw
-        res[f"zstd-{level}"] = {"saved_pct": 100 * (1 - len(comp) / len(raw)), "compress_mb_s": mb / tc,
-                                "decompress_mb_s": mb / td}
+        res[f"zstd-{level}"] = {
+            "saved_pct": 100 * (1 - len(comp) / len(raw)),
+            "compress_mb_s": mb / tc,
+            "decompress_mb_s": mb / td,
+        }
+
         def planes(c=c):
             hi, lo = split_planes(raw)
             return c.compress(hi), c.compress(lo)
+
         (chi, clo), tc = timed(planes)
         back, td = timed(lambda d=d, chi=chi, clo=clo: join_planes(d.decompress(chi), d.decompress(clo)))
         assert back == raw
-        res[f"planes+zstd-{level}"] = {"saved_pct": 100 * (1 - (len(chi) + len(clo)) / len(raw)),
-                                      "compress_mb_s": mb / tc, "decompress_mb_s": mb / td,
-                                      "high_plane_saved_pct": 100 * (1 - 2 * len(chi) / len(raw)),
-                                      "low_plane_saved_pct": 100 * (1 - 2 * len(clo) / len(raw))}
+        res[f"planes+zstd-{level}"] = {
+            "saved_pct": 100 * (1 - (len(chi) + len(clo)) / len(raw)),
+            "compress_mb_s": mb / tc,
+            "decompress_mb_s": mb / td,
+            "high_plane_saved_pct": 100 * (1 - 2 * len(chi) / len(raw)),
+            "low_plane_saved_pct": 100 * (1 - 2 * len(clo) / len(raw)),
+        }
     for level in (1, 6):
         comp, tc = timed(lambda level=level: gzip.compress(raw, level), repeat=1)
         back, td = timed(lambda comp=comp: gzip.decompress(comp), repeat=1)
         assert back == raw
-        res[f"gzip-{level}"] = {"saved_pct": 100 * (1 - len(comp) / len(raw)), "compress_mb_s": mb / tc,
-                                "decompress_mb_s": mb / td}
+        res[f"gzip-{level}"] = {
+            "saved_pct": 100 * (1 - len(comp) / len(raw)),
+            "compress_mb_s": mb / tc,
+            "decompress_mb_s": mb / td,
+        }
     return {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in res.items()}
 
 
@@ -125,12 +136,19 @@ def main() -> int:
     for name, raw in sources.items():
         results[name] = measure(raw)
         for method, r in results[name].items():
-            print(f"{name:17s} {method:15s} saved {r['saved_pct']:5.1f} %  compress {r['compress_mb_s']:7.1f} MB/s  "
-                  f"decompress {r['decompress_mb_s']:7.1f} MB/s")
+            print(
+                f"{name:17s} {method:15s} saved {r['saved_pct']:5.1f} %  compress {r['compress_mb_s']:7.1f} MB/s  "
+                f"decompress {r['decompress_mb_s']:7.1f} MB/s"
+            )
     best = max(r["planes+zstd-3"]["saved_pct"] for n, r in results.items() if n != "gaussian-control")
-    report = {"what": "lossless compression of captured bf16 rows [T, 4, 64]; single thread", "tokens": a.tokens,
-              "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0], "results": results,
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report = {
+        "what": "lossless compression of captured bf16 rows [T, 4, 64]; single thread",
+        "tokens": a.tokens,
+        "cpus": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+        "results": results,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
     print(f"best byte-plane zstd saving on captured states: {best:.1f} %")

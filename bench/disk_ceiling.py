@@ -32,10 +32,19 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="where to write the result")
     a = ap.parse_args()
     sizes = [int(float(x) * 1e6) for x in a.sizes_mb.split(",")]
-    ceiling = measure(a.dir, sizes, [int(x) for x in a.writers.split(",")], seconds_per_point=a.seconds,
-                      bytes_per_point=int(a.gb * 1e9))
-    result = {"benchmark": "disk_ceiling", **ceiling.as_dict(), "machine": machine_info(),
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    ceiling = measure(
+        a.dir,
+        sizes,
+        [int(x) for x in a.writers.split(",")],
+        seconds_per_point=a.seconds,
+        bytes_per_point=int(a.gb * 1e9),
+    )
+    result = {
+        "benchmark": "disk_ceiling",
+        **ceiling.as_dict(),
+        "machine": machine_info(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -64,13 +64,19 @@ print(json.dumps(out))
 def fingerprints(package: Path, dump: Path) -> dict[str, str]:
     """Every staged dump's fingerprint as `package`'s version of the capture writes it (its definition
     may differ from this checkout's)."""
-    done = subprocess.run([sys.executable, "-c", _STAMP, str(dump)], env={**os.environ, "PYTHONPATH": str(package)},
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _STAMP, str(dump)],
+        env={**os.environ, "PYTHONPATH": str(package)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps: dict[str, str],
-             args: argparse.Namespace) -> dict:
+def one_side(
+    package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps: dict[str, str], args: argparse.Namespace
+) -> dict:
     """Start the drain of `package`, feed it the staged dumps once it is up, wait for its exit."""
     dump, incoming = shm / "dump", shm / "incoming"
     shutil.copytree(master / "dump", incoming)
@@ -85,8 +91,23 @@ def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps
     shutil.copy(master / "run" / "run.json", out / "run.json")
     log = out.parent / f"{out.name}.log"
     env = {**os.environ, "PYTHONPATH": str(package), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "hsextract", "drain", "--dump-dir", str(dump), "--output", str(out), "--format", fmt,
-           "--exit-when-done", "--finalize-idle", "3600", "--worker-mode", args.worker_mode]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hsextract",
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(out),
+        "--format",
+        fmt,
+        "--exit-when-done",
+        "--finalize-idle",
+        "3600",
+        "--worker-mode",
+        args.worker_mode,
+    ]
     if args.workers:
         cmd += ["--workers", str(args.workers)]
     started = time.time()
@@ -123,17 +144,23 @@ def one_side(package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps
     first_s = min(args.first_s, end / 2)
     first = sum(e.bytes for e in entries if e.written_at - fed <= first_s)
     shutil.rmtree(out, ignore_errors=True)
-    return {"start_to_up_s": round(fed - started, 2), "fed_to_last_commit_s": round(end, 3),
-            "gb_per_s": total / end / 1e9, "first_s": round(first_s, 2), "first_gb_per_s": first / first_s / 1e9,
-            "rest_gb_per_s": (total - first) / (end - first_s) / 1e9, "bytes": total,
-            # CPU seconds of the whole drain process (its workers too) per GB: what a busy shared
-            # machine disturbs least; start-up included.
-            "cpu_s_per_gb": cpu / (total / 1e9),
-            # The same from the feeding on: the drain's own work without its start (its process's
-            # threads and the children it reaped; worker processes still running at the feed count whole).
-            "cpu_s_per_gb_after_up": (cpu - cpu_up) / (total / 1e9),
-            # The machine's load when the side ended: a shared machine's other work shows here.
-            "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "start_to_up_s": round(fed - started, 2),
+        "fed_to_last_commit_s": round(end, 3),
+        "gb_per_s": total / end / 1e9,
+        "first_s": round(first_s, 2),
+        "first_gb_per_s": first / first_s / 1e9,
+        "rest_gb_per_s": (total - first) / (end - first_s) / 1e9,
+        "bytes": total,
+        # CPU seconds of the whole drain process (its workers too) per GB: what a busy shared
+        # machine disturbs least; start-up included.
+        "cpu_s_per_gb": cpu / (total / 1e9),
+        # The same from the feeding on: the drain's own work without its start (its process's
+        # threads and the children it reaped; worker processes still running at the feed count whole).
+        "cpu_s_per_gb_after_up": (cpu - cpu_up) / (total / 1e9),
+        # The machine's load when the side ended: a shared machine's other work shows here.
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def _process_cpu(pid: int) -> float:
@@ -150,8 +177,11 @@ def _children_cpu() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, required=True, help="the other version's package directory (files/python)")
-    ap.add_argument("--baseline-label", default="",
-                    help="what the baseline is, for the JSON (e.g. 'main at 4f9f950'); its path is not written there")
+    ap.add_argument(
+        "--baseline-label",
+        default="",
+        help="what the baseline is, for the JSON (e.g. 'main at 4f9f950'); its path is not written there",
+    )
     ap.add_argument("--gb", type=float, default=1.5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--formats", default="speculators,specforge")
@@ -177,15 +207,18 @@ def main() -> int:
         for fmt in args.formats.split(","):
             runs[fmt] = {name: [] for name in sides}
             for r in range(args.rounds):
-                for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-                    res = one_side(sides[name], shm / "master", shm, base / f"{fmt}-{name}-{r}", fmt,
-                                   stamps[name], args)
+                for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+                    res = one_side(
+                        sides[name], shm / "master", shm, base / f"{fmt}-{name}-{r}", fmt, stamps[name], args
+                    )
                     runs[fmt][name].append(res)
-                    print(f"  {fmt} round {r} {name:8s}: {res['gb_per_s']:.3f} GB/s (first {res['first_s']:.1f} s "
-                          f"{res['first_gb_per_s']:.3f}, rest {res['rest_gb_per_s']:.3f}); up in "
-                          f"{res['start_to_up_s']:.1f} s; {res['cpu_s_per_gb']:.2f} CPU-s/GB "
-                          f"({res['cpu_s_per_gb_after_up']:.2f} once up); load {res['loadavg']}",
-                          flush=True)
+                    print(
+                        f"  {fmt} round {r} {name:8s}: {res['gb_per_s']:.3f} GB/s (first {res['first_s']:.1f} s "
+                        f"{res['first_gb_per_s']:.3f}, rest {res['rest_gb_per_s']:.3f}); up in "
+                        f"{res['start_to_up_s']:.1f} s; {res['cpu_s_per_gb']:.2f} CPU-s/GB "
+                        f"({res['cpu_s_per_gb_after_up']:.2f} once up); load {res['loadavg']}",
+                        flush=True,
+                    )
         ceilings.append(measure(base / "ceiling", sizes, seconds_per_point=args.ceiling_seconds))
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -197,30 +230,43 @@ def main() -> int:
         med = {n: {k: statistics.median(x[k] for x in rs) for k in keys} for n, rs in by_side.items()}
         ratios = [t["gb_per_s"] / b["gb_per_s"] for t, b in zip(by_side["this"], by_side["baseline"], strict=True)]
         cpu = [t["cpu_s_per_gb"] / b["cpu_s_per_gb"] for t, b in zip(by_side["this"], by_side["baseline"], strict=True)]
-        cpu_up = [t["cpu_s_per_gb_after_up"] / b["cpu_s_per_gb_after_up"]
-                  for t, b in zip(by_side["this"], by_side["baseline"], strict=True)]
-        formats[fmt] = {"median": med, "this_over_baseline_by_round": [round(x, 3) for x in ratios],
-                        "cpu_per_gb_this_over_baseline": round(statistics.median(cpu), 3),
-                        "cpu_per_gb_after_up_this_over_baseline": round(statistics.median(cpu_up), 3),
-                        "this_over_baseline": round(statistics.median(ratios), 3),
-                        "over_ceiling": {n: round(m["gb_per_s"] / ceiling, 3) for n, m in med.items()},
-                        "first_over_rest": {n: round(m["first_gb_per_s"] / m["rest_gb_per_s"], 3)
-                                            for n, m in med.items()},
-                        "rounds": by_side}
-        print(f"{fmt}: this / baseline {formats[fmt]['this_over_baseline']:.3f}, CPU per GB "
-              f"{formats[fmt]['cpu_per_gb_this_over_baseline']:.3f} (once up "
-              f"{formats[fmt]['cpu_per_gb_after_up_this_over_baseline']:.3f}; by round "
-              f"{formats[fmt]['this_over_baseline_by_round']}); over the ceiling {formats[fmt]['over_ceiling']}; "
-              f"first seconds over the rest {formats[fmt]['first_over_rest']}")
+        cpu_up = [
+            t["cpu_s_per_gb_after_up"] / b["cpu_s_per_gb_after_up"]
+            for t, b in zip(by_side["this"], by_side["baseline"], strict=True)
+        ]
+        formats[fmt] = {
+            "median": med,
+            "this_over_baseline_by_round": [round(x, 3) for x in ratios],
+            "cpu_per_gb_this_over_baseline": round(statistics.median(cpu), 3),
+            "cpu_per_gb_after_up_this_over_baseline": round(statistics.median(cpu_up), 3),
+            "this_over_baseline": round(statistics.median(ratios), 3),
+            "over_ceiling": {n: round(m["gb_per_s"] / ceiling, 3) for n, m in med.items()},
+            "first_over_rest": {n: round(m["first_gb_per_s"] / m["rest_gb_per_s"], 3) for n, m in med.items()},
+            "rounds": by_side,
+        }
+        print(
+            f"{fmt}: this / baseline {formats[fmt]['this_over_baseline']:.3f}, CPU per GB "
+            f"{formats[fmt]['cpu_per_gb_this_over_baseline']:.3f} (once up "
+            f"{formats[fmt]['cpu_per_gb_after_up_this_over_baseline']:.3f}; by round "
+            f"{formats[fmt]['this_over_baseline_by_round']}); over the ceiling {formats[fmt]['over_ceiling']}; "
+            f"first seconds over the rest {formats[fmt]['first_over_rest']}"
+        )
     last = formats[list(formats)[-1]]["median"]["this"]
     # No path of this machine in the JSON: the baseline by its label, the output directory relative to the checkout.
     root = str(base.resolve().relative_to(REPO)) if base.resolve().is_relative_to(REPO) else base.name
-    result = {"benchmark": "drain_ab", "baseline": args.baseline_label or "<baseline>/files/python", "samples": samples,
-              "staged_bytes": nbytes, "worker_mode": args.worker_mode, "workers": args.workers,
-              **on_disk_keys(root, ceiling, last["gb_per_s"]),
-              "disk_ceiling": [{**c.as_dict(), "directory": f"{root}/ceiling"} for c in ceilings],
-              "formats": formats, "machine": machine_info(),
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result = {
+        "benchmark": "drain_ab",
+        "baseline": args.baseline_label or "<baseline>/files/python",
+        "samples": samples,
+        "staged_bytes": nbytes,
+        "worker_mode": args.worker_mode,
+        "workers": args.workers,
+        **on_disk_keys(root, ceiling, last["gb_per_s"]),
+        "disk_ceiling": [{**c.as_dict(), "directory": f"{root}/ceiling"} for c in ceilings],
+        "formats": formats,
+        "machine": machine_info(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -39,10 +39,40 @@ _STEPS: list[tuple[str, tuple[str, ...]]] = [
     ("write", ("posix.write", "posix_fadvise", "durable.py", "direct_write.py", "'writev'", "posix.writev")),
     ("fingerprint", ("fingerprint.py",)),
     ("finite/validate", ("validate.py", "aminmax", "'item'", "torch.equal", "isfinite")),
-    ("serialize", ("serialization.py", "pickle", "PyTorchFileWriter", "write_record", "zipfile", "torch_zip",
-                   "_save", "safetensors_header", "json", "persistent_id", "speculators.py", "zip.py")),
-    ("convert", ("copyto", "prepare.py", "base.py", "specforge.py", "clone", "'to'", "from_numpy", "frombuffer",
-                 "torch.tensor", "'view'", "numpy.empty", "'reshape'")),
+    (
+        "serialize",
+        (
+            "serialization.py",
+            "pickle",
+            "PyTorchFileWriter",
+            "write_record",
+            "zipfile",
+            "torch_zip",
+            "_save",
+            "safetensors_header",
+            "json",
+            "persistent_id",
+            "speculators.py",
+            "zip.py",
+        ),
+    ),
+    (
+        "convert",
+        (
+            "copyto",
+            "prepare.py",
+            "base.py",
+            "specforge.py",
+            "clone",
+            "'to'",
+            "from_numpy",
+            "frombuffer",
+            "torch.tensor",
+            "'view'",
+            "numpy.empty",
+            "'reshape'",
+        ),
+    ),
 ]
 
 
@@ -73,8 +103,7 @@ def profile_format(fmt_name: str, master: Path, scratch: Path, post_norm: bool) 
     expected = v.Expected(final_hidden=fmt.final_hidden)
     jobs = []
     for d in sorted(x for x in dump.iterdir() if x.name != "_records"):
-        jobs.append(p.Job(d, read_record(dump, d.name), expected, default_checksum_algorithm(),
-                          False, True))
+        jobs.append(p.Job(d, read_record(dump, d.name), expected, default_checksum_algorithm(), False, True))
     prof = cProfile.Profile(time.thread_time)
     written = 0
     process0, thread0 = time.process_time(), time.thread_time()
@@ -106,8 +135,12 @@ def one_pass(fmt: str, master: Path, scratch: Path, package: Path) -> tuple[dict
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(package.resolve()), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, __file__, "--one", fmt, "--master", str(master), "--scratch", str(scratch)],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--one", fmt, "--master", str(master), "--scratch", str(scratch)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"{fmt}: the pass failed:\n{done.stderr[-3000:]}")
     steps, written, top = json.loads(done.stdout.strip().splitlines()[-1])
@@ -131,8 +164,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--formats", default="specforge,speculators")
     ap.add_argument("--package", type=Path, default=REPO / "files" / "python", help="the files/python to profile")
-    ap.add_argument("--scratch", type=Path, default=REPO / ".work" / "bench-prepare-cpu",
-                    help="a directory on the disk")
+    ap.add_argument(
+        "--scratch", type=Path, default=REPO / ".work" / "bench-prepare-cpu", help="a directory on the disk"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     sys.path[:0] = [str(REPO / "bench")]
@@ -151,8 +185,11 @@ def main() -> int:
             keys = sorted({k for r in per_round for k in r})
             med = {k: round(statistics.median(r.get(k, 0.0) for r in per_round), 3) for k in keys}
             total = round(statistics.median(sum(r.values()) for r in per_round), 3)
-            result["formats"][fmt] = {"cpu_s_per_gb_by_step": med, "cpu_s_per_gb": total,
-                                      "top_functions_last_round": [(round(t, 3), s, n) for t, s, n in top]}
+            result["formats"][fmt] = {
+                "cpu_s_per_gb_by_step": med,
+                "cpu_s_per_gb": total,
+                "top_functions_last_round": [(round(t, 3), s, n) for t, s, n in top],
+            }
             print(f"{fmt}: {total:.3f} CPU-s/GB  " + "  ".join(f"{k} {x:.3f}" for k, x in med.items()), flush=True)
             for t, s, n in top:
                 print(f"    {t:7.3f} s  {s:16s} {n}")

@@ -85,8 +85,9 @@ class PublishClock:
         ObjectCommitter.start = self._start  # type: ignore[method-assign]
 
 
-def drain_round(master: Path, shm: Path, base: Path, weed: WeedServer, creds: Path, prefix: str,
-                uploads: int) -> tuple[float, float]:
+def drain_round(
+    master: Path, shm: Path, base: Path, weed: WeedServer, creds: Path, prefix: str, uploads: int
+) -> tuple[float, float]:
     """(seconds from the daemon up to its last published segment, seconds from its start)."""
     work = base / prefix
     work.mkdir(parents=True)
@@ -96,10 +97,22 @@ def drain_round(master: Path, shm: Path, base: Path, weed: WeedServer, creds: Pa
     dump = shm / "work"
     shutil.copytree(master / "dump", dump)
     try:
-        target = ObjectOutput(ObjectURL("bench", prefix), settings_from(weed.endpoint, "us-east-1", str(creds)),
-                              uploads=uploads, part_size=PART)
-        cfg = DrainConfig(dump_dir=dump, output=work, format="speculators", exit_when_done=True,
-                          finalize_idle_s=3600, status_interval_s=1.0, vocab_size=dt.VOCAB, object_store=target)
+        target = ObjectOutput(
+            ObjectURL("bench", prefix),
+            settings_from(weed.endpoint, "us-east-1", str(creds)),
+            uploads=uploads,
+            part_size=PART,
+        )
+        cfg = DrainConfig(
+            dump_dir=dump,
+            output=work,
+            format="speculators",
+            exit_when_done=True,
+            finalize_idle_s=3600,
+            status_interval_s=1.0,
+            vocab_size=dt.VOCAB,
+            object_store=target,
+        )
         with PublishClock() as clock:
             t0 = time.perf_counter()
             code = Drainer(cfg).run()
@@ -120,8 +133,7 @@ def boto3_round(master: Path, weed: WeedServer, prefix: str, uploads: int) -> fl
     files = sorted(master.glob("dump/*/states.safetensors"))
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=uploads) as pool:
-        list(pool.map(lambda p: client.upload_file(str(p), "bench", f"{prefix}/{p.parent.name}", Config=config),
-                      files))
+        list(pool.map(lambda p: client.upload_file(str(p), "bench", f"{prefix}/{p.parent.name}", Config=config), files))
     return time.perf_counter() - t0
 
 
@@ -159,25 +171,39 @@ def main() -> int:
             got: dict[str, float] = {}
             for who in ("drain", "boto3") if r % 2 == 0 else ("boto3", "drain"):
                 if who == "drain":
-                    got["drain"], got["drain_from_start"] = drain_round(master, shm, tmp / "work", weed, creds,
-                                                                        f"drain-{r}", args.uploads)
+                    got["drain"], got["drain_from_start"] = drain_round(
+                        master, shm, tmp / "work", weed, creds, f"drain-{r}", args.uploads
+                    )
                 else:
                     got[who] = boto3_round(master, weed, f"boto3-{r}", args.uploads)
-            rounds.append({"drain_s": round(got["drain"], 3), "boto3_s": round(got["boto3"], 3),
-                           "drain_from_start_s": round(got["drain_from_start"], 3),
-                           "drain_mb_per_s": round(nbytes / got["drain"] / 1e6, 1),
-                           "boto3_mb_per_s": round(nbytes / got["boto3"] / 1e6, 1),
-                           "ratio": round(got["boto3"] / got["drain"], 3)})
+            rounds.append(
+                {
+                    "drain_s": round(got["drain"], 3),
+                    "boto3_s": round(got["boto3"], 3),
+                    "drain_from_start_s": round(got["drain_from_start"], 3),
+                    "drain_mb_per_s": round(nbytes / got["drain"] / 1e6, 1),
+                    "boto3_mb_per_s": round(nbytes / got["boto3"] / 1e6, 1),
+                    "ratio": round(got["boto3"] / got["drain"], 3),
+                }
+            )
             print(json.dumps(rounds[-1]), flush=True)
         ceiling = max(ceiling, *(server_ceiling(weed, nbytes // samples, nbytes, t) for t in (8, 32)))
         ratios = [x["ratio"] for x in rounds]
-        result = {"bench": "drain_s3", "server": "SeaweedFS 4.48 (weed mini, loopback)", "samples": samples,
-                  "bytes": nbytes, "uploads": args.uploads, "part_size": PART, "rounds": rounds,
-                  "ratio_median": round(statistics.median(ratios), 3), "ratio_min": min(ratios),
-                  "ratio_max": max(ratios), "server_ceiling_mb_per_s": round(ceiling / 1e6, 1),
-                  "drain_over_ceiling": round(statistics.median(x["drain_mb_per_s"] for x in rounds) * 1e6 / ceiling,
-                                              3),
-                  "machine": machine_info()}
+        result = {
+            "bench": "drain_s3",
+            "server": "SeaweedFS 4.48 (weed mini, loopback)",
+            "samples": samples,
+            "bytes": nbytes,
+            "uploads": args.uploads,
+            "part_size": PART,
+            "rounds": rounds,
+            "ratio_median": round(statistics.median(ratios), 3),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "server_ceiling_mb_per_s": round(ceiling / 1e6, 1),
+            "drain_over_ceiling": round(statistics.median(x["drain_mb_per_s"] for x in rounds) * 1e6 / ceiling, 3),
+            "machine": machine_info(),
+        }
     finally:
         weed.stop()
         shutil.rmtree(shm, ignore_errors=True)
@@ -185,8 +211,10 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"server ceiling {result['server_ceiling_mb_per_s']} MB/s; drain over it {result['drain_over_ceiling']}")
-    print(f"drain to S3 / boto3's parallel upload, same bytes, same server: {result['ratio_median']} "
-          f"(min {result['ratio_min']}, max {result['ratio_max']})")
+    print(
+        f"drain to S3 / boto3's parallel upload, same bytes, same server: {result['ratio_median']} "
+        f"(min {result['ratio_min']}, max {result['ratio_max']})"
+    )
     return 0
 
 

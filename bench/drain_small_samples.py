@@ -50,13 +50,18 @@ def main() -> int:
             for mode in ("threads", "processes") if r % 2 == 0 else ("processes", "threads"):
                 _, wall, _, _ = dt.one_drain(args.format, master, shm, shm, args.workers, True, worker_mode=mode)
                 rates[mode].append(samples / wall)
-                print(f"round {r} {mode:9s}: {samples / wall:7.1f} samples/s ({wall:.2f} s, start-up included)",
-                      flush=True)
+                print(
+                    f"round {r} {mode:9s}: {samples / wall:7.1f} samples/s ({wall:.2f} s, start-up included)",
+                    flush=True,
+                )
         ratio = [p / t for p, t in zip(rates["processes"], rates["threads"], strict=True)]
         result = {
             "what": "drain of small staged samples (hidden 64, 100-330 tokens) to a tmpfs, draft vocabulary counted, "
-                    "run check passing; alternating rounds; samples/s include start-up",
-            "format": args.format, "samples": samples, "staged_bytes": nbytes, "cpus": os.cpu_count(),
+            "run check passing; alternating rounds; samples/s include start-up",
+            "format": args.format,
+            "samples": samples,
+            "staged_bytes": nbytes,
+            "cpus": os.cpu_count(),
             "workers": args.workers,
             "threads_samples_per_s": dt.spread(rates["threads"]),
             "processes_samples_per_s": dt.spread(rates["processes"]),

@@ -43,10 +43,31 @@ def first_sample_s(tree: Path, master: Path, base: Path, workers: int, timeout: 
     env = dict(os.environ, PYTHONPATH=str(tree / "files" / "python"), OMP_NUM_THREADS="1")
     manifest = entries_path(work / "out")
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "hsextract", "drain", "--dump-dir", str(work / "dump"),
-                             "--output", str(work / "out"), "--format", "specforge", "--worker-mode", "processes",
-                             "--workers", str(workers), "--exit-when-done", "--poll-interval", "0.05"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hsextract",
+            "drain",
+            "--dump-dir",
+            str(work / "dump"),
+            "--output",
+            str(work / "out"),
+            "--format",
+            "specforge",
+            "--worker-mode",
+            "processes",
+            "--workers",
+            str(workers),
+            "--exit-when-done",
+            "--poll-interval",
+            "0.05",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = None
     while first is None and proc.poll() is None and time.monotonic() - t0 < timeout:
         if manifest.exists() and manifest.stat().st_size > 0:
@@ -88,20 +109,31 @@ def main() -> int:
             for name in order:
                 first, whole = first_sample_s(trees[name], master, shm, args.workers)
                 rows[name].append((first, whole))
-                print(f"round {r} {name:5s}: first sample {first:6.2f} s, {samples} samples drained in {whole:6.2f} s",
-                      flush=True)
+                print(
+                    f"round {r} {name:5s}: first sample {first:6.2f} s, {samples} samples drained in {whole:6.2f} s",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     med = statistics.median
-    result = {"benchmark": "drain_start", "workers": args.workers, "worker_mode": "processes", "samples": samples,
-              "cores": os.cpu_count(), "trees": {k: _commit_of(v) for k, v in trees.items()},
-              "first_sample_s": {k: [round(a, 2) for a, _ in v] for k, v in rows.items()},
-              "drained_s": {k: [round(b, 2) for _, b in v] for k, v in rows.items()},
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result = {
+        "benchmark": "drain_start",
+        "workers": args.workers,
+        "worker_mode": "processes",
+        "samples": samples,
+        "cores": os.cpu_count(),
+        "trees": {k: _commit_of(v) for k, v in trees.items()},
+        "first_sample_s": {k: [round(a, 2) for a, _ in v] for k, v in rows.items()},
+        "drained_s": {k: [round(b, 2) for _, b in v] for k, v in rows.items()},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     if "other" in rows:
         ratios = [o[0] / t[0] for t, o in zip(rows["this"], rows["other"], strict=True)]
-        result["first_sample_other_over_this"] = {"median": round(med(ratios), 2), "min": round(min(ratios), 2),
-                                                  "max": round(max(ratios), 2)}
+        result["first_sample_other_over_this"] = {
+            "median": round(med(ratios), 2),
+            "min": round(min(ratios), 2),
+            "max": round(max(ratios), 2),
+        }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for name, v in rows.items():

@@ -85,13 +85,24 @@ def stage(dump: Path, run_id: str, total_bytes: int, seed: int = 0) -> tuple[int
             f.write(layout.header)
             f.write(pool[:t].contiguous().view(torch.uint8).numpy().tobytes())
             f.write(torch.tensor(ids, dtype=torch.int64).numpy().tobytes())
-        write_done_marker(dump, DoneMarker(
-            rid=rid, prompt_len=t, num_aux=NUM_AUX, hidden_size=HIDDEN, dtype="bfloat16",
-            eagle_aux_hidden_state_layer_ids=[1, 15, 27], sglang_layers_to_capture=[2, 16, 28],
-            num_hidden_layers=32, final_hidden="pre_norm", architecture="LlamaForCausalLM",
-            chunks=[[0, t]], sglang_version="0.5.23",
-            fingerprint=fingerprint.of_states(pool[:t], torch.tensor(ids, dtype=torch.int64)),
-        ))
+        write_done_marker(
+            dump,
+            DoneMarker(
+                rid=rid,
+                prompt_len=t,
+                num_aux=NUM_AUX,
+                hidden_size=HIDDEN,
+                dtype="bfloat16",
+                eagle_aux_hidden_state_layer_ids=[1, 15, 27],
+                sglang_layers_to_capture=[2, 16, 28],
+                num_hidden_layers=32,
+                final_hidden="pre_norm",
+                architecture="LlamaForCausalLM",
+                chunks=[[0, t]],
+                sglang_version="0.5.23",
+                fingerprint=fingerprint.of_states(pool[:t], torch.tensor(ids, dtype=torch.int64)),
+            ),
+        )
         size += layout.file_size
         n += 1
     return n, size
@@ -126,6 +137,7 @@ class CountingTime:
             finally:
                 with self.lock:
                     self.parts[part] += time.perf_counter() - t0
+
         return timed
 
     def install(self) -> None:
@@ -159,16 +171,32 @@ class CommitClock:
         Committer._commit = self._original  # type: ignore[method-assign]
 
 
-def drain(fmt: str, dump: Path, out: Path, workers: int | None, count_vocab: bool,
-          timing: CountingTime | None = None, worker_mode: str = "auto") -> tuple[float, float, float]:
+def drain(
+    fmt: str,
+    dump: Path,
+    out: Path,
+    workers: int | None,
+    count_vocab: bool,
+    timing: CountingTime | None = None,
+    worker_mode: str = "auto",
+) -> tuple[float, float, float]:
     """(seconds to the last commit, seconds of the whole run including finalize, CPU seconds of the run).
 
     The CPU seconds (user + system, every thread of this process) are what other tenants of a
     shared machine disturb least: the wall time of a pass varies by a third from one pass to the
     next, its CPU time by a few percent."""
     drop_caches()
-    cfg = DrainConfig(dump_dir=dump, output=out, format=fmt, exit_when_done=True, finalize_idle_s=3600,
-                      status_interval_s=1.0, count_vocab=count_vocab, vocab_size=VOCAB, worker_mode=worker_mode)
+    cfg = DrainConfig(
+        dump_dir=dump,
+        output=out,
+        format=fmt,
+        exit_when_done=True,
+        finalize_idle_s=3600,
+        status_interval_s=1.0,
+        count_vocab=count_vocab,
+        vocab_size=VOCAB,
+        worker_mode=worker_mode,
+    )
     if workers:
         cfg.workers = workers
     d = Drainer(cfg)
@@ -199,8 +227,16 @@ def stage_master(master: Path, total_bytes: int) -> tuple[int, int]:
     return samples, nbytes
 
 
-def one_drain(fmt: str, master: Path, shm: Path, base: Path, workers: int | None, count_vocab: bool,
-              timing: CountingTime | None = None, worker_mode: str = "auto") -> tuple[float, float, float, int]:
+def one_drain(
+    fmt: str,
+    master: Path,
+    shm: Path,
+    base: Path,
+    workers: int | None,
+    count_vocab: bool,
+    timing: CountingTime | None = None,
+    worker_mode: str = "auto",
+) -> tuple[float, float, float, int]:
     """Drain a fresh copy of the staged dumps into an empty directory; (seconds to the last commit,
     seconds of the whole run, CPU seconds, bytes written)."""
     out = base / fmt
@@ -240,15 +276,22 @@ def spread(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
-def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rounds: int,
-                 workers: int | None) -> dict:
+def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rounds: int, workers: int | None) -> dict:
     """Alternating rounds of cp + sync and drains with and without the vocabulary; the ratios' medians."""
-    runs: dict[str, list[float]] = {"cp_on": [], "on": [], "cp_off": [], "off": [],
-                                    "samples_on": [], "samples_off": [], "cpu_s_on": [], "cpu_s_off": []}
+    runs: dict[str, list[float]] = {
+        "cp_on": [],
+        "on": [],
+        "cp_off": [],
+        "off": [],
+        "samples_on": [],
+        "samples_off": [],
+        "cpu_s_on": [],
+        "cpu_s_off": [],
+    }
     counting: list[dict] = []
     written = 0
     for r in range(rounds):
-        for vocab in ((True, False) if r % 2 == 0 else (False, True)):
+        for vocab in (True, False) if r % 2 == 0 else (False, True):
             key = "on" if vocab else "off"
             t_cp = cp_sync(master / "dump", base / "cp")
             shutil.rmtree(base / "cp")
@@ -260,9 +303,11 @@ def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rou
             runs[f"cp_{key}"].append(nbytes / t_cp / 1e6)
             runs[key].append(nbytes / t_drain / 1e6)
             runs[f"samples_{key}"].append(nbytes / t_samples / 1e6)
-            print(f"  {fmt} round {r} counting {key:3s}: drain {runs[key][-1]:7.1f} MB/s, "
-                  f"cp+sync {runs[f'cp_{key}'][-1]:7.1f} MB/s, ratio {runs[key][-1] / runs[f'cp_{key}'][-1]:.3f}",
-                  flush=True)
+            print(
+                f"  {fmt} round {r} counting {key:3s}: drain {runs[key][-1]:7.1f} MB/s, "
+                f"cp+sync {runs[f'cp_{key}'][-1]:7.1f} MB/s, ratio {runs[key][-1] / runs[f'cp_{key}'][-1]:.3f}",
+                flush=True,
+            )
     ratio_on = [d / c for d, c in zip(runs["on"], runs["cp_on"], strict=True)]
     ratio_off = [d / c for d, c in zip(runs["off"], runs["cp_off"], strict=True)]
     on_over_off = [a / b for a, b in zip(runs["on"], runs["off"], strict=True)]
@@ -279,7 +324,8 @@ def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rou
         "samples_ratio": spread(samples_on),
         "samples_ratio_without_counting": spread(samples_off),
         "samples_ratio_with_over_without": round(statistics.median(samples_on) / statistics.median(samples_off), 3),
-        "drain_mb_per_s": spread(runs["on"]), "drain_without_counting_mb_per_s": spread(runs["off"]),
+        "drain_mb_per_s": spread(runs["on"]),
+        "drain_without_counting_mb_per_s": spread(runs["off"]),
         "cp_sync_mb_per_s": spread(runs["cp_on"] + runs["cp_off"]),
         # CPU seconds of the drain without counting over with it, same round: the throughput ratio a
         # drain bound by its CPU (the torch formats on 2 cores) would show, with little of the noise.
@@ -289,8 +335,12 @@ def bench_format(fmt: str, master: Path, shm: Path, base: Path, nbytes: int, rou
         # Seconds inside the vocabulary code per drain with counting (workers' share is CPU time spread
         # over the workers; commit and files are on the committer's and the main thread's path).
         "counting_s": {part: spread([c[part] for c in counting]) for part in ("workers", "commit", "files")},
-        "counting_share_of_drain": spread([(c["commit"] + c["files"] + c["workers"] / max(1, workers or
-                                           DrainConfig.workers)) / c["drain_s"] for c in counting]),
+        "counting_share_of_drain": spread(
+            [
+                (c["commit"] + c["files"] + c["workers"] / max(1, workers or DrainConfig.workers)) / c["drain_s"]
+                for c in counting
+            ]
+        ),
     }
 
 
@@ -303,12 +353,20 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None, help="drain workers (default: the daemon's default)")
     ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated subset of " + ",".join(FORMATS))
     ap.add_argument("--json", default=str(REPO / "bench" / "results" / "drain_throughput.json"))
-    ap.add_argument("--hidden", type=int, default=HIDDEN,
-                    help="hidden size (default 4096; 64 with --tokens 100,330 is the tiny model's sample, where "
-                         "the drain's cost per file, not the bytes, is what counts)")
+    ap.add_argument(
+        "--hidden",
+        type=int,
+        default=HIDDEN,
+        help="hidden size (default 4096; 64 with --tokens 100,330 is the tiny model's sample, where "
+        "the drain's cost per file, not the bytes, is what counts)",
+    )
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="sample length range, min,max")
-    ap.add_argument("--ceiling-seconds", type=float, default=4.0,
-                    help="seconds per writer count of the disk's ceiling, measured before and after the rounds")
+    ap.add_argument(
+        "--ceiling-seconds",
+        type=float,
+        default=4.0,
+        help="seconds per writer count of the disk's ceiling, measured before and after the rounds",
+    )
     a = ap.parse_args()
     HIDDEN = a.hidden
     TOKENS = tuple(int(x) for x in a.tokens.split(","))
@@ -337,26 +395,33 @@ def main() -> int:
             r["drain_gb_per_s"] = round(r["drain_mb_per_s"]["median"] / 1e3, 3)
             r["drain_over_ceiling"] = spread([v / 1e3 / ceiling for v in r["rounds_mb_per_s"]["on"]])
             same_round, cpu = r["counting_over_not_counting"]["median"], r["cpu_without_over_with"]
-            print(f"{fmt}: ratio {r['ratio']['median']:.3f} ({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f}); "
-                  f"without counting {r['ratio_without_counting']['median']:.3f}; with / without "
-                  f"{r['ratio_with_over_without']:.3f} (same-round drains {same_round:.3f}); to the last commit "
-                  f"{r['samples_ratio']['median']:.3f} vs {r['samples_ratio_without_counting']['median']:.3f} = "
-                  f"{r['samples_ratio_with_over_without']:.3f}; CPU without / with {cpu['median']:.3f} "
-                  f"({cpu['min']:.3f}-{cpu['max']:.3f}); counting took "
-                  f"{100 * r['counting_share_of_drain']['median']:.2f} % of the drain; drain / disk ceiling "
-                  f"{r['drain_over_ceiling']['median']:.3f} (ceiling {ceiling:.2f} GB/s)", flush=True)
+            print(
+                f"{fmt}: ratio {r['ratio']['median']:.3f} ({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f}); "
+                f"without counting {r['ratio_without_counting']['median']:.3f}; with / without "
+                f"{r['ratio_with_over_without']:.3f} (same-round drains {same_round:.3f}); to the last commit "
+                f"{r['samples_ratio']['median']:.3f} vs {r['samples_ratio_without_counting']['median']:.3f} = "
+                f"{r['samples_ratio_with_over_without']:.3f}; CPU without / with {cpu['median']:.3f} "
+                f"({cpu['min']:.3f}-{cpu['max']:.3f}); counting took "
+                f"{100 * r['counting_share_of_drain']['median']:.2f} % of the drain; drain / disk ceiling "
+                f"{r['drain_over_ceiling']['median']:.3f} (ceiling {ceiling:.2f} GB/s)",
+                flush=True,
+            )
     finally:
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
     last = results["speculators"] if "speculators" in results else next(iter(results.values()))
     report = {
         "what": "staged /dev/shm dumps -> durable training set on the repo's disk, vs cp -r + sync of the same bytes; "
-                "alternating rounds, medians with min-max; drains with and without the draft vocabulary counted",
+        "alternating rounds, medians with min-max; drains with and without the draft vocabulary counted",
         # The drain alone: no pipeline ran, so whole_pipeline_on_disk_over_ceiling is null.
         **on_disk_keys(str(base), ceiling, last["drain_gb_per_s"]),
         "disk_ceiling": [c.as_dict() for c in ceilings],
-        "hidden_size": HIDDEN, "num_aux": NUM_AUX, "vocab_size": VOCAB, "rounds": a.rounds,
-        "workers": a.workers or DrainConfig.workers, "cpus": os.cpu_count(),
+        "hidden_size": HIDDEN,
+        "num_aux": NUM_AUX,
+        "vocab_size": VOCAB,
+        "rounds": a.rounds,
+        "workers": a.workers or DrainConfig.workers,
+        "cpus": os.cpu_count(),
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
         "formats": results,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -365,11 +430,15 @@ def main() -> int:
     Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
     name = "speculators" if "speculators" in results else next(iter(results))
     r = results[name]
-    print(f"{name}: with counting / without: {r['ratio_with_over_without']:.3f} (whole run), "
-          f"{r['samples_ratio_with_over_without']:.3f} (to the last commit), "
-          f"{r['cpu_without_over_with']['median']:.3f} (CPU seconds)")
-    print(f"{name} drain vs cp+sync: median ratio {r['ratio']['median']:.3f} "
-          f"({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f} over {a.rounds} rounds)")
+    print(
+        f"{name}: with counting / without: {r['ratio_with_over_without']:.3f} (whole run), "
+        f"{r['samples_ratio_with_over_without']:.3f} (to the last commit), "
+        f"{r['cpu_without_over_with']['median']:.3f} (CPU seconds)"
+    )
+    print(
+        f"{name} drain vs cp+sync: median ratio {r['ratio']['median']:.3f} "
+        f"({r['ratio']['min']:.3f}-{r['ratio']['max']:.3f} over {a.rounds} rounds)"
+    )
     return 0
 
 

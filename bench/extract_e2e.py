@@ -51,9 +51,11 @@ from hsextract.staging.records import parse_rid  # noqa: E402
 from hsextract.tiny_model import ensure_tiny_model  # noqa: E402
 from support.sglang_server import start_server  # noqa: E402
 
-_TEXT = ("the capital city of france is paris hello world this is a tiny test model for sglang deep learning "
-         "models produce hidden states at every layer we dump auxiliary during prefill to shared memory quick "
-         "brown fox jumps over lazy dog user asks question and assistant answers it politely")
+_TEXT = (
+    "the capital city of france is paris hello world this is a tiny test model for sglang deep learning "
+    "models produce hidden states at every layer we dump auxiliary during prefill to shared memory quick "
+    "brown fox jumps over lazy dog user asks question and assistant answers it politely"
+)
 WORDS = _TEXT.split()
 
 
@@ -79,9 +81,17 @@ def cpu_seconds() -> float:
 
 
 def run_client(url: str, dataset: Path, model: Path, dump: Path, output: Path, in_flight: int) -> dict:
-    cfg = ExtractConfig(server=url, dataset=dataset, model=model, dump_dir=dump, output=output,
-                        max_in_flight=in_flight, shm_min_free=Watermark(bytes=0), max_staged=None,
-                        log_every_s=3600)
+    cfg = ExtractConfig(
+        server=url,
+        dataset=dataset,
+        model=model,
+        dump_dir=dump,
+        output=output,
+        max_in_flight=in_flight,
+        shm_min_free=Watermark(bytes=0),
+        max_staged=None,
+        log_every_s=3600,
+    )
     started, cpu0 = time.perf_counter(), cpu_seconds()
     stats = ExtractRun(cfg).run()
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu0
@@ -97,9 +107,14 @@ def run_client(url: str, dataset: Path, model: Path, dump: Path, output: Path, i
         time.sleep(0.2)
     for d in list(Path(dump).iterdir()):  # keep staging small between rounds
         shutil.rmtree(d, ignore_errors=True)
-    return {"samples": stats.ok, "tokens": stats.tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(stats.tokens / wall, 1), "complete_dumps": dumps,
-            "cpu_ms_per_sample": round(1000 * cpu / max(stats.ok, 1), 3)}
+    return {
+        "samples": stats.ok,
+        "tokens": stats.tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(stats.tokens / wall, 1),
+        "complete_dumps": dumps,
+        "cpu_ms_per_sample": round(1000 * cpu / max(stats.ok, 1), 3),
+    }
 
 
 def encode_dataset(dataset: Path, model: Path) -> list[list[int]]:
@@ -121,9 +136,13 @@ def run_plain(url: str, prompts: list[list[int]], in_flight: int) -> dict:
     async def main() -> None:
         sem = asyncio.Semaphore(in_flight)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+
             async def one(i: int, ids: list[int]) -> None:
-                body = {"input_ids": ids, "rid": f"plain-{i}", "sampling_params": {"max_new_tokens": 1,
-                                                                                  "temperature": 0}}
+                body = {
+                    "input_ids": ids,
+                    "rid": f"plain-{i}",
+                    "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                }
                 async with sem, session.post(f"{url}/generate", json=body) as r:
                     if r.status != 200:
                         raise SystemExit(f"{url} answered {r.status}: {(await r.text())[:300]}")
@@ -135,9 +154,14 @@ def run_plain(url: str, prompts: list[list[int]], in_flight: int) -> dict:
     asyncio.run(main())
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu0
     tokens = sum(map(len, prompts))
-    return {"samples": len(prompts), "tokens": tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 1), "complete_dumps": 0,
-            "cpu_ms_per_sample": round(1000 * cpu / max(len(prompts), 1), 3)}
+    return {
+        "samples": len(prompts),
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+        "complete_dumps": 0,
+        "cpu_ms_per_sample": round(1000 * cpu / max(len(prompts), 1), 3),
+    }
 
 
 def _median(results: list[dict]) -> dict:
@@ -157,8 +181,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating timed runs per side (median reported)")
     ap.add_argument("--chunked-prefill-size", type=int, default=512)
     ap.add_argument("--max-total-tokens", type=int, default=8192)
-    ap.add_argument("--port", type=int, default=int(os.environ.get("HSEXTRACT_BENCH_PORT", "31290")),
-                    help="first of two ports (capture off, capture on)")
+    ap.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("HSEXTRACT_BENCH_PORT", "31290")),
+        help="first of two ports (capture off, capture on)",
+    )
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "extract_e2e.json")
     args = ap.parse_args()
 
@@ -175,14 +203,24 @@ def main() -> int:
         # machine falls on both sides alike; the median round of each side is reported.
         for i, (name, capture) in enumerate((("capture_off", False), ("capture_on", True))):
             dump = Path(tempfile.mkdtemp(prefix=f"hsx-bench-{name}-", dir="/dev/shm"))
-            servers[name] = (start_server(model, port=args.port + i, dump_dir=dump, log_dir=work / name / "logs",
-                                          capture=capture, chunked_prefill_size=args.chunked_prefill_size,
-                                          max_total_tokens=args.max_total_tokens,
-                                          final_hidden=final_hidden_for(DEFAULT_FORMAT)), dump)
+            servers[name] = (
+                start_server(
+                    model,
+                    port=args.port + i,
+                    dump_dir=dump,
+                    log_dir=work / name / "logs",
+                    capture=capture,
+                    chunked_prefill_size=args.chunked_prefill_size,
+                    max_total_tokens=args.max_total_tokens,
+                    final_hidden=final_hidden_for(DEFAULT_FORMAT),
+                ),
+                dump,
+            )
         prompts, warm_prompts = encode_dataset(dataset, model), encode_dataset(warmup, model)
         run_plain(servers["capture_off"][0].url, warm_prompts, args.in_flight)
-        run_client(servers["capture_on"][0].url, warmup, model, servers["capture_on"][1], work / "warmup-out",
-                   args.in_flight)
+        run_client(
+            servers["capture_on"][0].url, warmup, model, servers["capture_on"][1], work / "warmup-out", args.in_flight
+        )
         for r in range(args.rounds):
             for name, (server, dump) in servers.items():
                 if name == "capture_off":
@@ -190,8 +228,11 @@ def main() -> int:
                 else:
                     res = run_client(server.url, dataset, model, dump, work / name / f"out{r}", args.in_flight)
                 rounds[name].append(res)
-                print(f"round {r} {name:12s} {res['tokens']} tokens in {res['wall_s']:.1f} s = "
-                      f"{res['tokens_per_s']:.0f} tokens/s ({res['complete_dumps']} complete dumps)", flush=True)
+                print(
+                    f"round {r} {name:12s} {res['tokens']} tokens in {res['wall_s']:.1f} s = "
+                    f"{res['tokens_per_s']:.0f} tokens/s ({res['complete_dumps']} complete dumps)",
+                    flush=True,
+                )
     finally:
         for server, dump in servers.values():
             server.stop()
@@ -200,15 +241,17 @@ def main() -> int:
     on_dumps = {r["complete_dumps"] for r in rounds["capture_on"]}
     off_dumps = {r["complete_dumps"] for r in rounds["capture_off"]}
     if on_dumps != {args.samples} or off_dumps != {0}:
-        raise SystemExit(f"capture wrote {on_dumps} dumps per round for {args.samples} samples "
-                         f"(and {off_dumps} with the capture off)")
+        raise SystemExit(
+            f"capture wrote {on_dumps} dumps per round for {args.samples} samples "
+            f"(and {off_dumps} with the capture off)"
+        )
     off, on = _median(rounds["capture_off"]), _median(rounds["capture_on"])
     ratio = on["tokens_per_s"] / off["tokens_per_s"]
     best = _best_ratio(rounds)
     result = {
         "benchmark": "extract_e2e",
         "what": "hsextract's client -> SGLang 0.5.23 on CPU (tiny Llama, 8 layers, hidden 64) with the capture, vs "
-                "the same requests from a plain loop to the same server without it",
+        "the same requests from a plain loop to the same server without it",
         "samples": args.samples,
         "in_flight": args.in_flight,
         "chunked_prefill_size": args.chunked_prefill_size,

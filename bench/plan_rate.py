@@ -47,14 +47,18 @@ def main() -> int:
                 res = scan(ScanSettings(data, model, workers=workers, progress=False))
                 rate = res.samples / (time.perf_counter() - t0)
                 rounds[str(workers)].append(rate)
-                print(f"round {r} {workers} process(es): {res.samples} samples, {res.tokens} tokens, "
-                      f"{rate:,.0f} samples/s", flush=True)
+                print(
+                    f"round {r} {workers} process(es): {res.samples} samples, {res.tokens} tokens, "
+                    f"{rate:,.0f} samples/s",
+                    flush=True,
+                )
     med = {k: statistics.median(v) for k, v in rounds.items()}
     result = {
         "benchmark": "plan_rate",
         "what": "hsextract plan's scan (client reader + chat template + loss mask) of a chat dataset, tiny Llama "
-                "tokenizer; samples/s including worker start-up",
-        "samples": a.samples, "rounds": a.rounds,
+        "tokenizer; samples/s including worker start-up",
+        "samples": a.samples,
+        "rounds": a.rounds,
         "samples_per_s_median": {k: round(v, 1) for k, v in med.items()},
         "samples_per_s_rounds": {k: [round(x, 1) for x in v] for k, v in rounds.items()},
         "speedup": round(med[str(cores)] / med["1"], 3),

@@ -40,9 +40,19 @@ def write_record_before(dump_dir: Path, record: SampleRecord) -> None:
 
 
 def records(n: int, tokens: int, offset: int) -> list[SampleRecord]:
-    return [SampleRecord(rid=f"hsx-ab12cd34-{offset + i}", index=offset + i, input_ids=list(range(tokens)),
-                         loss_mask=[i % 2 for i in range(tokens)], run_id="ab12cd34", source=f"data.jsonl:{i}",
-                         format="specforge", output="/data/out") for i in range(n)]
+    return [
+        SampleRecord(
+            rid=f"hsx-ab12cd34-{offset + i}",
+            index=offset + i,
+            input_ids=list(range(tokens)),
+            loss_mask=[i % 2 for i in range(tokens)],
+            run_id="ab12cd34",
+            source=f"data.jsonl:{i}",
+            format="specforge",
+            output="/data/out",
+        )
+        for i in range(n)
+    ]
 
 
 def timed(write, dump: Path, recs: list[SampleRecord]) -> float:
@@ -65,7 +75,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="hsx-record-bench-", dir="/dev/shm"))
     try:
         for r in range(args.rounds):
-            for name in (("before", "now") if r % 2 == 0 else ("now", "before")):
+            for name in ("before", "now") if r % 2 == 0 else ("now", "before"):
                 dump = root / f"{name}-{r}"
                 for rec in records(args.staged, args.tokens, 10**6):
                     write_record(dump, rec)
@@ -77,8 +87,9 @@ def main() -> int:
     result = {
         "benchmark": "record_write",
         "what": f"one client record of {args.tokens} tokens written into a records directory of {args.staged}+ "
-                "records, as it was (asdict, a directory sweep per write) and now, alternating rounds",
-        "records_per_round": args.records, "rounds": args.rounds,
+        "records, as it was (asdict, a directory sweep per write) and now, alternating rounds",
+        "records_per_round": args.records,
+        "rounds": args.rounds,
         "us_per_record": {k: round(v * 1e6, 1) for k, v in med.items()},
         "us_per_record_per_round": {k: [round(x * 1e6, 1) for x in v] for k, v in per_record.items()},
         "now_over_before": round(med["now"] / med["before"], 3),
@@ -87,8 +98,10 @@ def main() -> int:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"per record: before {med['before'] * 1e6:.0f} us, now {med['now'] * 1e6:.0f} us; "
-          f"now / before {result['now_over_before']:.3f}")
+    print(
+        f"per record: before {med['before'] * 1e6:.0f} us, now {med['now'] * 1e6:.0f} us; "
+        f"now / before {result['now_over_before']:.3f}"
+    )
     return 0
 
 

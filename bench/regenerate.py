@@ -48,9 +48,40 @@ from support.sglang_server import ServerHandle, start_server, wait_healthy  # no
 
 GPU_SITE = Path("/tmp/hsx-gpu-site")  # where bench/gpu/gpu_env.py installs the bundle
 
-WORDS = ["the", "capital", "city", "of", "france", "is", "paris", "hello", "world", "this", "a", "tiny", "test",
-         "model", "for", "sglang", "deep", "learning", "models", "produce", "hidden", "states", "at", "every", "layer",
-         "quick", "brown", "fox", "jumps", "over", "lazy", "dog"]
+WORDS = [
+    "the",
+    "capital",
+    "city",
+    "of",
+    "france",
+    "is",
+    "paris",
+    "hello",
+    "world",
+    "this",
+    "a",
+    "tiny",
+    "test",
+    "model",
+    "for",
+    "sglang",
+    "deep",
+    "learning",
+    "models",
+    "produce",
+    "hidden",
+    "states",
+    "at",
+    "every",
+    "layer",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+]
 
 
 def write_dataset(path: Path, n: int, seed: int, words: list[str] = WORDS) -> list[list[dict]]:
@@ -69,15 +100,26 @@ def write_dataset(path: Path, n: int, seed: int, words: list[str] = WORDS) -> li
 
 def run_hsextract(url: str, dataset: Path, out: Path, concurrency: int, max_new: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # a whole run each time, never a resume of an earlier one
-    cfg = RegenConfig(dataset=dataset, output=out, servers=[url], max_new_tokens=max_new, temperature=0.0,
-                      concurrency=concurrency, log_every_s=3600)
+    cfg = RegenConfig(
+        dataset=dataset,
+        output=out,
+        servers=[url],
+        max_new_tokens=max_new,
+        temperature=0.0,
+        concurrency=concurrency,
+        log_every_s=3600,
+    )
     started = time.perf_counter()
     stats = RegenerateRun(cfg).run()
     wall = time.perf_counter() - started
     if set(stats.failed) - {"empty_reply"} or stats.ok + sum(stats.failed.values()) != stats.conversations_total:
         raise SystemExit(f"hsextract regenerate did not finish every conversation: {stats.summary()}")
-    return {"tokens": stats.completion_tokens, "turns": stats.turns, "wall_s": round(wall, 3),
-            "tokens_per_s": round(stats.completion_tokens / wall, 1)}
+    return {
+        "tokens": stats.completion_tokens,
+        "turns": stats.turns,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(stats.completion_tokens / wall, 1),
+    }
 
 
 def run_openai(url: str, convs: list[list[dict]], concurrency: int, max_new: int) -> dict:
@@ -98,8 +140,9 @@ def run_openai(url: str, convs: list[list[dict]], concurrency: int, max_new: int
                     if m["role"] != "assistant":
                         history.append(m)
                         continue
-                    r = await client.chat.completions.create(model=model, messages=history, temperature=0.0,
-                                                             max_tokens=max_new)
+                    r = await client.chat.completions.create(
+                        model=model, messages=history, temperature=0.0, max_tokens=max_new
+                    )
                     text = r.choices[0].message.content or ""
                     tokens += r.usage.completion_tokens
                     if not text.strip():
@@ -126,14 +169,22 @@ def cpu_servers(work: Path, port: int) -> tuple[dict[str, ServerHandle], list[st
     model = ensure_tiny_model("llama", REPO / ".work" / "models" / "bench-llama")
     servers = {}
     for i, (name, radix) in enumerate((("radix_on", True), ("radix_off", False))):
-        servers[name] = start_server(model, port=port + i, dump_dir=work / name / "dump", log_dir=work / name / "logs",
-                                     capture=False, radix_cache=radix, max_total_tokens=16384,
-                                     chunked_prefill_size=2048)
+        servers[name] = start_server(
+            model,
+            port=port + i,
+            dump_dir=work / name / "dump",
+            log_dir=work / name / "logs",
+            capture=False,
+            radix_cache=radix,
+            max_total_tokens=16384,
+            chunked_prefill_size=2048,
+        )
     return servers, WORDS, "SGLang 0.5.23 on CPU (tiny Llama, 8 layers, hidden 64)"
 
 
-def gpu_servers(work: Path, port: int, bundle: Path, gpu: int, concurrency: int
-                ) -> tuple[dict[str, ServerHandle], list[str], str]:
+def gpu_servers(
+    work: Path, port: int, bundle: Path, gpu: int, concurrency: int
+) -> tuple[dict[str, ServerHandle], list[str], str]:
     """The 8B-shaped model on one GPU: the generation profile (radix cache on) and the capture
     profile's flags without the capture (radix cache off), both started at once."""
     sys.path[:0] = [str(REPO / "bench" / "gpu"), str(REPO / "bench")]
@@ -150,12 +201,25 @@ def gpu_servers(work: Path, port: int, bundle: Path, gpu: int, concurrency: int
     # breakable prefill graph fails to capture over the tier's pure-torch kernel stand-in
     # (``assert graph is not None`` in breakable_cuda_graph.py); decode graphs, which regeneration
     # lives on, capture fine.
-    flags = ("--chunked-prefill-size", "8192", "--max-total-tokens", "131072", "--mem-fraction-static", "0.9",
-             "--max-running-requests", str(concurrency), "--cuda-graph-max-bs-decode", str(concurrency),
-             "--disable-prefill-cuda-graph")
-    servers = {"radix_on": start(ServerSpec("regen-generation", model, port, (gpu,), False, flags,
-                                            profile="generation"), env, work),
-               "radix_off": start(ServerSpec("regen-radix-off", model, port + 1, (gpu,), False, flags), env, work)}
+    flags = (
+        "--chunked-prefill-size",
+        "8192",
+        "--max-total-tokens",
+        "131072",
+        "--mem-fraction-static",
+        "0.9",
+        "--max-running-requests",
+        str(concurrency),
+        "--cuda-graph-max-bs-decode",
+        str(concurrency),
+        "--disable-prefill-cuda-graph",
+    )
+    servers = {
+        "radix_on": start(
+            ServerSpec("regen-generation", model, port, (gpu,), False, flags, profile="generation"), env, work
+        ),
+        "radix_off": start(ServerSpec("regen-radix-off", model, port + 1, (gpu,), False, flags), env, work),
+    }
     try:
         for handle in servers.values():
             wait_healthy(handle, 900)
@@ -165,8 +229,14 @@ def gpu_servers(work: Path, port: int, bundle: Path, gpu: int, concurrency: int
         raise
     cfg = json.loads((model / "config.json").read_text())
     words = [gen_llama8b.word(i) for i in range(1000, 1300)]
-    return servers, words, (f"SGLang 0.5.23 on {capture_server_gpu.nvidia_smi_names()[gpu]} (random bf16 model of "
-                            f"Llama-3-8B's shape: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']})")
+    return (
+        servers,
+        words,
+        (
+            f"SGLang 0.5.23 on {capture_server_gpu.nvidia_smi_names()[gpu]} (random bf16 model of "
+            f"Llama-3-8B's shape: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']})"
+        ),
+    )
 
 
 def main() -> int:
@@ -178,8 +248,12 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, help="default: 16 on CPU, 64 on a GPU")
     ap.add_argument("--max-new-tokens", type=int, help="default: 32 on CPU, 128 on a GPU")
     ap.add_argument("--rounds", type=int, default=5, help="alternating timed rounds per side (medians reported)")
-    ap.add_argument("--port", type=int, default=int(os.environ.get("HSEXTRACT_BENCH_PORT", "31292")),
-                    help="first of two ports (radix cache on, off)")
+    ap.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("HSEXTRACT_BENCH_PORT", "31292")),
+        help="first of two ports (radix cache on, off)",
+    )
     ap.add_argument("--work", type=Path, help="scratch directory (default: a new temporary one, removed after)")
     ap.add_argument("--json", type=Path, help="default: bench/results/regenerate_cpu.json or regenerate_gpu.json")
     args = ap.parse_args()
@@ -214,21 +288,25 @@ def main() -> int:
                 else:
                     res = run_hsextract(url, dataset, work / f"{side}-{r}", concurrency, max_new)
                 rounds[side].append(res)
-                print(f"round {r} {side:20s} {res['tokens']} tokens, {res['turns']} turns in {res['wall_s']:.1f} s"
-                      f" = {res['tokens_per_s']:.0f} tokens/s", flush=True)
+                print(
+                    f"round {r} {side:20s} {res['tokens']} tokens, {res['turns']} turns in {res['wall_s']:.1f} s"
+                    f" = {res['tokens_per_s']:.0f} tokens/s",
+                    flush=True,
+                )
     finally:
         for server in servers.values():
             server.stop()
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    per_round = [h["tokens_per_s"] / o["tokens_per_s"] for h, o in zip(rounds["hsextract"], rounds["openai"],
-                                                                         strict=True)]
+    per_round = [
+        h["tokens_per_s"] / o["tokens_per_s"] for h, o in zip(rounds["hsextract"], rounds["openai"], strict=True)
+    ]
     ratio = _median(rounds["hsextract"]) / _median(rounds["openai"])
     radix = _median(rounds["hsextract"]) / _median(rounds["hsextract_radix_off"])
     result = {
         "benchmark": "regenerate",
         "what": f"hsextract regenerate vs a plain asyncio loop of the openai client, {what}, same concurrency, "
-                "same server, greedy, every turn",
+        "same server, greedy, every turn",
         "device": args.device,
         "conversations": conversations,
         "turns": rounds["hsextract"][0]["turns"],
@@ -237,8 +315,11 @@ def main() -> int:
         "rounds": args.rounds,
         "median_tokens_per_s": {k: _median(v) for k, v in rounds.items()},
         "ratio_hsextract_over_openai": round(ratio, 3),
-        "ratio_per_round": {"min": round(min(per_round), 3), "median": round(statistics.median(per_round), 3),
-                            "max": round(max(per_round), 3)},
+        "ratio_per_round": {
+            "min": round(min(per_round), 3),
+            "median": round(statistics.median(per_round), 3),
+            "max": round(max(per_round), 3),
+        },
         "radix_on_over_off": round(radix, 3),
         "per_round": rounds,
         "machine": machine_info(),
@@ -249,8 +330,10 @@ def main() -> int:
     if os.environ.get("OUT"):  # the device tool brings back what is under $OUT
         Path(os.environ["OUT"], out_json.name).write_text(json.dumps(result, indent=2) + "\n")
     print(f"radix cache on / off (hsextract, multi-turn): {radix:.3f}")
-    print(f"per-round hsextract / openai: min {min(per_round):.3f} median {statistics.median(per_round):.3f} "
-          f"max {max(per_round):.3f}")
+    print(
+        f"per-round hsextract / openai: min {min(per_round):.3f} median {statistics.median(per_round):.3f} "
+        f"max {max(per_round):.3f}"
+    )
     print(f"hsextract / openai: {ratio:.3f}")
     return 0
 

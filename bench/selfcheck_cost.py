@@ -45,15 +45,18 @@ def write_head(model: Path, vocab: int, hidden: int) -> None:
     from safetensors.torch import save_file
 
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps({"hidden_size": hidden, "vocab_size": vocab,
-                                                   "rms_norm_eps": 1e-6, "tie_word_embeddings": False}))
+    (model / "config.json").write_text(
+        json.dumps({"hidden_size": hidden, "vocab_size": vocab, "rms_norm_eps": 1e-6, "tie_word_embeddings": False})
+    )
     g = torch.Generator().manual_seed(0)
     head = torch.empty(vocab, hidden, dtype=torch.bfloat16)
     for a in range(0, vocab, 16384):  # filled in pieces: a float32 randn of the whole head would be 4.7 GB
         b = min(a + 16384, vocab)
         head[a:b] = (torch.randn(b - a, hidden, generator=g) * 0.02).to(torch.bfloat16)
-    save_file({"lm_head.weight": head, "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)},
-              str(model / "model.safetensors"))
+    save_file(
+        {"lm_head.weight": head, "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)},
+        str(model / "model.safetensors"),
+    )
 
 
 def drop_page_cache(path: Path) -> None:
@@ -88,9 +91,13 @@ def time_checks(model: Path, hidden: int, repeats: int) -> dict:
         check_final_rows(head, rows, "pre_norm", token, server)
         both.append(time.perf_counter() - t0)
     both.sort()
-    return {"cold_s": round(cold, 3), "warm_s_median": round(warm[len(warm) // 2], 3),
-            "warm_s_min": round(warm[0], 3), "with_logprobs_warm_s_median": round(both[len(both) // 2], 3),
-            "logprob_positions": DEFAULT_MAX_POSITIONS}
+    return {
+        "cold_s": round(cold, 3),
+        "warm_s_median": round(warm[len(warm) // 2], 3),
+        "warm_s_min": round(warm[0], 3),
+        "with_logprobs_warm_s_median": round(both[len(both) // 2], 3),
+        "logprob_positions": DEFAULT_MAX_POSITIONS,
+    }
 
 
 def made_up_logprobs(positions: int, head: GreedyHead) -> ServerLogprobs:
@@ -98,8 +105,9 @@ def made_up_logprobs(positions: int, head: GreedyHead) -> ServerLogprobs:
     g = torch.Generator().manual_seed(1)
     vocab = head.vocab
     ids = torch.randint(0, vocab, (positions, DEFAULT_TOP_K + 1), generator=g).tolist()
-    return ServerLogprobs([i[:-1] for i in ids], [[-1.0] * DEFAULT_TOP_K for _ in ids], [i[-1] for i in ids],
-                          [-2.0] * positions)
+    return ServerLogprobs(
+        [i[:-1] for i in ids], [[-1.0] * DEFAULT_TOP_K for _ in ids], [i[-1] for i in ids], [-2.0] * positions
+    )
 
 
 def time_fingerprint(tokens: int, slots: int, hidden: int, repeats: int) -> dict:
@@ -116,9 +124,12 @@ def time_fingerprint(tokens: int, slots: int, hidden: int, repeats: int) -> dict
         copy.append(time.perf_counter() - t0)
     fp.sort()
     copy.sort()
-    return {"sample_mb": round(nbytes / 1e6, 1), "fingerprint_gb_per_s": round(nbytes / 1e9 / fp[len(fp) // 2], 2),
-            "memory_copy_gb_per_s": round(nbytes / 1e9 / copy[len(copy) // 2], 2),
-            "fingerprint_over_copy_time": round(fp[len(fp) // 2] / copy[len(copy) // 2], 3)}
+    return {
+        "sample_mb": round(nbytes / 1e6, 1),
+        "fingerprint_gb_per_s": round(nbytes / 1e9 / fp[len(fp) // 2], 2),
+        "memory_copy_gb_per_s": round(nbytes / 1e9 / copy[len(copy) // 2], 2),
+        "fingerprint_over_copy_time": round(fp[len(fp) // 2] / copy[len(copy) // 2], 3),
+    }
 
 
 def main() -> int:
@@ -141,14 +152,27 @@ def main() -> int:
         write_head(model, args.vocab, args.hidden)
         head_gb = (model / "model.safetensors").stat().st_size / 1e9
         # In a process of its own, so that its peak memory is the check's, not the head's writer's.
-        child = subprocess.run([sys.executable, __file__, "--check-only", str(model), "--hidden", str(args.hidden),
-                                "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--check-only",
+                str(model),
+                "--hidden",
+                str(args.hidden),
+                "--repeats",
+                str(args.repeats),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         checks = json.loads(child.stdout.strip().splitlines()[-1])
     result = {
         "benchmark": "selfcheck_cost",
         "what": "the drain's greedy self-check of one sample (lm_head read in 64 MiB chunks, one thread), with the "
-                "logprob check of 64 positions in the same pass, and the "
-                "fingerprint of a staged sample against a plain copy of its bytes",
+        "logprob check of 64 positions in the same pass, and the "
+        "fingerprint of a staged sample against a plain copy of its bytes",
         "head": {"vocab": args.vocab, "hidden": args.hidden, "gb": round(head_gb, 2)},
         "selfcheck": checks,
         "fingerprint": time_fingerprint(2048, 4, args.hidden, args.repeats),

@@ -64,13 +64,36 @@ class Storm:
         self.done: list[dict] = []
 
     def start_server(self) -> None:
-        self.server = start_server(self.model, port=self.port, dump_dir=self.dump, log_dir=self.logs,
-                                   chunked_prefill_size=16, max_total_tokens=8192, startup_timeout=600)
+        self.server = start_server(
+            self.model,
+            port=self.port,
+            dump_dir=self.dump,
+            log_dir=self.logs,
+            chunked_prefill_size=16,
+            max_total_tokens=8192,
+            startup_timeout=600,
+        )
 
     def start_client(self, *extra: str) -> None:
-        self.client = client_run.start_client(self.logs / "client.log", *client_run.extract_args(
-            self.server.url, self.dataset, self.model, self.dump, self.out, "--max-tokens", str(MAX_TOKENS),
-            "--overlong", "skip", "--max-in-flight", "6", "--server-wait", "900", *extra))
+        self.client = client_run.start_client(
+            self.logs / "client.log",
+            *client_run.extract_args(
+                self.server.url,
+                self.dataset,
+                self.model,
+                self.dump,
+                self.out,
+                "--max-tokens",
+                str(MAX_TOKENS),
+                "--overlong",
+                "skip",
+                "--max-in-flight",
+                "6",
+                "--server-wait",
+                "900",
+                *extra,
+            ),
+        )
 
     def start_drain(self) -> None:
         self.drain = client_run.start_drain(self.logs / "drain.log", self.dump, self.out, self.model)
@@ -159,14 +182,20 @@ def main() -> int:
     volume.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(volume)], check=True)
     model = ensure_tiny_model("llama", REPO / ".work" / "models" / "llama")
-    exp = client_run.write_mixed_dataset(work / "data.jsonl", AutoTokenizer.from_pretrained(str(model)),
-                                         n_lines=args.lines, seed=args.seed, max_words=30)
+    exp = client_run.write_mixed_dataset(
+        work / "data.jsonl", AutoTokenizer.from_pretrained(str(model)), n_lines=args.lines, seed=args.seed, max_words=30
+    )
     for index in [i for i, (ids, _) in exp.samples.items() if len(ids) > MAX_TOKENS]:
         exp.rejects[index] = "too_long"  # longer than the client's --max-tokens: skipped, as it should be
         del exp.samples[index]
     storm = Storm(work, model, work / "data.jsonl", volume)
-    result: dict = {"benchmark": "storm", "lines": args.lines, "faults_asked": args.faults, "seed": args.seed,
-                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result: dict = {
+        "benchmark": "storm",
+        "lines": args.lines,
+        "faults_asked": args.faults,
+        "seed": args.seed,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     t0 = time.monotonic()
     try:
         storm.start_server()
@@ -217,15 +246,24 @@ def check(storm: Storm, exp) -> dict:
         client_run.assert_training_set_matches(storm.out, exp)
     except AssertionError as exc:
         problems.append(str(exc))
-    verify = subprocess.run([sys.executable, "-m", "hsextract", "finalize", "--output", str(storm.out), "--verify"],
-                            env=client_run.env(), capture_output=True, text=True)
+    verify = subprocess.run(
+        [sys.executable, "-m", "hsextract", "finalize", "--output", str(storm.out), "--verify"],
+        env=client_run.env(),
+        capture_output=True,
+        text=True,
+    )
     if verify.returncode != 0:
         problems.append(f"verify: {verify.stdout[-1500:]}")
     rejected = sum((acc.get("rejected") or {}).values())
     if rejected != len(exp.rejects):
         problems.append(f"{rejected} lines rejected, the dataset has {len(exp.rejects)} to reject")
-    ok = (not problems and acc.get("in_set") == acc.get("accepted") == len(exp.samples) and not acc.get("failed")
-          and not acc.get("quarantined") and not acc.get("unaccounted"))
+    ok = (
+        not problems
+        and acc.get("in_set") == acc.get("accepted") == len(exp.samples)
+        and not acc.get("failed")
+        and not acc.get("quarantined")
+        and not acc.get("unaccounted")
+    )
     return {"ok": ok, "accounts": acc, "problems": problems, "verify_rc": verify.returncode}
 
 

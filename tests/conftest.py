@@ -172,6 +172,14 @@ def llama_prenorm_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
     formats), aux layers given in SGLang's convention, SGLang's start-up warmup on (it must not be
     dumped), and the capture writing from threads of the scheduler's process (writer_process off).
     One server for all of them saves three starts."""
-    return _session_server(request, tmp_path_factory, tiny_llama, "llama-prenorm", final_hidden="pre_norm",
-                           aux_layer_ids=PRENORM_SGLANG_LAYERS, layer_convention="sglang", skip_warmup=False,
-                           writer_process=False)
+    return _session_server(
+        request,
+        tmp_path_factory,
+        tiny_llama,
+        "llama-prenorm",
+        final_hidden="pre_norm",
+        aux_layer_ids=PRENORM_SGLANG_LAYERS,
+        layer_convention="sglang",
+        skip_warmup=False,
+        writer_process=False,
+    )

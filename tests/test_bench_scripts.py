@@ -35,6 +35,7 @@ sys.exit(1 if broken else 0)
 def test_every_bench_script_loads_against_the_current_package():
     scripts = sorted(str(p.relative_to(ROOT)) for p in (*ROOT.glob("bench/*.py"), *ROOT.glob("bench/gpu/*.py")))
     assert len(scripts) >= 20, scripts
-    done = subprocess.run([sys.executable, "-c", _LOAD_ALL, *scripts], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_ALL, *scripts], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, f"bench scripts that no longer load:\n{done.stdout}\n{done.stderr[-3000:]}"

@@ -1,4 +1,4 @@
-"""The Python code base is ruff and mypy clean and free of machine-specific paths."""
+"""The Python code base is ruff formatted, ruff and mypy clean and free of machine-specific paths."""
 
 from __future__ import annotations
 
@@ -16,9 +16,27 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_python_sources_pass_ruff():
     result = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--no-cache", "files/python", "tests", "bench", "roles"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, f"ruff found problems:\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.lint
+def test_python_sources_are_formatted_as_ruff_formats_them():
+    # One layout for every file, so a diff shows what changed and never how someone wraps lines.
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "files/python", "tests", "bench", "roles"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, (
+        f"ruff format would change these files (run `ruff format`):\n{result.stdout}{result.stderr}"
+    )
 
 
 @pytest.mark.lint
@@ -32,9 +50,20 @@ def test_the_package_passes_mypy():
     # docs/testing.md); mypy rechecks whatever changed since, by each file's hash.
     cache = Path(sys.prefix).parent / "mypy-cache" / Path(sys.prefix).name
     result = subprocess.run(
-        [str(Path(bin_dir) / "python"), "-m", "mypy", "--python-executable", sys.executable, "--cache-dir", str(cache),
-         "hsextract"],
-        cwd=ROOT / "files" / "python", capture_output=True, text=True, timeout=600,
+        [
+            str(Path(bin_dir) / "python"),
+            "-m",
+            "mypy",
+            "--python-executable",
+            sys.executable,
+            "--cache-dir",
+            str(cache),
+            "hsextract",
+        ],
+        cwd=ROOT / "files" / "python",
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, f"mypy found problems:\n{result.stdout}{result.stderr}"
 

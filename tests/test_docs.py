@@ -48,6 +48,8 @@ def test_every_relative_link_in_the_documentation_leads_to_a_file_and_heading_th
 def test_each_command_page_lists_the_options_its_help_prints():
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "cli_docs.py"), "--check"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, f"docs/cli is out of date:\n{result.stderr}"

@@ -36,8 +36,8 @@ def test_make_lint_runs_every_linter_the_suite_runs():
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         source = path.read_text()
         for match in re.finditer(r"(?:@pytest\.mark\.\w+[^\n]*\n)*def (test_\w+)\(", source):
-            body = source[match.end(): source.find("\ndef ", match.end())]
-            calls_linter = any(f'"{linter}"' in body or f"tool(\"{linter}\")" in body for linter in LINTERS)
+            body = source[match.end() : source.find("\ndef ", match.end())]
+            calls_linter = any(f'"{linter}"' in body or f'tool("{linter}")' in body for linter in LINTERS)
             if calls_linter and "@pytest.mark.lint" not in match.group(0):
                 unmarked.append(f"{path.relative_to(ROOT)}::{match.group(1)}")
     assert not unmarked, f"tests that run a linter without the lint marker: {unmarked}"

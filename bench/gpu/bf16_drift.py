@@ -49,24 +49,36 @@ def main() -> int:
     model = capture_server_gpu.prepare_model(env, args.work, 0)
     dataset = args.work / "llama8b-drift-data.jsonl"
     pipeline_gpu.write_dataset(dataset, 200, 32768, "w", seed=0)  # the pipeline check's 200-sample set
-    prompts = [p for p in pipeline_gpu.encode(dataset, model, 32768 - 16) if len(p) <= 2048][:args.samples]
+    prompts = [p for p in pipeline_gpu.encode(dataset, model, 32768 - 16) if len(p) <= 2048][: args.samples]
     hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).to("cuda").eval()
     fp32 = [reference(model, ids, model=hf) for ids in prompts]
     hf = hf.to(torch.bfloat16)
     bf16 = [reference(model, ids, model=hf) for ids in prompts]
-    result: dict = {"benchmark": "bf16_drift", "model": "8B-shaped Llama, random weights (gen_llama8b.py)",
-                    "tokens": [len(p) for p in prompts], "layers": {}}
+    result: dict = {
+        "benchmark": "bf16_drift",
+        "model": "8B-shaped Llama, random weights (gen_llama8b.py)",
+        "tokens": [len(p) for p in prompts],
+        "layers": {},
+    }
     for layer in LAYERS:
         rows = []
         for a, b in zip(bf16, fp32, strict=True):
             got, want = a.hidden_states[layer], b.hidden_states[layer]
-            rows.append({"rel_err": round(rel_err(got, want), 4), "median_token": round(median_token_err(got, want), 4),
-                         "vs_neighbours": [round(rel_err(got, b.hidden_states[o]), 4) for o in (layer - 1, layer + 1)]})
+            rows.append(
+                {
+                    "rel_err": round(rel_err(got, want), 4),
+                    "median_token": round(median_token_err(got, want), 4),
+                    "vs_neighbours": [round(rel_err(got, b.hidden_states[o]), 4) for o in (layer - 1, layer + 1)],
+                }
+            )
         result["layers"][str(layer)] = rows
     result["layers"]["final_post_norm"] = [
-        {"rel_err": round(rel_err(a.post_norm, b.post_norm), 4), "median_token": round(median_token_err(a.post_norm,
-                                                                                                     b.post_norm), 4)}
-        for a, b in zip(bf16, fp32, strict=True)]
+        {
+            "rel_err": round(rel_err(a.post_norm, b.post_norm), 4),
+            "median_token": round(median_token_err(a.post_norm, b.post_norm), 4),
+        }
+        for a, b in zip(bf16, fp32, strict=True)
+    ]
     line = json.dumps(result)
     print(line)
     if os.environ.get("OUT"):

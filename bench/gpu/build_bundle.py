@@ -39,7 +39,10 @@ KERNEL_FILES = ("sgl_kernel/utils.py", "sgl_kernel/scalar_type.py")
 KERNEL_CACHE = Path.home() / ".cache" / "hsextract" / "sglang-kernel-0.4.10"
 # pip matches manylinux tags exactly; sglang's wheel is manylinux_2_34, others go down to 2014/1.
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 26, 27, 28, 34)] + [
-    "manylinux2014_x86_64", "manylinux1_x86_64", "any"]
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "any",
+]
 # The sources the tier runs, relative to the repository (copied by --with-tree).
 TREE = ("bench", "files/python", "tests/support", "tests/stubs")
 TREE_SKIP = ("__pycache__", "results", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache")  # caches of lint runs
@@ -63,8 +66,21 @@ def fetch_wheels(whl: Path) -> list[Path]:
     """The wheels of wheels.txt in ``whl`` (downloaded unless there), and no others."""
     whl.mkdir(parents=True, exist_ok=True)
     specs = wheel_specs()
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-           "3.12", "--implementation", "cp", "-d", str(whl)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "-d",
+        str(whl),
+    ]
     for plat in PLATFORMS:
         cmd += ["--platform", plat]
     done = subprocess.run([*cmd, *specs], capture_output=True, text=True)
@@ -88,8 +104,22 @@ def kernel_files() -> Path:
     if all((KERNEL_CACHE / Path(f).name).is_file() for f in KERNEL_FILES):
         return KERNEL_CACHE
     with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                               "-d", tmp, KERNEL_WHEEL], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+                tmp,
+                KERNEL_WHEEL,
+            ],
+            capture_output=True,
+            text=True,
+        )
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
             raise BundleError(f"pip download {KERNEL_WHEEL} failed:\n{done.stderr[-3000:]}")
@@ -127,8 +157,9 @@ def copy_tree(out: Path) -> Path:
 def check_tree(tree: Path) -> None:
     """Every file of the repository's hsextract package is in the copy, and the capture-patch
     templates are real files (a link would travel as a link and point nowhere)."""
-    listed = subprocess.run(["git", "ls-files", "files/python/hsextract"], cwd=REPO, capture_output=True, text=True,
-                            check=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "ls-files", "files/python/hsextract"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     missing = []
     for rel in listed:
         src = REPO / rel
@@ -147,8 +178,9 @@ def size_of(paths: list[Path]) -> int:
 
 def travelling_bytes(repo: Path) -> int:
     """Bytes of a repository's tracked and untracked-but-not-ignored files (what a device call sends)."""
-    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo, capture_output=True,
-                           check=True).stdout.split(b"\0")
+    names = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo, capture_output=True, check=True
+    ).stdout.split(b"\0")
     return size_of([repo / n.decode() for n in names if n])
 
 
@@ -156,8 +188,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=REPO / ".gpu", help="bundle directory (git-ignored in its repository)")
     ap.add_argument("--with-tree", action="store_true", help="also copy the tier's sources to OUT/tree")
-    ap.add_argument("--offline", action="store_true",
-                    help="download nothing (no wheels, no kernel files): checks the rest of the build")
+    ap.add_argument(
+        "--offline",
+        action="store_true",
+        help="download nothing (no wheels, no kernel files): checks the rest of the build",
+    )
     ap.add_argument("--limit-mib", type=float, default=LIMIT_MIB)
     args = ap.parse_args()
     out = args.out.resolve()
@@ -171,13 +206,21 @@ def main() -> int:
     bundle = size_of(list(out.rglob("*")))
     top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=out.parent, capture_output=True, text=True)
     tree = travelling_bytes(Path(top.stdout.strip())) if top.returncode == 0 else 0
-    summary = {"bundle": str(out), "wheels": len(wheels), "bundle_mib": round(bundle / 2**20, 1),
-               "repository_mib": round(tree / 2**20, 1), "total_mib": round((bundle + tree) / 2**20, 1),
-               "limit_mib": args.limit_mib, "tree": args.with_tree}
+    summary = {
+        "bundle": str(out),
+        "wheels": len(wheels),
+        "bundle_mib": round(bundle / 2**20, 1),
+        "repository_mib": round(tree / 2**20, 1),
+        "total_mib": round((bundle + tree) / 2**20, 1),
+        "limit_mib": args.limit_mib,
+        "tree": args.with_tree,
+    }
     print(json.dumps(summary))
     if (bundle + tree) / 2**20 > args.limit_mib:
-        raise BundleError(f"bundle {summary['bundle_mib']} MiB + repository {summary['repository_mib']} MiB is over "
-                          f"the {args.limit_mib} MiB a device call carries")
+        raise BundleError(
+            f"bundle {summary['bundle_mib']} MiB + repository {summary['repository_mib']} MiB is over "
+            f"the {args.limit_mib} MiB a device call carries"
+        )
     return 0
 
 

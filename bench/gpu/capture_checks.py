@@ -112,35 +112,65 @@ def gpu_configs(gpus: int) -> list[CheckConfig]:
         CheckConfig("dsv3-tp1", "dsv3-gpu", (min(1, gpus - 1),), graph_fallback=True),
         # The same Llama with the other writer (threads of the scheduler's process): its dumps must
         # equal those written from the default writer process.
-        CheckConfig("llama-tp1-in-process-writer", "llama", (min(1, gpus - 1),), reference="llama-tp1",
-                    writer_process=not WRITER_PROCESS_DEFAULT),
+        CheckConfig(
+            "llama-tp1-in-process-writer",
+            "llama",
+            (min(1, gpus - 1),),
+            reference="llama-tp1",
+            writer_process=not WRITER_PROCESS_DEFAULT,
+        ),
     ]
     if gpus >= 2:
         configs += [
             CheckConfig("llama-tp2", "llama", (0, 1), TP2, ranks=2, reference="llama-tp1"),
             CheckConfig("dsv3-tp2", "dsv3-gpu", (0, 1), TP2, ranks=2, reference="dsv3-tp1", graph_fallback=True),
-            CheckConfig("dsv3-tp2-dpattn2", "dsv3-gpu", (0, 1), (*TP2, "--enable-dp-attention", "--dp", "2"),
-                        ranks=2, writers=2, reference="dsv3-tp1", graph_fallback=True),
+            CheckConfig(
+                "dsv3-tp2-dpattn2",
+                "dsv3-gpu",
+                (0, 1),
+                (*TP2, "--enable-dp-attention", "--dp", "2"),
+                ranks=2,
+                writers=2,
+                reference="dsv3-tp1",
+                graph_fallback=True,
+            ),
         ]
     if gpus >= 8:  # the production parallelism of DeepSeek-V3 and Kimi-K2.5
         tp8 = ("--tp", "8", "--disable-custom-all-reduce")
         all8 = tuple(range(8))
         configs += [
             CheckConfig("dsv3h8-tp1", "dsv3-gpu8", (2,), graph_fallback=True),
-            CheckConfig("dsv3h8-tp8", "dsv3-gpu8", all8, tp8, ranks=8, reference="dsv3h8-tp1",
-                        graph_fallback=True),
-            CheckConfig("dsv3h8-tp8-dpattn8", "dsv3-gpu8", all8, (*tp8, "--enable-dp-attention", "--dp", "8"),
-                        ranks=8, writers=8, reference="dsv3h8-tp1", graph_fallback=True),
-            CheckConfig("dsv3h8-tp8-dpattn4", "dsv3-gpu8", all8, (*tp8, "--enable-dp-attention", "--dp", "4"),
-                        ranks=8, writers=4, reference="dsv3h8-tp1", graph_fallback=True),
+            CheckConfig("dsv3h8-tp8", "dsv3-gpu8", all8, tp8, ranks=8, reference="dsv3h8-tp1", graph_fallback=True),
+            CheckConfig(
+                "dsv3h8-tp8-dpattn8",
+                "dsv3-gpu8",
+                all8,
+                (*tp8, "--enable-dp-attention", "--dp", "8"),
+                ranks=8,
+                writers=8,
+                reference="dsv3h8-tp1",
+                graph_fallback=True,
+            ),
+            CheckConfig(
+                "dsv3h8-tp8-dpattn4",
+                "dsv3-gpu8",
+                all8,
+                (*tp8, "--enable-dp-attention", "--dp", "4"),
+                ranks=8,
+                writers=4,
+                reference="dsv3h8-tp1",
+                graph_fallback=True,
+            ),
         ]
     return configs
 
 
 def cpu_configs() -> list[CheckConfig]:
     """The dry run's configurations: SGLang's CPU engine has no CUDA graphs and runs one rank."""
-    return [CheckConfig("llama-tp1", "llama", decode_graphs=False),
-            CheckConfig("dsv3-tp1", "dsv3", decode_graphs=False)]
+    return [
+        CheckConfig("llama-tp1", "llama", decode_graphs=False),
+        CheckConfig("dsv3-tp1", "dsv3", decode_graphs=False),
+    ]
 
 
 def server_args(cfg: CheckConfig, env: GpuEnv) -> tuple[str, ...]:
@@ -149,8 +179,9 @@ def server_args(cfg: CheckConfig, env: GpuEnv) -> tuple[str, ...]:
         # Several servers share each GPU: a high static fraction keeps SGLang's headroom (the
         # rest of the memory it found free) small; --max-total-tokens bounds what it takes.
         args += ["--mem-fraction-static", "0.9"]
-        args += (["--cuda-graph-max-bs-decode", "16"] if cfg.decode_graphs
-                 else ["--cuda-graph-backend-decode", "disabled"])
+        args += (
+            ["--cuda-graph-max-bs-decode", "16"] if cfg.decode_graphs else ["--cuda-graph-backend-decode", "disabled"]
+        )
     return (*args, *cfg.parallel)
 
 
@@ -228,6 +259,7 @@ def _left(deadline: float, floor: float = 10) -> float:
 
 def send_workload(handle: ServerHandle, run_id: str, ids: list[list[int]], deadline: float) -> dict[int, int]:
     """The workload of the module docstring; returns each hsx prompt's first generated token."""
+
     def health() -> None:
         r = requests.get(f"{handle.url}/health_generate", timeout=_left(deadline))
         if r.status_code != 200:
@@ -247,8 +279,11 @@ def send_workload(handle: ServerHandle, run_id: str, ids: list[list[int]], deadl
     foreign = [rng.randrange(10, 300) for _ in range(40)]
     with ThreadPoolExecutor(max_workers=len(ids) + 3) as pool:
         ours = {i: pool.submit(greedy, f"hsx-{run_id}-{i}", p, MAX_NEW_TOKENS) for i, p in enumerate(ids)}
-        others = [pool.submit(greedy, f"other-{run_id}-0", foreign, 32), pool.submit(greedy, None, foreign[:12], 4),
-                  pool.submit(greedy, "hsxfoo-1", foreign[:20], 4)]
+        others = [
+            pool.submit(greedy, f"other-{run_id}-0", foreign, 32),
+            pool.submit(greedy, None, foreign[:12], 4),
+            pool.submit(greedy, "hsxfoo-1", foreign[:20], 4),
+        ]
         tokens = {i: f.result()["output_ids"][0] for i, f in ours.items()}
         for f in others:
             f.result()
@@ -261,8 +296,9 @@ def wait_dumps(dump_dir: Path, rids: list[str], timeout: float = 60) -> None:
     """Wait until every rid has its done marker or failure marker, or the timeout passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all((rid_dir(dump_dir, r) / DONE_FILE).exists() or (rid_dir(dump_dir, r) / FAILED_FILE).exists()
-               for r in rids):
+        if all(
+            (rid_dir(dump_dir, r) / DONE_FILE).exists() or (rid_dir(dump_dir, r) / FAILED_FILE).exists() for r in rids
+        ):
             return
         time.sleep(0.1)
 
@@ -271,10 +307,29 @@ def selfcheck(dump_dir: Path, rid: str, model: Path, ids: list[int], token: int,
     """``hsextract selfcheck`` as the smoke test runs it (the server's logprobs of the prompt too);
     its JSON verdict plus the exit code."""
     done = subprocess.run(
-        [sys.executable, "-m", "hsextract", "selfcheck", "--dump-dir", str(dump_dir), "--rid", rid,
-         "--model", str(model), "--input-ids", ",".join(map(str, ids)), "--server-token", str(token),
-         "--server", server_url],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(PACKAGE_DIR)})
+        [
+            sys.executable,
+            "-m",
+            "hsextract",
+            "selfcheck",
+            "--dump-dir",
+            str(dump_dir),
+            "--rid",
+            rid,
+            "--model",
+            str(model),
+            "--input-ids",
+            ",".join(map(str, ids)),
+            "--server-token",
+            str(token),
+            "--server",
+            server_url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(PACKAGE_DIR)},
+    )
     try:
         verdict = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -292,8 +347,16 @@ def record_logprobs(res: ConfigResult, verdict: dict) -> None:
         res.logprob_max_abs_error = max(res.logprob_max_abs_error, numbers["max_abs_error"])
 
 
-def check_wrong_final_rows(res: ConfigResult, handle: ServerHandle, prompt: int, ids: list[int], token: int,
-                           final_rows: torch.Tensor, final_hidden: str, ref: Reference) -> None:
+def check_wrong_final_rows(
+    res: ConfigResult,
+    handle: ServerHandle,
+    prompt: int,
+    ids: list[int],
+    token: int,
+    final_rows: torch.Tensor,
+    final_hidden: str,
+    ref: Reference,
+) -> None:
     """Final rows that are not the server's must fail the logprob check against this server's own
     prompt logprobs: the layer before, and where the dump holds pre-norm rows, those rows taken for
     post-norm ones (a scale the greedy check cannot see)."""
@@ -309,9 +372,16 @@ def check_wrong_final_rows(res: ConfigResult, handle: ServerHandle, prompt: int,
     for case, rows, given_as in cases:
         greedy, logprobs = check_final_rows(head, rows, given_as, token, given)
         failed = logprobs is not None and not logprobs.ok
-        res.logprob_wrong_rows.append({
-            "case": case, "prompt": prompt, "tokens": len(ids), "failed": failed, "greedy_passed": greedy.ok,
-            "mean_abs_error": None if logprobs is None else logprobs.mean_abs_error})
+        res.logprob_wrong_rows.append(
+            {
+                "case": case,
+                "prompt": prompt,
+                "tokens": len(ids),
+                "failed": failed,
+                "greedy_passed": greedy.ok,
+                "mean_abs_error": None if logprobs is None else logprobs.mean_abs_error,
+            }
+        )
         if not failed:
             res.problems.append(f"prompt {prompt}: {case} passed the logprob check: {logprobs}")
 
@@ -331,31 +401,43 @@ def check_log(res: ConfigResult, cfg: CheckConfig, log_path: Path) -> None:
     if len(starts) != cfg.ranks:
         res.problems.append(f"{len(starts)} capture start lines in the log, expected one per rank ({cfg.ranks})")
     if res.writers_logged != list(range(cfg.writers)):
-        res.problems.append(f"writers of attention-DP ranks {res.writers_logged}, expected one each of "
-                            f"{list(range(cfg.writers))}")
+        res.problems.append(
+            f"writers of attention-DP ranks {res.writers_logged}, expected one each of {list(range(cfg.writers))}"
+        )
     lost = [line for line in text.splitlines() if any(p in line for p in LOSS_PATTERNS)]
     if lost:
         res.problems.append(f"{len(lost)} capture log lines about lost rows, first: {lost[0][-300:]}")
 
 
-def check_dumps(res: ConfigResult, cfg: CheckConfig, handle: ServerHandle, run_id: str, ids: list[list[int]],
-                tokens: dict[int, int], selfcheck_slots: threading.Semaphore, cuda: bool) -> None:
+def check_dumps(
+    res: ConfigResult,
+    cfg: CheckConfig,
+    handle: ServerHandle,
+    run_id: str,
+    ids: list[list[int]],
+    tokens: dict[int, int],
+    selfcheck_slots: threading.Semaphore,
+    cuda: bool,
+) -> None:
     """Every check of the module docstring on the staged dumps (the log is checked by `check_log`)."""
     rids = {f"hsx-{run_id}-{i}": i for i in range(len(ids))}
     complete = check_staging(res, handle.dump_dir, rids)
     with ThreadPoolExecutor(max_workers=4) as pool:
+
         def run_selfcheck(rid: str) -> dict:
             with selfcheck_slots:
-                return selfcheck(handle.dump_dir, rid, handle.model_dir, ids[rids[rid]], tokens[rids[rid]],
-                                 handle.url)
+                return selfcheck(handle.dump_dir, rid, handle.model_dir, ids[rids[rid]], tokens[rids[rid]], handle.url)
 
         verdicts = {rid: pool.submit(run_selfcheck, rid) for rid in complete}
         refs: dict[int, Reference] = {}
         for rid, d in sorted(complete.items(), key=lambda kv: rids[kv[0]]):
             i = rids[rid]
             marker, states = read_done_marker(d), read_states(d)
-            res.arch, res.layers, res.final_hidden = (marker.architecture, list(marker.sglang_layers_to_capture),
-                                                      marker.final_hidden)
+            res.arch, res.layers, res.final_hidden = (
+                marker.architecture,
+                list(marker.sglang_layers_to_capture),
+                marker.final_hidden,
+            )
             res.dumps_per_dp_rank[str(marker.attn_dp_rank)] = res.dumps_per_dp_rank.get(str(marker.attn_dp_rank), 0) + 1
             res.problems += [f"{rid}: {p}" for p in chunk_problems(marker.chunks, len(ids[i]))]
             res.chunked_requests += len(marker.chunks) > 1
@@ -366,8 +448,9 @@ def check_dumps(res: ConfigResult, cfg: CheckConfig, handle: ServerHandle, run_i
             res.rows[i], res.tokens[i] = states.hidden.clone(), tokens[i]
             check_prompt_rows(res, rid, states.hidden, refs[i])
             if i < WRONG_ROWS_PROMPTS:
-                check_wrong_final_rows(res, handle, i, ids[i], tokens[i], states.hidden[:, -1], marker.final_hidden,
-                                       refs[i])
+                check_wrong_final_rows(
+                    res, handle, i, ids[i], tokens[i], states.hidden[:, -1], marker.final_hidden, refs[i]
+                )
         for rid, verdict in ((r, f.result()) for r, f in verdicts.items()):
             record_logprobs(res, verdict)
             if verdict.get("ok") and verdict["exit_code"] == 0:
@@ -398,8 +481,9 @@ def check_staging(res: ConfigResult, dump_dir: Path, rids: dict[str, int]) -> di
     if res.failure_markers:
         res.problems.append(f"{res.failure_markers} failure markers ({FAILED_FILE})")
     if res.complete_dumps != res.requests:
-        res.problems.append(f"{res.complete_dumps} complete dumps for {res.requests} requests; "
-                            f"incomplete: {res.incomplete}")
+        res.problems.append(
+            f"{res.complete_dumps} complete dumps for {res.requests} requests; incomplete: {res.incomplete}"
+        )
     return complete
 
 
@@ -428,8 +512,9 @@ def check_prompt_rows(res: ConfigResult, rid: str, hidden: torch.Tensor, ref: Re
     for slot, want in enumerate(_wanted(ref, res.layers, res.final_hidden)):
         err = rel_err(hidden[:, slot], want)
         res.max_rel_err = max(res.max_rel_err, round(err, 5))
-        res.median_token_err_worst_prompt = max(res.median_token_err_worst_prompt,
-                                                round(median_token_err(hidden[:, slot], want), 5))
+        res.median_token_err_worst_prompt = max(
+            res.median_token_err_worst_prompt, round(median_token_err(hidden[:, slot], want), 5)
+        )
         if err >= bound:
             res.problems.append(f"{rid}: slot {slot}: rel. err {err:.4f} >= {bound}")
 
@@ -438,29 +523,51 @@ def check_pooled_rows(res: ConfigResult, refs: dict[int, Reference]) -> None:
     """All prompts' rows together: every bound of the CPU tests (`row_problems`)."""
     order = sorted(refs)
     pooled = Reference(
-        hidden_states=tuple(torch.cat([refs[i].hidden_states[n] for i in order])
-                            for n in range(len(refs[order[0]].hidden_states))),
+        hidden_states=tuple(
+            torch.cat([refs[i].hidden_states[n] for i in order]) for n in range(len(refs[order[0]].hidden_states))
+        ),
         pre_norm=torch.cat([refs[i].pre_norm for i in order]),
         post_norm=torch.cat([refs[i].post_norm for i in order]),
-        logits=torch.empty(0))
+        logits=torch.empty(0),
+    )
     rows = torch.cat([res.rows[i] for i in order])
-    res.problems += [f"all prompts: {p}" for p in row_problems(rows, res.layers, res.arch, pooled, res.final_hidden,
-                                                                res.median_token_bound)]
-    res.median_token_err_all_prompts = round(max(
-        median_token_err(rows[:, slot], want)
-        for slot, want in enumerate(_wanted(pooled, res.layers, res.final_hidden))), 5)
+    res.problems += [
+        f"all prompts: {p}"
+        for p in row_problems(rows, res.layers, res.arch, pooled, res.final_hidden, res.median_token_bound)
+    ]
+    res.median_token_err_all_prompts = round(
+        max(
+            median_token_err(rows[:, slot], want)
+            for slot, want in enumerate(_wanted(pooled, res.layers, res.final_hidden))
+        ),
+        5,
+    )
 
 
-def run_config(cfg: CheckConfig, model: Path, env: GpuEnv, work: Path, port: int,
-               selfcheck_slots: threading.Semaphore, deadline: float) -> tuple[ConfigResult, ServerHandle | None]:
+def run_config(
+    cfg: CheckConfig,
+    model: Path,
+    env: GpuEnv,
+    work: Path,
+    port: int,
+    selfcheck_slots: threading.Semaphore,
+    deadline: float,
+) -> tuple[ConfigResult, ServerHandle | None]:
     """Start the configuration's server (retrying without decode graphs where allowed), run the
     workload and check it, all before ``deadline`` (time.monotonic). The dumps stay staged for the
     comparisons; the server is stopped."""
     res = ConfigResult(cfg.name, cfg.kind, [], cfg.decode_graphs)
     handle = None
     for attempt in (cfg, replace(cfg, decode_graphs=False)):
-        spec = ServerSpec(attempt.name, model, port, attempt.gpus, True, server_args(attempt, env),
-                          writer_process=attempt.writer_process)
+        spec = ServerSpec(
+            attempt.name,
+            model,
+            port,
+            attempt.gpus,
+            True,
+            server_args(attempt, env),
+            writer_process=attempt.writer_process,
+        )
         res.flags, res.decode_graphs = list(spec.args), attempt.decode_graphs
         shutil.rmtree(dump_dir_for(cfg.name), ignore_errors=True)
         t0 = time.monotonic()
@@ -483,8 +590,7 @@ def run_config(cfg: CheckConfig, model: Path, env: GpuEnv, work: Path, port: int
         tokens = send_workload(handle, run_id, ids, deadline)
         check_dumps(res, cfg, handle, run_id, ids, tokens, selfcheck_slots, env.cuda)
     except Exception as exc:  # a failed request or a dead server: say what and go on with the others
-        res.problems.append(f"workload failed: {type(exc).__name__}: {exc}; log tail:\n"
-                            f"{log_tail(handle.log_path, 40)}")
+        res.problems.append(f"workload failed: {type(exc).__name__}: {exc}; log tail:\n{log_tail(handle.log_path, 40)}")
     finally:
         handle.stop()
         check_log(res, cfg, handle.log_path)
@@ -496,7 +602,7 @@ def _first_error(text: str) -> str:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if "Error" in line or "error:" in line:
-            return "\n".join(lines[max(0, i - 3): i + 3])[-1500:]
+            return "\n".join(lines[max(0, i - 3) : i + 3])[-1500:]
     return ""
 
 
@@ -505,9 +611,17 @@ def compare(res: ConfigResult, ref: ConfigResult) -> dict:
     within the whole-prompt bound, all prompts' tokens together within the median-token bound."""
     bound = REL_ERR_BOUND.get(res.arch or ref.arch, 0.02)
     common = sorted(set(res.rows) & set(ref.rows))
-    out = {"config": res.name, "reference": ref.name, "bound": bound, "median_token_bound": MEDIAN_TOKEN_BOUND,
-           "prompts": len(common), "max_rel_err": 0.0, "median_token_err_all_prompts": 0.0,
-           "same_greedy_token": sum(res.tokens.get(i) == ref.tokens.get(i) for i in common), "problems": []}
+    out = {
+        "config": res.name,
+        "reference": ref.name,
+        "bound": bound,
+        "median_token_bound": MEDIAN_TOKEN_BOUND,
+        "prompts": len(common),
+        "max_rel_err": 0.0,
+        "median_token_err_all_prompts": 0.0,
+        "same_greedy_token": sum(res.tokens.get(i) == ref.tokens.get(i) for i in common),
+        "problems": [],
+    }
     for i in common:
         for slot in range(res.rows[i].shape[1]):
             err = rel_err(res.rows[i][:, slot], ref.rows[i][:, slot])
@@ -527,18 +641,29 @@ def compare(res: ConfigResult, ref: ConfigResult) -> dict:
     return out
 
 
-def run_checks(configs: list[CheckConfig], models: dict[str, Path], env: GpuEnv, work: Path, deadline: float,
-               first_port: int = 30200) -> dict:
+def run_checks(
+    configs: list[CheckConfig],
+    models: dict[str, Path],
+    env: GpuEnv,
+    work: Path,
+    deadline: float,
+    first_port: int = 30200,
+) -> dict:
     """Run ``configs`` at once, each before ``deadline`` (time.monotonic); the result has one entry per
     configuration and per comparison."""
     selfcheck_slots = threading.Semaphore(8)
     with ThreadPoolExecutor(max_workers=len(configs)) as pool:
-        futures = [pool.submit(run_config, cfg, models[cfg.kind], env, work, first_port + 10 * n, selfcheck_slots,
-                               deadline) for n, cfg in enumerate(configs)]
+        futures = [
+            pool.submit(run_config, cfg, models[cfg.kind], env, work, first_port + 10 * n, selfcheck_slots, deadline)
+            for n, cfg in enumerate(configs)
+        ]
         results = {cfg.name: f.result()[0] for cfg, f in zip(configs, futures, strict=True)}
     comparisons = [compare(results[c.name], results[c.reference]) for c in configs if c.reference]
     for cfg in configs:
         shutil.rmtree(dump_dir_for(cfg.name), ignore_errors=True)
     summaries = [r.summary() for r in results.values()]
-    return {"configs": summaries, "comparisons": comparisons,
-            "ok": all(s["ok"] for s in summaries) and all(c["ok"] for c in comparisons)}
+    return {
+        "configs": summaries,
+        "comparisons": comparisons,
+        "ok": all(s["ok"] for s in summaries) and all(c["ok"] for c in comparisons),
+    }

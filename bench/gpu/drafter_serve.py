@@ -20,8 +20,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-SPEC_FLAGS = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-              "--speculative-num-draft-tokens", "4")
+SPEC_FLAGS = (
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+)
 MAX_NEW_TOKENS = 256
 
 
@@ -32,8 +40,9 @@ def encode_prompts(model: Path, prompts: list[dict]) -> list[list[int]]:
     tok = AutoTokenizer.from_pretrained(str(model))
     out = []
     for p in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True,
-                                      tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": p["prompt"]}], add_generation_prompt=True, tokenize=True
+        )
         out.append([int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)])
     return out
 
@@ -66,8 +75,12 @@ def accept_length(answers: list[dict]) -> dict:
     """τ over ``answers``, with the counts it is made of."""
     tokens = sum(a["meta_info"]["completion_tokens"] for a in answers)
     verify = sum(a["meta_info"].get("spec_verify_ct", 0) or 0 for a in answers)
-    return {"tau": round(tokens / verify, 4) if verify else None, "completion_tokens": tokens, "verify_steps": verify,
-            "requests": len(answers)}
+    return {
+        "tau": round(tokens / verify, 4) if verify else None,
+        "completion_tokens": tokens,
+        "verify_steps": verify,
+        "requests": len(answers),
+    }
 
 
 def same_text_share(answers: list[dict], baseline: list[dict]) -> float:
@@ -94,5 +107,7 @@ def paired_difference(a: list[list[int]], b: list[list[int]], rounds: int = 2000
     everything = list(range(n))
     rng = random.Random(seed)
     diffs = sorted(tau(a, s) - tau(b, s) for s in ([rng.randrange(n) for _ in range(n)] for _ in range(rounds)))
-    return {"difference": round(tau(a, everything) - tau(b, everything), 4),
-            "interval_95": [round(diffs[int(0.025 * rounds)], 4), round(diffs[int(0.975 * rounds) - 1], 4)]}
+    return {
+        "difference": round(tau(a, everything) - tau(b, everything), 4),
+        "interval_95": [round(diffs[int(0.025 * rounds)], 4), round(diffs[int(0.975 * rounds) - 1], 4)],
+    }

@@ -82,10 +82,17 @@ def case(tokens: int, hidden: int) -> dict:
     block_mb = tokens * (k + 1) * hidden * 2 / 1e6
     c, w, m = timed(concat_only), timed(whole), timed(one_matmul)
     v2, v1 = timed(values_v2), timed(values_v1)
-    return {"tokens": tokens, "hidden": hidden, "block_mb": round(block_mb, 1), "concat_ms": round(c, 3),
-            "own_batch_ms": round(w, 3), "added_by_ids_and_fingerprint_ms": round(w - c, 3),
-            "row_values_v2_ms": round(v2, 3), "row_values_v1_ms": round(v1, 3),
-            "one_up_projection_matmul_ms": round(m, 3)}
+    return {
+        "tokens": tokens,
+        "hidden": hidden,
+        "block_mb": round(block_mb, 1),
+        "concat_ms": round(c, 3),
+        "own_batch_ms": round(w, 3),
+        "added_by_ids_and_fingerprint_ms": round(w - c, 3),
+        "row_values_v2_ms": round(v2, 3),
+        "row_values_v1_ms": round(v1, 3),
+        "one_up_projection_matmul_ms": round(m, 3),
+    }
 
 
 def cpu_case(tokens: int, hidden: int, repeats: int = 7) -> dict:
@@ -108,9 +115,16 @@ def cpu_case(tokens: int, hidden: int, repeats: int = 7) -> dict:
     v2 = best(lambda: fingerprint.row_values_np(raw, ids, row_bytes))
     v1 = best(lambda: raw.view(np.int64).reshape(tokens, -1).sum(axis=1) + ids * 7)
     copy = best(lambda: np.copyto(out, raw))
-    return {"tokens": tokens, "hidden": hidden, "sample_mb": round(raw.nbytes / 1e6, 1),
-            "v2_gb_per_s": round(v2, 2), "v1_gb_per_s": round(v1, 2), "copy_gb_per_s": round(copy, 2),
-            "v2_time_over_v1": round(v1 / v2, 3), "v2_time_over_copy": round(copy / v2, 3)}
+    return {
+        "tokens": tokens,
+        "hidden": hidden,
+        "sample_mb": round(raw.nbytes / 1e6, 1),
+        "v2_gb_per_s": round(v2, 2),
+        "v1_gb_per_s": round(v1, 2),
+        "copy_gb_per_s": round(copy, 2),
+        "v2_time_over_v1": round(v1 / v2, 3),
+        "v2_time_over_copy": round(copy / v2, 3),
+    }
 
 
 def main() -> int:
@@ -121,14 +135,21 @@ def main() -> int:
     if args.device == "cpu":
         from common import machine_info
 
-        out = {"benchmark": "fingerprint_cost_cpu", "threads": 1,
-               "cases": [cpu_case(2048, 4096), cpu_case(2048, 7168), cpu_case(256, 4096)],
-               "machine": machine_info(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        out = {
+            "benchmark": "fingerprint_cost_cpu",
+            "threads": 1,
+            "cases": [cpu_case(2048, 4096), cpu_case(2048, 7168), cpu_case(256, 4096)],
+            "machine": machine_info(),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         _emit(out, args.json)
         return 0
-    out = {"benchmark": "fingerprint_cost", "gpu": torch.cuda.get_device_name(0),
-           "cases": [case(8192, 4096), case(8192, 7168), case(1024, 4096)],
-           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    out = {
+        "benchmark": "fingerprint_cost",
+        "gpu": torch.cuda.get_device_name(0),
+        "cases": [case(8192, 4096), case(8192, 7168), case(1024, 4096)],
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     _emit(out, args.json)
     return 0
 

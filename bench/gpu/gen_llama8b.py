@@ -35,9 +35,18 @@ MAX_POSITIONS = 32768
 
 def write_config(out: Path, tokenizer_from: Path, layers: int) -> None:
     cfg = json.loads((tokenizer_from / "config.json").read_text())
-    cfg.update(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, vocab_size=VOCAB, num_hidden_layers=layers,
-               num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-               max_position_embeddings=MAX_POSITIONS, torch_dtype="bfloat16", tie_word_embeddings=False)
+    cfg.update(
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        vocab_size=VOCAB,
+        num_hidden_layers=layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POSITIONS,
+        torch_dtype="bfloat16",
+        tie_word_embeddings=False,
+    )
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     write_word_tokenizer(out, tokenizer_from, VOCAB)
 
@@ -62,8 +71,14 @@ def write_word_tokenizer(out: Path, tokenizer_from: Path, vocab_size: int) -> No
     vocab.update({word(i): i for i in range(len(specials), vocab_size)})
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", additional_special_tokens=ROLE_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        additional_special_tokens=ROLE_TOKENS,
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
     if (tokenizer_from / "generation_config.json").is_file():
@@ -89,14 +104,19 @@ def generate(out: str | Path, tokenizer_from: str | Path, layers: int = 32, seed
         tensors = {"model.embed_tokens.weight": rand(VOCAB, HIDDEN)} if first == 0 else {}
         for i in range(first, min(layers, first + LAYERS_PER_SHARD)):
             p = f"model.layers.{i}."
-            tensors.update({
-                p + "self_attn.q_proj.weight": rand(q, HIDDEN), p + "self_attn.k_proj.weight": rand(kv, HIDDEN),
-                p + "self_attn.v_proj.weight": rand(kv, HIDDEN), p + "self_attn.o_proj.weight": rand(HIDDEN, q),
-                p + "mlp.gate_proj.weight": rand(INTERMEDIATE, HIDDEN),
-                p + "mlp.up_proj.weight": rand(INTERMEDIATE, HIDDEN),
-                p + "mlp.down_proj.weight": rand(HIDDEN, INTERMEDIATE),
-                p + "input_layernorm.weight": ones(), p + "post_attention_layernorm.weight": ones(),
-            })
+            tensors.update(
+                {
+                    p + "self_attn.q_proj.weight": rand(q, HIDDEN),
+                    p + "self_attn.k_proj.weight": rand(kv, HIDDEN),
+                    p + "self_attn.v_proj.weight": rand(kv, HIDDEN),
+                    p + "self_attn.o_proj.weight": rand(HIDDEN, q),
+                    p + "mlp.gate_proj.weight": rand(INTERMEDIATE, HIDDEN),
+                    p + "mlp.up_proj.weight": rand(INTERMEDIATE, HIDDEN),
+                    p + "mlp.down_proj.weight": rand(HIDDEN, INTERMEDIATE),
+                    p + "input_layernorm.weight": ones(),
+                    p + "post_attention_layernorm.weight": ones(),
+                }
+            )
         if first + LAYERS_PER_SHARD >= layers:
             tensors.update({"model.norm.weight": ones(), "lm_head.weight": rand(VOCAB, HIDDEN)})
         shard = f"model-{first // LAYERS_PER_SHARD:05d}.safetensors"
@@ -106,7 +126,8 @@ def generate(out: str | Path, tokenizer_from: str | Path, layers: int = 32, seed
     # transformers finds the shards through their index (SGLang globs them); the GPU tier compares a
     # few samples with transformers.
     (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
     (out / "hsextract-llama8b.json").write_text(json.dumps({"layers": layers, "seed": seed}))
     return out
 

@@ -42,8 +42,13 @@ GPU_SETTINGS = {
     "SGLANG_JIT_CACHE_DIR": "/tmp/hsx-gpu-cache/sgl-jit",
     "TVM_FFI_CACHE_DIR": "/tmp/hsx-gpu-cache/tvm-ffi",
 }
-COMMON_SETTINGS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                   "PYTHONUNBUFFERED": "1", **NO_MULTICAST}
+COMMON_SETTINGS = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+    **NO_MULTICAST,
+}
 
 SHIM_TARGET = Path("sglang") / "kernels" / "ops" / "gemm" / "cutedsl_dual_gemm.py"
 
@@ -88,16 +93,33 @@ def install(bundle: Path, site: Path, log_path: Path) -> GpuEnv:
     wheels = sorted((bundle / "whl").glob("*.whl"))
     standin = bundle / "standin"
     if not wheels or not (standin / "sgl_kernel" / "utils.py").is_file():
-        raise GpuEnvError(f"{bundle} is not a built bundle (no whl/*.whl or standin/sgl_kernel/utils.py); "
-                          "build it with python3 bench/gpu/build_bundle.py")
+        raise GpuEnvError(
+            f"{bundle} is not a built bundle (no whl/*.whl or standin/sgl_kernel/utils.py); "
+            "build it with python3 bench/gpu/build_bundle.py"
+        )
     marker = site / ".hsextract-bundle"
     stamp = "\n".join(w.name for w in wheels)
     if not marker.is_file() or marker.read_text() != stamp:
         shutil.rmtree(site, ignore_errors=True)
         with open(log_path, "ab") as log:
-            done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                                   "--no-compile", "--no-cache-dir", "--target", str(site), *map(str, wheels)],
-                                  stdout=log, stderr=subprocess.STDOUT)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--no-deps",
+                    "--no-compile",
+                    "--no-cache-dir",
+                    "--target",
+                    str(site),
+                    *map(str, wheels),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         if done.returncode != 0:
             raise GpuEnvError(f"pip install of the bundle's {len(wheels)} wheels failed; see {log_path}")
         shutil.copy(bundle / "shims" / "cutedsl_dual_gemm.py", site / SHIM_TARGET)
@@ -109,16 +131,22 @@ def install(bundle: Path, site: Path, log_path: Path) -> GpuEnv:
 
 def cpu_env() -> GpuEnv:
     """The dry-run environment: this interpreter's SGLang on the CPU, with the tests' stub."""
-    return GpuEnv("cpu", [CPU_STUB_DIR, REPO / "bench" / "gpu" / "standin", PACKAGE_DIR],
-                  {**COMMON_SETTINGS, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"})
+    return GpuEnv(
+        "cpu",
+        [CPU_STUB_DIR, REPO / "bench" / "gpu" / "standin", PACKAGE_DIR],
+        {**COMMON_SETTINGS, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"},
+    )
 
 
 def check_imports(env: GpuEnv, log_path: Path) -> None:
     """SGLang's server module and the stand-in import in a server's environment, or GpuEnvError."""
-    probe = ("import sgl_kernel, sglang, sglang.launch_server; "
-             "print('sglang', sglang.__version__, 'sgl_kernel', sgl_kernel.__version__)")
-    done = subprocess.run([sys.executable, "-c", probe], env=env.server_env(), capture_output=True, text=True,
-                          timeout=300)
+    probe = (
+        "import sgl_kernel, sglang, sglang.launch_server; "
+        "print('sglang', sglang.__version__, 'sgl_kernel', sgl_kernel.__version__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env.server_env(), capture_output=True, text=True, timeout=300
+    )
     with open(log_path, "a") as log:
         log.write(done.stdout + done.stderr)
     if done.returncode != 0:

@@ -55,9 +55,15 @@ class ServerSpec:
 
 def render_capture_patch(spec: ServerSpec, out: Path) -> Path:
     """The capture patch of ``spec``'s server, rendered under ``out`` (for its PYTHONPATH)."""
-    return render_patch(out, architecture=read_model_info(spec.model).architecture, model_path=str(spec.model),
-                        dump_dir=str(dump_dir_for(spec.name)), rid_prefix=spec.rid_prefix,
-                        writer_threads=spec.writer_threads, writer_process=spec.writer_process)
+    return render_patch(
+        out,
+        architecture=read_model_info(spec.model).architecture,
+        model_path=str(spec.model),
+        dump_dir=str(dump_dir_for(spec.name)),
+        rid_prefix=spec.rid_prefix,
+        writer_threads=spec.writer_threads,
+        writer_process=spec.writer_process,
+    )
 
 
 def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
@@ -67,8 +73,10 @@ def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
     base.mkdir(parents=True, exist_ok=True)
     dump_dir = dump_dir_for(spec.name)
     if spec.profile not in ("capture", "generation") or (spec.profile == "generation" and spec.capture):
-        raise ValueError(f"{spec.name}: profile {spec.profile!r} with capture={spec.capture}: the capture runs only "
-                         "in the capture profile")
+        raise ValueError(
+            f"{spec.name}: profile {spec.profile!r} with capture={spec.capture}: the capture runs only "
+            "in the capture profile"
+        )
     patch_dir = render_capture_patch(spec, base / "patch") if spec.capture else None
     # The capture's server flags for both kinds of server, so that they differ only by the patch.
     launch = server_launch(patch_dir or base, package_name=DEFAULT_PACKAGE, device=env.device)
@@ -79,20 +87,42 @@ def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:
     run_env = env.server_env(spec.gpus, (patch_dir,) if patch_dir else ())
     if patch_dir:
         run_env.update({k: v for k, v in launch.env.items() if k != "PYTHONPATH"})
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(spec.model), "--host", "127.0.0.1",
-           "--port", str(spec.port), "--log-level", "info", *env.device_args(), *launch_args, *spec.args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(spec.model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(spec.port),
+        "--log-level",
+        "info",
+        *env.device_args(),
+        *launch_args,
+        *spec.args,
+    ]
     log_path = base / "server.log"
     with open(log_path, "wb") as log:
         log.write((" ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, cwd=str(base),
-                                start_new_session=True)
-    return ServerHandle(f"http://127.0.0.1:{spec.port}", spec.port, dump_dir, Path(spec.model), spec.rid_prefix,
-                        proc, log_path, patch_dir)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, cwd=str(base), start_new_session=True
+        )
+    return ServerHandle(
+        f"http://127.0.0.1:{spec.port}",
+        spec.port,
+        dump_dir,
+        Path(spec.model),
+        spec.rid_prefix,
+        proc,
+        log_path,
+        patch_dir,
+    )
 
 
 def capture_log_lines(log_path: Path) -> list[str]:
     """The capture's own lines of a server log (its start line per rank, warnings and errors)."""
     text = Path(log_path).read_text(errors="replace")
     return [line for line in text.splitlines() if "hsextract capture" in line or "capture:" in line]
-

@@ -59,8 +59,20 @@ from pipeline.result import case_result  # noqa: E402
 from pipeline.settings import SITE  # noqa: E402
 from pipeline.verdict import selfcheck_numbers  # noqa: E402
 
-__all__ = ["SITE", "Case", "case_result", "ceiling_sizes", "drain_command", "encode", "free_port", "main",
-           "product_env", "run_case", "selfcheck_numbers", "write_dataset"]
+__all__ = [
+    "SITE",
+    "Case",
+    "case_result",
+    "ceiling_sizes",
+    "drain_command",
+    "encode",
+    "free_port",
+    "main",
+    "product_env",
+    "run_case",
+    "selfcheck_numbers",
+    "write_dataset",
+]
 
 if __name__ == "__main__":
     sys.exit(main())

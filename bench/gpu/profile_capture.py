@@ -84,15 +84,31 @@ def main() -> int:
         for side, handle in servers.items():
             raw = out / f"pyspy-{side}.txt"
             pid = scheduler_pid(handle.proc.pid)
-            cmd = [str(SITE / "bin" / "py-spy"), "record", "--pid", str(pid), "--gil", "--threads", "--nonblocking",
-                   "--rate", str(args.rate), "--format", "raw", "--output", str(raw)]
+            cmd = [
+                str(SITE / "bin" / "py-spy"),
+                "record",
+                "--pid",
+                str(pid),
+                "--gil",
+                "--threads",
+                "--nonblocking",
+                "--rate",
+                str(args.rate),
+                "--format",
+                "raw",
+                "--output",
+                str(raw),
+            ]
             spy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             time.sleep(1.0)  # py-spy attached
             res = bench.run_round(handle, case, prompts, side == "capture")
             spy.send_signal(2)
             log = spy.communicate(timeout=60)[0]
-            result[side] = {"round": res, "gil_samples_by_thread": by_thread(raw) if raw.is_file() else {},
-                            "py_spy_log": log[-1500:]}
+            result[side] = {
+                "round": res,
+                "gil_samples_by_thread": by_thread(raw) if raw.is_file() else {},
+                "py_spy_log": log[-1500:],
+            }
             print(side, json.dumps(result[side])[:800], flush=True)
     finally:
         for handle in servers.values():

@@ -77,9 +77,16 @@ def gpu_count() -> int:
 def make_tiny_models(kinds: set[str], root: Path) -> dict[str, Path]:
     """Each kind's tiny model under ``root`` (generated in parallel subprocesses, as once per machine)."""
     env = {**os.environ, "PYTHONPATH": str(gpu_env.PACKAGE_DIR)}
-    procs = {k: subprocess.Popen([sys.executable, "-m", "hsextract", "make-tiny-model", "--kind", k, str(root / k)],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for k in kinds}
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, "-m", "hsextract", "make-tiny-model", "--kind", k, str(root / k)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in kinds
+    }
     for kind, proc in procs.items():
         _, err = proc.communicate(timeout=600)
         if proc.returncode:
@@ -89,12 +96,19 @@ def make_tiny_models(kinds: set[str], root: Path) -> dict[str, Path]:
 
 def machine(env: gpu_env.GpuEnv) -> dict:
     shm = shutil.disk_usage("/dev/shm")
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "gpus": bench.nvidia_smi_names(),
-            "dev_shm_gib": {"size": round(shm.total / 2**30, 1), "free": round(shm.free / 2**30, 1)}}
-    probe = ("import json, torch, triton, transformers, sglang; print(json.dumps({'torch': torch.__version__, "
-             "'triton': triton.__version__, 'transformers': transformers.__version__, 'sglang': sglang.__version__}))")
-    done = subprocess.run([sys.executable, "-c", probe], env=env.server_env(), capture_output=True, text=True,
-                          timeout=300)
+    info = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "gpus": bench.nvidia_smi_names(),
+        "dev_shm_gib": {"size": round(shm.total / 2**30, 1), "free": round(shm.free / 2**30, 1)},
+    }
+    probe = (
+        "import json, torch, triton, transformers, sglang; print(json.dumps({'torch': torch.__version__, "
+        "'triton': triton.__version__, 'transformers': transformers.__version__, 'sglang': sglang.__version__}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env.server_env(), capture_output=True, text=True, timeout=300
+    )
     if done.returncode == 0:
         info.update(json.loads(done.stdout.strip().splitlines()[-1]))
     return info
@@ -103,8 +117,12 @@ def machine(env: gpu_env.GpuEnv) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--bundle", type=Path, default=REPO / ".gpu",
-                    help="the bundle of bench/gpu/build_bundle.py (default: .gpu in the repository)")
+    ap.add_argument(
+        "--bundle",
+        type=Path,
+        default=REPO / ".gpu",
+        help="the bundle of bench/gpu/build_bundle.py (default: .gpu in the repository)",
+    )
     ap.add_argument("--budget-s", type=float, default=540, help="the whole run, from start to the last JSON")
     ap.add_argument("--work", type=Path, default=Path("/tmp/hsx-gpu-tier"))
     ap.add_argument("--results", type=Path, help="where the JSON results go (default: bench/results on a GPU)")
@@ -169,10 +187,16 @@ def run(args: argparse.Namespace, deadline: float, save: Saver, say: Log) -> boo
         say("tiny models ready")
         bench_start = None if args.skip_bench else BenchStart(env, models["llama"], args.work, max(gpus - 1, 0), say)
         # The checks may take all but what the bench needs: a hung server must not eat the bench's time.
-        checks = guarded(lambda: capture_checks.run_checks(
-            configs, models, env, args.work, deadline - (0 if args.skip_bench else BENCH_RESERVE_S)))
-        checks.update(benchmark="capture_gpu", machine=machine_info.result(),
-                      measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        checks = guarded(
+            lambda: capture_checks.run_checks(
+                configs, models, env, args.work, deadline - (0 if args.skip_bench else BENCH_RESERVE_S)
+            )
+        )
+        checks.update(
+            benchmark="capture_gpu",
+            machine=machine_info.result(),
+            measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
     save("capture_gpu.json", checks)
     report_checks(checks, say)
     if bench_start is None:
@@ -229,8 +253,9 @@ class BenchStart:
                 self.servers = bench.start_pair(self.model, self.env, self.work, self.gpu, BENCH_PORT)
                 self._wait(deadline)
             self.say(f"bench servers healthy; {deadline - time.monotonic():.0f} s left for the bench")
-            result = bench.measure(self.servers, bench.GPU_CASES if self.env.cuda else bench.CPU_CASES, rounds,
-                                   deadline - 20, self.say)
+            result = bench.measure(
+                self.servers, bench.GPU_CASES if self.env.cuda else bench.CPU_CASES, rounds, deadline - 20, self.say
+            )
         finally:
             self._stop()
         result.update(bench.describe(self.env, self.model))
@@ -249,27 +274,33 @@ def report_checks(checks: dict, say: Log) -> None:
     if "error" in checks:
         say(f"checks FAILED: {checks['error']}")
     for c in checks.get("configs", []):
-        say(f"check {c['name']}: {'ok' if c['ok'] else 'FAILED'}; {c['complete_dumps']}/{c['requests']} dumps, "
+        say(
+            f"check {c['name']}: {'ok' if c['ok'] else 'FAILED'}; {c['complete_dumps']}/{c['requests']} dumps, "
             f"{c['failure_markers']} failure markers, max rel. err {c['max_rel_err']:.4f}, selfcheck "
             f"{c['selfcheck_passed']} (logprobs of {c.get('logprob_compared', 0)}: worst mean abs error "
             f"{c.get('logprob_worst_mean_abs_error', 0):.4g}; wrong rows failed "
             f"{sum(w['failed'] for w in c.get('logprob_wrong_rows', []))} of {len(c.get('logprob_wrong_rows', []))}, "
             f"least error {min((w['mean_abs_error'] or 0 for w in c.get('logprob_wrong_rows', [])), default=0):.4g}), "
             f"decode graphs {c['decode_graphs']}; "
-            f"problems: {c['problems'][:5]}")
+            f"problems: {c['problems'][:5]}"
+        )
     for c in checks.get("comparisons", []):
-        say(f"compare {c['config']} vs {c['reference']}: {'ok' if c['ok'] else 'FAILED'}, max rel. err "
-            f"{c['max_rel_err']}, same greedy token {c['same_greedy_token']}/{c['prompts']}; {c['problems'][:3]}")
+        say(
+            f"compare {c['config']} vs {c['reference']}: {'ok' if c['ok'] else 'FAILED'}, max rel. err "
+            f"{c['max_rel_err']}, same greedy token {c['same_greedy_token']}/{c['prompts']}; {c['problems'][:3]}"
+        )
 
 
 def report_bench(overhead: dict, say: Log) -> None:
     if "error" in overhead:
         say(f"bench FAILED: {overhead['error']}")
     for c in overhead.get("cases", []):
-        say(f"bench {c['case']}: plain {c['plain_tokens_per_s']['median']} tok/s, capture "
+        say(
+            f"bench {c['case']}: plain {c['plain_tokens_per_s']['median']} tok/s, capture "
             f"{c['capture_tokens_per_s']['median']} tok/s, ratio {c['ratio_of_medians']} (pairs "
             f"{c['ratio_per_round_pair']['min']}-{c['ratio_per_round_pair']['max']}), staged "
-            f"{c['staged_gb_per_s_median']} GB/s, dumps == requests: {c['complete_dumps_equal_requests']}")
+            f"{c['staged_gb_per_s_median']} GB/s, dumps == requests: {c['complete_dumps_equal_requests']}"
+        )
 
 
 def pack_logs(work: Path, out: Path) -> None:

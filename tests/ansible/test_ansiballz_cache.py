@@ -23,17 +23,45 @@ def stat_play(tmp_path: Path, env: dict[str, str]) -> dict:
     """One `stat` task on localhost under the controller's Ansible; its registered result."""
     out = tmp_path / "stat.json"
     out.unlink(missing_ok=True)  # so that every play runs the same modules (copy skips an unchanged file)
-    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"name": "Read the file.", "ansible.builtin.stat": {"path": str(tmp_path / "probe.txt")}, "register": "st"},
-        {"name": "Keep what it read.", "ansible.builtin.copy": {
-            "dest": str(out), "mode": "0644",
-            "content": "{{ {'exists': st.stat.exists, 'size': st.stat.size} | to_json }}"}}]}]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Read the file.",
+                    "ansible.builtin.stat": {"path": str(tmp_path / "probe.txt")},
+                    "register": "st",
+                },
+                {
+                    "name": "Keep what it read.",
+                    "ansible.builtin.copy": {
+                        "dest": str(out),
+                        "mode": "0644",
+                        "content": "{{ {'exists': st.stat.exists, 'size': st.stat.size} | to_json }}",
+                    },
+                },
+            ],
+        }
+    ]
     (tmp_path / "play.yml").write_text(json.dumps(play))
     bin_dir = ansible_bin()
-    r = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                        "-e", f"ansible_python_interpreter={bin_dir / 'python'}", str(tmp_path / "play.yml")],
-                       capture_output=True, text=True, timeout=240,
-                       env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **env})
+    r = subprocess.run(
+        [
+            str(bin_dir / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={bin_dir / 'python'}",
+            str(tmp_path / "play.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **env},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text())
 

@@ -40,42 +40,84 @@ def rendered(tmp_path_factory) -> Path:
     """cases/<case>/unit.service and facts.json, one inventory host per case."""
     tmp = tmp_path_factory.mktemp("client-processes")
     out = str(tmp / "cases" / "{{ inventory_hostname }}")
-    (tmp / "base.yml").write_text(yaml.safe_dump({
-        "hsextract_on_cpu": True, "hsextract_model_path": "/srv/model", "hsextract_dataset": "/srv/data/train.jsonl",
-        "hsextract_output_dir": "/srv/out", "hsextract_format": "speculators"}))
+    (tmp / "base.yml").write_text(
+        yaml.safe_dump(
+            {
+                "hsextract_on_cpu": True,
+                "hsextract_model_path": "/srv/model",
+                "hsextract_dataset": "/srv/data/train.jsonl",
+                "hsextract_output_dir": "/srv/out",
+                "hsextract_format": "speculators",
+            }
+        )
+    )
     for case, overrides in CASES.items():
         (tmp / f"override-{case}.yml").write_text(yaml.safe_dump(overrides or {"hsextract_client_processes": "auto"}))
-    play = [{
-        "name": "Render the client's unit and its names for every case.",
-        "hosts": "all",
-        "gather_facts": False,
-        "vars_files": [*(str(ROLES / r / "defaults" / "main.yml") for r in DEFAULTS), str(tmp / "base.yml")],
-        "tasks": [
-            {"name": "Load the case's overrides.",
-             "ansible.builtin.include_vars": str(tmp / "override-{{ inventory_hostname }}.yml")},
-            {"name": "Create the case's directory.",
-             "ansible.builtin.file": {"path": out, "state": "directory", "mode": "0755"}},
-            {"name": "Render the client's unit.",
-             "ansible.builtin.template": {"src": str(UNIT_TEMPLATE), "dest": f"{out}/unit.service", "mode": "0644"}},
-            {"name": "Record the names the roles derive.",
-             "ansible.builtin.copy": {"dest": f"{out}/facts.json", "mode": "0644", "content": (
-                 "{{ {'processes': extraction_processes | int, 'units': extraction_units,"
-                 " 'installed_as': extraction_unit if extraction_processes | int == 1 else extraction_template_unit,"
-                 " 'handler_unit': service_handlers_client_unit, 'regeneration_stops': regeneration_client_units,"
-                 " 'summaries': hsextract_client_shard | hsextract_process_shards(extraction_processes)"
-                 " | map('hsextract_summary_path', hsextract_output_dir) | list} | to_json }}")}},
-        ],
-    }]
+    play = [
+        {
+            "name": "Render the client's unit and its names for every case.",
+            "hosts": "all",
+            "gather_facts": False,
+            "vars_files": [*(str(ROLES / r / "defaults" / "main.yml") for r in DEFAULTS), str(tmp / "base.yml")],
+            "tasks": [
+                {
+                    "name": "Load the case's overrides.",
+                    "ansible.builtin.include_vars": str(tmp / "override-{{ inventory_hostname }}.yml"),
+                },
+                {
+                    "name": "Create the case's directory.",
+                    "ansible.builtin.file": {"path": out, "state": "directory", "mode": "0755"},
+                },
+                {
+                    "name": "Render the client's unit.",
+                    "ansible.builtin.template": {
+                        "src": str(UNIT_TEMPLATE),
+                        "dest": f"{out}/unit.service",
+                        "mode": "0644",
+                    },
+                },
+                {
+                    "name": "Record the names the roles derive.",
+                    "ansible.builtin.copy": {
+                        "dest": f"{out}/facts.json",
+                        "mode": "0644",
+                        "content": (
+                            "{{ {'processes': extraction_processes | int, 'units': extraction_units,"
+                            " 'installed_as': extraction_unit if extraction_processes | int == 1"
+                            " else extraction_template_unit,"
+                            " 'handler_unit': service_handlers_client_unit,"
+                            " 'regeneration_stops': regeneration_client_units,"
+                            " 'summaries': hsextract_client_shard | hsextract_process_shards(extraction_processes)"
+                            " | map('hsextract_summary_path', hsextract_output_dir) | list} | to_json }}"
+                        ),
+                    },
+                },
+            ],
+        }
+    ]
     (tmp / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    hosts = {c: {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python")}
-             for c in CASES}
+    hosts = {
+        c: {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python")} for c in CASES
+    }
     (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1",
-                                      "ANSIBLE_LOCALHOST_WARNING": "0",
-                                      "ANSIBLE_FILTER_PLUGINS": str(ROLES / "hsextract" / "filter_plugins"),
-                                      "ANSIBLE_FORKS": str(len(CASES))})
-    r = subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml"],
-                       cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    env = ansiballz_cache.with_cache(
+        {
+            **os.environ,
+            "ANSIBLE_ROLES_PATH": str(ROLES),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_LOCALHOST_WARNING": "0",
+            "ANSIBLE_FILTER_PLUGINS": str(ROLES / "hsextract" / "filter_plugins"),
+            "ANSIBLE_FORKS": str(len(CASES)),
+        }
+    )
+    r = subprocess.run(
+        [str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml"],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
     return tmp / "cases"
 
@@ -85,8 +127,11 @@ def _facts(rendered: Path, case: str) -> dict:
 
 
 def _unit(rendered: Path, case: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in (rendered / case / "unit.service").read_text().splitlines()
-                if "=" in line and not line.startswith("#"))
+    return dict(
+        line.split("=", 1)
+        for line in (rendered / case / "unit.service").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
 
 
 def test_one_process_keeps_the_plain_unit_and_its_command_line(rendered):
@@ -121,10 +166,14 @@ def test_an_explicit_number_wins_over_the_servers_data_parallelism(rendered):
 def test_each_process_is_told_finished_by_the_summary_of_its_sub_shard(rendered):
     # host shard 1/2, two processes: 1/4 and 3/4
     assert _facts(rendered, "two_of_shard")["summaries"] == [
-        "/srv/out/.hsextract/client-summary.shard-1-of-4.json", "/srv/out/.hsextract/client-summary.shard-3-of-4.json"]
+        "/srv/out/.hsextract/client-summary.shard-1-of-4.json",
+        "/srv/out/.hsextract/client-summary.shard-3-of-4.json",
+    ]
 
 
 def test_with_a_regeneration_the_processes_split_the_regenerated_dataset_whole(rendered):
     # the regenerated dataset is this host's shard already: the run config has no shard
     assert _facts(rendered, "two_regenerated")["summaries"] == [
-        "/srv/out/.hsextract/client-summary.shard-0-of-2.json", "/srv/out/.hsextract/client-summary.shard-1-of-2.json"]
+        "/srv/out/.hsextract/client-summary.shard-0-of-2.json",
+        "/srv/out/.hsextract/client-summary.shard-1-of-2.json",
+    ]

@@ -34,18 +34,44 @@ def ansible_bin() -> Path:
 
 def play(tmp_path: Path, hosts: dict[str, Path], **extra) -> subprocess.CompletedProcess:
     controller_python = str(ansible_bin() / "python")
-    inventory = {"all": {"children": {
-        "hsextract": {"hosts": {name: {"ansible_connection": "local", "hsextract_output_dir": str(path)}
-                                for name, path in hosts.items()}},
-        "collector": {"hosts": {"localhost": {"ansible_connection": "local"}}}},
-        "vars": {"ansible_python_interpreter": controller_python}}}
+    inventory = {
+        "all": {
+            "children": {
+                "hsextract": {
+                    "hosts": {
+                        name: {"ansible_connection": "local", "hsextract_output_dir": str(path)}
+                        for name, path in hosts.items()
+                    }
+                },
+                "collector": {"hosts": {"localhost": {"ansible_connection": "local"}}},
+            },
+            "vars": {"ansible_python_interpreter": controller_python},
+        }
+    }
     (tmp_path / "fleet.yml").write_text(yaml.safe_dump(inventory))
-    variables = {"collect_collector": "collector", "collect_into": str(tmp_path / "collected"),
-                 "hsextract_python": os.environ["HSEXTRACT_PYTHON"], "collect_draft_vocab_sizes": [16], **extra}
+    variables = {
+        "collect_collector": "collector",
+        "collect_into": str(tmp_path / "collected"),
+        "hsextract_python": os.environ["HSEXTRACT_PYTHON"],
+        "collect_draft_vocab_sizes": [16],
+        **extra,
+    }
     env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0"})
-    return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", str(tmp_path / "fleet.yml"),
-                           "playbooks/collect.yml", "-e", json.dumps(variables)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            str(ansible_bin() / "ansible-playbook"),
+            "-i",
+            str(tmp_path / "fleet.yml"),
+            "playbooks/collect.yml",
+            "-e",
+            json.dumps(variables),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_play_pulls_every_host_and_collects_them_fetching_a_damaged_copy_again_then_changes_nothing(tmp_path):
@@ -70,8 +96,10 @@ def test_the_play_pulls_every_host_and_collects_them_fetching_a_damaged_copy_aga
     assert sorted(p.name for p in staged.iterdir()) == ["a", "b", "c"]
     assert not list(staged.glob("*/quarantine/*/states.safetensors")), "quarantined states are not pulled"
     e = next(iter(iter_entries(into)))
-    assert os.stat(into / e.file).st_ino == os.stat(staged / e.host / f"hidden_states/hs_{e.host_index}.safetensors"
-                                                    ).st_ino, "the staged copy is linked into the set"
+    assert (
+        os.stat(into / e.file).st_ino
+        == os.stat(staged / e.host / f"hidden_states/hs_{e.host_index}.safetensors").st_ino
+    ), "the staged copy is linked into the set"
     again = play(tmp_path, fleet.hosts, collect_final=True)
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
 
@@ -86,8 +114,9 @@ def test_a_host_of_another_run_and_one_not_pulled_stop_the_play_naming_each_afte
     assert f'Could not pull c: rsync: [sender] change_dir "{fleet.hosts["c"]}" failed' in r.stdout
     assert "hsextract collect exited 3" in r.stdout
     assert "run identity is '0badc0de', expected 'c011ec70' (as host a has it)" in r.stdout
-    assert sorted(e.dataset_index for e in iter_entries(tmp_path / "collected")) == [x for x in fleet.samples
-                                                                                     if x % 3 == 0]
+    assert sorted(e.dataset_index for e in iter_entries(tmp_path / "collected")) == [
+        x for x in fleet.samples if x % 3 == 0
+    ]
 
 
 def test_a_run_into_a_bucket_is_collected_in_place_from_the_hosts_prefixes(tmp_path):
@@ -100,9 +129,14 @@ def test_a_run_into_a_bucket_is_collected_in_place_from_the_hosts_prefixes(tmp_p
         bucket = weed.new_bucket()
         creds = weed.credentials_file(tmp_path / "s3.credentials")
         staged = drain_fleet(weed, bucket, creds, tmp_path / "fleet")
-        r = play(tmp_path, {"a": f"s3://{bucket}/run", "b": f"s3://{bucket}/run"},
-                 hsextract_s3_endpoint=weed.endpoint, hsextract_s3_credentials_src=str(creds),
-                 collect_work_dir=str(tmp_path / "set-work"), collect_into=f"s3://{bucket}/run/set")
+        r = play(
+            tmp_path,
+            {"a": f"s3://{bucket}/run", "b": f"s3://{bucket}/run"},
+            hsextract_s3_endpoint=weed.endpoint,
+            hsextract_s3_credentials_src=str(creds),
+            collect_work_dir=str(tmp_path / "set-work"),
+            collect_into=f"s3://{bucket}/run/set",
+        )
         assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
         assert f"collected {len(staged)} new samples into s3://{bucket}/run/set" in r.stdout, r.stdout[-3000:]
         entries = published(target(weed, bucket, "run/set", creds))

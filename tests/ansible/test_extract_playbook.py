@@ -74,17 +74,46 @@ def host(tmp_path_factory):
         pytest.skip(why)
     logs = tmp_path_factory.mktemp("ansible-logs")
     repo = snapshot_repo(tmp_path_factory.mktemp("repo"))
-    box = Sandbox(name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}", binds=[repo], workdir=repo, shm="1g",
-                  play_vars={"hsextract_output_dir": OUTPUT, "hsextract_dump_dir": DUMP_DIR, **QUICK_WAITS})
+    box = Sandbox(
+        name=f"hsx-ans-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+        binds=[repo],
+        workdir=repo,
+        shm="1g",
+        play_vars={"hsextract_output_dir": OUTPUT, "hsextract_dump_dir": DUMP_DIR, **QUICK_WAITS},
+    )
     box.start()
     try:
         venv_python = f"{os.environ['HSEXTRACT_VENV']}/bin/python"
-        box.run("systemd-run", "--unit=hsx-test-old-server", "--quiet", venv_python, "-c", LISTENER, str(PORT),
-                "sglang.launch_server", "--port", str(PORT), check=True)
-        box.run("systemd-run", "--unit=hsx-test-bystander", "--quiet", venv_python, "-c", LISTENER,
-                str(BYSTANDER_PORT), "unrelated-service", check=True)
-        box.wait_until(lambda: box.run("ss", "-ltn", f"sport = :{PORT}").stdout.count("LISTEN") == 1, 30,
-                       interval=0.5, what="the old server to listen")
+        box.run(
+            "systemd-run",
+            "--unit=hsx-test-old-server",
+            "--quiet",
+            venv_python,
+            "-c",
+            LISTENER,
+            str(PORT),
+            "sglang.launch_server",
+            "--port",
+            str(PORT),
+            check=True,
+        )
+        box.run(
+            "systemd-run",
+            "--unit=hsx-test-bystander",
+            "--quiet",
+            venv_python,
+            "-c",
+            LISTENER,
+            str(BYSTANDER_PORT),
+            "unrelated-service",
+            check=True,
+        )
+        box.wait_until(
+            lambda: box.run("ss", "-ltn", f"sport = :{PORT}").stdout.count("LISTEN") == 1,
+            30,
+            interval=0.5,
+            what="the old server to listen",
+        )
         state: dict = {"box": box, "logs": logs, "repo": repo}
         state["old_server_pid"] = box.main_pid("hsx-test-old-server.service")
         state["bystander_pid"] = box.main_pid("hsx-test-bystander.service")
@@ -96,17 +125,20 @@ def host(tmp_path_factory):
             killed = box.main_pid("hsextract-server.service")
             box.run("kill", "-9", str(killed), check=True)
             state["killed_pid"] = killed
+
             def restarted() -> bool:
                 props = box.unit("hsextract-server.service", "NRestarts", "ActiveState")
                 return int(props["NRestarts"]) >= 1 and props["ActiveState"] == "active"
 
             box.wait_until(
                 restarted,
-                600, what="systemd to restart the killed server and the restarted one to be healthy",
+                600,
+                what="systemd to restart the killed server and the restarted one to be healthy",
             )
             state["smoke"] = box.playbook("playbooks/smoke.yml", log_dir=logs, label="2-smoke", timeout=600)
-            state["second"] = box.playbook("extract.yml", extra_vars={"wait": True}, log_dir=logs,
-                                           label="3-second-run-wait", timeout=1500)
+            state["second"] = box.playbook(
+                "extract.yml", extra_vars={"wait": True}, log_dir=logs, label="3-second-run-wait", timeout=1500
+            )
             state["check"] = box.playbook("extract.yml", "--check", log_dir=logs, label="4-check", timeout=900)
             units = ("hsextract-server.service", "hsextract-drain.service")
             state["pids_before_update"] = {unit: box.main_pid(unit) for unit in units}
@@ -123,14 +155,17 @@ def assert_ok(result: PlayResult, what: str) -> None:
 
 
 def status(box: Sandbox) -> dict:
-    out = box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-m", "hsextract", "status", "--config", RUN_CONFIG,
-                  "--json").stdout
+    out = box.run(
+        f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-m", "hsextract", "status", "--config", RUN_CONFIG, "--json"
+    ).stdout
     return json.loads(out)
 
 
 def manifest_indices(box: Sandbox) -> list[int]:
-    code = ("import json, sys\nfrom hsextract.output.manifest import iter_entries\n"
-            "print(json.dumps([e.dataset_index for e in iter_entries(sys.argv[1])]))")
+    code = (
+        "import json, sys\nfrom hsextract.output.manifest import iter_entries\n"
+        "print(json.dumps([e.dataset_index for e in iter_entries(sys.argv[1])]))"
+    )
     out = box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", code, OUTPUT, check=True).stdout
     return json.loads(out)
 
@@ -145,9 +180,11 @@ def test_extract_converges_from_nothing(host):
 
 def test_the_settings_are_validated_once_per_play(host):
     names = [name for name, _ in host["first"].task_results()]
-    for check in ("hsextract : Check the rid prefix, the shard, the client processes, the aux layer ids and the "
-                  "regenerated dataset's path with hsextract's own code.",
-                  "hsextract : Check the aux layer ids against the model's depth."):
+    for check in (
+        "hsextract : Check the rid prefix, the shard, the client processes, the aux layer ids and the "
+        "regenerated dataset's path with hsextract's own code.",
+        "hsextract : Check the aux layer ids against the model's depth.",
+    ):
         assert names.count(check) == 1, f"{check!r} ran {names.count(check)} times"
     specs = [n for n in names if n.startswith("hsextract : Validating arguments against arg spec")]
     assert len(specs) == 1, specs
@@ -170,13 +207,24 @@ def test_a_leftover_server_on_the_port_is_reaped_and_reported(host):
 def test_an_unrelated_listener_on_another_port_survives(host):
     box = host["box"]
     assert box.unit("hsx-test-bystander.service", "MainPID", "ActiveState") == {
-        "MainPID": str(host["bystander_pid"]), "ActiveState": "active"}
+        "MainPID": str(host["bystander_pid"]),
+        "ActiveState": "active",
+    }
 
 
 def test_the_server_runs_with_the_capture_flags_and_hardening(host):
     box = host["box"]
-    props = box.unit("hsextract-server.service", "ExecStart", "Environment", "NoNewPrivileges", "ProtectSystem",
-                     "PrivateTmp", "Restart", "KillMode", "UnitFileState")
+    props = box.unit(
+        "hsextract-server.service",
+        "ExecStart",
+        "Environment",
+        "NoNewPrivileges",
+        "ProtectSystem",
+        "PrivateTmp",
+        "Restart",
+        "KillMode",
+        "UnitFileState",
+    )
     # Every flag the capture's own launch helper sets, plus this run's settings.
     capture_flags = server_launch("patch", device="cpu").args
     for flag in (*capture_flags, "--host 127.0.0.1", f"--port {PORT}", "--chunked-prefill-size 64", "--device cpu"):
@@ -185,22 +233,34 @@ def test_the_server_runs_with_the_capture_flags_and_hardening(host):
     assert "SGLANG_USE_CPU_ENGINE=1" in props["Environment"]
     assert (props["NoNewPrivileges"], props["ProtectSystem"], props["PrivateTmp"]) == ("yes", "strict", "yes")
     assert (props["Restart"], props["KillMode"], props["UnitFileState"]) == ("on-failure", "mixed", "enabled")
-    assert box.unit("hsextract-drain.service", "Restart", "ActiveState") == {"Restart": "always",
-                                                                              "ActiveState": "active"}
+    assert box.unit("hsextract-drain.service", "Restart", "ActiveState") == {
+        "Restart": "always",
+        "ActiveState": "active",
+    }
 
 
 def test_the_overridden_output_and_staging_directories_reach_every_unit_and_its_process(host):
     assert_ok(host["second"], "the second extract.yml run (-e wait=true)")
     box = host["box"]
-    for unit, paths in (("hsextract-server.service", {DUMP_DIR}), ("hsextract-drain.service", {DUMP_DIR, OUTPUT}),
-                        ("hsextract-extract.service", {DUMP_DIR, OUTPUT})):
+    for unit, paths in (
+        ("hsextract-server.service", {DUMP_DIR}),
+        ("hsextract-drain.service", {DUMP_DIR, OUTPUT}),
+        ("hsextract-extract.service", {DUMP_DIR, OUTPUT}),
+    ):
         granted = {p.lstrip("-") for p in box.unit(unit, "ReadWritePaths")["ReadWritePaths"].split()}
         assert paths <= granted, f"{unit} grants {granted}, expected {paths}"
     # The processes: the capture stages where the unit lets it, the drain and the client write their
     # status files, the manifest and the summary there, and nothing goes to the default places.
     code = "import json, hsextract_capture_patch as p; print(json.dumps(p.CONFIG))"
-    capture = json.loads(box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", code, check=True,
-                                 env={"PYTHONPATH": "/var/lib/hsextract/capture-patch"}).stdout)
+    capture = json.loads(
+        box.run(
+            f"{os.environ['HSEXTRACT_VENV']}/bin/python",
+            "-c",
+            code,
+            check=True,
+            env={"PYTHONPATH": "/var/lib/hsextract/capture-patch"},
+        ).stdout
+    )
     assert capture["dump_dir"] == DUMP_DIR, capture
     for name in ("manifest.json", "manifest.jsonl", ".hsextract/drain-status.json", ".hsextract/client-summary.json"):
         assert box.run("test", "-f", f"{OUTPUT}/{name}").returncode == 0, f"{OUTPUT}/{name} is missing"
@@ -233,8 +293,9 @@ def test_the_second_run_changes_nothing_and_waits_for_a_complete_training_set(ho
     # server's resent samples were written already (nothing lost, and said so).
     assert any(re.fullmatch(rf"  training set +{re.escape(OUTPUT)} \(speculators\)", line) for line in summary), summary
     assert f"{expected} accepted = {expected} in the set + 0 failed + 0 quarantined" in "\n".join(summary), summary
-    check = host["second"].result_of("Check that every accepted sample is in the training set, the failures or "
-                                     "the quarantine.")
+    check = host["second"].result_of(
+        "Check that every accepted sample is in the training set, the failures or the quarantine."
+    )
     assert not check.get("failed"), check
 
 
@@ -257,8 +318,10 @@ def test_a_new_package_restarts_the_running_server_and_drain_and_leaves_the_fini
     assert_ok(host["update"], "extract.yml after the package changed")
     box = host["box"]
     changed = [name for name in host["update"].changed_tasks() if not name.startswith("ml_env : ")]
-    assert changed == ["service_handlers : Restart the server if it is running.",
-                       "service_handlers : Restart the drain daemon if it is running."], host["update"].changed_tasks()
+    assert changed == [
+        "service_handlers : Restart the server if it is running.",
+        "service_handlers : Restart the drain daemon if it is running.",
+    ], host["update"].changed_tasks()
     for unit, pid in host["pids_before_update"].items():
         assert box.main_pid(unit) != pid, f"{unit} still runs the process of the old package"
     assert box.unit("hsextract-server.service", "ActiveState")["ActiveState"] == "active"
@@ -306,8 +369,9 @@ def test_layers_out_of_range_fail_at_the_first_tasks_naming_the_variable(host):
 
 
 def test_a_missing_model_path_fails_naming_the_variable(host):
-    result = failing_run(host, "missing-model",
-                         extra_vars={"hsextract_model_path": "/nonexistent/model", "hsextract_tiny_model": ""})
+    result = failing_run(
+        host, "missing-model", extra_vars={"hsextract_model_path": "/nonexistent/model", "hsextract_tiny_model": ""}
+    )
     text = result.failure_text()
     assert "hsextract_model_path=/nonexistent/model" in text and "config.json" in text
 
@@ -315,11 +379,24 @@ def test_a_missing_model_path_fails_naming_the_variable(host):
 def test_a_non_matching_process_on_the_port_fails_the_play_with_its_pid(host):
     box = host["box"]
     venv_python = f"{os.environ['HSEXTRACT_VENV']}/bin/python"
-    box.run("systemd-run", "--unit=hsx-test-stranger", "--quiet", venv_python, "-c", LISTENER, "30555",
-            "some-other-daemon", check=True)
+    box.run(
+        "systemd-run",
+        "--unit=hsx-test-stranger",
+        "--quiet",
+        venv_python,
+        "-c",
+        LISTENER,
+        "30555",
+        "some-other-daemon",
+        check=True,
+    )
     try:
-        box.wait_until(lambda: "LISTEN" in box.run("ss", "-ltn", "sport = :30555").stdout, 30, interval=0.5,
-                       what="the stranger to listen")
+        box.wait_until(
+            lambda: "LISTEN" in box.run("ss", "-ltn", "sport = :30555").stdout,
+            30,
+            interval=0.5,
+            what="the stranger to listen",
+        )
         pid = box.main_pid("hsx-test-stranger.service")
         result = failing_run(host, "stranger-on-port", "--tags", "port_reaper", extra_vars={"port_reaper_port": 30555})
         text = result.failure_text()
@@ -353,9 +430,14 @@ def test_an_output_volume_too_small_stops_the_play_at_the_plan_with_the_numbers(
 
 REGEN_OUTPUT = "/srv/hsx-test/output-regen"  # a training set of its own: the other one stays as it is
 REGENERATED = "/srv/hsx-test/regenerated"
-REGEN_VARS = {"hsextract_regenerate": True, "hsextract_output_dir": REGEN_OUTPUT,
-              "hsextract_regenerated_dir": REGENERATED, "regeneration_max_new_tokens": 16,
-              "regeneration_concurrency": 8, "wait": True}
+REGEN_VARS = {
+    "hsextract_regenerate": True,
+    "hsextract_output_dir": REGEN_OUTPUT,
+    "hsextract_regenerated_dir": REGENERATED,
+    "regeneration_max_new_tokens": 16,
+    "regeneration_concurrency": 8,
+    "wait": True,
+}
 ENCODE = """import json, sys
 from hsextract.dataset.chat_template import SampleEncoder, load_tokenizer
 from hsextract.dataset.reader import Sample, read_dataset
@@ -372,21 +454,27 @@ def regen_host(host):
         pytest.skip("the converge failed")
     box, logs = host["box"], host["logs"]
     state: dict = {"box": box, "server_pid_before": box.main_pid("hsextract-server.service")}
-    state["check"] = box.playbook("extract.yml", "--check", extra_vars=REGEN_VARS, log_dir=logs,
-                                  label="6-regenerate-check", timeout=900)
+    state["check"] = box.playbook(
+        "extract.yml", "--check", extra_vars=REGEN_VARS, log_dir=logs, label="6-regenerate-check", timeout=900
+    )
     state["server_pid_after_check"] = box.main_pid("hsextract-server.service")
     unit_file = "/etc/systemd/system/hsextract-regenerate.service"
     state["left_by_check"] = box.sh(f"ls -d {REGENERATED} {REGEN_OUTPUT} {unit_file} 2>/dev/null || true")
-    state["first"] = box.playbook("extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="7-regenerate",
-                                  timeout=1800)
+    state["first"] = box.playbook(
+        "extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="7-regenerate", timeout=1800
+    )
     if state["first"].rc == 0:
         state["server_pid"] = box.main_pid("hsextract-server.service")
         state["regen_started"] = box.unit("hsextract-regenerate.service", "ExecMainStartTimestamp")
-        state["second"] = box.playbook("extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="8-regenerate-again",
-                                       timeout=900)
+        state["second"] = box.playbook(
+            "extract.yml", extra_vars=REGEN_VARS, log_dir=logs, label="8-regenerate-again", timeout=900
+        )
     export = host["repo"] / ".regen-export"  # the snapshot is bound into the sandbox: the host reads it there
-    box.sh(f"rm -rf {export} && mkdir -p {export} && cp -a {REGEN_OUTPUT} {export}/output && "
-           f"cp -a {REGENERATED} {export}/regenerated", check=False)
+    box.sh(
+        f"rm -rf {export} && mkdir -p {export} && cp -a {REGEN_OUTPUT} {export}/output && "
+        f"cp -a {REGENERATED} {export}/regenerated",
+        check=False,
+    )
     state["output"], state["regenerated"] = export / "output", export / "regenerated"
     return state
 
@@ -409,7 +497,8 @@ def regenerated_rows(regen_host) -> list[dict]:
 def test_check_mode_with_the_regeneration_to_do_changes_nothing_on_the_host(regen_host):
     assert_ok(regen_host["check"], "extract.yml --check with hsextract_regenerate")
     assert "regeneration : Install the regeneration unit." in [
-        name for name, _ in regen_host["check"].task_results()], "check mode skipped the regeneration"
+        name for name, _ in regen_host["check"].task_results()
+    ], "check mode skipped the regeneration"
     assert regen_host["server_pid_after_check"] == regen_host["server_pid_before"], "check mode restarted the server"
     assert regen_host["left_by_check"] == "", f"check mode created {regen_host['left_by_check']}"
 
@@ -422,8 +511,10 @@ def test_extract_with_regeneration_generates_first_then_captures_with_the_captur
     assert done.startswith(f"The regeneration is done: {written} conversations regenerated of "), done
     assert f"; {written} in this pass)" in done, done
     assert done.endswith(f"The extraction reads {REGENERATED}."), done
-    assert box.unit("hsextract-regenerate.service", "ActiveState", "Result") == {"ActiveState": "inactive",
-                                                                                "Result": "success"}
+    assert box.unit("hsextract-regenerate.service", "ActiveState", "Result") == {
+        "ActiveState": "inactive",
+        "Result": "success",
+    }
     props = box.unit("hsextract-server.service", "ExecStart", "Environment", "NRestarts")
     assert "--disable-radix-cache" in props["ExecStart"], "the server was not put back in the capture profile"
     assert "SGLANG_EXTERNAL_MODEL_PACKAGE=hsextract_capture_patch" in props["Environment"]
@@ -434,14 +525,17 @@ def test_extract_with_regeneration_generates_first_then_captures_with_the_captur
 def test_the_regenerated_dataset_has_one_outcome_per_row_and_the_models_own_replies(regen_host):
     assert_ok(regen_host["first"], "extract.yml with hsextract_regenerate")
     source, rows = source_conversations(), regenerated_rows(regen_host)
-    errors = [json.loads(line) for line in
-              (regen_host["regenerated"] / ".hsextract" / "regen-errors.jsonl").read_text().splitlines()]
+    errors = [
+        json.loads(line)
+        for line in (regen_host["regenerated"] / ".hsextract" / "regen-errors.jsonl").read_text().splitlines()
+    ]
     # The tiny random model sometimes ends a reply at once: such a conversation is an error (empty_reply)
     # or is cut before that turn; every other reply is the model's own.
     outcomes = [r["regenerated"]["index"] for r in rows] + [e["index"] for e in errors]
     assert sorted(outcomes) == list(range(40)), "one outcome per row of the dataset"
     assert sorted(e["index"] for e in errors if e["reason"] == "pre_tokenized") == [
-        i for i, line in enumerate(DATASET.read_text().splitlines()) if "input_ids" in json.loads(line)]
+        i for i, line in enumerate(DATASET.read_text().splitlines()) if "input_ids" in json.loads(line)
+    ]
     assert {e["reason"] for e in errors} <= {"pre_tokenized", "empty_reply"}, errors
     assert len(rows) >= 10, f"only {len(rows)} of 30 conversations regenerated"
     for row in rows:
@@ -467,15 +561,28 @@ def test_the_training_set_of_the_regenerated_dataset_is_complete_and_loads_with_
     st = status(box)
     assert st["client"]["state"] == "done" and st["client"]["failed"] == 0 and st["drain"]["quarantined"] == 0
     # The drain writes the Arrow dataset after a minute idle; the copy gets it as any copied directory does.
-    finalized = subprocess.run([sys.executable, "-m", "hsextract", "finalize", "--output", str(out)],
-                               capture_output=True, text=True, timeout=300)
+    finalized = subprocess.run(
+        [sys.executable, "-m", "hsextract", "finalize", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert finalized.returncode == 0, finalized.stderr
     loaded = load_with_reader(Path(readers), "speculators", out, num_aux=3, hidden=64)
     assert loaded["error_records"] == 0 and sorted(loaded["samples"]) == [e.output_index for e in entries]
     # The hidden states are those of the regenerated conversations, as the client encodes them.
     run = json.loads(box.run("cat", RUN_CONFIG, check=True).stdout)
-    encoded = json.loads(box.run(f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", ENCODE, run["model"], REGENERATED,
-                                 str(run["max_tokens"]), check=True).stdout)
+    encoded = json.loads(
+        box.run(
+            f"{os.environ['HSEXTRACT_VENV']}/bin/python",
+            "-c",
+            ENCODE,
+            run["model"],
+            REGENERATED,
+            str(run["max_tokens"]),
+            check=True,
+        ).stdout
+    )
     for e in entries:
         assert loaded["samples"][e.output_index]["input_ids"].tolist() == encoded[str(e.dataset_index)], e
 
@@ -503,14 +610,16 @@ def two_processes_host(host):
         pytest.skip("the converge failed")
     box, logs = host["box"], host["logs"]
     state: dict = {"box": box}
-    state["first"] = box.playbook("extract.yml", extra_vars={**TWO_PROCESSES, "wait": True}, log_dir=logs,
-                                  label="8a-two-processes", timeout=1500)
+    state["first"] = box.playbook(
+        "extract.yml", extra_vars={**TWO_PROCESSES, "wait": True}, log_dir=logs, label="8a-two-processes", timeout=1500
+    )
     if state["first"].rc == 0:
         state["instances"] = {u: box.unit(u, "ActiveState", "Result", "UnitFileState") for u in INSTANCES}
         state["one_process_unit"] = box.unit("hsextract-extract.service", "LoadState")["LoadState"]
         state["status"] = status(box)
-        state["second"] = box.playbook("extract.yml", extra_vars=TWO_PROCESSES, log_dir=logs,
-                                       label="8b-two-processes-again", timeout=900)
+        state["second"] = box.playbook(
+            "extract.yml", extra_vars=TWO_PROCESSES, log_dir=logs, label="8b-two-processes-again", timeout=900
+        )
     return state
 
 
@@ -545,11 +654,17 @@ def test_teardown_stops_the_services_removes_the_capture_and_keeps_the_training_
     before = manifest_indices(box)
     result = box.playbook("playbooks/teardown.yml", log_dir=host["logs"], label="9-teardown", timeout=600)
     assert_ok(result, "playbooks/teardown.yml")
-    for unit in ("hsextract-server.service", "hsextract-drain.service", "hsextract-extract.service", *INSTANCES,
-                 "hsextract-regenerate.service"):
+    for unit in (
+        "hsextract-server.service",
+        "hsextract-drain.service",
+        "hsextract-extract.service",
+        *INSTANCES,
+        "hsextract-regenerate.service",
+    ):
         assert box.unit(unit, "LoadState")["LoadState"] == "not-found", f"{unit} is still installed"
-    assert box.run("test", "-e", "/etc/systemd/system/hsextract-extract@.service").returncode == 1, \
+    assert box.run("test", "-e", "/etc/systemd/system/hsextract-extract@.service").returncode == 1, (
         "the client processes' template unit is still installed"
+    )
     assert box.run("test", "-e", "/var/lib/hsextract/capture-patch/hsextract_capture_patch").returncode == 1
     assert box.run("test", "-e", DUMP_DIR).returncode == 1
     assert manifest_indices(box) == before

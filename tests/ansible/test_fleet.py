@@ -64,9 +64,13 @@ def group_vars(controller: Path) -> dict:
         "hsextract_dataset": "/var/lib/hsextract/datasets/train.jsonl",
         "hsextract_dataset_src": str(controller / "train.jsonl"),
         "hsextract_format": "speculators",
-        "hsextract_max_in_flight": 1, "hsextract_max_tokens": 512, "hsextract_max_staged": 32,
-        "hsextract_shm_min_free": "16M", "sglang_server_chunked_prefill_size": 64,
-        "sglang_server_max_total_tokens": 4096, "sglang_server_start_timeout": 300,
+        "hsextract_max_in_flight": 1,
+        "hsextract_max_tokens": 512,
+        "hsextract_max_staged": 32,
+        "hsextract_shm_min_free": "16M",
+        "sglang_server_chunked_prefill_size": 64,
+        "sglang_server_max_total_tokens": 4096,
+        "sglang_server_start_timeout": 300,
     }
 
 
@@ -97,8 +101,9 @@ def interrupt(f: Fleet, name: str, *args: str) -> None:
     """Start support/fleet_interrupts.py on host `name` (a transient unit): it acts when the run gets there.
     The script is copied into the host's home, as the host sees no other directory of the test's."""
     script = shutil.copy(fleet_interrupts.__file__, f.hosts[name].home / "fleet_interrupts.py")
-    f.hosts[name].box.run("systemd-run", f"--unit=hsx-test-{args[0]}", "--quiet", "/usr/bin/python3", str(script),
-                          *args, check=True)
+    f.hosts[name].box.run(
+        "systemd-run", f"--unit=hsx-test-{args[0]}", "--quiet", "/usr/bin/python3", str(script), *args, check=True
+    )
 
 
 @pytest.fixture(scope="session")
@@ -117,12 +122,20 @@ def fleet(tmp_path_factory):
     started = time.monotonic()
     try:
         f.open(["a", "b"])
-        host_vars = {n: {"hsextract_output_dir": str(output_of(f, n)),
-                         "hsextract_model_path": str(f.hosts[n].home / "model")} for n in f.hosts}
+        host_vars = {
+            n: {"hsextract_output_dir": str(output_of(f, n)), "hsextract_model_path": str(f.hosts[n].home / "model")}
+            for n in f.hosts
+        }
         inventory = f.inventory(controller / "fleet.yml", host_vars, group_vars(controller))
         logs = base / "logs"
-        state: dict = {"fleet": f, "repo": repo, "controller": controller, "inventory": inventory, "logs": logs,
-                       "host_vars": host_vars}
+        state: dict = {
+            "fleet": f,
+            "repo": repo,
+            "controller": controller,
+            "inventory": inventory,
+            "logs": logs,
+            "host_vars": host_vars,
+        }
 
         def play(label: str, playbook: str, *args: str, inv: Path = inventory, **extra) -> PlayResult:
             return f.playbook(repo, inv, playbook, *args, extra_vars=extra or None, log_dir=logs, label=label)
@@ -132,28 +145,38 @@ def fleet(tmp_path_factory):
         interrupt(f, "b", "stop-units", str(b), str(STOPPED_AT), str(stopped), *UNITS)
         state["first"] = play("1-extract", "extract.yml")
         if state["first"].rc == 0:
-            state["b_stopped"] = wait_for(lambda: read_json(stopped), 600, "host b's units stopped after its first "
-                                          "samples")
+            state["b_stopped"] = wait_for(
+                lambda: read_json(stopped), 600, "host b's units stopped after its first samples"
+            )
             state["b_finished_at_stop"] = bool(client_summaries(b))
             state["b_written_after_stop"] = manifest_indices(b)
             state["b_units_after_stop"] = f.hosts["b"].box.run("systemctl", "is-active", *UNITS).stdout.split()
             state["second"] = play("2-extract-wait", "extract.yml", wait=True)
             state["status_file"] = controller / "fleet-status.json"
             state["status"] = play("3-status", "playbooks/status.yml", status_file=str(state["status_file"]))
-            collect_vars = {"collect_collector": "a", "collect_final": True, "hsextract_python":
-                            f"{os.environ['HSEXTRACT_VENV']}/bin/python", "collect_draft_vocab_sizes": [64]}
+            collect_vars = {
+                "collect_collector": "a",
+                "collect_final": True,
+                "hsextract_python": f"{os.environ['HSEXTRACT_VENV']}/bin/python",
+                "collect_draft_vocab_sizes": [64],
+            }
             into = f.hosts["a"].home / "collected"
             killed = f.hosts["a"].home / "killed.json"
             interrupt(f, "a", "kill-collect", str(into), str(killed))
-            state["collect_killed"] = play("4-collect-killed", "playbooks/collect.yml", collect_into=str(into),
-                                           **collect_vars)
+            state["collect_killed"] = play(
+                "4-collect-killed", "playbooks/collect.yml", collect_into=str(into), **collect_vars
+            )
             # Written once the killed collect's held sample is back: the next collect finds it.
             state["killed"] = wait_for(lambda: read_json(killed), 60, "the collect's killer's report")
             state["collect"] = play("5-collect-again", "playbooks/collect.yml", collect_into=str(into), **collect_vars)
             state["into"] = into
             state["into_whole"] = f.hosts["a"].home / "collected-whole"
-            state["collect_whole"] = play("6-collect-uninterrupted", "playbooks/collect.yml",
-                                          collect_into=str(state["into_whole"]), **collect_vars)
+            state["collect_whole"] = play(
+                "6-collect-uninterrupted",
+                "playbooks/collect.yml",
+                collect_into=str(state["into_whole"]),
+                **collect_vars,
+            )
         state["run_seconds"] = time.monotonic() - started
         yield state
     finally:
@@ -195,20 +218,23 @@ def test_every_host_records_the_same_run_identity_and_dataset(fleet):
     f = fleet["fleet"]
     runs = {n: json.loads((output_of(f, n) / "run.json").read_text())["run_id"] for n in f.hosts}
     headers = {n: json.loads((output_of(f, n) / "manifest.json").read_text())["run_id"] for n in f.hosts}
-    datasets = {n: json.loads((output_of(f, n) / ".hsextract" / "dataset.json").read_text())["fingerprint"]
-                for n in f.hosts}
+    datasets = {
+        n: json.loads((output_of(f, n) / ".hsextract" / "dataset.json").read_text())["fingerprint"] for n in f.hosts
+    }
     assert len(set(runs.values())) == 1 and runs == headers, (runs, headers)
     assert datasets["a"] == datasets["b"]
 
 
 def test_the_fleet_plan_runs_before_anything_starts_and_covers_the_dataset(fleet):
     text = fleet["first"].result_of("Check the fleet's plan.", "a")["msg"]
-    assert text.startswith("fleet plan: 2 hosts of group hsextract, dataset /var/lib/hsextract/datasets/train.jsonl "
-                           f"({LINES} rows)"), text
+    assert text.startswith(
+        f"fleet plan: 2 hosts of group hsextract, dataset /var/lib/hsextract/datasets/train.jsonl ({LINES} rows)"
+    ), text
     assert "the shards cover the dataset exactly once" in text, text
     names = [n for n, _ in fleet["first"].task_results("a")]
-    assert names.index("plan : Check the fleet's plan.") < names.index(
-        "sglang_server : Install the server unit."), "the fleet plan must come before any service"
+    assert names.index("plan : Check the fleet's plan.") < names.index("sglang_server : Install the server unit."), (
+        "the fleet plan must come before any service"
+    )
 
 
 def test_a_host_stopped_mid_run_finishes_on_the_next_run_with_nothing_twice(fleet):
@@ -220,7 +246,7 @@ def test_a_host_stopped_mid_run_finishes_on_the_next_run_with_nothing_twice(flee
     written_before = fleet["b_written_after_stop"]
     assert STOPPED_AT <= len(written_before) < LINES // 2
     after = manifest_indices(output_of(f, "b"))
-    assert after[:len(written_before)] == written_before, "what b had written stays as it was"
+    assert after[: len(written_before)] == written_before, "what b had written stays as it was"
     assert len(after) == len(set(after)), "a sample written twice"
     assert fleet["second"].changed("a") == 0, fleet["second"].changed_tasks("a")
 
@@ -254,12 +280,22 @@ def test_a_collect_killed_mid_copy_finishes_on_the_next_run_with_the_uninterrupt
     assert_ok(fleet["collect_whole"], "an uninterrupted collect.yml", hosts=("a",))
 
     def content(into: Path) -> list[tuple]:
-        return [(e.dataset_index, e.host, e.host_index, e.output_index,
-                 hashlib.sha256((into / e.file).read_bytes()).hexdigest()) for e in iter_entries(into)]
+        return [
+            (
+                e.dataset_index,
+                e.host,
+                e.host_index,
+                e.output_index,
+                hashlib.sha256((into / e.file).read_bytes()).hexdigest(),
+            )
+            for e in iter_entries(into)
+        ]
 
     assert content(fleet["into"]) == content(fleet["into_whole"])
-    print(f"collect killed with {fleet['killed']['fetched_at_kill']} samples fetched, "
-          f"{fleet['killed']['lines_at_kill']} committed")
+    print(
+        f"collect killed with {fleet['killed']['fetched_at_kill']} samples fetched, "
+        f"{fleet['killed']['lines_at_kill']} committed"
+    )
 
 
 def test_the_collected_set_holds_every_accepted_sample_once_with_the_single_host_input_ids(fleet):
@@ -270,17 +306,32 @@ def test_the_collected_set_holds_every_accepted_sample_once_with_the_single_host
         pytest.skip("HSEXTRACT_READERS is not set (make venv installs the trainers' readers)")
     from support.reader_check import load_with_reader
 
-    rejected = {json.loads(line)["index"] for n in f.hosts
-                for path in (output_of(f, n) / ".hsextract").glob("rejects*.jsonl")
-                for line in path.read_text().splitlines()}
+    rejected = {
+        json.loads(line)["index"]
+        for n in f.hosts
+        for path in (output_of(f, n) / ".hsextract").glob("rejects*.jsonl")
+        for line in path.read_text().splitlines()
+    }
     entries = sorted(iter_entries(into), key=lambda e: e.output_index)
     assert sorted(e.dataset_index for e in entries) == sorted(set(range(LINES)) - rejected)
     assert {e.host for e in entries} == {"a", "b"}
     # A single host's run sends each row as the client encodes it with the model's own tokenizer.
-    encoded = json.loads(subprocess.run(
-        [f"{os.environ['HSEXTRACT_VENV']}/bin/python", "-c", ENCODE, str(f.hosts["a"].home / "model"),
-         str(fleet["controller"] / "train.jsonl"), "512"], capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": str(REPO / "files" / "python")}).stdout)
+    encoded = json.loads(
+        subprocess.run(
+            [
+                f"{os.environ['HSEXTRACT_VENV']}/bin/python",
+                "-c",
+                ENCODE,
+                str(f.hosts["a"].home / "model"),
+                str(fleet["controller"] / "train.jsonl"),
+                "512",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(REPO / "files" / "python")},
+        ).stdout
+    )
     loaded = load_with_reader(Path(readers), "speculators", into, num_aux=3, hidden=64)
     assert loaded["error_records"] == 0 and sorted(loaded["samples"]) == [e.output_index for e in entries]
     for e in entries:
@@ -296,20 +347,32 @@ def outputs_snapshot(f: Fleet) -> dict[str, tuple]:
     out = {}
     for n in f.hosts:
         root = output_of(f, n)
-        for p in [root / "manifest.json", root / "manifest.jsonl", root / "run.json",
-                  root / ".hsextract" / "dataset.json", *sorted((root / "hidden_states").glob("*"))]:
+        for p in [
+            root / "manifest.json",
+            root / "manifest.jsonl",
+            root / "run.json",
+            root / ".hsextract" / "dataset.json",
+            *sorted((root / "hidden_states").glob("*")),
+        ]:
             out[f"{n}/{p.relative_to(root)}"] = (p.stat().st_size, p.stat().st_mtime_ns)
     return out
 
 
-def bad_run(fleet, label: str, *args: str, host_vars: dict | None = None, names: list[str] | None = None,
-            groups: dict | None = None, **extra) -> PlayResult:
+def bad_run(
+    fleet,
+    label: str,
+    *args: str,
+    host_vars: dict | None = None,
+    names: list[str] | None = None,
+    groups: dict | None = None,
+    **extra,
+) -> PlayResult:
     need(fleet, "second")
     f = fleet["fleet"]
-    merged = {n: {**fleet["host_vars"].get(n, {}), **(host_vars or {}).get(n, {})}
-              for n in (names or list(f.hosts))}
-    inv = f.inventory(fleet["controller"] / f"{label}.yml", merged, group_vars(fleet["controller"]),
-                      groups=groups, names=names)
+    merged = {n: {**fleet["host_vars"].get(n, {}), **(host_vars or {}).get(n, {})} for n in (names or list(f.hosts))}
+    inv = f.inventory(
+        fleet["controller"] / f"{label}.yml", merged, group_vars(fleet["controller"]), groups=groups, names=names
+    )
     before = outputs_snapshot(f)
     result = fleet["play"](label, "extract.yml", *args, inv=inv, **extra)
     assert outputs_snapshot(f) == before, f"{label}: the hosts' training sets changed"
@@ -326,12 +389,15 @@ def failure_of(result: PlayResult, task: str) -> str:
 
 def test_one_machine_under_two_names_stops_the_fleet_before_it_changes(fleet):
     f = fleet["fleet"]
-    result = bad_run(fleet, "bad-alias", names=["a", "b", "a2"],
-                     host_vars={"a2": {"ansible_host": f.hosts["a"].address}})
+    result = bad_run(
+        fleet, "bad-alias", names=["a", "b", "a2"], host_vars={"a2": {"ansible_host": f.hosts["a"].address}}
+    )
     assert result.rc != 0
     msg = failure_of(result, "Check that no machine is listed twice in the fleet.")
-    assert msg.startswith(f"hsextract_fleet=hsextract lists one machine under several names: a and a2 are one machine "
-                          f"({f.hosts['a'].address}:22)."), msg
+    assert msg.startswith(
+        f"hsextract_fleet=hsextract lists one machine under several names: a and a2 are one machine "
+        f"({f.hosts['a'].address}:22)."
+    ), msg
     assert result.changed("a") == result.changed("b") == 0
 
 
@@ -339,40 +405,58 @@ def test_a_regeneration_per_host_is_refused_in_a_fleet_before_any_host_changes(f
     result = bad_run(fleet, "bad-regenerate", hsextract_regenerate=True)
     assert result.rc != 0 and result.changed("a") == result.changed("b") == 0
     msg = failure_of(result, "Refuse the regeneration in a fleet of more than one host.")
-    assert msg.startswith("hsextract_regenerate=true with a fleet of 2 hosts (hsextract_fleet=hsextract): each host "
-                          "would regenerate its own shard into a dataset of its own"), msg
+    assert msg.startswith(
+        "hsextract_regenerate=true with a fleet of 2 hosts (hsextract_fleet=hsextract): each host "
+        "would regenerate its own shard into a dataset of its own"
+    ), msg
 
 
 def test_a_host_whose_volume_cannot_hold_its_shard_stops_every_host_at_the_plan(fleet):
     result = bad_run(fleet, "bad-room", "--tags", "plan", host_vars={"b": {"plan_space_margin": "1000T"}})
     assert result.rc != 0
     msg = failure_of(result, "Check the fleet's plan.")
-    assert msg.startswith(f"The fleet cannot start: host b cannot hold its shard 1/2: {output_of(fleet['fleet'], 'b')} "
-                          "has "), msg
+    assert msg.startswith(
+        f"The fleet cannot start: host b cannot hold its shard 1/2: {output_of(fleet['fleet'], 'b')} has "
+    ), msg
     assert "but the run needs" in msg and "Nothing was started on any host." in msg, msg
     assert [n for n, _ in result.task_results("a")][-1] == "plan : Check the fleet's plan.", "a went on"
 
 
 def test_shards_that_leave_part_of_the_dataset_to_no_host_stop_the_fleet_at_its_plan(fleet):
-    result = bad_run(fleet, "bad-shards", "--tags", "plan",
-                     host_vars={"a": {"hsextract_shard": "0/3"}, "b": {"hsextract_shard": "1/3"}})
+    result = bad_run(
+        fleet,
+        "bad-shards",
+        "--tags",
+        "plan",
+        host_vars={"a": {"hsextract_shard": "0/3"}, "b": {"hsextract_shard": "1/3"}},
+    )
     assert result.rc != 0
     msg = failure_of(result, "Check the fleet's plan.")
-    assert msg.startswith("The fleet cannot start: the hosts' shards do not cover the dataset: shard 2/3 is taken by "
-                          "no host (dataset indices 2, 5, 8, 11 ...). Nothing was started on any host."), msg
+    assert msg.startswith(
+        "The fleet cannot start: the hosts' shards do not cover the dataset: shard 2/3 is taken by "
+        "no host (dataset indices 2, 5, 8, 11 ...). Nothing was started on any host."
+    ), msg
 
 
 def test_a_host_of_another_dataset_stops_the_fleet_at_its_plan(fleet):
     other = fleet["controller"] / "other.jsonl"
     other.write_text((fleet["controller"] / "train.jsonl").read_text().replace("France", "Spain"))
-    result = bad_run(fleet, "bad-dataset", "--tags", "plan",
-                     host_vars={"b": {"hsextract_dataset": "/var/lib/hsextract/datasets/other.jsonl",
-                                      "hsextract_dataset_src": str(other)}})
+    result = bad_run(
+        fleet,
+        "bad-dataset",
+        "--tags",
+        "plan",
+        host_vars={
+            "b": {"hsextract_dataset": "/var/lib/hsextract/datasets/other.jsonl", "hsextract_dataset_src": str(other)}
+        },
+    )
     assert result.rc != 0
     msg = failure_of(result, "Check the fleet's plan.")
-    assert msg.startswith("The fleet cannot start: host b reads another dataset than host a: "
-                          "/var/lib/hsextract/datasets/other.jsonl differs from "
-                          "/var/lib/hsextract/datasets/train.jsonl in its first bytes (dataset fingerprint)."), msg
+    assert msg.startswith(
+        "The fleet cannot start: host b reads another dataset than host a: "
+        "/var/lib/hsextract/datasets/other.jsonl differs from "
+        "/var/lib/hsextract/datasets/train.jsonl in its first bytes (dataset fingerprint)."
+    ), msg
 
 
 def test_a_run_identity_other_than_the_hosts_record_stops_the_fleet(fleet):
@@ -381,8 +465,10 @@ def test_a_run_identity_other_than_the_hosts_record_stops_the_fleet(fleet):
     result = bad_run(fleet, "bad-run", "--tags", "run_identity", hsextract_run_id="0badc0de")
     assert result.rc != 0
     msg = failure_of(result, "Check that the hosts' outputs record one run (and hsextract_run_id's, if set).")
-    assert msg.startswith(f"the outputs of hsextract_fleet=hsextract record different runs (run.json): a {run_id}, "
-                          f"b {run_id} and hsextract_run_id is 0badc0de."), msg
+    assert msg.startswith(
+        f"the outputs of hsextract_fleet=hsextract record different runs (run.json): a {run_id}, "
+        f"b {run_id} and hsextract_run_id is 0badc0de."
+    ), msg
 
 
 def test_a_missing_host_stops_no_other_and_shows_in_the_fleet_status(fleet):
@@ -391,8 +477,9 @@ def test_a_missing_host_stops_no_other_and_shows_in_the_fleet_status(fleet):
     assert result.rc == 4, "ansible-playbook says a host was unreachable"
     assert result.stats["b"]["unreachable"] > 0
     assert result.stats["a"]["failures"] == 0 and result.changed("a") == 0
-    assert "Print the summary and where the training set is." in [n.split(" : ")[-1]
-                                                                  for n, _ in result.task_results("a")]
+    assert "Print the summary and where the training set is." in [
+        n.split(" : ")[-1] for n, _ in result.task_results("a")
+    ]
     inv = fleet["controller"] / "missing-host.yml"
     status = fleet["play"]("missing-host-status", "playbooks/status.yml", inv=inv, status_json=True)
     data = status.result_of("Print the fleet's progress.", "a")["msg"]

@@ -37,12 +37,30 @@ def run_fleet_role(tmp_path: Path, groups: dict[str, dict[str, dict]], **extra) 
     inventory = {"all": {"children": {name: {"hosts": hosts} for name, hosts in groups.items()}}}
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "play.yml").write_text(PLAY)
-    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
-                                      "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
-                                      "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"})
-    return subprocess.run([str(Path(bin_dir) / "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"),
-                           str(tmp_path / "play.yml"), "-e", json.dumps(extra)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = ansiballz_cache.with_cache(
+        {
+            **os.environ,
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default",
+            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        }
+    )
+    return subprocess.run(
+        [
+            str(Path(bin_dir) / "ansible-playbook"),
+            "-i",
+            str(tmp_path / "inventory.yml"),
+            str(tmp_path / "play.yml"),
+            "-e",
+            json.dumps(extra),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def shards(out: str) -> dict[str, str]:
@@ -51,8 +69,8 @@ def shards(out: str) -> dict[str, str]:
     lines = out.splitlines()
     for k, line in enumerate(lines):
         if line.startswith("ok: [") and "=> {" in line:
-            host = line[5:line.index("]")]
-            msg = next(x for x in lines[k + 1:] if '"msg"' in x)
+            host = line[5 : line.index("]")]
+            msg = next(x for x in lines[k + 1 :] if '"msg"' in x)
             found[host] = json.loads("{" + msg.strip().rstrip(",") + "}")["msg"]
     return found
 
@@ -72,8 +90,14 @@ def test_a_limit_does_not_change_a_hosts_shard(tmp_path):
     run_fleet_role(tmp_path, {"hsextract": at("198.18.9.1", "198.18.9.2")})
     bin_dir = Path(os.environ["HSEXTRACT_ANSIBLE_BIN"])
     env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1"})
-    r = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "inventory.yml", "play.yml", "--limit", "h2"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(bin_dir / "ansible-playbook"), "-i", "inventory.yml", "play.yml", "--limit", "h2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0 and '"msg": "1/2"' in r.stdout, r.stdout[-3000:]
 
 
@@ -86,15 +110,30 @@ def test_one_machine_under_two_names_is_refused_naming_both(tmp_path):
 
 
 def test_the_same_address_on_other_ports_is_two_machines(tmp_path):
-    r = run_fleet_role(tmp_path, {"hsextract": {"h1": {"ansible_host": "198.18.9.1", "ansible_port": 2201},
-                                                "h2": {"ansible_host": "198.18.9.1", "ansible_port": 2202}}})
+    r = run_fleet_role(
+        tmp_path,
+        {
+            "hsextract": {
+                "h1": {"ansible_host": "198.18.9.1", "ansible_port": 2201},
+                "h2": {"ansible_host": "198.18.9.1", "ansible_port": 2202},
+            }
+        },
+    )
     assert r.returncode == 0, r.stdout[-3000:]
 
 
 def test_hosts_of_two_fleets_in_one_play_are_refused(tmp_path):
-    r = run_fleet_role(tmp_path, {"hsextract": {"h1": {"ansible_host": "198.18.9.1", "hsextract_fleet": "one"},
-                                                "h2": {"ansible_host": "198.18.9.2", "hsextract_fleet": "two"}},
-                                  "one": {"h1": {}}, "two": {"h2": {}}})
+    r = run_fleet_role(
+        tmp_path,
+        {
+            "hsextract": {
+                "h1": {"ansible_host": "198.18.9.1", "hsextract_fleet": "one"},
+                "h2": {"ansible_host": "198.18.9.2", "hsextract_fleet": "two"},
+            },
+            "one": {"h1": {}},
+            "two": {"h2": {}},
+        },
+    )
     assert r.returncode != 0
     assert "this play runs the hosts of 2 fleets (hsextract_fleet: one, two)" in r.stdout, r.stdout[-3000:]
 

@@ -30,30 +30,73 @@ def host(tmp_path, tiny_llama) -> dict:
     """A source dataset, its regenerated dataset, and the settings of a play that reads them."""
     source = tmp_path / "data" / "source.jsonl"
     source.parent.mkdir()
-    source.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"},
-                                                          {"role": "assistant", "content": "source reply"}]}) + "\n")
+    source.write_text(
+        json.dumps(
+            {
+                "id": "a",
+                "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "source reply"}],
+            }
+        )
+        + "\n"
+    )
     regenerated = tmp_path / "regenerated"
     regenerated.mkdir()
     (regenerated / "conversations.jsonl").write_text(source.read_text().replace("source reply", "model's reply"))
-    settings = {"hsextract_model_path": str(tiny_llama), "hsextract_dataset": str(source),
-                "hsextract_regenerated_dir": str(regenerated), "hsextract_output_dir": str(tmp_path / "output"),
-                "hsextract_state_dir": str(tmp_path / "state"), "hsextract_config_dir": str(tmp_path / "etc"),
-                "hsextract_dump_dir": str(tmp_path / "dump"), "hsextract_format": "specforge"}
-    return {"tmp": tmp_path, "source": source, "regenerated": regenerated, "output": tmp_path / "output",
-            "settings": settings}
+    settings = {
+        "hsextract_model_path": str(tiny_llama),
+        "hsextract_dataset": str(source),
+        "hsextract_regenerated_dir": str(regenerated),
+        "hsextract_output_dir": str(tmp_path / "output"),
+        "hsextract_state_dir": str(tmp_path / "state"),
+        "hsextract_config_dir": str(tmp_path / "etc"),
+        "hsextract_dump_dir": str(tmp_path / "dump"),
+        "hsextract_format": "specforge",
+    }
+    return {
+        "tmp": tmp_path,
+        "source": source,
+        "regenerated": regenerated,
+        "output": tmp_path / "output",
+        "settings": settings,
+    }
 
 
 def check_play(host: dict, regenerate: bool) -> subprocess.CompletedProcess:
     """The hsextract role (the first of extract.yml) in check mode on this host."""
     tmp = host["tmp"]
     (tmp / "play.yml").write_text("- hosts: localhost\n  gather_facts: false\n  roles:\n    - hsextract\n")
-    variables = {**host["settings"], "hsextract_regenerate": regenerate,
-                 "ansible_python_interpreter": str(ansible_bin() / "python")}
-    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
-                                      "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"})
-    return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
-                           "play.yml", "-e", json.dumps(variables)], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=300)
+    variables = {
+        **host["settings"],
+        "hsextract_regenerate": regenerate,
+        "ansible_python_interpreter": str(ansible_bin() / "python"),
+    }
+    env = ansiballz_cache.with_cache(
+        {
+            **os.environ,
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_LOCALHOST_WARNING": "0",
+            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
+        }
+    )
+    return subprocess.run(
+        [
+            str(ansible_bin() / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "--check",
+            "play.yml",
+            "-e",
+            json.dumps(variables),
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_regenerating_into_an_output_of_the_source_dataset_stops_the_play_naming_both(host):

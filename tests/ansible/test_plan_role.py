@@ -28,26 +28,65 @@ def ansible_bin() -> Path:
 def run_role(tmp_path: Path, config: Path, **extra) -> subprocess.CompletedProcess:
     playbook = tmp_path / "plan.yml"
     playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles:\n    - plan\n")
-    variables = {"plan_python": os.environ["HSEXTRACT_PYTHON"], "plan_config_file": str(config),
-                 "plan_report": str(tmp_path / "plan.json"),
-                 "ansible_python_interpreter": str(ansible_bin() / "python"), **extra}
-    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_NOCOLOR": "1",
-                                      "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"})
-    return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
-                           "-e", json.dumps(variables)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    variables = {
+        "plan_python": os.environ["HSEXTRACT_PYTHON"],
+        "plan_config_file": str(config),
+        "plan_report": str(tmp_path / "plan.json"),
+        "ansible_python_interpreter": str(ansible_bin() / "python"),
+        **extra,
+    }
+    env = ansiballz_cache.with_cache(
+        {
+            **os.environ,
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_LOCALHOST_WARNING": "0",
+            "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0",
+        }
+    )
+    return subprocess.run(
+        [
+            str(ansible_bin() / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            str(playbook),
+            "-e",
+            json.dumps(variables),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture
 def config(tmp_path, tiny_llama) -> Path:
     """A run config as roles/hsextract writes it."""
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({
-        "model": str(tiny_llama), "dataset": str(REPO / "files" / "datasets" / "demo.jsonl"),
-        "output": str(tmp_path / "output"), "dump_dir": "/dev/shm/hsextract-plan-role-test", "format": "specforge",
-        "aux_layers": "", "max_in_flight": 8, "max_tokens": 4096, "overlong": "truncate", "shm_min_free": "10%",
-        "max_staged": 64, "final_hidden": "post_norm", "rid_prefix": "hsx", "server": "http://127.0.0.1:30000",
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "model": str(tiny_llama),
+                "dataset": str(REPO / "files" / "datasets" / "demo.jsonl"),
+                "output": str(tmp_path / "output"),
+                "dump_dir": "/dev/shm/hsextract-plan-role-test",
+                "format": "specforge",
+                "aux_layers": "",
+                "max_in_flight": 8,
+                "max_tokens": 4096,
+                "overlong": "truncate",
+                "shm_min_free": "10%",
+                "max_staged": 64,
+                "final_hidden": "post_norm",
+                "rid_prefix": "hsx",
+                "server": "http://127.0.0.1:30000",
+            }
+        )
+    )
     return path
 
 

@@ -53,8 +53,11 @@ def _templates_in(node: object, key: str | None = None) -> Iterator[str]:
 def public_reads(role: str) -> set[str]:
     """The public variables (``hsextract_*`` and the role's own prefix) the role's code reads."""
     path = ROLES / role
-    templates = [t for f in sorted([*path.glob("tasks/*.yml"), *path.glob("handlers/*.yml")])
-                 for t in _templates_in(yaml.safe_load(f.read_text()))]
+    templates = [
+        t
+        for f in sorted([*path.glob("tasks/*.yml"), *path.glob("handlers/*.yml")])
+        for t in _templates_in(yaml.safe_load(f.read_text()))
+    ]
     templates += [f.read_text() for f in sorted(path.glob("templates/*.j2"))]
     public = re.compile(rf"^(hsextract|{role})_(?!_)")
     return {name for t in templates for name in names_read(t) if public.match(name)}
@@ -72,8 +75,12 @@ def _yaml_keys(path: Path) -> set[str]:
 def set_by_hsextract_role() -> set[str]:
     """What the hsextract role sets: its defaults, its vars and the facts its tasks set."""
     role = ROLES / "hsextract"
-    facts = {name for f in role.glob("tasks/*.yml") for task in yaml.safe_load(f.read_text()) or []
-             for name in (task.get("ansible.builtin.set_fact") or {})}
+    facts = {
+        name
+        for f in role.glob("tasks/*.yml")
+        for task in yaml.safe_load(f.read_text()) or []
+        for name in (task.get("ansible.builtin.set_fact") or {})
+    }
     return _yaml_keys(role / "defaults" / "main.yml") | _yaml_keys(role / "vars" / "main.yml") | facts
 
 
@@ -96,8 +103,11 @@ def test_every_shared_setting_a_role_declares_is_one_the_hsextract_role_sets_wit
     unknown = sorted(set(shared) - set_by_hsextract_role())
     assert not unknown, f"roles/{role} declares {unknown}, which the hsextract role does not set"
     theirs = declared("hsextract")
-    differ = {name: (spec["type"], theirs[name]["type"]) for name, spec in shared.items()
-              if name in theirs and spec["type"] != theirs[name]["type"]}
+    differ = {
+        name: (spec["type"], theirs[name]["type"])
+        for name, spec in shared.items()
+        if name in theirs and spec["type"] != theirs[name]["type"]
+    }
     assert not differ, f"roles/{role} declares these with another type than roles/hsextract (its, theirs): {differ}"
 
 

@@ -34,9 +34,12 @@ CASES = {
     "gpu-generation": {"sglang_server_cpu": False, "sglang_server_profile": "generation"},
     "cpu-capture": {"sglang_server_cpu": True, "sglang_server_profile": "capture"},
     "cpu-generation": {"sglang_server_cpu": True, "sglang_server_profile": "generation"},
-    "gpu-generation-parsers": {"sglang_server_cpu": False, "sglang_server_profile": "generation",
-                               "sglang_server_reasoning_parser": "kimi_k2",
-                               "sglang_server_tool_call_parser": "kimi_k2"},
+    "gpu-generation-parsers": {
+        "sglang_server_cpu": False,
+        "sglang_server_profile": "generation",
+        "sglang_server_reasoning_parser": "kimi_k2",
+        "sglang_server_tool_call_parser": "kimi_k2",
+    },
 }
 
 
@@ -45,19 +48,29 @@ def units(tmp_path_factory) -> dict[str, str]:
     """case -> the server unit Ansible renders for it."""
     tmp = tmp_path_factory.mktemp("server-profiles")
     defaults = [str(ROLES / role / "defaults" / "main.yml") for role in ("hsextract", "sglang_server")]
-    plays = [{
-        "name": "Render the server unit of every case.",
-        "hosts": "all",
-        "gather_facts": False,
-        "vars_files": defaults,
-        "tasks": [
-            # include_vars outranks the vars files: the case's settings win over the roles' defaults.
-            {"name": "Load the case's settings.",
-             "ansible.builtin.include_vars": str(tmp / "case-{{ inventory_hostname }}.yml")},
-            {"name": "Render the unit.",
-             "ansible.builtin.template": {"src": str(SERVER_TEMPLATE),
-                                          "dest": str(tmp / "{{ inventory_hostname }}"), "mode": "0644"}}],
-    }]
+    plays = [
+        {
+            "name": "Render the server unit of every case.",
+            "hosts": "all",
+            "gather_facts": False,
+            "vars_files": defaults,
+            "tasks": [
+                # include_vars outranks the vars files: the case's settings win over the roles' defaults.
+                {
+                    "name": "Load the case's settings.",
+                    "ansible.builtin.include_vars": str(tmp / "case-{{ inventory_hostname }}.yml"),
+                },
+                {
+                    "name": "Render the unit.",
+                    "ansible.builtin.template": {
+                        "src": str(SERVER_TEMPLATE),
+                        "dest": str(tmp / "{{ inventory_hostname }}"),
+                        "mode": "0644",
+                    },
+                },
+            ],
+        }
+    ]
     for case, settings in CASES.items():
         (tmp / f"case-{case}.yml").write_text(yaml.safe_dump({**BASE, **settings}))
     r = playbook(tmp, plays, {case: {} for case in CASES})
@@ -156,8 +169,16 @@ def test_the_regeneration_roles_defaults_are_the_clis():
     defaults = yaml.safe_load((ROLES / "regeneration" / "defaults" / "main.yml").read_text())
     specs = yaml.safe_load((ROLES / "regeneration" / "meta" / "argument_specs.yml").read_text())
     options = specs["argument_specs"]["main"]["options"]
-    for flag in ("temperature", "top_p", "top_k", "max_new_tokens", "reasoning", "last_turn_only", "drop_truncated",
-                 "concurrency"):
+    for flag in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_new_tokens",
+        "reasoning",
+        "last_turn_only",
+        "drop_truncated",
+        "concurrency",
+    ):
         name = f"regeneration_{flag}"
         assert defaults[name] == cli[flag], f"{name}: role {defaults[name]!r}, CLI {cli[flag]!r}"
         assert options[name].get("default") == cli[flag], f"{name}: argument spec {options[name].get('default')!r}"

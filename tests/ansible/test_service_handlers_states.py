@@ -16,26 +16,49 @@ from support.playbook_sandbox import REPO
 pytestmark = pytest.mark.slow
 
 VARS = REPO / "roles" / "service_handlers" / "vars" / "main.yml"
-SHOWN = ("Id=hsextract-server.service\nActiveState=activating\n\n"
-         "Id=hsextract-drain.service\nActiveState=inactive\n\n"
-         "Id=hsextract-regenerate.service\nActiveState=inactive\n\n"
-         "Id=hsextract-extract@0.service\nActiveState=failed\n\n"
-         "Id=hsextract-extract@1.service\nActiveState=active\n")
+SHOWN = (
+    "Id=hsextract-server.service\nActiveState=activating\n\n"
+    "Id=hsextract-drain.service\nActiveState=inactive\n\n"
+    "Id=hsextract-regenerate.service\nActiveState=inactive\n\n"
+    "Id=hsextract-extract@0.service\nActiveState=failed\n\n"
+    "Id=hsextract-extract@1.service\nActiveState=active\n"
+)
 
 
 def handler_states(tmp_path, client_unit: str, shown: str) -> dict:
     out = tmp_path / "states.json"
     read = "{{ {'states': service_handlers__states, 'client': service_handlers__client_states} | to_json }}"
-    play = [{"hosts": "localhost", "gather_facts": False, "vars_files": [str(VARS)],
-             "vars": {"service_handlers_client_unit": client_unit, "service_handlers__shown": {"stdout": shown}},
-             "tasks": [{"name": "Write what the handlers would read.", "ansible.builtin.copy": {
-                 "dest": str(out), "mode": "0644",
-                 "content": read}}]}]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars_files": [str(VARS)],
+            "vars": {"service_handlers_client_unit": client_unit, "service_handlers__shown": {"stdout": shown}},
+            "tasks": [
+                {
+                    "name": "Write what the handlers would read.",
+                    "ansible.builtin.copy": {"dest": str(out), "mode": "0644", "content": read},
+                }
+            ],
+        }
+    ]
     (tmp_path / "play.yml").write_text(json.dumps(play))
     bin_dir = ansible_bin()
-    r = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                        "-e", f"ansible_python_interpreter={bin_dir / 'python'}", str(tmp_path / "play.yml")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            str(bin_dir / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={bin_dir / 'python'}",
+            str(tmp_path / "play.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(out.read_text())
 
@@ -47,10 +70,13 @@ def test_each_unit_shown_is_read_with_its_state(tmp_path):
     assert len(states) == 5
 
 
-@pytest.mark.parametrize(("client_unit", "expected"), [
-    ("hsextract-extract@*.service", ["failed", "active"]),  # several processes: every instance
-    ("hsextract-extract.service", []),  # one process, its unit not shown: not running
-])
+@pytest.mark.parametrize(
+    ("client_unit", "expected"),
+    [
+        ("hsextract-extract@*.service", ["failed", "active"]),  # several processes: every instance
+        ("hsextract-extract.service", []),  # one process, its unit not shown: not running
+    ],
+)
 def test_the_client_states_are_its_units_or_every_instance_of_its_pattern(tmp_path, client_unit, expected):
     assert handler_states(tmp_path, client_unit, SHOWN)["client"] == expected
 

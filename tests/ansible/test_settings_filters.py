@@ -64,9 +64,11 @@ def test_a_bad_bucket_url_and_a_credentials_file_others_can_read_are_refused_nam
 
 def test_the_plugin_and_what_it_imports_need_only_the_standard_library():
     # -S: no site-packages, so a third-party import would fail; and no module outside the stdlib is loaded.
-    code = (f"import importlib.util, sys\nspec = importlib.util.spec_from_file_location('p', {str(PLUGIN)!r})\n"
-            "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'__main__', 'p'}))")
+    code = (
+        f"import importlib.util, sys\nspec = importlib.util.spec_from_file_location('p', {str(PLUGIN)!r})\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) - {'__main__', 'p'}))"
+    )
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "['hsextract']"
@@ -90,12 +92,15 @@ def test_the_whole_dataset_and_a_valid_shard_pass(shard):
     assert checks.shard_problem(shard) == ""
 
 
-@pytest.mark.parametrize(("shard", "says"), [
-    ("4/4", "hsextract_shard: shard '4/4': need 0 <= i < n"),
-    ("1/0", "hsextract_shard: shard '1/0': need 0 <= i < n"),
-    ("half", "hsextract_shard: shard 'half': expected i/n, e.g. 0/4"),
-    ("1/2/3", "hsextract_shard: shard '1/2/3': expected i/n"),
-])
+@pytest.mark.parametrize(
+    ("shard", "says"),
+    [
+        ("4/4", "hsextract_shard: shard '4/4': need 0 <= i < n"),
+        ("1/0", "hsextract_shard: shard '1/0': need 0 <= i < n"),
+        ("half", "hsextract_shard: shard 'half': expected i/n, e.g. 0/4"),
+        ("1/2/3", "hsextract_shard: shard '1/2/3': expected i/n"),
+    ],
+)
 def test_a_shard_the_client_refuses_is_refused_with_its_message(shard, says):
     assert checks.shard_problem(shard).startswith(says)
 
@@ -145,7 +150,8 @@ def test_a_multimodal_wrappers_text_config_gives_the_depth():
 
 def test_a_config_without_a_layer_count_is_refused_naming_the_model():
     assert checks.aux_layer_problem([1], "eagle", {"architectures": ["X"]}, "/m") == (
-        "hsextract_model_path=/m: its config.json gives no num_hidden_layers (needed to place the capture layers).")
+        "hsextract_model_path=/m: its config.json gives no num_hidden_layers (needed to place the capture layers)."
+    )
 
 
 @pytest.mark.parametrize("regenerated", ["/data/regenerated", "/data/set-regenerated", "/var/lib/hsextract/regen"])
@@ -153,8 +159,9 @@ def test_a_regenerated_dataset_outside_the_source_passes(regenerated):
     assert checks.regenerated_dir_problem(regenerated, "/data/set") == ""
 
 
-@pytest.mark.parametrize("regenerated", ["regenerated", "/data/set", "/data/set/", "/data/set/regenerated",
-                                         "/data/other/../set/x"])
+@pytest.mark.parametrize(
+    "regenerated", ["regenerated", "/data/set", "/data/set/", "/data/set/regenerated", "/data/other/../set/x"]
+)
 def test_a_regenerated_dataset_that_is_relative_or_inside_the_source_is_refused(regenerated):
     problem = checks.regenerated_dir_problem(regenerated, "/data/set")
     assert problem.startswith("hsextract_regenerated_dir must be an absolute path on the host outside the dataset")
@@ -170,30 +177,44 @@ SWITCH = {"output_dir": "/out", "regenerated_dir": "/regen"}
 
 
 def test_resuming_the_set_of_the_dataset_the_extraction_reads_passes():
-    assert checks.dataset_switch_problem(record("/data/src.jsonl"), extract_dataset="/data/src.jsonl",
-                                         regenerate=False, **SWITCH) == ""
+    assert (
+        checks.dataset_switch_problem(
+            record("/data/src.jsonl"), extract_dataset="/data/src.jsonl", regenerate=False, **SWITCH
+        )
+        == ""
+    )
     assert checks.dataset_switch_problem(record("/regen/"), extract_dataset="/regen", regenerate=True, **SWITCH) == ""
 
 
 def test_a_set_of_another_source_dataset_is_left_to_the_clients_own_check():
     # Neither is the regenerated dataset: a moved or renamed source is the same dataset to the client.
-    assert checks.dataset_switch_problem(record("/data/old.jsonl"), extract_dataset="/data/src.jsonl",
-                                         regenerate=False, **SWITCH) == ""
+    assert (
+        checks.dataset_switch_problem(
+            record("/data/old.jsonl"), extract_dataset="/data/src.jsonl", regenerate=False, **SWITCH
+        )
+        == ""
+    )
 
 
 def test_switching_the_regeneration_on_for_a_set_of_the_source_is_refused_naming_both_and_the_fix():
-    problem = checks.dataset_switch_problem(record("/data/src.jsonl"), extract_dataset="/regen", regenerate=True,
-                                            **SWITCH)
-    assert problem.startswith("hsextract_output_dir=/out holds a training set extracted from /data/src.jsonl "
-                              f"(recorded in {layout.dataset_record_path('/out')}), but with hsextract_regenerate=True "
-                              "the extraction reads /regen (expected: the set's dataset is the one")
-    assert problem.endswith("Set hsextract_output_dir to a new directory for this dataset, or hsextract_regenerate "
-                            "back to False to go on with the training set of /data/src.jsonl.")
+    problem = checks.dataset_switch_problem(
+        record("/data/src.jsonl"), extract_dataset="/regen", regenerate=True, **SWITCH
+    )
+    assert problem.startswith(
+        "hsextract_output_dir=/out holds a training set extracted from /data/src.jsonl "
+        f"(recorded in {layout.dataset_record_path('/out')}), but with hsextract_regenerate=True "
+        "the extraction reads /regen (expected: the set's dataset is the one"
+    )
+    assert problem.endswith(
+        "Set hsextract_output_dir to a new directory for this dataset, or hsextract_regenerate "
+        "back to False to go on with the training set of /data/src.jsonl."
+    )
 
 
 def test_switching_the_regeneration_off_for_a_set_of_the_regenerated_dataset_is_refused():
-    problem = checks.dataset_switch_problem(record("/regen"), extract_dataset="/data/src.jsonl", regenerate=False,
-                                            **SWITCH)
+    problem = checks.dataset_switch_problem(
+        record("/regen"), extract_dataset="/data/src.jsonl", regenerate=False, **SWITCH
+    )
     assert "extracted from /regen" in problem and "or hsextract_regenerate back to True" in problem
 
 
@@ -217,8 +238,9 @@ def test_auto_or_a_number_of_client_processes_passes(value):
     assert checks.client_processes_problem(value) == ""
 
 
-@pytest.mark.parametrize(("value", "says"), [(0, "P >= 1"), (-2, "P >= 1"), ("many", "got 'many'"), (True, "got True"),
-                                             ("2.5", "got '2.5'")])
+@pytest.mark.parametrize(
+    ("value", "says"), [(0, "P >= 1"), (-2, "P >= 1"), ("many", "got 'many'"), (True, "got True"), ("2.5", "got '2.5'")]
+)
 def test_a_number_of_client_processes_the_client_refuses_is_refused_naming_the_variable(value, says):
     problem = checks.client_processes_problem(value)
     assert problem.startswith("hsextract_client_processes: expected auto or a number of client processes >= 1")

@@ -31,10 +31,12 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 SERVICE_ROLES = ("hsextract", "ml_env", "capture_patch", "sglang_server", "drain_daemon", "extraction", "regeneration")
-UNITS = {"server": ("sglang_server", "hsextract-server.service.j2"),
-         "drain": ("drain_daemon", "hsextract-drain.service.j2"),
-         "client": ("extraction", "hsextract-extract.service.j2"),
-         "regen": ("regeneration", "hsextract-regenerate.service.j2")}
+UNITS = {
+    "server": ("sglang_server", "hsextract-server.service.j2"),
+    "drain": ("drain_daemon", "hsextract-drain.service.j2"),
+    "client": ("extraction", "hsextract-extract.service.j2"),
+    "regen": ("regeneration", "hsextract-regenerate.service.j2"),
+}
 PRIVATE_TMP = re.compile(r"^/(var/)?tmp(/|$)")
 
 
@@ -61,8 +63,9 @@ def override_value(name: str, tmp: Path) -> object:
 
 def write_model(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64}))
+    (path / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64})
+    )
 
 
 def render_play(tmp: Path) -> list[dict]:
@@ -70,55 +73,102 @@ def render_play(tmp: Path) -> list[dict]:
     out = str(tmp / "cases" / "{{ inventory_hostname }}")
     defaults = [str(ROLES / r / "defaults" / "main.yml") for r in SERVICE_ROLES if r != "capture_patch"]
     renders = [{"src": str(ROLES / "hsextract" / "templates" / "run.json.j2"), "dest": f"{out}/run.json"}]
-    renders += [{"src": str(ROLES / role / "templates" / name), "dest": f"{out}/{unit}.service"}
-                for unit, (role, name) in UNITS.items()]
-    return [{
-        "name": "Render the run config, the units and the capture package of every case.",
-        "hosts": "all",
-        "gather_facts": False,
-        "vars_files": [*defaults, str(tmp / "base.yml")],
-        "handlers": [{"name": "Note the capture change.", "ansible.builtin.debug": {"msg": "capture changed"},
-                      "listen": "capture changed"}],
-        "tasks": [
-            # include_vars outranks the vars files: the case's overrides win over the roles' defaults.
-            {"name": "Load the case's overrides.",
-             "ansible.builtin.include_vars": str(tmp / "override-{{ inventory_hostname }}.yml")},
-            {"name": "Create the case's directory.", "ansible.builtin.file": {"path": out, "state": "directory",
-                                                                            "mode": "0755"}},
-            {"name": "Render the run config and the units.",
-             "ansible.builtin.template": {"src": "{{ item.src }}", "dest": "{{ item.dest }}", "mode": "0644"},
-             "loop": renders},
-            {"name": "Render the capture package.", "ansible.builtin.include_role": {"name": "capture_patch"}},
-            {"name": "Record where the play puts what the processes read.",
-             "ansible.builtin.copy": {"dest": f"{out}/facts.json", "mode": "0644", "content": json.dumps({
-                 "config_file": "{{ hsextract_config_file }}", "python": "{{ hsextract_python }}",
-                 "capture_dir": "{{ hsextract_capture_dir }}", "package": "{{ hsextract_capture_package }}",
-                 "dataset": "{{ hsextract_dataset }}", "regenerate": "{{ hsextract_regenerate | bool }}",
-                 "regenerated_dir": "{{ hsextract_regenerated_dir }}"})}},
-        ],
-    }]
+    renders += [
+        {"src": str(ROLES / role / "templates" / name), "dest": f"{out}/{unit}.service"}
+        for unit, (role, name) in UNITS.items()
+    ]
+    return [
+        {
+            "name": "Render the run config, the units and the capture package of every case.",
+            "hosts": "all",
+            "gather_facts": False,
+            "vars_files": [*defaults, str(tmp / "base.yml")],
+            "handlers": [
+                {
+                    "name": "Note the capture change.",
+                    "ansible.builtin.debug": {"msg": "capture changed"},
+                    "listen": "capture changed",
+                }
+            ],
+            "tasks": [
+                # include_vars outranks the vars files: the case's overrides win over the roles' defaults.
+                {
+                    "name": "Load the case's overrides.",
+                    "ansible.builtin.include_vars": str(tmp / "override-{{ inventory_hostname }}.yml"),
+                },
+                {
+                    "name": "Create the case's directory.",
+                    "ansible.builtin.file": {"path": out, "state": "directory", "mode": "0755"},
+                },
+                {
+                    "name": "Render the run config and the units.",
+                    "ansible.builtin.template": {"src": "{{ item.src }}", "dest": "{{ item.dest }}", "mode": "0644"},
+                    "loop": renders,
+                },
+                {"name": "Render the capture package.", "ansible.builtin.include_role": {"name": "capture_patch"}},
+                {
+                    "name": "Record where the play puts what the processes read.",
+                    "ansible.builtin.copy": {
+                        "dest": f"{out}/facts.json",
+                        "mode": "0644",
+                        "content": json.dumps(
+                            {
+                                "config_file": "{{ hsextract_config_file }}",
+                                "python": "{{ hsextract_python }}",
+                                "capture_dir": "{{ hsextract_capture_dir }}",
+                                "package": "{{ hsextract_capture_package }}",
+                                "dataset": "{{ hsextract_dataset }}",
+                                "regenerate": "{{ hsextract_regenerate | bool }}",
+                                "regenerated_dir": "{{ hsextract_regenerated_dir }}",
+                            }
+                        ),
+                    },
+                },
+            ],
+        }
+    ]
 
 
 def render_cases(tmp: Path, cases: dict[str, dict]) -> None:
     write_model(tmp / "model")
-    (tmp / "base.yml").write_text(yaml.safe_dump({
-        "hsextract_on_cpu": True, "hsextract_model_path": str(tmp / "model"),
-        "hsextract_dataset": "/srv/data/train.jsonl", "hsextract_format": "speculators"}))
+    (tmp / "base.yml").write_text(
+        yaml.safe_dump(
+            {
+                "hsextract_on_cpu": True,
+                "hsextract_model_path": str(tmp / "model"),
+                "hsextract_dataset": "/srv/data/train.jsonl",
+                "hsextract_format": "speculators",
+            }
+        )
+    )
     hosts = {}
     for case, overrides in cases.items():
         if "hsextract_model_path" in overrides:
             write_model(Path(overrides["hsextract_model_path"]))
         # Each case renders its own capture package (into its own state directory unless overridden).
         (tmp / f"override-{case}.yml").write_text(
-            yaml.safe_dump({"hsextract_state_dir": str(tmp / f"state-{case}"), **overrides}))
+            yaml.safe_dump({"hsextract_state_dir": str(tmp / f"state-{case}"), **overrides})
+        )
         hosts[case] = {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python")}
     (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     (tmp / "render.yml").write_text(yaml.safe_dump(render_play(tmp), sort_keys=False))
-    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1",
-                                      "ANSIBLE_LOCALHOST_WARNING": "0",
-                                      "ANSIBLE_FORKS": str(len(hosts))})
-    r = subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "render.yml"],
-                       cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    env = ansiballz_cache.with_cache(
+        {
+            **os.environ,
+            "ANSIBLE_ROLES_PATH": str(ROLES),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_LOCALHOST_WARNING": "0",
+            "ANSIBLE_FORKS": str(len(hosts)),
+        }
+    )
+    r = subprocess.run(
+        [str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "render.yml"],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
 
 
@@ -169,8 +219,10 @@ def disagreements(case_dir: Path) -> list[str]:
 
     for name in ("drain", "client"):
         u = units[name]
-        expect(u.flag("--config") == facts["config_file"],
-               f"{name}: reads {u.flag('--config')}, the play writes the run config to {facts['config_file']}")
+        expect(
+            u.flag("--config") == facts["config_file"],
+            f"{name}: reads {u.flag('--config')}, the play writes the run config to {facts['config_file']}",
+        )
         for key in ("output", "dump_dir"):
             expect(u.can_write(run[key]), f"{name}: its process writes {key}={run[key]}, the unit does not let it")
         expect(u.can_read(run["model"]), f"{name}: its process reads the model {run['model']}, hidden by the unit")
@@ -178,50 +230,81 @@ def disagreements(case_dir: Path) -> list[str]:
     expect(units["client"].can_read(run["dataset"]), f"client: the dataset {run['dataset']} is hidden by the unit")
     drain = units["drain"]
     asks = drain.flag("--selfcheck-server") if "--selfcheck-server" in drain.argv else None
-    expect(asks == run["server"], f"drain: its self-check asks {asks} for the prompts' logprobs, the server is "
-                                  f"{run['server']}")
+    expect(
+        asks == run["server"],
+        f"drain: its self-check asks {asks} for the prompts' logprobs, the server is {run['server']}",
+    )
     regen = units["regen"]
-    expect(regen.flag("--dataset") == facts["dataset"] and regen.can_read(facts["dataset"]),
-           f"regeneration: reads {regen.flag('--dataset')}, the dataset is {facts['dataset']} (readable: "
-           f"{regen.can_read(facts['dataset'])})")
-    expect(regen.flag("--output") == facts["regenerated_dir"] and regen.can_write(facts["regenerated_dir"]),
-           f"regeneration: writes {regen.flag('--output')}, granted {regen.paths('ReadWritePaths')}")
+    expect(
+        regen.flag("--dataset") == facts["dataset"] and regen.can_read(facts["dataset"]),
+        f"regeneration: reads {regen.flag('--dataset')}, the dataset is {facts['dataset']} (readable: "
+        f"{regen.can_read(facts['dataset'])})",
+    )
+    expect(
+        regen.flag("--output") == facts["regenerated_dir"] and regen.can_write(facts["regenerated_dir"]),
+        f"regeneration: writes {regen.flag('--output')}, granted {regen.paths('ReadWritePaths')}",
+    )
     expect(regen.flag("--server") == run["server"], f"regeneration calls {regen.flag('--server')}, not {run['server']}")
     expect(regen.can_write(regen.env["HOME"]), f"regeneration: HOME={regen.env['HOME']} is not writable in the unit")
     if facts["regenerate"] == "True":
-        expect(run["dataset"] == facts["regenerated_dir"] and "shard" not in run,
-               f"with regeneration the client reads {run['dataset']} (shard {run.get('shard')}), "
-               f"the regeneration writes {facts['regenerated_dir']}")
+        expect(
+            run["dataset"] == facts["regenerated_dir"] and "shard" not in run,
+            f"with regeneration the client reads {run['dataset']} (shard {run.get('shard')}), "
+            f"the regeneration writes {facts['regenerated_dir']}",
+        )
     else:
-        expect(run["dataset"] == facts["dataset"],
-               f"the client reads {run['dataset']}, the dataset is {facts['dataset']}")
+        expect(
+            run["dataset"] == facts["dataset"], f"the client reads {run['dataset']}, the dataset is {facts['dataset']}"
+        )
     server = units["server"]
-    expect(capture["dump_dir"] == run["dump_dir"],
-           f"the capture writes to {capture['dump_dir']}, the drain and the client use {run['dump_dir']}")
+    expect(
+        capture["dump_dir"] == run["dump_dir"],
+        f"the capture writes to {capture['dump_dir']}, the drain and the client use {run['dump_dir']}",
+    )
     expect(server.can_write(capture["dump_dir"]), f"server: the capture writes {capture['dump_dir']}, not granted")
-    expect(capture["model_path"] == run["model"] == server.flag("--model-path"),
-           f"model: capture {capture['model_path']}, run config {run['model']}, server {server.flag('--model-path')}")
+    expect(
+        capture["model_path"] == run["model"] == server.flag("--model-path"),
+        f"model: capture {capture['model_path']}, run config {run['model']}, server {server.flag('--model-path')}",
+    )
     pythonpath = server.env.get("PYTHONPATH", "")
-    expect(facts["capture_dir"] in pythonpath.split(":") and server.can_read(facts["capture_dir"]),
-           f"server: the capture package is rendered in {facts['capture_dir']}, not on its PYTHONPATH {pythonpath}")
-    expect(server.env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == facts["package"],
-           f"server loads {server.env.get('SGLANG_EXTERNAL_MODEL_PACKAGE')}, the package is {facts['package']}")
+    expect(
+        facts["capture_dir"] in pythonpath.split(":") and server.can_read(facts["capture_dir"]),
+        f"server: the capture package is rendered in {facts['capture_dir']}, not on its PYTHONPATH {pythonpath}",
+    )
+    expect(
+        server.env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == facts["package"],
+        f"server loads {server.env.get('SGLANG_EXTERNAL_MODEL_PACKAGE')}, the package is {facts['package']}",
+    )
     expect(capture["rid_prefix"] == run["rid_prefix"], "the capture's rid prefix differs from the client's")
     expect(server.can_write(server.env["HOME"]), f"server: HOME={server.env['HOME']} is not writable in the unit")
     url = urlsplit(run["server"])
     expect(str(url.port) == server.flag("--port"), f"server listens on {server.flag('--port')}, the client calls {url}")
-    expect(url.hostname in ("127.0.0.1", "::1", server.flag("--host")),
-           f"server binds {server.flag('--host')}, the client calls {run['server']}")
-    expect(any(a.startswith(run["server"] + "/health") for a in shlex.split(server.keys["ExecStartPost"][0])),
-           f"server: the start waits on {server.keys['ExecStartPost'][0]}, not on {run['server']}/health")
+    expect(
+        url.hostname in ("127.0.0.1", "::1", server.flag("--host")),
+        f"server binds {server.flag('--host')}, the client calls {run['server']}",
+    )
+    expect(
+        any(a.startswith(run["server"] + "/health") for a in shlex.split(server.keys["ExecStartPost"][0])),
+        f"server: the start waits on {server.keys['ExecStartPost'][0]}, not on {run['server']}/health",
+    )
     for name, u in units.items():
         expect(u.argv[0] == facts["python"], f"{name} runs {u.argv[0]}, hsextract is installed in {facts['python']}")
     for name in ("server", "drain"):
-        expect(steps_naming(units[name], run["dump_dir"]) == [[
-            facts["python"], "-m", "hsextract.ops.staging_root", "--owner", units[name].keys.get("User", ["root"])[0],
-            run["dump_dir"]]],
-               f"{name}: the staging directory {run['dump_dir']} is not made (or refused) for the unit's user before "
-               f"it starts: {units[name].keys.get('ExecStartPre')}")
+        expect(
+            steps_naming(units[name], run["dump_dir"])
+            == [
+                [
+                    facts["python"],
+                    "-m",
+                    "hsextract.ops.staging_root",
+                    "--owner",
+                    units[name].keys.get("User", ["root"])[0],
+                    run["dump_dir"],
+                ]
+            ],
+            f"{name}: the staging directory {run['dump_dir']} is not made (or refused) for the unit's user before "
+            f"it starts: {units[name].keys.get('ExecStartPre')}",
+        )
     return problems
 
 
@@ -236,11 +319,21 @@ def steps_naming(unit: Unit, path: str) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("unit-paths")
-    cases = {"defaults": {}, "every-path-overridden": {name: override_value(name, tmp) for name in path_variables()},
-             "under-tmp": {"hsextract_output_dir": str(tmp / "out"), "hsextract_dump_dir": "/var/tmp/hsx-dumps",
-                           "hsextract_dataset": str(tmp / "data.jsonl")},
-             "regenerate-under-tmp": {"hsextract_regenerate": True, "hsextract_regenerated_dir": str(tmp / "regen"),
-                                      "hsextract_dataset": str(tmp / "data.jsonl"), "hsextract_shard": "1/2"}}
+    cases = {
+        "defaults": {},
+        "every-path-overridden": {name: override_value(name, tmp) for name in path_variables()},
+        "under-tmp": {
+            "hsextract_output_dir": str(tmp / "out"),
+            "hsextract_dump_dir": "/var/tmp/hsx-dumps",
+            "hsextract_dataset": str(tmp / "data.jsonl"),
+        },
+        "regenerate-under-tmp": {
+            "hsextract_regenerate": True,
+            "hsextract_regenerated_dir": str(tmp / "regen"),
+            "hsextract_dataset": str(tmp / "data.jsonl"),
+            "hsextract_shard": "1/2",
+        },
+    }
     render_cases(tmp, cases)
     return tmp, cases
 
@@ -280,8 +373,16 @@ def test_a_bucket_output_renders_the_hosts_prefix_its_work_directory_and_only_th
     creds = tmp_path / "s3.credentials"
     creds.write_text(f"[default]\naws_access_key_id = AKIDEXAMPLE\naws_secret_access_key = {BUCKET_SECRET}\n")
     creds.chmod(0o600)
-    render_cases(tmp_path, {"gpu-7": {"hsextract_output_dir": "s3://sets/run7", "hsextract_s3_endpoint":
-                                      "http://10.0.0.5:8333", "hsextract_s3_credentials_src": str(creds)}})
+    render_cases(
+        tmp_path,
+        {
+            "gpu-7": {
+                "hsextract_output_dir": "s3://sets/run7",
+                "hsextract_s3_endpoint": "http://10.0.0.5:8333",
+                "hsextract_s3_credentials_src": str(creds),
+            }
+        },
+    )
     case = tmp_path / "cases" / "gpu-7"
     config = json.loads((case / "run.json").read_text())
     work = "/var/lib/hsextract/objectstore/sets/run7/gpu-7"

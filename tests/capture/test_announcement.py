@@ -26,8 +26,15 @@ pytestmark = pytest.mark.slow
 
 
 def _announcement(dump, pid: int, proc_start: int) -> CaptureAnnouncement:
-    return CaptureAnnouncement(dump_dir=str(dump), rid_prefix="hsx", final_hidden="post_norm",
-                               host=socket.gethostname(), pid=pid, port=30000, proc_start=proc_start)
+    return CaptureAnnouncement(
+        dump_dir=str(dump),
+        rid_prefix="hsx",
+        final_hidden="post_norm",
+        host=socket.gethostname(),
+        pid=pid,
+        port=30000,
+        proc_start=proc_start,
+    )
 
 
 def test_a_running_process_announcement_is_live(tmp_path):
@@ -76,8 +83,9 @@ _CAPTURE_PROCESS = textwrap.dedent("""
 
 
 def test_a_capture_process_that_exits_removes_its_announcement_and_its_forks_leave_it(tmp_path):
-    r = subprocess.run([sys.executable, "-c", _CAPTURE_PROCESS, str(tmp_path)], env=env(), capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _CAPTURE_PROCESS, str(tmp_path)], env=env(), capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "there after the fork's exit: True" in r.stdout, r.stdout + r.stderr[-3000:]
     assert list((tmp_path / "_captures").glob("*.json")) == [], "removed at the capture process's exit"

@@ -17,14 +17,16 @@ pytestmark = pytest.mark.timeout(600)
 
 def start_expecting_failure(model_dir, free_port, tmp_path, **kw) -> str:
     with pytest.raises(ServerStartError) as info:
-        start_server(model_dir, port=free_port(), dump_dir=kw.pop("dump_dir", tmp_path / "dump"),
-                     log_dir=tmp_path / "logs", **kw)
+        start_server(
+            model_dir, port=free_port(), dump_dir=kw.pop("dump_dir", tmp_path / "dump"), log_dir=tmp_path / "logs", **kw
+        )
     return str(info.value)
 
 
 @pytest.mark.server
 def test_one_failed_start_names_every_mistake_an_unknown_architecture_bad_layers_and_an_unwritable_dump_dir(
-        tiny_llama, free_port, tmp_path):
+    tiny_llama, free_port, tmp_path
+):
     """One start, three mistakes: the message names them all (the architecture and the supported
     ones, the layer range, the dump dir), with how to fix them, so one failed start is enough.
     (`hsextract capture-patch` refuses such layers already; this is the server's own check, for a
@@ -39,8 +41,9 @@ def test_one_failed_start_names_every_mistake_an_unknown_architecture_bad_layers
     if subprocess.run(["mount", "--bind", "-o", "ro", str(ro), str(ro)], capture_output=True).returncode != 0:
         pytest.skip("cannot make a read-only bind mount here")
     try:
-        message = start_expecting_failure(model, free_port, tmp_path, dump_dir=ro / "dump",
-                                          aux_layer_ids=[1, 3, 7], check_layers=False)
+        message = start_expecting_failure(
+            model, free_port, tmp_path, dump_dir=ro / "dump", aux_layer_ids=[1, 3, 7], check_layers=False
+        )
     finally:
         subprocess.run(["umount", str(ro)], check=False)
     assert "exited with code" in message
@@ -85,8 +88,11 @@ def test_dump_dir_check_creates_the_directory(tmp_path):
 
 
 def test_an_untested_sglang_release_is_refused_with_the_tested_one_and_the_way_out():
-    with pytest.raises(ConfigError, match=r"SGLang 0\.6\.0 is not a release the capture was tested on \(0\.5\.23\)"
-                       r".*sglang==0\.5\.23.*HSEXTRACT_ALLOW_UNTESTED_SGLANG=1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"SGLang 0\.6\.0 is not a release the capture was tested on \(0\.5\.23\)"
+        r".*sglang==0\.5\.23.*HSEXTRACT_ALLOW_UNTESTED_SGLANG=1",
+    ):
         check_sglang_version("0.6.0", allow_untested=False)
 
 

@@ -37,22 +37,26 @@ def test_only_rids_with_the_run_prefix_are_selected_with_their_row_offsets():
     ]
 
 
-@pytest.mark.parametrize("rid", [
-    "hsx-x/../../../../tmp/pwn",  # climbs out of the staging directory
-    "hsx-ab12cd34-0/../../pwn",
-    "hsx-../../pwn-ab12cd34-0",
-    "hsx-/etc-ab12cd34-0",
-    "hsx-ab12cd34-0/",
-    "hsx-ab12cd34-",  # no index
-    "hsx-AB12CD34-0",  # the run id is lower-case hex
-    "hsx-ab12-0",  # a run id too short
-    "hsx-ab12cd34-0x",
-    "hsx-ab12cd34-pzz",  # a probe's tag is hex
-    "hsx.y-ab12cd34-0",  # another prefix that starts like ours
-])
+@pytest.mark.parametrize(
+    "rid",
+    [
+        "hsx-x/../../../../tmp/pwn",  # climbs out of the staging directory
+        "hsx-ab12cd34-0/../../pwn",
+        "hsx-../../pwn-ab12cd34-0",
+        "hsx-/etc-ab12cd34-0",
+        "hsx-ab12cd34-0/",
+        "hsx-ab12cd34-",  # no index
+        "hsx-AB12CD34-0",  # the run id is lower-case hex
+        "hsx-ab12-0",  # a run id too short
+        "hsx-ab12cd34-0x",
+        "hsx-ab12cd34-pzz",  # a probe's tag is hex
+        "hsx.y-ab12cd34-0",  # another prefix that starts like ours
+    ],
+)
 def test_rids_that_are_not_the_clients_ids_of_this_prefix_are_never_selected(rid):
     assert select_requests([rid, "hsx-ab12cd34-1"], [0, 0], [3, 4], settings()) == [
-        req("hsx-ab12cd34-1", 0, 4, row=3, index=1)]
+        req("hsx-ab12cd34-1", 0, 4, row=3, index=1)
+    ]
 
 
 def test_the_clients_sample_and_probe_ids_are_selected():
@@ -112,7 +116,7 @@ def test_a_failed_request_sent_again_from_row_0_starts_a_new_dump():
 
 
 def _rows(values, start: int, n: int, prompt_len: int) -> LandedMeta:
-    return LandedMeta(prompt_lens=[prompt_len], row_values=values[start:start + n])
+    return LandedMeta(prompt_lens=[prompt_len], row_values=values[start : start + n])
 
 
 def test_a_request_sent_again_from_row_0_before_it_was_complete_is_captured_as_one_pass():
@@ -149,8 +153,14 @@ def test_decode_rows_of_a_mixed_batch_are_not_written():
     p.plan([req("hsx-ab12cd34-0", 0, 20)], [20])
     # MIXED batch: a new request's prefill, a decode row of the tracked request (row 21 of a
     # sequence whose prompt was 20), and one of a request no longer tracked.
-    segs = p.plan([req("hsx-ab12cd34-1", 0, 5, row=0, index=0), req("hsx-ab12cd34-0", 21, 1, row=5, index=1),
-                   req("hsx-ab12cd34-9", 30, 1, row=6, index=2)], [5, 22, 31])
+    segs = p.plan(
+        [
+            req("hsx-ab12cd34-1", 0, 5, row=0, index=0),
+            req("hsx-ab12cd34-0", 21, 1, row=5, index=1),
+            req("hsx-ab12cd34-9", 30, 1, row=6, index=2),
+        ],
+        [5, 22, 31],
+    )
     assert [(s.state.rid, s.rows) for s in segs] == [("hsx-ab12cd34-1", 5)]
     # the untracked request never had its first 30 rows seen: it can never complete, so it is failed
     assert [f.rid for f in p.take_failures()] == ["hsx-ab12cd34-9"]

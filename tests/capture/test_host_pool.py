@@ -77,7 +77,8 @@ class PoolMachine(RuleBasedStateMachine):
     def held_bytes_within_budget_unless_one_oversized_buffer(self):
         held_buffers = len(self.out) + len(self.pool.free_sizes)
         assert self.pool.held <= BUDGET or held_buffers == 1, (
-            f"{self.pool.held} B held in {held_buffers} buffers, budget {BUDGET}")
+            f"{self.pool.held} B held in {held_buffers} buffers, budget {BUDGET}"
+        )
 
     @invariant()
     def accounting_matches_the_buffers(self):
@@ -94,8 +95,9 @@ class SharedPoolMachine(PoolMachine):
 
     def make_pool(self) -> HostBufferPool:
         self.shared = SharedHostBuffers(cuda=False)
-        return HostBufferPool(BUDGET, pin=False, granularity=GRANULARITY, allocate=self.shared.allocate,
-                              drop=self.shared.drop)
+        return HostBufferPool(
+            BUDGET, pin=False, granularity=GRANULARITY, allocate=self.shared.allocate, drop=self.shared.drop
+        )
 
     @invariant()
     def the_allocator_maps_exactly_the_buffers_the_pool_holds(self):

@@ -47,8 +47,9 @@ def test_the_captured_final_rows_give_the_servers_own_prompt_logprobs(request, s
     try:
         marker, states = read_done_marker(d), read_states(d)
         given = server_logprobs.fetch(server.url, ids)
-        greedy, logprobs = check_final_rows(GreedyHead(server.model_dir), states.hidden[:, -1], marker.final_hidden,
-                                            token, given)
+        greedy, logprobs = check_final_rows(
+            GreedyHead(server.model_dir), states.hidden[:, -1], marker.final_hidden, token, given
+        )
         assert greedy.ok and logprobs is not None and logprobs.ok, logprobs
         assert logprobs.positions == 40 and logprobs.compared >= 40 * 5
         assert logprobs.mean_abs_error < DEFAULT_MAX_MEAN_ABS_ERROR / 10, logprobs  # measured: 0 to 0.004
@@ -87,7 +88,8 @@ def test_rows_of_the_layer_before_fail_the_logprob_check(llama_prenorm_server, n
 
 @pytest.mark.parametrize("n", [10, 40, 100])
 def test_pre_norm_rows_taken_for_post_norm_ones_pass_the_greedy_check_and_fail_the_logprob_check(
-        llama_prenorm_server, n):
+    llama_prenorm_server, n
+):
     server = llama_prenorm_server
     ids, token, d = captured(server, n, seed=65)
     try:
@@ -105,10 +107,30 @@ def test_the_smoke_tests_selfcheck_command_compares_the_probes_logprobs_with_the
     server = llama_server
     ids, token, d = captured(server, 10, seed=66)
     try:
-        r = subprocess.run([sys.executable, "-m", "hsextract", "selfcheck", "--dump-dir", str(server.dump_dir),
-                            "--rid", d.name, "--model", str(server.model_dir), "--input-ids", ",".join(map(str, ids)),
-                            "--server-token", str(token), "--server", server.url],
-                           capture_output=True, text=True, env=hsextract_env(), timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hsextract",
+                "selfcheck",
+                "--dump-dir",
+                str(server.dump_dir),
+                "--rid",
+                d.name,
+                "--model",
+                str(server.model_dir),
+                "--input-ids",
+                ",".join(map(str, ids)),
+                "--server-token",
+                str(token),
+                "--server",
+                server.url,
+            ],
+            capture_output=True,
+            text=True,
+            env=hsextract_env(),
+            timeout=120,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         numbers = json.loads(r.stdout)["details"]["logprobs"]
         assert numbers["positions"] == 10 and numbers["mean_abs_error"] <= numbers["bound"], numbers
@@ -117,7 +139,8 @@ def test_the_smoke_tests_selfcheck_command_compares_the_probes_logprobs_with_the
 
 
 def test_the_smoke_tests_selfcheck_fails_a_probe_whose_pre_norm_rows_are_taken_for_post_norm(
-        llama_prenorm_server, tmp_path):
+    llama_prenorm_server, tmp_path
+):
     server = llama_prenorm_server
     ids, token, d = captured(server, 10, seed=67)
     try:

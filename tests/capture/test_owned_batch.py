@@ -22,8 +22,9 @@ K = 3
 
 
 def settings(hidden: int = H) -> CaptureSettings:
-    return CaptureSettings(rid_prefix="hsx", layers=resolve(None, 8), hidden_size=hidden,
-                           architecture="LlamaForCausalLM")
+    return CaptureSettings(
+        rid_prefix="hsx", layers=resolve(None, 8), hidden_size=hidden, architecture="LlamaForCausalLM"
+    )
 
 
 def sglang_like_batch(rows: int, hidden: int = H, device: str = "cpu"):

@@ -22,9 +22,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_rendered_package_subclasses_the_architecture_and_carries_the_config(tmp_path, tiny_llama):
-    out = render_patch(tmp_path, architecture="LlamaForCausalLM", model_path=tiny_llama, aux_layer_ids=[1, 2],
-                       dump_dir="/dev/shm/x", rid_prefix="run7", final_hidden="pre_norm",
-                       ansible_managed="Ansible managed: do not edit")
+    out = render_patch(
+        tmp_path,
+        architecture="LlamaForCausalLM",
+        model_path=tiny_llama,
+        aux_layer_ids=[1, 2],
+        dump_dir="/dev/shm/x",
+        rid_prefix="run7",
+        final_hidden="pre_norm",
+        ansible_managed="Ansible managed: do not edit",
+    )
     pkg = out / "hsextract_capture_patch"
     init = (pkg / "__init__.py").read_text()
     model = (pkg / "model.py").read_text()
@@ -40,7 +47,7 @@ def test_rendered_package_subclasses_the_architecture_and_carries_the_config(tmp
 
 
 def test_config_survives_awkward_characters(tmp_path):
-    odd = "/dev/shm/it's \"quoted\" <&> \\ ünï"
+    odd = '/dev/shm/it\'s "quoted" <&> \\ ünï'
     out = render_patch(tmp_path, architecture="LlamaForCausalLM", model_path="/nonexistent", dump_dir=odd)
     namespace: dict = {}
     exec((out / "hsextract_capture_patch" / "__init__.py").read_text(), namespace)
@@ -72,9 +79,26 @@ def test_server_launch_switches_the_capture_on_with_the_flags_it_needs(tmp_path)
 
 def test_capture_patch_command_renders_and_prints_the_launch_settings(tmp_path, tiny_dsv3):
     env = {"PYTHONPATH": str(REPO / "files" / "python")}
-    r = subprocess.run([sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(tmp_path),
-                        "--model", str(tiny_dsv3), "--dump-dir", "/dev/shm/hsx", "--aux-layers", "1,3,4"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsextract",
+            "capture-patch",
+            "--out-dir",
+            str(tmp_path),
+            "--model",
+            str(tiny_dsv3),
+            "--dump-dir",
+            "/dev/shm/hsx",
+            "--aux-layers",
+            "1,3,4",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["architecture"] == "DeepseekV3ForCausalLM"
@@ -113,17 +137,30 @@ def test_supported_architectures_resolve_to_sglang_classes_with_the_capture_hook
     forward = inspect.getsource(cls.forward)
     assert "capture_aux_hidden_states" in forward
     module = importlib.import_module(spec.sglang_module)
-    inner = [c for n, c in vars(module).items() if inspect.isclass(c) and n.endswith("Model")
-             and c.__module__ == module.__name__ and "layers_to_capture" in inspect.getsource(c)]
+    inner = [
+        c
+        for n, c in vars(module).items()
+        if inspect.isclass(c)
+        and n.endswith("Model")
+        and c.__module__ == module.__name__
+        and "layers_to_capture" in inspect.getsource(c)
+    ]
     assert inner, f"no decoder class with layers_to_capture in {spec.sglang_module}"
 
 
 def test_config_values_rendered_as_text_are_normalised():
     from hsextract.capture.config import CaptureConfig
 
-    cfg = CaptureConfig.from_dict({"architecture": "LlamaForCausalLM", "model_path": "/m", "dump_dir": "/d",
-                                   "aux_layer_ids": "[1, 29, 57]", "writer_threads": "0",
-                                   "max_bytes_in_flight": "1073741824"})
+    cfg = CaptureConfig.from_dict(
+        {
+            "architecture": "LlamaForCausalLM",
+            "model_path": "/m",
+            "dump_dir": "/d",
+            "aux_layer_ids": "[1, 29, 57]",
+            "writer_threads": "0",
+            "max_bytes_in_flight": "1073741824",
+        }
+    )
     assert cfg.aux_layer_ids == [1, 29, 57] and cfg.writer_threads == 0 and cfg.max_bytes_in_flight == 1 << 30
     assert CaptureConfig("LlamaForCausalLM", "/m", "/d", aux_layer_ids="None").aux_layer_ids is None
     with pytest.raises(ConfigError, match="final_hidden='middle'"):
@@ -132,16 +169,31 @@ def test_config_values_rendered_as_text_are_normalised():
 
 def test_capture_patch_reads_the_same_run_config_keys_as_the_other_subcommands(tmp_path, tiny_llama):
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"model": str(tiny_llama), "dump_dir": "/dev/shm/hsx", "aux_layers": "1,2,3",
-                                  "rid_prefix": "shared", "format": "speculators", "dataset": "/unused.jsonl"}))
+    config.write_text(
+        json.dumps(
+            {
+                "model": str(tiny_llama),
+                "dump_dir": "/dev/shm/hsx",
+                "aux_layers": "1,2,3",
+                "rid_prefix": "shared",
+                "format": "speculators",
+                "dataset": "/unused.jsonl",
+            }
+        )
+    )
     out_dir = tmp_path / "patch"
     env = {"PYTHONPATH": str(REPO / "files" / "python")}
-    r = subprocess.run([sys.executable, "-m", "hsextract", "capture-patch", "--config", str(config),
-                        "--out-dir", str(out_dir)], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "hsextract", "capture-patch", "--config", str(config), "--out-dir", str(out_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     rendered = (out_dir / "hsextract_capture_patch" / "__init__.py").read_text()
     line = next(x for x in rendered.splitlines() if x.startswith("CONFIG = json.loads("))
-    baked = json.loads(json.loads(line[len("CONFIG = json.loads("):-1]))
+    baked = json.loads(json.loads(line[len("CONFIG = json.loads(") : -1]))
     assert baked["rid_prefix"] == "shared"
     assert baked["aux_layer_ids"] == [1, 2, 3]
     assert baked["model_path"] == str(tiny_llama)
@@ -157,13 +209,16 @@ def test_writer_process_is_on_by_default_and_rendered_only_when_off_so_a_default
     from hsextract.capture.config import CaptureConfig
 
     default = render_patch(tmp_path / "default", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d")
-    on = render_patch(tmp_path / "on", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d",
-                      writer_process=True)
-    off = render_patch(tmp_path / "off", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d",
-                       writer_process=False)
+    on = render_patch(
+        tmp_path / "on", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d", writer_process=True
+    )
+    off = render_patch(
+        tmp_path / "off", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d", writer_process=False
+    )
     assert "writer_process" not in _rendered_config(default)
-    assert (on / "hsextract_capture_patch" / "__init__.py").read_bytes() == \
-        (default / "hsextract_capture_patch" / "__init__.py").read_bytes()
+    assert (on / "hsextract_capture_patch" / "__init__.py").read_bytes() == (
+        default / "hsextract_capture_patch" / "__init__.py"
+    ).read_bytes()
     assert _rendered_config(off)["writer_process"] is False
     assert CaptureConfig.from_dict(_rendered_config(off)).writer_process is False
     assert CaptureConfig.from_dict(_rendered_config(default)).writer_process is True
@@ -176,8 +231,21 @@ def test_the_cli_writes_from_a_writer_process_unless_told_no_writer_process(tmp_
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         out = tmp_path / str(len(flags))
-        run(parser.parse_args(["--out-dir", str(out), "--model", "/m", "--dump-dir", "/d",
-                               "--architecture", "LlamaForCausalLM", *flags]))
+        run(
+            parser.parse_args(
+                [
+                    "--out-dir",
+                    str(out),
+                    "--model",
+                    "/m",
+                    "--dump-dir",
+                    "/d",
+                    "--architecture",
+                    "LlamaForCausalLM",
+                    *flags,
+                ]
+            )
+        )
         return _rendered_config(out)
 
     assert "writer_process" not in rendered()
@@ -185,9 +253,23 @@ def test_the_cli_writes_from_a_writer_process_unless_told_no_writer_process(tmp_
     assert "writer_process" not in rendered("--writer-process")
 
 
-@pytest.mark.parametrize(("text", "value"), [("True", True), ("true", True), ("1", True), ("yes", True),
-                                             ("False", False), ("false", False), ("0", False), ("", True),
-                                             ("None", True), (1, True), (0, False), (None, True)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("True", True),
+        ("true", True),
+        ("1", True),
+        ("yes", True),
+        ("False", False),
+        ("false", False),
+        ("0", False),
+        ("", True),
+        ("None", True),
+        (1, True),
+        (0, False),
+        (None, True),
+    ],
+)
 def test_writer_process_given_as_text_is_normalised_and_unset_is_the_default(text, value):
     from hsextract.capture.config import CaptureConfig
 

@@ -63,8 +63,13 @@ def check_against_hf(server, rid: str, ids: list[int], final_hidden: str | None 
     states = read_states(d)
     assert states.input_ids.tolist() == ids
     assert states.hidden.shape == (len(ids), marker.num_aux + 1, marker.hidden_size)
-    problems = row_problems(states.hidden, marker.sglang_layers_to_capture, marker.architecture,
-                            reference(server.model_dir, ids), final_hidden or marker.final_hidden)
+    problems = row_problems(
+        states.hidden,
+        marker.sglang_layers_to_capture,
+        marker.architecture,
+        reference(server.model_dir, ids),
+        final_hidden or marker.final_hidden,
+    )
     assert not problems, problems
 
 
@@ -138,8 +143,12 @@ def test_a_rid_that_names_another_place_writes_nothing_outside_the_staging_direc
     tag = secrets.token_hex(4)
     outside = server.dump_dir.parent / f"escaped-{tag}"
     p = server.rid_prefix
-    rids = [f"{p}-x/../../escaped-{tag}", f"{p}-{tag}-0/../../escaped-{tag}", f"{p}-../escaped-{tag}",
-            f"{p}-{'/..' * 12}{outside}/pwn"]
+    rids = [
+        f"{p}-x/../../escaped-{tag}",
+        f"{p}-{tag}-0/../../escaped-{tag}",
+        f"{p}-../escaped-{tag}",
+        f"{p}-{'/..' * 12}{outside}/pwn",
+    ]
     before = {q.name for q in server.dump_dir.iterdir()}
     for i, rid in enumerate(rids):
         server.generate(prompt(20, seed=60 + i), rid=rid)  # answered: the server serves it, uncaptured
@@ -231,16 +240,30 @@ def test_selfcheck_command_prints_json_and_exit_code(llama_server):
     try:
         token = server.generate(ids, rid=rid)["output_ids"][0]
         wait_done(server.dump_dir, rid)
-        base = [sys.executable, "-m", "hsextract", "selfcheck", "--dump-dir", str(server.dump_dir), "--rid", rid,
-                "--model-path", str(server.model_dir), "--input-ids", ",".join(map(str, ids))]
+        base = [
+            sys.executable,
+            "-m",
+            "hsextract",
+            "selfcheck",
+            "--dump-dir",
+            str(server.dump_dir),
+            "--rid",
+            rid,
+            "--model-path",
+            str(server.model_dir),
+            "--input-ids",
+            ",".join(map(str, ids)),
+        ]
         env = {**os.environ, "PYTHONPATH": str(REPO / "files" / "python")}
-        good = subprocess.run([*base, "--server-token", str(token)], capture_output=True, text=True, env=env,
-                              timeout=120)
+        good = subprocess.run(
+            [*base, "--server-token", str(token)], capture_output=True, text=True, env=env, timeout=120
+        )
         assert good.returncode == 0, good.stdout + good.stderr
         assert json.loads(good.stdout)["ok"] is True
         other = (token + 1) % 300
-        bad = subprocess.run([*base, "--server-token", str(other)], capture_output=True, text=True, env=env,
-                             timeout=120)
+        bad = subprocess.run(
+            [*base, "--server-token", str(other)], capture_output=True, text=True, env=env, timeout=120
+        )
         verdict = json.loads(bad.stdout)
         assert bad.returncode == 1 and not verdict["ok"] and verdict["reasons"], bad.stdout + bad.stderr
     finally:
@@ -295,16 +318,20 @@ def test_a_sample_resent_after_its_dump_was_drained_is_captured_again(llama_serv
 def writer_processes(server) -> list[psutil.Process]:
     """The capture's writer processes among the server's processes."""
     root = psutil.Process(server.proc.pid)
-    return [p for p in root.children(recursive=True)
-            if "hsextract.capture.writer_process" in " ".join(p.cmdline())]
+    return [p for p in root.children(recursive=True) if "hsextract.capture.writer_process" in " ".join(p.cmdline())]
 
 
 def send_concurrently_and_check(server, prompts: dict[str, list[int]], workers: int) -> None:
     """Send ``prompts`` (rid -> token ids) at once; each dump must equal transformers' states and pass
     the self-check against the greedy token the server answered."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        tokens = dict(zip(prompts, pool.map(lambda item: server.generate(item[1], rid=item[0])["output_ids"][0],
-                                            prompts.items()), strict=True))
+        tokens = dict(
+            zip(
+                prompts,
+                pool.map(lambda item: server.generate(item[1], rid=item[0])["output_ids"][0], prompts.items()),
+                strict=True,
+            )
+        )
     for rid, ids in prompts.items():
         check_against_hf(server, rid, ids)
         result = check_dump(server.dump_dir, rid, server.model_dir, ids, tokens[rid])
@@ -344,8 +371,14 @@ def dp2_server(request, tmp_path_factory, tiny_llama, free_port):
     """A Llama server with two data-parallel replicas (`--dp 2`): two scheduler processes, each with
     its own capture and writer process (SGLang wants one CPU core named per rank on a CPU host)."""
     base = tmp_path_factory.mktemp("dp2")
-    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
-                          extra_args=["--dp", "2"], env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
+    handle = start_server(
+        tiny_llama,
+        port=free_port(),
+        dump_dir=base / "dump",
+        log_dir=base / "logs",
+        extra_args=["--dp", "2"],
+        env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"},
+    )
     request.addfinalizer(handle.stop_later)
     return handle
 
@@ -413,8 +446,11 @@ def test_a_request_the_server_refuses_leaves_a_failure_marker_not_a_complete_dum
     rid = fresh_rid(server)
     too_long = prompt(server_context_len(server) - 2, seed=22)
     try:
-        r = requests.post(f"{server.url}/generate", timeout=120, json={
-            "input_ids": too_long, "rid": rid, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+        r = requests.post(
+            f"{server.url}/generate",
+            timeout=120,
+            json={"input_ids": too_long, "rid": rid, "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+        )
         assert r.status_code == 400, r.text
         failed = wait_failed(server.dump_dir, rid)
         assert failed.reason == CAPTURE_SERVER_ABORTED
@@ -424,8 +460,10 @@ def test_a_request_the_server_refuses_leaves_a_failure_marker_not_a_complete_dum
 
 
 def server_context_len(server) -> int:
-    return int(requests.get(f"{server.url}/get_model_info", timeout=30).json().get("max_context_length")
-               or json.loads((Path(server.model_dir) / "config.json").read_text())["max_position_embeddings"])
+    return int(
+        requests.get(f"{server.url}/get_model_info", timeout=30).json().get("max_context_length")
+        or json.loads((Path(server.model_dir) / "config.json").read_text())["max_position_embeddings"]
+    )
 
 
 def wait_failed(dump_dir: Path, rid: str, timeout: float = 30):

@@ -92,8 +92,13 @@ def test_links_planted_in_the_staging_directory_are_never_written_through(tmp_pa
         for rid in (f"hsx-{RUN}-{i}" for i in (1, 2, 3)):  # each in one piece
             w.submit([BatchRequest(rid, 0, 0, 16, 0)], aux, final, ids, [16])
         for start in (0, 8):  # in two chunks: its file is created at full size first
-            w.submit([BatchRequest(f"hsx-{RUN}-4", 0, start, 8, 0)], aux[start:start + 8], final[start:start + 8],
-                     ids[start:start + 8], [16])
+            w.submit(
+                [BatchRequest(f"hsx-{RUN}-4", 0, start, 8, 0)],
+                aux[start : start + 8],
+                final[start : start + 8],
+                ids[start : start + 8],
+                [16],
+            )
         assert w.flush(timeout=30)
     finally:
         w.close()
@@ -119,7 +124,10 @@ def test_staged_dumps_and_markers_are_readable_by_the_capture_user_alone(tmp_pat
         w.close()
     assert _mode(dump / done) == _mode(dump / failed) == 0o700
     assert {p.name: _mode(p) for p in [*(dump / done).iterdir(), *(dump / failed).iterdir()]} == {
-        STATES_FILE: 0o600, DONE_FILE: 0o600, FAILED_FILE: 0o600}
+        STATES_FILE: 0o600,
+        DONE_FILE: 0o600,
+        FAILED_FILE: 0o600,
+    }
 
 
 def test_the_writer_takes_no_rid_that_would_name_another_place(tmp_path):

@@ -50,8 +50,13 @@ def test_chunks_of_several_batches_are_stitched_into_one_exact_file(tmp_path, mo
     aux, final, ids = batch(40, seed=1)
     try:
         for start, n in [(0, 16), (16, 16), (32, 8)]:
-            w.submit([BatchRequest(rid, 0, start, n, 0)], aux[start:start + n], final[start:start + n],
-                     ids[start:start + n], [40])
+            w.submit(
+                [BatchRequest(rid, 0, start, n, 0)],
+                aux[start : start + n],
+                final[start : start + n],
+                ids[start : start + n],
+                [40],
+            )
         assert w.flush(timeout=30)
     finally:
         w.close()
@@ -150,8 +155,9 @@ def tiny_tmpfs(tmp_path):
     """A 1 MiB tmpfs of our own, to fill up (needs root and mount; skipped without them)."""
     mnt = tmp_path / "shm"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -234,14 +240,20 @@ def test_a_batch_of_many_short_requests_lands_each_request_whole_and_exact(tmp_p
 
 
 def test_a_batch_the_forward_pass_could_not_hand_over_leaves_failed_json_and_its_later_chunks_are_ignored(
-        tmp_path, mode):
+    tmp_path, mode
+):
     w = make_writer(tmp_path, mode)
     failed, fine = "hsx-ab12cd34-0", "hsx-ab12cd34-1"
     aux, final, ids = batch(40, seed=8)
     try:
         w.fail_requests([BatchRequest(failed, 0, 0, 16, 0)], CAPTURE_QUEUE_ERROR, "RuntimeError: no room")
-        w.submit([BatchRequest(failed, 0, 16, 16, 0), BatchRequest(fine, 16, 0, 8, 1)], aux[:24], final[:24],
-                 ids[:24], [40, 8])  # the failed request's second chunk, and a whole request beside it
+        w.submit(
+            [BatchRequest(failed, 0, 16, 16, 0), BatchRequest(fine, 16, 0, 8, 1)],
+            aux[:24],
+            final[:24],
+            ids[:24],
+            [40, 8],
+        )  # the failed request's second chunk, and a whole request beside it
         assert w.flush(timeout=30)
     finally:
         w.close()
@@ -262,8 +274,13 @@ def test_a_send_aborted_midway_and_sent_again_from_row_0_stages_the_second_send_
     try:
         for (aux, final, ids), chunks in ((aborted, [(0, 16), (16, 16)]), (again, [(0, 16), (16, 16), (32, 8)])):
             for start, n in chunks:
-                w.submit([BatchRequest(rid, 0, start, n, 0)], aux[start:start + n], final[start:start + n],
-                         ids[start:start + n], [40])
+                w.submit(
+                    [BatchRequest(rid, 0, start, n, 0)],
+                    aux[start : start + n],
+                    final[start : start + n],
+                    ids[start : start + n],
+                    [40],
+                )
             assert w.flush(timeout=30)
     finally:
         w.close()
@@ -282,8 +299,14 @@ def test_done_json_carries_the_fingerprint_of_the_staged_rows_and_the_greedy_tok
     aux, final, ids = batch(40, seed=11)
     try:
         for start, n, token in [(0, 16, 5), (16, 16, 6), (32, 8, 42)]:  # chunks: only the last one's token counts
-            w.submit([BatchRequest(rid, 0, start, n, 0)], aux[start:start + n], final[start:start + n],
-                     ids[start:start + n], [40], tokens=torch.tensor([token]))
+            w.submit(
+                [BatchRequest(rid, 0, start, n, 0)],
+                aux[start : start + n],
+                final[start : start + n],
+                ids[start : start + n],
+                [40],
+                tokens=torch.tensor([token]),
+            )
         assert w.flush(timeout=30)
     finally:
         w.close()

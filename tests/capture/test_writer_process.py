@@ -45,8 +45,11 @@ def settings() -> CaptureSettings:
 
 def rows(n: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, K * H, generator=g).to(torch.bfloat16), torch.randn(n, H, generator=g).to(torch.bfloat16),
-            torch.randint(0, 300, (n,), generator=g))
+    return (
+        torch.randn(n, K * H, generator=g).to(torch.bfloat16),
+        torch.randn(n, H, generator=g).to(torch.bfloat16),
+        torch.randint(0, 300, (n,), generator=g),
+    )
 
 
 def expected(aux, final):
@@ -120,8 +123,10 @@ def test_a_killed_writer_process_leaves_done_or_failed_json_for_every_request(tm
     assert marker is not None and marker.reason == CAPTURE_MISSING_ROWS, "its first rows died with the child"
     assert not (tmp_path / chunked / STATES_FILE).exists()
     errors = [r.getMessage() for r in caplog.records]
-    assert any(f"writer process (pid {w.child_pid}) died (killed by signal 9 (SIGKILL))" in m and "4 requests" in m
-               for m in errors), errors
+    assert any(
+        f"writer process (pid {w.child_pid}) died (killed by signal 9 (SIGKILL))" in m and "4 requests" in m
+        for m in errors
+    ), errors
 
 
 def test_shared_buffers_are_reused_unmapped_when_dropped_and_leave_no_descriptor(tmp_path):
@@ -129,8 +134,9 @@ def test_shared_buffers_are_reused_unmapped_when_dropped_and_leave_no_descriptor
     granule = 1024
     # One 2 KiB buffer for batches of up to 2 KiB, and a budget of 16 KiB: a 16 KiB batch must
     # drop the free 2 KiB buffer (in both processes) to stay within it.
-    w = ProcessCaptureWriter(tmp_path, settings(), WriterOptions(pool_granularity=granule,
-                                                                 max_bytes_in_flight=16 * granule), device="cpu")
+    w = ProcessCaptureWriter(
+        tmp_path, settings(), WriterOptions(pool_granularity=granule, max_bytes_in_flight=16 * granule), device="cpu"
+    )
     child = w.child_pid
     try:
         for i in range(3):

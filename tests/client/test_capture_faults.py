@@ -43,8 +43,13 @@ FAIL_EVERY = 4
 @pytest.fixture(scope="module")
 def faulty_server(tiny_llama, free_port, tmp_path_factory):
     base = tmp_path_factory.mktemp("faulty-server")
-    handle = start_server(tiny_llama, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs",
-                          capture_extra={"pool_granularity_bytes": 1024, "testonly_fail_every_kth_batch": FAIL_EVERY})
+    handle = start_server(
+        tiny_llama,
+        port=free_port(),
+        dump_dir=base / "dump",
+        log_dir=base / "logs",
+        capture_extra={"pool_granularity_bytes": 1024, "testonly_fail_every_kth_batch": FAIL_EVERY},
+    )
     try:
         yield handle
     finally:
@@ -52,8 +57,13 @@ def faulty_server(tiny_llama, free_port, tmp_path_factory):
 
 
 def _status(out: Path) -> tuple[int, dict]:
-    r = subprocess.run([sys.executable, "-m", "hsextract", "status", "--output", str(out), "--json"], env=env(),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "hsextract", "status", "--output", str(out), "--json"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return r.returncode, json.loads(r.stdout)
 
 
@@ -62,9 +72,23 @@ def _run(server, model: Path, tmp_path: Path, n_lines: int, *client_flags: str) 
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     drain = start_drain(logs / "drain.log", server.dump_dir, out, model)
-    client = start_client(logs / "client.log", *extract_args(
-        server.url, tmp_path / "data.jsonl", model, server.dump_dir, out, "--max-in-flight", "4",
-        "--max-tokens", "300", "--overlong", "skip", *client_flags))
+    client = start_client(
+        logs / "client.log",
+        *extract_args(
+            server.url,
+            tmp_path / "data.jsonl",
+            model,
+            server.dump_dir,
+            out,
+            "--max-in-flight",
+            "4",
+            "--max-tokens",
+            "300",
+            "--overlong",
+            "skip",
+            *client_flags,
+        ),
+    )
     try:
         client_rc = wait_exit(client, 420, logs / "client.log")
         drain_rc = wait_exit(drain, 180, logs / "drain.log")
@@ -89,8 +113,9 @@ def test_failed_batches_are_sent_again_and_every_sample_lands_once(faulty_server
     assert sum(accounts["rejected"].values()) == len(exp.rejects)
 
 
-def test_without_retries_the_failed_samples_are_reported_and_the_run_fails_its_check(faulty_server, tiny_llama,
-                                                                                    tmp_path):
+def test_without_retries_the_failed_samples_are_reported_and_the_run_fails_its_check(
+    faulty_server, tiny_llama, tmp_path
+):
     out, exp, client_rc, drain_rc = _run(faulty_server, tiny_llama, tmp_path, 30, "--max-attempts", "1")
     assert client_rc == 0, tail(tmp_path / "logs" / "client.log")
     assert drain_rc == 3, "more than 1 % of the samples failed: the run fails its check"
@@ -116,12 +141,16 @@ def _in_prefill(dump: Path, out: Path) -> list[str]:
     except (OSError, ValueError, KeyError):
         return []
     mine = re.compile(rf"hsx-{run}-\d+")
-    return [d.name for d in dump.iterdir() if mine.fullmatch(d.name) and (d / STATES_FILE).exists()
-            and not (d / DONE_FILE).exists()]
+    return [
+        d.name
+        for d in dump.iterdir()
+        if mine.fullmatch(d.name) and (d / STATES_FILE).exists() and not (d / DONE_FILE).exists()
+    ]
 
 
-def test_a_client_killed_mid_prefill_and_started_again_loses_and_quarantines_nothing(llama_server, tiny_llama,
-                                                                                      tmp_path):
+def test_a_client_killed_mid_prefill_and_started_again_loses_and_quarantines_nothing(
+    llama_server, tiny_llama, tmp_path
+):
     """kill -9 of the client drops its connections: SGLang aborts the requests it is prefilling, and
     the capture is not told. The client started again sends them anew under the same rids; each must
     be staged as that one send, not merged into the aborted one (a fingerprint_mismatch)."""
@@ -132,13 +161,19 @@ def test_a_client_killed_mid_prefill_and_started_again_loses_and_quarantines_not
     data.write_text("".join(json.dumps({"input_ids": ids, "loss_mask": [1] * len(ids)}) + "\n" for ids in prompts))
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    args = extract_args(server.url, data, tiny_llama, server.dump_dir, out, "--max-in-flight", "2",
-                        "--max-tokens", "2000")
+    args = extract_args(
+        server.url, data, tiny_llama, server.dump_dir, out, "--max-in-flight", "2", "--max-tokens", "2000"
+    )
     drain = start_drain(logs / "drain.log", server.dump_dir, out, tiny_llama)
     client = start_client(logs / "client-killed.log", *args)
     try:
-        killed = wait_for(lambda: _in_prefill(server.dump_dir, out), 180, "a request mid-prefill",
-                          logs / "client-killed.log", every=0.05)
+        killed = wait_for(
+            lambda: _in_prefill(server.dump_dir, out),
+            180,
+            "a request mid-prefill",
+            logs / "client-killed.log",
+            every=0.05,
+        )
         stop(client)  # SIGKILL
         client = start_client(logs / "client.log", *args)
         client_rc = wait_exit(client, 420, logs / "client.log")
@@ -150,5 +185,6 @@ def test_a_client_killed_mid_prefill_and_started_again_loses_and_quarantines_not
     drain_log = (logs / "drain.log").read_text()
     assert drain_rc == 0, drain_log[-3000:]
     assert "6 accepted = 6 in the set + 0 failed + 0 quarantined" in drain_log, (killed, drain_log[-3000:])
-    assert_training_set_matches(out, Expected({i: (ids, [1] * LONG) for i, ids in enumerate(prompts)},
-                                              total_lines=len(prompts)))
+    assert_training_set_matches(
+        out, Expected({i: (ids, [1] * LONG) for i, ids in enumerate(prompts)}, total_lines=len(prompts))
+    )

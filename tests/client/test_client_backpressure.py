@@ -16,15 +16,18 @@ from hsextract.client.backpressure import (
 from hsextract.errors import ConfigError
 
 
-@pytest.mark.parametrize(("text", "want"), [
-    ("10%", Watermark(fraction=0.10)),
-    ("0%", Watermark(fraction=0.0)),
-    ("2G", Watermark(bytes=2 << 30)),
-    ("512MiB", Watermark(bytes=512 << 20)),
-    ("1.5k", Watermark(bytes=1536)),
-    ("1048576", Watermark(bytes=1 << 20)),
-    (4096, Watermark(bytes=4096)),
-])
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("10%", Watermark(fraction=0.10)),
+        ("0%", Watermark(fraction=0.0)),
+        ("2G", Watermark(bytes=2 << 30)),
+        ("512MiB", Watermark(bytes=512 << 20)),
+        ("1.5k", Watermark(bytes=1536)),
+        ("1048576", Watermark(bytes=1 << 20)),
+        (4096, Watermark(bytes=4096)),
+    ],
+)
 def test_watermark_accepts_bytes_and_percentages(text, want):
     assert parse_watermark(text) == want
 
@@ -132,8 +135,7 @@ def test_dumps_of_the_runs_other_client_processes_count_once_the_count_is_old(tm
 
 def test_a_client_stopped_at_the_staged_limit_sends_again_an_eighth_below_it(tmp_path):
     _stage(tmp_path, "0123abcd", range(16))
-    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=16, bytes_per_token=1, run_id="0123abcd",
-                      clock=_Clock())
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=16, bytes_per_token=1, run_id="0123abcd", clock=_Clock())
     assert "drain is behind" in bp.reason()
     for i in range(2):  # the drain wrote two: below the limit, not yet an eighth below it
         (tmp_path / f"hsx-0123abcd-{i}").rmdir()
@@ -144,8 +146,7 @@ def test_a_client_stopped_at_the_staged_limit_sends_again_an_eighth_below_it(tmp
 
 def test_a_client_that_was_not_paused_sends_up_to_the_limit_itself(tmp_path):
     _stage(tmp_path, "0123abcd", range(15))
-    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=16, bytes_per_token=1, run_id="0123abcd",
-                      clock=_Clock())
+    bp = Backpressure(tmp_path, Watermark(bytes=0), max_staged=16, bytes_per_token=1, run_id="0123abcd", clock=_Clock())
     assert bp.reason() is None
 
 

@@ -14,8 +14,20 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
 
 
 def _flags(tmp_path, model, dataset) -> list[str]:
-    return ["--server", "http://127.0.0.1:9", "--dataset", str(dataset), "--model", str(model),
-            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"), "--format", "specforge"]
+    return [
+        "--server",
+        "http://127.0.0.1:9",
+        "--dataset",
+        str(dataset),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+    ]
 
 
 def test_missing_dataset_stops_at_once_naming_it(capsys, tmp_path, tiny_llama):
@@ -56,11 +68,20 @@ def test_bad_shard_is_refused_with_an_example(capsys, tmp_path, tiny_llama, shar
 
 def test_config_file_supplies_the_settings_and_flags_win(capsys, tmp_path, tiny_llama):
     cfg = tmp_path / "run.json"
-    cfg.write_text(json.dumps({
-        "server": "http://127.0.0.1:9", "dataset": str(tmp_path / "from-config.jsonl"), "model": str(tiny_llama),
-        "dump_dir": str(tmp_path / "dump"), "output": str(tmp_path / "out"), "shm_min_free": "5%",
-        "format": "specforge", "workers": 2,  # a drain key: ignored here
-    }))
+    cfg.write_text(
+        json.dumps(
+            {
+                "server": "http://127.0.0.1:9",
+                "dataset": str(tmp_path / "from-config.jsonl"),
+                "model": str(tiny_llama),
+                "dump_dir": str(tmp_path / "dump"),
+                "output": str(tmp_path / "out"),
+                "shm_min_free": "5%",
+                "format": "specforge",
+                "workers": 2,  # a drain key: ignored here
+            }
+        )
+    )
     code, err = _run(capsys, "--config", str(cfg))
     assert code == 2 and "from-config.jsonl does not exist" in err
     code, err = _run(capsys, "--config", str(cfg), "--dataset", str(tmp_path / "from-flag.jsonl"))

@@ -44,9 +44,22 @@ def test_mixed_dataset_reaches_the_training_set_with_exactly_the_valid_samples(l
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
-    client = start_client(logs / "client.log", *extract_args(
-        llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
-        "--max-tokens", "300", "--overlong", "skip", "--max-in-flight", "4"))
+    client = start_client(
+        logs / "client.log",
+        *extract_args(
+            llama_server.url,
+            tmp_path / "data.jsonl",
+            tiny_llama,
+            llama_server.dump_dir,
+            out,
+            "--max-tokens",
+            "300",
+            "--overlong",
+            "skip",
+            "--max-in-flight",
+            "4",
+        ),
+    )
     try:
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
         assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
@@ -65,8 +78,15 @@ def test_mixed_dataset_reaches_the_training_set_with_exactly_the_valid_samples(l
     assert status["state"] == "done" and status["ok"] == len(exp.samples) and status["eta_s"] == 0
     assert status["tokens"] == summary["tokens"] == sum(len(ids) for ids, _ in exp.samples.values())
     # The start-up is said phase by phase, in the summary and the log (hsextract.client.startup).
-    assert set(summary["startup_s"]) == {"process_and_imports", "tokenizer", "output_checks", "dataset_count",
-                                         "server_wait", "server_limit", "probe"}
+    assert set(summary["startup_s"]) == {
+        "process_and_imports",
+        "tokenizer",
+        "output_checks",
+        "dataset_count",
+        "server_wait",
+        "server_limit",
+        "probe",
+    }
     assert summary["startup_s"]["process_and_imports"] > 0 and summary["startup_s"]["probe"] > 0
     assert "start-up: " in (logs / "client.log").read_text()
 
@@ -74,8 +94,12 @@ def test_mixed_dataset_reaches_the_training_set_with_exactly_the_valid_samples(l
 def _mid_run(out, pid: int, at_least: int, unsent: int) -> bool:
     """The client `pid` is running with at least `at_least` samples done and `unsent` not yet sent."""
     s = client_status(out)
-    return (s.get("pid") == pid and s.get("state") == "running" and _done(out) >= at_least
-            and s.get("sent", 0) + s.get("skipped", 0) <= s.get("samples_total", 0) - unsent)
+    return (
+        s.get("pid") == pid
+        and s.get("state") == "running"
+        and _done(out) >= at_least
+        and s.get("sent", 0) + s.get("skipped", 0) <= s.get("samples_total", 0) - unsent
+    )
 
 
 def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_server, tiny_llama, tmp_path):
@@ -84,16 +108,31 @@ def test_client_killed_mid_run_and_restarted_loses_and_duplicates_nothing(llama_
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=150, seed=1)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    args = extract_args(llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
-                        "--max-tokens", "300", "--overlong", "skip", "--max-in-flight", "3")
+    args = extract_args(
+        llama_server.url,
+        tmp_path / "data.jsonl",
+        tiny_llama,
+        llama_server.dump_dir,
+        out,
+        "--max-tokens",
+        "300",
+        "--overlong",
+        "skip",
+        "--max-in-flight",
+        "3",
+    )
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
     client = None
     try:
         # kill -9, then a systemd-style stop (SIGTERM), with requests in flight and records written
         for at_least, sig in ((10, signal.SIGKILL), (25, signal.SIGTERM)):
             client = start_client(logs / "client.log", *args)
-            wait_for(lambda n=at_least, pid=client.pid: _mid_run(out, pid, n, unsent=60),
-                     240, f"the client running with {at_least} samples done and 60 not yet sent", logs / "client.log")
+            wait_for(
+                lambda n=at_least, pid=client.pid: _mid_run(out, pid, n, unsent=60),
+                240,
+                f"the client running with {at_least} samples done and 60 not yet sent",
+                logs / "client.log",
+            )
             if sig == signal.SIGKILL:
                 stop(client, sig)
             else:
@@ -144,9 +183,19 @@ def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(ll
     for i in (0, 1):
         out = tmp_path / f"out{i}"
         cfg = tmp_path / f"host{i}.json"  # what the Ansible role writes per host
-        cfg.write_text(json.dumps({"server": llama_server.url, "dataset": str(data), "model": str(tiny_llama),
-                                   "dump_dir": str(llama_server.dump_dir), "output": str(out), "shard": f"{i}/2",
-                                   "format": "specforge"}))
+        cfg.write_text(
+            json.dumps(
+                {
+                    "server": llama_server.url,
+                    "dataset": str(data),
+                    "model": str(tiny_llama),
+                    "dump_dir": str(llama_server.dump_dir),
+                    "output": str(out),
+                    "shard": f"{i}/2",
+                    "format": "specforge",
+                }
+            )
+        )
         run_id = load_or_create_run_id(out)
         try:
             assert main(["extract", "--config", str(cfg), "--max-in-flight", "4"]) == 0
@@ -163,8 +212,9 @@ def test_two_shards_split_the_dataset_without_overlap_and_agree_on_duplicates(ll
     assert sent[0] | sent[1] == set(exp.samples) - {5}
 
 
-def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_server, tiny_llama, tmp_path,
-                                                                          free_port):
+def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(
+    llama_server, tiny_llama, tmp_path, free_port
+):
     """The client cuts samples to the longest prompt the server reports; behind a front end that does
     not report it, with a model config that claims a longer context than the server serves, a long
     sample is refused by the server (HTTP 400): it is recorded failed and the others go on."""
@@ -181,16 +231,40 @@ def test_sample_the_server_refuses_is_recorded_failed_and_the_run_goes_on(llama_
     (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 4096}))
     data = tmp_path / "data.jsonl"
     longer_than_context = list(range(4, 200)) * 11  # 2156 tokens; the server's context is 2048
-    data.write_text("\n".join(json.dumps(x) for x in (
-        {"input_ids": [1, 5, 6, 7, 8]}, {"input_ids": longer_than_context}, {"input_ids": [1, 9, 10, 11]})) + "\n")
+    data.write_text(
+        "\n".join(
+            json.dumps(x)
+            for x in ({"input_ids": [1, 5, 6, 7, 8]}, {"input_ids": longer_than_context}, {"input_ids": [1, 9, 10, 11]})
+        )
+        + "\n"
+    )
     out = tmp_path / "out"
     run_id = load_or_create_run_id(out)
     proxy = RecordingProxy(llama_server.url, free_port(), hidden=("/server_info", "/get_server_info", "/v1/models"))
     proxy.start()
     try:
-        assert main(["extract", "--server", proxy.url, "--dataset", str(data), "--model", str(model),
-                     "--dump-dir", str(llama_server.dump_dir), "--output", str(out), "--format", "specforge",
-                     "--max-attempts", "2"]) == 0
+        assert (
+            main(
+                [
+                    "extract",
+                    "--server",
+                    proxy.url,
+                    "--dataset",
+                    str(data),
+                    "--model",
+                    str(model),
+                    "--dump-dir",
+                    str(llama_server.dump_dir),
+                    "--output",
+                    str(out),
+                    "--format",
+                    "specforge",
+                    "--max-attempts",
+                    "2",
+                ]
+            )
+            == 0
+        )
         summary = _summary(out)
         assert summary["ok"] == 2 and summary["failed"] == {"http_4xx": 1}
         failures = [json.loads(line) for line in (out / ".hsextract" / "failures.jsonl").read_text().splitlines()]
@@ -218,8 +292,10 @@ def test_json_array_and_parquet_files_of_a_directory_reach_the_training_set(llam
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
-    client = start_client(logs / "client.log", *extract_args(
-        llama_server.url, data, tiny_llama, llama_server.dump_dir, out, "--max-in-flight", "4"))
+    client = start_client(
+        logs / "client.log",
+        *extract_args(llama_server.url, data, tiny_llama, llama_server.dump_dir, out, "--max-in-flight", "4"),
+    )
     try:
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
         assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")

@@ -87,25 +87,49 @@ def _free(path: Path) -> int:
 
 
 def test_nearly_full_dump_filesystem_pauses_the_client_and_the_run_completes(own_server, tiny_llama, tmp_path):
-    exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=60, seed=2,
-                              max_words=25, bad=False)
+    exp = write_mixed_dataset(
+        tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=60, seed=2, max_words=25, bad=False
+    )
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     own_server.dump.mkdir(exist_ok=True)
     floor = _free(own_server.dump) - (3 << 20)  # leave the client 3 MB: half of what the dumps need
-    client = start_client(logs / "client.log", *extract_args(
-        own_server.url, tmp_path / "data.jsonl", tiny_llama, own_server.dump, out,
-        "--shm-min-free", str(floor), "--max-in-flight", "4"))
+    client = start_client(
+        logs / "client.log",
+        *extract_args(
+            own_server.url,
+            tmp_path / "data.jsonl",
+            tiny_llama,
+            own_server.dump,
+            out,
+            "--shm-min-free",
+            str(floor),
+            "--max-in-flight",
+            "4",
+        ),
+    )
     drain = None
     try:
-        status = wait_for(lambda: (s := client_status(out)).get("state") == "paused" and s.get("ok", 0) > 0 and s,
-                          300, "the client to pause on the watermark", logs / "client.log")
+        status = wait_for(
+            lambda: (s := client_status(out)).get("state") == "paused" and s.get("ok", 0) > 0 and s,
+            300,
+            "the client to pause on the watermark",
+            logs / "client.log",
+        )
         assert "watermark" in status["paused_reason"] and str(own_server.dump) in status["paused_reason"]
-        held = wait_for(lambda: (s := client_status(out)).get("in_flight") == 0 and s, 120,
-                        "the requests in flight to be answered", logs / "client.log")
+        held = wait_for(
+            lambda: (s := client_status(out)).get("in_flight") == 0 and s,
+            120,
+            "the requests in flight to be answered",
+            logs / "client.log",
+        )
         # Paused for 3 s by the client's own account: its watermark loop has looked again six times.
-        again = wait_for(lambda: (s := client_status(out)).get("paused_s", 0) >= 3 and s, 60,
-                         "the client to have been paused for 3 s", logs / "client.log")
+        again = wait_for(
+            lambda: (s := client_status(out)).get("paused_s", 0) >= 3 and s,
+            60,
+            "the client to have been paused for 3 s",
+            logs / "client.log",
+        )
         assert client.poll() is None, "the client must wait, not exit"
         assert again["state"] == "paused" and again["failed"] == 0
         assert again["sent"] == held["sent"] < len(exp.samples), "nothing is sent while paused"
@@ -123,21 +147,39 @@ def test_nearly_full_dump_filesystem_pauses_the_client_and_the_run_completes(own
     assert summary["ok"] == len(exp.samples) and summary["paused_s"] >= 3 and summary["failed"] == {}
 
 
-def test_server_killed_mid_batch_the_client_waits_and_every_sample_is_accounted_for(own_server, tiny_llama,
-                                                                                     tmp_path):
+def test_server_killed_mid_batch_the_client_waits_and_every_sample_is_accounted_for(own_server, tiny_llama, tmp_path):
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=40, seed=3, bad=False)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     drain = start_drain(logs / "drain.log", own_server.dump, out, tiny_llama)
-    client = start_client(logs / "client.log", *extract_args(
-        own_server.url, tmp_path / "data.jsonl", tiny_llama, own_server.dump, out,
-        "--max-in-flight", "4", "--shm-min-free", "1M"))
+    client = start_client(
+        logs / "client.log",
+        *extract_args(
+            own_server.url,
+            tmp_path / "data.jsonl",
+            tiny_llama,
+            own_server.dump,
+            out,
+            "--max-in-flight",
+            "4",
+            "--shm-min-free",
+            "1M",
+        ),
+    )
     try:
-        wait_for(lambda: (s := client_status(out)).get("ok", 0) >= 10 and s.get("in_flight", 0) > 0, 240,
-                 "10 samples answered and a batch in flight", logs / "client.log")
+        wait_for(
+            lambda: (s := client_status(out)).get("ok", 0) >= 10 and s.get("in_flight", 0) > 0,
+            240,
+            "10 samples answered and a batch in flight",
+            logs / "client.log",
+        )
         own_server.kill()
-        down = wait_for(lambda: "waiting for /health" in ((s := client_status(out)).get("paused_reason") or "")
-                        and s, 120, "the client to wait for the server", logs / "client.log")
+        down = wait_for(
+            lambda: "waiting for /health" in ((s := client_status(out)).get("paused_reason") or "") and s,
+            120,
+            "the client to wait for the server",
+            logs / "client.log",
+        )
         assert client.poll() is None, f"the client gave up on a down server:\n{tail(logs / 'client.log')}"
         assert down["failed"] == 0 and down["ok"] < len(exp.samples)
         assert "waiting for /health" in (logs / "client.log").read_text()
@@ -153,5 +195,7 @@ def test_server_killed_mid_batch_the_client_waits_and_every_sample_is_accounted_
     summary = json.loads((out / ".hsextract" / "client-summary.json").read_text())
     assert summary["ok"] == len(exp.samples) and summary["failed"] == {}
     assert "healthy again" in (logs / "client.log").read_text()
-    assert f"{len(exp.samples)} accepted = {len(exp.samples)} in the set + 0 failed + 0 quarantined" in \
-        (logs / "drain.log").read_text(), "the counts add up"
+    assert (
+        f"{len(exp.samples)} accepted = {len(exp.samples)} in the set + 0 failed + 0 quarantined"
+        in (logs / "drain.log").read_text()
+    ), "the counts add up"

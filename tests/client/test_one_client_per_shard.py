@@ -25,15 +25,18 @@ from support.client_run import env, stop, tail, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize(("a", "b", "overlap"), [
-    ((0, 1), (1, 2), True),  # the whole dataset overlaps every shard
-    ((1, 2), (2, 4), False),  # odd indices, and 2, 6, 10...: never one index
-    ((1, 2), (3, 4), True),  # 3, 7, 11... are odd
-    ((0, 2), (1, 3), True),  # 3 (and 9, 15...)
-    ((0, 4), (1, 4), False),
-    ((2, 6), (1, 4), False),  # 2 mod 6 is even, 1 mod 4 is odd
-    ((2, 6), (0, 4), True),  # 8
-])
+@pytest.mark.parametrize(
+    ("a", "b", "overlap"),
+    [
+        ((0, 1), (1, 2), True),  # the whole dataset overlaps every shard
+        ((1, 2), (2, 4), False),  # odd indices, and 2, 6, 10...: never one index
+        ((1, 2), (3, 4), True),  # 3, 7, 11... are odd
+        ((0, 2), (1, 3), True),  # 3 (and 9, 15...)
+        ((0, 4), (1, 4), False),
+        ((2, 6), (1, 4), False),  # 2 mod 6 is even, 1 mod 4 is odd
+        ((2, 6), (0, 4), True),  # 8
+    ],
+)
 def test_two_shards_overlap_exactly_when_some_dataset_index_belongs_to_both(a, b, overlap):
     both = [x for x in range(a[1] * b[1] * 2) if x % a[1] == a[0] and x % b[1] == b[0]]
     assert bool(both) is overlap, "the table itself"
@@ -43,13 +46,41 @@ def test_two_shards_overlap_exactly_when_some_dataset_index_belongs_to_both(a, b
 def _client(tmp_path: Path, model: Path, port: int, shard: str, name: str) -> tuple[subprocess.Popen, Path]:
     data = tmp_path / "data.jsonl"
     if not data.exists():
-        data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
-                                                         {"role": "assistant", "content": f"answer {i}"}]}) + "\n"
-                                for i in range(8)))
+        data.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"question {i}"},
+                            {"role": "assistant", "content": f"answer {i}"},
+                        ]
+                    }
+                )
+                + "\n"
+                for i in range(8)
+            )
+        )
     log = tmp_path / f"{name}.log"
-    args = [sys.executable, "-m", "hsextract", "extract", "--server", f"http://127.0.0.1:{port}", "--dataset",
-            str(data), "--model", str(model), "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"),
-            "--format", "specforge", "--shard", shard]
+    args = [
+        sys.executable,
+        "-m",
+        "hsextract",
+        "extract",
+        "--server",
+        f"http://127.0.0.1:{port}",
+        "--dataset",
+        str(data),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+        "--shard",
+        shard,
+    ]
     proc = subprocess.Popen(args, env=env(), stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
 
@@ -74,9 +105,15 @@ def _waiting_for_the_server(out: Path, shard: str, pid: int) -> bool:
 
 def _start_and_hold(tmp_path: Path, model: Path, port: int, shard: str, name: str) -> subprocess.Popen:
     proc, log = _client(tmp_path, model, port, shard, name)
-    wait_for(lambda: _lock_holder(tmp_path / "out", shard) == proc.pid and
-             _waiting_for_the_server(tmp_path / "out", shard, proc.pid), 180, f"client {name} to hold shard {shard}",
-             log)
+    wait_for(
+        lambda: (
+            _lock_holder(tmp_path / "out", shard) == proc.pid
+            and _waiting_for_the_server(tmp_path / "out", shard, proc.pid)
+        ),
+        180,
+        f"client {name} to hold shard {shard}",
+        log,
+    )
     return proc
 
 
@@ -99,12 +136,16 @@ def test_clients_of_overlapping_shards_refuse_and_disjoint_ones_run_side_by_side
     try:
         held.append(_start_and_hold(tmp_path, tiny_llama, port, "1/2", "odd"))
         odd = held[0].pid
-        for shard, why in (("1/2", "which runs this client's shard 1/2:"),
-                           ("3/4", "whose shard shares samples with this client's shard 3/4:"),
-                           ("0/1", "whose shard shares samples with this client's shard 0/1:")):
+        for shard, why in (
+            ("1/2", "which runs this client's shard 1/2:"),
+            ("3/4", "whose shard shares samples with this client's shard 3/4:"),
+            ("0/1", "whose shard shares samples with this client's shard 0/1:"),
+        ):
             line = _refused(tmp_path, tiny_llama, port, shard, f"refused-{shard.replace('/', '-')}")
-            assert f"is in use by hsextract extract of shard 1/2 (pid {odd} on {socket.gethostname()}, since " \
-                   in line and why in line, line
+            assert (
+                f"is in use by hsextract extract of shard 1/2 (pid {odd} on {socket.gethostname()}, since " in line
+                and why in line
+            ), line
         held.append(_start_and_hold(tmp_path, tiny_llama, port, "2/4", "disjoint"))  # 2, 6, 10...: never odd
         assert held[0].poll() is None and _lock_holder(out, "1/2") == odd, "the first client is untouched"
         assert not (out / ".hsextract" / "client-status.json").exists(), "no client wrote another's status file"

@@ -29,9 +29,19 @@ RECORD = Path(".hsextract") / "dataset.json"
 
 
 def _rows(tag: str, indices: range) -> str:
-    return "".join(json.dumps({"id": f"{tag}{i}", "messages": [
-        {"role": "user", "content": f"{tag} question {i}"},
-        {"role": "assistant", "content": f"{tag} answer {i}"}]}) + "\n" for i in indices)
+    return "".join(
+        json.dumps(
+            {
+                "id": f"{tag}{i}",
+                "messages": [
+                    {"role": "user", "content": f"{tag} question {i}"},
+                    {"role": "assistant", "content": f"{tag} answer {i}"},
+                ],
+            }
+        )
+        + "\n"
+        for i in indices
+    )
 
 
 @dataclass
@@ -41,15 +51,38 @@ class Extracted:
 
 
 def _extract(server, model: Path, dataset: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(extract_args(server.url, dataset, model, server.dump_dir, out, "--probe-timeout", "30"),
-                          env=env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        extract_args(server.url, dataset, model, server.dump_dir, out, "--probe-timeout", "30"),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _drain(server, out: Path) -> None:
     """Write what the client staged into the training set (and leave nothing of it in staging)."""
-    d = subprocess.run([sys.executable, "-m", "hsextract", "drain", "--dump-dir", str(server.dump_dir), "--output",
-                        str(out), "--format", "specforge", "--exit-when-done", "--poll-interval", "0.1"],
-                       env=env(), capture_output=True, text=True, timeout=300)
+    d = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsextract",
+            "drain",
+            "--dump-dir",
+            str(server.dump_dir),
+            "--output",
+            str(out),
+            "--format",
+            "specforge",
+            "--exit-when-done",
+            "--poll-interval",
+            "0.1",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert d.returncode == 0, d.stderr[-3000:]
 
 
@@ -67,8 +100,11 @@ REFUSAL_BOOKKEEPING = (".hsextract/client-0-of-1.lock", ".hsextract/clients.lock
 
 
 def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file() and str(p.relative_to(root)) not in REFUSAL_BOOKKEEPING}
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and str(p.relative_to(root)) not in REFUSAL_BOOKKEEPING
+    }
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +127,9 @@ def output(extracted, tmp_path) -> Path:
     return out
 
 
-def test_an_output_of_one_dataset_refuses_another_naming_both_and_changes_nothing(llama_server, tiny_llama,
-                                                                                   extracted, output, tmp_path):
+def test_an_output_of_one_dataset_refuses_another_naming_both_and_changes_nothing(
+    llama_server, tiny_llama, extracted, output, tmp_path
+):
     other = tmp_path / "b" / "data.jsonl"  # as many rows: every index of it is "done" by index
     other.parent.mkdir()
     other.write_text(_rows("b", range(3)))
@@ -118,8 +155,9 @@ def test_the_same_dataset_at_another_path_resumes_the_output(llama_server, tiny_
     assert _indices(output) == [0, 1, 2]
 
 
-def test_a_dataset_grown_at_its_end_resumes_and_extracts_only_the_new_rows(llama_server, tiny_llama, extracted,
-                                                                           output, tmp_path):
+def test_a_dataset_grown_at_its_end_resumes_and_extracts_only_the_new_rows(
+    llama_server, tiny_llama, extracted, output, tmp_path
+):
     grown = tmp_path / "data.jsonl"
     grown.write_text(extracted.dataset.read_text() + _rows("a", range(3, 4)))
     summary = _summary(_extract(llama_server, tiny_llama, grown, output))
@@ -128,8 +166,9 @@ def test_a_dataset_grown_at_its_end_resumes_and_extracts_only_the_new_rows(llama
     assert _indices(output) == [0, 1, 2, 3]
 
 
-def test_an_output_without_a_record_from_an_older_hsextract_is_resumed_and_gets_one(llama_server, tiny_llama,
-                                                                                   extracted, output):
+def test_an_output_without_a_record_from_an_older_hsextract_is_resumed_and_gets_one(
+    llama_server, tiny_llama, extracted, output
+):
     (output / RECORD).unlink()  # what an hsextract before the record left
     r = _extract(llama_server, tiny_llama, extracted.dataset, output)
     summary = _summary(r)

@@ -63,20 +63,37 @@ def _lock_pid(out: Path, shard: str) -> int | None:
 
 
 def test_clients_of_disjoint_shards_fill_one_output_and_one_drain_accounts_for_every_sample(
-        llama_server, tiny_llama, tmp_path):
+    llama_server, tiny_llama, tmp_path
+):
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=60, seed=11)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     clients, drain = [], None
     try:
         for shard in ("0/2", "1/2"):
-            clients.append(start_client(logs / f"client-{shard[0]}.log", *extract_args(
-                llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out, *LIMITS,
-                "--shard", shard)))
+            clients.append(
+                start_client(
+                    logs / f"client-{shard[0]}.log",
+                    *extract_args(
+                        llama_server.url,
+                        tmp_path / "data.jsonl",
+                        tiny_llama,
+                        llama_server.dump_dir,
+                        out,
+                        *LIMITS,
+                        "--shard",
+                        shard,
+                    ),
+                )
+            )
         # Both hold their shard before the drain looks: one finishing before the other started would
         # be a finished run of one shard (see hsextract.output.client_files).
-        wait_for(lambda: [_lock_pid(out, s) for s in ("0/2", "1/2")] == [c.pid for c in clients], 240,
-                 "both clients to hold their shards", logs / "client-1.log")
+        wait_for(
+            lambda: [_lock_pid(out, s) for s in ("0/2", "1/2")] == [c.pid for c in clients],
+            240,
+            "both clients to hold their shards",
+            logs / "client-1.log",
+        )
         drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
         for i, client in enumerate(clients):
             assert wait_exit(client, 420, logs / f"client-{i}.log") == 0, tail(logs / f"client-{i}.log")
@@ -92,8 +109,9 @@ def test_clients_of_disjoint_shards_fill_one_output_and_one_drain_accounts_for_e
     state = out / ".hsextract"
     summaries = [json.loads((state / f"client-summary.shard-{i}-of-2.json").read_text()) for i in (0, 1)]
     assert sum(s["ok"] for s in summaries) == accepted and all(s["failed"] == {} for s in summaries)
-    rejects = [json.loads(line) for i in (0, 1) for line in (state / f"rejects.shard-{i}-of-2.jsonl").read_text()
-               .splitlines()]
+    rejects = [
+        json.loads(line) for i in (0, 1) for line in (state / f"rejects.shard-{i}-of-2.jsonl").read_text().splitlines()
+    ]
     assert {r["index"]: r["reason"] for r in rejects} == exp.rejects, "each bad line once, by the client of its shard"
     r = hsextract("status", "--output", str(out), "--json", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -106,10 +124,12 @@ def test_a_client_given_a_relative_output_writes_records_the_drain_takes(llama_s
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=12, seed=12, bad=False)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    args = extract_args(llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, Path("out"),
-                        *LIMITS)
-    client = subprocess.Popen(args, env=env(), cwd=tmp_path, stdout=(logs / "client.log").open("ab"),
-                              stderr=subprocess.STDOUT)
+    args = extract_args(
+        llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, Path("out"), *LIMITS
+    )
+    client = subprocess.Popen(
+        args, env=env(), cwd=tmp_path, stdout=(logs / "client.log").open("ab"), stderr=subprocess.STDOUT
+    )
     drain = None
     try:
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
@@ -160,8 +180,13 @@ def test_a_refused_start_on_a_finished_output_keeps_the_run_and_status_says_why(
     assert before.returncode == 0 and before.stdout.startswith("The run is done"), before.stdout
     elsewhere = _elsewhere(llama_server, tmp_path)
     try:
-        r = subprocess.run([*_with_dump_dir(args, elsewhere), "--probe-timeout", "5"], env=env(), capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [*_with_dump_dir(args, elsewhere), "--probe-timeout", "5"],
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
         _forget_run(llama_server.dump_dir, out)
@@ -177,14 +202,20 @@ def test_a_refused_start_on_a_finished_output_keeps_the_run_and_status_says_why(
     assert "run it again to resume" not in after.stdout
 
 
-def test_a_client_staging_elsewhere_removes_its_probe_from_the_servers_staging_and_names_it(llama_server, tiny_llama,
-                                                                                           tmp_path):
+def test_a_client_staging_elsewhere_removes_its_probe_from_the_servers_staging_and_names_it(
+    llama_server, tiny_llama, tmp_path
+):
     data = tmp_path / "data.jsonl"
     write_mixed_dataset(data, load_tokenizer(tiny_llama), n_lines=3, seed=14, bad=False)
     out, elsewhere = tmp_path / "out", _elsewhere(llama_server, tmp_path)
     try:
-        r = subprocess.run([*extract_args(llama_server.url, data, tiny_llama, elsewhere, out), "--probe-timeout", "5"],
-                           env=env(), capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [*extract_args(llama_server.url, data, tiny_llama, elsewhere, out), "--probe-timeout", "5"],
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         run_id = _run_id(out)
         left = [d.name for d in llama_server.dump_dir.iterdir() if (p := parse_rid(d.name)) and p.run_id == run_id]
     finally:
@@ -210,9 +241,15 @@ def test_a_drain_started_before_a_rerun_client_drains_the_rerun(llama_server, ti
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
     client = None
     try:
-        wait_for(lambda: "waiting for the next client run to finish" in (logs / "drain.log").read_text()
-                 or drain.poll() is not None, 120, "the drain to see that the summary is the last run's",
-                 logs / "drain.log")
+        wait_for(
+            lambda: (
+                "waiting for the next client run to finish" in (logs / "drain.log").read_text()
+                or drain.poll() is not None
+            ),
+            120,
+            "the drain to see that the summary is the last run's",
+            logs / "drain.log",
+        )
         assert drain.poll() is None, f"exited on the last run's summary:\n{tail(logs / 'drain.log')}"
         client = start_client(logs / "client.log", *args)
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")

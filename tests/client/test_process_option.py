@@ -14,8 +14,14 @@ from hsextract.shard import Shard
 
 def _config(tmp_path, *argv: str, shard: str | None = None):
     """The ExtractConfig the command would run with, from a run config file (as the unit has) and flags."""
-    run = {"server": "http://127.0.0.1:9", "dataset": str(tmp_path / "d.jsonl"), "model": str(tmp_path / "m"),
-           "dump_dir": str(tmp_path / "dump"), "output": str(tmp_path / "out"), "format": "specforge"}
+    run = {
+        "server": "http://127.0.0.1:9",
+        "dataset": str(tmp_path / "d.jsonl"),
+        "model": str(tmp_path / "m"),
+        "dump_dir": str(tmp_path / "dump"),
+        "output": str(tmp_path / "out"),
+        "format": "specforge",
+    }
     if shard:
         run["shard"] = shard
     (tmp_path / "run.json").write_text(json.dumps(run))
@@ -41,12 +47,31 @@ def test_without_process_the_shard_is_unchanged(tmp_path):
     assert _config(tmp_path, shard="1/2").shard == Shard(1, 2)
 
 
-@pytest.mark.parametrize(("value", "why"), [("2/2", "0 <= j < P=2, got j=2"), ("0/0", "P >= 1"),
-                                            ("one", "expected j/P")])
+@pytest.mark.parametrize(
+    ("value", "why"), [("2/2", "0 <= j < P=2, got j=2"), ("0/0", "P >= 1"), ("one", "expected j/P")]
+)
 def test_a_bad_process_is_refused_before_anything_starts_naming_the_option(capsys, tmp_path, value, why):
-    code = main(["extract", "--server", "http://127.0.0.1:9", "--dataset", str(tmp_path / "d.jsonl"),
-                 "--model", str(tmp_path / "m"), "--dump-dir", str(tmp_path / "dump"),
-                 "--output", str(tmp_path / "out"), "--format", "specforge", "--shard", "1/2", "--process", value])
+    code = main(
+        [
+            "extract",
+            "--server",
+            "http://127.0.0.1:9",
+            "--dataset",
+            str(tmp_path / "d.jsonl"),
+            "--model",
+            str(tmp_path / "m"),
+            "--dump-dir",
+            str(tmp_path / "dump"),
+            "--output",
+            str(tmp_path / "out"),
+            "--format",
+            "specforge",
+            "--shard",
+            "1/2",
+            "--process",
+            value,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "--process (of shard 1/2)" in err and why in err
     assert not (tmp_path / "out").exists(), "nothing is written before the setup is known to be usable"

@@ -42,9 +42,16 @@ def test_the_limit_computed_from_the_config_is_the_one_the_server_reports_and_ho
 
 def _write_long_and_short(path) -> None:
     long_reply = " ".join(["paris hello world"] * 1500)
-    path.write_text("\n".join(json.dumps({"messages": m}) for m in (
-        [{"role": "user", "content": "Tell me about Paris."}, {"role": "assistant", "content": long_reply}],
-        [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "Hello world."}])) + "\n")
+    path.write_text(
+        "\n".join(
+            json.dumps({"messages": m})
+            for m in (
+                [{"role": "user", "content": "Tell me about Paris."}, {"role": "assistant", "content": long_reply}],
+                [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "Hello world."}],
+            )
+        )
+        + "\n"
+    )
 
 
 def _remove_run(dump, run_id: str) -> None:
@@ -54,17 +61,35 @@ def _remove_run(dump, run_id: str) -> None:
 
 
 @pytest.mark.parametrize("max_tokens", [None, 4000], ids=["default", "more-than-the-server-runs"])
-def test_the_client_and_plan_cut_a_long_sample_to_what_the_server_runs(llama_server, tiny_llama, tmp_path, caplog,
-                                                                        max_tokens):
+def test_the_client_and_plan_cut_a_long_sample_to_what_the_server_runs(
+    llama_server, tiny_llama, tmp_path, caplog, max_tokens
+):
     from hsextract.cli import main
     from hsextract.output.run_id import load_or_create_run_id
 
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     _write_long_and_short(data)
     limit = [] if max_tokens is None else ["--max-tokens", str(max_tokens)]
-    planned = subprocess.run([sys.executable, "-m", "hsextract", "plan", "--dataset", str(data), "--model",
-                              str(tiny_llama), "--json", str(tmp_path / "plan.json"), "--no-progress", *limit],
-                             env=env(), capture_output=True, text=True, timeout=600)
+    planned = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsextract",
+            "plan",
+            "--dataset",
+            str(data),
+            "--model",
+            str(tiny_llama),
+            "--json",
+            str(tmp_path / "plan.json"),
+            "--no-progress",
+            *limit,
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert planned.returncode == 0, planned.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["overlong"]["max_tokens"] == LONGEST and plan["overlong"]["truncated"] == 1
@@ -72,9 +97,29 @@ def test_the_client_and_plan_cut_a_long_sample_to_what_the_server_runs(llama_ser
     run_id = load_or_create_run_id(out)
     try:
         with caplog.at_level("INFO", logger="hsextract.client"):
-            assert main(["extract", "--server", llama_server.url, "--dataset", str(data), "--model", str(tiny_llama),
-                         "--dump-dir", str(llama_server.dump_dir), "--output", str(out), "--format", "specforge",
-                         "--max-attempts", "1", *limit]) == 0
+            assert (
+                main(
+                    [
+                        "extract",
+                        "--server",
+                        llama_server.url,
+                        "--dataset",
+                        str(data),
+                        "--model",
+                        str(tiny_llama),
+                        "--dump-dir",
+                        str(llama_server.dump_dir),
+                        "--output",
+                        str(out),
+                        "--format",
+                        "specforge",
+                        "--max-attempts",
+                        "1",
+                        *limit,
+                    ]
+                )
+                == 0
+            )
     finally:
         _remove_run(llama_server.dump_dir, run_id)
     summary = json.loads((out / ".hsextract" / "client-summary.json").read_text())

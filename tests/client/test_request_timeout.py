@@ -48,9 +48,20 @@ def test_a_tiny_request_timeout_on_long_prompts_puts_every_sample_in_the_set(lla
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
-    client = start_client(logs / "client.log", *extract_args(
-        llama_server.url, tmp_path / "long.jsonl", tiny_llama, llama_server.dump_dir, out,
-        "--request-timeout", "1", "--max-in-flight", "6"))
+    client = start_client(
+        logs / "client.log",
+        *extract_args(
+            llama_server.url,
+            tmp_path / "long.jsonl",
+            tiny_llama,
+            llama_server.dump_dir,
+            out,
+            "--request-timeout",
+            "1",
+            "--max-in-flight",
+            "6",
+        ),
+    )
     try:
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
         assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
@@ -63,13 +74,15 @@ def test_a_tiny_request_timeout_on_long_prompts_puts_every_sample_in_the_set(lla
     assert summary["ok"] == len(prompts) and summary["failed"] == {}, summary
     written = training_set(out)
     assert sorted(written) == list(range(len(prompts)))
-    assert all(len(samples) == 1 and samples[0]["input_ids"].tolist() == prompts[i]
-               for i, samples in written.items())
+    assert all(len(samples) == 1 and samples[0]["input_ids"].tolist() == prompts[i] for i, samples in written.items())
 
 
 def _scheduler(server) -> psutil.Process:
-    (proc,) = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-               if p.name().startswith("sglang::schedul") or "sglang::scheduler" in " ".join(p.cmdline())]
+    (proc,) = [
+        p
+        for p in psutil.Process(server.proc.pid).children(recursive=True)
+        if p.name().startswith("sglang::schedul") or "sglang::scheduler" in " ".join(p.cmdline())
+    ]
     return proc
 
 
@@ -96,11 +109,18 @@ def test_a_send_the_server_still_holds_waits_for_the_earlier_one_and_takes_its_d
     level = sender_log.level
     sender_log.setLevel(logging.INFO)
     sender_log.addHandler(lines)
-    sender = Sender(llama_server.url, RetryPolicy(max_attempts=1, read_timeout_s=60),
-                    settled=lambda r: (rid_dir(llama_server.dump_dir, r) / DONE_FILE).exists())
+    sender = Sender(
+        llama_server.url,
+        RetryPolicy(max_attempts=1, read_timeout_s=60),
+        settled=lambda r: (rid_dir(llama_server.dump_dir, r) / DONE_FILE).exists(),
+    )
     answers: dict[str, object] = {}
-    earlier = threading.Thread(daemon=True, target=lambda: answers.setdefault("earlier", requests.post(
-        f"{llama_server.url}/generate", timeout=300, json=Sender.payload(rid, ids))))
+    earlier = threading.Thread(
+        daemon=True,
+        target=lambda: answers.setdefault(
+            "earlier", requests.post(f"{llama_server.url}/generate", timeout=300, json=Sender.payload(rid, ids))
+        ),
+    )
     again = threading.Thread(daemon=True, target=lambda: answers.setdefault("again", sender.send(rid, ids)))
     try:
         earlier.start()
@@ -108,8 +128,11 @@ def test_a_send_the_server_still_holds_waits_for_the_earlier_one_and_takes_its_d
         os.kill(scheduler.pid, signal.SIGSTOP)
         assert not (staged / DONE_FILE).exists(), "the earlier send finished before it could be held"
         again.start()
-        wait_for(lambda: any("still holds an earlier send" in line for line in lines.lines), 60,
-                 "the server's duplicate-rid answer")
+        wait_for(
+            lambda: any("still holds an earlier send" in line for line in lines.lines),
+            60,
+            "the server's duplicate-rid answer",
+        )
         assert again.is_alive() and "again" not in answers, "the sample must wait for the earlier send, not fail"
         os.kill(scheduler.pid, signal.SIGCONT)
         again.join(300)

@@ -51,11 +51,14 @@ class OneShotServer:
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                     continue
                 body = json.loads(reader.read(length))
-                answer = json.dumps({"meta_info": {"prompt_tokens": len(body["input_ids"]),
-                                                   "finish_reason": {"type": "length"}}}).encode()
+                answer = json.dumps(
+                    {"meta_info": {"prompt_tokens": len(body["input_ids"]), "finish_reason": {"type": "length"}}}
+                ).encode()
                 self.answered += 1  # counted before the client can read it
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer))
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer)
+                )
             reader.close()
             conn.close()
             self.closed.set()

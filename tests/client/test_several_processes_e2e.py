@@ -52,8 +52,12 @@ def _mid_run_with_samples_written(out, pid: int, unsent: int) -> bool:
     """Process 1 of 2 (sub-shard 1/2) runs, the drain has written some of its samples, and at least
     `unsent` of its shard are not sent yet: a kill now interrupts a run with work on both sides."""
     s = _state(out, "client-status.shard-1-of-2.json")
-    return (s.get("pid") == pid and s.get("state") == "running" and _written(out, Shard(1, 2)) >= 5
-            and s.get("sent", 0) + s.get("skipped", 0) <= s.get("samples_total", 0) - unsent)
+    return (
+        s.get("pid") == pid
+        and s.get("state") == "running"
+        and _written(out, Shard(1, 2)) >= 5
+        and s.get("sent", 0) + s.get("skipped", 0) <= s.get("samples_total", 0) - unsent
+    )
 
 
 def test_two_processes_of_one_output_resume_after_kill_9_with_every_sample_once(llama_server, tiny_llama, tmp_path):
@@ -62,16 +66,35 @@ def test_two_processes_of_one_output_resume_after_kill_9_with_every_sample_once(
     logs.mkdir()
 
     def process(j: int) -> subprocess.Popen:
-        return start_client(logs / f"client-{j}.log", *extract_args(
-            llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
-            "--max-tokens", "300", "--overlong", "skip", "--max-in-flight", "3", "--process", f"{j}/2"))
+        return start_client(
+            logs / f"client-{j}.log",
+            *extract_args(
+                llama_server.url,
+                tmp_path / "data.jsonl",
+                tiny_llama,
+                llama_server.dump_dir,
+                out,
+                "--max-tokens",
+                "300",
+                "--overlong",
+                "skip",
+                "--max-in-flight",
+                "3",
+                "--process",
+                f"{j}/2",
+            ),
+        )
 
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
     procs: list[subprocess.Popen] = []
     try:
         procs = [process(0), process(1)]
-        wait_for(lambda: _mid_run_with_samples_written(out, procs[1].pid, unsent=20), 300,
-                 "process 1/2 running with samples written and 20 not yet sent", logs / "client-1.log")
+        wait_for(
+            lambda: _mid_run_with_samples_written(out, procs[1].pid, unsent=20),
+            300,
+            "process 1/2 running with samples written and 20 not yet sent",
+            logs / "client-1.log",
+        )
         stop(procs[1], signal.SIGKILL)
         assert wait_exit(procs[0], 420, logs / "client-0.log") == 0, "the other process finishes its sub-shard"
         assert drain.poll() is None, "the drain waits for the killed process's sub-shard"
@@ -90,12 +113,20 @@ def test_two_processes_of_one_output_resume_after_kill_9_with_every_sample_once(
     summaries = [_state(out, f"client-summary.shard-{j}-of-2.json") for j in range(2)]
     assert [s["shard"] for s in summaries] == [[0, 2], [1, 2]]
     assert summaries[1]["skipped"] > 0, "the killed process resumed: it skipped what was written before the kill"
-    rejects = [json.loads(line) for path in sorted((out / ".hsextract").glob("rejects*.jsonl"))
-               for line in path.read_text().splitlines()]
+    rejects = [
+        json.loads(line)
+        for path in sorted((out / ".hsextract").glob("rejects*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     assert Counter(r["index"] for r in rejects) == Counter(list(exp.rejects)), "each bad line reported exactly once"
 
-    status = subprocess.run([sys.executable, "-m", "hsextract", "status", "--output", str(out), "--json"],
-                            env=env(), capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "hsextract", "status", "--output", str(out), "--json"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     report = json.loads(status.stdout)
     assert status.returncode == 0 and report["ok"], status.stdout + status.stderr
     assert report["client"]["state"] == "done" and report["client"]["shards"] == ["0/2", "1/2"]

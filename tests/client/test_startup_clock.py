@@ -34,5 +34,6 @@ def test_a_phase_that_raises_is_recorded_all_the_same():
 def test_the_log_line_names_the_total_and_each_phase():
     clock = StartupClock()
     clock.phases = {"process_and_imports": 3.21, "tokenizer": 5.0, "probe": 0.17}
-    assert clock.describe() == ("8.4 s before the first sample (process and imports 3.2 s, tokenizer 5.0 s, "
-                                "probe 0.2 s)")
+    assert clock.describe() == (
+        "8.4 s before the first sample (process and imports 3.2 s, tokenizer 5.0 s, probe 0.2 s)"
+    )

@@ -66,8 +66,13 @@ def _libtorch_loaded(pid: int) -> bool:
 
 def _start(log: Path, *args: str) -> subprocess.Popen:
     fh = log.open("ab")
-    return subprocess.Popen([sys.executable, "-m", "hsextract", *args], env=env(), stdout=fh,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hsextract", *args],
+        env=env(),
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _exit_code(proc: subprocess.Popen, log: Path, timeout: float = 60) -> int:
@@ -80,25 +85,54 @@ def _exit_code(proc: subprocess.Popen, log: Path, timeout: float = 60) -> int:
 
 def _sigterm_when_handled(proc: subprocess.Popen) -> bool:
     """Send SIGTERM as soon as the process handles it; True if torch was not loaded yet then."""
-    wait_for(lambda: _signal_mask(proc.pid, "SigCgt") & SIGTERM_BIT or proc.poll() is not None, 30,
-             "the process to handle SIGTERM", every=0.001)
+    wait_for(
+        lambda: _signal_mask(proc.pid, "SigCgt") & SIGTERM_BIT or proc.poll() is not None,
+        30,
+        "the process to handle SIGTERM",
+        every=0.001,
+    )
     early = not _libtorch_loaded(proc.pid)
     proc.send_signal(signal.SIGTERM)
     return early
 
 
 def _drain_args(tmp_path: Path, *extra: str) -> list[str]:
-    return ["drain", "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"),
-            "--format", "specforge", "--poll-interval", "0.1", *extra]
+    return [
+        "drain",
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+        "--poll-interval",
+        "0.1",
+        *extra,
+    ]
 
 
 def _client_args(tmp_path: Path, model: Path, port: int) -> list[str]:
     data = tmp_path / "data.jsonl"
-    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                             {"role": "assistant", "content": "hello"}]}) + "\n")
-    return ["extract", "--server", f"http://127.0.0.1:{port}", "--dataset", str(data), "--model", str(model),
-            "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"), "--format", "specforge",
-            "--log-every", "1"]
+    data.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
+    )
+    return [
+        "extract",
+        "--server",
+        f"http://127.0.0.1:{port}",
+        "--dataset",
+        str(data),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+        "--log-every",
+        "1",
+    ]
 
 
 def _drain_state(out: Path) -> str:
@@ -125,8 +159,9 @@ def answering_server():
     server.close()
 
 
-def test_client_stopped_during_its_imports_exits_0_at_once_having_sent_and_written_nothing(tmp_path, tiny_llama,
-                                                                                           answering_server):
+def test_client_stopped_during_its_imports_exits_0_at_once_having_sent_and_written_nothing(
+    tmp_path, tiny_llama, answering_server
+):
     """The stop lands while the client imports torch: it is honoured as soon as the command runs,
     before the tokenizer is loaded (seconds), the dataset is read or the probe is sent (which,
     against a server that captures nothing, would wait a minute for its dump). (Measured on 2 busy
@@ -152,8 +187,12 @@ def test_client_stopped_while_it_waits_for_its_probe_exits_0_at_once(tmp_path, t
     args[args.index("--server") + 1] = answering_server.url
     proc = _start(log, *args, "--probe-timeout", "120")
     try:
-        wait_for(lambda: answering_server.generated.is_set() or proc.poll() is not None, 180,
-                 "the client to send its probe", log)
+        wait_for(
+            lambda: answering_server.generated.is_set() or proc.poll() is not None,
+            180,
+            "the client to send its probe",
+            log,
+        )
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert _exit_code(proc, log) == 0, tail(log)
@@ -177,8 +216,13 @@ def test_drain_stopped_while_it_exits_after_its_work_exits_0(tmp_path):
     log = tmp_path / "drain.log"
     proc = _start(log, *_drain_args(tmp_path, "--exit-when-done"))
     # SigIgn gets the SIGTERM bit once main() has returned: only the exit is left.
-    wait_for(lambda: _signal_mask(proc.pid, "SigIgn") & SIGTERM_BIT or proc.poll() is not None, 60,
-             "the drain to finish its work", log, every=0.001)
+    wait_for(
+        lambda: _signal_mask(proc.pid, "SigIgn") & SIGTERM_BIT or proc.poll() is not None,
+        60,
+        "the drain to finish its work",
+        log,
+        every=0.001,
+    )
     proc.send_signal(signal.SIGTERM)
     assert _exit_code(proc, log) == 0, tail(log)
     assert _drain_state(tmp_path / "out") == "done"
@@ -189,8 +233,12 @@ def test_client_stopped_while_the_server_is_down_exits_0_as_stopped(tmp_path, ti
     out = tmp_path / "out"
     proc = _start(log, *_client_args(tmp_path, tiny_llama, free_port()))
     try:
-        wait_for(lambda: "waiting for the server" in (client_status(out).get("paused_reason") or ""), 120,
-                 "the client to wait for the (down) server", log)
+        wait_for(
+            lambda: "waiting for the server" in (client_status(out).get("paused_reason") or ""),
+            120,
+            "the client to wait for the (down) server",
+            log,
+        )
         proc.send_signal(signal.SIGTERM)
         assert _exit_code(proc, log) == 0, tail(log)
     finally:
@@ -213,8 +261,13 @@ def test_client_stopped_after_its_run_exits_0_as_done(tmp_path, tiny_llama, llam
     log = tmp_path / "client.log"
     proc = _start(log, *args)
     try:
-        wait_for(lambda: _signal_mask(proc.pid, "SigIgn") & SIGTERM_BIT or proc.poll() is not None, 120,
-                 "the client to finish its run", log, every=0.001)
+        wait_for(
+            lambda: _signal_mask(proc.pid, "SigIgn") & SIGTERM_BIT or proc.poll() is not None,
+            120,
+            "the client to finish its run",
+            log,
+            every=0.001,
+        )
         proc.send_signal(signal.SIGTERM)
         assert _exit_code(proc, log) == 0, tail(log)
     finally:
@@ -239,8 +292,19 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=LINES, seed=9)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    args = extract_args(llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out,
-                        "--max-tokens", "300", "--overlong", "skip", "--max-in-flight", "3")
+    args = extract_args(
+        llama_server.url,
+        tmp_path / "data.jsonl",
+        tiny_llama,
+        llama_server.dump_dir,
+        out,
+        "--max-tokens",
+        "300",
+        "--overlong",
+        "skip",
+        "--max-in-flight",
+        "3",
+    )
     rng = random.Random(20261130)
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
     client = None
@@ -249,18 +313,32 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
         for when in ["first second"] * 3 + ["mid-run"] * 4 + ["last second"] * 3:
             client = start_client(logs / "client.log", *args)
             if when == "first second":
-                wait_for(lambda c=client: _signal_mask(c.pid, "SigCgt") & SIGTERM_BIT or c.poll() is not None, 30,
-                         "the client to handle SIGTERM", every=0.001)
+                wait_for(
+                    lambda c=client: _signal_mask(c.pid, "SigCgt") & SIGTERM_BIT or c.poll() is not None,
+                    30,
+                    "the client to handle SIGTERM",
+                    every=0.001,
+                )
             elif when == "mid-run":
                 # A random instant as a random count of samples done, within the first quarter of
                 # what is left, so the stop lands mid-run however fast the machine is.
                 done = _done(out)
                 target = done + rng.randint(1, max(1, (LINES - done) // 4))
-                wait_for(lambda c=client, n=target: (client_status(out).get("pid") == c.pid and _done(out) >= n)
-                         or c.poll() is not None, 240, f"{target} samples done", logs / "client.log")
+                wait_for(
+                    lambda c=client, n=target: (
+                        (client_status(out).get("pid") == c.pid and _done(out) >= n) or c.poll() is not None
+                    ),
+                    240,
+                    f"{target} samples done",
+                    logs / "client.log",
+                )
             elif when == "last second":
-                wait_for(lambda c=client: _near_the_end(out, c.pid) or c.poll() is not None, 240,
-                         "the client to send its last samples", logs / "client.log")
+                wait_for(
+                    lambda c=client: _near_the_end(out, c.pid) or c.poll() is not None,
+                    240,
+                    "the client to send its last samples",
+                    logs / "client.log",
+                )
             if when != "mid-run":
                 time.sleep(rng.uniform(0, 1))  # the random instant within the second
             client.send_signal(signal.SIGTERM)
@@ -269,8 +347,9 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
             # A client stopped before its run began leaves the status of the run before it as it was.
             state = status.get("state") if status.get("pid") == client.pid else "stopped before it began"
             ends.append((when, rc, state))
-            assert rc == 0 and state in ("stopped", "done", "stopped before it began"), \
+            assert rc == 0 and state in ("stopped", "done", "stopped before it began"), (
                 f"{when}: exit {rc}, state {state}:\n" + tail(logs / "client.log")
+            )
         client = start_client(logs / "client.log", *args)
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
         assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
@@ -290,5 +369,7 @@ def _done(out: Path) -> int:
 
 def _near_the_end(out: Path, pid: int) -> bool:
     s = client_status(out)
-    return s.get("pid") == pid and s.get("sent", 0) + s.get("skipped", 0) + s.get("rejected", 0) >= \
-        s.get("samples_total", 1) - 2
+    return (
+        s.get("pid") == pid
+        and s.get("sent", 0) + s.get("skipped", 0) + s.get("rejected", 0) >= s.get("samples_total", 1) - 2
+    )

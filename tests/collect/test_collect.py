@@ -30,8 +30,9 @@ def _host_entries(fleet) -> dict[tuple[str, int], object]:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_every_hosts_sample_is_collected_once_byte_for_byte_with_its_host_and_index_there(fmt, fleets, collect,
-                                                                                           tmp_path):
+def test_every_hosts_sample_is_collected_once_byte_for_byte_with_its_host_and_index_there(
+    fmt, fleets, collect, tmp_path
+):
     fleet, into = fleets(fmt), tmp_path / "collected"
     code, err = collect("--into", str(into), *fleet.args())
     assert code == 0, err
@@ -44,7 +45,11 @@ def test_every_hosts_sample_is_collected_once_byte_for_byte_with_its_host_and_in
         assert e.file == fmt_.relative_path(e.output_index)
         src = hosts[(e.host, e.host_index)]
         assert (src.dataset_index, src.checksum, src.fingerprint, src.tokens) == (
-            e.dataset_index, e.checksum, e.fingerprint, e.tokens)
+            e.dataset_index,
+            e.checksum,
+            e.fingerprint,
+            e.tokens,
+        )
         assert (into / e.file).read_bytes() == (fleet.hosts[e.host] / src.file).read_bytes()
         assert verify_entry(into, e) is None
     assert read_header(into) == read_header(fleet.hosts["a"])
@@ -61,7 +66,12 @@ def test_the_fleets_reconciliation_is_printed_and_is_the_collected_sets_own(flee
     acc = read_accounts(into)  # the collected set reconciles as one output directory of the whole dataset
     assert acc is not None and acc.final and acc.unaccounted == []
     assert (acc.lines, acc.in_set, acc.rejected, acc.failed, acc.quarantined) == (
-        30, 27, {"empty_turn": 1}, {"capture_failed": 1}, {"token_mismatch": 1})
+        30,
+        27,
+        {"empty_turn": 1},
+        {"capture_failed": 1},
+        {"token_mismatch": 1},
+    )
     failures = [json.loads(line) for line in (into / ".hsextract" / "failures.jsonl").read_text().splitlines()]
     assert [(d["index"], d["host"]) for d in failures] == [(4, "b")]
     assert json.loads((into / "quarantine" / "hsx-c011ec70-5" / "host.json").read_text())["host"] == "c"
@@ -97,8 +107,9 @@ def test_specforge_reader_order_lists_each_position_of_the_sorted_paths(fleets, 
     sorted_paths = sorted(str(p.resolve()) for p in into.rglob("*.ckpt"))
     by_index = {e.output_index: e for e in iter_entries(into)}
     assert [str((into / by_index[i].file).resolve()) for i, *_ in order] == sorted_paths
-    assert [row[1:] for row in order] == [[by_index[i].dataset_index, by_index[i].host, by_index[i].host_index]
-                                          for i, *_ in order]
+    assert [row[1:] for row in order] == [
+        [by_index[i].dataset_index, by_index[i].host, by_index[i].host_index] for i, *_ in order
+    ]
     assert order[1][0] == 1 and order[2][0] == 10, "data_10.ckpt sorts before data_2.ckpt"
 
 
@@ -250,11 +261,19 @@ def test_a_copy_damaged_on_its_way_is_fetched_again_and_collected(fleets, collec
 def test_the_help_says_what_each_flag_does():
     r = hsextract("collect", "--help")
     assert r.returncode == 0
-    for flag in ("--into", "--link", "--move", "--final", "--wait-for-space", "--workers", "--stale-after",
-                 "--draft-vocab-size", "[NAME=]HOST_OUTPUT"):
+    for flag in (
+        "--into",
+        "--link",
+        "--move",
+        "--final",
+        "--wait-for-space",
+        "--workers",
+        "--stale-after",
+        "--draft-vocab-size",
+        "[NAME=]HOST_OUTPUT",
+    ):
         assert flag in r.stdout, flag
     assert "hard-link" in r.stdout and "exactly once" in r.stdout
-
 
 
 def _status(output, capsys, *args: str) -> tuple[int, list[str]]:
@@ -280,14 +299,15 @@ def test_status_of_a_collected_set_reports_the_sets_counts_not_a_missing_drain(f
     assert "                 29 accepted = 27 in the set + 1 failed + 1 quarantined" in lines
 
 
-def test_status_of_a_collected_set_still_missing_a_shard_is_not_final_and_says_which(fleets, collect, tmp_path,
-                                                                                       capsys):
+def test_status_of_a_collected_set_still_missing_a_shard_is_not_final_and_says_which(fleets, collect, tmp_path, capsys):
     fleet, into = fleets("speculators"), tmp_path / "collected"
     assert collect("--into", str(into), *fleet.args("a", "b"))[0] == 0
     code, lines = _status(into, capsys)
     assert code == 0, lines
-    assert lines[0] == ("The collected set is not final yet: 18 samples from 2 hosts are in the training set; "
-                        "collect again with every host once each has finished.")
+    assert lines[0] == (
+        "The collected set is not final yet: 18 samples from 2 hosts are in the training set; "
+        "collect again with every host once each has finished."
+    )
     assert any("shard 2/3 is in no host output" in line for line in lines)
     code, lines = _status(into, capsys, "--json")
     out = json.loads("\n".join(lines))

@@ -42,8 +42,13 @@ def test_a_wrong_path_is_one_line_and_the_other_hosts_are_collected(fleets, coll
 
 def test_a_host_of_another_dataset_is_refused_naming_both_datasets(fleets, collect, tmp_path):
     fleet = fleets("speculators")
-    other = make_fleet(tmp_path / "other", "speculators", three_hosts()[1:2], 30,
-                       dataset=write_dataset(tmp_path / "other.jsonl", 30, tag="other "))
+    other = make_fleet(
+        tmp_path / "other",
+        "speculators",
+        three_hosts()[1:2],
+        30,
+        dataset=write_dataset(tmp_path / "other.jsonl", 30, tag="other "),
+    )
     into = tmp_path / "collected"
     code, err = collect("--into", str(into), *fleet.args("a", "c"), f"b={other.hosts['b']}")
     assert code == 3
@@ -61,8 +66,10 @@ def test_a_host_with_other_layers_is_refused_by_field_expected_and_actual(fleets
     (fleet.hosts["c"] / "manifest.json").write_text(json.dumps(header))
     code, err = collect("--into", str(tmp_path / "collected"), *fleet.args())
     assert code == 3
-    assert (f"host c ({fleet.hosts['c']}) refused: layers (eagle convention) is [1, 2, 4], expected [1, 3, 4] "
-            "(as host a has it)") in err
+    assert (
+        f"host c ({fleet.hosts['c']}) refused: layers (eagle convention) is [1, 2, 4], expected [1, 3, 4] "
+        "(as host a has it)"
+    ) in err
 
 
 def test_a_missing_host_is_named_by_its_shard_a_warning_until_the_final_collect(fleets, collect, tmp_path):
@@ -91,14 +98,27 @@ def test_a_final_collect_refuses_a_host_whose_drain_has_not_caught_up_and_takes_
     into = tmp_path / "collected"
     code, err = collect("--into", str(into), "--final", *hosts)
     assert code == 3
-    assert (f"host b ({b}) refused for --final: its drain has not caught up: 3 accepted sample(s) (dataset indices "
-            "22, 25, 28) are in neither its set, its failures nor its quarantine; no drain runs on it: start its "
-            "drain") in err
+    assert (
+        f"host b ({b}) refused for --final: its drain has not caught up: 3 accepted sample(s) (dataset indices "
+        "22, 25, 28) are in neither its set, its failures nor its quarantine; no drain runs on it: start its "
+        "drain"
+    ) in err
     code, err = collect("--into", str(into), *hosts)  # not final: what b has committed
     assert code == 0, err
     assert "host b: 10 accepted = 7 in the set + 0 failed + 0 quarantined + 3 on the way" in err
-    drain = start("drain", "--dump-dir", str(dump), "--output", str(b), "--format", "speculators",
-                  "--poll-interval", "0.1", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    drain = start(
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(b),
+        "--format",
+        "speculators",
+        "--poll-interval",
+        "0.1",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while manifest_lines(b) < 10 and time.monotonic() < deadline:
@@ -119,8 +139,10 @@ def test_a_move_refuses_a_host_whose_output_lock_a_process_holds(fleets, collect
     with collected_set_lock(fleet.hosts["c"]):  # the lock a drain of the output holds while it runs
         code, err = collect("--into", str(into), "--move", *fleet.args())
     assert code == 3
-    assert f"host c ({fleet.hosts['c']}) refused for --move: a drain runs on it (a process holds its lock " \
+    assert (
+        f"host c ({fleet.hosts['c']}) refused for --move: a drain runs on it (a process holds its lock "
         "(.hsextract/output.lock)); stop it first" in err
+    )
     assert _indices(into) == _of_hosts(fleet, "a", "b")
     assert list((fleet.hosts["c"] / "hidden_states").glob("hs_*.safetensors")), "c's files stay"
 
@@ -144,8 +166,9 @@ def test_link_across_filesystems_is_refused_before_anything_is_written(fleets, c
         assert not (mnt / "collected" / "manifest.jsonl").exists()
 
 
-def test_a_full_collector_volume_stops_with_the_numbers_and_a_rerun_finishes_with_nothing_lost(fleets, collect,
-                                                                                                 tmp_path):
+def test_a_full_collector_volume_stops_with_the_numbers_and_a_rerun_finishes_with_nothing_lost(
+    fleets, collect, tmp_path
+):
     fleet = fleets("speculators")
     with small_volume(tmp_path / "small", "80k") as mnt:
         into = mnt / "collected"
@@ -168,9 +191,22 @@ def test_a_full_collector_volume_is_waited_out_with_wait_for_space(fleets, tmp_p
     with small_volume(tmp_path / "small", "80k") as mnt:
         into = mnt / "collected"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hsextract", "collect", "--into", str(into), "--wait-for-space", "0.2",
-             *fleet.args()],
-            env=env(), stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "hsextract",
+                "collect",
+                "--into",
+                str(into),
+                "--wait-for-space",
+                "0.2",
+                *fleet.args(),
+            ],
+            env=env(),
+            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert proc.stderr is not None
             for line in proc.stderr:
@@ -188,4 +224,3 @@ def test_a_full_collector_volume_is_waited_out_with_wait_for_space(fleets, tmp_p
         assert proc.returncode == 0
         assert json.loads(out.splitlines()[-1])["samples"] == len(fleet.samples)
         assert _indices(into) == sorted(fleet.samples)
-

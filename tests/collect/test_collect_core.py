@@ -15,27 +15,65 @@ from hsextract.collect.shards import check_coverage, shard_indices
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
 from hsextract.shard import Shard
 
-HEADER = ManifestHeader(format="speculators", final_hidden="pre_norm", dtype="bfloat16", hidden_size=64, num_aux=3,
-                        eagle_aux_hidden_state_layer_ids=[1, 3, 4], sglang_layers_to_capture=[2, 4, 5],
-                        num_hidden_layers=8, model_path="/models/tiny", model_config_sha256="ab" * 32,
-                        architecture="LlamaForCausalLM", vocab_size=1000, run_id="c011ec70")
-DATASET = {"path": "/data/train.jsonl", "fingerprint": {"method": "sha256-of-heads-v1",
-                                                        "files": [{"name": None, "bytes": 99, "sha256": "5" * 64}]}}
+HEADER = ManifestHeader(
+    format="speculators",
+    final_hidden="pre_norm",
+    dtype="bfloat16",
+    hidden_size=64,
+    num_aux=3,
+    eagle_aux_hidden_state_layer_ids=[1, 3, 4],
+    sglang_layers_to_capture=[2, 4, 5],
+    num_hidden_layers=8,
+    model_path="/models/tiny",
+    model_config_sha256="ab" * 32,
+    architecture="LlamaForCausalLM",
+    vocab_size=1000,
+    run_id="c011ec70",
+)
+DATASET = {
+    "path": "/data/train.jsonl",
+    "fingerprint": {"method": "sha256-of-heads-v1", "files": [{"name": None, "bytes": 99, "sha256": "5" * 64}]},
+}
 
 
 def _entry(i: int, x: int, host: str = "", host_index: int = -1) -> ManifestEntry:
-    return ManifestEntry(output_index=i, dataset_index=x, rid=f"hsx-c011ec70-{x}", tokens=5,
-                         file=f"hidden_states/hs_{i}.safetensors", bytes=100 + x, checksum=f"sha256:{x:064x}",
-                         fingerprint=f"{x:016x}", host=host, host_index=host_index)
+    return ManifestEntry(
+        output_index=i,
+        dataset_index=x,
+        rid=f"hsx-c011ec70-{x}",
+        tokens=5,
+        file=f"hidden_states/hs_{i}.safetensors",
+        bytes=100 + x,
+        checksum=f"sha256:{x:064x}",
+        fingerprint=f"{x:016x}",
+        host=host,
+        host_index=host_index,
+    )
 
 
 FIRST = Shard(0, 3)
 
 
-def _host(name: str, shard=FIRST, header: ManifestHeader | None = HEADER, dataset=DATASET, lines=30,
-          finished=True, drain_busy="", behind=()) -> HostOutput:
-    return HostOutput(name, Path(f"/staging/{name}"), header, [], dataset,
-                      [ClientShard(shard, lines, finished)], drain_busy, list(behind))
+def _host(
+    name: str,
+    shard=FIRST,
+    header: ManifestHeader | None = HEADER,
+    dataset=DATASET,
+    lines=30,
+    finished=True,
+    drain_busy="",
+    behind=(),
+) -> HostOutput:
+    return HostOutput(
+        name,
+        Path(f"/staging/{name}"),
+        header,
+        [],
+        dataset,
+        [ClientShard(shard, lines, finished)],
+        drain_busy,
+        list(behind),
+    )
 
 
 # -- shards -----------------------------------------------------------------------------------------
@@ -110,8 +148,10 @@ def test_a_host_of_another_dataset_is_refused_by_its_fingerprint_and_one_of_anot
     hosts = [_host("a"), _host("b", Shard(1, 3), dataset=other), _host("c", Shard(2, 3), lines=31)]
     adm = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False)
     assert [h.name for h in adm.admitted] == ["a"]
-    assert "dataset fingerprint is '/data/other.jsonl (first 99 bytes sha256 6666666666666666)', expected " \
-           "'/data/train.jsonl (first 99 bytes sha256 5555555555555555)'" in adm.refused[0]
+    assert (
+        "dataset fingerprint is '/data/other.jsonl (first 99 bytes sha256 6666666666666666)', expected "
+        "'/data/train.jsonl (first 99 bytes sha256 5555555555555555)'" in adm.refused[0]
+    )
     assert "dataset lines is 31, expected 30" in adm.refused[1]
 
 
@@ -134,7 +174,8 @@ def test_a_final_collect_refuses_a_host_not_finished_which_a_plain_collect_takes
     assert adm.refused[0] == (
         "host b (/staging/b) refused for --final: its drain has not caught up: 2 accepted sample(s) (dataset indices "
         "4, 7) are in neither its set, its failures nor its quarantine; its drain is at it (its drain's status says "
-        "'running', 2 s ago): wait for it, then collect again")
+        "'running', 2 s ago): wait for it, then collect again"
+    )
     assert "host c (/staging/c) refused for --final: its client has not finished" in adm.refused[1]
 
 
@@ -145,8 +186,10 @@ def test_a_drain_idling_on_a_finished_host_refuses_a_move_but_not_a_final_collec
     assert [h.name for h in admit(hosts, ref, final=True, move=False).admitted] == ["a", "b"]
     adm = admit(hosts, ref, final=False, move=True)
     assert [h.name for h in adm.admitted] == ["a"]
-    assert adm.refused == ["host b (/staging/b) refused for --move: a drain runs on it (a process holds its lock "
-                           "(.hsextract/output.lock)); stop it first, then collect again"]
+    assert adm.refused == [
+        "host b (/staging/b) refused for --move: a drain runs on it (a process holds its lock "
+        "(.hsextract/output.lock)); stop it first, then collect again"
+    ]
 
 
 def test_a_host_output_is_named_after_its_directory_unless_named():
@@ -161,8 +204,7 @@ def test_a_host_output_is_named_after_its_directory_unless_named():
 def test_pending_samples_go_in_dataset_index_order_after_the_collected_ones():
     hosts = {"a": [_entry(0, 6), _entry(1, 0), _entry(2, 3)], "b": [_entry(0, 4), _entry(1, 1)]}
     plan = select_entries([], hosts)
-    assert [(p.host, p.entry.dataset_index) for p in plan.pending] == [("a", 0), ("b", 1), ("a", 3), ("b", 4),
-                                                                      ("a", 6)]
+    assert [(p.host, p.entry.dataset_index) for p in plan.pending] == [("a", 0), ("b", 1), ("a", 3), ("b", 4), ("a", 6)]
     collected = [collected_entry(p, i, f"hidden_states/hs_{i}.safetensors") for i, p in enumerate(plan.pending)]
     again = select_entries(collected, {**hosts, "a": [*hosts["a"], _entry(3, 9)]})
     assert [(p.host, p.entry.dataset_index) for p in again.pending] == [("a", 9)]
@@ -185,8 +227,11 @@ def test_a_dataset_index_of_two_hosts_is_collected_once_and_the_other_reported()
 
 
 FINGERPRINT = {"method": "hsextract-model-v1", "weights": "1" * 64, "tokenizer": "2" * 64, "chat_template": "3" * 64}
-PARTS = [("weights", "model weights (sha256)"), ("tokenizer", "model tokenizer (sha256)"),
-         ("chat_template", "model chat template (sha256)")]
+PARTS = [
+    ("weights", "model weights (sha256)"),
+    ("tokenizer", "model tokenizer (sha256)"),
+    ("chat_template", "model chat template (sha256)"),
+]
 
 
 @pytest.mark.parametrize(("part", "name"), PARTS, ids=[p for p, _ in PARTS])
@@ -203,8 +248,10 @@ def test_a_host_of_other_weights_tokenizer_or_chat_template_is_refused_naming_th
 def test_a_host_with_no_fingerprint_is_refused_beside_one_that_has_one_and_taken_beside_one_that_has_none():
     hosts = [_host("a", header=dataclasses.replace(HEADER, model_fingerprint=FINGERPRINT)), _host("b", Shard(1, 3))]
     (line,) = admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused
-    assert "model fingerprint is 'none recorded (an output of an hsextract before model fingerprints, or of a " \
-           "model given by name)', expected 'weights 1111111111111111, tokenizer 2222222222222222, chat template " \
-           "3333333333333333' (as host a has it)" in line
+    assert (
+        "model fingerprint is 'none recorded (an output of an hsextract before model fingerprints, or of a "
+        "model given by name)', expected 'weights 1111111111111111, tokenizer 2222222222222222, chat template "
+        "3333333333333333' (as host a has it)" in line
+    )
     hosts = [_host("a"), _host("b", Shard(1, 3))]
     assert admit(hosts, choose_reference(None, None, None, hosts), final=False, move=False).refused == []

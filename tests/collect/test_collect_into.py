@@ -51,8 +51,9 @@ def _drain_output(into: Path, fleet) -> str:
 
 
 @pytest.mark.parametrize("fill", [_project, _samples, _drain_output], ids=["project", "samples", "drain-output"])
-def test_a_non_empty_directory_that_holds_no_collected_set_is_refused_and_left_as_it_was(fill, fleets, collect,
-                                                                                          tmp_path):
+def test_a_non_empty_directory_that_holds_no_collected_set_is_refused_and_left_as_it_was(
+    fill, fleets, collect, tmp_path
+):
     fleet, into = fleets("speculators"), tmp_path / "into"
     found = fill(into, fleet)
     before = _tree(into)
@@ -77,7 +78,8 @@ def test_a_collect_that_admits_no_host_changes_nothing_in_the_set(fleets, collec
     assert "run identity is '0badc0de', expected 'c011ec70' (as the collected set has it)" in err
     assert "no host output was admitted: nothing in the collected set was changed" in err
     assert {k: v for k, v in _tree(into).items() if not k.endswith(".lock")} == {
-        k: v for k, v in before.items() if not k.endswith(".lock")}
+        k: v for k, v in before.items() if not k.endswith(".lock")
+    }
 
 
 def test_a_new_directory_a_collect_admitting_no_host_left_is_taken_by_the_next(fleets, collect, tmp_path):

@@ -22,9 +22,20 @@ LINES = 240
 KILLS = 6
 # The files a collect writes that must come out the same, byte for byte (the Arrow data files carry
 # a build id in their names and are compared by their rows; the card and report name the set's path).
-SAME_BYTES = ["manifest.json", "manifest.jsonl", "run.json", "token_freq.pt", "d2t.npy", "t2d.npy", "draft_vocab.json",
-              ".hsextract/vocab_counts.json", ".hsextract/rejects.jsonl", ".hsextract/failures.jsonl",
-              ".hsextract/client-summary.json", ".hsextract/dataset.json"]
+SAME_BYTES = [
+    "manifest.json",
+    "manifest.jsonl",
+    "run.json",
+    "token_freq.pt",
+    "d2t.npy",
+    "t2d.npy",
+    "draft_vocab.json",
+    ".hsextract/vocab_counts.json",
+    ".hsextract/rejects.jsonl",
+    ".hsextract/failures.jsonl",
+    ".hsextract/client-summary.json",
+    ".hsextract/dataset.json",
+]
 
 
 def _complete_lines(out) -> list[bytes]:
@@ -48,8 +59,11 @@ def _files(root) -> set[str]:
 def test_a_collect_killed_at_random_instants_and_run_again_gives_the_uninterrupted_set(tmp_path):
     import datasets
 
-    plans = [HostPlan("a", Shard(0, 3), rejected={30}), HostPlan("b", Shard(1, 3), failed={31}),
-             HostPlan("c", Shard(2, 3))]
+    plans = [
+        HostPlan("a", Shard(0, 3), rejected={30}),
+        HostPlan("b", Shard(1, 3), failed={31}),
+        HostPlan("c", Shard(2, 3)),
+    ]
     fleet = make_fleet(tmp_path / "fleet", "speculators", plans, LINES)
     args = ["--workers", "2", "--draft-vocab-size", "16", "--", *fleet.args()]
     reference = tmp_path / "reference"
@@ -91,8 +105,10 @@ def test_a_collect_killed_at_random_instants_and_run_again_gives_the_uninterrupt
         assert (into / rel).read_bytes() == (reference / rel).read_bytes(), rel
     for e in iter_entries(reference):
         assert (into / e.file).read_bytes() == (reference / e.file).read_bytes()
-    assert _files(into) - {"README.md", ".hsextract/collect-report.json"} == \
-        _files(reference) - {"README.md", ".hsextract/collect-report.json"}, "no file left over, none missing"
+    assert _files(into) - {"README.md", ".hsextract/collect-report.json"} == _files(reference) - {
+        "README.md",
+        ".hsextract/collect-report.json",
+    }, "no file left over, none missing"
     got, ref = (datasets.load_from_disk(str(p)).with_format(None) for p in (into, reference))
     assert got.to_dict() == ref.to_dict()
     assert not list((into / ".hsextract" / "collect-tmp").iterdir())

@@ -15,8 +15,10 @@ LINES = 20
 
 def test_a_host_of_two_processes_covers_its_shard_in_a_final_collect(collect, tmp_path):
     # host a: shard 0/2 by two processes, sub-shards 0/4 and 2/4; host b: shard 1/2 by one
-    plans = [HostPlan("a", Shard(0, 2), rejected={4}, failed={6}, processes=2),
-             HostPlan("b", Shard(1, 2), quarantined={3})]
+    plans = [
+        HostPlan("a", Shard(0, 2), rejected={4}, failed={6}, processes=2),
+        HostPlan("b", Shard(1, 2), quarantined={3}),
+    ]
     fleet = make_fleet(tmp_path / "fleet", "speculators", plans, LINES)
     into = tmp_path / "collected"
     code, err = collect("--into", str(into), "--final", *fleet.args())

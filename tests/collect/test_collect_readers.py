@@ -13,8 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.readers, pytest.mark.timeout(600)]
 
 
 @pytest.mark.parametrize("fmt", ["specforge", "speculators", "speculators-v1", "modelopt"])
-def test_the_collected_set_loads_in_the_trainers_reader_with_every_sample_once(fmt, readers, fleets, collect,
-                                                                                tmp_path):
+def test_the_collected_set_loads_in_the_trainers_reader_with_every_sample_once(fmt, readers, fleets, collect, tmp_path):
     fleet, into = fleets(fmt), tmp_path / "collected"
     code, err = collect("--into", str(into), *fleet.args())
     assert code == 0, err

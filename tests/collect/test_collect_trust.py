@@ -174,8 +174,11 @@ def _linked_rejects(host: Path, secret: Path) -> str:
     return ".hsextract/rejects.jsonl is a symbolic link"
 
 
-@pytest.mark.parametrize("plant", [_link_reason, _fifo_record, _linked_quarantine, _linked_rejects],
-                         ids=["linked-reason", "fifo-record", "linked-quarantine", "linked-rejects"])
+@pytest.mark.parametrize(
+    "plant",
+    [_link_reason, _fifo_record, _linked_quarantine, _linked_rejects],
+    ids=["linked-reason", "fifo-record", "linked-quarantine", "linked-rejects"],
+)
 def test_a_host_whose_bookkeeping_holds_a_link_or_a_special_file_is_refused_by_name(plant, fleets, collect, tmp_path):
     fleet = _copy(fleets, tmp_path)
     secret = _secret(tmp_path)
@@ -213,8 +216,12 @@ def test_the_playbooks_rsync_brings_no_link_and_no_special_file_from_a_host(tmp_
 def _pair(host: Path, same_length: bool) -> tuple[int, int]:
     """Two rows of `host` whose samples have the same token count, or different ones."""
     rows = _rows(host)
-    return next((j, k) for j in range(len(rows)) for k in range(j + 1, len(rows))
-                if (rows[j]["tokens"] == rows[k]["tokens"]) == same_length)
+    return next(
+        (j, k)
+        for j in range(len(rows))
+        for k in range(j + 1, len(rows))
+        if (rows[j]["tokens"] == rows[k]["tokens"]) == same_length
+    )
 
 
 def _swap_files(host: Path, j: int, k: int) -> tuple[dict, dict]:
@@ -248,8 +255,7 @@ def test_a_row_naming_another_samples_file_is_refused_naming_host_and_row(fleets
 
 
 @pytest.mark.parametrize("fmt", ["specforge", "speculators", "speculators-v1", "modelopt"])
-def test_a_file_holding_another_sample_of_another_length_is_refused_by_its_token_count(fmt, fleets, collect,
-                                                                                        tmp_path):
+def test_a_file_holding_another_sample_of_another_length_is_refused_by_its_token_count(fmt, fleets, collect, tmp_path):
     fleet = _copy(fleets, tmp_path, fmt)
     first, second = _pair(fleet.hosts["a"], same_length=False)
     j, k = _swap_files(fleet.hosts["a"], first, second)

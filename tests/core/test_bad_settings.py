@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def hsextract(*args: str) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": str(REPO / "files" / "python"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "hsextract", *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hsextract", *args], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _one_line_error(r: subprocess.CompletedProcess) -> str:
@@ -38,8 +39,9 @@ def _one_line_error(r: subprocess.CompletedProcess) -> str:
 def model(tmp_path) -> Path:
     path = tmp_path / "model"
     path.mkdir()
-    (path / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64}))
+    (path / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64})
+    )
     return path
 
 
@@ -62,16 +64,37 @@ def test_a_model_directory_without_config_json_is_refused_by_the_client(tmp_path
         if f.name != "config.json":
             (model / f.name).symlink_to(f)
     (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
-    r = hsextract("extract", "--server", "http://127.0.0.1:9", "--dataset", str(tmp_path / "d.jsonl"),
-                  "--model", str(model), "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"),
-                  "--format", "specforge")
+    r = hsextract(
+        "extract",
+        "--server",
+        "http://127.0.0.1:9",
+        "--dataset",
+        str(tmp_path / "d.jsonl"),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+    )
     assert r.returncode == 2
     assert f"model path {model}: no config.json there" in _one_line_error(r)
 
 
 def test_capture_patch_refuses_layer_ids_past_the_models_depth(tmp_path, model):
-    r = hsextract("capture-patch", "--out-dir", str(tmp_path / "patch"), "--model", str(model),
-                  "--dump-dir", str(tmp_path / "dump"), "--aux-layers", "1,2,99")
+    r = hsextract(
+        "capture-patch",
+        "--out-dir",
+        str(tmp_path / "patch"),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--aux-layers",
+        "1,2,99",
+    )
     assert r.returncode == 2
     line = _one_line_error(r)
     assert "[99] not in [0, 6]" in line and "8 layers" in line
@@ -79,20 +102,49 @@ def test_capture_patch_refuses_layer_ids_past_the_models_depth(tmp_path, model):
 
 
 def test_a_negative_layer_id_is_a_value_refused_by_range_not_a_flag(tmp_path, model):
-    r = hsextract("capture-patch", "--out-dir", str(tmp_path / "patch"), "--model", str(model),
-                  "--dump-dir", str(tmp_path / "dump"), "--aux-layers", "-1,2,3")
+    r = hsextract(
+        "capture-patch",
+        "--out-dir",
+        str(tmp_path / "patch"),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--aux-layers",
+        "-1,2,3",
+    )
     assert r.returncode == 2
     assert "[-1] not in [0, 6]" in _one_line_error(r)
 
 
 def test_capture_patch_final_hidden_follows_the_format_and_a_contradiction_is_refused(tmp_path, model):
-    ok = hsextract("capture-patch", "--out-dir", str(tmp_path / "patch"), "--model", str(model),
-                   "--dump-dir", str(tmp_path / "dump"), "--format", "speculators")
+    ok = hsextract(
+        "capture-patch",
+        "--out-dir",
+        str(tmp_path / "patch"),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--format",
+        "speculators",
+    )
     assert ok.returncode == 0, ok.stderr
     init = (tmp_path / "patch" / "hsextract_capture_patch" / "__init__.py").read_text()
     assert '\\"final_hidden\\": \\"pre_norm\\"' in init and '\\"format\\": \\"speculators\\"' in init
-    bad = hsextract("capture-patch", "--out-dir", str(tmp_path / "patch2"), "--model", str(model),
-                    "--dump-dir", str(tmp_path / "dump"), "--format", "speculators", "--final-hidden", "post_norm")
+    bad = hsextract(
+        "capture-patch",
+        "--out-dir",
+        str(tmp_path / "patch2"),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--format",
+        "speculators",
+        "--final-hidden",
+        "post_norm",
+    )
     assert bad.returncode == 2
     assert "'post_norm' does not fit the format 'speculators', which needs 'pre_norm'" in _one_line_error(bad)
 
@@ -101,10 +153,21 @@ def test_aux_layers_no_sglang_draft_can_be_served_on_are_refused_before_the_run(
     deepseek = json.loads((model / "config.json").read_text()) | {"architectures": ["DeepseekV3ForCausalLM"]}
     (model / "config.json").write_text(json.dumps(deepseek))
     (tmp_path / "dump").mkdir()
-    for cmd in (["capture-patch", "--out-dir", str(tmp_path / "patch")],
-                ["drain", "--output", str(tmp_path / "out"), "--format", "specforge"]):
-        r = hsextract(*cmd, "--model", str(model), "--dump-dir", str(tmp_path / "dump"), "--aux-layers", "1,3,6",
-                      "--layer-convention", "sglang")
+    for cmd in (
+        ["capture-patch", "--out-dir", str(tmp_path / "patch")],
+        ["drain", "--output", str(tmp_path / "out"), "--format", "specforge"],
+    ):
+        r = hsextract(
+            *cmd,
+            "--model",
+            str(model),
+            "--dump-dir",
+            str(tmp_path / "dump"),
+            "--aux-layers",
+            "1,3,6",
+            "--layer-convention",
+            "sglang",
+        )
         assert r.returncode == 2, r.stderr[-2000:]
         assert "aux layers [1, 3, 6] (SGLang's convention" in _one_line_error(r)
         assert "cannot be served" in _one_line_error(r)
@@ -113,16 +176,35 @@ def test_aux_layers_no_sglang_draft_can_be_served_on_are_refused_before_the_run(
 
 def test_drain_layer_ids_are_range_checked_without_a_model(tmp_path):
     (tmp_path / "dump").mkdir()
-    r = hsextract("drain", "--dump-dir", str(tmp_path / "dump"), "--output", str(tmp_path / "out"),
-                  "--format", "specforge", "--aux-layers", "0,2,3", "--layer-convention", "sglang")
+    r = hsextract(
+        "drain",
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+        "--aux-layers",
+        "0,2,3",
+        "--layer-convention",
+        "sglang",
+    )
     assert r.returncode == 2
     assert "[0] below 1, the first valid id" in _one_line_error(r)
 
 
 def test_a_drain_on_a_staging_directory_that_does_not_exist_stops_saying_so(tmp_path):
     missing = tmp_path / "no-such-staging"
-    r = hsextract("drain", "--dump-dir", str(missing), "--output", str(tmp_path / "out"), "--format", "specforge",
-                  "--exit-when-done")
+    r = hsextract(
+        "drain",
+        "--dump-dir",
+        str(missing),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+        "--exit-when-done",
+    )
     assert r.returncode == 2
     line = _one_line_error(r)
     assert f"staging directory {missing} does not exist" in line and "--dump-dir" in line
@@ -130,8 +212,9 @@ def test_a_drain_on_a_staging_directory_that_does_not_exist_stops_saying_so(tmp_
 
 def test_a_read_only_output_directory_is_one_line_for_the_drain(tmp_path, read_only_dir):
     (tmp_path / "dump").mkdir()
-    r = hsextract("drain", "--dump-dir", str(tmp_path / "dump"), "--output", str(read_only_dir / "out"),
-                  "--format", "specforge")
+    r = hsextract(
+        "drain", "--dump-dir", str(tmp_path / "dump"), "--output", str(read_only_dir / "out"), "--format", "specforge"
+    )
     assert r.returncode == 2
     line = _one_line_error(r)
     assert f"output directory {read_only_dir / 'out'} is not writable" in line and "Read-only file system" in line
@@ -139,9 +222,21 @@ def test_a_read_only_output_directory_is_one_line_for_the_drain(tmp_path, read_o
 
 def test_a_read_only_output_directory_is_one_line_for_the_client(tmp_path, read_only_dir, tiny_llama):
     (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
-    r = hsextract("extract", "--server", "http://127.0.0.1:9", "--dataset", str(tmp_path / "d.jsonl"),
-                  "--model", str(tiny_llama), "--dump-dir", str(tmp_path / "dump"), "--output",
-                  str(read_only_dir / "out"), "--format", "specforge")
+    r = hsextract(
+        "extract",
+        "--server",
+        "http://127.0.0.1:9",
+        "--dataset",
+        str(tmp_path / "d.jsonl"),
+        "--model",
+        str(tiny_llama),
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--output",
+        str(read_only_dir / "out"),
+        "--format",
+        "specforge",
+    )
     assert r.returncode == 2
     assert "is not writable (Read-only file system)" in _one_line_error(r)
 
@@ -151,9 +246,19 @@ def test_finalize_of_a_read_only_output_directory_fails_and_claims_nothing(tmp_p
 
     staged = tmp_path / "out"
     staged.mkdir()
-    write_header(staged, ManifestHeader(format="speculators", final_hidden="pre_norm", dtype="bfloat16",
-                                        hidden_size=64, num_aux=3, eagle_aux_hidden_state_layer_ids=[1, 3, 4],
-                                        sglang_layers_to_capture=[2, 4, 5], num_hidden_layers=8))
+    write_header(
+        staged,
+        ManifestHeader(
+            format="speculators",
+            final_hidden="pre_norm",
+            dtype="bfloat16",
+            hidden_size=64,
+            num_aux=3,
+            eagle_aux_hidden_state_layer_ids=[1, 3, 4],
+            sglang_layers_to_capture=[2, 4, 5],
+            num_hidden_layers=8,
+        ),
+    )
     (staged / "manifest.jsonl").write_text("")
     subprocess.run(["umount", "-l", str(read_only_dir)], check=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(read_only_dir)], check=True)

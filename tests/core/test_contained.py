@@ -29,8 +29,20 @@ def tree(tmp_path: Path) -> tuple[Path, Path]:
     return root, outside
 
 
-@pytest.mark.parametrize("name", ["", "/etc/hostname", "../outside/secret.txt", "d/../../outside/secret.txt",
-                                  "d//f.txt", "./d/f.txt", "d/f.txt\0", None, 3])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "/etc/hostname",
+        "../outside/secret.txt",
+        "d/../../outside/secret.txt",
+        "d//f.txt",
+        "./d/f.txt",
+        "d/f.txt\0",
+        None,
+        3,
+    ],
+)
 def test_a_name_that_is_no_plain_relative_path_is_refused_before_anything_is_opened(name):
     with pytest.raises(UnsafePath):
         checked_parts(name)
@@ -87,4 +99,7 @@ def test_the_scan_names_every_link_and_special_file_below_the_names_given(tree):
     os.mkfifo(root / "d" / "pipe")
     (root / "top").symlink_to(outside)
     assert irregular_entries(root, ["d", "top", "missing"]) == [
-        "d/e/link is a symbolic link", "d/pipe is a FIFO", "top is a symbolic link"]
+        "d/e/link is a symbolic link",
+        "d/pipe is a FIFO",
+        "top is a symbolic link",
+    ]

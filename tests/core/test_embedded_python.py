@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_FILES = sorted([*(REPO / "roles").rglob("*.yml"), *(REPO / "roles").rglob("*.j2"),
-                        *(REPO / "playbooks").glob("*.yml"), REPO / "extract.yml"])
+ANSIBLE_FILES = sorted(
+    [
+        *(REPO / "roles").rglob("*.yml"),
+        *(REPO / "roles").rglob("*.j2"),
+        *(REPO / "playbooks").glob("*.yml"),
+        REPO / "extract.yml",
+    ]
+)
 FROM_IMPORT = re.compile(r"^\s*from (hsextract[\w.]*) import ([\w, ]+)$", re.M)
 DASH_M = re.compile(r"-m[\s,\"']+(hsextract(?:\.\w+)+)")
 

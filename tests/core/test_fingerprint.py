@@ -48,14 +48,24 @@ def test_a_changed_value_a_swapped_row_or_another_id_changes_the_fingerprint():
     swapped[[3, 9]] = block[[9, 3]]
     other_ids = ids.clone()
     other_ids[0] += 1
-    assert len({base, fingerprint.of_states(changed, ids), fingerprint.of_states(swapped, ids),
-                fingerprint.of_states(block, other_ids)}) == 4
+    assert (
+        len(
+            {
+                base,
+                fingerprint.of_states(changed, ids),
+                fingerprint.of_states(swapped, ids),
+                fingerprint.of_states(block, other_ids),
+            }
+        )
+        == 4
+    )
 
 
 def test_wrapping_sums_do_not_depend_on_the_order_of_the_reduction():
     values = np.array([2**62, 2**62, 2**62, -5], dtype=np.int64)
-    assert fingerprint.add(fingerprint.combine(values[:2], 0), fingerprint.combine(values[2:], 2)) == \
-        fingerprint.combine(values, 0)
+    assert fingerprint.add(
+        fingerprint.combine(values[:2], 0), fingerprint.combine(values[2:], 2)
+    ) == fingerprint.combine(values, 0)
 
 
 def test_the_device_path_sums_the_same_weighted_words_as_the_host_path():

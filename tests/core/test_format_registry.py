@@ -45,8 +45,10 @@ def test_each_registered_writer_is_the_format_it_is_registered_as(name):
     assert get_format(name).name == name
 
 
-@pytest.mark.parametrize("module", ["hsextract.client.command", "hsextract.drain.command",
-                                    "hsextract.capture.patch", "hsextract.plan.command"])
+@pytest.mark.parametrize(
+    "module",
+    ["hsextract.client.command", "hsextract.drain.command", "hsextract.capture.patch", "hsextract.plan.command"],
+)
 def test_every_cli_offers_the_registrys_formats(module):
     import importlib
 

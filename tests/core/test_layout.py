@@ -18,8 +18,14 @@ from hsextract.shard import Shard
 from hsextract.staging import names
 
 REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_FILES = sorted([*(REPO / "roles").rglob("*.yml"), *(REPO / "roles").rglob("*.j2"),
-                        *(REPO / "playbooks").glob("*.yml"), REPO / "extract.yml"])
+ANSIBLE_FILES = sorted(
+    [
+        *(REPO / "roles").rglob("*.yml"),
+        *(REPO / "roles").rglob("*.j2"),
+        *(REPO / "playbooks").glob("*.yml"),
+        REPO / "extract.yml",
+    ]
+)
 DERIVED = re.compile(r"^\{\{ (hsextract_\w+_(?:dir|local)) \| hsextract_layout_path\('(\w+)'\) \}\}$")
 
 
@@ -34,12 +40,15 @@ def test_the_roles_derive_each_file_they_read_from_the_layout():
     for variable, value in derived.items():
         m = DERIVED.match(value)
         assert m, f"{variable}: {value!r} is not derived with hsextract_layout_path"
-        assert callable(getattr(layout, f"{m[2]}_path", None)), \
+        assert callable(getattr(layout, f"{m[2]}_path", None)), (
             f"{variable}: hsextract.output.layout has no {m[2]}_path"
+        )
         names[variable] = m[2]
-    assert names == {"hsextract_dataset_record_file": "dataset_record",
-                     "hsextract_client_summary_file": "client_summary",
-                     "hsextract_regen_summary_file": "regen_summary"}
+    assert names == {
+        "hsextract_dataset_record_file": "dataset_record",
+        "hsextract_client_summary_file": "client_summary",
+        "hsextract_regen_summary_file": "regen_summary",
+    }
 
 
 def test_the_extraction_role_looks_for_the_summary_the_client_writes_of_any_shard():

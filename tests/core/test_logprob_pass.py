@@ -19,15 +19,18 @@ def test_the_chunked_log_softmax_is_the_whole_vocabularys(tmp_path):
     vocab, hidden, n = 1000, 32, 7
     g = torch.Generator().manual_seed(0)
     weight = (torch.randn(vocab, hidden, generator=g) * 2).bfloat16()
-    save_file({"lm_head.weight": weight, "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)},
-              str(tmp_path / "model.safetensors"))
+    save_file(
+        {"lm_head.weight": weight, "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)},
+        str(tmp_path / "model.safetensors"),
+    )
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": hidden, "vocab_size": vocab}))
     rows = torch.randn(n, hidden, generator=g).bfloat16()
     whole = torch.log_softmax((rows @ weight.T).float(), dim=-1)
     top = whole.topk(5, dim=-1)
     nxt = torch.randint(0, vocab, (n,), generator=g)
-    server = ServerLogprobs(top.indices.tolist(), top.values.tolist(), nxt.tolist(),
-                            whole[torch.arange(n), nxt].tolist())
+    server = ServerLogprobs(
+        top.indices.tolist(), top.values.tolist(), nxt.tolist(), whole[torch.arange(n), nxt].tolist()
+    )
     head = GreedyHead(tmp_path, chunk_bytes=37 * hidden * 2)  # 37 rows a chunk: 28 chunks, the last short
     logprobs = LogprobPass(server, checked_positions(n))
     head.check_rows(rows, "post_norm", int(whole[-1].argmax()), also=[logprobs])
@@ -42,21 +45,45 @@ def test_a_long_prompt_is_checked_at_a_bounded_spread_of_positions():
     assert len(spread) == 64 and spread[0] == 0 and spread[-1] == 9_999 and spread == sorted(set(spread))
 
 
-@pytest.mark.parametrize(("answer", "says"), [
-    ({"meta_info": {"prompt_tokens": 3}}, "no prompt logprobs (KeyError"),
-    ({"meta_info": {"input_token_logprobs": [[None, 5, None], [-1.0, 6, None]],
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"meta_info": {"prompt_tokens": 3}}, "no prompt logprobs (KeyError"),
+        (
+            {
+                "meta_info": {
+                    "input_token_logprobs": [[None, 5, None], [-1.0, 6, None]],
                     "input_top_logprobs": [None, [[-1.0, 6, None]]],
-                    "output_token_logprobs": [[-0.5, 9, None]], "output_top_logprobs": [[[-0.5, 9, None]]]}},
-     "logprobs for 2 prompt tokens"),
-    ({"meta_info": {"input_token_logprobs": [[None, 5, None], [-1.0, 7, None], [-1.0, 8, None]],
+                    "output_token_logprobs": [[-0.5, 9, None]],
+                    "output_top_logprobs": [[[-0.5, 9, None]]],
+                }
+            },
+            "logprobs for 2 prompt tokens",
+        ),
+        (
+            {
+                "meta_info": {
+                    "input_token_logprobs": [[None, 5, None], [-1.0, 7, None], [-1.0, 8, None]],
                     "input_top_logprobs": [None, [[-1.0, 7, None]], [[-1.0, 8, None]]],
-                    "output_token_logprobs": [[-0.5, 9, None]], "output_top_logprobs": [[[-0.5, 9, None]]]}},
-     "of token 7 at position 1"),
-    ({"meta_info": {"input_token_logprobs": [[None, 5, None], [-1.0, 6, None], [None, 7, None]],
+                    "output_token_logprobs": [[-0.5, 9, None]],
+                    "output_top_logprobs": [[[-0.5, 9, None]]],
+                }
+            },
+            "of token 7 at position 1",
+        ),
+        (
+            {
+                "meta_info": {
+                    "input_token_logprobs": [[None, 5, None], [-1.0, 6, None], [None, 7, None]],
                     "input_top_logprobs": [None, [[-1.0, 6, None]], None],
-                    "output_token_logprobs": [[-0.5, 9, None]], "output_top_logprobs": [[[-0.5, 9, None]]]}},
-     "a prompt position without usable logprobs"),
-])
+                    "output_token_logprobs": [[-0.5, 9, None]],
+                    "output_top_logprobs": [[[-0.5, 9, None]]],
+                }
+            },
+            "a prompt position without usable logprobs",
+        ),
+    ],
+)
 def test_an_answer_of_another_shape_is_refused_for_good_saying_what_differs(answer, says):
     with pytest.raises(LogprobsUnavailable, match="the server") as caught:
         parse(answer, [5, 6, 7], "the server")

@@ -11,10 +11,14 @@ from hsextract.model_info import read_model_info
 
 
 def test_kimi_style_text_config_supplies_layers_and_hidden_size(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840},
-    }))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840},
+            }
+        )
+    )
     info = read_model_info(tmp_path)
     assert info.architecture == "KimiK25ForConditionalGeneration"
     assert (info.num_hidden_layers, info.hidden_size) == (61, 7168)

@@ -45,8 +45,11 @@ def test_the_roles_defaults_equal_the_clients():
 
 def test_the_argument_specs_state_the_same_defaults():
     options = _role("meta/argument_specs.yml")["argument_specs"]["main"]["options"]
-    differ = {k: (options[k].get("default"), want()) for k, want in SHARED.items()
-              if "default" in options.get(k, {}) and options[k]["default"] != want()}
+    differ = {
+        k: (options[k].get("default"), want())
+        for k, want in SHARED.items()
+        if "default" in options.get(k, {}) and options[k]["default"] != want()
+    }
     assert not differ, f"argument spec default vs client default: {differ}"
 
 
@@ -58,10 +61,21 @@ def _flag_defaults(module: str) -> dict:
 
 def test_the_cli_takes_its_defaults_from_the_config():
     args = _flag_defaults("hsextract.client.command")
-    assert (args["max_in_flight"], args["max_staged"], args["overlong"], args["rid_prefix"], args["max_row_bytes"],
-            args["shm_min_free"]) == (
-        _default("max_in_flight"), _default("max_staged"), _default("overlong"), _default("rid_prefix"),
-        _default("max_row_bytes"), str(_default("shm_min_free")))
+    assert (
+        args["max_in_flight"],
+        args["max_staged"],
+        args["overlong"],
+        args["rid_prefix"],
+        args["max_row_bytes"],
+        args["shm_min_free"],
+    ) == (
+        _default("max_in_flight"),
+        _default("max_staged"),
+        _default("overlong"),
+        _default("rid_prefix"),
+        _default("max_row_bytes"),
+        str(_default("shm_min_free")),
+    )
 
 
 @pytest.mark.parametrize("module", ["hsextract.plan.command", "hsextract.ops.check_shm"])

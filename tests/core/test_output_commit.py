@@ -132,7 +132,7 @@ def test_the_repair_cuts_a_torn_line_and_removes_orphans_and_temporary_files(tmp
     c.close()
     data = entries_path(out).read_bytes()
     cut = data.rfind(b"\n", 0, len(data) - 1) + 1  # a kill mid-append of the last row
-    entries_path(out).write_bytes(data[:cut + 10])
+    entries_path(out).write_bytes(data[: cut + 10])
     assert repair_torn_tail(out) == 10 and repair_torn_tail(out) == 0
     assert cut_torn_tail(tmp_path / "missing.jsonl") == 0
     assert remove_orphans(out, _path, 3) == [_path(3)]

@@ -20,9 +20,21 @@ def test_the_installed_package_finds_the_capture_patch_templates_without_the_rep
     src = tmp_path / "src"
     shutil.copytree(REPO / "files" / "python", src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheel"),
-         str(src)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert built.returncode == 0, built.stderr[-3000:]
     site = tmp_path / "site"
@@ -30,7 +42,10 @@ def test_the_installed_package_finds_the_capture_patch_templates_without_the_rep
         whl.extractall(site)
     found = subprocess.run(
         [sys.executable, "-c", "from hsextract.capture.patch import template_dir; print(template_dir())"],
-        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, cwd=tmp_path, capture_output=True, text=True,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert found.returncode == 0, found.stderr[-3000:]

@@ -25,8 +25,14 @@ def _run_with_reader_gone(*args: str) -> subprocess.CompletedProcess:
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        return subprocess.run([sys.executable, "-m", "hsextract", *args], stdout=write_end, stderr=subprocess.PIPE,
-                              env=env(), text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "hsextract", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env(),
+            text=True,
+            timeout=120,
+        )
     finally:
         os.close(write_end)
 
@@ -40,11 +46,15 @@ def run_output(tmp_path):
     return tmp_path / "out"
 
 
-@pytest.mark.parametrize("args", [
-    ["status", "--json"],  # 20 kB: written inside the command
-    ["status"],
-    ["check-shm", "--hidden-size", "64", "--dump-dir", "{tmp}"],  # a line, written at the last flush
-], ids=["status-json", "status", "check-shm"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "--json"],  # 20 kB: written inside the command
+        ["status"],
+        ["check-shm", "--hidden-size", "64", "--dump-dir", "{tmp}"],  # a line, written at the last flush
+    ],
+    ids=["status-json", "status", "check-shm"],
+)
 def test_a_reader_that_stops_reading_ends_the_command_silently_as_sigpipe_would(run_output, tmp_path, args):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
     if argv[0] == "status":

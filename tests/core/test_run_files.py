@@ -41,21 +41,62 @@ def test_what_the_writers_write_reads_back_as_it_was(tmp_path):
 
 
 def test_the_client_status_keeps_its_keys():
-    keys = {"state", "samples_total", "sent", "ok", "skipped", "truncated", "failed", "rejected", "failed_by_reason",
-            "rejected_by_reason", "retried_by_reason", "in_flight", "awaiting_capture", "tokens", "tokens_per_s",
-            "eta_s", "paused_reason", "paused_s", "paused_for_s", "error", "shard", "attempt", "pid", "started_at",
-            "updated_at"}
+    keys = {
+        "state",
+        "samples_total",
+        "sent",
+        "ok",
+        "skipped",
+        "truncated",
+        "failed",
+        "rejected",
+        "failed_by_reason",
+        "rejected_by_reason",
+        "retried_by_reason",
+        "in_flight",
+        "awaiting_capture",
+        "tokens",
+        "tokens_per_s",
+        "eta_s",
+        "paused_reason",
+        "paused_s",
+        "paused_for_s",
+        "error",
+        "shard",
+        "attempt",
+        "pid",
+        "started_at",
+        "updated_at",
+    }
     assert set(progress.RunStats().snapshot()) == keys
     assert set(progress.RunStats().summary()) == {
-        "state", "samples_total", "dataset_lines", "shard", "ok", "skipped", "truncated", "failed", "rejected",
-        "retried", "tokens", "wall_s", "paused_s", "startup_s", "attempt", "finished_at"}
+        "state",
+        "samples_total",
+        "dataset_lines",
+        "shard",
+        "ok",
+        "skipped",
+        "truncated",
+        "failed",
+        "rejected",
+        "retried",
+        "tokens",
+        "wall_s",
+        "paused_s",
+        "startup_s",
+        "attempt",
+        "finished_at",
+    }
 
 
-@pytest.mark.parametrize("data", [
-    {"state": "done", "sent": 4},  # an older client's, or one written by hand
-    {"state": "running", "eta_s": None, "shard": [0, 2], "ok": "3", "error": None, "from_the_future": {"a": 1}},
-    {},
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"state": "done", "sent": 4},  # an older client's, or one written by hand
+        {"state": "running", "eta_s": None, "shard": [0, 2], "ok": "3", "error": None, "from_the_future": {"a": 1}},
+        {},
+    ],
+)
 def test_an_older_or_odd_file_is_written_back_as_it_was_read(tmp_path, data):
     status = ClientStatus.from_json(data)
     assert status.to_json() == data
@@ -92,7 +133,11 @@ def test_the_drain_writes_its_status_with_its_process_s_own_keys(tmp_path):
     write_status(tmp_path, stats, pid=7, dump_dir="/d", quarantine_dir="/q", error="boom")
     status = read_drain_status(tmp_path)
     assert status is not None and (status.pid, status.dump_dir, status.quarantine_dir, status.error) == (
-        7, "/d", "/q", "boom")
+        7,
+        "/d",
+        "/q",
+        "boom",
+    )
     assert _written(drain_status_path(tmp_path))["objectstore"] == {"url": "s3://b/p"}
 
 
@@ -118,8 +163,12 @@ def test_collect_writes_its_client_file_as_before(tmp_path, final):
     hosts = {"a": [[0, 2]], "b": [[1, 2]]}
     write_fleet_client_files(tmp_path, 10, final, hosts)
     path = client_summary_path(tmp_path) if final else client_status_path(tmp_path)
-    body = {"state": "done" if final else "collecting", "dataset_lines": 10, "shard": WHOLE.to_json(),
-            "collected_from": hosts}
+    body = {
+        "state": "done" if final else "collecting",
+        "dataset_lines": 10,
+        "shard": WHOLE.to_json(),
+        "collected_from": hosts,
+    }
     assert path.read_bytes() == (json.dumps(body, indent=1, sort_keys=True) + "\n").encode()
     mtime = path.stat().st_mtime_ns
     write_fleet_client_files(tmp_path, 10, final, hosts)

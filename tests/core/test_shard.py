@@ -46,8 +46,10 @@ def test_a_shard_takes_exactly_the_indices_congruent_to_its_index():
     assert all(WHOLE.takes(x) for x in range(12))
 
 
-@pytest.mark.parametrize(("shard", "rows", "size"), [
-    (Shard(1, 4), 12, 3), (Shard(1, 4), 10, 3), (Shard(3, 4), 3, 0), (Shard(0, 3), 0, 0), (WHOLE, 7, 7)])
+@pytest.mark.parametrize(
+    ("shard", "rows", "size"),
+    [(Shard(1, 4), 12, 3), (Shard(1, 4), 10, 3), (Shard(3, 4), 3, 0), (Shard(0, 3), 0, 0), (WHOLE, 7, 7)],
+)
 def test_the_size_is_how_many_of_the_rows_the_shard_takes(shard, rows, size):
     assert shard.size(rows) == size == sum(shard.takes(x) for x in range(rows))
 
@@ -89,7 +91,9 @@ def test_shards_sort_and_key_as_index_then_count():
     assert {Shard(1, 2): "b"}[Shard.parse("1/2")] == "b"
 
 
-@pytest.mark.parametrize(("a", "b", "overlap"), [
-    (WHOLE, Shard(1, 2), True), (Shard(1, 2), Shard(2, 4), False), (Shard(0, 2), Shard(1, 3), True)])
+@pytest.mark.parametrize(
+    ("a", "b", "overlap"),
+    [(WHOLE, Shard(1, 2), True), (Shard(1, 2), Shard(2, 4), False), (Shard(0, 2), Shard(1, 3), True)],
+)
 def test_two_shards_overlap_when_some_index_is_in_both(a, b, overlap):
     assert a.overlaps(b) is overlap is any(a.takes(x) and b.takes(x) for x in range(24))

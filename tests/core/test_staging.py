@@ -69,9 +69,16 @@ def test_only_directories_with_a_done_marker_count_as_complete(tmp_path):
         (tmp_path / rid).mkdir()
     (tmp_path / "_records").mkdir()
     marker = DoneMarker(
-        rid="hsx-aaaaaaaa-1", prompt_len=3, num_aux=3, hidden_size=8, dtype="bfloat16",
-        eagle_aux_hidden_state_layer_ids=[1, 3, 4], sglang_layers_to_capture=[2, 4, 5],
-        num_hidden_layers=8, final_hidden="post_norm", architecture="LlamaForCausalLM",
+        rid="hsx-aaaaaaaa-1",
+        prompt_len=3,
+        num_aux=3,
+        hidden_size=8,
+        dtype="bfloat16",
+        eagle_aux_hidden_state_layer_ids=[1, 3, 4],
+        sglang_layers_to_capture=[2, 4, 5],
+        num_hidden_layers=8,
+        final_hidden="post_norm",
+        architecture="LlamaForCausalLM",
     )
     write_done_marker(tmp_path, marker)
     assert [p.name for p in iter_complete(tmp_path)] == ["hsx-aaaaaaaa-1"]
@@ -107,10 +114,20 @@ def test_a_done_marker_reads_back_as_written_with_its_shared_fields_encoded_once
 
 
 def test_a_done_marker_is_written_whole_under_its_final_name(tmp_path):
-    marker = DoneMarker(rid="hsx-ab12cd34-3", prompt_len=5, num_aux=3, hidden_size=16, dtype="bfloat16",
-                        eagle_aux_hidden_state_layer_ids=[1, 3, 4], sglang_layers_to_capture=[2, 4, 5],
-                        num_hidden_layers=8, final_hidden="post_norm", architecture="LlamaForCausalLM",
-                        chunks=[[0, 5]], completed_at=1.5)
+    marker = DoneMarker(
+        rid="hsx-ab12cd34-3",
+        prompt_len=5,
+        num_aux=3,
+        hidden_size=16,
+        dtype="bfloat16",
+        eagle_aux_hidden_state_layer_ids=[1, 3, 4],
+        sglang_layers_to_capture=[2, 4, 5],
+        num_hidden_layers=8,
+        final_hidden="post_norm",
+        architecture="LlamaForCausalLM",
+        chunks=[[0, 5]],
+        completed_at=1.5,
+    )
     (tmp_path / marker.rid).mkdir()
     write_done_marker(tmp_path, marker, marker.shared_json())
     assert read_done_marker(tmp_path / marker.rid) == marker

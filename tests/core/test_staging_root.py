@@ -56,9 +56,23 @@ def squatted(tmp_path) -> Path:
 
 def test_the_client_refuses_a_staging_directory_of_another_user(tmp_path, squatted, tiny_llama):
     (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
-    r = hsextract("-m", "hsextract", "extract", "--server", "http://127.0.0.1:9", "--dataset",
-                  str(tmp_path / "d.jsonl"), "--model", str(tiny_llama), "--dump-dir", str(squatted), "--output",
-                  str(tmp_path / "out"), "--format", "specforge")
+    r = hsextract(
+        "-m",
+        "hsextract",
+        "extract",
+        "--server",
+        "http://127.0.0.1:9",
+        "--dataset",
+        str(tmp_path / "d.jsonl"),
+        "--model",
+        str(tiny_llama),
+        "--dump-dir",
+        str(squatted),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+    )
     assert r.returncode == 2
     line = _error_line(r)
     assert f"staging directory {squatted} belongs to nobody (uid {NOBODY}), mode 0777" in line
@@ -67,8 +81,18 @@ def test_the_client_refuses_a_staging_directory_of_another_user(tmp_path, squatt
 
 
 def test_the_drain_refuses_a_staging_directory_of_another_user(tmp_path, squatted):
-    r = hsextract("-m", "hsextract", "drain", "--dump-dir", str(squatted), "--output", str(tmp_path / "out"),
-                  "--format", "specforge", "--exit-when-done")
+    r = hsextract(
+        "-m",
+        "hsextract",
+        "drain",
+        "--dump-dir",
+        str(squatted),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+        "--exit-when-done",
+    )
     assert r.returncode == 2
     assert f"staging directory {squatted} belongs to nobody (uid {NOBODY})" in _error_line(r)
 
@@ -77,8 +101,18 @@ def test_the_drain_refuses_a_staging_directory_others_may_write(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    r = hsextract("-m", "hsextract", "drain", "--dump-dir", str(shared), "--output", str(tmp_path / "out"),
-                  "--format", "specforge", "--exit-when-done")
+    r = hsextract(
+        "-m",
+        "hsextract",
+        "drain",
+        "--dump-dir",
+        str(shared),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "specforge",
+        "--exit-when-done",
+    )
     assert r.returncode == 2
     assert f"staging directory {shared} has mode 0777: its group or others may write into it" in _error_line(r)
 
@@ -86,10 +120,23 @@ def test_the_drain_refuses_a_staging_directory_others_may_write(tmp_path):
 def test_records_and_announcements_are_readable_by_their_user_alone(tmp_path):
     dump = tmp_path / "shm" / "dump"
     path = write_record(dump, SampleRecord(rid="hsx-0123abcd-7", index=7, input_ids=[1, 2, 3], loss_mask=[0, 1, 1]))
-    ann = write_announcement(dump, CaptureAnnouncement(dump_dir=str(dump), rid_prefix="hsx", final_hidden="post_norm",
-                                                       format="speculators", hidden_size=64,
-                                                       eagle_aux_hidden_state_layer_ids=[1], architecture="x",
-                                                       host="h", pid=1, port=1, started_at=0.0, proc_start=0))
+    ann = write_announcement(
+        dump,
+        CaptureAnnouncement(
+            dump_dir=str(dump),
+            rid_prefix="hsx",
+            final_hidden="post_norm",
+            format="speculators",
+            hidden_size=64,
+            eagle_aux_hidden_state_layer_ids=[1],
+            architecture="x",
+            host="h",
+            pid=1,
+            port=1,
+            started_at=0.0,
+            proc_start=0,
+        ),
+    )
     assert _mode(dump) == _mode(path.parent) == _mode(ann.parent) == 0o700
     assert _mode(path) == _mode(ann) == 0o600
     assert json.loads(path.read_text())["index"] == 7

@@ -28,8 +28,6 @@ def _status(out: Path, capsys) -> tuple[int, list[str]]:
     return code, capsys.readouterr().out.splitlines()
 
 
-
-
 def test_the_table_counts_the_quarantines_of_every_drain_of_the_run_as_the_counts_line_does(tmp_path, capsys):
     """The drain's status file holds its last process's count; a run restarted in a storm has more."""
     out, dump = tmp_path / "out", tmp_path / "dump"
@@ -49,19 +47,37 @@ def test_a_drain_paused_on_a_full_volume_with_samples_staged_is_not_a_finished_r
         for i in range(samples):
             stage_sample(dump, run, i, tokens=600)
         write_client_files(out, Shard(0, 1), samples, finished=True)
-        (out / ".hsextract" / "client-status.json").write_text(json.dumps(
-            {"state": "done", "samples_total": samples, "sent": samples, "ok": samples, "shard": [0, 1]}))
+        (out / ".hsextract" / "client-status.json").write_text(
+            json.dumps({"state": "done", "samples_total": samples, "sent": samples, "ok": samples, "shard": [0, 1]})
+        )
         st = os.statvfs(vol)
         (vol / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (1 << 20)))
-        d = Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=2, poll_interval_s=0.05,
-                                status_interval_s=0.2, finalize_idle_s=3600, exit_when_done=True,
-                                enospc_retry_s=0.2, selfcheck_share=0.0, selfcheck_first=0))
+        d = Drainer(
+            DrainConfig(
+                dump_dir=dump,
+                output=out,
+                format="speculators",
+                workers=2,
+                poll_interval_s=0.05,
+                status_interval_s=0.2,
+                finalize_idle_s=3600,
+                exit_when_done=True,
+                enospc_retry_s=0.2,
+                selfcheck_share=0.0,
+                selfcheck_first=0,
+            )
+        )
         t = threading.Thread(target=d.run, daemon=True)
         t.start()
         try:
-            wait_for(lambda: "output volume full" in drain_status(out).get("paused_reason", "")
-                     and drain_status(out).get("lag"), 60, "the drain to pause on the full volume with samples staged",
-                     every=0.05)
+            wait_for(
+                lambda: (
+                    "output volume full" in drain_status(out).get("paused_reason", "") and drain_status(out).get("lag")
+                ),
+                60,
+                "the drain to pause on the full volume with samples staged",
+                every=0.05,
+            )
             _, lines = _status(out, capsys)
         finally:
             # Room again: the drain writes the rest and exits (a drain stopped while paused on a full

@@ -39,8 +39,10 @@ def test_process_j_of_p_takes_every_pth_index_of_the_host_shard():
     assert WHOLE.sub_shard((0, 1)) == WHOLE, "one process keeps the host's shard unchanged"
 
 
-@pytest.mark.parametrize(("process", "why"), [((2, 2), "0 <= j < P=2, got j=2"), ((-1, 2), "got j=-1"),
-                                              ((0, 0), "P >= 1"), ((0, -3), "P >= 1")])
+@pytest.mark.parametrize(
+    ("process", "why"),
+    [((2, 2), "0 <= j < P=2, got j=2"), ((-1, 2), "got j=-1"), ((0, 0), "P >= 1"), ((0, -3), "P >= 1")],
+)
 def test_a_process_out_of_range_is_refused_naming_the_bound(process, why):
     with pytest.raises(ConfigError, match="process") as exc:
         Shard(0, 2).sub_shard(process)

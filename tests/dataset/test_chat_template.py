@@ -28,40 +28,60 @@ from support.tokenizer_dirs import TEMPLATE_SPECIAL_TOKENS, template_model
 
 Q1, A1 = "What is the capital city of France?", "The capital city of France is Paris."
 Q2, A2 = "Hello world", "A quick brown fox jumps over the lazy dog."
-CONV = [Message("system", "Be brief."), Message("user", Q1), Message("assistant", A1),
-        Message("user", Q2), Message("assistant", A2)]
+CONV = [
+    Message("system", "Be brief."),
+    Message("user", Q1),
+    Message("assistant", A1),
+    Message("user", Q2),
+    Message("assistant", A2),
+]
 CONV_NO_SYSTEM = CONV[1:]
 
 # (template, conversation) -> the rendering, as (text, is_reply) segments
 EXPECTED_SEGMENTS = {
     ("tiny", "system"): [
-        (f"<s><|system|>Be brief.</s><|user|>{Q1}</s><|assistant|>", 0), (f"{A1}</s>", 1),
-        (f"<|user|>{Q2}</s><|assistant|>", 0), (f"{A2}</s>", 1),
+        (f"<s><|system|>Be brief.</s><|user|>{Q1}</s><|assistant|>", 0),
+        (f"{A1}</s>", 1),
+        (f"<|user|>{Q2}</s><|assistant|>", 0),
+        (f"{A2}</s>", 1),
     ],
     ("llama3", "system"): [
-        ("<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n\nBe brief."
-         f"<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n{Q1}<|eot_id|>"
-         "<|start_header_id|>assistant<|end_header_id|>\n\n", 0),
+        (
+            "<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n\nBe brief."
+            f"<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n{Q1}<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+            0,
+        ),
         (f"{A1}<|eot_id|>", 1),
-        (f"<|start_header_id|>user<|end_header_id|>\n\n{Q2}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-         0),
+        (
+            f"<|start_header_id|>user<|end_header_id|>\n\n{Q2}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+            0,
+        ),
         (f"{A2}<|eot_id|>", 1),
     ],
     ("deepseek_v3", "system"): [
-        (f"<s>Be brief.<｜User｜>{Q1}<｜Assistant｜>", 0), (f"{A1}<｜end▁of▁sentence｜>", 1),
-        (f"<｜User｜>{Q2}<｜Assistant｜>", 0), (f"{A2}<｜end▁of▁sentence｜>", 1),
+        (f"<s>Be brief.<｜User｜>{Q1}<｜Assistant｜>", 0),
+        (f"{A1}<｜end▁of▁sentence｜>", 1),
+        (f"<｜User｜>{Q2}<｜Assistant｜>", 0),
+        (f"{A2}<｜end▁of▁sentence｜>", 1),
     ],
     ("kimi_k2", "system"): [
-        (f"<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>{Q1}<|im_end|>"
-         "<|im_assistant|>assistant<|im_middle|>", 0),
+        (
+            f"<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>{Q1}<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|>",
+            0,
+        ),
         (f"{A1}<|im_end|>", 1),
         (f"<|im_user|>user<|im_middle|>{Q2}<|im_end|><|im_assistant|>assistant<|im_middle|>", 0),
         (f"{A2}<|im_end|>", 1),
     ],
     # Kimi inserts a default system prompt when there is none: the mask must not move
     ("kimi_k2", "no_system"): [
-        ("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
-         f"<|im_user|>user<|im_middle|>{Q1}<|im_end|><|im_assistant|>assistant<|im_middle|>", 0),
+        (
+            "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+            f"<|im_user|>user<|im_middle|>{Q1}<|im_end|><|im_assistant|>assistant<|im_middle|>",
+            0,
+        ),
         (f"{A1}<|im_end|>", 1),
         (f"<|im_user|>user<|im_middle|>{Q2}<|im_end|><|im_assistant|>assistant<|im_middle|>", 0),
         (f"{A2}<|im_end|>", 1),
@@ -99,7 +119,7 @@ def test_turns_after_the_last_reply_are_not_trained_on(tiny_llama):
     tok = make_tokenizer(tiny_llama, "tiny")
     ids, mask = tokenize_with_mask(tok, [*CONV[:3], Message("user", Q2)])
     tail = tok(f"<|user|>{Q2}</s>", add_special_tokens=False)["input_ids"]
-    assert ids[-len(tail):] == tail and mask[-len(tail):] == [0] * len(tail)
+    assert ids[-len(tail) :] == tail and mask[-len(tail) :] == [0] * len(tail)
     assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == f"{A1}</s>"
 
 
@@ -107,8 +127,13 @@ def test_template_that_moves_a_later_system_turn_to_the_front_still_masks_exactl
     # the DeepSeek-style template hoists every system message to the front, so a system turn
     # after the first reply changes the text before it: no prefix rendering matches the whole
     tok = make_tokenizer(tiny_llama, "deepseek_v3")
-    conv = [Message("user", Q1), Message("assistant", A1), Message("system", "Be brief."),
-            Message("user", Q2), Message("assistant", A2)]
+    conv = [
+        Message("user", Q1),
+        Message("assistant", A1),
+        Message("system", "Be brief."),
+        Message("user", Q2),
+        Message("assistant", A2),
+    ]
     got = SampleEncoder(tok, None).encode(Sample(4, messages=conv))
     assert isinstance(got, Encoded)
     assert (got.input_ids, got.loss_mask) == expected(tok, EXPECTED_SEGMENTS[("deepseek_v3", "system")])
@@ -117,10 +142,17 @@ def test_template_that_moves_a_later_system_turn_to_the_front_still_masks_exactl
 def test_template_whose_replies_cannot_be_located_is_rejected_not_masked_wrongly(tiny_llama):
     # system text hoisted to the front, and no assistant header or end-of-turn text at all
     tok = make_tokenizer(tiny_llama, "tiny")
-    tok.chat_template = ("{%- for m in messages if m.role == 'system' %}{{ m.content }}{% endfor %}"
-                         "{%- for m in messages if m.role != 'system' %}{{ m.content }} {% endfor %}")
-    conv = [Message("user", Q1), Message("assistant", A1), Message("system", "Be brief."),
-            Message("user", Q2), Message("assistant", A2)]
+    tok.chat_template = (
+        "{%- for m in messages if m.role == 'system' %}{{ m.content }}{% endfor %}"
+        "{%- for m in messages if m.role != 'system' %}{{ m.content }} {% endfor %}"
+    )
+    conv = [
+        Message("user", Q1),
+        Message("assistant", A1),
+        Message("system", "Be brief."),
+        Message("user", Q2),
+        Message("assistant", A2),
+    ]
     got = SampleEncoder(tok, None).encode(Sample(4, messages=conv))
     assert isinstance(got, Reject) and got.reason == TEMPLATE_NOT_INCREMENTAL and got.index == 4
 
@@ -129,13 +161,19 @@ def test_thinking_template_that_drops_earlier_reasoning_is_masked_on_what_the_se
     # Rendered whole, the first reply loses its reasoning (it precedes the last user turn), so no
     # rendering up to a turn is a prefix of the whole: the replies are found in the whole text.
     tok = make_tokenizer(tiny_llama, "qwen3_thinking")
-    conv = [Message("system", "Be brief."), Message("user", Q1),
-            Message("assistant", f"<think>\nR one\n</think>\n\n{A1}"),
-            Message("user", Q2), Message("assistant", f"<think>\nR two\n</think>\n\n{A2}")]
+    conv = [
+        Message("system", "Be brief."),
+        Message("user", Q1),
+        Message("assistant", f"<think>\nR one\n</think>\n\n{A1}"),
+        Message("user", Q2),
+        Message("assistant", f"<think>\nR two\n</think>\n\n{A2}"),
+    ]
     ids, mask = tokenize_with_mask(tok, conv)
     replies = [f"{A1}<|im_end|>\n", f"<think>\nR two\n</think>\n\n{A2}<|im_end|>\n"]
-    prompts = [f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{Q1}<|im_end|>\n<|im_start|>assistant\n",
-               f"<|im_start|>user\n{Q2}<|im_end|>\n<|im_start|>assistant\n"]
+    prompts = [
+        f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{Q1}<|im_end|>\n<|im_start|>assistant\n",
+        f"<|im_start|>user\n{Q2}<|im_end|>\n<|im_start|>assistant\n",
+    ]
     whole = prompts[0] + replies[0] + prompts[1] + replies[1]
     assert ids == tok(whole, add_special_tokens=False)["input_ids"]
     assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == "".join(replies)
@@ -196,9 +234,14 @@ def test_missing_model_directory_stops_at_once(tmp_path):
 
 # -- tools, tool calls, tool results and reasoning (a template modelled on Qwen3's own) ------------------
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 TOOLS_SYSTEM = (
     "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query."
     "\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
@@ -231,12 +274,19 @@ TOOL_CONV = [
 # The rendering of TOOL_CONV written out by hand: (prompt, reply) pairs. The reasoning of the replies
 # before the last user query is not rendered by the template, so it is not trained on either.
 TOOL_CONV_TURNS = [
-    (TOOLS_SYSTEM + "<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n<|im_start|>assistant\n",
-     _call_text("Paris") + "\n" + _call_text("Rome") + "<|im_end|>\n"),
-    ("<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrainy\n</tool_response>"
-     "<|im_end|>\n<|im_start|>assistant\n", "Paris is sunny, Rome is rainy.<|im_end|>\n"),
-    ("<|im_start|>user\nThanks!<|im_end|>\n<|im_start|>assistant\n",
-     "<think>\nBe polite.\n</think>\n\nYou are welcome.<|im_end|>\n"),
+    (
+        TOOLS_SYSTEM + "<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n<|im_start|>assistant\n",
+        _call_text("Paris") + "\n" + _call_text("Rome") + "<|im_end|>\n",
+    ),
+    (
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrainy\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n",
+        "Paris is sunny, Rome is rainy.<|im_end|>\n",
+    ),
+    (
+        "<|im_start|>user\nThanks!<|im_end|>\n<|im_start|>assistant\n",
+        "<think>\nBe polite.\n</think>\n\nYou are welcome.<|im_end|>\n",
+    ),
 ]
 
 
@@ -258,14 +308,18 @@ def test_tool_calls_and_shown_reasoning_are_trained_on_and_tool_results_are_not(
 def test_reasoning_of_a_multi_step_tool_turn_after_the_last_query_is_trained_on(tiny_llama):
     # after the last user query the template shows every reply's reasoning, so the mask covers it
     tok = make_tokenizer(tiny_llama, "qwen3_tools")
-    conv = [Message("user", "Weather in Paris?"),
-            Message("assistant", "", "Call the tool.", (_weather("Paris", "c1"),)),
-            Message("tool", "sunny", tool_call_id="c1"),
-            Message("assistant", "It is sunny.", "The tool says sunny.")]
+    conv = [
+        Message("user", "Weather in Paris?"),
+        Message("assistant", "", "Call the tool.", (_weather("Paris", "c1"),)),
+        Message("tool", "sunny", tool_call_id="c1"),
+        Message("assistant", "It is sunny.", "The tool says sunny."),
+    ]
     ids, mask = tokenize_with_mask(tok, conv, [WEATHER])
     on, off = _split(tok, ids, mask)
-    assert on == ("<think>\nCall the tool.\n</think>\n\n" + _call_text("Paris") + "<|im_end|>\n"
-                  "<think>\nThe tool says sunny.\n</think>\n\nIt is sunny.<|im_end|>\n")
+    assert on == (
+        "<think>\nCall the tool.\n</think>\n\n" + _call_text("Paris") + "<|im_end|>\n"
+        "<think>\nThe tool says sunny.\n</think>\n\nIt is sunny.<|im_end|>\n"
+    )
     assert "sunny\n</tool_response>" in off
 
 
@@ -291,17 +345,35 @@ def test_dataset_row_with_tools_as_a_json_string_and_thinking_masks_like_the_nor
     import json
 
     tok = make_tokenizer(tiny_llama, "qwen3_tools")
-    row = {"tools": json.dumps([WEATHER]), "messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Weather in Paris and Rome?"},
-        {"role": "assistant", "content": None, "thinking": "I should call the tool twice.", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-            {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
-        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
-        {"role": "tool", "content": "rainy", "tool_call_id": "c2"},
-        {"role": "assistant", "content": "Paris is sunny, Rome is rainy.", "reasoning": "Both results are in."},
-        {"role": "user", "content": "Thanks!"},
-        {"role": "assistant", "content": "You are welcome.", "reasoning_content": "Be polite."}]}
+    row = {
+        "tools": json.dumps([WEATHER]),
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "thinking": "I should call the tool twice.",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    },
+                    {
+                        "id": "c2",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Rome"}},
+                    },
+                ],
+            },
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+            {"role": "tool", "content": "rainy", "tool_call_id": "c2"},
+            {"role": "assistant", "content": "Paris is sunny, Rome is rainy.", "reasoning": "Both results are in."},
+            {"role": "user", "content": "Thanks!"},
+            {"role": "assistant", "content": "You are welcome.", "reasoning_content": "Be polite."},
+        ],
+    }
     sample = parse_line(0, json.dumps(row).encode())
     assert sample.messages == TOOL_CONV and sample.tools == (WEATHER,)
     got = SampleEncoder(tok, None).encode(sample)
@@ -315,18 +387,35 @@ def test_null_content_is_rendered_as_empty_in_a_tool_calling_conversation(tiny_l
     import json
 
     tok = make_tokenizer(tiny_llama, template)
-    row = {"tools": [WEATHER], "messages": [
-        {"role": "system", "content": None},
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "content": None, "tool_call_id": "c1"},
-        {"role": "assistant", "content": "No word from the tool."}]}
+    row = {
+        "tools": [WEATHER],
+        "messages": [
+            {"role": "system", "content": None},
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "content": None, "tool_call_id": "c1"},
+            {"role": "assistant", "content": "No word from the tool."},
+        ],
+    }
     sample = parse_line(0, json.dumps(row).encode())
     assert isinstance(sample, Sample), sample
-    empty = [Message("system", ""), Message("user", "Weather in Paris?"),
-             Message("assistant", "", tool_calls=(_weather("Paris", "c1"),)), Message("tool", "", tool_call_id="c1"),
-             Message("assistant", "No word from the tool.")]
+    empty = [
+        Message("system", ""),
+        Message("user", "Weather in Paris?"),
+        Message("assistant", "", tool_calls=(_weather("Paris", "c1"),)),
+        Message("tool", "", tool_call_id="c1"),
+        Message("assistant", "No word from the tool."),
+    ]
     assert sample.messages == empty
     got = SampleEncoder(tok, None).encode(sample)
     assert (got.input_ids, got.loss_mask) == tokenize_with_mask(tok, empty, [WEATHER])

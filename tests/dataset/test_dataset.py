@@ -17,27 +17,54 @@ def _line(obj) -> bytes:
 
 
 def test_sharegpt_line_becomes_messages_with_chat_template_roles():
-    item = parse_line(0, _line({"conversations": [
-        {"from": "system", "value": "Be brief."},
-        {"from": "human", "value": "Hello world"},
-        {"from": "gpt", "value": "A quick brown fox."},
-    ]}))
+    item = parse_line(
+        0,
+        _line(
+            {
+                "conversations": [
+                    {"from": "system", "value": "Be brief."},
+                    {"from": "human", "value": "Hello world"},
+                    {"from": "gpt", "value": "A quick brown fox."},
+                ]
+            }
+        ),
+    )
     assert isinstance(item, Sample)
-    assert item.messages == [Message("system", "Be brief."), Message("user", "Hello world"),
-                             Message("assistant", "A quick brown fox.")]
+    assert item.messages == [
+        Message("system", "Be brief."),
+        Message("user", "Hello world"),
+        Message("assistant", "A quick brown fox."),
+    ]
 
 
 def test_sharegpt_top_level_system_prompt_is_prepended():
-    item = parse_line(0, _line({"system": "Be brief.", "conversations": [
-        {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}))
+    item = parse_line(
+        0,
+        _line(
+            {
+                "system": "Be brief.",
+                "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}],
+            }
+        ),
+    )
     assert [m.role for m in item.messages] == ["system", "user", "assistant"]
 
 
 def test_openai_line_with_text_parts_joins_the_parts():
-    item = parse_line(3, _line({"messages": [
-        {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "world"}]},
-        {"role": "assistant", "content": "Paris."},
-    ]}))
+    item = parse_line(
+        3,
+        _line(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "world"}],
+                    },
+                    {"role": "assistant", "content": "Paris."},
+                ]
+            }
+        ),
+    )
     assert item.index == 3 and item.line == 4
     assert item.messages[0] == Message("user", "Hello world")
 
@@ -52,33 +79,45 @@ def test_pretokenized_line_keeps_its_mask_and_accepts_booleans():
     assert item.loss_mask == [0, 1, 1]
 
 
-@pytest.mark.parametrize(("raw", "reason"), [
-    (b"", ds.BLANK_LINE),
-    (b"   \t", ds.BLANK_LINE),
-    (b'{"messages": [', ds.MALFORMED_JSON),
-    (b'{"messages": "\xff\xfe"}', ds.NOT_UTF8),
-    (b"[1, 2, 3]", ds.NOT_AN_OBJECT),
-    (b'{"text": "hello"}', ds.UNKNOWN_SHAPE),
-    (b'{"messages": "hello"}', ds.UNKNOWN_SHAPE),
-    (b'{"messages": []}', ds.EMPTY_CONVERSATION),
-    (b'{"messages": ["hi"]}', ds.BAD_MESSAGE),
-    (b'{"messages": [{"content": "hi"}]}', ds.BAD_MESSAGE),
-    (b'{"messages": [{"role": "user", "content": 5}]}', ds.BAD_MESSAGE),
-    (b'{"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"}]}', ds.UNKNOWN_ROLE),
-    (b'{"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]}', ds.TOOL_WITHOUT_CALL),
-    (b'{"conversations": [{"from": "robot", "value": "x"}]}', ds.UNKNOWN_ROLE),
-    (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}', ds.EMPTY_CONTENT),
-    (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}', ds.EMPTY_CONTENT),
-    (b'{"messages": [{"role": "user", "content": "hi"}]}', ds.NO_ASSISTANT_TURN),
-    (b'{"messages": [{"role": "user", "content": "\\ud800"}, {"role": "assistant", "content": "y"}]}', ds.NOT_UTF8),
-    (b'{"input_ids": []}', ds.BAD_INPUT_IDS),
-    (b'{"input_ids": [1, "2"]}', ds.BAD_INPUT_IDS),
-    (b'{"input_ids": [1, -2]}', ds.BAD_INPUT_IDS),
-    (b'{"input_ids": [1, 2.5]}', ds.BAD_INPUT_IDS),
-    (b'{"input_ids": [1, 2], "loss_mask": [1]}', ds.BAD_LOSS_MASK),
-    (b'{"input_ids": [1, 2], "loss_mask": [1, 2]}', ds.BAD_LOSS_MASK),
-    (b'{"input_ids": [1, 2], "loss_mask": [0, 0]}', ds.BAD_LOSS_MASK),
-])
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"", ds.BLANK_LINE),
+        (b"   \t", ds.BLANK_LINE),
+        (b'{"messages": [', ds.MALFORMED_JSON),
+        (b'{"messages": "\xff\xfe"}', ds.NOT_UTF8),
+        (b"[1, 2, 3]", ds.NOT_AN_OBJECT),
+        (b'{"text": "hello"}', ds.UNKNOWN_SHAPE),
+        (b'{"messages": "hello"}', ds.UNKNOWN_SHAPE),
+        (b'{"messages": []}', ds.EMPTY_CONVERSATION),
+        (b'{"messages": ["hi"]}', ds.BAD_MESSAGE),
+        (b'{"messages": [{"content": "hi"}]}', ds.BAD_MESSAGE),
+        (b'{"messages": [{"role": "user", "content": 5}]}', ds.BAD_MESSAGE),
+        (
+            b'{"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"}]}',
+            ds.UNKNOWN_ROLE,
+        ),
+        (
+            b'{"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "y"}]}',
+            ds.TOOL_WITHOUT_CALL,
+        ),
+        (b'{"conversations": [{"from": "robot", "value": "x"}]}', ds.UNKNOWN_ROLE),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}]}',
+            ds.EMPTY_CONTENT,
+        ),
+        (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}', ds.EMPTY_CONTENT),
+        (b'{"messages": [{"role": "user", "content": "hi"}]}', ds.NO_ASSISTANT_TURN),
+        (b'{"messages": [{"role": "user", "content": "\\ud800"}, {"role": "assistant", "content": "y"}]}', ds.NOT_UTF8),
+        (b'{"input_ids": []}', ds.BAD_INPUT_IDS),
+        (b'{"input_ids": [1, "2"]}', ds.BAD_INPUT_IDS),
+        (b'{"input_ids": [1, -2]}', ds.BAD_INPUT_IDS),
+        (b'{"input_ids": [1, 2.5]}', ds.BAD_INPUT_IDS),
+        (b'{"input_ids": [1, 2], "loss_mask": [1]}', ds.BAD_LOSS_MASK),
+        (b'{"input_ids": [1, 2], "loss_mask": [1, 2]}', ds.BAD_LOSS_MASK),
+        (b'{"input_ids": [1, 2], "loss_mask": [0, 0]}', ds.BAD_LOSS_MASK),
+    ],
+)
 def test_bad_line_is_rejected_with_its_reason(raw, reason):
     item = parse_line(6, raw)
     assert isinstance(item, Reject), item
@@ -125,16 +164,22 @@ _json_values = st.recursive(
     max_leaves=20,
 )
 _roles = st.sampled_from(["user", "assistant", "system", "human", "gpt", "tool", "", "Assistant", 7])
-_turn = st.fixed_dictionaries({}, optional={
-    "role": _roles, "from": _roles,
-    "content": st.one_of(st.text(max_size=12), st.none(), st.integers(), st.lists(_json_values, max_size=2)),
-    "value": st.one_of(st.text(max_size=12), st.none()),
-})
+_turn = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": _roles,
+        "from": _roles,
+        "content": st.one_of(st.text(max_size=12), st.none(), st.integers(), st.lists(_json_values, max_size=2)),
+        "value": st.one_of(st.text(max_size=12), st.none()),
+    },
+)
 _sample_like = st.one_of(
     st.fixed_dictionaries({"messages": st.lists(_turn, max_size=4)}),
     st.fixed_dictionaries({"conversations": st.lists(_turn, max_size=4)}),
-    st.fixed_dictionaries({"input_ids": st.lists(st.one_of(st.integers(-3, 400), st.text(max_size=2)), max_size=5)},
-                          optional={"loss_mask": st.lists(st.integers(-1, 2) | st.booleans(), max_size=5)}),
+    st.fixed_dictionaries(
+        {"input_ids": st.lists(st.one_of(st.integers(-3, 400), st.text(max_size=2)), max_size=5)},
+        optional={"loss_mask": st.lists(st.integers(-1, 2) | st.booleans(), max_size=5)},
+    ),
 )
 
 
@@ -153,8 +198,11 @@ def _check_accounted(lines: list[bytes]) -> None:
                 assert item.messages and any(m.role == "assistant" for m in item.messages)
                 assert all(m.role in ("system", "user", "assistant", "tool") for m in item.messages)
                 assert all(m.content.strip() for m in item.messages if m.role in ("system", "user"))
-                assert all(m.content.strip() or m.tool_calls or (m.reasoning_content or "").strip()
-                           for m in item.messages if m.role == "assistant")
+                assert all(
+                    m.content.strip() or m.tool_calls or (m.reasoning_content or "").strip()
+                    for m in item.messages
+                    if m.role == "assistant"
+                )
         else:
             assert item.reason and json.dumps(item.to_json())
 

@@ -16,29 +16,45 @@ from support.tokenizer_dirs import TEMPLATE_SPECIAL_TOKENS, template_model
 from transformers import AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city — in <b>bold</b> & \"quotes\"",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": 'The weather of a city — in <b>bold</b> & "quotes"',
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 CONVERSATIONS = {
-    "plain": [{"role": "system", "content": "Be brief."},
-              {"role": "user", "content": "Hi <b>&amp; ü — 東京?"},
-              {"role": "assistant", "content": "Hello\n\n  world "},
-              {"role": "user", "content": "And again"},
-              {"role": "assistant", "content": "Again."}],
+    "plain": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi <b>&amp; ü — 東京?"},
+        {"role": "assistant", "content": "Hello\n\n  world "},
+        {"role": "user", "content": "And again"},
+        {"role": "assistant", "content": "Again."},
+    ],
     "tools and reasoning": [
         {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": "<think>look it up</think>Let me check.", "reasoning_content": "look it up",
-         "tool_calls": [{"id": "c1", "type": "function",
-                         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {
+            "role": "assistant",
+            "content": "<think>look it up</think>Let me check.",
+            "reasoning_content": "look it up",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+            ],
+        },
         {"role": "tool", "content": "sunny, 21 C", "name": "get_weather", "tool_call_id": "c1"},
-        {"role": "assistant", "content": "Sunny and 21 C."}],
+        {"role": "assistant", "content": "Sunny and 21 C."},
+    ],
 }
 
 
 def _rendered(tok, conversation, tools, add_generation_prompt) -> str | tuple[str, str]:
     try:
-        return tok.apply_chat_template(conversation, tools=tools, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt)
+        return tok.apply_chat_template(
+            conversation, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
     except Exception as exc:  # a template's raise_exception(): both must refuse alike
         return type(exc).__name__, str(exc)
 
@@ -125,8 +141,13 @@ def _copy(tiny_llama: Path, dst: Path) -> Path:
 def _named_templates(model: Path) -> None:
     template = (model / "chat_template.jinja").read_text()
     (model / "chat_template.jinja").unlink()
-    _edit_config(model, chat_template=[{"name": "default", "template": template},
-                                       {"name": "tool_use", "template": "TOOLS " + template}])
+    _edit_config(
+        model,
+        chat_template=[
+            {"name": "default", "template": template},
+            {"name": "tool_use", "template": "TOOLS " + template},
+        ],
+    )
 
 
 def _special_token_not_in_the_file(model: Path) -> None:
@@ -142,8 +163,11 @@ def _split_special_tokens(model: Path) -> None:
     _edit_config(model, split_special_tokens=True)
 
 
-@pytest.mark.parametrize("change", [_named_templates, _special_token_not_in_the_file, _legacy_special_tokens_map,
-                                    _split_special_tokens], ids=lambda f: f.__name__.strip("_").replace("_", " "))
+@pytest.mark.parametrize(
+    "change",
+    [_named_templates, _special_token_not_in_the_file, _legacy_special_tokens_map, _split_special_tokens],
+    ids=lambda f: f.__name__.strip("_").replace("_", " "),
+)
 def test_files_transformers_would_load_differently_go_through_transformers(tiny_llama, tmp_path, change):
     model = _copy(tiny_llama, tmp_path / "model")
     change(model)
@@ -153,6 +177,7 @@ def test_files_transformers_would_load_differently_go_through_transformers(tiny_
     assert not isinstance(tok, DirectTokenizer)
     auto = AutoTokenizer.from_pretrained(str(model))
     conversation = CONVERSATIONS["plain"][:3]
-    assert tok.apply_chat_template(conversation, tokenize=False) == auto.apply_chat_template(conversation,
-                                                                                             tokenize=False)
+    assert tok.apply_chat_template(conversation, tokenize=False) == auto.apply_chat_template(
+        conversation, tokenize=False
+    )
     assert len(tok) == len(auto)

@@ -35,13 +35,13 @@ def test_the_head_of_a_long_text_is_the_first_tokens_of_the_whole_text(tiny_llam
     whole = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     head = tokenize_head(tok, text, limit)
     assert head.more and len(head.ids) == limit + 1
-    assert head.ids == whole["input_ids"][:limit + 1]
-    assert head.starts == [s for s, _ in whole["offset_mapping"][:limit + 1]]
+    assert head.ids == whole["input_ids"][: limit + 1]
+    assert head.starts == [s for s, _ in whole["offset_mapping"][: limit + 1]]
 
 
 def test_a_text_within_the_limit_is_tokenized_whole(tiny_llama):
     tok = load_tokenizer(tiny_llama)
-    text = _texts()["words"][:MIN_HEAD_CHARS * 3]
+    text = _texts()["words"][: MIN_HEAD_CHARS * 3]
     whole = tok(text, add_special_tokens=False)["input_ids"]
     head = tokenize_head(tok, text, len(whole))
     assert not head.more and head.ids == whole
@@ -82,13 +82,20 @@ PEAK = textwrap.dedent("""
 
 def test_a_row_just_under_the_row_limit_costs_memory_bounded_by_its_size(tiny_llama, tmp_path):
     """The row of D27: 8 MB of text under the default 8 MiB row limit took 2.9 GB to tokenize whole."""
-    row = json.dumps({"messages": [{"role": "user", "content": "word " * 1_600_000},
-                                   {"role": "assistant", "content": "short"}]})
+    row = json.dumps(
+        {"messages": [{"role": "user", "content": "word " * 1_600_000}, {"role": "assistant", "content": "short"}]}
+    )
     (tmp_path / "big.jsonl").write_text(row + "\n")
-    (tmp_path / "small.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                                                   {"role": "assistant", "content": "ok"}]}) + "\n")
-    r = subprocess.run([sys.executable, "-c", PEAK, str(tmp_path / "big.jsonl"), str(tiny_llama),
-                        str(tmp_path / "small.jsonl")], env=env(), capture_output=True, text=True, timeout=300)
+    (tmp_path / "small.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}) + "\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", PEAK, str(tmp_path / "big.jsonl"), str(tiny_llama), str(tmp_path / "small.jsonl")],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.splitlines()[-1])
     assert got["outcome"] == ["Reject"], "no reply token within the limit: a reject, as before"

@@ -22,17 +22,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 ROWS = [
-    {"id": "a", "conversations": [{"from": "human", "value": "Hi there"},
-                                  {"from": "gpt", "value": "Hello, [friend]!"}]},
-    {"id": "b", "messages": [{"role": "user", "content": 'Quote "this", \\ and }{ ]['},
-                             {"role": "assistant", "content": "Done: caf\u00e9 \u4f60\u597d \U0001f600"}]},
+    {
+        "id": "a",
+        "conversations": [{"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello, [friend]!"}],
+    },
+    {
+        "id": "b",
+        "messages": [
+            {"role": "user", "content": 'Quote "this", \\ and }{ ]['},
+            {"role": "assistant", "content": "Done: caf\u00e9 \u4f60\u597d \U0001f600"},
+        ],
+    },
     {"input_ids": [1, 5, 9], "loss_mask": [0, 1, 1]},
-    {"id": 7, "messages": [{"role": "user", "content": "Weather?"},
-                           {"role": "assistant", "content": None, "tool_calls": [
-                               {"id": "c1", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-                           {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
-                           {"role": "assistant", "content": "Sunny.", "thinking": "The tool said so."}],
-     "tools": json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])},
+    {
+        "id": 7,
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+            },
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+            {"role": "assistant", "content": "Sunny.", "thinking": "The tool said so."},
+        ],
+        "tools": json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]),
+    },
 ]
 
 
@@ -88,8 +103,14 @@ def test_json_array_is_streamed_element_by_element_across_any_block_boundary(tmp
 
 def test_json_array_reader_holds_a_few_blocks_not_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "BLOCK", 1 << 16)
-    row = json.dumps({"messages": [{"role": "user", "content": "q, [x] {y} " * 300},
-                                   {"role": "assistant", "content": "a \\ \" " * 500}]})
+    row = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "q, [x] {y} " * 300},
+                {"role": "assistant", "content": 'a \\ " ' * 500},
+            ]
+        }
+    )
     path = tmp_path / "big.json"
     path.write_text("[" + ",".join([row] * 700) + "]")  # ~5 MB
     tracemalloc.start()
@@ -104,23 +125,31 @@ def test_json_array_reader_holds_a_few_blocks_not_the_file(tmp_path, monkeypatch
 
 def test_bad_element_of_an_array_is_one_reject_and_the_next_is_read(tmp_path):
     path = tmp_path / "d.json"
-    path.write_bytes(b'[' + json.dumps(ROWS[0]).encode() + b', {"messages": [}, ,' + json.dumps(ROWS[1]).encode()
-                     + b', "\xff"]')
+    path.write_bytes(
+        b"[" + json.dumps(ROWS[0]).encode() + b', {"messages": [}, ,' + json.dumps(ROWS[1]).encode() + b', "\xff"]'
+    )
     items = list(read_dataset(path))
     assert [(type(i).__name__, getattr(i, "reason", "")) for i in items] == [
-        ("Sample", ""), ("Reject", ds.MALFORMED_JSON), ("Reject", ds.BLANK_LINE), ("Sample", ""),
-        ("Reject", ds.NOT_UTF8)]
+        ("Sample", ""),
+        ("Reject", ds.MALFORMED_JSON),
+        ("Reject", ds.BLANK_LINE),
+        ("Sample", ""),
+        ("Reject", ds.NOT_UTF8),
+    ]
     assert [i.to_json()["line"] for i in items if isinstance(i, Reject)] == [2, 3, 5]
     assert count_rows(path) == 5
 
 
-@pytest.mark.parametrize(("text", "outcomes"), [
-    (b"[]", []),
-    (b"  [ ]  \n", []),
-    (b'[{"input_ids": [1]}', [("Sample", ""), ("Reject", ds.MALFORMED_JSON)]),  # not closed: truncated
-    (b'[{"input_ids": [1]}] [', [("Sample", ""), ("Reject", ds.MALFORMED_JSON)]),  # data after the end
-    (b'[{"input_ids": [1]},]', [("Sample", ""), ("Reject", ds.BLANK_LINE)]),
-])
+@pytest.mark.parametrize(
+    ("text", "outcomes"),
+    [
+        (b"[]", []),
+        (b"  [ ]  \n", []),
+        (b'[{"input_ids": [1]}', [("Sample", ""), ("Reject", ds.MALFORMED_JSON)]),  # not closed: truncated
+        (b'[{"input_ids": [1]}] [', [("Sample", ""), ("Reject", ds.MALFORMED_JSON)]),  # data after the end
+        (b'[{"input_ids": [1]},]', [("Sample", ""), ("Reject", ds.BLANK_LINE)]),
+    ],
+)
 def test_array_edges_each_give_a_row_or_none(tmp_path, text, outcomes):
     path = tmp_path / "d.json"
     path.write_bytes(text)
@@ -155,8 +184,9 @@ def _zst(data: bytes) -> bytes:
     return zstandard.ZstdCompressor().compress(data)
 
 
-@pytest.mark.parametrize(("name", "pack"), [("d.jsonl.gz", gzip.compress), ("d.jsonl.zst", _zst),
-                                            ("d.json.gz", gzip.compress)])
+@pytest.mark.parametrize(
+    ("name", "pack"), [("d.jsonl.gz", gzip.compress), ("d.jsonl.zst", _zst), ("d.json.gz", gzip.compress)]
+)
 def test_compressed_files_read_like_plain_ones(tmp_path, name, pack):
     path = tmp_path / name
     body = json.dumps(ROWS).encode() if ".json." in name else _jsonl(ROWS)
@@ -177,9 +207,19 @@ def test_truncated_gzip_keeps_the_lines_before_the_damage_and_rejects_the_rest(t
 
 
 def _numbered_rows(n: int) -> bytes:
-    return b"".join(json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"Question {i}?"},
-                                                            {"role": "assistant", "content": f"Answer {i}."}]}
-                               ).encode() + b"\n" for i in range(n))
+    return b"".join(
+        json.dumps(
+            {
+                "id": f"r{i}",
+                "messages": [
+                    {"role": "user", "content": f"Question {i}?"},
+                    {"role": "assistant", "content": f"Answer {i}."},
+                ],
+            }
+        ).encode()
+        + b"\n"
+        for i in range(n)
+    )
 
 
 def _complete_lines_recovered(tool: list[str], path) -> list[bytes]:
@@ -188,13 +228,17 @@ def _complete_lines_recovered(tool: list[str], path) -> list[bytes]:
     return out[: out.rfind(b"\n") + 1].splitlines()
 
 
-@pytest.mark.parametrize(("rows", "name", "pack", "tool"), [
-    (40_000, "big.jsonl.gz", gzip.compress, ["zcat"]),
-    (154, "small.jsonl.gz", gzip.compress, ["zcat"]),
-    (40_000, "big.jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b), ["zstd", "-dc"]),
-])
+@pytest.mark.parametrize(
+    ("rows", "name", "pack", "tool"),
+    [
+        (40_000, "big.jsonl.gz", gzip.compress, ["zcat"]),
+        (154, "small.jsonl.gz", gzip.compress, ["zcat"]),
+        (40_000, "big.jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b), ["zstd", "-dc"]),
+    ],
+)
 def test_a_compressed_file_cut_in_half_gives_every_complete_row_before_the_cut_and_one_reject_for_the_rest(
-        tmp_path, rows, name, pack, tool):
+    tmp_path, rows, name, pack, tool
+):
     packed = pack(_numbered_rows(rows))
     path = tmp_path / name
     path.write_bytes(packed[: len(packed) // 2])
@@ -265,8 +309,9 @@ def test_arrow_ipc_files_and_streams_are_read(tmp_path, writer):
 def test_save_to_disk_directory_is_read_in_its_own_file_order(tmp_path):
     import datasets
 
-    datasets.Dataset.from_list([{"messages": r["messages"]} for r in ROWS if "messages" in r][:1] * 3
-                               ).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    datasets.Dataset.from_list([{"messages": r["messages"]} for r in ROWS if "messages" in r][:1] * 3).save_to_disk(
+        str(tmp_path / "saved"), num_shards=2
+    )
     items = list(read_dataset(tmp_path / "saved"))
     assert [i.file for i in items] == ["data-00000-of-00002.arrow"] * 2 + ["data-00001-of-00002.arrow"]
     assert [i.reason for i in items[1:]] == [ds.DUPLICATE, ds.DUPLICATE]
@@ -283,12 +328,19 @@ def test_directory_is_read_in_sorted_path_order_and_rejects_name_file_and_row(tm
     (d / ".hidden.jsonl").write_text("{}")
     items = list(read_dataset(d))
     assert [(i.index, i.file, i.line) for i in items] == [
-        (0, "a.jsonl", 1), (1, "a.jsonl", 2), (2, "a.jsonl", 3), (3, "b/c.json", 1), (4, "b/c.json", 2),
-        (5, "b/d.parquet", 1), (6, "b/d.parquet", 2)]
+        (0, "a.jsonl", 1),
+        (1, "a.jsonl", 2),
+        (2, "a.jsonl", 3),
+        (3, "b/c.json", 1),
+        (4, "b/c.json", 2),
+        (5, "b/d.parquet", 1),
+        (6, "b/d.parquet", 2),
+    ]
     rejects = [i.to_json() for i in items if isinstance(i, Reject)]
     assert rejects == [
         {"line": 3, "index": 2, "file": "a.jsonl", "reason": ds.MALFORMED_JSON, "detail": rejects[0]["detail"]},
-        {"line": 2, "index": 6, "file": "b/d.parquet", "reason": ds.BAD_INPUT_IDS, "detail": rejects[1]["detail"]}]
+        {"line": 2, "index": 6, "file": "b/d.parquet", "reason": ds.BAD_INPUT_IDS, "detail": rejects[1]["detail"]},
+    ]
     assert count_rows(d) == 7
 
 
@@ -342,8 +394,12 @@ def test_a_row_over_the_size_bound_is_rejected_unparsed_and_the_next_row_is_read
 
 
 def test_a_table_row_over_the_size_bound_is_rejected_by_its_characters(tmp_path):
-    pq.write_table(pa.Table.from_pylist([ROWS[1], {"messages": [
-        {"role": "user", "content": "y" * 5000}, {"role": "assistant", "content": "ok"}]}]), tmp_path / "d.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(
+            [ROWS[1], {"messages": [{"role": "user", "content": "y" * 5000}, {"role": "assistant", "content": "ok"}]}]
+        ),
+        tmp_path / "d.parquet",
+    )
     items = list(read_dataset(tmp_path / "d.parquet", ds.DatasetReader(max_row_bytes=4096)))
     assert isinstance(items[0], Sample) and (items[1].reason, items[1].line) == (ds.ROW_TOO_LARGE, 2)
     assert "characters" in items[1].detail
@@ -357,11 +413,14 @@ def test_hidden_files_of_a_directory_are_skipped_and_logged(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="hsextract.dataset"):
         items = list(read_dataset(tmp_path))
     assert [i.file for i in items] == ["a.jsonl"]
-    assert any("skipping 2 hidden files and directories" in m and ".hidden.jsonl" in m and "_cache" in m
-               for m in caplog.messages), caplog.messages
+    assert any(
+        "skipping 2 hidden files and directories" in m and ".hidden.jsonl" in m and "_cache" in m
+        for m in caplog.messages
+    ), caplog.messages
 
 
 # -- properties: arbitrary input of every shape never crashes, every row is accounted for ------------
+
 
 def _write(path, data: bytes):
     path.write_bytes(data)
@@ -410,20 +469,43 @@ _json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=12,
 )
-_turn = st.fixed_dictionaries({}, optional={
-    "role": st.sampled_from(["user", "assistant", "system", "tool", "narrator"]),
-    "content": st.one_of(st.text(max_size=8), st.none()),
-    "reasoning_content": st.one_of(st.text(max_size=8), st.none()),
-    "tool_call_id": st.one_of(st.text(max_size=3), st.none()),
-    "tool_calls": st.one_of(st.none(), st.lists(st.fixed_dictionaries({}, optional={
-        "id": st.text(max_size=3),
-        "function": st.fixed_dictionaries({}, optional={
-            "name": st.text(max_size=6), "arguments": st.one_of(st.text(max_size=10), _json_values)})}), max_size=2),
-        _json_values),
-})
-_row = st.fixed_dictionaries({}, optional={
-    "messages": st.lists(_turn, max_size=4), "tools": st.one_of(_json_values, st.text(max_size=20)),
-    "id": st.one_of(st.text(max_size=4), st.integers(), st.none())})
+_turn = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(["user", "assistant", "system", "tool", "narrator"]),
+        "content": st.one_of(st.text(max_size=8), st.none()),
+        "reasoning_content": st.one_of(st.text(max_size=8), st.none()),
+        "tool_call_id": st.one_of(st.text(max_size=3), st.none()),
+        "tool_calls": st.one_of(
+            st.none(),
+            st.lists(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "id": st.text(max_size=3),
+                        "function": st.fixed_dictionaries(
+                            {},
+                            optional={
+                                "name": st.text(max_size=6),
+                                "arguments": st.one_of(st.text(max_size=10), _json_values),
+                            },
+                        ),
+                    },
+                ),
+                max_size=2,
+            ),
+            _json_values,
+        ),
+    },
+)
+_row = st.fixed_dictionaries(
+    {},
+    optional={
+        "messages": st.lists(_turn, max_size=4),
+        "tools": st.one_of(_json_values, st.text(max_size=20)),
+        "id": st.one_of(st.text(max_size=4), st.integers(), st.none()),
+    },
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -455,8 +537,13 @@ def test_any_json_array_splits_into_exactly_its_elements_at_any_block_size(tmp_p
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.fixed_dictionaries({"messages": st.lists(_turn, min_size=1, max_size=3).map(json.dumps)}),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.fixed_dictionaries({"messages": st.lists(_turn, min_size=1, max_size=3).map(json.dumps)}),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_arbitrary_rows_in_parquet_are_all_accounted_for(tmp_path, rows):
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), buf, row_group_size=2)

@@ -21,8 +21,13 @@ def _tokenizer_copy(src: Path, dst: Path, model_type: str | None = None, **confi
     """The tokenizer files of ``src`` in ``dst``, with ``config`` over its tokenizer_config.json
     and ``model_type`` in its config.json."""
     dst.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json",
-                 "chat_template.jinja"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "config.json",
+        "chat_template.jinja",
+    ):
         if (src / name).exists():
             shutil.copy(src / name, dst / name)
     cfg = json.loads((dst / "tokenizer_config.json").read_text())
@@ -34,19 +39,21 @@ def _tokenizer_copy(src: Path, dst: Path, model_type: str | None = None, **confi
 
 
 def test_the_generic_fast_tokenizer_loads_without_importing_transformers(tiny_llama):
-    probe = ("import sys; from hsextract.dataset.chat_template import load_tokenizer; "
-             f"tok = load_tokenizer({str(tiny_llama)!r}); "
-             "print(type(tok).__name__, 'transformers' in sys.modules, 'torch' in sys.modules)")
+    probe = (
+        "import sys; from hsextract.dataset.chat_template import load_tokenizer; "
+        f"tok = load_tokenizer({str(tiny_llama)!r}); "
+        "print(type(tok).__name__, 'transformers' in sys.modules, 'torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-3:] == ["DirectTokenizer", "False", "False"], (
-        f"the tokenizer was loaded through transformers or torch: {done.stdout}")
+        f"the tokenizer was loaded through transformers or torch: {done.stdout}"
+    )
 
 
 @pytest.mark.parametrize("model_type", sorted(GENERIC_MODEL_TYPES))
 @pytest.mark.parametrize("named", ["PreTrainedTokenizerFast", "TokenizersBackend"])
-def test_auto_tokenizer_builds_the_generic_class_for_every_type_taken_directly(tiny_llama, tmp_path, model_type,
-                                                                                named):
+def test_auto_tokenizer_builds_the_generic_class_for_every_type_taken_directly(tiny_llama, tmp_path, model_type, named):
     """The direct path's premise, checked against the installed transformers: for these model
     types AutoTokenizer keeps the generic class the files name."""
     model = _tokenizer_copy(tiny_llama, tmp_path / model_type, model_type=model_type, tokenizer_class=named)
@@ -73,8 +80,9 @@ def test_a_tokenizer_of_its_own_class_goes_through_auto_tokenizer(tiny_llama, tm
 
 
 def test_custom_tokenizer_code_or_missing_files_are_never_taken_for_the_generic_one(tiny_llama, tmp_path):
-    custom = _tokenizer_copy(tiny_llama, tmp_path / "custom",
-                             auto_map={"AutoTokenizer": ["tok.TikTokenTokenizer", None]})
+    custom = _tokenizer_copy(
+        tiny_llama, tmp_path / "custom", auto_map={"AutoTokenizer": ["tok.TikTokenTokenizer", None]}
+    )
     assert not generic_fast_tokenizer(custom)
     no_json = _tokenizer_copy(tiny_llama, tmp_path / "no-json")
     (no_json / "tokenizer.json").unlink()

@@ -31,13 +31,22 @@ def test_kill_9_at_random_instants_loses_and_duplicates_nothing(llama_server, ti
     dump, hold, out = tmp_path / "dump", tmp_path / "hold", tmp_path / "out"
     run_id = load_or_create_run_id(out)
     captured = capture(llama_server, dump, hold, run_id, list(range(N_SAMPLES)), min_len=8, max_len=96, seed=3)
-    loop = kill_drain_repeatedly(hold=hold, dump=dump, out=out, names={i: c.rid for i, c in captured.items()},
-                                 drain_args=["--model", str(tiny_llama), "--workers", "3", "--poll-interval", "0.05"],
-                                 per_release=PER_RELEASE, max_delay_s=0.02, rng=random.Random(20261129),
-                                 log=tmp_path / "drain.log", deadline=time.monotonic() + TIME_BUDGET_S)
+    loop = kill_drain_repeatedly(
+        hold=hold,
+        dump=dump,
+        out=out,
+        names={i: c.rid for i, c in captured.items()},
+        drain_args=["--model", str(tiny_llama), "--workers", "3", "--poll-interval", "0.05"],
+        per_release=PER_RELEASE,
+        max_delay_s=0.02,
+        rng=random.Random(20261129),
+        log=tmp_path / "drain.log",
+        deadline=time.monotonic() + TIME_BUDGET_S,
+    )
     assert not loop.pending, f"ran out of time after {loop.kills} kills"
-    assert loop.kills_while_staged >= MIN_KILLS, \
+    assert loop.kills_while_staged >= MIN_KILLS, (
         f"only {loop.kills_while_staged} of {loop.kills} kills landed while dumps were staged"
+    )
 
     drain_until_done(dump, out, "specforge", "--model", str(tiny_llama), lines=N_SAMPLES)
 

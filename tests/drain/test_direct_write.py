@@ -25,13 +25,16 @@ def _payload(sizes: list[int], staged: list[int]) -> tuple[ChunksPayload, bytes]
     return ChunksPayload(body), whole
 
 
-@pytest.mark.parametrize(("sizes", "staged"), [
-    ([], []),
-    ([7], []),
-    ([BLOCK], []),
-    ([100, BLOCK - 100, 1], [3 * BLOCK + 5, 17]),
-    ([1 << 20, 3, BUFFER + 11], [BUFFER, BUFFER - 1, 9]),
-])
+@pytest.mark.parametrize(
+    ("sizes", "staged"),
+    [
+        ([], []),
+        ([7], []),
+        ([BLOCK], []),
+        ([100, BLOCK - 100, 1], [3 * BLOCK + 5, 17]),
+        ([1 << 20, 3, BUFFER + 11], [BUFFER, BUFFER - 1, 9]),
+    ],
+)
 def test_the_file_is_the_payload_and_its_hash_the_payloads(tmp_path, sizes, staged):
     payload, want = _payload(sizes, staged)
     hasher = hashlib.sha256()
@@ -94,6 +97,7 @@ def test_a_failed_payload_leaves_no_file(tmp_path):
         raise OSError(errno.EIO, "the staged file went away")
 
     with pytest.raises(OSError, match="went away"):
-        write_payload_direct(tmp_path / "s.tmp", ChunksPayload([b"head", SourceRange(2 * BLOCK, broken())]),
-                             hashlib.sha256())
+        write_payload_direct(
+            tmp_path / "s.tmp", ChunksPayload([b"head", SourceRange(2 * BLOCK, broken())]), hashlib.sha256()
+        )
     assert not (tmp_path / "s.tmp").exists()

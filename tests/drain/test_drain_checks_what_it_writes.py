@@ -42,9 +42,20 @@ def _stage(dump: Path, run: str, index: int, fmt: str, tokens: int = 12) -> Stag
 
 def _drain_in_process(dump: Path, out: Path, fmt: str, lines: int) -> Drainer:
     finish_client(out, lines)
-    d = Drainer(DrainConfig(dump_dir=dump, output=out, format=fmt, workers=2, worker_mode="threads",
-                            poll_interval_s=0.05, status_interval_s=0.2, finalize_idle_s=0.5, exit_when_done=True,
-                            max_failure_share=1.0))
+    d = Drainer(
+        DrainConfig(
+            dump_dir=dump,
+            output=out,
+            format=fmt,
+            workers=2,
+            worker_mode="threads",
+            poll_interval_s=0.05,
+            status_interval_s=0.2,
+            finalize_idle_s=0.5,
+            exit_when_done=True,
+            max_failure_share=1.0,
+        )
+    )
     d.run()
     return d
 
@@ -147,17 +158,42 @@ def test_a_byte_changed_once_the_drain_has_read_the_rows_never_reaches_the_set(t
     rid = make_rid("hsx", run, 0)
     log = tmp_path / "drain.log"
     dump.mkdir()
-    drain = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", fmt, "--exit-when-done",
-                  "--poll-interval", "0.1", "--workers", "1", "--worker-mode", "threads",
-                  "--max-failure-share", "1", stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    drain = start(
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(out),
+        "--format",
+        fmt,
+        "--exit-when-done",
+        "--poll-interval",
+        "0.1",
+        "--workers",
+        "1",
+        "--worker-mode",
+        "threads",
+        "--max-failure-share",
+        "1",
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
     try:
-        wait_for(lambda: drain.poll() is not None or _drain_state(out) == "running", 120,
-                 "the drain running (its start-up repairs done)", log)
+        wait_for(
+            lambda: drain.poll() is not None or _drain_state(out) == "running",
+            120,
+            "the drain running (its start-up repairs done)",
+            log,
+        )
         assert drain.poll() is None, log.read_text()[-3000:]
         with _read_lease(drain_tmp_dir(out) / f"{rid}.tmp") as lease:
             staged = _stage(dump, run, 0, fmt, tokens=600)  # a few pieces of rows
-            wait_for(lambda: drain.poll() is not None or fcntl.fcntl(lease, fcntl.F_GETLEASE) != fcntl.F_RDLCK,
-                     120, "the drain opening the sample's temporary file", log)
+            wait_for(
+                lambda: drain.poll() is not None or fcntl.fcntl(lease, fcntl.F_GETLEASE) != fcntl.F_RDLCK,
+                120,
+                "the drain opening the sample's temporary file",
+                log,
+            )
             assert drain.poll() is None, log.read_text()[-3000:]
             layout = StateFileLayout(*staged.hidden.shape)
             with open(dump / rid / STATES_FILE, "r+b") as f:  # the drain waits at its open: flip a byte

@@ -29,8 +29,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _cfg(dump: Path, out: Path, **kw) -> DrainConfig:
-    base = dict(dump_dir=dump, output=out, format="speculators", workers=3, poll_interval_s=0.05,
-                status_interval_s=0.2, finalize_idle_s=0.5, exit_when_done=True)
+    base = dict(
+        dump_dir=dump,
+        output=out,
+        format="speculators",
+        workers=3,
+        poll_interval_s=0.05,
+        status_interval_s=0.2,
+        finalize_idle_s=0.5,
+        exit_when_done=True,
+    )
     base.update(kw)
     return DrainConfig(**base)
 
@@ -173,8 +181,17 @@ def test_a_full_output_volume_pauses_the_drain_until_space_returns(tmp_path, sma
     filler = small_volume / "filler"
     free = os.statvfs(small_volume).f_bavail * os.statvfs(small_volume).f_frsize
     filler.write_bytes(b"\0" * (free - 700_000))  # room for ~3 samples
-    d = Drainer(_cfg(dump, out, format="speculators", enospc_retry_s=0.2, finalize_idle_s=3600,
-                     worker_mode=worker_mode, wait_for_worker_processes=worker_mode == "processes"))
+    d = Drainer(
+        _cfg(
+            dump,
+            out,
+            format="speculators",
+            enospc_retry_s=0.2,
+            finalize_idle_s=3600,
+            worker_mode=worker_mode,
+            wait_for_worker_processes=worker_mode == "processes",
+        )
+    )
     t = threading.Thread(target=d.run)
     t.start()
     try:
@@ -242,8 +259,21 @@ def test_sigterm_finishes_the_samples_in_hand_and_exits_zero(tmp_path, worker_mo
     first, later = 150, 50  # staged before the stop, and while the drain is frozen just before it
     total = first + later
     dump.mkdir(parents=True)  # as the capture makes it
-    proc = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "speculators",
-                 "--workers", "2", "--worker-mode", worker_mode, stderr=subprocess.PIPE, start_new_session=True)
+    proc = start(
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(out),
+        "--format",
+        "speculators",
+        "--workers",
+        "2",
+        "--worker-mode",
+        worker_mode,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     log = _LogLines(proc.stderr)
     try:
         # The samples come once the workers are up (worker processes start in the background, the drain's
@@ -419,7 +449,8 @@ def test_a_partial_dump_of_a_sample_the_finished_client_gave_up_on_does_not_hold
     given_up = stage_sample(dump, run, 1, done=False)  # the server aborted it midway
     finish_client(out, 2)
     (out / ".hsextract" / "failures.jsonl").write_text(
-        json.dumps({"index": 1, "line": 2, "rid": given_up.rid, "reason": "aborted", "attempts": 4}) + "\n")
+        json.dumps({"index": 1, "line": 2, "rid": given_up.rid, "reason": "aborted", "attempts": 4}) + "\n"
+    )
     t0 = time.monotonic()
     d = _drain(dump, out, abandoned_grace_s=1.0)  # incomplete_timeout_s stays 30 min
     assert time.monotonic() - t0 < 60
@@ -490,5 +521,9 @@ def test_the_workers_are_processes_only_on_a_machine_with_the_cores_for_them(mon
     assert cfg.worker_processes == 0 and cfg.worker_threads == 4
     monkeypatch.setattr(os, "cpu_count", lambda: PROCESSES_FROM_CORES)
     assert cfg.worker_processes == 4 and cfg.worker_threads == 16
-    assert DrainConfig(dump_dir=Path("d"), output=Path("o"), format="speculators", workers=4,
-                       worker_mode="threads").worker_processes == 0
+    assert (
+        DrainConfig(
+            dump_dir=Path("d"), output=Path("o"), format="speculators", workers=4, worker_mode="threads"
+        ).worker_processes
+        == 0
+    )

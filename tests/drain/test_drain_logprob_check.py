@@ -43,7 +43,8 @@ def status(out: Path) -> dict:
 
 
 def test_the_drain_quarantines_samples_whose_final_rows_give_other_logprobs_with_the_numbers(
-        llama_server, tiny_llama, tmp_path):
+    llama_server, tiny_llama, tmp_path
+):
     dump, out = tmp_path / "dump", tmp_path / "out"
     run_id = load_or_create_run_id(out)
     n = 6
@@ -55,8 +56,19 @@ def test_the_drain_quarantines_samples_whose_final_rows_give_other_logprobs_with
         rows = ref.pre_norm if i == 0 else GreedyHead(tiny_llama).final_states(ref.hidden_states[-2], "pre_norm")
         replace_final_rows(dump / samples[i].rid, rows.bfloat16(), tiny_llama)
         wrong[samples[i].rid] = what
-    r = drain_until_done(dump, out, "specforge", "--model", str(tiny_llama), "--selfcheck-share", "1",
-                         "--selfcheck-server", llama_server.url, lines=n, expect_rc=3)
+    r = drain_until_done(
+        dump,
+        out,
+        "specforge",
+        "--model",
+        str(tiny_llama),
+        "--selfcheck-share",
+        "1",
+        "--selfcheck-server",
+        llama_server.url,
+        lines=n,
+        expect_rc=3,
+    )
     for rid, what in wrong.items():
         reason = (out / "quarantine" / rid / "reason.txt").read_text().splitlines()
         assert reason[0] == "logprob_mismatch", f"{what}: {reason}"
@@ -73,13 +85,24 @@ def test_the_drain_quarantines_samples_whose_final_rows_give_other_logprobs_with
 
 
 def test_a_drain_whose_server_does_not_answer_writes_every_sample_and_counts_the_checks_not_done(
-        llama_server, tiny_llama, tmp_path, free_port):
+    llama_server, tiny_llama, tmp_path, free_port
+):
     dump, out = tmp_path / "dump", tmp_path / "out"
     run_id = load_or_create_run_id(out)
     n = 4
     capture(llama_server, dump, dump, run_id, list(range(n)), seed=72)
-    r = drain_until_done(dump, out, "specforge", "--model", str(tiny_llama), "--selfcheck-share", "1",
-                         "--selfcheck-server", f"http://127.0.0.1:{free_port()}", lines=n)
+    r = drain_until_done(
+        dump,
+        out,
+        "specforge",
+        "--model",
+        str(tiny_llama),
+        "--selfcheck-share",
+        "1",
+        "--selfcheck-server",
+        f"http://127.0.0.1:{free_port()}",
+        lines=n,
+    )
     assert sorted(e.dataset_index for e in iter_entries(out)) == list(range(n))
     assert {e.greedy_check for e in iter_entries(out)} == {"passed"}, "the greedy check still ran"
     logprob = status(out)["selfcheck"]["logprob"]

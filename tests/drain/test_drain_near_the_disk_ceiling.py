@@ -45,8 +45,18 @@ def test_the_drain_writes_at_a_share_of_the_disks_ceiling_measured_beside_it(tmp
     sizes = sorted({p.stat().st_size for p in shm_dump.glob("*/states.safetensors")})
     before = measure(tmp_path / "ceiling", sizes, (1, 4), seconds_per_point=1.5, bytes_per_point=1 << 30)
     finish_client(out, SAMPLES)
-    drain = Drainer(DrainConfig(dump_dir=shm_dump, output=out, format="speculators", worker_mode="threads",
-                                exit_when_done=True, finalize_idle_s=3600, count_vocab=False, selfcheck_first=0))
+    drain = Drainer(
+        DrainConfig(
+            dump_dir=shm_dump,
+            output=out,
+            format="speculators",
+            worker_mode="threads",
+            exit_when_done=True,
+            finalize_idle_s=3600,
+            count_vocab=False,
+            selfcheck_first=0,
+        )
+    )
     started = time.time()
     assert drain.run() == 0
     entries = list(iter_entries(out))
@@ -56,4 +66,5 @@ def test_the_drain_writes_at_a_share_of_the_disks_ceiling_measured_beside_it(tmp
     ceiling = (before.gb_per_s + after.gb_per_s) / 2
     assert drain_gb_per_s >= SHARE * ceiling, (
         f"the drain wrote {drain_gb_per_s:.2f} GB/s, {drain_gb_per_s / ceiling:.2f} of the disk's ceiling "
-        f"({before.summary()}; after: {after.summary()}), below the {SHARE} share")
+        f"({before.summary()}; after: {after.summary()}), below the {SHARE} share"
+    )

@@ -34,11 +34,27 @@ def test_a_drain_started_before_a_rerun_client_waits_for_it_instead_of_taking_th
         stage_sample(dump, run, i)
     drain_until_done(dump, out, "speculators", lines=3)  # the first run: done, drained, finalized
     log = tmp_path / "drain.log"
-    drain = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "speculators",
-                  "--exit-when-done", "--poll-interval", "0.1", stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    drain = start(
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(out),
+        "--format",
+        "speculators",
+        "--exit-when-done",
+        "--poll-interval",
+        "0.1",
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
     try:
-        wait_for(lambda: "waiting for the next client run to finish" in log.read_text() or drain.poll() is not None,
-                 120, "the drain to see that the summary is the last run's", log)
+        wait_for(
+            lambda: "waiting for the next client run to finish" in log.read_text() or drain.poll() is not None,
+            120,
+            "the drain to see that the summary is the last run's",
+            log,
+        )
         assert drain.poll() is None, f"exited on the last run's summary:\n{tail(log)}"
         for i in (3, 4):  # the rerun: the dataset grew by two samples, its client stages them, then finishes
             stage_sample(dump, run, i)
@@ -63,8 +79,11 @@ def test_exit_when_done_waits_while_a_client_of_the_output_runs(tmp_path, monkey
         return found
 
     monkeypatch.setattr("hsextract.drain.clients.running_clients", counted)
-    d = Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=1, poll_interval_s=0.05,
-                            exit_when_done=True))
+    d = Drainer(
+        DrainConfig(
+            dump_dir=dump, output=out, format="speculators", workers=1, poll_interval_s=0.05, exit_when_done=True
+        )
+    )
     t = threading.Thread(target=d.run)
     t.start()
     try:

@@ -35,9 +35,19 @@ def full_at_finalize(tmp_path):
         run = load_or_create_run_id(out)
         for i in range(SAMPLES):
             stage_sample(dump, run, i, tokens=150)
-        d = Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=2, poll_interval_s=0.05,
-                                status_interval_s=0.2, finalize_idle_s=3600, exit_when_done=True,
-                                enospc_retry_s=0.2))
+        d = Drainer(
+            DrainConfig(
+                dump_dir=dump,
+                output=out,
+                format="speculators",
+                workers=2,
+                poll_interval_s=0.05,
+                status_interval_s=0.2,
+                finalize_idle_s=3600,
+                exit_when_done=True,
+                enospc_retry_s=0.2,
+            )
+        )
         rc: list[int] = []
         t = threading.Thread(target=lambda: rc.append(d.run()), daemon=True)
         t.start()
@@ -47,8 +57,10 @@ def full_at_finalize(tmp_path):
             st = os.statvfs(vol)
             filler.write_bytes(b"\0" * (st.f_bavail * st.f_frsize - (16 << 10)))
             _finish_client(out)  # the run is over: the drain finalizes and exits
-            _wait(lambda: "output volume full" in _drain_status(out).get("paused_reason", ""),
-                  "the drain to pause on the full volume")
+            _wait(
+                lambda: "output volume full" in _drain_status(out).get("paused_reason", ""),
+                "the drain to pause on the full volume",
+            )
             yield out, filler, d, t, rc
         finally:
             d.stop()
@@ -59,8 +71,9 @@ def test_a_full_volume_at_finalize_pauses_the_drain_until_there_is_space(full_at
     out, filler, _, t, rc = full_at_finalize
     assert t.is_alive(), "the drain waits for space; it does not give up on the dataset-level files"
     headline = _status(out, capsys)[1].splitlines()[0]
-    assert headline.startswith(f"The client is done, but the drain is paused (output volume full: {out} has "), \
+    assert headline.startswith(f"The client is done, but the drain is paused (output volume full: {out} has "), (
         "a paused drain's run is not done"
+    )
     filler.unlink()
     t.join(120)
     assert not t.is_alive() and rc == [0]
@@ -80,8 +93,12 @@ def test_a_drain_stopped_on_a_full_volume_leaves_a_status_that_says_the_files_la
     assert not list((out / ".hsextract").glob("arrow-build-*")), "a failed build left its directory"
     code, text = _status(out, capsys)
     assert code == 1 and not text.startswith("The run is done"), text
-    assert f"FAIL: the dataset-level files (the format's, the draft vocabulary's) cover 0 of the {SAMPLES} " \
-           "samples in the set" in text and "hsextract finalize --output" in text
+    assert (
+        f"FAIL: the dataset-level files (the format's, the draft vocabulary's) cover 0 of the {SAMPLES} "
+        "samples in the set"
+        in text
+        and "hsextract finalize --output" in text
+    )
     filler.unlink()
     assert main(["finalize", "--output", str(out)]) == 0
     capsys.readouterr()
@@ -97,13 +114,24 @@ def test_a_finalize_that_fails_otherwise_fails_the_run_and_status_says_so(tmp_pa
         stage_sample(dump, run, i)
     (out / "state.json").mkdir()
     _finish_client(out, 3)
-    rc = Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=1, poll_interval_s=0.05,
-                             finalize_idle_s=3600, exit_when_done=True)).run()
+    rc = Drainer(
+        DrainConfig(
+            dump_dir=dump,
+            output=out,
+            format="speculators",
+            workers=1,
+            poll_interval_s=0.05,
+            finalize_idle_s=3600,
+            exit_when_done=True,
+        )
+    ).run()
     assert rc == FINALIZE_FAILED
     code, text = _status(out, capsys)
     assert code == 1 and not text.startswith("The run is done"), text
-    assert "FAIL: the dataset-level files (the format's, the draft vocabulary's) cover 0 of the 3 samples in the " \
-           "set, so a trainer would not read the others: finalizing failed (IsADirectoryError: " in text, text
+    assert (
+        "FAIL: the dataset-level files (the format's, the draft vocabulary's) cover 0 of the 3 samples in the "
+        "set, so a trainer would not read the others: finalizing failed (IsADirectoryError: " in text
+    ), text
 
 
 def test_the_next_finalize_removes_what_a_failed_build_left(tmp_path, capsys):
@@ -112,8 +140,17 @@ def test_the_next_finalize_removes_what_a_failed_build_left(tmp_path, capsys):
     for i in range(3):
         stage_sample(dump, run, i)
     finish_client(out, 3)
-    Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=1, poll_interval_s=0.05,
-                        finalize_idle_s=3600, exit_when_done=True)).run()
+    Drainer(
+        DrainConfig(
+            dump_dir=dump,
+            output=out,
+            format="speculators",
+            workers=1,
+            poll_interval_s=0.05,
+            finalize_idle_s=3600,
+            exit_when_done=True,
+        )
+    ).run()
     left = out / ".hsextract" / "arrow-build-1873a2b9c0"  # a build killed mid-way (or before this fix)
     (left / "data-00000-of-00001.arrow").parent.mkdir(parents=True)
     (left / "data-00000-of-00001.arrow").write_bytes(b"\0" * 4096)
@@ -124,8 +161,9 @@ def test_the_next_finalize_removes_what_a_failed_build_left(tmp_path, capsys):
 def _finish_client(out: Path, samples: int = SAMPLES) -> None:
     """A finished client's files: its summary, which the drain waits for, and its last status."""
     finish_client(out, samples)
-    (out / ".hsextract" / "client-status.json").write_text(json.dumps(
-        {"state": "done", "samples_total": samples, "sent": samples, "ok": samples, "shard": [0, 1]}))
+    (out / ".hsextract" / "client-status.json").write_text(
+        json.dumps({"state": "done", "samples_total": samples, "sent": samples, "ok": samples, "shard": [0, 1]})
+    )
 
 
 def _status(out: Path, capsys) -> tuple[int, str]:

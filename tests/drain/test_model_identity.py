@@ -23,8 +23,9 @@ def _host(root, name, shard, model, dataset):
     out = root / name
     out.mkdir()
     check_and_record(out, dataset, has_samples=False)
-    drain_host(out, root / f"dump-{name}", "speculators", HostPlan(name, shard), LINES,
-               shard.indices(LINES), model=model)
+    drain_host(
+        out, root / f"dump-{name}", "speculators", HostPlan(name, shard), LINES, shard.indices(LINES), model=model
+    )
     return out
 
 
@@ -33,8 +34,9 @@ def test_the_manifest_header_records_the_fingerprint_of_the_model_the_drain_was_
     assert read_header(out).model_fingerprint == model_fingerprint(tiny_llama)
 
 
-def test_collect_refuses_a_host_that_served_other_weights_of_the_same_config(tiny_llama, tiny_llama_seed2, tmp_path,
-                                                                             capsys):
+def test_collect_refuses_a_host_that_served_other_weights_of_the_same_config(
+    tiny_llama, tiny_llama_seed2, tmp_path, capsys
+):
     dataset = write_dataset(tmp_path / "train.jsonl", LINES)
     a = _host(tmp_path, "a", Shard(0, 2), tiny_llama, dataset)
     b = _host(tmp_path, "b", Shard(1, 2), tiny_llama_seed2, dataset)
@@ -45,14 +47,17 @@ def test_collect_refuses_a_host_that_served_other_weights_of_the_same_config(tin
     assert code == 3, err
     (line,) = [line for line in err.splitlines() if "refused" in line]
     weights = model_fingerprint(tiny_llama)["weights"][:16], model_fingerprint(tiny_llama_seed2)["weights"][:16]
-    assert f"host b ({b}) refused: model weights (sha256) is '{weights[1]}', expected '{weights[0]}' (as host a " \
-           "has it)" in line
+    assert (
+        f"host b ({b}) refused: model weights (sha256) is '{weights[1]}', expected '{weights[0]}' (as host a "
+        "has it)" in line
+    )
     assert "tokenizer" not in line and "chat template" not in line
     assert {e.host for e in iter_entries(tmp_path / "set")} == {"a"}
 
 
-def test_the_drain_refuses_to_go_on_with_an_output_written_with_another_models_weights(tiny_llama, tiny_llama_seed2,
-                                                                                       tmp_path):
+def test_the_drain_refuses_to_go_on_with_an_output_written_with_another_models_weights(
+    tiny_llama, tiny_llama_seed2, tmp_path
+):
     out = _host(tmp_path, "a", Shard(0, 1), tiny_llama, write_dataset(tmp_path / "train.jsonl", LINES))
     cfg = DrainConfig(dump_dir=tmp_path / "dump-a", output=out, format="speculators", model_path=str(tiny_llama_seed2))
     with pytest.raises(ConfigError, match=f"written with other model weights than {tiny_llama_seed2} has"):

@@ -34,8 +34,16 @@ def test_a_dump_staged_while_the_drain_waits_is_written_long_before_its_next_ful
         return submitted
 
     monkeypatch.setattr(scan_mod.Scanner, "scan_and_submit", scan_and_tell)
-    cfg = DrainConfig(dump_dir=dump, output=out, format="speculators", workers=1, worker_mode="threads",
-                      count_vocab=False, finalize_idle_s=3600, poll_interval_s=FULL_SCAN_S)
+    cfg = DrainConfig(
+        dump_dir=dump,
+        output=out,
+        format="speculators",
+        workers=1,
+        worker_mode="threads",
+        count_vocab=False,
+        finalize_idle_s=3600,
+        poll_interval_s=FULL_SCAN_S,
+    )
     drainer = Drainer(cfg)
     thread = threading.Thread(target=drainer.run)
     thread.start()

@@ -26,13 +26,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _drain_args(dump: Path, out: Path, *extra: str) -> list[str]:
-    return ["drain", "--dump-dir", str(dump), "--output", str(out), "--format", "speculators", "--workers", "1",
-            "--poll-interval", "0.1", "--finalize-idle", "3600", *extra]
+    return [
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(out),
+        "--format",
+        "speculators",
+        "--workers",
+        "1",
+        "--poll-interval",
+        "0.1",
+        "--finalize-idle",
+        "3600",
+        *extra,
+    ]
 
 
 def _start_drain(dump: Path, out: Path, log: Path, *extra: str) -> subprocess.Popen:
-    return start(*_drain_args(dump, out, *extra), stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                 start_new_session=True)
+    return start(
+        *_drain_args(dump, out, *extra), stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _holder_pid(out: Path) -> int | None:
@@ -61,8 +76,10 @@ def test_two_drains_started_at_once_on_one_output_write_each_sample_once(tmp_pat
     for i in range(30):
         stage_sample(dump, run, i, tokens=40)
     finish_client(out, 30)
-    procs = [start(*_drain_args(dump, out, "--exit-when-done"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-             for _ in range(2)]
+    procs = [
+        start(*_drain_args(dump, out, "--exit-when-done"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
     try:
         results = sorted((p.wait(240), p.stderr.read()) for p in procs)
     finally:
@@ -82,13 +99,19 @@ def test_a_second_drain_refuses_in_one_line_naming_the_running_drain(tmp_path):
     dump.mkdir()
     first = _start_drain(dump, out, tmp_path / "first.log")
     try:
-        wait_for(lambda: _holder_pid(out) == first.pid and _drain_state(out) == "running", 120,
-                 "the first drain to hold the output", tmp_path / "first.log")
+        wait_for(
+            lambda: _holder_pid(out) == first.pid and _drain_state(out) == "running",
+            120,
+            "the first drain to hold the output",
+            tmp_path / "first.log",
+        )
         r = hsextract(*_drain_args(dump, out), timeout=120)
         assert r.returncode == 75, r.stderr
         line = _refusal(r)
-        assert f"the output directory {out} is in use by hsextract drain (pid {first.pid} on " \
-               f"{socket.gethostname()}, since " in line, line
+        assert (
+            f"the output directory {out} is in use by hsextract drain (pid {first.pid} on "
+            f"{socket.gethostname()}, since " in line
+        ), line
         assert "another --output" in line, "it says what to do"
         assert first.poll() is None and _holder_pid(out) == first.pid, "the running drain is untouched"
     finally:
@@ -102,8 +125,9 @@ def test_a_drain_killed_with_sigkill_leaves_the_output_to_the_next_drain_at_once
         stage_sample(dump, run, i)
     killed = _start_drain(dump, out, tmp_path / "killed.log")
     try:
-        wait_for(lambda: _holder_pid(out) == killed.pid, 120, "the first drain to hold the output",
-                 tmp_path / "killed.log")
+        wait_for(
+            lambda: _holder_pid(out) == killed.pid, 120, "the first drain to hold the output", tmp_path / "killed.log"
+        )
         killed.send_signal(signal.SIGKILL)
         killed.wait(30)
     finally:
@@ -120,8 +144,12 @@ def test_finalize_and_its_verification_refuse_while_a_drain_holds_the_output(tmp
     stage_sample(dump, run, 0)
     drain = _start_drain(dump, out, tmp_path / "drain.log")
     try:
-        wait_for(lambda: len(list(iter_entries(out))) == 1 and _holder_pid(out) == drain.pid, 120,
-                 "the drain to write the sample", tmp_path / "drain.log")
+        wait_for(
+            lambda: len(list(iter_entries(out))) == 1 and _holder_pid(out) == drain.pid,
+            120,
+            "the drain to write the sample",
+            tmp_path / "drain.log",
+        )
         for extra in ([], ["--verify"]):
             r = hsextract("finalize", "--output", str(out), *extra, timeout=120)
             assert r.returncode == 75, r.stdout + r.stderr

@@ -106,8 +106,19 @@ def test_corrupted_real_dumps_are_quarantined_with_the_right_reason(llama_server
         rid = captured[i].rid
         corrupt(dump / rid, dump, tiny_llama)
         expected_reason[rid] = (name, reason)
-    r = drain_until_done(dump, out, "specforge", "--model", str(tiny_llama), "--incomplete-timeout", "60",
-                         "--selfcheck-share", "1", lines=n, expect_rc=3)
+    r = drain_until_done(
+        dump,
+        out,
+        "specforge",
+        "--model",
+        str(tiny_llama),
+        "--incomplete-timeout",
+        "60",
+        "--selfcheck-share",
+        "1",
+        lines=n,
+        expect_rc=3,
+    )
     assert f"{len(CORRUPTIONS)} of {n} accepted samples quarantined" in r.stderr, "the run fails its check"
     for rid, (name, reason) in expected_reason.items():
         reason_file = out / "quarantine" / rid / "reason.txt"

@@ -26,8 +26,17 @@ SAMPLES = 60
 
 def _drain(dump, out, **overrides) -> Drainer:
     # One worker: a queue of two slots, so the scan is woken about twice per sample.
-    cfg = DrainConfig(dump_dir=dump, output=out, format="speculators", exit_when_done=True, workers=1,
-                      worker_mode="threads", count_vocab=False, finalize_idle_s=3600, **overrides)
+    cfg = DrainConfig(
+        dump_dir=dump,
+        output=out,
+        format="speculators",
+        exit_when_done=True,
+        workers=1,
+        worker_mode="threads",
+        count_vocab=False,
+        finalize_idle_s=3600,
+        **overrides,
+    )
     return Drainer(cfg)
 
 

@@ -27,12 +27,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SAMPLES = 12
 
 
-
-
 def _drainer(dump: Path, out: Path) -> Drainer:
-    return Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=2, poll_interval_s=0.05,
-                               status_interval_s=0.2, finalize_idle_s=3600, exit_when_done=True,
-                               enospc_retry_s=5.0, selfcheck_share=0.0, selfcheck_first=0))
+    return Drainer(
+        DrainConfig(
+            dump_dir=dump,
+            output=out,
+            format="speculators",
+            workers=2,
+            poll_interval_s=0.05,
+            status_interval_s=0.2,
+            finalize_idle_s=3600,
+            exit_when_done=True,
+            enospc_retry_s=5.0,
+            selfcheck_share=0.0,
+            selfcheck_first=0,
+        )
+    )
 
 
 def test_a_drain_stopped_while_paused_on_a_full_volume_stops_and_leaves_its_samples_staged(tmp_path):
@@ -47,8 +57,12 @@ def test_a_drain_stopped_while_paused_on_a_full_volume_stops_and_leaves_its_samp
         d = _drainer(dump, out)
         t = threading.Thread(target=d.run, daemon=True)
         t.start()
-        wait_for(lambda: "output volume full" in drain_status(out).get("paused_reason", ""), 60,
-                 "the drain to pause on the full volume", every=0.05)
+        wait_for(
+            lambda: "output volume full" in drain_status(out).get("paused_reason", ""),
+            60,
+            "the drain to pause on the full volume",
+            every=0.05,
+        )
         d.stop()
         t.join(30)  # a 5 s retry interval: a drain that waits it out twice over has ignored the stop
         stopped_in_time = not t.is_alive()

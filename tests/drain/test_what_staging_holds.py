@@ -53,9 +53,21 @@ def _stage_probe(dump: Path, run_id: str) -> str:
     rid = make_probe_rid("hsx", run_id)
     (dump / rid).mkdir(parents=True)
     (dump / rid / "states.safetensors").write_bytes(b"")
-    write_done_marker(dump, DoneMarker(rid=rid, prompt_len=12, num_aux=3, hidden_size=64, dtype="bfloat16",
-                                       eagle_aux_hidden_state_layer_ids=[1, 3, 4], sglang_layers_to_capture=[2, 4, 5],
-                                       num_hidden_layers=8, final_hidden="pre_norm", architecture="LlamaForCausalLM"))
+    write_done_marker(
+        dump,
+        DoneMarker(
+            rid=rid,
+            prompt_len=12,
+            num_aux=3,
+            hidden_size=64,
+            dtype="bfloat16",
+            eagle_aux_hidden_state_layer_ids=[1, 3, 4],
+            sglang_layers_to_capture=[2, 4, 5],
+            num_hidden_layers=8,
+            final_hidden="pre_norm",
+            architecture="LlamaForCausalLM",
+        ),
+    )
     return rid
 
 

@@ -45,8 +45,16 @@ def test_the_drain_writes_every_sample_in_its_threads_while_its_worker_processes
         stage_sample(dump, run, i, tokens=50)
     finish_client(out, 20)
     monkeypatch.setattr(core, "WorkerProcesses", _HeldBack)
-    cfg = DrainConfig(dump_dir=dump, output=out, format="speculators", workers=2, worker_mode="processes",
-                      poll_interval_s=0.05, status_interval_s=0.2, exit_when_done=True)
+    cfg = DrainConfig(
+        dump_dir=dump,
+        output=out,
+        format="speculators",
+        workers=2,
+        worker_mode="processes",
+        poll_interval_s=0.05,
+        status_interval_s=0.2,
+        exit_when_done=True,
+    )
 
     Drainer(cfg).run()  # the processes never become ready: the drain's threads write every sample
 

@@ -17,13 +17,20 @@ def test_two_finished_hosts_make_one_table_whose_fleet_row_sums_them_and_whose_a
     assert lines[1].split() == ["host", "state", "samples", "tokens", "rate", "ETA", "failed", "quarantined"]
     assert lines[2].split() == ["a", "done", "8", "of", "9", "800", "0", "tok/s", "done", "1", "0"]
     assert lines[4].split() == ["fleet", "done", "17", "of", "18", "1,600", "0", "tok/s", "done", "1", "0"]
-    assert lines[5:] == ["  fleet: 20 dataset lines = 18 accepted + 2 rejected",
-                         "  fleet: 18 accepted = 17 in the hosts' sets + 1 failed + 0 quarantined"]
+    assert lines[5:] == [
+        "  fleet: 20 dataset lines = 18 accepted + 2 rejected",
+        "  fleet: 18 accepted = 17 in the hosts' sets + 1 failed + 0 quarantined",
+    ]
 
 
 def test_a_running_fleet_shows_each_hosts_rate_and_the_slowest_hosts_eta():
-    fs = fleet_status("gpu", [HostStatus("a", status(state="running", in_set=3, on_the_way=5, eta=60.0)),
-                              HostStatus("b", status(state="running", in_set=5, on_the_way=3, eta=600.0))])
+    fs = fleet_status(
+        "gpu",
+        [
+            HostStatus("a", status(state="running", in_set=3, on_the_way=5, eta=60.0)),
+            HostStatus("b", status(state="running", in_set=5, on_the_way=3, eta=600.0)),
+        ],
+    )
     t = fs.totals()
     assert (t["tokens_per_s"], t["eta_s"], t["done"]) == (100.0, 600.0, False)
     assert render(fs)[-1] == "  fleet: 18 accepted = 8 in the hosts' sets + 2 failed + 0 quarantined + 8 on the way"
@@ -38,8 +45,10 @@ def test_an_unreachable_host_is_a_row_that_says_so_and_keeps_the_fleet_from_bein
 
 def test_shards_that_do_not_add_up_to_the_dataset_are_a_problem():
     fs = fleet_status("gpu", [HostStatus("a", status(lines=10)), HostStatus("b", status(lines=9, in_set=7))])
-    assert fs.problems == ["the hosts' shards hold 19 lines of a 20-line dataset: a shard is missing or taken twice "
-                           "(hsextract fleet plan says which)"]
+    assert fs.problems == [
+        "the hosts' shards hold 19 lines of a 20-line dataset: a shard is missing or taken twice "
+        "(hsextract fleet plan says which)"
+    ]
 
 
 BAD_STATUSES = [
@@ -48,13 +57,18 @@ BAD_STATUSES = [
     ({"status": "oops"}, "host b: its status is a string, not the object of `hsextract status --json`"),
     ({"status": {}}, "host b: its status's ok is null, not true or false"),
     ({"status": {**status(), "drain": []}}, "host b: its status's drain is a list, not an object"),
-    ({"status": {**status(), "accounts": {**status()["accounts"], "in_set": "8"}}},
-     "host b: its status's accounts.in_set is \"8\", not a count (or counts by reason)"),
+    (
+        {"status": {**status(), "accounts": {**status()["accounts"], "in_set": "8"}}},
+        'host b: its status\'s accounts.in_set is "8", not a count (or counts by reason)',
+    ),
 ]
 
 
-@pytest.mark.parametrize(("entry", "problem"), BAD_STATUSES,
-                         ids=["null", "string", "status-string", "status-empty", "drain-list", "count-string"])
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    BAD_STATUSES,
+    ids=["null", "string", "status-string", "status-empty", "drain-list", "count-string"],
+)
 def test_a_malformed_host_entry_is_a_bad_entry_row_and_one_problem_naming_the_host_and_the_field(entry, problem):
     fs = fleet_status("gpu", host_statuses({"a": {"status": status()}, "b": entry}))
     assert fs.problems == [problem]

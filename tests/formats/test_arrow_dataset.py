@@ -25,8 +25,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 def _drain_session(dump: Path, out: Path, lines: int) -> None:
     """One drain process's life: drain what is staged, finalize, exit (the client sent `lines` samples)."""
     finish_client(out, lines)
-    Drainer(DrainConfig(dump_dir=dump, output=out, format="speculators", workers=2, poll_interval_s=0.05,
-                        exit_when_done=True, finalize_idle_s=3600)).run()
+    Drainer(
+        DrainConfig(
+            dump_dir=dump,
+            output=out,
+            format="speculators",
+            workers=2,
+            poll_interval_s=0.05,
+            exit_when_done=True,
+            finalize_idle_s=3600,
+        )
+    ).run()
 
 
 def _data_files(out: Path) -> list[str]:

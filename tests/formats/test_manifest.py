@@ -14,8 +14,13 @@ from hsextract.output.repair import repair_torn_tail
 
 def _entry(i: int, dataset_index: int) -> ManifestEntry:
     return ManifestEntry(
-        output_index=i, dataset_index=dataset_index, rid=f"hsx-0123abcd-{dataset_index}", tokens=5,
-        file=f"data_{i}.pt", bytes=10, checksum="sha256:00",
+        output_index=i,
+        dataset_index=dataset_index,
+        rid=f"hsx-0123abcd-{dataset_index}",
+        tokens=5,
+        file=f"data_{i}.pt",
+        bytes=10,
+        checksum="sha256:00",
     )
 
 

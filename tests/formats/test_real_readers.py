@@ -28,8 +28,9 @@ def test_drained_real_dumps_load_with_the_trainers_reader(request, fmt, readers,
     # The pre-norm server captures the aux layers given in SGLang's convention (conftest.py): the
     # drain is told so, as the playbook tells it.
     server = request.getfixturevalue("llama_server" if post_norm else "llama_prenorm_server")
-    layers = [] if post_norm else ["--aux-layers", ",".join(map(str, PRENORM_SGLANG_LAYERS)), "--layer-convention",
-                                   "sglang"]
+    layers = (
+        [] if post_norm else ["--aux-layers", ",".join(map(str, PRENORM_SGLANG_LAYERS)), "--layer-convention", "sglang"]
+    )
     dump, out = tmp_path / "dump", tmp_path / "out"
     run_id = load_or_create_run_id(out)
     captured = capture(server, dump, dump, run_id, list(range(N_SAMPLES)), seed=hash(fmt) % 1000)

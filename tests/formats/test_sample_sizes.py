@@ -17,8 +17,13 @@ from hypothesis import strategies as st
 
 
 def _encoded_bytes(fmt: str, s: SampleShape) -> int:
-    sample = Sample("hsx-0-0", s.dataset_index, torch.arange(s.tokens), torch.ones(s.tokens, dtype=torch.int64),
-                    torch.zeros(s.tokens, s.num_aux + 1, s.hidden_size, dtype=s.dtype))
+    sample = Sample(
+        "hsx-0-0",
+        s.dataset_index,
+        torch.arange(s.tokens),
+        torch.ones(s.tokens, dtype=torch.int64),
+        torch.zeros(s.tokens, s.num_aux + 1, s.hidden_size, dtype=s.dtype),
+    )
     sink = _CountingSink()
     get_format(fmt).encode(sample).write_to(sink)
     return sink.n

@@ -48,8 +48,13 @@ def sharded_view(model: Path, into: Path) -> Path:
 def train(readers: Path, run_file: Path, export: Path, *overrides: str) -> dict:
     result = export.parent / "trained.json"
     env = dict(os.environ, PYTHONPATH=str(readers / "specforge"), OMP_NUM_THREADS="2")
-    done = subprocess.run([sys.executable, str(TRAINER), str(run_file), str(export), str(result), *overrides],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(TRAINER), str(run_file), str(export), str(result), *overrides],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, f"SpecForge failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return json.loads(result.read_text())
 
@@ -70,18 +75,29 @@ def test_the_drain_writes_a_draft_config_that_sglang_serves_on_the_sets_own_laye
     ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     assert served_capture(header.architecture, ids) == header.sglang_layers_to_capture
     assert (config["architectures"], config["num_hidden_layers"], config["hidden_size"]) == (
-        ["LlamaForCausalLMEagle3"], 1, header.hidden_size)
+        ["LlamaForCausalLMEagle3"],
+        1,
+        header.hidden_size,
+    )
     assert config["draft_vocab_size"] == header.vocab_size < 32000  # 32000 asked for, clamped to the model's
 
 
-def test_specforge_trains_on_the_set_from_its_run_file_and_exports_a_draft_for_sglang(drained_set, readers,
-                                                                                      tiny_llama, tmp_path):
+def test_specforge_trains_on_the_set_from_its_run_file_and_exports_a_draft_for_sglang(
+    drained_set, readers, tiny_llama, tmp_path
+):
     header = read_header(drained_set)
     run_file = drained_set / "specforge-train.yaml"
     assert "No index.json file found" in run_file.read_text()  # the tiny model is a single-file checkpoint
     target = sharded_view(tiny_llama, tmp_path / "target")
-    got = train(readers, run_file, tmp_path / "draft", "training.max_steps=3", "training.log_interval=1",
-                f"model.target_model_path={target}", f"output_dir={tmp_path / 'train'}")
+    got = train(
+        readers,
+        run_file,
+        tmp_path / "draft",
+        "training.max_steps=3",
+        "training.log_interval=1",
+        f"model.target_model_path={target}",
+        f"output_dir={tmp_path / 'train'}",
+    )
     assert [s["step"] for s in got["steps"]] == [1, 2, 3]
     assert all(math.isfinite(s["loss"]) and s["loss"] > 0 for s in got["steps"]), got["steps"]
     ids = got["config"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"]

@@ -54,9 +54,11 @@ def _moe(num_tokens: int, dtype: torch.dtype):
 
     g = torch.Generator().manual_seed(0)
     experts, hidden, inter, top_k = 8, 64, 32, 2
-    layer = types.SimpleNamespace(w13_weight=(torch.randn(experts, 2 * inter, hidden, generator=g) * 0.1).to(dtype),
-                                  w2_weight=(torch.randn(experts, hidden, inter, generator=g) * 0.1).to(dtype),
-                                  num_experts=experts)
+    layer = types.SimpleNamespace(
+        w13_weight=(torch.randn(experts, 2 * inter, hidden, generator=g) * 0.1).to(dtype),
+        w2_weight=(torch.randn(experts, hidden, inter, generator=g) * 0.1).to(dtype),
+        num_experts=experts,
+    )
     x = torch.randn(num_tokens, hidden, generator=g).to(dtype)
     logits = torch.randn(num_tokens, experts, generator=g)
     weights, ids = torch.topk(logits.sigmoid(), top_k)
@@ -82,13 +84,14 @@ def test_eager_moe_calls_keep_sglangs_own_path():
 
 
 def test_sglang_loads_the_plugin_and_wraps_its_native_moe():
-    probe = ("from sglang.srt.plugins import load_plugins; load_plugins(); "
-             "import sglang.srt.layers.moe.fused_moe_native as m; f = m.moe_forward_native; "
-             "print(f.__wrapped__.__module__, f is not f.__wrapped__)")
+    probe = (
+        "from sglang.srt.plugins import load_plugins; load_plugins(); "
+        "import sglang.srt.layers.moe.fused_moe_native as m; f = m.moe_forward_native; "
+        "print(f.__wrapped__.__module__, f is not f.__wrapped__)"
+    )
     # The tests' CPU sgl_kernel stub first, as on the CPU test servers; the plugin is found beside it.
     path = [REPO / "tests" / "stubs", STANDIN, REPO / "files" / "python"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)),
-           "SGLANG_PLUGINS": "hsextract_graph_safe_moe"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)), "SGLANG_PLUGINS": "hsextract_graph_safe_moe"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-2:] == ["sglang.srt.layers.moe.fused_moe_native", "True"], done.stdout
@@ -105,8 +108,12 @@ def test_standin_kernels_fail_naming_themselves_when_called():
 
 def test_bundle_carries_a_complete_package_whose_patch_renders(tmp_path, tiny_llama):
     out = tmp_path / "bundle"
-    done = subprocess.run([sys.executable, str(GPU / "build_bundle.py"), "--out", str(out), "--with-tree",
-                           "--offline"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(GPU / "build_bundle.py"), "--out", str(out), "--with-tree", "--offline"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["tree"] and summary["bundle_mib"] < 5
@@ -115,28 +122,50 @@ def test_bundle_carries_a_complete_package_whose_patch_renders(tmp_path, tiny_ll
     assert (out / "standin" / "hsextract_gpu_standin-1.0.dist-info" / "entry_points.txt").is_file()
     env = {k: v for k, v in os.environ.items() if k != "HSEXTRACT_TEMPLATES"}
     env["PYTHONPATH"] = str(out / "tree" / "files" / "python")
-    render = subprocess.run([sys.executable, "-m", "hsextract", "capture-patch", "--out-dir", str(tmp_path / "patch"),
-                             "--model", str(tiny_llama), "--dump-dir", str(tmp_path / "dump")],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    render = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsextract",
+            "capture-patch",
+            "--out-dir",
+            str(tmp_path / "patch"),
+            "--model",
+            str(tiny_llama),
+            "--dump-dir",
+            str(tmp_path / "dump"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert render.returncode == 0, render.stderr
     assert (tmp_path / "patch" / "hsextract_capture_patch" / "model.py").is_file()
-
 
 
 def test_the_bundles_tree_carries_the_pipeline_bench_package_and_its_command_runs(tmp_path):
     """The end-to-end bench is a package beside its script: a tree copied into the bundle must hold
     both, so that the GPU host can run the documented command from it."""
     out = tmp_path / "bundle"
-    done = subprocess.run([sys.executable, str(GPU / "build_bundle.py"), "--out", str(out), "--with-tree",
-                           "--offline"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(GPU / "build_bundle.py"), "--out", str(out), "--with-tree", "--offline"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     script = out / "tree" / "bench" / "gpu" / "pipeline_gpu.py"
     assert sorted(p.name for p in script.with_name("pipeline").glob("*.py")) == sorted(
-        p.name for p in (GPU / "pipeline").glob("*.py"))
-    helped = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
-                            cwd=tmp_path)
+        p.name for p in (GPU / "pipeline").glob("*.py")
+    )
+    helped = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert helped.returncode == 0, helped.stderr
     assert "--throughput-in-flight" in helped.stdout and "--reap-output" in helped.stdout
+
 
 @pytest.mark.parametrize("writer_process", [False, True])
 def test_a_capture_server_spec_renders_its_writer_mode_into_the_patch(tmp_path, tiny_llama, writer_process):
@@ -150,8 +179,9 @@ def test_a_capture_server_spec_renders_its_writer_mode_into_the_patch(tmp_path, 
     assert namespace["CONFIG"].get("writer_process", True) is writer_process
 
 
-def stage_round(dump: Path, run_id: str, n: int, failed: set[int] = frozenset(), incomplete: set[int] = frozenset()
-                ) -> list[list[int]]:
+def stage_round(
+    dump: Path, run_id: str, n: int, failed: set[int] = frozenset(), incomplete: set[int] = frozenset()
+) -> list[list[int]]:
     """``n`` staged dumps of one round as the capture writes them (ids, rows, fingerprint), some
     failed or incomplete; the prompts their requests sent."""
     prompts = []
@@ -214,13 +244,19 @@ def test_staging_counter_that_keeps_dumps_counts_each_once_and_removes_them_afte
 
 
 # Three prefill batches as SGLang 0.5.23 logs them on the H200, and a line of another kind.
-SGLANG_PREFILL_LOG = "\n".join(
-    f"[2026-12-01 10:22:11] Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: 0, "
-    f"token usage: 0.03, #running-req: {running}, #queue-req: {queued}, #pending-token: 0, cuda graph: False, "
-    f"input throughput (token/s): {throughput}"
-    for seqs, tokens, running, queued, throughput in ((64, 8192, 1, 0, "41392.10"), (35, 4480, 64, 0, "42920.74"),
-                                                      (1, 128, 35, 12, "1100.43"))
-) + "\n[2026-12-01 10:22:11] hsextract capture: another line\n"
+SGLANG_PREFILL_LOG = (
+    "\n".join(
+        f"[2026-12-01 10:22:11] Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: 0, "
+        f"token usage: 0.03, #running-req: {running}, #queue-req: {queued}, #pending-token: 0, cuda graph: False, "
+        f"input throughput (token/s): {throughput}"
+        for seqs, tokens, running, queued, throughput in (
+            (64, 8192, 1, 0, "41392.10"),
+            (35, 4480, 64, 0, "42920.74"),
+            (1, 128, 35, 12, "1100.43"),
+        )
+    )
+    + "\n[2026-12-01 10:22:11] hsextract capture: another line\n"
+)
 
 
 def test_scheduler_stats_read_sglangs_prefill_lines_of_a_round():
@@ -234,9 +270,10 @@ def test_scheduler_stats_read_sglangs_prefill_lines_of_a_round():
 
 
 def test_each_side_is_timed_on_its_server():
-    assert [server_of(side) for side in ("plain", "capture", "capture-kept", "capture-server-uncaptured",
-                                         "capture-other-writer")] == [
-        "plain", "capture", "capture", "capture", "capture-other-writer"]
+    assert [
+        server_of(side)
+        for side in ("plain", "capture", "capture-kept", "capture-server-uncaptured", "capture-other-writer")
+    ] == ["plain", "capture", "capture", "capture", "capture-other-writer"]
 
 
 def test_every_side_leads_some_round_and_each_round_times_every_side_once():
@@ -316,8 +353,9 @@ def test_the_bench_models_tokenizer_spells_every_token_the_model_can_generate(tm
     assert tok.encode(tok.decode(ids), add_special_tokens=False) == ids
     history = [{"role": "user", "content": "w10 w11"}, {"role": "assistant", "content": tok.decode([1500, 7])}]
     assert tok.apply_chat_template(history, tokenize=False) == tiny.apply_chat_template(history, tokenize=False)
-    assert tok.convert_tokens_to_ids(["<s>", "</s>", "<|user|>", "<|assistant|>"]) == \
-        tiny.convert_tokens_to_ids(["<s>", "</s>", "<|user|>", "<|assistant|>"])
+    assert tok.convert_tokens_to_ids(["<s>", "</s>", "<|user|>", "<|assistant|>"]) == tiny.convert_tokens_to_ids(
+        ["<s>", "</s>", "<|user|>", "<|assistant|>"]
+    )
 
 
 def test_a_throughput_case_says_where_the_set_was_written_and_the_whole_pipeline_over_the_disks_ceiling():
@@ -325,14 +363,29 @@ def test_a_throughput_case_says_where_the_set_was_written_and_the_whole_pipeline
     plain loop's tokens/s, the ceiling's bytes/s over the bytes per token)."""
     import pipeline_gpu
 
-    rows = {"plain_loop": [{"tokens_per_s": 1000.0, "samples": 10, "wall_s": 1.0}],
-            "pipeline_drain_first": [{"pipeline_tokens_per_s": 900.0, "samples": 10, "pipeline_wall_s": 1.0,
-                                      "drain_gb_per_s": 0.5, "ok": True}]}
+    rows = {
+        "plain_loop": [{"tokens_per_s": 1000.0, "samples": 10, "wall_s": 1.0}],
+        "pipeline_drain_first": [
+            {"pipeline_tokens_per_s": 900.0, "samples": 10, "pipeline_wall_s": 1.0, "drain_gb_per_s": 0.5, "ok": True}
+        ],
+    }
     fast_disk = pipeline_gpu.case_result(32, rows, 2.0, output_root="/data/out", bytes_per_token=1e6)
-    assert {k: fast_disk[k] for k in ("output_root", "reaped", "disk_ceiling_gb_per_s", "drain_gb_per_s",
-                                       "whole_pipeline_on_disk_over_ceiling")} == {
-        "output_root": "/data/out", "reaped": False, "disk_ceiling_gb_per_s": 2.0, "drain_gb_per_s": 0.5,
-        "whole_pipeline_on_disk_over_ceiling": 0.9}  # the GPU binds: 900 / 1000
+    assert {
+        k: fast_disk[k]
+        for k in (
+            "output_root",
+            "reaped",
+            "disk_ceiling_gb_per_s",
+            "drain_gb_per_s",
+            "whole_pipeline_on_disk_over_ceiling",
+        )
+    } == {
+        "output_root": "/data/out",
+        "reaped": False,
+        "disk_ceiling_gb_per_s": 2.0,
+        "drain_gb_per_s": 0.5,
+        "whole_pipeline_on_disk_over_ceiling": 0.9,
+    }  # the GPU binds: 900 / 1000
     slow_disk = pipeline_gpu.case_result(32, rows, 0.5, output_root="/data/out", bytes_per_token=1e6)
     assert slow_disk["whole_pipeline_on_disk_over_ceiling"] == 1.8  # the disk binds: 900 / 500
 
@@ -344,9 +397,15 @@ def test_the_ceilings_files_are_the_runs_samples_at_their_length_quantiles():
     assert sizes == sorted(sizes) and len(sizes) == 9 and sizes[-1] == 91 * 32_768 and sizes[0] == 11 * 32_768
 
 
-@pytest.mark.parametrize(("side", "processes", "drain_after", "drain_first"), [
-    ("pipeline", 1, False, False), ("pipeline_2_processes", 2, False, False), ("client_alone", 1, True, False),
-    ("pipeline_drain_first", 1, False, True)])
+@pytest.mark.parametrize(
+    ("side", "processes", "drain_after", "drain_first"),
+    [
+        ("pipeline", 1, False, False),
+        ("pipeline_2_processes", 2, False, False),
+        ("client_alone", 1, True, False),
+        ("pipeline_drain_first", 1, False, True),
+    ],
+)
 def test_each_product_side_runs_its_case_as_its_name_says(tmp_path, side, processes, drain_after, drain_first):
     from pipeline.case import Case
 
@@ -354,7 +413,12 @@ def test_each_product_side_runs_its_case_as_its_name_says(tmp_path, side, proces
     run = base.for_side(side, tmp_path / f"bench-32-0-{side}", reap=True)
     assert (run.processes, run.drain_after, run.drain_first) == (processes, drain_after, drain_first)
     assert (run.in_flight, run.dataset, run.out, run.selfcheck_share, run.reap) == (
-        32, base.dataset, tmp_path / f"bench-32-0-{side}", 0.01, True)
+        32,
+        base.dataset,
+        tmp_path / f"bench-32-0-{side}",
+        0.01,
+        True,
+    )
 
 
 def test_a_loop_side_is_no_case_of_the_product(tmp_path):
@@ -376,6 +440,7 @@ def test_a_client_alone_runs_without_a_staging_limit_and_the_others_with_the_cli
     assert together[together.index("--max-in-flight") + 1] == "8"
     assert together[together.index("--format") + 1] == "specforge"
 
+
 @pytest.mark.server
 def test_the_tiers_selfcheck_compares_the_servers_own_logprobs_and_records_them(llama_server):
     ids = list(range(20, 44))
@@ -383,8 +448,9 @@ def test_the_tiers_selfcheck_compares_the_servers_own_logprobs_and_records_them(
     token = llama_server.generate(ids, rid=rid)["output_ids"][0]
     d = wait_done(llama_server.dump_dir, rid)
     try:
-        verdict = capture_checks.selfcheck(llama_server.dump_dir, rid, llama_server.model_dir, ids, token,
-                                           llama_server.url)
+        verdict = capture_checks.selfcheck(
+            llama_server.dump_dir, rid, llama_server.model_dir, ids, token, llama_server.url
+        )
     finally:
         shutil.rmtree(d, ignore_errors=True)
     assert verdict["ok"] and verdict["exit_code"] == 0, verdict
@@ -394,8 +460,9 @@ def test_the_tiers_selfcheck_compares_the_servers_own_logprobs_and_records_them(
 
 
 @pytest.mark.server
-def test_the_tiers_drain_asks_its_server_for_logprobs_and_its_result_records_the_numbers(llama_server, tiny_llama,
-                                                                                         tmp_path):
+def test_the_tiers_drain_asks_its_server_for_logprobs_and_its_result_records_the_numbers(
+    llama_server, tiny_llama, tmp_path
+):
     import pipeline_gpu
 
     dump, out = tmp_path / "dump", tmp_path / "out"

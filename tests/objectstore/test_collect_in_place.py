@@ -21,13 +21,23 @@ def _fleet(weed, bucket, credentials, tmp_path, **kw):
 
 
 def _collect_args(weed, bucket, credentials, tmp_path):
-    return ["collect", "--into", f"s3://{bucket}/run/set", "--work-dir", str(tmp_path / "set-work"),
-            "--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials), "--",
-            f"a=s3://{bucket}/run/a", f"b=s3://{bucket}/run/b"]
+    return [
+        "collect",
+        "--into",
+        f"s3://{bucket}/run/set",
+        "--work-dir",
+        str(tmp_path / "set-work"),
+        "--s3-endpoint",
+        weed.endpoint,
+        "--s3-credentials",
+        str(credentials),
+        "--",
+        f"a=s3://{bucket}/run/a",
+        f"b=s3://{bucket}/run/b",
+    ]
 
 
-def test_two_hosts_prefixes_are_merged_in_place_in_dataset_order_every_sample_once(weed, bucket, credentials,
-                                                                                   tmp_path):
+def test_two_hosts_prefixes_are_merged_in_place_in_dataset_order_every_sample_once(weed, bucket, credentials, tmp_path):
     staged = _fleet(weed, bucket, credentials, tmp_path)
     weed.client().put_object(Bucket=bucket, Key="run/b/hidden_states/hs_50.safetensors", Body=b"an orphan")
     r = hsextract(*_collect_args(weed, bucket, credentials, tmp_path))
@@ -40,11 +50,23 @@ def test_two_hosts_prefixes_are_merged_in_place_in_dataset_order_every_sample_on
     assert {e.host for e in entries} == {"a", "b"}
     # The collected set, pulled and checked against its manifest, is the hosts' samples.
     dest = tmp_path / "pulled"
-    assert hsextract("pull", str(into.url), str(dest), "--s3-endpoint", weed.endpoint, "--s3-credentials",
-                     str(credentials)).returncode == 0
+    assert (
+        hsextract(
+            "pull", str(into.url), str(dest), "--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)
+        ).returncode
+        == 0
+    )
     assert all(verify_entry(dest, e) is None for e in iter_entries(dest))
-    verify = hsextract("finalize", "--output", str(into.url), "--s3-endpoint", weed.endpoint, "--s3-credentials",
-                       str(credentials), "--verify")
+    verify = hsextract(
+        "finalize",
+        "--output",
+        str(into.url),
+        "--s3-endpoint",
+        weed.endpoint,
+        "--s3-credentials",
+        str(credentials),
+        "--verify",
+    )
     assert verify.returncode == 0, verify.stdout
     # Again: nothing new, nothing copied twice.
     again = hsextract(*_collect_args(weed, bucket, credentials, tmp_path))

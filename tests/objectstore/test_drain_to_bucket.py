@@ -75,7 +75,8 @@ def test_a_second_run_of_the_drain_resumes_from_the_segments(weed, bucket, crede
     assert sorted(e.dataset_index for e in got.entries) == list(range(10))
     assert [h.kind for h in got.heads].count("epoch") == 2, "each drain published its epoch"
     assert {i.key.rsplit("/", 1)[-1] for i in store_of(out).list_objects(SEGMENTS_DIR + "/")} == {
-        f"{n:09d}.jsonl" for n in range(len(got.heads))}
+        f"{n:09d}.jsonl" for n in range(len(got.heads))
+    }
 
 
 def test_the_status_names_the_bucket_and_never_a_secret(weed, bucket, credentials, tmp_path):

@@ -22,19 +22,52 @@ from support.drain_proc import hsextract
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 
 
-def test_a_whole_extraction_lands_in_the_bucket_with_exactly_the_valid_samples(llama_server, tiny_llama, weed, bucket,
-                                                                                credentials, tmp_path):
+def test_a_whole_extraction_lands_in_the_bucket_with_exactly_the_valid_samples(
+    llama_server, tiny_llama, weed, bucket, credentials, tmp_path
+):
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=40)
     url, work, logs = f"s3://{bucket}/runs/e2e", tmp_path / "work", tmp_path / "logs"
     logs.mkdir()
     store = ["--work-dir", str(work), "--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
-    drain = start_client(logs / "drain.log", sys.executable, "-m", "hsextract", "drain", "--dump-dir",
-                         str(llama_server.dump_dir), "--output", url, "--format", "specforge", "--model",
-                         str(tiny_llama), "--exit-when-done", "--poll-interval", "0.2", "--finalize-idle", "3600",
-                         *store)
-    client = start_client(logs / "client.log", *extract_args(
-        llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, url,
-        "--work-dir", str(work), "--max-tokens", "300", "--overlong", "skip", "--max-in-flight", "4"))
+    drain = start_client(
+        logs / "drain.log",
+        sys.executable,
+        "-m",
+        "hsextract",
+        "drain",
+        "--dump-dir",
+        str(llama_server.dump_dir),
+        "--output",
+        url,
+        "--format",
+        "specforge",
+        "--model",
+        str(tiny_llama),
+        "--exit-when-done",
+        "--poll-interval",
+        "0.2",
+        "--finalize-idle",
+        "3600",
+        *store,
+    )
+    client = start_client(
+        logs / "client.log",
+        *extract_args(
+            llama_server.url,
+            tmp_path / "data.jsonl",
+            tiny_llama,
+            llama_server.dump_dir,
+            url,
+            "--work-dir",
+            str(work),
+            "--max-tokens",
+            "300",
+            "--overlong",
+            "skip",
+            "--max-in-flight",
+            "4",
+        ),
+    )
     try:
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
         assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")

@@ -25,9 +25,28 @@ FMT = "speculators"
 
 
 def _drain_args(weed, bucket: str, prefix: str, creds: Path, dump: Path, work: Path, *extra: str) -> list[str]:
-    return ["drain", "--dump-dir", str(dump), "--output", f"s3://{bucket}/{prefix}", "--work-dir", str(work),
-            "--format", FMT, "--s3-endpoint", weed.endpoint, "--s3-credentials", str(creds), "--poll-interval",
-            "0.05", "--finalize-idle", "0.5", "--workers", "2", *extra]
+    return [
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        f"s3://{bucket}/{prefix}",
+        "--work-dir",
+        str(work),
+        "--format",
+        FMT,
+        "--s3-endpoint",
+        weed.endpoint,
+        "--s3-credentials",
+        str(creds),
+        "--poll-interval",
+        "0.05",
+        "--finalize-idle",
+        "0.5",
+        "--workers",
+        "2",
+        *extra,
+    ]
 
 
 def _wait(what: str, check, timeout: float = 120.0, proc: subprocess.Popen | None = None):
@@ -80,12 +99,20 @@ def test_a_server_stopped_mid_run_holds_the_drain_and_loses_nothing(own_weed, tm
         own_weed.stop()
         for i in range(10, 20):
             stage_sample(dump, run, i, tokens=8 + i)
-        _wait("the drain to see the server gone",
-              lambda: (_status(work).get("objectstore") or {}).get("unreachable_since"), proc=proc)
+        _wait(
+            "the drain to see the server gone",
+            lambda: (_status(work).get("objectstore") or {}).get("unreachable_since"),
+            proc=proc,
+        )
         assert len(staged_names(dump)) == 10, "what could not go up is still staged"
         assert _in_manifest(work) == 10
-        _wait("the status file to say so", lambda: (_status(work).get("objectstore") or {}).get("unreachable_since")
-              and _status(work).get("lag") == 10, proc=proc)
+        _wait(
+            "the status file to say so",
+            lambda: (
+                (_status(work).get("objectstore") or {}).get("unreachable_since") and _status(work).get("lag") == 10
+            ),
+            proc=proc,
+        )
         said = hsextract("status", "--output", f"s3://{bucket}/down", "--work-dir", str(work))
         assert said.returncode == 1 and "has not answered for" in said.stdout, said.stdout
         own_weed.start()
@@ -104,20 +131,25 @@ def test_a_server_stopped_mid_run_holds_the_drain_and_loses_nothing(own_weed, tm
     assert own_weed.secret_key not in text
 
 
-def test_kill_9_mid_multipart_then_resume_names_every_sample_once_and_no_partial_object(weed, bucket, credentials,
-                                                                                        tmp_path):
+def test_kill_9_mid_multipart_then_resume_names_every_sample_once_and_no_partial_object(
+    weed, bucket, credentials, tmp_path
+):
     dump, work = tmp_path / "dump", tmp_path / "work"
     run = load_or_create_run_id(work)
     n = 6
     for i in range(n):  # about 12 MiB each: three parts of 5 MiB
         stage_sample(dump, run, i, tokens=1500 + i, hidden_size=1024)
-    args = _drain_args(weed, bucket, "killed", credentials, dump, work, "--s3-part-size", str(5 << 20),
-                       "--uploads", "2")
+    args = _drain_args(
+        weed, bucket, "killed", credentials, dump, work, "--s3-part-size", str(5 << 20), "--uploads", "2"
+    )
     client = weed.client()
     proc = start(*args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait("a multipart upload in flight",
-              lambda: client.list_multipart_uploads(Bucket=bucket, Prefix="killed/").get("Uploads"), proc=proc)
+        _wait(
+            "a multipart upload in flight",
+            lambda: client.list_multipart_uploads(Bucket=bucket, Prefix="killed/").get("Uploads"),
+            proc=proc,
+        )
         proc.kill()
         proc.wait(timeout=30)
     finally:
@@ -130,8 +162,7 @@ def test_kill_9_mid_multipart_then_resume_names_every_sample_once_and_no_partial
     assert len(staged_names(dump)) == n - len(named), "every sample not named is still staged"
 
     finish_client(work, n)
-    drain_until_done(dump, work, FMT, *args[args.index("--work-dir"):], "--output", f"s3://{bucket}/killed",
-                     lines=n)
+    drain_until_done(dump, work, FMT, *args[args.index("--work-dir") :], "--output", f"s3://{bucket}/killed", lines=n)
     _assert_set_is_exact(out, set(range(n)))
     store = store_of(out)
     from hsextract.formats import get_format
@@ -142,8 +173,9 @@ def test_kill_9_mid_multipart_then_resume_names_every_sample_once_and_no_partial
     assert not client.list_multipart_uploads(Bucket=bucket, Prefix="killed/").get("Uploads")
 
 
-def test_a_second_drain_on_a_prefix_fences_the_first_which_stops_saying_so_and_loses_nothing(weed, bucket,
-                                                                                            credentials, tmp_path):
+def test_a_second_drain_on_a_prefix_fences_the_first_which_stops_saying_so_and_loses_nothing(
+    weed, bucket, credentials, tmp_path
+):
     dump_a, work_a, dump_b, work_b = tmp_path / "dump-a", tmp_path / "work-a", tmp_path / "dump-b", tmp_path / "work-b"
     run = load_or_create_run_id(work_a)
     work_b.mkdir()
@@ -157,8 +189,11 @@ def test_a_second_drain_on_a_prefix_fences_the_first_which_stops_saying_so_and_l
         for i in range(5, 10):
             stage_sample(dump_b, run, i)
         finish_client(work_b, 10)
-        b = start(*_drain_args(weed, bucket, "shared", credentials, dump_b, work_b), stdout=subprocess.DEVNULL,
-                  stderr=subprocess.DEVNULL)
+        b = start(
+            *_drain_args(weed, bucket, "shared", credentials, dump_b, work_b),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             _wait("drain B's samples", lambda: _in_manifest(work_b) == 10, proc=b)
             for i in range(10, 15):  # drain A goes on writing: it meets B's segments and stops

@@ -39,8 +39,9 @@ def _drained(weed, bucket, credentials, tmp_path, fmt: str, n: int = 7):
 
 @pytest.mark.readers
 @pytest.mark.parametrize("fmt", ["specforge", "speculators", "speculators-v1", "modelopt"])
-def test_a_pulled_set_loads_in_the_trainers_reader_with_every_sample_once(weed, bucket, credentials, tmp_path, fmt,
-                                                                          readers):
+def test_a_pulled_set_loads_in_the_trainers_reader_with_every_sample_once(
+    weed, bucket, credentials, tmp_path, fmt, readers
+):
     out, staged, where = _drained(weed, bucket, credentials, tmp_path, fmt)
     dest = tmp_path / "pulled"
     r = hsextract("pull", str(out.url), str(dest), *where)

@@ -39,8 +39,9 @@ def test_a_server_that_ignores_conditional_writes_is_refused_with_the_reason(tmp
     try:
         (tmp_path / "rclone-data" / "sets").mkdir()  # a bucket of rclone's is a directory
         creds = tmp_path / "rclone.credentials"
-        creds.write_text(f"[default]\naws_access_key_id = {rclone.access_key}\naws_secret_access_key = "
-                         f"{rclone.secret_key}\n")
+        creds.write_text(
+            f"[default]\naws_access_key_id = {rclone.access_key}\naws_secret_access_key = {rclone.secret_key}\n"
+        )
         creds.chmod(0o600)
         dump, work = _staged(tmp_path)
         out = ObjectOutput(ObjectURL("sets", "run"), settings_from(rclone.endpoint, "us-east-1", str(creds)))
@@ -90,8 +91,9 @@ def test_an_endpoint_that_is_not_s3_is_refused(credentials, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         dump, work = _staged(tmp_path)
-        out = ObjectOutput(ObjectURL("sets", "p"),
-                           settings_from(f"http://127.0.0.1:{server.server_address[1]}", "", str(credentials)))
+        out = ObjectOutput(
+            ObjectURL("sets", "p"), settings_from(f"http://127.0.0.1:{server.server_address[1]}", "", str(credentials))
+        )
         with pytest.raises(ServerRefused, match="not an S3 server"):
             drain(dump, work, out, lines=3)
         assert len(staged_names(dump)) == 3

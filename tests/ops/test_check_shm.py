@@ -29,15 +29,25 @@ def test_the_estimate_is_requests_times_tokens_times_bytes_plus_pages_per_reques
 
 
 def test_a_watermark_above_the_estimate_is_the_need():
-    need = estimate_need(hidden_size=64, aux_layers=3, requests_in_flight=1, tokens_per_request=10,
-                         watermark_bytes=1 << 30)
+    need = estimate_need(
+        hidden_size=64, aux_layers=3, requests_in_flight=1, tokens_per_request=10, watermark_bytes=1 << 30
+    )
     assert need.need_bytes == 1 << 30
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("1073741824", 1 << 30), ("512M", 512 << 20), ("2G", 2 << 30), ("2GiB", 2 << 30), ("1.5k", 1536),
-    ("10%", 100), ("", 0), (None, 0),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1073741824", 1 << 30),
+        ("512M", 512 << 20),
+        ("2G", 2 << 30),
+        ("2GiB", 2 << 30),
+        ("1.5k", 1536),
+        ("10%", 100),
+        ("", 0),
+        (None, 0),
+    ],
+)
 def test_sizes_parse_as_bytes_units_or_a_share_of_the_filesystem(text, expected):
     assert parse_size(text, total=1000) == expected
 
@@ -64,21 +74,37 @@ def test_enough_space_passes_and_reports_no_change(tmp_path):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hsextract", "check-shm", *args], env=ENV,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hsextract", "check-shm", *args], env=ENV, capture_output=True, text=True, timeout=60
+    )
 
 
 def write_model_config(path: Path, hidden: int = 64) -> Path:
     path.mkdir()
-    (path / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8, "hidden_size": hidden, "vocab_size": 320}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8, "hidden_size": hidden, "vocab_size": 320}
+        )
+    )
     return path
 
 
 def test_the_cli_reads_the_hidden_size_from_the_model_and_the_layer_count_from_the_ids(tmp_path):
     model = write_model_config(tmp_path / "m")
-    result = run_cli("--model", str(model), "--aux-layers", "1,3", "--max-in-flight", "2", "--max-tokens", "10",
-                     "--max-staged", "0", "--dump-dir", str(tmp_path / "not-yet" / "dumps"))
+    result = run_cli(
+        "--model",
+        str(model),
+        "--aux-layers",
+        "1,3",
+        "--max-in-flight",
+        "2",
+        "--max-tokens",
+        "10",
+        "--max-staged",
+        "0",
+        "--dump-dir",
+        str(tmp_path / "not-yet" / "dumps"),
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["bytes_per_token"] == 64 * 3 * 2 + 8 and report["tokens_in_flight"] == 20
@@ -88,8 +114,19 @@ def test_the_cli_reads_the_hidden_size_from_the_model_and_the_layer_count_from_t
 def test_the_cli_takes_its_settings_from_the_shared_run_config(tmp_path):
     model = write_model_config(tmp_path / "m", hidden=128)
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"model": str(model), "max_in_flight": 3, "max_tokens": 7, "dump_dir": str(tmp_path),
-                                  "max_staged": 0, "rid_prefix": "hsx", "format": "speculators"}))
+    config.write_text(
+        json.dumps(
+            {
+                "model": str(model),
+                "max_in_flight": 3,
+                "max_tokens": 7,
+                "dump_dir": str(tmp_path),
+                "max_staged": 0,
+                "rid_prefix": "hsx",
+                "format": "speculators",
+            }
+        )
+    )
     result = run_cli("--config", str(config))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -98,8 +135,9 @@ def test_the_cli_takes_its_settings_from_the_shared_run_config(tmp_path):
 
 def test_the_cli_fails_with_exit_4_and_the_numbers_when_space_is_short(tmp_path):
     model = write_model_config(tmp_path / "m", hidden=7168)
-    result = run_cli("--model", str(model), "--max-in-flight", "100000", "--max-tokens", "100000",
-                     "--dump-dir", str(tmp_path))
+    result = run_cli(
+        "--model", str(model), "--max-in-flight", "100000", "--max-tokens", "100000", "--dump-dir", str(tmp_path)
+    )
     assert result.returncode == 4
     assert "100000 staged requests" in result.stderr and "GiB" in result.stderr
 

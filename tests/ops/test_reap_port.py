@@ -63,7 +63,10 @@ def spawn():
 def reap(port: int, match: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "hsextract", "reap-port", "--port", str(port), "--match", match, *extra],
-        env=ENV, capture_output=True, text=True, timeout=60,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -79,8 +82,10 @@ def exited(p: subprocess.Popen, timeout: float = 5) -> bool:
 
 
 def test_a_matching_listener_is_a_target_once_even_with_two_sockets():
-    holders = [Holder(42, "python -m sglang.launch_server", "0.0.0.0:30000"),
-               Holder(42, "python -m sglang.launch_server", ":::30000")]
+    holders = [
+        Holder(42, "python -m sglang.launch_server", "0.0.0.0:30000"),
+        Holder(42, "python -m sglang.launch_server", ":::30000"),
+    ]
     plan = plan_reap(holders, re.compile("sglang"), protected={1})
     assert [t.pid for t in plan.targets] == [42]
     assert plan.refusals == ()
@@ -145,7 +150,12 @@ def test_a_matching_process_that_does_not_listen_on_the_port_is_untouched(spawn)
     result = reap(port, marker)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
-        "port": port, "pattern": marker, "dry_run": False, "changed": False, "stopped": [], "port_free": True,
+        "port": port,
+        "pattern": marker,
+        "dry_run": False,
+        "changed": False,
+        "stopped": [],
+        "port_free": True,
     }
     time.sleep(0.2)
     assert bystander.poll() is None and elsewhere.poll() is None

@@ -24,8 +24,9 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 
 def wait_http(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hsextract.ops.wait_http", *args], env=ENV,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "hsextract.ops.wait_http", *args], env=ENV, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_a_healthy_url_returns_at_once():

@@ -38,12 +38,23 @@ def plan(dataset: Path, model: Path, report: Path, *extra: str) -> tuple[subproc
     process, which has the tokenizer's libraries imported already (a process of its own spends about
     2 CPU-seconds importing them, and this module plans two dozen times); a plan with several
     tokenizing processes runs as a process of its own, as the command does."""
-    argv = ["plan", "--dataset", str(dataset), "--model", str(model), "--json", str(report), "--no-progress",
-            *LIMITS, *extra]
+    argv = [
+        "plan",
+        "--dataset",
+        str(dataset),
+        "--model",
+        str(model),
+        "--json",
+        str(report),
+        "--no-progress",
+        *LIMITS,
+        *extra,
+    ]
     workers = int(extra[extra.index("--workers") + 1]) if "--workers" in extra else 1
     if workers > 1:
-        r = subprocess.run([sys.executable, "-m", "hsextract", *argv], env=env(), capture_output=True, text=True,
-                           timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "hsextract", *argv], env=env(), capture_output=True, text=True, timeout=600
+        )
     else:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -60,9 +71,19 @@ def test_plan_equals_what_a_real_extract_sends_and_writes_in_every_format(llama_
     out, logs = tmp_path / "client-out", tmp_path / "logs"
     logs.mkdir()
     run_id = load_or_create_run_id(out)
-    client = start_client(logs / "client.log", *extract_args(
-        llama_server.url, tmp_path / "data.jsonl", tiny_llama, llama_server.dump_dir, out, *LIMITS,
-        "--max-in-flight", "4"))
+    client = start_client(
+        logs / "client.log",
+        *extract_args(
+            llama_server.url,
+            tmp_path / "data.jsonl",
+            tiny_llama,
+            llama_server.dump_dir,
+            out,
+            *LIMITS,
+            "--max-in-flight",
+            "4",
+        ),
+    )
     try:
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
     finally:
@@ -92,8 +113,20 @@ def test_plan_equals_what_a_real_extract_sends_and_writes_in_every_format(llama_
         for record in (dump / "_records").glob("*.json"):  # the client's records, as if it ran for this drain
             data = json.loads(record.read_text())
             record.write_text(json.dumps({**data, "format": fmt, "output": str(fout)}))
-        r = hsextract("drain", "--dump-dir", str(dump), "--output", str(fout), "--format", fmt, "--model",
-                      str(tiny_llama), "--exit-when-done", "--poll-interval", "0.1")
+        r = hsextract(
+            "drain",
+            "--dump-dir",
+            str(dump),
+            "--output",
+            str(fout),
+            "--format",
+            fmt,
+            "--model",
+            str(tiny_llama),
+            "--exit-when-done",
+            "--poll-interval",
+            "0.1",
+        )
         assert r.returncode == 0, f"{fmt} drain exited {r.returncode}:\n{r.stderr[-3000:]}"
         written[fmt] = list(iter_entries(fout))
     masked = json.loads((tmp_path / "out-specforge" / "draft_vocab.json").read_text())["masked_tokens"]
@@ -131,8 +164,9 @@ def test_plan_in_several_processes_equals_plan_in_one(tiny_llama, tmp_path):
 def _record_written(out: Path, exp, done: list[int]) -> None:
     """Put `done` (dataset indices of `exp`) in the manifest of `out`, as the drain records samples."""
     app = ManifestAppender(out)
-    app.append([ManifestEntry(n, i, f"hsx-0-{i}", len(exp.samples[i][0]), f"f{n}", 1, "sha256:0")
-                for n, i in enumerate(done)])
+    app.append(
+        [ManifestEntry(n, i, f"hsx-0-{i}", len(exp.samples[i][0]), f"f{n}", 1, "sha256:0") for n, i in enumerate(done)]
+    )
     app.close()
 
 
@@ -150,29 +184,84 @@ def test_samples_already_written_are_counted_and_left_out_of_what_remains(tiny_l
 
 def test_a_volume_too_small_fails_with_the_numbers_after_writing_the_report(tiny_llama, tmp_path):
     data, _ = _dataset(tmp_path, tiny_llama, n=20)
-    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--output", str(tmp_path / "out"),
-                     "--space-margin", "1000T", "--workers", "1", "--format", "specforge")
+    r, report = plan(
+        data,
+        tiny_llama,
+        tmp_path / "plan.json",
+        "--output",
+        str(tmp_path / "out"),
+        "--space-margin",
+        "1000T",
+        "--workers",
+        "1",
+        "--format",
+        "specforge",
+    )
     assert r.returncode == 5, r.stdout + r.stderr
     v = report["output_volume"]
     assert v["ok"] is False and v["margin_bytes"] == 1000 << 40 and v["format"] == "specforge"
     assert f"{tmp_path / 'out'} has " in r.stderr and "but the run needs" in r.stderr
     assert "specforge training set" in r.stderr and "--space-margin" in r.stderr
-    started = subprocess.run([sys.executable, "-m", "hsextract", "plan", "--dataset", str(data), "--model",
-                              str(tiny_llama), "--json", str(tmp_path / "p2.json"), "--no-progress", "--workers", "1",
-                              "--output", str(tmp_path / "out"), "--space-margin", "1000T", "--no-space-check"],
-                             env=env(), capture_output=True, text=True, timeout=300)
+    started = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hsextract",
+            "plan",
+            "--dataset",
+            str(data),
+            "--model",
+            str(tiny_llama),
+            "--json",
+            str(tmp_path / "p2.json"),
+            "--no-progress",
+            "--workers",
+            "1",
+            "--output",
+            str(tmp_path / "out"),
+            "--space-margin",
+            "1000T",
+            "--no-space-check",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert started.returncode == 0, started.stderr
 
 
 def test_staging_need_is_check_shms_estimate_for_the_longest_sample(tiny_llama, tmp_path):
     data, _ = _dataset(tmp_path, tiny_llama, n=20)
-    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1", "--max-in-flight", "3",
-                     "--max-staged", "5", "--shm-min-free", "1M")
+    r, report = plan(
+        data,
+        tiny_llama,
+        tmp_path / "plan.json",
+        "--workers",
+        "1",
+        "--max-in-flight",
+        "3",
+        "--max-staged",
+        "5",
+        "--shm-min-free",
+        "1M",
+    )
     assert r.returncode == 0, r.stderr
     s = report["shm"]
     assert s["tokens_per_request"] == report["length_percentiles"]["max"] and s["requests"] == 5
-    check = hsextract("check-shm", "--model", str(tiny_llama), "--max-in-flight", "3", "--max-staged", "5",
-                      "--max-tokens", str(s["tokens_per_request"]), "--shm-min-free", "1M")
+    check = hsextract(
+        "check-shm",
+        "--model",
+        str(tiny_llama),
+        "--max-in-flight",
+        "3",
+        "--max-staged",
+        "5",
+        "--max-tokens",
+        str(s["tokens_per_request"]),
+        "--shm-min-free",
+        "1M",
+    )
     assert check.returncode == 0, check.stderr
     assert json.loads(check.stdout)["need_bytes"] == s["need_bytes"]
 
@@ -189,8 +278,14 @@ def test_an_empty_dataset_file_is_an_error_as_an_empty_directory_is(tiny_llama, 
 
 
 def _conversation(i: int, text: str = "") -> str:
-    return json.dumps({"messages": [{"role": "user", "content": f"Question {i}? {text}"},
-                                    {"role": "assistant", "content": f"Answer {i}."}]})
+    return json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": f"Question {i}? {text}"},
+                {"role": "assistant", "content": f"Answer {i}."},
+            ]
+        }
+    )
 
 
 def test_a_row_over_the_size_bound_is_a_reject_of_its_own_and_the_bound_can_be_raised(tiny_llama, tmp_path):
@@ -228,11 +323,14 @@ def test_a_plan_given_no_place_for_its_report_writes_nothing_and_says_so_first(t
     work = tmp_path / "started-here"
     work.mkdir()
     monkeypatch.chdir(work)
-    rc, out, err = _plan_in_process("--dataset", str(data), "--model", str(tiny_llama), "--no-progress",
-                                    "--workers", "1", *LIMITS)
+    rc, out, err = _plan_in_process(
+        "--dataset", str(data), "--model", str(tiny_llama), "--no-progress", "--workers", "1", *LIMITS
+    )
     assert rc == 0 and "samples" in out, err
-    assert err.splitlines()[0] == ("plan: no --output or --json: the report and the scan are kept nowhere (--json "
-                                   "PATH keeps them, and a later plan of the same inputs reuses the scan)")
+    assert err.splitlines()[0] == (
+        "plan: no --output or --json: the report and the scan are kept nowhere (--json "
+        "PATH keeps them, and a later plan of the same inputs reuses the scan)"
+    )
     assert list(work.iterdir()) == [], "no plan.json or plan.scan.json where the plan was started"
 
 
@@ -242,12 +340,20 @@ def test_a_plan_says_once_which_files_of_a_dataset_directory_it_skips(tiny_llama
     (d / "a.jsonl").write_text(_conversation(0) + "\n")
     (d / ".notes.jsonl").write_text(_conversation(1) + "\n")
     with caplog.at_level(logging.INFO, logger="hsextract"):
-        rc, _, err = _plan_in_process("--dataset", str(d), "--model", str(tiny_llama), "--no-progress",
-                                      "--workers", "1", "--json", str(tmp_path / "plan.json"))
+        rc, _, err = _plan_in_process(
+            "--dataset",
+            str(d),
+            "--model",
+            str(tiny_llama),
+            "--no-progress",
+            "--workers",
+            "1",
+            "--json",
+            str(tmp_path / "plan.json"),
+        )
     assert rc == 0, err
     said = [r.getMessage() for r in caplog.records if "hidden files" in r.getMessage()]
-    assert said == [f"dataset {d}: skipping 1 hidden files and directories (names starting with . or _): "
-                    ".notes.jsonl"]
+    assert said == [f"dataset {d}: skipping 1 hidden files and directories (names starting with . or _): .notes.jsonl"]
 
 
 def test_planning_a_read_only_output_reports_and_says_in_one_line_that_the_report_was_not_kept(tiny_llama, tmp_path):
@@ -256,30 +362,58 @@ def test_planning_a_read_only_output_reports_and_says_in_one_line_that_the_repor
     data, _ = _dataset(tmp_path, tiny_llama, n=10)
     out = tmp_path / "out"
     out.mkdir()
-    base = ["plan", "--dataset", str(data), "--model", str(tiny_llama), "--output", str(out), "--no-progress",
-            "--workers", "1"]
+    base = [
+        "plan",
+        "--dataset",
+        str(data),
+        "--model",
+        str(tiny_llama),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--workers",
+        "1",
+    ]
     r = hsextract_read_only([out], *base)
     assert r.returncode == 0, r.stderr
     assert "samples" in r.stdout and "output    room" in r.stdout
     kept = [line for line in r.stderr.splitlines() if "report" in line]
-    assert kept == [f"  report    not kept: cannot write {out / '.hsextract' / 'plan.json'} (Read-only file system); "
-                    "the plan above stands, --json PATH keeps it elsewhere"], r.stderr
-    assert f"  scan      not kept for the next plan: cannot write {out / '.hsextract' / 'plan.scan.json'} " \
-           "(Read-only file system)" in r.stderr.splitlines(), r.stderr
+    assert kept == [
+        f"  report    not kept: cannot write {out / '.hsextract' / 'plan.json'} (Read-only file system); "
+        "the plan above stands, --json PATH keeps it elsewhere"
+    ], r.stderr
+    assert (
+        f"  scan      not kept for the next plan: cannot write {out / '.hsextract' / 'plan.scan.json'} "
+        "(Read-only file system)" in r.stderr.splitlines()
+    ), r.stderr
     asked = hsextract_read_only([out], *base, "--json", str(out / "plan.json"))
     assert asked.returncode == 73
     assert asked.stderr.strip().splitlines()[-1] == (
         f"hsextract plan: error: cannot write the report to {out / 'plan.json'} (Read-only file system); "
-        "pass --json with a writable path")
+        "pass --json with a writable path"
+    )
 
 
 # ---- a plan of the same inputs reuses the scan kept beside its report -------------------------------
 # The play plans at every run, and tokenizing a large dataset again takes minutes.
 
 # What a plan measures of the dataset; the rest (free space, the tokenizer's speed) is of the moment.
-MEASURED = ("samples", "already_written", "rejects", "reject_examples", "tokens", "loss_masked_tokens",
-            "remaining_tokens", "length_percentiles", "overlong", "formats", "dataset_fingerprint", "rows",
-            "rows_in_shard", "model_layout")
+MEASURED = (
+    "samples",
+    "already_written",
+    "rejects",
+    "reject_examples",
+    "tokens",
+    "loss_masked_tokens",
+    "remaining_tokens",
+    "length_percentiles",
+    "overlong",
+    "formats",
+    "dataset_fingerprint",
+    "rows",
+    "rows_in_shard",
+    "model_layout",
+)
 
 
 def measured(report: dict) -> dict:
@@ -354,13 +488,21 @@ def test_the_kept_scan_of_one_report_is_not_another_reports(tiny_llama, tmp_path
     assert sorted(p.name for p in Path(tmp_path).glob("*.scan.json")) == ["a.scan.json", "b.scan.json"]
 
 
-def test_measure_disk_gives_the_output_volumes_ceiling_and_which_of_it_and_the_gpu_sets_the_pace(tiny_llama,
-                                                                                                 tmp_path):
+def test_measure_disk_gives_the_output_volumes_ceiling_and_which_of_it_and_the_gpu_sets_the_pace(tiny_llama, tmp_path):
     data, _ = _dataset(tmp_path, tiny_llama, n=20)
     out = tmp_path / "out"
     out.mkdir()
-    quick = ("--measure-disk", "--measure-disk-seconds", "0.2", "--measure-disk-gb", "0.05", "--workers", "1",
-             "--output", str(out))
+    quick = (
+        "--measure-disk",
+        "--measure-disk-seconds",
+        "0.2",
+        "--measure-disk-gb",
+        "0.05",
+        "--workers",
+        "1",
+        "--output",
+        str(out),
+    )
     r, slow_gpu = plan(data, tiny_llama, tmp_path / "plan.json", *quick, "--tokens-per-s", "1")
     assert r.returncode == 0, r.stderr
     d = slow_gpu["disk"]

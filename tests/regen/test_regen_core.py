@@ -145,6 +145,7 @@ def test_source_reasoning_in_a_kept_earlier_turn_follows_the_mode_too():
 
 # -- tools --------------------------------------------------------------------------------------------
 
+
 def call(name, cid, **args):
     return ToolCall(name, args, cid)
 
@@ -160,8 +161,9 @@ TOOL_CONV = conv(
 
 
 def test_same_tool_calls_get_the_source_results_spliced_with_the_new_call_ids():
-    s = Script(reply("", calls=[call("get_weather", "new1", city="Rome"), call("get_time", "new2")]),
-               reply("Rainy at noon."))
+    s = Script(
+        reply("", calls=[call("get_weather", "new1", city="Rome"), call("get_time", "new2")]), reply("Rainy at noon.")
+    )
     res = run(TOOL_CONV, s)
     assert [m.role for m in res.messages] == ["user", "assistant", "tool", "tool", "assistant"]
     assert [(m.content, m.tool_call_id) for m in res.messages[2:4]] == [("sunny", "new1"), ("noon", "new2")]

@@ -35,8 +35,24 @@ pytestmark = pytest.mark.server
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "tests" / "dataset" / "templates"
-WORDS = ["the", "capital", "city", "of", "france", "is", "paris", "hello", "world", "quick", "brown", "fox", "jumps",
-         "over", "lazy", "dog"]
+WORDS = [
+    "the",
+    "capital",
+    "city",
+    "of",
+    "france",
+    "is",
+    "paris",
+    "hello",
+    "world",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+]
 
 
 @pytest.fixture
@@ -49,8 +65,15 @@ def regen_server(llama_server):
 def scripted_server(request, tmp_path_factory, tiny_llama, free_port):
     base = tmp_path_factory.mktemp("scripted-server")
     model = make_scripted_model(tiny_llama, base / "model", (TEMPLATES / "qwen3_tools.jinja").read_text())
-    handle = start_server(model, port=free_port(), dump_dir=base / "dump", log_dir=base / "logs", capture=False,
-                          radix_cache=True, extra_args=["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25"])
+    handle = start_server(
+        model,
+        port=free_port(),
+        dump_dir=base / "dump",
+        log_dir=base / "logs",
+        capture=False,
+        radix_cache=True,
+        extra_args=["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25"],
+    )
     request.addfinalizer(handle.stop_later)
     return handle
 
@@ -78,8 +101,10 @@ def write_conversations(path: Path, n: int, seed: int = 0, turns: int = 2) -> li
     for i in range(n):
         msgs = []
         for _ in range(1 + i % turns):
-            msgs += [{"role": "user", "content": _sentence(rng)},
-                     {"role": "assistant", "content": "SOURCE " + _sentence(rng)}]
+            msgs += [
+                {"role": "user", "content": _sentence(rng)},
+                {"role": "assistant", "content": "SOURCE " + _sentence(rng)},
+            ]
         rows.append({"id": f"c{i}", "messages": msgs})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
@@ -106,12 +131,14 @@ def _history(messages: list[dict]) -> list[dict]:
 
 # -- replies, history, conditioning -----------------------------------------------------------------
 
+
 def test_each_reply_is_what_chat_completions_answers_for_its_regenerated_history(regen_server, proxy, tmp_path):
     # one conversation at a time: on CPU a batch of other size may round a logit the other way
     rows = write_conversations(tmp_path / "d.jsonl", 8, seed=1, turns=3)
     p = proxy(regen_server)
-    assert regenerate(p.url, tmp_path / "d.jsonl", tmp_path / "out", "--max-new-tokens", "12",
-                      "--concurrency", "1") == 0
+    assert (
+        regenerate(p.url, tmp_path / "d.jsonl", tmp_path / "out", "--max-new-tokens", "12", "--concurrency", "1") == 0
+    )
     out = {r["id"]: r for r in output_rows(tmp_path / "out")}
     failed = error_rows(tmp_path / "out")
     assert {e["reason"] for e in failed} <= {"empty_reply"}, "the random model's blank replies are the only cuts"
@@ -125,16 +152,20 @@ def test_each_reply_is_what_chat_completions_answers_for_its_regenerated_history
         cut = out[row["id"]]["regenerated"]["cut"]
         assert [m["role"] for m in got] == [m["role"] for m in row["messages"]][: len(got)]
         assert len(got) == len(row["messages"]) or cut["reason"] == "empty_reply"
-        assert [m["content"] for m in got if m["role"] == "user"] == [m["content"] for m in row["messages"][: len(got)]
-                                                                     if m["role"] == "user"]
+        assert [m["content"] for m in got if m["role"] == "user"] == [
+            m["content"] for m in row["messages"][: len(got)] if m["role"] == "user"
+        ]
         for k, m in enumerate(got):
             if m["role"] != "assistant":
                 continue
             assert not m["content"].startswith("SOURCE"), "every reply is the model's"
             history = _history(got[:k])
             assert history in sent, "the request for this turn carried the regenerated history"
-            direct = requests.post(f"{regen_server.url}/v1/chat/completions", timeout=120, json={
-                "model": model, "messages": history, "temperature": 0, "max_tokens": 12}).json()
+            direct = requests.post(
+                f"{regen_server.url}/v1/chat/completions",
+                timeout=120,
+                json={"model": model, "messages": history, "temperature": 0, "max_tokens": 12},
+            ).json()
             assert direct["choices"][0]["message"]["content"] == m["content"]
             assert m.get("truncated", False) == (direct["choices"][0]["finish_reason"] == "length")
     assert len({json.dumps(h) for h in sent}) == len(sent), "one request per turn, none twice"
@@ -155,8 +186,7 @@ def test_turn_two_is_sent_with_turn_ones_regenerated_reply_not_the_sources(regen
 def test_last_turn_only_regenerates_one_turn_on_the_source_history(regen_server, proxy, tmp_path):
     rows = write_conversations(tmp_path / "d.jsonl", 3, seed=3, turns=3)
     p = proxy(regen_server)
-    assert regenerate(p.url, tmp_path / "d.jsonl", tmp_path / "out", "--max-new-tokens", "8",
-                      "--last-turn-only") == 0
+    assert regenerate(p.url, tmp_path / "d.jsonl", tmp_path / "out", "--max-new-tokens", "8", "--last-turn-only") == 0
     assert len(p.requests()) == 3
     for r in output_rows(tmp_path / "out"):
         src = next(x for x in rows if x["id"] == r["id"])["messages"]
@@ -166,10 +196,22 @@ def test_last_turn_only_regenerates_one_turn_on_the_source_history(regen_server,
 
 # -- reasoning --------------------------------------------------------------------------------------
 
+
 def _two_turns(path: Path) -> None:
-    path.write_text(json.dumps({"id": "r", "messages": [
-        {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "SOURCE one"},
-        {"role": "user", "content": "And tomorrow?"}, {"role": "assistant", "content": "SOURCE two"}]}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "id": "r",
+                "messages": [
+                    {"role": "user", "content": "Weather?"},
+                    {"role": "assistant", "content": "SOURCE one"},
+                    {"role": "user", "content": "And tomorrow?"},
+                    {"role": "assistant", "content": "SOURCE two"},
+                ],
+            }
+        )
+        + "\n"
+    )
 
 
 @pytest.mark.parametrize("mode", ["keep", "strip-history", "disable"])
@@ -196,22 +238,32 @@ def test_reasoning_mode_decides_the_history_of_the_next_turn(scripted_server, pr
 
 # -- tools ------------------------------------------------------------------------------------------
 
-def test_tool_results_are_spliced_when_the_model_calls_the_same_tool_and_cut_when_not(scripted_server, proxy,
-                                                                                       tmp_path):
+
+def test_tool_results_are_spliced_when_the_model_calls_the_same_tool_and_cut_when_not(scripted_server, proxy, tmp_path):
     def call(name, cid):
         return {"id": cid, "type": "function", "function": {"name": name, "arguments": '{"city": "Paris"}'}}
 
     rows = [
-        {"id": "same", "tools": [WEATHER_TOOL], "messages": [
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": "", "tool_calls": [call("get_weather", "src1")]},
-            {"role": "tool", "content": "sunny", "tool_call_id": "src1"},
-            {"role": "assistant", "content": "It is sunny."}]},
-        {"id": "other", "tools": [WEATHER_TOOL], "messages": [
-            {"role": "user", "content": "Time in Paris?"},
-            {"role": "assistant", "content": "", "tool_calls": [call("get_time", "src1")]},
-            {"role": "tool", "content": "noon", "tool_call_id": "src1"},
-            {"role": "assistant", "content": "It is noon."}]},
+        {
+            "id": "same",
+            "tools": [WEATHER_TOOL],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [call("get_weather", "src1")]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "src1"},
+                {"role": "assistant", "content": "It is sunny."},
+            ],
+        },
+        {
+            "id": "other",
+            "tools": [WEATHER_TOOL],
+            "messages": [
+                {"role": "user", "content": "Time in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [call("get_time", "src1")]},
+                {"role": "tool", "content": "noon", "tool_call_id": "src1"},
+                {"role": "assistant", "content": "It is noon."},
+            ],
+        },
     ]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     p = proxy(scripted_server)
@@ -220,8 +272,9 @@ def test_tool_results_are_spliced_when_the_model_calls_the_same_tool_and_cut_whe
     new_call = same["messages"][1]["tool_calls"][0]
     assert new_call["function"]["name"] == "get_weather" and new_call["id"] != "src1"
     # the second turn's request: the source's result answers the regenerated call
-    turn2 = next(b for b in p.requests()
-                 if len(b["messages"]) == 3 and b["messages"][0]["content"].startswith("Weather"))
+    turn2 = next(
+        b for b in p.requests() if len(b["messages"]) == 3 and b["messages"][0]["content"].startswith("Weather")
+    )
     assert turn2["messages"][2] == {"role": "tool", "content": "sunny", "tool_call_id": new_call["id"]}
     assert turn2["tools"] == [WEATHER_TOOL]
     # ...whose reply calls the tool again where the source answered: cut before it, with the reason
@@ -233,35 +286,82 @@ def test_tool_results_are_spliced_when_the_model_calls_the_same_tool_and_cut_whe
 
 # -- bad input, the capture, extraction of the result ------------------------------------------------
 
+
 def test_bad_input_gets_a_reason_in_the_errors_file_and_the_rest_is_done(regen_server, tmp_path):
     long_text = " ".join(["paris"] * 2100)  # longer than the model's 2048-token context
     lines = [
         json.dumps({"id": "ok", "messages": [{"role": "user", "content": "Hello world."}]}),
         '{"messages": [{"role": "user"',
-        json.dumps({"id": "nouser", "messages": [{"role": "system", "content": "Be brief."},
-                                                 {"role": "assistant", "content": "Hi."}]}),
+        json.dumps(
+            {
+                "id": "nouser",
+                "messages": [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "Hi."}],
+            }
+        ),
         json.dumps({"id": "huge", "messages": [{"role": "user", "content": long_text}]}),
-        json.dumps({"id": "badargs", "messages": [  # the server refuses tool call arguments that are not JSON
-            {"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "x", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]},
-            {"role": "tool", "content": "sunny", "tool_call_id": "x"},
-            {"role": "assistant", "content": "Sunny."}]}),
+        json.dumps(
+            {
+                "id": "badargs",
+                "messages": [  # the server refuses tool call arguments that are not JSON
+                    {"role": "user", "content": "Weather?"},
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "x",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": "{not json"},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "content": "sunny", "tool_call_id": "x"},
+                    {"role": "assistant", "content": "Sunny."},
+                ],
+            }
+        ),
         json.dumps({"input_ids": [1, 2, 3]}),
     ]
     (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
-    assert regenerate(regen_server.url, tmp_path / "d.jsonl", tmp_path / "out", "--max-new-tokens", "8",
-                      "--last-turn-only", "--max-attempts", "2") == 0
+    assert (
+        regenerate(
+            regen_server.url,
+            tmp_path / "d.jsonl",
+            tmp_path / "out",
+            "--max-new-tokens",
+            "8",
+            "--last-turn-only",
+            "--max-attempts",
+            "2",
+        )
+        == 0
+    )
     assert [r["id"] for r in output_rows(tmp_path / "out")] == ["ok"]
     reasons = {e["line"]: e["reason"] for e in error_rows(tmp_path / "out")}
-    assert reasons == {2: "malformed_json", 3: "no_user_turn", 4: "context_full", 5: "server_rejected",
-                       6: "pre_tokenized"}
+    assert reasons == {
+        2: "malformed_json",
+        3: "no_user_turn",
+        4: "context_full",
+        5: "server_rejected",
+        6: "pre_tokenized",
+    }
     assert all(e["detail"] for e in error_rows(tmp_path / "out"))
     summary = json.loads((tmp_path / "out" / ".hsextract" / "regen-summary.json").read_text())
     assert summary["ok"] == 1 and sum(summary["failed"].values()) == 5 and summary["state"] == "done"
     # a second run finds everything done and writes nothing
-    assert regenerate(regen_server.url, tmp_path / "d.jsonl", tmp_path / "out", "--max-new-tokens", "8",
-                      "--last-turn-only", "--max-attempts", "2") == 0
+    assert (
+        regenerate(
+            regen_server.url,
+            tmp_path / "d.jsonl",
+            tmp_path / "out",
+            "--max-new-tokens",
+            "8",
+            "--last-turn-only",
+            "--max-attempts",
+            "2",
+        )
+        == 0
+    )
     assert len(output_rows(tmp_path / "out")) == 1 and len(error_rows(tmp_path / "out")) == 5
     again = json.loads((tmp_path / "out" / ".hsextract" / "regen-summary.json").read_text())
     assert (again["ok"], again["failed"]) == (summary["ok"], summary["failed"]), "the whole regeneration's counts"
@@ -287,11 +387,18 @@ def test_regenerated_dataset_is_extracted_unchanged(regen_server, llama_server, 
     write_conversations(tmp_path / "d.jsonl", 6, seed=5)
     assert regenerate(regen_server.url, tmp_path / "d.jsonl", tmp_path / "regen", "--max-new-tokens", "8") == 0
     out = tmp_path / "train"
-    args = ["--dump-dir", str(llama_server.dump_dir), "--output", str(out), "--model", str(tiny_llama),
-            "--format", "specforge"]
+    args = [
+        "--dump-dir",
+        str(llama_server.dump_dir),
+        "--output",
+        str(out),
+        "--model",
+        str(tiny_llama),
+        "--format",
+        "specforge",
+    ]
     assert main(["extract", "--server", llama_server.url, "--dataset", str(tmp_path / "regen"), *args]) == 0
-    assert main(["drain", *args, "--exit-when-done", "--poll-interval", "0.2",
-                 "--finalize-idle", "3600"]) == 0
+    assert main(["drain", *args, "--exit-when-done", "--poll-interval", "0.2", "--finalize-idle", "3600"]) == 0
     tok = load_tokenizer(tiny_llama)
     regenerated = read_dataset(tmp_path / "regen" / "conversations.jsonl")
     want = {s.index: tokenize_with_mask(tok, s.messages) for s in regenerated}
@@ -303,6 +410,7 @@ def test_regenerated_dataset_is_extracted_unchanged(regen_server, llama_server, 
 
 
 # -- kill -9 ----------------------------------------------------------------------------------------
+
 
 def _lines(path: Path) -> int:
     try:
@@ -323,11 +431,28 @@ def _wait_for(predicate, timeout: float, what: str, log: Path) -> None:
 def test_killed_five_times_every_conversation_is_done_exactly_once(regen_server, tmp_path):
     rows = write_conversations(tmp_path / "d.jsonl", 100, seed=6, turns=3)
     out, log = tmp_path / "out", tmp_path / "regen.log"
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(REPO / "files" / "python"), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "hsextract", "regenerate", "--server", regen_server.url, "--dataset",
-           str(tmp_path / "d.jsonl"), "--output", str(out), "--max-new-tokens", "6", "--concurrency", "4",
-           "--log-every", "1"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "files" / "python"), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "hsextract",
+        "regenerate",
+        "--server",
+        regen_server.url,
+        "--dataset",
+        str(tmp_path / "d.jsonl"),
+        "--output",
+        str(out),
+        "--max-new-tokens",
+        "6",
+        "--concurrency",
+        "4",
+        "--log-every",
+        "1",
+    ]
     data = out / "conversations.jsonl"
     proc = None
     try:
@@ -362,15 +487,36 @@ def test_the_summary_of_a_resumed_regeneration_counts_what_every_run_wrote(regen
     data, out, log = tmp_path / "d.jsonl", tmp_path / "out", tmp_path / "regen.log"
     write_conversations(data, 12, seed=8)
     data.write_text("{broken\n[1]\n" + data.read_text())  # two rows the first run rejects at once
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(REPO / "files" / "python"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "files" / "python"), os.environ.get("PYTHONPATH", "")]),
+    }
     with log.open("ab") as fh:
-        first = subprocess.Popen([sys.executable, "-m", "hsextract", "regenerate", "--server", regen_server.url,
-                                  "--dataset", str(data), "--output", str(out), "--max-new-tokens", "6",
-                                  "--concurrency", "1"], stdout=fh, stderr=subprocess.STDOUT, env=env)
+        first = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hsextract",
+                "regenerate",
+                "--server",
+                regen_server.url,
+                "--dataset",
+                str(data),
+                "--output",
+                str(out),
+                "--max-new-tokens",
+                "6",
+                "--concurrency",
+                "1",
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
-        _wait_for(lambda: _lines(out / "conversations.jsonl") >= 3 or first.poll() is not None, 300,
-                  "3 conversations", log)
+        _wait_for(
+            lambda: _lines(out / "conversations.jsonl") >= 3 or first.poll() is not None, 300, "3 conversations", log
+        )
         assert first.poll() is None, "the first run ended before it could be stopped"
         first.send_signal(signal.SIGTERM)
         assert first.wait(120) == 0
@@ -396,9 +542,25 @@ def test_conversations_of_a_server_that_goes_away_are_done_by_the_others(regen_s
     never_up = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "out"
     codes: list[int] = []
-    run = threading.Thread(target=lambda: codes.append(regenerate(
-        a.url, tmp_path / "d.jsonl", out, "--server", b.url, "--server", never_up, "--server-wait", "3",
-        "--concurrency", "2", "--max-new-tokens", "6")))
+    run = threading.Thread(
+        target=lambda: codes.append(
+            regenerate(
+                a.url,
+                tmp_path / "d.jsonl",
+                out,
+                "--server",
+                b.url,
+                "--server",
+                never_up,
+                "--server-wait",
+                "3",
+                "--concurrency",
+                "2",
+                "--max-new-tokens",
+                "6",
+            )
+        )
+    )
     run.start()
     try:
         _wait_for(lambda: len(output_rows(out)) >= 5 and a.requests(), 300, "five conversations", tmp_path / "d.jsonl")

@@ -56,7 +56,7 @@ def test_torn_tail_repair_leaves_whole_lines_only(data):
         after = p.read_bytes()
         assert after == data[: len(data) - removed]
         assert after == b"" or after.endswith(b"\n")
-        assert b"\n" not in data[len(after):]
+        assert b"\n" not in data[len(after) :]
 
 
 def test_a_line_that_is_not_a_record_stops_the_run_naming_it(tmp_path):
@@ -79,12 +79,14 @@ def test_key_is_the_rows_id_else_a_hash_of_all_the_model_is_given():
     a = Conversation((Message("user", "hi"), Message("assistant", "yo")))
     assert conversation_key(Conversation(a.messages, None, "42")) == "id:42"
     assert conversation_key(a) == conversation_key(Conversation(a.messages))
-    assert conversation_key(a) != conversation_key(Conversation(a.messages, ({"type": "function",
-                                                                            "function": {"name": "f"}},)))
+    assert conversation_key(a) != conversation_key(
+        Conversation(a.messages, ({"type": "function", "function": {"name": "f"}},))
+    )
     assert re.fullmatch(r"sha:[0-9a-f]{32}", conversation_key(a))
 
 
 # -- sampling ------------------------------------------------------------------------------------------
+
 
 def test_sampling_defaults_come_from_the_generation_config_and_flags_win(tmp_path):
     assert sampling.resolve(tmp_path, None).request_fields() == {"temperature": 0.0, "max_tokens": 4096}
@@ -106,12 +108,31 @@ def test_max_new_tokens_is_bounded_by_the_context():
 
 # -- the server's answers --------------------------------------------------------------------------------
 
+
 def test_chat_completion_with_reasoning_and_tool_calls_becomes_a_reply():
-    r = parse_reply({"choices": [{"finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": None, "reasoning_content": "think",
-        "tool_calls": [{"id": "call_1", "index": 0, "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}}],
-        "usage": {"prompt_tokens": 30, "completion_tokens": 12}})
+    r = parse_reply(
+        {
+            "choices": [
+                {
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "reasoning_content": "think",
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "index": 0,
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                            }
+                        ],
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": 30, "completion_tokens": 12},
+        }
+    )
     assert r.message.content == "" and r.message.reasoning_content == "think"
     assert r.message.tool_calls[0].arguments == {"city": "Paris"} and r.message.tool_calls[0].id == "call_1"
     assert (r.finish_reason, r.completion_tokens, r.prompt_tokens) == ("tool_calls", 12, 30)
@@ -120,9 +141,11 @@ def test_chat_completion_with_reasoning_and_tool_calls_becomes_a_reply():
 
 
 def test_sglangs_context_length_answer_gives_the_room_left():
-    text = ('{"object":"error","message":"Requested token count exceeds the model\'s maximum context length of 2048 '
-            'tokens. You requested a total of 2148 tokens: 1900 tokens from the input messages and 248 tokens for the '
-            'completion. Please reduce..."}')
+    text = (
+        '{"object":"error","message":"Requested token count exceeds the model\'s maximum context length of 2048 '
+        "tokens. You requested a total of 2148 tokens: 1900 tokens from the input messages and 248 tokens for the "
+        'completion. Please reduce..."}'
+    )
     assert room_left(400, text, 248) == 148
     assert room_left(400, "The input (2100 tokens) is longer than the model's context length (2048 tokens).", 9) == 0
     assert room_left(400, "something else", 9) is None

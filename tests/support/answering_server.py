@@ -43,8 +43,16 @@ class AnsweringServer:
                     self._answer(404, {"error": "not here"})
                     return
                 owner.generated.set()
-                self._answer(200, {"text": "x", "meta_info": {"prompt_tokens": len(body.get("input_ids", [])),
-                                                              "finish_reason": {"type": "length"}}})
+                self._answer(
+                    200,
+                    {
+                        "text": "x",
+                        "meta_info": {
+                            "prompt_tokens": len(body.get("input_ids", [])),
+                            "finish_reason": {"type": "length"},
+                        },
+                    },
+                )
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"

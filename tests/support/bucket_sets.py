@@ -21,8 +21,17 @@ def target(weed, bucket: str, prefix: str, credentials: Path, uploads: int = 4) 
 
 
 def drain_config(dump: Path, work: Path, out: ObjectOutput, fmt: str = "speculators", **kw) -> DrainConfig:
-    base = dict(dump_dir=dump, output=work, format=fmt, workers=2, poll_interval_s=0.05, status_interval_s=0.2,
-                finalize_idle_s=0.5, exit_when_done=True, object_store=out)
+    base = dict(
+        dump_dir=dump,
+        output=work,
+        format=fmt,
+        workers=2,
+        poll_interval_s=0.05,
+        status_interval_s=0.2,
+        finalize_idle_s=0.5,
+        exit_when_done=True,
+        object_store=out,
+    )
     base.update(kw)
     return DrainConfig(**base)
 
@@ -62,8 +71,16 @@ def status_of(work: Path) -> dict:
     return json.loads((work / ".hsextract" / "drain-status.json").read_text())
 
 
-def drain_fleet(weed, bucket: str, credentials: Path, tmp_path: Path, hosts: tuple[str, ...] = ("a", "b"), n: int = 12,
-                hidden_size: int = 64, tokens: int = 5) -> dict:
+def drain_fleet(
+    weed,
+    bucket: str,
+    credentials: Path,
+    tmp_path: Path,
+    hosts: tuple[str, ...] = ("a", "b"),
+    n: int = 12,
+    hidden_size: int = 64,
+    tokens: int = 5,
+) -> dict:
     """Hosts of one run, host k drains shard k/len(hosts) of an n-line dataset into s3://bucket/run/<host>,
     as extract.yml's hosts do; the staged samples by dataset index."""
     from hsextract.output.layout import client_summary_path

@@ -25,10 +25,12 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = REPO / "files" / "python"
 
-_TEXT = ("the capital city of france is paris hello world this is a tiny test model for sglang deep learning "
-         "models produce hidden states at every layer we dump auxiliary during prefill to shared memory quick "
-         "brown fox jumps over lazy dog user asks question and assistant answers it politely speculative "
-         "decoding drafts tokens that target verifies")
+_TEXT = (
+    "the capital city of france is paris hello world this is a tiny test model for sglang deep learning "
+    "models produce hidden states at every layer we dump auxiliary during prefill to shared memory quick "
+    "brown fox jumps over lazy dog user asks question and assistant answers it politely speculative "
+    "decoding drafts tokens that target verifies"
+)
 WORDS = _TEXT.split()
 
 
@@ -71,28 +73,37 @@ def expected_tokens(tok, messages: list[tuple[str, str]]) -> tuple[list[int], li
     return ids, mask
 
 
-def write_mixed_dataset(path: Path, tok, n_lines: int = 100, seed: int = 0, max_words: int = 9,
-                        bad: bool = True) -> Expected:
+def write_mixed_dataset(
+    path: Path, tok, n_lines: int = 100, seed: int = 0, max_words: int = 9, bad: bool = True
+) -> Expected:
     """ShareGPT, OpenAI and pre-tokenized lines, plus (if `bad`) one line of each kind of bad input."""
     import random
 
     rng = random.Random(seed)
     exp = Expected(total_lines=n_lines)
     lines: list[bytes] = []
-    bad_lines = {
-        5: (b'{"messages": [{"role": "user", "content": "hi"}', "malformed_json"),
-        13: (b'{"conversations": [{"from": "human", "value": "caf\xe9"}]}', "not_utf8"),
-        21: (b'{"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"}]}',
-             "unknown_role"),
-        29: (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}',
-             "empty_content"),
-        37: (b'{"prompt": "no known shape"}', "unknown_shape"),
-        45: (b"", "blank_line"),
-        53: (None, "duplicate"),  # a copy of line 1 (index 0)
-        61: (b'{"input_ids": [1, 2, 3], "loss_mask": [1, 0]}', "bad_loss_mask"),
-        69: (b'{"messages": [{"role": "user", "content": "only a question"}]}', "no_assistant_turn"),
-        77: (None, "too_long"),  # a conversation longer than the client's --max-tokens 300 (overlong=skip)
-    } if bad else {}
+    bad_lines = (
+        {
+            5: (b'{"messages": [{"role": "user", "content": "hi"}', "malformed_json"),
+            13: (b'{"conversations": [{"from": "human", "value": "caf\xe9"}]}', "not_utf8"),
+            21: (
+                b'{"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"}]}',
+                "unknown_role",
+            ),
+            29: (
+                b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}',
+                "empty_content",
+            ),
+            37: (b'{"prompt": "no known shape"}', "unknown_shape"),
+            45: (b"", "blank_line"),
+            53: (None, "duplicate"),  # a copy of line 1 (index 0)
+            61: (b'{"input_ids": [1, 2, 3], "loss_mask": [1, 0]}', "bad_loss_mask"),
+            69: (b'{"messages": [{"role": "user", "content": "only a question"}]}', "no_assistant_turn"),
+            77: (None, "too_long"),  # a conversation longer than the client's --max-tokens 300 (overlong=skip)
+        }
+        if bad
+        else {}
+    )
     for index in range(n_lines):
         if index in bad_lines:
             raw, reason = bad_lines[index]
@@ -109,8 +120,10 @@ def write_mixed_dataset(path: Path, tok, n_lines: int = 100, seed: int = 0, max_
         if index % 7 == 0:
             msgs.append(("system", _sentence(rng, 3)))
         for _ in range(turns):
-            msgs += [("user", _sentence(rng, rng.randint(2, max_words))),
-                     ("assistant", _sentence(rng, rng.randint(2, max_words)))]
+            msgs += [
+                ("user", _sentence(rng, rng.randint(2, max_words))),
+                ("assistant", _sentence(rng, rng.randint(2, max_words))),
+            ]
         ids, mask = expected_tokens(tok, msgs)
         shape = index % 3
         if shape == 0:
@@ -130,11 +143,30 @@ def write_mixed_dataset(path: Path, tok, n_lines: int = 100, seed: int = 0, max_
 # -- the real commands -------------------------------------------------------------------------------
 
 
-def extract_args(server_url: str, dataset: Path, model: Path, dump: Path, output: Path, *extra: str,
-                 fmt: str = "specforge") -> list[str]:
-    return [sys.executable, "-m", "hsextract", "extract", "--server", server_url, "--dataset", str(dataset),
-            "--model", str(model), "--dump-dir", str(dump), "--output", str(output), "--format", fmt,
-            "--log-every", "2", *extra]
+def extract_args(
+    server_url: str, dataset: Path, model: Path, dump: Path, output: Path, *extra: str, fmt: str = "specforge"
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "hsextract",
+        "extract",
+        "--server",
+        server_url,
+        "--dataset",
+        str(dataset),
+        "--model",
+        str(model),
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(output),
+        "--format",
+        fmt,
+        "--log-every",
+        "2",
+        *extra,
+    ]
 
 
 def start_client(log: Path, *args: str) -> subprocess.Popen:
@@ -144,9 +176,25 @@ def start_client(log: Path, *args: str) -> subprocess.Popen:
 
 def start_drain(log: Path, dump: Path, output: Path, model: Path, fmt: str = "specforge") -> subprocess.Popen:
     fh = log.open("ab")
-    cmd = [sys.executable, "-m", "hsextract", "drain", "--dump-dir", str(dump), "--output", str(output),
-           "--format", fmt, "--model", str(model), "--exit-when-done", "--poll-interval", "0.2",
-           "--finalize-idle", "3600"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hsextract",
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(output),
+        "--format",
+        fmt,
+        "--model",
+        str(model),
+        "--exit-when-done",
+        "--poll-interval",
+        "0.2",
+        "--finalize-idle",
+        "3600",
+    ]
     return subprocess.Popen(cmd, env=env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -28,8 +28,9 @@ def env() -> dict[str, str]:
 
 
 def hsextract(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hsextract", *args], env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hsextract", *args], env=env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start(*args: str, **kw) -> subprocess.Popen:
@@ -44,10 +45,23 @@ def finish_client(output: Path, lines: int) -> None:
     (d / "client-summary.json").write_text(json.dumps({"state": "done", "dataset_lines": lines, "shard": [0, 1]}))
 
 
-def drain_until_done(dump: Path, output: Path, fmt: str, *extra: str, lines: int, expect_rc: int = 0,
-                     timeout: float = 180) -> subprocess.CompletedProcess:
+def drain_until_done(
+    dump: Path, output: Path, fmt: str, *extra: str, lines: int, expect_rc: int = 0, timeout: float = 180
+) -> subprocess.CompletedProcess:
     finish_client(output, lines)
-    r = hsextract("drain", "--dump-dir", str(dump), "--output", str(output), "--format", fmt,
-                  "--exit-when-done", "--poll-interval", "0.1", *extra, timeout=timeout)
+    r = hsextract(
+        "drain",
+        "--dump-dir",
+        str(dump),
+        "--output",
+        str(output),
+        "--format",
+        fmt,
+        "--exit-when-done",
+        "--poll-interval",
+        "0.1",
+        *extra,
+        timeout=timeout,
+    )
     assert r.returncode == expect_rc, f"drain exited {r.returncode}, expected {expect_rc}:\n{r.stderr[-4000:]}"
     return r

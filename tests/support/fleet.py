@@ -40,8 +40,15 @@ def tokens_of(index: int) -> int:
 def write_dataset(path: Path, lines: int, tag: str = "") -> Path:
     """A JSONL dataset of `lines` conversations (only its fingerprint and size matter here)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"messages": [{"role": "user", "content": f"question {tag}{i}"},
-                          {"role": "assistant", "content": f"answer {tag}{i}"}]} for i in range(lines)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"question {tag}{i}"},
+                {"role": "assistant", "content": f"answer {tag}{i}"},
+            ]
+        }
+        for i in range(lines)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -84,8 +91,18 @@ def write_client_files(out: Path, shard: Shard, lines: int, *, finished: bool, n
     drop.unlink(missing_ok=True)
 
 
-def drain_host(out: Path, dump: Path, fmt: str, plan: HostPlan, lines: int, indices: Iterable[int], *,
-               run_id: str = RUN_ID, finished: bool = True, model: Path | None = None) -> dict[int, Staged]:
+def drain_host(
+    out: Path,
+    dump: Path,
+    fmt: str,
+    plan: HostPlan,
+    lines: int,
+    indices: Iterable[int],
+    *,
+    run_id: str = RUN_ID,
+    finished: bool = True,
+    model: Path | None = None,
+) -> dict[int, Staged]:
     """Stage the host's samples of `indices` (those of its shard), drain them with the real drain
     (given ``--model model`` when there is one), and record the client's files; return the staged
     samples written, by dataset index."""
@@ -102,8 +119,16 @@ def drain_host(out: Path, dump: Path, fmt: str, plan: HostPlan, lines: int, indi
         else:
             s = stage_sample(dump, run_id, x, tokens_of(x), final_hidden=final_hidden)
             if x in plan.quarantined:  # the client's record names other tokens than the server ran
-                write_record(dump, SampleRecord(rid=s.rid, index=x, input_ids=[t + 1 for t in s.input_ids.tolist()],
-                                                loss_mask=s.loss_mask.tolist(), run_id=run_id))
+                write_record(
+                    dump,
+                    SampleRecord(
+                        rid=s.rid,
+                        index=x,
+                        input_ids=[t + 1 for t in s.input_ids.tolist()],
+                        loss_mask=s.loss_mask.tolist(),
+                        run_id=run_id,
+                    ),
+                )
             else:
                 written[x] = s
     clients = plan.client_shards()
@@ -116,9 +141,20 @@ def drain_host(out: Path, dump: Path, fmt: str, plan: HostPlan, lines: int, indi
     # status back once the drain has written what was staged.
     for shard in clients:
         write_client_files(out, shard, lines, finished=True, named=named)
-    cfg = DrainConfig(dump_dir=dump, output=out, format=fmt, workers=2, poll_interval_s=0.05, status_interval_s=0.2,
-                      exit_when_done=True, max_failure_share=1.0, vocab_size=VOCAB_SIZE,
-                      draft_vocab_sizes=DRAFT_SIZES, selfcheck_share=0.0, selfcheck_first=0)
+    cfg = DrainConfig(
+        dump_dir=dump,
+        output=out,
+        format=fmt,
+        workers=2,
+        poll_interval_s=0.05,
+        status_interval_s=0.2,
+        exit_when_done=True,
+        max_failure_share=1.0,
+        vocab_size=VOCAB_SIZE,
+        draft_vocab_sizes=DRAFT_SIZES,
+        selfcheck_share=0.0,
+        selfcheck_first=0,
+    )
     if model is not None:  # as `hsextract drain --model` sets them
         info = read_model_info(model)
         cfg.model_path, cfg.model_config_sha256, cfg.architecture = str(model), info.config_sha256, info.architecture
@@ -169,8 +205,11 @@ def make_fleet(root: Path, fmt: str, plans: list[HostPlan], lines: int, *, datas
 
 def three_hosts() -> list[HostPlan]:
     """Shards 0/3, 1/3, 2/3, each with something rejected, failed or quarantined."""
-    return [HostPlan("a", Shard(0, 3), rejected={3}), HostPlan("b", Shard(1, 3), failed={4}),
-            HostPlan("c", Shard(2, 3), quarantined={5})]
+    return [
+        HostPlan("a", Shard(0, 3), rejected={3}),
+        HostPlan("b", Shard(1, 3), failed={4}),
+        HostPlan("c", Shard(2, 3), quarantined={5}),
+    ]
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:

@@ -90,9 +90,12 @@ def _alive(pid: int) -> bool:
 def _last_sample(argv: list[bytes]) -> tuple[Path, int]:
     """The file of the collect's last sample (its sources' highest dataset index; the sources are
     the NAME=PATH arguments after ``--``) and how many samples the sources hold."""
-    sources = [Path(a.decode().partition("=")[2]) for a in argv[argv.index(b"--") + 1:] if a]
-    entries = [json.loads(line) | {"source": src} for src in sources
-               for line in (src / "manifest.jsonl").read_text().splitlines()]
+    sources = [Path(a.decode().partition("=")[2]) for a in argv[argv.index(b"--") + 1 :] if a]
+    entries = [
+        json.loads(line) | {"source": src}
+        for src in sources
+        for line in (src / "manifest.jsonl").read_text().splitlines()
+    ]
     last = max(entries, key=lambda e: e["dataset_index"])
     return last["source"] / last["file"], len(entries)
 
@@ -130,8 +133,9 @@ def kill_collect(into: Path, report: Path) -> None:
     finally:
         fcntl.fcntl(lease, fcntl.F_SETLEASE, fcntl.F_UNLCK)
         os.close(lease)
-    _report(report, {"held": held_there, "fetched_at_kill": fetched, "lines_at_kill": lines, "samples": samples,
-                     "pid": pid})
+    _report(
+        report, {"held": held_there, "fetched_at_kill": fetched, "lines_at_kill": lines, "samples": samples, "pid": pid}
+    )
 
 
 def main(argv: list[str]) -> int:

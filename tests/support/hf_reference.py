@@ -78,8 +78,14 @@ def median_token_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-12)).median())
 
 
-def row_problems(hidden: torch.Tensor, layers_to_capture: list[int], architecture: str, ref: Reference,
-                 final_hidden: str = "post_norm", median_bound: float = MEDIAN_TOKEN_BOUND) -> list[str]:
+def row_problems(
+    hidden: torch.Tensor,
+    layers_to_capture: list[int],
+    architecture: str,
+    ref: Reference,
+    final_hidden: str = "post_norm",
+    median_bound: float = MEDIAN_TOKEN_BOUND,
+) -> list[str]:
     """What is wrong with captured rows ``hidden`` [T, K+1, H] against the reference (empty: nothing):
     each aux slot and the final hidden state within the bounds, and each slot far from its neighbours."""
     bound = REL_ERR_BOUND[architecture]

@@ -102,8 +102,18 @@ class Fleet:
         """The controller namespace, then each host: sandbox, veth, address, sshd; waits for SSH."""
         self.keys.mkdir(parents=True, exist_ok=True)
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hsextract-test", "-f", str(self.key))
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hsextract-test-host", "-f",
-             str(self.keys / "host_ed25519"))
+        _run(
+            "ssh-keygen",
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "hsextract-test-host",
+            "-f",
+            str(self.keys / "host_ed25519"),
+        )
         (self.keys / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
         host_key = (self.keys / "host_ed25519.pub").read_text().split()[:2]
         self.netns = f"hsx-{self.tag}"
@@ -147,22 +157,42 @@ class Fleet:
 
     def _start_sshd(self, host: Host) -> None:
         config = self.keys / f"sshd_config.{host.name}"
-        config.write_text("\n".join([
-            f"ListenAddress {host.address}", "Port 22",
-            f"HostKey {self.keys / 'host_ed25519'}",
-            f"AuthorizedKeysFile {self.keys / 'authorized_keys'}",
-            "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "UsePAM no", "StrictModes no", "PidFile none", "Subsystem sftp internal-sftp",
-            # The modules run over SSH keep their compiled code too (support.ansiballz_cache).
-            "SetEnv " + " ".join(f"{k}={v}" for k, v in ansiballz_cache.environment().items()), "",
-        ]))
+        config.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress {host.address}",
+                    "Port 22",
+                    f"HostKey {self.keys / 'host_ed25519'}",
+                    f"AuthorizedKeysFile {self.keys / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "PidFile none",
+                    "Subsystem sftp internal-sftp",
+                    # The modules run over SSH keep their compiled code too (support.ansiballz_cache).
+                    "SetEnv " + " ".join(f"{k}={v}" for k, v in ansiballz_cache.environment().items()),
+                    "",
+                ]
+            )
+        )
         host.sh("mkdir -p /run/sshd && chmod 0755 /run/sshd")
-        host.box.run("systemd-run", "--unit=hsx-test-sshd", "--quiet", SSHD, "-D", "-e", "-f", str(config),
-                     check=True)
+        host.box.run("systemd-run", "--unit=hsx-test-sshd", "--quiet", SSHD, "-D", "-e", "-f", str(config), check=True)
 
     def ssh_args(self) -> list[str]:
-        return ["-i", str(self.key), "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-                "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+        return [
+            "-i",
+            str(self.key),
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+        ]
 
     def wait_for_ssh(self, host: Host, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -184,18 +214,37 @@ class Fleet:
 
     # -- using it -------------------------------------------------------------------------------
 
-    def in_controller(self, *argv: str, timeout: float = 120, check: bool = True, cwd: Path | None = None,
-                      env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def in_controller(
+        self,
+        *argv: str,
+        timeout: float = 120,
+        check: bool = True,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run a command in the controller's network namespace (this machine's files)."""
-        r = subprocess.run(["ip", "netns", "exec", self.netns, *argv], capture_output=True, text=True,
-                           timeout=timeout, cwd=cwd, env=env)
+        r = subprocess.run(
+            ["ip", "netns", "exec", self.netns, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+        )
         if check and r.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)} failed in the controller (rc {r.returncode}):\n"
-                                 f"{r.stdout}\n{r.stderr}")
+            raise AssertionError(
+                f"{' '.join(argv)} failed in the controller (rc {r.returncode}):\n{r.stdout}\n{r.stderr}"
+            )
         return r
 
-    def inventory(self, path: Path, host_vars: dict[str, dict[str, Any]], group_vars: dict[str, Any],
-                  groups: dict[str, list[str]] | None = None, names: list[str] | None = None) -> Path:
+    def inventory(
+        self,
+        path: Path,
+        host_vars: dict[str, dict[str, Any]],
+        group_vars: dict[str, Any],
+        groups: dict[str, list[str]] | None = None,
+        names: list[str] | None = None,
+    ) -> Path:
         """An inventory of the hosts `names` (default all) in group hsextract, reached over SSH at their
         addresses; `host_vars` add to (or replace) a host's, `groups` adds groups of these names."""
         names = names if names is not None else list(self.hosts)
@@ -203,29 +252,52 @@ class Fleet:
         for n in names:
             base = self.hosts[n].address if n in self.hosts else f"{self.net}.250"
             hosts[n] = {"ansible_host": base, **host_vars.get(n, {})}
-        inventory = {"all": {
-            "vars": {"ansible_user": "root", "ansible_python_interpreter": "/usr/bin/python3",
-                     "ansible_ssh_private_key_file": str(self.key),
-                     "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts} "
-                                                "-o StrictHostKeyChecking=yes -o ConnectTimeout=5"},
-            "children": {"hsextract": {"hosts": hosts, "vars": group_vars},
-                         **{g: {"hosts": {m: {} for m in members}} for g, members in (groups or {}).items()}}}}
+        inventory = {
+            "all": {
+                "vars": {
+                    "ansible_user": "root",
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                    "ansible_ssh_private_key_file": str(self.key),
+                    "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts} "
+                    "-o StrictHostKeyChecking=yes -o ConnectTimeout=5",
+                },
+                "children": {
+                    "hsextract": {"hosts": hosts, "vars": group_vars},
+                    **{g: {"hosts": {m: {} for m in members}} for g, members in (groups or {}).items()},
+                },
+            }
+        }
         path.write_text(yaml.safe_dump(inventory, sort_keys=False))
         return path
 
-    def playbook(self, repo: Path, inventory: Path, playbook: str, *args: str, extra_vars: dict[str, Any] | None = None,
-                 timeout: float = 1500, log_dir: Path | None = None, label: str = "play") -> PlayResult:
+    def playbook(
+        self,
+        repo: Path,
+        inventory: Path,
+        playbook: str,
+        *args: str,
+        extra_vars: dict[str, Any] | None = None,
+        timeout: float = 1500,
+        log_dir: Path | None = None,
+        label: str = "play",
+    ) -> PlayResult:
         """ansible-playbook from the controller namespace, with the JSON callback; never raises on a failed play."""
         ansible_bin = os.environ["HSEXTRACT_ANSIBLE_BIN"]
         argv = [f"{ansible_bin}/ansible-playbook", "-i", str(inventory), playbook, *args]
         if extra_vars:
             argv += ["-e", json.dumps(extra_vars)]
-        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-               "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
-               "ANSIBLE_CALLBACK_PLUGINS": str(repo / "tests" / "ansible" / "callback_plugins"),
-               "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_DEPRECATION_WARNINGS": "0",
-               "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_HOST_KEY_CHECKING": "1",
-               "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.root / "cp"), "PYTHONDONTWRITEBYTECODE": "1",
-               **ansiballz_cache.environment()}
+        env = {
+            **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+            "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
+            "ANSIBLE_CALLBACK_PLUGINS": str(repo / "tests" / "ansible" / "callback_plugins"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_DEPRECATION_WARNINGS": "0",
+            "ANSIBLE_LOCALHOST_WARNING": "0",
+            "ANSIBLE_HOST_KEY_CHECKING": "1",
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.root / "cp"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **ansiballz_cache.environment(),
+        }
         r = self.in_controller(*argv, timeout=timeout, check=False, cwd=repo, env=env)
         return play_result(r, log_dir, label)

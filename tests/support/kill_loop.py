@@ -43,9 +43,20 @@ class KillLoop:
     pending: list[int] = field(default_factory=list)
 
 
-def kill_drain_repeatedly(*, hold: Path, dump: Path, out: Path, names: Mapping[int, str], drain_args: Sequence[str],
-                          per_release: int, max_delay_s: float, rng: random.Random, log: Path,
-                          deadline: float = math.inf, after_kill: Callable[[], None] = lambda: None) -> KillLoop:
+def kill_drain_repeatedly(
+    *,
+    hold: Path,
+    dump: Path,
+    out: Path,
+    names: Mapping[int, str],
+    drain_args: Sequence[str],
+    per_release: int,
+    max_delay_s: float,
+    rng: random.Random,
+    log: Path,
+    deadline: float = math.inf,
+    after_kill: Callable[[], None] = lambda: None,
+) -> KillLoop:
     """Release the staged dumps `names` (dataset index -> name, moved from `hold` into `dump`)
     `per_release` at a time, in index order, as the capture would complete them; for each release,
     start ``hsextract drain --dump-dir dump --output out --format specforge *drain_args`` and kill it
@@ -65,8 +76,18 @@ def kill_drain_repeatedly(*, hold: Path, dump: Path, out: Path, names: Mapping[i
             for i in release:
                 os.rename(hold / names[i], dump / names[i])
             target = manifest_lines(out) + rng.randint(0, len(release) - 1)
-            proc = start("drain", "--dump-dir", str(dump), "--output", str(out), "--format", "specforge",
-                         *drain_args, stdout=log_file, stderr=subprocess.STDOUT)
+            proc = start(
+                "drain",
+                "--dump-dir",
+                str(dump),
+                "--output",
+                str(out),
+                "--format",
+                "specforge",
+                *drain_args,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
             try:
                 until = time.monotonic() + ROUND_WAIT_S
                 while manifest_lines(out) < target and proc.poll() is None and time.monotonic() < until:

@@ -47,8 +47,15 @@ def load_specforge(root: str, num_aux: int, hidden: int) -> dict:
     def cat(fs):
         return {k: torch.cat([f[k] for f in fs]) for k in fs[0]}
 
-    loader = FeatureDataLoader(LocalFeatureStore("t"), refs=refs, batch_size=1, collate_fn=cat,
-                               per_sample_transform=norm, drop_last=False, strategy=reg.name)
+    loader = FeatureDataLoader(
+        LocalFeatureStore("t"),
+        refs=refs,
+        batch_size=1,
+        collate_fn=cat,
+        per_sample_transform=norm,
+        drop_last=False,
+        strategy=reg.name,
+    )
     samples, n = {}, 0
     uri_of = {r.sample_id: r.feature_store_uri for r in refs}
     for batch in loader:
@@ -57,8 +64,14 @@ def load_specforge(root: str, num_aux: int, hidden: int) -> dict:
         n += 1
     # The reader's own numbering: sample_id "<run>:<position>", the position in its sorted list of files.
     order = [_index_of(r.feature_store_uri) for r in sorted(refs, key=lambda r: r.sample_id)]
-    return {"samples": samples, "batches": n, "error_records": 0, "approx_lengths": [], "keys": sorted(samples),
-            "order": order}
+    return {
+        "samples": samples,
+        "batches": n,
+        "error_records": 0,
+        "approx_lengths": [],
+        "keys": sorted(samples),
+        "order": order,
+    }
 
 
 def _collate_all(ds, num_aux: int, hidden: int) -> tuple[int, int]:
@@ -66,8 +79,9 @@ def _collate_all(ds, num_aux: int, hidden: int) -> tuple[int, int]:
     from speculators.train.dataloader import _setup_dataloader
 
     total = max(64, 2 * max(ds.approx_lengths))
-    loader = _setup_dataloader(ds, total_seq_len=total, hidden_size=hidden, num_workers=0,
-                               num_target_layers=num_aux, preprocess=shift_batch)
+    loader = _setup_dataloader(
+        ds, total_seq_len=total, hidden_size=hidden, num_workers=0, num_target_layers=num_aux, preprocess=shift_batch
+    )
     batches, errors = 0, 0
     for batch in loader:
         batches += 1
@@ -87,8 +101,13 @@ def load_speculators(root: str, num_aux: int, hidden: int) -> dict:
         assert isinstance(item, dict), f"row {i}: reader returned {item!r} (sample unavailable)"
         samples[i] = {k: v.clone() for k, v in item.items() if torch.is_tensor(v)}
     batches, errors = _collate_all(ds, num_aux, hidden)
-    return {"samples": samples, "batches": batches, "error_records": errors,
-            "approx_lengths": list(ds.approx_lengths), "keys": list(range(len(ds)))}
+    return {
+        "samples": samples,
+        "batches": batches,
+        "error_records": errors,
+        "approx_lengths": list(ds.approx_lengths),
+        "keys": list(range(len(ds))),
+    }
 
 
 def load_speculators_v1(root: str, num_aux: int, hidden: int) -> dict:
@@ -101,8 +120,13 @@ def load_speculators_v1(root: str, num_aux: int, hidden: int) -> dict:
         item = ds[i]
         samples[key] = {k: v.clone() for k, v in item.items() if torch.is_tensor(v)}
     batches, errors = _collate_all(ds, num_aux, hidden)
-    return {"samples": samples, "batches": batches, "error_records": errors,
-            "approx_lengths": list(ds.approx_lengths), "keys": keys}
+    return {
+        "samples": samples,
+        "batches": batches,
+        "error_records": errors,
+        "approx_lengths": list(ds.approx_lengths),
+        "keys": keys,
+    }
 
 
 def load_modelopt(root: str, num_aux: int, hidden: int) -> dict:
@@ -128,12 +152,22 @@ def load_modelopt(root: str, num_aux: int, hidden: int) -> dict:
     assert outputs["base_model_hidden_states"].shape == (len(ds), train_len, hidden)
     assert outputs["aux_hidden_states"].shape == (len(ds), train_len, num_aux * hidden)
     assert outputs["base_hidden_prenorm"] is False
-    return {"samples": samples, "batches": 1, "error_records": 0, "approx_lengths": [], "keys": sorted(samples),
-            "prenorm": prenorm}
+    return {
+        "samples": samples,
+        "batches": 1,
+        "error_records": 0,
+        "approx_lengths": [],
+        "keys": sorted(samples),
+        "prenorm": prenorm,
+    }
 
 
-LOADERS = {"specforge": load_specforge, "speculators": load_speculators, "speculators-v1": load_speculators_v1,
-           "modelopt": load_modelopt}
+LOADERS = {
+    "specforge": load_specforge,
+    "speculators": load_speculators,
+    "speculators-v1": load_speculators_v1,
+    "modelopt": load_modelopt,
+}
 
 
 def _save(out: dict, result: str) -> None:

@@ -82,7 +82,7 @@ def play_result(r: subprocess.CompletedProcess, log_dir: Path | None, label: str
         log_dir.mkdir(parents=True, exist_ok=True)
         (log_dir / f"{label}.json").write_text(log)
     try:
-        data = json.loads(r.stdout[r.stdout.index("{"):])
+        data = json.loads(r.stdout[r.stdout.index("{") :])
     except ValueError:
         data = {}
     return PlayResult(r.returncode, data.get("stats", {}), data.get("plays", []), log)
@@ -94,8 +94,13 @@ def snapshot_repo(dest: Path) -> Path:
     The playbooks ship files/python to the host and reinstall it when it changes; a snapshot keeps
     a long test session independent of edits made to the working tree meanwhile.
     """
-    names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, check=True,
-                           capture_output=True).stdout.decode().split("\0")
+    names = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, names):
         src = REPO / name
         if not src.is_file():
@@ -139,14 +144,16 @@ class Sandbox:
         subprocess.run([str(SDBOX), "stop"], env=self._env(), capture_output=True, text=True, timeout=120)
         self.started = False
 
-    def run(self, *argv: str, timeout: float = 120, check: bool = False, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess:
+    def run(
+        self, *argv: str, timeout: float = 120, check: bool = False, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
         """Run a command inside the sandbox (cwd: ``workdir``, the repository or its snapshot)."""
         cmd = [str(SDBOX), "exec"]
         if env:
             cmd += ["env", *(f"{k}={v}" for k, v in env.items())]
-        r = subprocess.run([*cmd, *argv], env=self._env(), cwd=self.workdir, capture_output=True, text=True,
-                           timeout=timeout)
+        r = subprocess.run(
+            [*cmd, *argv], env=self._env(), cwd=self.workdir, capture_output=True, text=True, timeout=timeout
+        )
         if check and r.returncode != 0:
             raise AssertionError(
                 f"{shlex.join(argv)} failed in the sandbox (rc {r.returncode}):\n{r.stdout}\n{r.stderr}"
@@ -174,8 +181,15 @@ class Sandbox:
             time.sleep(interval)
         raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
-    def playbook(self, playbook: str, *args: str, extra_vars: dict[str, Any] | None = None, timeout: float = 900,
-                 log_dir: Path | None = None, label: str = "play") -> PlayResult:
+    def playbook(
+        self,
+        playbook: str,
+        *args: str,
+        extra_vars: dict[str, Any] | None = None,
+        timeout: float = 900,
+        log_dir: Path | None = None,
+        label: str = "play",
+    ) -> PlayResult:
         """Run ansible-playbook inside the sandbox with the JSON callback; never raises on a failed play."""
         ansible_bin = os.environ["HSEXTRACT_ANSIBLE_BIN"]
         argv = [f"{ansible_bin}/ansible-playbook", playbook, *args]

@@ -27,8 +27,9 @@ def hsextract_read_only(read_only: Sequence[Path], *args: str, timeout: float = 
     mounts = [f"mount --bind -o ro {shlex.quote(str(d))} {shlex.quote(str(d))}" for d in read_only]
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "hsextract", *args])
     script = " && ".join([*mounts, f"exec {command}"])
-    r = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env(), capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], env=env(), capture_output=True, text=True, timeout=timeout
+    )
     if r.returncode != 0 and "mount:" in r.stderr:
         pytest.skip(f"cannot make a read-only bind mount here: {r.stderr.strip()}")
     return r

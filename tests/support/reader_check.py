@@ -16,8 +16,12 @@ import torch
 from hsextract.output.manifest import iter_entries
 
 LOADER = Path(__file__).with_name("load_with_reader.py")
-READER_DIR = {"specforge": "specforge", "speculators": "speculators", "speculators-v1": "speculators-v1",
-              "modelopt": "modelopt"}
+READER_DIR = {
+    "specforge": "specforge",
+    "speculators": "speculators",
+    "speculators-v1": "speculators-v1",
+    "modelopt": "modelopt",
+}
 
 
 class _Loader:
@@ -31,8 +35,14 @@ class _Loader:
         self.log = Path(name)  # the readers' own output, shown when a load fails
         env = dict(os.environ, PYTHONPATH=str(readers / READER_DIR[fmt]), OMP_NUM_THREADS="1")
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, str(LOADER), "--serve", fmt], env=env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(LOADER), "--serve", fmt],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
 
     def request(self, req: dict, timeout: float = 300) -> None:
         """Send one request (load_with_reader.py's `answer` says which) and wait for its answer."""
@@ -45,8 +55,9 @@ class _Loader:
         if not line:
             output = self._log_since(start)
             self.close()
-            raise AssertionError(f"{self.fmt} reader gave no answer within {timeout:.0f} s "
-                                 f"(exit status {self.proc.poll()}):\n{output}")
+            raise AssertionError(
+                f"{self.fmt} reader gave no answer within {timeout:.0f} s (exit status {self.proc.poll()}):\n{output}"
+            )
         answer = json.loads(line)
         assert answer["ok"], f"{self.fmt} reader failed:\n{answer['error']}\n{self._log_since(start)}"
 
@@ -90,13 +101,23 @@ def load_with_reader(readers: Path, fmt: str, root: Path, num_aux: int, hidden: 
     return torch.load(result, weights_only=False)
 
 
-def load_vocab_with_reader(readers: Path, peer: str, root: Path, sizes: list[int], vocab_size: int, suffix: str,
-                           model: Path) -> dict:
+def load_vocab_with_reader(
+    readers: Path, peer: str, root: Path, sizes: list[int], vocab_size: int, suffix: str, model: Path
+) -> dict:
     """The draft vocabulary mappings that `peer`'s own code builds from the output `root`'s files and
     counts (see vocab_with_reader.py), loaded in the same process as that peer's samples."""
     result = root.parent / f"{peer}-vocab.pt"
-    _loader(readers, peer).request({"kind": "vocab", "root": str(root), "result": str(result), "sizes": sizes,
-                                    "vocab_size": vocab_size, "suffix": suffix, "model": str(model)})
+    _loader(readers, peer).request(
+        {
+            "kind": "vocab",
+            "root": str(root),
+            "result": str(result),
+            "sizes": sizes,
+            "vocab_size": vocab_size,
+            "suffix": suffix,
+            "model": str(model),
+        }
+    )
     return torch.load(result, weights_only=False)
 
 

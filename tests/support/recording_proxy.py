@@ -43,9 +43,15 @@ class RecordingProxy:
         if request.path in self.hidden:
             return web.Response(status=404, text="not found")
         body = await request.read()
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session, session.request(
-                request.method, self.target + request.rel_url.path_qs, data=body,
-                headers={"Content-Type": request.headers.get("Content-Type", "application/json")}) as resp:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session,
+            session.request(
+                request.method,
+                self.target + request.rel_url.path_qs,
+                data=body,
+                headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
+            ) as resp,
+        ):
             answer = await resp.read()
             if request.path == "/v1/chat/completions":
                 try:

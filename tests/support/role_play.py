@@ -21,23 +21,54 @@ RUN_SETTINGS = {"hsextract_on_cpu": True, "hsextract_model_path": "/models/m", "
 
 def playbook(tmp: Path, plays: list[dict], hosts: dict[str, dict], *args: str) -> subprocess.CompletedProcess:
     python = str(ansible_bin() / "python")
-    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {
-        name: {"ansible_connection": "local", "ansible_python_interpreter": python, **vars_}
-        for name, vars_ in hosts.items()}}}))
+    (tmp / "inventory.yml").write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "hosts": {
+                        name: {"ansible_connection": "local", "ansible_python_interpreter": python, **vars_}
+                        for name, vars_ in hosts.items()
+                    }
+                }
+            }
+        )
+    )
     (tmp / "play.yml").write_text(yaml.safe_dump(plays, sort_keys=False))
-    env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_ROLES_PATH": str(ROLES), "ANSIBLE_NOCOLOR": "1",
-                                      "ANSIBLE_LOCALHOST_WARNING": "0",
-                                      "ANSIBLE_FORKS": str(len(hosts))})
-    return subprocess.run([str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml", *args],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    env = ansiballz_cache.with_cache(
+        {
+            **os.environ,
+            "ANSIBLE_ROLES_PATH": str(ROLES),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_LOCALHOST_WARNING": "0",
+            "ANSIBLE_FORKS": str(len(hosts)),
+        }
+    )
+    return subprocess.run(
+        [str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml", *args],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def validate(tmp: Path, role: str, variables: dict) -> subprocess.CompletedProcess:
     """Include the role with these variables in check mode: its argument specs run first."""
     (tmp / "settings.yml").write_text(yaml.safe_dump({**RUN_SETTINGS, **variables}))
-    plays = [{"name": "Validate the role's arguments.", "hosts": "all", "gather_facts": False,
-              "tasks": [{"name": "Import the run's settings.",
-                         "ansible.builtin.import_role": {"name": "hsextract", "tasks_from": "settings"}},
-                        {"name": "Load the settings.", "ansible.builtin.include_vars": str(tmp / "settings.yml")},
-                        {"name": "Include the role.", "ansible.builtin.include_role": {"name": role}}]}]
+    plays = [
+        {
+            "name": "Validate the role's arguments.",
+            "hosts": "all",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Import the run's settings.",
+                    "ansible.builtin.import_role": {"name": "hsextract", "tasks_from": "settings"},
+                },
+                {"name": "Load the settings.", "ansible.builtin.include_vars": str(tmp / "settings.yml")},
+                {"name": "Include the role.", "ansible.builtin.include_role": {"name": role}},
+            ],
+        }
+    ]
     return playbook(tmp, plays, {"localhost": {}}, "--check")

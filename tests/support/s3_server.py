@@ -73,8 +73,10 @@ class WeedServer:
 
     def credentials_file(self, path: Path) -> Path:
         """A 0600 credentials file for this server's keys."""
-        path.write_text(f"[default]\naws_access_key_id = {self.access_key}\naws_secret_access_key = "
-                        f"{self.secret_key}\nregion = us-east-1\n")
+        path.write_text(
+            f"[default]\naws_access_key_id = {self.access_key}\naws_secret_access_key = "
+            f"{self.secret_key}\nregion = us-east-1\n"
+        )
         path.chmod(0o600)
         return path
 
@@ -82,15 +84,23 @@ class WeedServer:
         import boto3
         import botocore.config
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name="us-east-1",
-                            config=botocore.config.Config(s3={"addressing_style": "path"},
-                                                          retries={"max_attempts": 1}, **kw))
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=botocore.config.Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, **kw),
+        )
 
     def env(self) -> dict[str, str]:
         """boto3's variables for this server (what a unit would get from its credentials file)."""
-        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
-                "AWS_ENDPOINT_URL": self.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     def start(self) -> WeedServer:
         weed = tool("weed")
@@ -102,11 +112,29 @@ class WeedServer:
         env.update(AWS_ACCESS_KEY_ID=self.access_key, AWS_SECRET_ACCESS_KEY=self.secret_key)
         log = open(self.log_path or self.data_dir.parent / f"{self.data_dir.name}.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [weed, "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-             "-master.telemetry=false", "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-             f"-s3.port={s3}", f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-             f"-admin.port={admin}"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=self.data_dir)
+            [
+                weed,
+                "mini",
+                f"-dir={self.data_dir}",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-master.telemetry=false",
+                "-admin.ui=false",
+                "-webdav=false",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+                f"-s3.port={s3}",
+                f"-master.port={master}",
+                f"-volume.port={volume}",
+                f"-filer.port={filer}",
+                f"-admin.port={admin}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd=self.data_dir,
+        )
         log.close()
         self.wait_ready()
         return self
@@ -165,9 +193,22 @@ class RcloneServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir.parent / "rclone.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [rclone, "serve", "s3", "--addr", f"127.0.0.1:{self.port}", "--auth-key",
-             f"{self.access_key},{self.secret_key}", "--config", "/dev/null", str(self.data_dir)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                rclone,
+                "serve",
+                "s3",
+                "--addr",
+                f"127.0.0.1:{self.port}",
+                "--auth-key",
+                f"{self.access_key},{self.secret_key}",
+                "--config",
+                "/dev/null",
+                str(self.data_dir),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _answers(self.port):

@@ -23,8 +23,11 @@ SESSION_SERVERS = ("llama_server", "llama_prenorm_server", "dsv3_server")
 # 10-30 CPU-seconds of imports each. The small modules that use them go with the shared servers'
 # users, where `formats/test_real_readers.py` loads them anyway (the playbooks' modules keep their own
 # process).
-READER_USERS = ("tests/vocab/test_vocab_readers.py", "tests/collect/test_collect_readers.py",
-                "tests/formats/test_arrow_dataset.py")
+READER_USERS = (
+    "tests/vocab/test_vocab_readers.py",
+    "tests/collect/test_collect_readers.py",
+    "tests/formats/test_arrow_dataset.py",
+)
 
 # The longest work first, longest to shortest: the extract playbook's sandbox (about 12
 # process-minutes), the modules that share the shared servers and the readers (about 12, together),

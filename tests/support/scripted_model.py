@@ -25,13 +25,17 @@ END = "<|im_end|>"
 # tool, then ends its turn; with thinking switched off it calls the tool at once.
 SCRIPT = {"\n": THINK, THINK: CALL, CALL: END, NO_THINK: CALL}
 REASONING = "Let me check the weather."
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
-def make_scripted_model(base: Path, out: Path, template: str, script: dict[str, str] = SCRIPT,
-                        seed: int = 0) -> Path:
+def make_scripted_model(base: Path, out: Path, template: str, script: dict[str, str] = SCRIPT, seed: int = 0) -> Path:
     """Write the scripted model to `out` from the tiny Llama at `base`; idempotent."""
     import torch
     from tokenizers import AddedToken
@@ -54,8 +58,14 @@ def make_scripted_model(base: Path, out: Path, template: str, script: dict[str, 
         assert len(ids) == 1, f"{text!r} is {len(ids)} tokens"
         return ids[0]
 
-    cfg = LlamaConfig(**{**json.loads((base / "config.json").read_text()), "vocab_size": len(tok),
-                         "eos_token_id": one(END), "torch_dtype": "bfloat16"})
+    cfg = LlamaConfig(
+        **{
+            **json.loads((base / "config.json").read_text()),
+            "vocab_size": len(tok),
+            "eos_token_id": one(END),
+            "torch_dtype": "bfloat16",
+        }
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():

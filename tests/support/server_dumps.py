@@ -31,8 +31,18 @@ def wait_done(dump_dir: Path, rid: str, timeout: float = 60) -> Path:
     raise AssertionError(f"no complete dump for {rid} in {dump_dir} after {timeout} s")
 
 
-def capture(server, records_dir: Path, dest: Path, run_id: str, indices: list[int], *,
-            min_len: int = 4, max_len: int = 48, seed: int = 0, parallel: int = 4) -> dict[int, Staged]:
+def capture(
+    server,
+    records_dir: Path,
+    dest: Path,
+    run_id: str,
+    indices: list[int],
+    *,
+    min_len: int = 4,
+    max_len: int = 48,
+    seed: int = 0,
+    parallel: int = 4,
+) -> dict[int, Staged]:
     """Send one request per dataset index through `server`; return {index: what the server captured}."""
     rng = random.Random(seed)
     plans = []

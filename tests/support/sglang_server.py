@@ -164,11 +164,14 @@ class ServerHandle:
         thread.start()
         _stopping.append(thread)
 
-    def generate(self, input_ids: Sequence[int], rid: str | None = None, max_new_tokens: int = 1,
-                 timeout: float = 120) -> dict:
+    def generate(
+        self, input_ids: Sequence[int], rid: str | None = None, max_new_tokens: int = 1, timeout: float = 120
+    ) -> dict:
         """POST /generate at temperature 0; returns the response JSON."""
-        body: dict = {"input_ids": list(input_ids),
-                      "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+        body: dict = {
+            "input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+        }
         if rid is not None:
             body["rid"] = rid
         r = requests.post(f"{self.url}/generate", json=body, timeout=timeout)
@@ -256,18 +259,30 @@ def start_server(
     run_env.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_env.update(env or {})
     cmd = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
-        "--log-level", "info",
-        *args, *extra_args,
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-total-tokens",
+        str(max_total_tokens),
+        "--chunked-prefill-size",
+        str(chunked_prefill_size),
+        "--log-level",
+        "info",
+        *args,
+        *extra_args,
     ]
     log_path = log_dir / f"server-{port}.log"
     with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=run_env, cwd=str(log_dir),
-                                start_new_session=True)
-    handle = ServerHandle(f"http://127.0.0.1:{port}", port, dump_dir, model_dir, rid_prefix, proc, log_path,
-                          patch_dir)
+        proc = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, env=run_env, cwd=str(log_dir), start_new_session=True
+        )
+    handle = ServerHandle(f"http://127.0.0.1:{port}", port, dump_dir, model_dir, rid_prefix, proc, log_path, patch_dir)
     if wait:
         try:
             wait_healthy(handle, startup_timeout)
@@ -283,7 +298,8 @@ def wait_healthy(handle: ServerHandle, timeout: float) -> None:
         if handle.proc.poll() is not None:
             raise ServerStartError(
                 f"SGLang server on port {handle.port} exited with code {handle.proc.returncode} during startup; "
-                f"log {handle.log_path}:\n{log_tail(handle.log_path)}")
+                f"log {handle.log_path}:\n{log_tail(handle.log_path)}"
+            )
         try:
             healthy = requests.get(f"{handle.url}/health", timeout=5).status_code == 200
         except requests.RequestException:
@@ -294,10 +310,13 @@ def wait_healthy(handle: ServerHandle, timeout: float) -> None:
                 return
             raise ServerStartError(
                 f"port {handle.port} answers /health, but it is held by another process ({sorted(owners)}), "
-                f"not by the server this test started; log {handle.log_path}:\n{log_tail(handle.log_path)}")
+                f"not by the server this test started; log {handle.log_path}:\n{log_tail(handle.log_path)}"
+            )
         time.sleep(0.25)  # a poll of /health costs nothing next to the start it waits for
-    raise ServerStartError(f"SGLang server on port {handle.port} not healthy after {timeout:.0f} s; "
-                           f"log {handle.log_path}:\n{log_tail(handle.log_path)}")
+    raise ServerStartError(
+        f"SGLang server on port {handle.port} not healthy after {timeout:.0f} s; "
+        f"log {handle.log_path}:\n{log_tail(handle.log_path)}"
+    )
 
 
 def wait_exit(handle: ServerHandle, timeout: float) -> int | None:

@@ -72,17 +72,30 @@ def stage_sample(
     d = Path(dump_dir) / rid
     d.mkdir(parents=True, exist_ok=True)
     if record:
-        write_record(dump_dir, SampleRecord(rid=rid, index=index, input_ids=ids.tolist(), loss_mask=mask.tolist(),
-                                            run_id=run_id))
+        write_record(
+            dump_dir, SampleRecord(rid=rid, index=index, input_ids=ids.tolist(), loss_mask=mask.tolist(), run_id=run_id)
+        )
     write_states(d / "states.safetensors", hidden, ids)
     if done:
-        write_done_marker(dump_dir, DoneMarker(
-            rid=rid, prompt_len=tokens, num_aux=len(eagle), hidden_size=hidden_size, dtype="bfloat16",
-            eagle_aux_hidden_state_layer_ids=eagle, sglang_layers_to_capture=[i + 1 for i in eagle],
-            num_hidden_layers=8, final_hidden=final_hidden, architecture="LlamaForCausalLM",
-            chunks=[[0, tokens]], model_path="tiny", sglang_version="0.5.23",
-            fingerprint=fingerprint.of_states(hidden, ids),
-        ))
+        write_done_marker(
+            dump_dir,
+            DoneMarker(
+                rid=rid,
+                prompt_len=tokens,
+                num_aux=len(eagle),
+                hidden_size=hidden_size,
+                dtype="bfloat16",
+                eagle_aux_hidden_state_layer_ids=eagle,
+                sglang_layers_to_capture=[i + 1 for i in eagle],
+                num_hidden_layers=8,
+                final_hidden=final_hidden,
+                architecture="LlamaForCausalLM",
+                chunks=[[0, tokens]],
+                model_path="tiny",
+                sglang_version="0.5.23",
+                fingerprint=fingerprint.of_states(hidden, ids),
+            ),
+        )
     return Staged(rid, index, ids, mask, hidden)
 
 

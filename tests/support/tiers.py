@@ -18,5 +18,7 @@ class UnmarkedSlowTest(RuntimeError):
 
 def refuse_in_fast_tier(what: str, marker: str) -> None:
     if os.environ.get(FAST_TIER_ENV):
-        raise UnmarkedSlowTest(f"this test starts {what} but is not marked `{marker}`: add @pytest.mark.{marker} "
-                               f"(or use a fixture whose name ends in _server) so `make test-fast` leaves it out")
+        raise UnmarkedSlowTest(
+            f"this test starts {what} but is not marked `{marker}`: add @pytest.mark.{marker} "
+            f"(or use a fixture whose name ends in _server) so `make test-fast` leaves it out"
+        )

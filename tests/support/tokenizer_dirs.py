@@ -18,8 +18,16 @@ TEMPLATE_SPECIAL_TOKENS = {
     "deepseek_v3": ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"],
     "kimi_k2": ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"],
     "qwen3_thinking": ["<|im_start|>", "<|im_end|>"],
-    "qwen3_tools": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
-                    "<tool_response>", "</tool_response>"],
+    "qwen3_tools": [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tool_call>",
+        "</tool_call>",
+        "<think>",
+        "</think>",
+        "<tool_response>",
+        "</tool_response>",
+    ],
     "readable": [],
 }
 

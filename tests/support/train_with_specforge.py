@@ -62,22 +62,40 @@ def main() -> int:
     sys.stdout.write(log.getvalue())
     if rc:
         return rc
-    steps = [json.loads(re.sub(r"'", '"', m.group(2))) | {"step": int(m.group(1))}
-             for m in re.finditer(r"^step (\d+): (\{.*\})$", log.getvalue(), re.M)]
+    steps = [
+        json.loads(re.sub(r"'", '"', m.group(2))) | {"step": int(m.group(1))}
+        for m in re.finditer(r"^step (\d+): (\{.*\})$", log.getvalue(), re.M)
+    ]
     cfg = _yaml(run_yaml, overrides)
     checkpoint = Path(cfg["output_dir"]) / f"{cfg['run_id']}-latest"
-    rc = specforge(["export", "--to", "sglang", "--checkpoint", str(checkpoint),
-                    "--draft-config", cfg["draft_model_config"], "--output-dir", export_dir,
-                    "--vocab-mapping", cfg["vocab_mapping_path"]])
+    rc = specforge(
+        [
+            "export",
+            "--to",
+            "sglang",
+            "--checkpoint",
+            str(checkpoint),
+            "--draft-config",
+            cfg["draft_model_config"],
+            "--output-dir",
+            export_dir,
+            "--vocab-mapping",
+            cfg["vocab_mapping_path"],
+        ]
+    )
     if rc:
         return rc
     from safetensors.torch import load_file
 
     weights = load_file(str(Path(export_dir) / "model.safetensors"))
-    result = {"steps": steps, "checkpoint": str(checkpoint),
-              "config": json.loads((Path(export_dir) / "config.json").read_text()),
-              "d2t": weights["d2t"].tolist(), "t2d": weights["t2d"].tolist(),
-              "weights": sorted(weights)}
+    result = {
+        "steps": steps,
+        "checkpoint": str(checkpoint),
+        "config": json.loads((Path(export_dir) / "config.json").read_text()),
+        "d2t": weights["d2t"].tolist(),
+        "t2d": weights["t2d"].tolist(),
+        "weights": sorted(weights),
+    }
     Path(result_path).write_text(json.dumps(result))
     return 0
 
@@ -87,8 +105,12 @@ def _yaml(path: str, overrides: list[str]) -> dict[str, str]:
     from specforge.config import load_config
 
     cfg = load_config(path, overrides)
-    return {"output_dir": cfg.output_dir, "run_id": cfg.run_id, "draft_model_config": cfg.model.draft_model_config,
-            "vocab_mapping_path": cfg.model.vocab_mapping_path}
+    return {
+        "output_dir": cfg.output_dir,
+        "run_id": cfg.run_id,
+        "draft_model_config": cfg.model.draft_model_config,
+        "vocab_mapping_path": cfg.model.vocab_mapping_path,
+    }
 
 
 if __name__ == "__main__":

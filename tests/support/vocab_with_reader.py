@@ -82,8 +82,15 @@ def speculators(out: Path, sizes: list[int], vocab: int, suffix: str, model: Pat
     from speculators.train.cli import parse_vocab_mappings
 
     def load(n: int, data_path: Path, **paths) -> dict:
-        args = argparse.Namespace(d2t_path=None, t2d_path=None, draft_vocab_size=n, data_path=str(data_path),
-                                  token_freq_path=None, verifier_name_or_path=str(model), trust_remote_code=False)
+        args = argparse.Namespace(
+            d2t_path=None,
+            t2d_path=None,
+            draft_vocab_size=n,
+            data_path=str(data_path),
+            token_freq_path=None,
+            verifier_name_or_path=str(model),
+            trust_remote_code=False,
+        )
         for k, v in paths.items():
             setattr(args, k, str(v))
         d2t, t2d, size = parse_vocab_mappings(args)
@@ -128,8 +135,10 @@ def modelopt(out: Path, sizes: list[int], vocab: int, suffix: str, model: Path |
     for i, n in enumerate(sizes):
         names = [f"draft_vocab_cache/d2t-{n}{suffix}"] + ([f"draft_vocab_cache/d2t{suffix}"] if i == 0 else [])
         for rel in names:
-            holder = SimpleNamespace(eagle_config=SimpleNamespace(draft_vocab_size=n, vocab_size=vocab),
-                                     eagle_module=SimpleNamespace(d2t=torch.zeros(n, dtype=torch.int64)))
+            holder = SimpleNamespace(
+                eagle_config=SimpleNamespace(draft_vocab_size=n, vocab_size=vocab),
+                eagle_module=SimpleNamespace(d2t=torch.zeros(n, dtype=torch.int64)),
+            )
             HFEagleModel.load_draft_vocab_cache(holder, str(out / rel))
             res["mappings"][rel] = {"d2t": holder.eagle_module.d2t.clone()}
     return res

@@ -66,8 +66,12 @@ def _write_rows(out: Path, rows: list[dict]) -> None:
 def _pair(out: Path, same_length: bool) -> tuple[int, int]:
     """Two rows whose samples have the same token count, or different ones."""
     rows = _rows(out)
-    return next((j, k) for j in range(len(rows)) for k in range(j + 1, len(rows))
-                if (rows[j]["tokens"] == rows[k]["tokens"]) == same_length)
+    return next(
+        (j, k)
+        for j in range(len(rows))
+        for k in range(j + 1, len(rows))
+        if (rows[j]["tokens"] == rows[k]["tokens"]) == same_length
+    )
 
 
 def _swap_files(out: Path, j: int, k: int) -> None:

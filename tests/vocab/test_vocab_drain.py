@@ -30,8 +30,9 @@ SIZES = ["16", "64", "1000"]  # 1000 >= the vocabulary (500): clamped to 500
 
 
 def _drain(dump, out, fmt, *extra, lines=30):
-    return drain_until_done(dump, out, fmt, "--draft-vocab-size", *SIZES, "--vocab-size", str(VOCAB), *extra,
-                            lines=lines)
+    return drain_until_done(
+        dump, out, fmt, "--draft-vocab-size", *SIZES, "--vocab-size", str(VOCAB), *extra, lines=lines
+    )
 
 
 def _staged(tmp_path, fmt, n=30, seed=0):
@@ -117,11 +118,27 @@ def test_counts_survive_kill_9_at_random_instants_and_always_equal_a_recount(tmp
             assert dict(zip(cp["ids"], cp["counts"], strict=True)) == dict(expected_counts(samples, covered))
             lagging += cp["covered"] < len(entries)
 
-    loop = kill_drain_repeatedly(hold=hold, dump=dump, out=out, names=by_index,
-                                 drain_args=["--workers", "2", "--poll-interval", "0.05",
-                                             "--vocab-checkpoint-interval", "0", "--vocab-size", str(VOCAB)],
-                                 per_release=10, max_delay_s=0.01, rng=random.Random(20261130),
-                                 log=tmp_path / "drain.log", after_kill=checkpoint_is_a_prefix_with_its_counts)
+    loop = kill_drain_repeatedly(
+        hold=hold,
+        dump=dump,
+        out=out,
+        names=by_index,
+        drain_args=[
+            "--workers",
+            "2",
+            "--poll-interval",
+            "0.05",
+            "--vocab-checkpoint-interval",
+            "0",
+            "--vocab-size",
+            str(VOCAB),
+        ],
+        per_release=10,
+        max_delay_s=0.01,
+        rng=random.Random(20261130),
+        log=tmp_path / "drain.log",
+        after_kill=checkpoint_is_a_prefix_with_its_counts,
+    )
     assert loop.kills >= 15 and lagging >= 3, f"{loop.kills} kills, {lagging} left the checkpoint behind the manifest"
     drain_until_done(dump, out, "specforge", "--vocab-size", str(VOCAB), lines=len(samples))
     assert sorted(e.dataset_index for e in iter_entries(out)) == sorted(samples)
@@ -216,8 +233,17 @@ def test_no_draft_vocab_counts_nothing_and_writes_no_vocabulary_file(tmp_path):
 
 
 def test_a_draft_vocabulary_size_below_one_is_refused_before_anything_runs(tmp_path):
-    r = hsextract("drain", "--dump-dir", str(tmp_path / "d"), "--output", str(tmp_path / "o"), "--format",
-                  "specforge", "--draft-vocab-size", "0")
+    r = hsextract(
+        "drain",
+        "--dump-dir",
+        str(tmp_path / "d"),
+        "--output",
+        str(tmp_path / "o"),
+        "--format",
+        "specforge",
+        "--draft-vocab-size",
+        "0",
+    )
     assert r.returncode == 2 and "--draft-vocab-size 0: give one or more sizes of at least 1" in r.stderr
     assert not (tmp_path / "o").exists()
 

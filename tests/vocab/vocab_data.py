@@ -30,13 +30,25 @@ def stage(dump: Path, run_id: str, index: int, ids: list[int], mask: list[int], 
     g = torch.Generator().manual_seed(index)
     rows = torch.randn(t, len(EAGLE) + 1, hidden, generator=g).bfloat16()
     write_states(d / "states.safetensors", rows, torch.tensor(ids, dtype=torch.int64))
-    write_done_marker(dump, DoneMarker(
-        rid=rid, prompt_len=t, num_aux=len(EAGLE), hidden_size=hidden, dtype="bfloat16",
-        eagle_aux_hidden_state_layer_ids=EAGLE, sglang_layers_to_capture=[i + 1 for i in EAGLE],
-        num_hidden_layers=8, final_hidden="post_norm", architecture="LlamaForCausalLM",
-        chunks=[[0, t]], model_path="tiny", sglang_version="0.5.23",
-        fingerprint=fingerprint.of_states(rows, torch.tensor(ids, dtype=torch.int64)),
-    ))
+    write_done_marker(
+        dump,
+        DoneMarker(
+            rid=rid,
+            prompt_len=t,
+            num_aux=len(EAGLE),
+            hidden_size=hidden,
+            dtype="bfloat16",
+            eagle_aux_hidden_state_layer_ids=EAGLE,
+            sglang_layers_to_capture=[i + 1 for i in EAGLE],
+            num_hidden_layers=8,
+            final_hidden="post_norm",
+            architecture="LlamaForCausalLM",
+            chunks=[[0, t]],
+            model_path="tiny",
+            sglang_version="0.5.23",
+            fingerprint=fingerprint.of_states(rows, torch.tensor(ids, dtype=torch.int64)),
+        ),
+    )
 
 
 def make_samples(n: int, seed: int) -> dict[int, tuple[list[int], list[int]]]:

@@ -40,13 +40,21 @@ class Case:
     profile_drain: Path | None = None
     reap: bool = False
 
-    def for_side(self, side: str, out: Path, profile: Path | None = None, profile_drain: Path | None = None,
-                 reap: bool = False) -> Case:
+    def for_side(
+        self, side: str, out: Path, profile: Path | None = None, profile_drain: Path | None = None, reap: bool = False
+    ) -> Case:
         """This case as one throughput round's product ``side`` runs it, its set written to ``out``
         (the rounds self-check 1 % of the samples, the correctness runs 5 %)."""
         if side not in PRODUCT_SIDES:
             raise ValueError(f"{side!r} is not a side that runs the product; those are {PRODUCT_SIDES}")
-        return dataclasses.replace(self, out=out, selfcheck_share=0.01,
-                                   processes=2 if side == "pipeline_2_processes" else 1,
-                                   drain_after=side == "client_alone", drain_first=side == "pipeline_drain_first",
-                                   profile=profile, profile_drain=profile_drain, reap=reap)
+        return dataclasses.replace(
+            self,
+            out=out,
+            selfcheck_share=0.01,
+            processes=2 if side == "pipeline_2_processes" else 1,
+            drain_after=side == "client_alone",
+            drain_first=side == "pipeline_drain_first",
+            profile=profile,
+            profile_drain=profile_drain,
+            reap=reap,
+        )

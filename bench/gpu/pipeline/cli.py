@@ -15,8 +15,10 @@ from .orchestrate import run
 from .result import new_result, write_result
 from .settings import ALL_SIDES, DEFAULT_MODELS, MODEL_KINDS, REPO
 
-DESCRIPTION = ("The product end to end on a GPU: `hsextract extract` and `hsextract drain` as the units run "
-               "them,")  # the first line of pipeline_gpu.py's docstring, as --help has always shown it
+DESCRIPTION = (
+    "The product end to end on a GPU: `hsextract extract` and `hsextract drain` as the units run "
+    "them,"
+)  # the first line of pipeline_gpu.py's docstring, as --help has always shown it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,17 +30,29 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--samples", type=int, default=600)
     ap.add_argument("--dsv3-samples", type=int, default=0, help="the tiny DeepSeek's dataset size (0: --samples)")
     ap.add_argument("--dsv3-in-flight", default="", help="the tiny DeepSeek's bounds (default: --in-flight)")
-    ap.add_argument("--compare-no-overlap", default=DEFAULT_MODELS,
-                    help="the models whose rows are compared with a no-overlap server's")
+    ap.add_argument(
+        "--compare-no-overlap",
+        default=DEFAULT_MODELS,
+        help="the models whose rows are compared with a no-overlap server's",
+    )
     ap.add_argument("--in-flight", default="32,128,256", help="in-flight bounds; the first is the default's")
     ap.add_argument("--rounds", type=int, default=0, help="alternating throughput rounds per side (0: none)")
-    ap.add_argument("--throughput-models", default="llama8b,tiny",
-                    help="the models that run the throughput rounds (with --rounds > 0)")
-    ap.add_argument("--throughput-in-flight", default="",
-                    help="the throughput rounds' in-flight bounds (default: the first two of --in-flight)")
-    ap.add_argument("--correctness-models", default=None,
-                    help="the models whose correctness runs are made (default: every model of --models; the "
-                         "throughput rounds' pipelines are validated all the same)")
+    ap.add_argument(
+        "--throughput-models",
+        default="llama8b,tiny",
+        help="the models that run the throughput rounds (with --rounds > 0)",
+    )
+    ap.add_argument(
+        "--throughput-in-flight",
+        default="",
+        help="the throughput rounds' in-flight bounds (default: the first two of --in-flight)",
+    )
+    ap.add_argument(
+        "--correctness-models",
+        default=None,
+        help="the models whose correctness runs are made (default: every model of --models; the "
+        "throughput rounds' pipelines are validated all the same)",
+    )
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dp-attention", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -46,18 +60,35 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--transformers-samples", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=560)
     ap.add_argument("--work", type=Path, default=Path("/tmp/hsx-pipeline"))
-    ap.add_argument("--sides", default="", help=f"only these of the throughput rounds' sides, of {ALL_SIDES} (default: "
-                    "each model's own)")
-    ap.add_argument("--output-root", type=Path, default=None,
-                    help="where the throughput rounds' training sets go (default: --work); e.g. /dev/shm/hsx-out for "
-                         "a disk that keeps up with the server")
-    ap.add_argument("--profile-client", type=Path, default=None,
-                    help="py-spy the (first) client of every product round into this directory")
-    ap.add_argument("--reap-output", action="store_true",
-                    help="delete each sample's file once the drain has recorded it: runs longer than memory holds")
-    ap.add_argument("--profile-drain", type=Path, default=None,
-                    help="py-spy the drain and its worker processes of each product side's first round into this "
-                         "directory")
+    ap.add_argument(
+        "--sides",
+        default="",
+        help=f"only these of the throughput rounds' sides, of {ALL_SIDES} (default: each model's own)",
+    )
+    ap.add_argument(
+        "--output-root",
+        type=Path,
+        default=None,
+        help="where the throughput rounds' training sets go (default: --work); e.g. /dev/shm/hsx-out for "
+        "a disk that keeps up with the server",
+    )
+    ap.add_argument(
+        "--profile-client",
+        type=Path,
+        default=None,
+        help="py-spy the (first) client of every product round into this directory",
+    )
+    ap.add_argument(
+        "--reap-output",
+        action="store_true",
+        help="delete each sample's file once the drain has recorded it: runs longer than memory holds",
+    )
+    ap.add_argument(
+        "--profile-drain",
+        type=Path,
+        default=None,
+        help="py-spy the drain and its worker processes of each product side's first round into this directory",
+    )
     ap.add_argument("--results", type=Path)
     return ap
 
@@ -120,6 +151,9 @@ def pack_logs(out_dir: Path, roots: tuple[Path, ...]) -> None:
     servers' logs under --work, the clients' and drains' beside their outputs under --output-root."""
     members = []
     for root in dict.fromkeys(roots):
-        members += ["-C", str(root), *sorted(str(p.relative_to(root)) for p in root.rglob("*.log")
-                                             if p.stat().st_size < 50e6)]
+        members += [
+            "-C",
+            str(root),
+            *sorted(str(p.relative_to(root)) for p in root.rglob("*.log") if p.stat().st_size < 50e6),
+        ]
     subprocess.run(["tar", "czf", str(out_dir / "pipeline-logs.tar.gz"), *members], check=False, capture_output=True)

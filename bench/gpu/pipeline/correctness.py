@@ -21,8 +21,15 @@ from .rows import compare_runs
 from .servers import ModelPlan, Say
 
 
-def correctness(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.Namespace, say: Say,
-                save: Callable[[str, dict], object], deadline: float) -> dict:
+def correctness(
+    plan: ModelPlan,
+    env: gpu_env.GpuEnv,
+    work: Path,
+    args: argparse.Namespace,
+    say: Say,
+    save: Callable[[str, dict], object],
+    deadline: float,
+) -> dict:
     """The model's correctness result; ``_default_output`` names the default bound's set, kept on
     disk for the comparison with transformers (the caller removes it)."""
     dataset = work / f"{plan.kind}-data.jsonl"
@@ -58,6 +65,7 @@ def correctness(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse
             say(f"{plan.kind} rows, overlap vs no overlap: {res['overlap_vs_no_overlap']}")
         shutil.rmtree(no_overlap.out, ignore_errors=True)
     res["ok"] = all(r.get("ok") for r in res["runs"].values()) and (
-        not compare or res.get("overlap_vs_no_overlap", {}).get("ok", False))
+        not compare or res.get("overlap_vs_no_overlap", {}).get("ok", False)
+    )
     res["_default_output"] = str(outs.get(default.in_flight, ""))
     return res

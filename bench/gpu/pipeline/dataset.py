@@ -7,14 +7,17 @@ import json
 import random
 from pathlib import Path
 
-_TEXT = ("the capital city of france is paris hello world this is a tiny test model for sglang deep learning "
-         "models produce hidden states at every layer we dump auxiliary during prefill to shared memory quick "
-         "brown fox jumps over lazy dog user asks question and assistant answers it politely")
+_TEXT = (
+    "the capital city of france is paris hello world this is a tiny test model for sglang deep learning "
+    "models produce hidden states at every layer we dump auxiliary during prefill to shared memory quick "
+    "brown fox jumps over lazy dog user asks question and assistant answers it politely"
+)
 _ENGLISH = _TEXT.split()
 
 
-def write_dataset(path: Path, n: int, context: int, words: str, seed: int = 0, mean_words: int = 120,
-                  long_prompts: bool = True) -> dict:
+def write_dataset(
+    path: Path, n: int, context: int, words: str, seed: int = 0, mean_words: int = 120, long_prompts: bool = True
+) -> dict:
     """``n`` conversations (1-3 turns) of varied lengths, with a share of long ones unless
     ``long_prompts`` is false; returns what was made (word counts)."""
     rng = random.Random(seed)
@@ -39,9 +42,15 @@ def write_dataset(path: Path, n: int, context: int, words: str, seed: int = 0, m
             f.write(json.dumps({"messages": msgs}) + "\n")
             lengths.append(sum(sizes))
     lengths.sort()
-    return {"samples": n, "words_total": sum(lengths), "words_min": lengths[0], "words_median": lengths[n // 2],
-            "words_max": lengths[-1], "over_4096": sum(x > 4096 for x in lengths),
-            "over_16000": sum(x > 16000 for x in lengths)}
+    return {
+        "samples": n,
+        "words_total": sum(lengths),
+        "words_min": lengths[0],
+        "words_median": lengths[n // 2],
+        "words_max": lengths[-1],
+        "over_4096": sum(x > 4096 for x in lengths),
+        "over_16000": sum(x > 16000 for x in lengths),
+    }
 
 
 def encode(dataset: Path, model: Path, max_tokens: int) -> list[list[int]]:

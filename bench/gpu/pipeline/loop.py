@@ -21,8 +21,12 @@ def run_plain_loop(url: str, prompts: list[list[int]], in_flight: int) -> dict:
 def loop_rate(prompts: list[list[int]], wall: float) -> dict:
     """What one round of a plain loop sent, and at what rate."""
     tokens = sum(map(len, prompts))
-    return {"samples": len(prompts), "tokens": tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 1)}
+    return {
+        "samples": len(prompts),
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+    }
 
 
 def run_loop_on_capture(server: ServerHandle, prompts: list[list[int]], in_flight: int) -> dict:
@@ -36,6 +40,10 @@ def run_loop_on_capture(server: ServerHandle, prompts: list[list[int]], in_fligh
     counter.start()
     wall = asyncio.run(_send(server.url, run_id, prompts, in_flight, rid_prefix="hsx"))
     counter.wait_for(len(prompts))
-    return {**loop_rate(prompts, wall), "complete_dumps": counter.complete, "wrong_dumps": counter.wrong,
-            "failure_markers": counter.failed,
-            "ok": counter.complete == len(prompts) and not counter.wrong and not counter.failed}
+    return {
+        **loop_rate(prompts, wall),
+        "complete_dumps": counter.complete,
+        "wrong_dumps": counter.wrong,
+        "failure_markers": counter.failed,
+        "ok": counter.complete == len(prompts) and not counter.wrong and not counter.failed,
+    }

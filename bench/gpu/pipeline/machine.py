@@ -36,13 +36,17 @@ def tokenizer_load(env: gpu_env.GpuEnv, model: Path) -> dict:
     """The client's tokenizer phase in the product's environment beside the running servers (its
     own path, in a fresh process first), then transformers' path taken apart: torch's import
     (transformers imports it), transformers' own, and ``AutoTokenizer``'s load."""
-    done = subprocess.run([sys.executable, "-c", _TOKENIZER_PHASES, str(model)], env=product_env(env),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _TOKENIZER_PHASES, str(model)],
+        env=product_env(env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     try:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"error": done.stderr[-1000:]}
-
 
 
 def ceiling_sizes(prompts: list[list[int]], bytes_per_token: int) -> list[int]:
@@ -71,8 +75,11 @@ def disk_speed(directory: Path, gb: float = 2.0) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / "dd.bin"
     t0 = time.monotonic()
-    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={int(gb * 1e9 / (16 << 20))}",
-                    "conv=fsync"], check=True, capture_output=True)
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=16M", f"count={int(gb * 1e9 / (16 << 20))}", "conv=fsync"],
+        check=True,
+        capture_output=True,
+    )
     wall = time.monotonic() - t0
     nbytes = target.stat().st_size
     target.unlink()

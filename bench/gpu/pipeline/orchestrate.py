@@ -26,15 +26,30 @@ from .throughput import throughput
 
 def gpu_tests(env: gpu_env.GpuEnv, work: Path) -> dict:
     """The CUDA-only unit tests of the capture (the overwrite race, the shared buffers) on this GPU."""
-    tests = ["tests/capture/test_owned_batch.py", "tests/capture/test_writer_process.py::"
-             "test_on_cuda_the_shared_buffers_are_registered_and_the_rows_land_exactly"]
+    tests = [
+        "tests/capture/test_owned_batch.py",
+        "tests/capture/test_writer_process.py::"
+        "test_on_cuda_the_shared_buffers_are_registered_and_the_rows_land_exactly",
+    ]
     run_env = env.server_env((0,))
     run_env["PYTHONPATH"] += os.pathsep + str(REPO / "tests")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests],
-                          cwd=REPO, env=run_env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests],
+        cwd=REPO,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     res: dict = {"ok": done.returncode == 0, "tail": "\n".join((done.stdout + done.stderr).splitlines()[-15:])}
-    cost = subprocess.run([sys.executable, str(GPU_DIR / "fingerprint_cost.py")], cwd=REPO, env=run_env,
-                          capture_output=True, text=True, timeout=300)
+    cost = subprocess.run(
+        [sys.executable, str(GPU_DIR / "fingerprint_cost.py")],
+        cwd=REPO,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     try:
         res["fingerprint_cost"] = json.loads(cost.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -55,15 +70,19 @@ def run(args: argparse.Namespace, result: dict, say: Say, save: Callable[[], Non
         plain = args.rounds > 0 and plans[k].kind in args.throughput_models
         # The no-overlap server only where something uses it: three 8B servers fill an H100's 80 GB.
         no_overlap = plans[k].kind in args.compare_no_overlap.split(",") or (
-            plain and (not args.sides or "loop_on_capture_no_overlap" in args.sides.split(",")))
+            plain and (not args.sides or "loop_on_capture_no_overlap" in args.sides.split(","))
+        )
         start_servers(plans[k], env, args.work, gpus, PORT + 10 * k, extra, plain=plain, no_overlap=no_overlap)
 
     # One model's servers start together; the next model's once these are up, while these run: SGLang
     # sizes its KV cache from the memory that loading its weights took, which another model loading at
     # the same moment distorts (a tiny DeepSeek beside three 8B servers refused to start).
     start_model(0)
-    checks = ThreadPoolExecutor(max_workers=1).submit(gpu_tests, env, args.work) if args.device == "cuda" \
-        and not args.skip_gpu_tests else None
+    checks = (
+        ThreadPoolExecutor(max_workers=1).submit(gpu_tests, env, args.work)
+        if args.device == "cuda" and not args.skip_gpu_tests
+        else None
+    )
     oks = []
     try:
         for k, plan in enumerate(plans):
@@ -82,14 +101,26 @@ def run(args: argparse.Namespace, result: dict, say: Say, save: Callable[[], Non
             say(f"{plan.kind}: servers healthy")
             if plan.kind in args.correctness_models:
                 model_res["correctness"] = correctness(
-                    plan, env, args.work, args, say,
-                    lambda kind, res: (result["models"][kind].update(correctness=res), save()), deadline - 60)
+                    plan,
+                    env,
+                    args.work,
+                    args,
+                    say,
+                    lambda kind, res: (result["models"][kind].update(correctness=res), save()),
+                    deadline - 60,
+                )
                 oks.append(model_res["correctness"]["ok"])
                 save()
             if args.rounds > 0 and "plain" in plan.servers:
                 model_res["throughput"] = throughput(
-                    plan, env, args.work, args, say,
-                    lambda partial, m=model_res: (m.update(throughput=partial), save()), deadline - 90)
+                    plan,
+                    env,
+                    args.work,
+                    args,
+                    say,
+                    lambda partial, m=model_res: (m.update(throughput=partial), save()),
+                    deadline - 90,
+                )
                 ran = [case for case in model_res["throughput"]["cases"] if case["rounds"] > 0]
                 # a bound the time left no round for is said (rounds 0), not counted as a failure
                 oks += [bool(ran)] + [case["all_validated"] for case in ran]
@@ -109,8 +140,9 @@ def run(args: argparse.Namespace, result: dict, say: Say, save: Callable[[], Non
         # The 8B model in float32 takes a minute to load: only with the time for it.
         needed = 150 if plan.kind == "llama8b" and args.device == "cuda" else 30
         if args.transformers_samples and out.is_dir() and time.monotonic() < deadline - needed:
-            corr["transformers"] = compare_with_transformers(out, plan.path, args.transformers_samples, 2048,
-                                                             args.device)
+            corr["transformers"] = compare_with_transformers(
+                out, plan.path, args.transformers_samples, 2048, args.device
+            )
             say(f"{plan.kind} vs transformers: {corr['transformers']}")
             oks.append(corr["transformers"]["ok"])
         shutil.rmtree(out, ignore_errors=True)

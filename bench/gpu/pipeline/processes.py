@@ -37,20 +37,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def drain_command(py: list[str], server: ServerHandle, model: Path, out: Path, selfcheck_share: float,
-                  metrics_port: int | None, fmt: str = FORMAT) -> list[str]:
+def drain_command(
+    py: list[str],
+    server: ServerHandle,
+    model: Path,
+    out: Path,
+    selfcheck_share: float,
+    metrics_port: int | None,
+    fmt: str = FORMAT,
+) -> list[str]:
     """`hsextract drain` as its unit runs it: the self-check asks the server for the checked prompts' logprobs."""
     metrics = [] if metrics_port is None else ["--metrics-port", str(metrics_port)]
-    return [*py, "drain", "--dump-dir", str(server.dump_dir), "--output", str(out), "--format", fmt,
-            "--model", str(model), "--exit-when-done", "--selfcheck-share", str(selfcheck_share),
-            "--selfcheck-server", server.url, *metrics]
+    return [
+        *py,
+        "drain",
+        "--dump-dir",
+        str(server.dump_dir),
+        "--output",
+        str(out),
+        "--format",
+        fmt,
+        "--model",
+        str(model),
+        "--exit-when-done",
+        "--selfcheck-share",
+        str(selfcheck_share),
+        "--selfcheck-server",
+        server.url,
+        *metrics,
+    ]
 
 
 def client_command(py: list[str], server: ServerHandle, case: Case) -> list[str]:
     """`hsextract extract` for ``case`` (without ``--process``: each client adds its own)."""
-    cmd = [*py, "extract", "--server", server.url, "--dataset", str(case.dataset), "--model", str(case.model),
-           "--dump-dir", str(server.dump_dir), "--output", str(case.out), "--format", case.format,
-           "--max-in-flight", str(case.in_flight), "--max-tokens", str(case.max_tokens), "--log-every", "5"]
+    cmd = [
+        *py,
+        "extract",
+        "--server",
+        server.url,
+        "--dataset",
+        str(case.dataset),
+        "--model",
+        str(case.model),
+        "--dump-dir",
+        str(server.dump_dir),
+        "--output",
+        str(case.out),
+        "--format",
+        case.format,
+        "--max-in-flight",
+        str(case.in_flight),
+        "--max-tokens",
+        str(case.max_tokens),
+        "--log-every",
+        "5",
+    ]
     if case.drain_after:
         cmd += ["--max-staged", "0"]
     return cmd
@@ -71,8 +112,10 @@ def run_case(env: gpu_env.GpuEnv, server: ServerHandle, case: Case) -> dict:
     metrics_port = free_port()
     drain_cmd = drain_command(py, server, case.model, case.out, case.selfcheck_share, metrics_port, case.format)
     if case.profile_drain is not None:
-        drain_cmd = [*py_spy(case.profile_drain, "-r", "50", "--nonblocking", "--subprocesses", "--threads"),
-                     *drain_cmd]
+        drain_cmd = [
+            *py_spy(case.profile_drain, "-r", "50", "--nonblocking", "--subprocesses", "--threads"),
+            *drain_cmd,
+        ]
     client_cmd = client_command(py, server, case)
     run_env = product_env(env)
     drain_up_s = None
@@ -119,11 +162,15 @@ def start_clients(case: Case, client_cmd: list[str], logs: Path, run_env: dict[s
     for j in range(case.processes):
         extra = ["--process", f"{j}/{case.processes}"] if case.processes > 1 else []
         # Only the thread holding the GIL, without pausing the client (a blocking py-spy slowed it 6 times).
-        spy = [] if case.profile is None or j else py_spy(case.profile, "-r", "100", "--nonblocking", "--gil",
-                                                           "--threads")
+        spy = (
+            []
+            if case.profile is None or j
+            else py_spy(case.profile, "-r", "100", "--nonblocking", "--gil", "--threads")
+        )
         with open(logs / f"client{j or ''}.log", "wb") as clog:
-            clients.append(subprocess.Popen([*spy, *client_cmd, *extra], stdout=clog, stderr=subprocess.STDOUT,
-                                            env=run_env))
+            clients.append(
+                subprocess.Popen([*spy, *client_cmd, *extra], stdout=clog, stderr=subprocess.STDOUT, env=run_env)
+            )
     return clients
 
 

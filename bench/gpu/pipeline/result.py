@@ -14,9 +14,17 @@ from .settings import ALL_SIDES, FORMAT
 
 def new_result(device: str, tp: int, dp_attention: int, in_flight: list[int], samples: int) -> dict:
     """The result document before any model ran (``pipeline_gpu.json``)."""
-    return {"benchmark": "pipeline_gpu", "device": device, "tp": tp, "dp_attention": dp_attention,
-            "in_flight": in_flight, "samples": samples, "format": FORMAT, "models": {},
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "benchmark": "pipeline_gpu",
+        "device": device,
+        "tp": tp,
+        "dp_attention": dp_attention,
+        "in_flight": in_flight,
+        "samples": samples,
+        "format": FORMAT,
+        "models": {},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def write_result(result: dict, dirs: tuple[Path | None, ...]) -> None:
@@ -26,8 +34,15 @@ def write_result(result: dict, dirs: tuple[Path | None, ...]) -> None:
             (d / "pipeline_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
-def case_result(in_flight: int, rows: dict[str, list[dict]], ceiling_gb_per_s: float | None = None, *,
-                output_root: str = "", reaped: bool = False, bytes_per_token: float = 0) -> dict:
+def case_result(
+    in_flight: int,
+    rows: dict[str, list[dict]],
+    ceiling_gb_per_s: float | None = None,
+    *,
+    output_root: str = "",
+    reaped: bool = False,
+    bytes_per_token: float = 0,
+) -> dict:
     """One in-flight bound's rounds, summed up; with the disk's ceiling, the keys every pipeline figure
     carries (bench/common.on_disk_keys): the whole pipeline (the drain up first where it ran, as the
     units run it) over min(the plain loop, the ceiling's tokens/s)."""
@@ -36,12 +51,27 @@ def case_result(in_flight: int, rows: dict[str, list[dict]], ceiling_gb_per_s: f
     out = _case_figures(in_flight, rows)
     whole = out["drain_first_whole_tokens_per_s"] or out["whole_pipeline_tokens_per_s"]
     plain = out["plain_loop_tokens_per_s"]
-    drains = [x["drain_gb_per_s"] for side in ("pipeline", "pipeline_drain_first") for x in rows.get(side, [])
-              if x.get("drain_gb_per_s")]
-    over = (pipeline_over_ceiling(whole["median"], plain["median"], ceiling_gb_per_s, bytes_per_token)
-            if whole and plain and ceiling_gb_per_s and bytes_per_token else None)
-    return {**out, **on_disk_keys(output_root, ceiling_gb_per_s, statistics.median(drains) if drains else None,
-                                  reaped=reaped, whole_over_ceiling=over)}
+    drains = [
+        x["drain_gb_per_s"]
+        for side in ("pipeline", "pipeline_drain_first")
+        for x in rows.get(side, [])
+        if x.get("drain_gb_per_s")
+    ]
+    over = (
+        pipeline_over_ceiling(whole["median"], plain["median"], ceiling_gb_per_s, bytes_per_token)
+        if whole and plain and ceiling_gb_per_s and bytes_per_token
+        else None
+    )
+    return {
+        **out,
+        **on_disk_keys(
+            output_root,
+            ceiling_gb_per_s,
+            statistics.median(drains) if drains else None,
+            reaped=reaped,
+            whole_over_ceiling=over,
+        ),
+    }
 
 
 def _case_figures(in_flight: int, rows: dict[str, list[dict]]) -> dict:
@@ -58,53 +88,73 @@ def _case_figures(in_flight: int, rows: dict[str, list[dict]]) -> dict:
     first_sps = [x["samples"] / x["pipeline_wall_s"] for x in first if x.get("pipeline_wall_s")]
     two_sps = [x["client_samples_per_s"] for x in rows.get("pipeline_2_processes", []) if x.get("client_samples_per_s")]
     alone_sps = [x["client_samples_per_s"] for x in rows.get("client_alone", []) if x.get("client_samples_per_s")]
-    drain_sps = [x["drain_alone_samples_per_s"] for x in rows.get("client_alone", [])
-                 if x.get("drain_alone_samples_per_s")]
-    after_startup = [x["tokens"] / (x["pipeline_wall_s"] - x["client_startup_s"]) for x in rows.get("pipeline", [])
-                     if x.get("client_startup_s") and x.get("tokens")]
+    drain_sps = [
+        x["drain_alone_samples_per_s"] for x in rows.get("client_alone", []) if x.get("drain_alone_samples_per_s")
+    ]
+    after_startup = [
+        x["tokens"] / (x["pipeline_wall_s"] - x["client_startup_s"])
+        for x in rows.get("pipeline", [])
+        if x.get("client_startup_s") and x.get("tokens")
+    ]
     med = statistics.median
 
     def spread(v: list[float]) -> dict:
         return {"median": med(v), "min": min(v), "max": max(v)} if v else {}
 
-    return {"in_flight": in_flight, "rounds": len(plain), "plain_loop_tokens_per_s": spread(plain),
-            "client_phase_tokens_per_s": spread(client), "whole_pipeline_tokens_per_s": spread(whole),
-            "loop_on_capture_tokens_per_s": spread(on_capture),
-            "loop_on_capture_no_overlap_tokens_per_s": spread(no_overlap),
-            "capture_server_over_plain": round(med(on_capture) / med(plain), 4) if on_capture and plain else None,
-            "no_overlap_over_overlap": round(med(no_overlap) / med(on_capture), 4) if no_overlap and on_capture
-            else None,
-            "client_phase_over_plain": round(med(client) / med(plain), 4) if client and plain else None,
-            "whole_pipeline_over_plain": round(med(whole) / med(plain), 4) if whole and plain else None,
-            "plain_loop_samples_per_s": spread([round(v, 1) for v in plain_sps]),
-            "client_phase_samples_per_s": spread(client_sps),
-            "client_samples_over_plain": round(med(client_sps) / med(plain_sps), 4) if client_sps and plain_sps
-            else None,
-            "two_processes_samples_per_s": spread(two_sps),
-            "two_processes_over_plain": round(med(two_sps) / med(plain_sps), 4) if two_sps and plain_sps else None,
-            "client_alone_samples_per_s": spread(alone_sps),
-            "client_alone_over_plain": round(med(alone_sps) / med(plain_sps), 4) if alone_sps and plain_sps else None,
-            "drain_alone_samples_per_s": spread(drain_sps),
-            # the drain up before the client, as the units run them: from the client's start to the drain's exit
-            "drain_first_whole_tokens_per_s": spread(first_whole),
-            "drain_first_whole_over_plain": round(med(first_whole) / med(plain), 4) if first_whole and plain else None,
-            "drain_first_whole_samples_per_s": spread([round(v, 1) for v in first_sps]),
-            "drain_first_tail_s": spread([x["tail_s"] for x in first if "tail_s" in x]),
-            "drain_up_before_client_s": spread([x["drain_up_before_client_s"] for x in first
-                                                if x.get("drain_up_before_client_s")]),
-            # from the first request to the drain's exit: the pipeline's pace once started (these runs are
-            # short, so the start-up is a large share of their wall time)
-            "whole_after_startup_tokens_per_s": spread([round(v, 1) for v in after_startup]),
-            "whole_after_startup_over_plain": round(med(after_startup) / med(plain), 4) if after_startup and plain
-            else None,
-            "client_startup_s": spread([x["client_startup_s"] for x in pipeline if x.get("client_startup_s")]),
-            "drain_gb_per_s_spread": spread([x["drain_gb_per_s"] for x in pipeline if x.get("drain_gb_per_s")]),
-            "all_validated": all(x["ok"] for side in ALL_SIDES[1:] for x in rows.get(side, [])),
-            "per_round": rows}
+    return {
+        "in_flight": in_flight,
+        "rounds": len(plain),
+        "plain_loop_tokens_per_s": spread(plain),
+        "client_phase_tokens_per_s": spread(client),
+        "whole_pipeline_tokens_per_s": spread(whole),
+        "loop_on_capture_tokens_per_s": spread(on_capture),
+        "loop_on_capture_no_overlap_tokens_per_s": spread(no_overlap),
+        "capture_server_over_plain": round(med(on_capture) / med(plain), 4) if on_capture and plain else None,
+        "no_overlap_over_overlap": round(med(no_overlap) / med(on_capture), 4) if no_overlap and on_capture else None,
+        "client_phase_over_plain": round(med(client) / med(plain), 4) if client and plain else None,
+        "whole_pipeline_over_plain": round(med(whole) / med(plain), 4) if whole and plain else None,
+        "plain_loop_samples_per_s": spread([round(v, 1) for v in plain_sps]),
+        "client_phase_samples_per_s": spread(client_sps),
+        "client_samples_over_plain": round(med(client_sps) / med(plain_sps), 4) if client_sps and plain_sps else None,
+        "two_processes_samples_per_s": spread(two_sps),
+        "two_processes_over_plain": round(med(two_sps) / med(plain_sps), 4) if two_sps and plain_sps else None,
+        "client_alone_samples_per_s": spread(alone_sps),
+        "client_alone_over_plain": round(med(alone_sps) / med(plain_sps), 4) if alone_sps and plain_sps else None,
+        "drain_alone_samples_per_s": spread(drain_sps),
+        # the drain up before the client, as the units run them: from the client's start to the drain's exit
+        "drain_first_whole_tokens_per_s": spread(first_whole),
+        "drain_first_whole_over_plain": round(med(first_whole) / med(plain), 4) if first_whole and plain else None,
+        "drain_first_whole_samples_per_s": spread([round(v, 1) for v in first_sps]),
+        "drain_first_tail_s": spread([x["tail_s"] for x in first if "tail_s" in x]),
+        "drain_up_before_client_s": spread(
+            [x["drain_up_before_client_s"] for x in first if x.get("drain_up_before_client_s")]
+        ),
+        # from the first request to the drain's exit: the pipeline's pace once started (these runs are
+        # short, so the start-up is a large share of their wall time)
+        "whole_after_startup_tokens_per_s": spread([round(v, 1) for v in after_startup]),
+        "whole_after_startup_over_plain": round(med(after_startup) / med(plain), 4)
+        if after_startup and plain
+        else None,
+        "client_startup_s": spread([x["client_startup_s"] for x in pipeline if x.get("client_startup_s")]),
+        "drain_gb_per_s_spread": spread([x["drain_gb_per_s"] for x in pipeline if x.get("drain_gb_per_s")]),
+        "all_validated": all(x["ok"] for side in ALL_SIDES[1:] for x in rows.get(side, [])),
+        "per_round": rows,
+    }
 
 
 def brief(r: dict) -> str:
     """One run's outcome in a line: what passed, how much, how fast, what the self-check found."""
-    keys = ("ok", "samples", "tokens", "client_tokens_per_s", "pipeline_tokens_per_s", "tokens_per_s",
-            "client_startup_s", "quarantined_by_reason", "selfchecked", "selfcheck", "accounts")
+    keys = (
+        "ok",
+        "samples",
+        "tokens",
+        "client_tokens_per_s",
+        "pipeline_tokens_per_s",
+        "tokens_per_s",
+        "client_startup_s",
+        "quarantined_by_reason",
+        "selfchecked",
+        "selfcheck",
+        "accounts",
+    )
     return json.dumps({k: r[k] for k in keys if k in r})

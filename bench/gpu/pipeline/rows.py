@@ -43,11 +43,18 @@ def compare_runs(a: Path, b: Path) -> dict:
             equal += 1
         errs.append(float((ha - hb).norm() / hb.norm().clamp_min(1e-12)))
     errs.sort()
-    return {"samples": len(common), "only_in_one": len(set(rows_a) ^ set(rows_b)), "ids_differ": ids_differ,
-            "bit_equal": equal, "rel_err_median": errs[len(errs) // 2] if errs else None,
-            "rel_err_max": errs[-1] if errs else None,
-            "ok": bool(common) and not ids_differ and len(set(rows_a) ^ set(rows_b)) == 0
-            and (errs[-1] if errs else 1.0) < 0.05}
+    return {
+        "samples": len(common),
+        "only_in_one": len(set(rows_a) ^ set(rows_b)),
+        "ids_differ": ids_differ,
+        "bit_equal": equal,
+        "rel_err_median": errs[len(errs) // 2] if errs else None,
+        "rel_err_max": errs[-1] if errs else None,
+        "ok": bool(common)
+        and not ids_differ
+        and len(set(rows_a) ^ set(rows_b)) == 0
+        and (errs[-1] if errs else 1.0) < 0.05,
+    }
 
 
 def compare_with_transformers(out: Path, model: Path, samples: int, max_tokens: int, device: str) -> dict:
@@ -64,17 +71,30 @@ def compare_with_transformers(out: Path, model: Path, samples: int, max_tokens: 
     rows = load_rows(out)
     short = {e.dataset_index for e in iter_entries(out) if e.tokens <= max_tokens}
     picked = [i for i in sorted(rows) if i in short][:samples]
-    median_bound = (GPU_MEDIAN_TOKEN_BOUND.get(header.architecture, hf_reference.MEDIAN_TOKEN_BOUND)
-                    if device == "cuda" else hf_reference.MEDIAN_TOKEN_BOUND)
+    median_bound = (
+        GPU_MEDIAN_TOKEN_BOUND.get(header.architecture, hf_reference.MEDIAN_TOKEN_BOUND)
+        if device == "cuda"
+        else hf_reference.MEDIAN_TOKEN_BOUND
+    )
     hf = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).to(device).eval()
     problems = {}
     for i in picked:
         ids, hidden = load_sample(rows[i])
         ref = hf_reference.reference(model, ids.tolist(), model=hf)
-        found = hf_reference.row_problems(hidden, header.sglang_layers_to_capture, header.architecture,
-                                          ref, header.final_hidden, median_bound=median_bound)
+        found = hf_reference.row_problems(
+            hidden,
+            header.sglang_layers_to_capture,
+            header.architecture,
+            ref,
+            header.final_hidden,
+            median_bound=median_bound,
+        )
         if found:
             problems[i] = found
     del hf
-    return {"samples": picked, "median_token_bound": median_bound, "problems": problems,
-            "ok": bool(picked) and not problems}
+    return {
+        "samples": picked,
+        "median_token_bound": median_bound,
+        "problems": problems,
+        "ok": bool(picked) and not problems,
+    }

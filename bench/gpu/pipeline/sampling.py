@@ -77,9 +77,16 @@ class Timeline(Periodic):
         except FileNotFoundError:
             staged = 0
         m = self._metrics()
-        self.rows.append((round(time.monotonic() - self.t0, 2), staged, m.get("samples_total"),
-                          round(m["bytes_total"] / 1e9, 3) if "bytes_total" in m else None, m.get("lag_dumps"),
-                          m.get("in_flight")))
+        self.rows.append(
+            (
+                round(time.monotonic() - self.t0, 2),
+                staged,
+                m.get("samples_total"),
+                round(m["bytes_total"] / 1e9, 3) if "bytes_total" in m else None,
+                m.get("lag_dumps"),
+                m.get("in_flight"),
+            )
+        )
 
     def summary(self, client_done_s: float) -> dict:
         """The timeline, and the facts read from it: when the drain first answered and first wrote,
@@ -87,12 +94,15 @@ class Timeline(Periodic):
         answered = [r for r in self.rows if r[2] is not None]
         wrote = [r for r in answered if r[2] > 0]
         before_end = [r for r in answered if r[0] <= client_done_s]
-        return {"fields": list(self.FIELDS), "rows": self.rows,
-                "drain_answered_s": answered[0][0] if answered else None,
-                "drain_first_write_s": wrote[0][0] if wrote else None,
-                "max_staged": max((r[1] for r in self.rows), default=0),
-                "staged_at_client_end": before_end[-1][1] if before_end else None,
-                "drain_samples_at_client_end": before_end[-1][2] if before_end else None}
+        return {
+            "fields": list(self.FIELDS),
+            "rows": self.rows,
+            "drain_answered_s": answered[0][0] if answered else None,
+            "drain_first_write_s": wrote[0][0] if wrote else None,
+            "max_staged": max((r[1] for r in self.rows), default=0),
+            "staged_at_client_end": before_end[-1][1] if before_end else None,
+            "drain_samples_at_client_end": before_end[-1][2] if before_end else None,
+        }
 
 
 class OutputReaper(Periodic):

@@ -57,39 +57,114 @@ def plan_models(kinds: list[str], env: gpu_env.GpuEnv, work: Path, gpu: int, say
             t0 = time.monotonic()
             path = capture_server_gpu.prepare_model(env, work, gpu)
             say(f"8B-shaped model ready in {time.monotonic() - t0:.0f} s")
-            plans.append(ModelPlan(kind, path, 32768, "w", 8192, (
-                "--chunked-prefill-size", "8192", "--max-total-tokens", "131072", "--max-running-requests", "256",
-                "--mem-fraction-static", "0.9", "--cuda-graph-max-bs-decode", "8")))
+            plans.append(
+                ModelPlan(
+                    kind,
+                    path,
+                    32768,
+                    "w",
+                    8192,
+                    (
+                        "--chunked-prefill-size",
+                        "8192",
+                        "--max-total-tokens",
+                        "131072",
+                        "--max-running-requests",
+                        "256",
+                        "--mem-fraction-static",
+                        "0.9",
+                        "--cuda-graph-max-bs-decode",
+                        "8",
+                    ),
+                )
+            )
         elif kind == "llama8b":  # the dry run: the tiny Llama in its place
-            plans.append(ModelPlan(kind, tiny_llama, 2048, "en", 64, (
-                "--chunked-prefill-size", "64", "--max-total-tokens", "8192", "--max-running-requests", "32")))
+            plans.append(
+                ModelPlan(
+                    kind,
+                    tiny_llama,
+                    2048,
+                    "en",
+                    64,
+                    ("--chunked-prefill-size", "64", "--max-total-tokens", "8192", "--max-running-requests", "32"),
+                )
+            )
         elif kind == "tiny":  # the client's ceiling: short prompts, a server that answers at once
-            plans.append(ModelPlan(kind, tiny_llama, 2048, "en", 2048, (
-                "--max-total-tokens", "262144", "--max-running-requests", "512", "--mem-fraction-static", "0.1")
-                if env.cuda else ("--max-total-tokens", "8192", "--max-running-requests", "64"),
-                sides=("plain_loop", "loop_on_capture", "pipeline", "pipeline_2_processes", "client_alone",
-                       "pipeline_drain_first"),
-                samples=6000 if env.cuda else 300, mean_words=12, long_prompts=False))
+            plans.append(
+                ModelPlan(
+                    kind,
+                    tiny_llama,
+                    2048,
+                    "en",
+                    2048,
+                    ("--max-total-tokens", "262144", "--max-running-requests", "512", "--mem-fraction-static", "0.1")
+                    if env.cuda
+                    else ("--max-total-tokens", "8192", "--max-running-requests", "64"),
+                    sides=(
+                        "plain_loop",
+                        "loop_on_capture",
+                        "pipeline",
+                        "pipeline_2_processes",
+                        "client_alone",
+                        "pipeline_drain_first",
+                    ),
+                    samples=6000 if env.cuda else 300,
+                    mean_words=12,
+                    long_prompts=False,
+                )
+            )
         else:
             path = ensure_tiny_model("dsv3-gpu" if env.cuda else "dsv3", work / "models" / "dsv3")
             gpu_args = ("--disable-cuda-graph",) if env.cuda else ()
-            plans.append(ModelPlan(kind, path, 2048, "en", 128, (
-                "--chunked-prefill-size", "128", "--max-total-tokens", "16384", "--max-running-requests", "64",
-                "--mem-fraction-static", "0.1", *gpu_args) if env.cuda else (
-                "--chunked-prefill-size", "64", "--max-total-tokens", "8192", "--max-running-requests", "32")))
+            plans.append(
+                ModelPlan(
+                    kind,
+                    path,
+                    2048,
+                    "en",
+                    128,
+                    (
+                        "--chunked-prefill-size",
+                        "128",
+                        "--max-total-tokens",
+                        "16384",
+                        "--max-running-requests",
+                        "64",
+                        "--mem-fraction-static",
+                        "0.1",
+                        *gpu_args,
+                    )
+                    if env.cuda
+                    else ("--chunked-prefill-size", "64", "--max-total-tokens", "8192", "--max-running-requests", "32"),
+                )
+            )
     return plans
 
 
-def start_servers(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, gpus: tuple[int, ...], port: int,
-                  extra: tuple[str, ...], plain: bool, no_overlap: bool = True) -> None:
+def start_servers(
+    plan: ModelPlan,
+    env: gpu_env.GpuEnv,
+    work: Path,
+    gpus: tuple[int, ...],
+    port: int,
+    extra: tuple[str, ...],
+    plain: bool,
+    no_overlap: bool = True,
+) -> None:
     """Overlap capture, no-overlap capture (where ``no_overlap``) and (for the throughput rounds)
     plain servers of ``plan``."""
     if not env.cuda:  # the CPU engine has no overlap scheduler to switch off: two capture servers alike
         extra = ()
     specs = {"capture": ServerSpec(f"{plan.kind}-capture", plan.path, port, gpus, True, (*plan.server_args, *extra))}
     if no_overlap:
-        specs["no_overlap"] = ServerSpec(f"{plan.kind}-capture-no-overlap", plan.path, port + 1, gpus, True,
-                                         (*plan.server_args, *extra, "--disable-overlap-schedule"))
+        specs["no_overlap"] = ServerSpec(
+            f"{plan.kind}-capture-no-overlap",
+            plan.path,
+            port + 1,
+            gpus,
+            True,
+            (*plan.server_args, *extra, "--disable-overlap-schedule"),
+        )
     if plain:
         specs["plain"] = ServerSpec(f"{plan.kind}-plain", plan.path, port + 2, gpus, False, (*plan.server_args, *extra))
     plan.servers = {name: start(spec, env, work) for name, spec in specs.items()}

@@ -17,5 +17,12 @@ DEFAULT_MODELS = "llama8b,dsv3"  # "tiny": the client's ceiling (a tiny Llama on
 # loading): the whole pipeline from the client's start, without the drain's own start-up.
 # "client_alone": the client with no staging limit and the drain started after it: the client's own ceiling and the
 # drain's, each apart from the other (the tiny model only: everything it sends stays staged until the drain runs)
-ALL_SIDES = ("plain_loop", "loop_on_capture", "loop_on_capture_no_overlap", "pipeline", "pipeline_2_processes",
-             "client_alone", "pipeline_drain_first")
+ALL_SIDES = (
+    "plain_loop",
+    "loop_on_capture",
+    "loop_on_capture_no_overlap",
+    "pipeline",
+    "pipeline_2_processes",
+    "client_alone",
+    "pipeline_drain_first",
+)

@@ -32,16 +32,30 @@ class Rounds:
     rows: dict[str, list[dict]] = field(default_factory=dict)
 
 
-def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.Namespace, say: Say,
-               save: Callable[[dict], object], deadline: float) -> dict:
+def throughput(
+    plan: ModelPlan,
+    env: gpu_env.GpuEnv,
+    work: Path,
+    args: argparse.Namespace,
+    say: Say,
+    save: Callable[[dict], object],
+    deadline: float,
+) -> dict:
     """The model's throughput result: the dataset, the disk, the tokenizer's phase and a summed-up
     case per in-flight bound (`result.case_result`)."""
     dataset = work / f"{plan.kind}-data.jsonl"
     res: dict = {"cases": []}
     if plan.samples or not dataset.exists():
         dataset = work / f"{plan.kind}-throughput-data.jsonl"
-        res["dataset"] = write_dataset(dataset, plan.samples or args.samples, plan.context, plan.words,
-                                       seed=args.seed, mean_words=plan.mean_words, long_prompts=plan.long_prompts)
+        res["dataset"] = write_dataset(
+            dataset,
+            plan.samples or args.samples,
+            plan.context,
+            plan.words,
+            seed=args.seed,
+            mean_words=plan.mean_words,
+            long_prompts=plan.long_prompts,
+        )
     max_tokens = plan.context - 16
     prompts = encode(dataset, plan.path, max_tokens)
     res["output_root"] = str(args.output_root)
@@ -78,8 +92,15 @@ def throughput(plan: ModelPlan, env: gpu_env.GpuEnv, work: Path, args: argparse.
     return res
 
 
-def run_side(plan: ModelPlan, env: gpu_env.GpuEnv, args: argparse.Namespace, case: Case, side: str, r: int,
-             prompts: list[list[int]]) -> dict:
+def run_side(
+    plan: ModelPlan,
+    env: gpu_env.GpuEnv,
+    args: argparse.Namespace,
+    case: Case,
+    side: str,
+    r: int,
+    prompts: list[list[int]],
+) -> dict:
     """Round ``r`` of one side at ``case``'s bound: a plain loop, or the product with its set under
     ``--output-root`` (removed after the round; py-spy where asked)."""
     n = case.in_flight
@@ -90,10 +111,16 @@ def run_side(plan: ModelPlan, env: gpu_env.GpuEnv, args: argparse.Namespace, cas
     if side == "loop_on_capture_no_overlap":
         return run_loop_on_capture(plan.servers["no_overlap"], prompts, n)
     profile = args.profile_client / f"pyspy-{plan.kind}-{side}-{n}-{r}.txt" if args.profile_client else None
-    drain_profile = (args.profile_drain / f"pyspy-drain-{plan.kind}-{side}-{n}-{r}.txt"
-                     if args.profile_drain and r == 0 else None)
-    run = case.for_side(side, case.out.with_name(f"{case.out.name}-{r}-{side}"), profile=profile,
-                        profile_drain=drain_profile, reap=args.reap_output)
+    drain_profile = (
+        args.profile_drain / f"pyspy-drain-{plan.kind}-{side}-{n}-{r}.txt" if args.profile_drain and r == 0 else None
+    )
+    run = case.for_side(
+        side,
+        case.out.with_name(f"{case.out.name}-{r}-{side}"),
+        profile=profile,
+        profile_drain=drain_profile,
+        reap=args.reap_output,
+    )
     res = run_case(env, plan.servers["capture"], run)
     shutil.rmtree(run.out, ignore_errors=True)
     return res

@@ -21,8 +21,9 @@ def selfcheck_numbers(out: Path) -> dict:
     return numbers
 
 
-def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float, client_wall: float,
-              first_request: float | None) -> dict:
+def summarize(
+    out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float, client_wall: float, first_request: float | None
+) -> dict:
     """One run's outcome: ``ok`` with the processes' exit codes, the set's samples, tokens and bytes,
     the accounts, the quarantine's reasons, the self-check's numbers and the rates; the logs' tails
     where it failed."""
@@ -43,21 +44,38 @@ def summarize(out: Path, logs: Path, client_rc: int, drain_rc: int, wall: float,
     tokens = sum(e.tokens for e in entries)
     nbytes = sum(e.bytes for e in entries)
     acc = accounts.as_dict() if accounts else {}
-    ok = (client_rc == 0 and drain_rc == 0 and not quarantined and not acc.get("failed") and not acc.get("quarantined")
-          and not acc.get("unaccounted") and acc.get("in_set") == acc.get("accepted") and bool(entries))
+    ok = (
+        client_rc == 0
+        and drain_rc == 0
+        and not quarantined
+        and not acc.get("failed")
+        and not acc.get("quarantined")
+        and not acc.get("unaccounted")
+        and acc.get("in_set") == acc.get("accepted")
+        and bool(entries)
+    )
     return {
-        "ok": ok, "client_rc": client_rc, "drain_rc": drain_rc, "samples": len(entries), "tokens": tokens,
-        "gb": round(nbytes / 1e9, 3), "accounts": acc, "quarantined_by_reason": reasons,
+        "ok": ok,
+        "client_rc": client_rc,
+        "drain_rc": drain_rc,
+        "samples": len(entries),
+        "tokens": tokens,
+        "gb": round(nbytes / 1e9, 3),
+        "accounts": acc,
+        "quarantined_by_reason": reasons,
         "selfchecked": sum(1 for e in entries if e.greedy_check),
         "selfcheck": selfcheck_numbers(out),
         "fingerprinted": sum(1 for e in entries if e.fingerprint),
-        "client_summary": {k: summary.get(k) for k in ("ok", "failed", "retried", "truncated", "tokens", "wall_s",
-                                                       "startup_s")},  # startup_s: the client's own phases
+        "client_summary": {
+            k: summary.get(k) for k in ("ok", "failed", "retried", "truncated", "tokens", "wall_s", "startup_s")
+        },  # startup_s: the client's own phases
         "client_tokens_per_s": round(summary["tokens"] / summary["wall_s"], 1) if summary.get("wall_s") else None,
         "client_samples_per_s": round(summary["ok"] / summary["wall_s"], 1) if summary.get("wall_s") else None,
-        "pipeline_wall_s": round(wall, 2), "client_process_wall_s": round(client_wall, 2),
+        "pipeline_wall_s": round(wall, 2),
+        "client_process_wall_s": round(client_wall, 2),
         "pipeline_tokens_per_s": round(tokens / wall, 1) if wall else None,
-        "client_startup_s": first_request, "drain_gb_per_s": round(nbytes / 1e9 / wall, 3) if wall else None,
+        "client_startup_s": first_request,
+        "drain_gb_per_s": round(nbytes / 1e9 / wall, 3) if wall else None,
         "logs_tail": None if ok else {p.name: tail(p) for p in sorted(logs.glob("*.log"))},
     }
 

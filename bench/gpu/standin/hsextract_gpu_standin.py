@@ -38,9 +38,13 @@ def gathered_moe(layer, x: torch.Tensor, topk_output, moe_runner_config) -> torc
 
 def gathered_moe_supports(layer, moe_runner_config) -> bool:
     """The cases `gathered_moe` computes exactly as SGLang does (plain SiLU experts, no biases)."""
-    return (moe_runner_config.activation == "silu" and moe_runner_config.gemm1_alpha is None
-            and not moe_runner_config.apply_router_weight_on_input
-            and getattr(layer, "w13_weight_bias", None) is None and getattr(layer, "w2_weight_bias", None) is None)
+    return (
+        moe_runner_config.activation == "silu"
+        and moe_runner_config.gemm1_alpha is None
+        and not moe_runner_config.apply_router_weight_on_input
+        and getattr(layer, "w13_weight_bias", None) is None
+        and getattr(layer, "w2_weight_bias", None) is None
+    )
 
 
 def moe_forward_native_graph_safe(original, layer, x, topk_output, moe_runner_config):

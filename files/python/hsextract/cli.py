@@ -45,6 +45,7 @@ EX_IOERR = 74  # sysexits.h: an input/output error
 # whose reader stopped reading (`hsextract status | head -1`), which is no error of the command's.
 EXIT_READER_GONE = 128 + signal.SIGPIPE
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hsextract", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"hsextract {__version__}")

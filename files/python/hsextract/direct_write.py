@@ -145,8 +145,9 @@ class DirectSink:
     def _submit(self) -> None:
         """The full current buffer to the writer threads; a fresh one to fill (the oldest write waited
         for when `DEPTH` are in flight)."""
-        self._inflight.append((_writers().submit(_pwrite_all, self.fd, self._buf, self._offset), self._buf,
-                               self._offset))
+        self._inflight.append(
+            (_writers().submit(_pwrite_all, self.fd, self._buf, self._offset), self._buf, self._offset)
+        )
         self._offset += self._fill
         self._buf, self._fill = _take_buffer(), 0
         if len(self._inflight) >= DEPTH:

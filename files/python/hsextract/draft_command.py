@@ -17,9 +17,13 @@ DEFAULT_DRAFT_VOCAB = 32000
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, help="the training set (the drain's --output)")
     parser.add_argument("--model", help="the target model directory (default: the one the manifest names)")
-    parser.add_argument("--draft-vocab-size", type=int, default=None,
-                        help="the drafter's vocabulary (default: the set's first draft vocabulary size, else "
-                             f"{DEFAULT_DRAFT_VOCAB}; clamped to the model's vocabulary)")
+    parser.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=None,
+        help="the drafter's vocabulary (default: the set's first draft vocabulary size, else "
+        f"{DEFAULT_DRAFT_VOCAB}; clamped to the model's vocabulary)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,9 +42,15 @@ def run(args: argparse.Namespace) -> int:
     model = Path(args.model or header.model_path)
     if not (model / "config.json").is_file():
         raise ConfigError(f"{model}: no config.json; give the target model's directory with --model")
-    written = write_draft_files(out, model_dir=model, architecture=header.architecture,
-                                sglang_layers=header.sglang_layers_to_capture, draft_vocab_size=size,
-                                fmt=header.format, max_length=max_length_for(list(iter_entries(out))))
+    written = write_draft_files(
+        out,
+        model_dir=model,
+        architecture=header.architecture,
+        sglang_layers=header.sglang_layers_to_capture,
+        draft_vocab_size=size,
+        fmt=header.format,
+        max_length=max_length_for(list(iter_entries(out))),
+    )
     names = ", ".join(p.name for p in written) or "nothing (the files were up to date)"
     print(f"{out}: draft vocabulary {size}; wrote {names}")
     return 0

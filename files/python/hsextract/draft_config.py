@@ -51,10 +51,24 @@ PLUS_ONE_RULES: dict[str, str] = {
 }
 # The target's fields a draft copies (SpecForge's generator copies the same; rope under either spelling).
 TARGET_FIELDS = (
-    "vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-    "max_position_embeddings", "rms_norm_eps", "hidden_act", "initializer_range", "attention_bias",
-    "attention_dropout", "head_dim", "rope_theta", "rope_scaling", "rope_parameters", "bos_token_id",
-    "eos_token_id", "pad_token_id",
+    "vocab_size",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "hidden_act",
+    "initializer_range",
+    "attention_bias",
+    "attention_dropout",
+    "head_dim",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
 )
 
 
@@ -78,7 +92,8 @@ def serving_layer_ids(architecture: str, sglang_layers: Sequence[int]) -> list[i
         f"captures {architecture}'s aux states from the draft config's ids with +1 only when the first id is 1, so "
         f"no draft config makes it capture layer {layers[0]} first, and a drafter trained on this set would see "
         "other features when served. Capture from layer 2 or above in SGLang's convention (1 or above in the "
-        "draft config's), e.g. the default [1, L//2-1, L-4]")
+        "draft config's), e.g. the default [1, L//2-1, L-4]"
+    )
 
 
 def _rule(architecture: str) -> str:
@@ -87,7 +102,8 @@ def _rule(architecture: str) -> str:
     except KeyError:
         raise LayerConfigError(
             f"architecture {architecture!r}: how SGLang numbers its EAGLE-3 aux layers is not known to hsextract; "
-            f"known: {', '.join(sorted(PLUS_ONE_RULES))}") from None
+            f"known: {', '.join(sorted(PLUS_ONE_RULES))}"
+        ) from None
 
 
 def text_config(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -96,8 +112,9 @@ def text_config(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
     return inner if isinstance(inner, Mapping) else model_config
 
 
-def build_draft_config(model_config: Mapping[str, Any], architecture: str, sglang_layers: Sequence[int],
-                       draft_vocab_size: int) -> dict[str, Any]:
+def build_draft_config(
+    model_config: Mapping[str, Any], architecture: str, sglang_layers: Sequence[int], draft_vocab_size: int
+) -> dict[str, Any]:
     """The draft config of a one-layer EAGLE-3 drafter for the set's target and capture layers."""
     text = text_config(model_config)
     config: dict[str, Any] = {k: text[k] for k in TARGET_FIELDS if k in text and text[k] is not None}
@@ -112,8 +129,10 @@ def build_draft_config(model_config: Mapping[str, Any], architecture: str, sglan
         tie_word_embeddings=False,
         use_cache=True,
         draft_vocab_size=min(int(draft_vocab_size), vocab),
-        eagle_config={"eagle_aux_hidden_state_layer_ids": serving_layer_ids(architecture, sglang_layers),
-                      "use_aux_hidden_state": True},
+        eagle_config={
+            "eagle_aux_hidden_state_layer_ids": serving_layer_ids(architecture, sglang_layers),
+            "use_aux_hidden_state": True,
+        },
     )
     return config
 
@@ -134,8 +153,10 @@ def lm_head_key(model_dir: Path) -> str:
     for key in ("lm_head.weight", "language_model.lm_head.weight"):
         if key in names:
             return key
-    return next((k for k in ("model.embed_tokens.weight", "language_model.model.embed_tokens.weight") if k in names),
-                "lm_head.weight")
+    return next(
+        (k for k in ("model.embed_tokens.weight", "language_model.model.embed_tokens.weight") if k in names),
+        "lm_head.weight",
+    )
 
 
 def specforge_run(out: Path, model_dir: Path, draft_vocab_size: int, max_length: int) -> str:
@@ -145,11 +166,17 @@ def specforge_run(out: Path, model_dir: Path, draft_vocab_size: int, max_length:
     mapping = out / "vocab_mapping" / f"vocab_mapping-{draft_vocab_size}.pt"
     lines = [
         "# SpecForge 0.2.0 offline EAGLE-3 training on this set (written by hsextract; edit the training settings).",
-        *([] if list(model_dir.glob("*.index.json")) else [
-            "# NOTE: SpecForge 0.2.0 reads the target's head through a *.index.json, which this model directory lacks",
-            "# (a single-file checkpoint): point target_model_path at a copy with model.safetensors.index.json",
-            "# ({\"weight_map\": {\"<each tensor name>\": \"model.safetensors\"}}), or SpecForge stops with",
-            "# \"No index.json file found\"."]),
+        *(
+            []
+            if list(model_dir.glob("*.index.json"))
+            else [
+                "# NOTE: SpecForge 0.2.0 reads the target's head through a *.index.json, "
+                "which this model directory lacks",
+                "# (a single-file checkpoint): point target_model_path at a copy with model.safetensors.index.json",
+                '# ({"weight_map": {"<each tensor name>": "model.safetensors"}}), or SpecForge stops with',
+                '# "No index.json file found".',
+            ]
+        ),
         "# specforge train -c specforge-train.yaml, then:",
         "# specforge export --to sglang --checkpoint <output_dir>/<run_id>-latest "
         f"--draft-config {out / DRAFT_CONFIG_FILE} --output-dir <draft dir> --vocab-mapping {mapping}",
@@ -174,8 +201,16 @@ def specforge_run(out: Path, model_dir: Path, draft_vocab_size: int, max_length:
     return "\n".join(lines) + "\n"
 
 
-def write_draft_files(out: Path, *, model_dir: str | Path, architecture: str, sglang_layers: Sequence[int],
-                      draft_vocab_size: int, fmt: str, max_length: int) -> list[Path]:
+def write_draft_files(
+    out: Path,
+    *,
+    model_dir: str | Path,
+    architecture: str,
+    sglang_layers: Sequence[int],
+    draft_vocab_size: int,
+    fmt: str,
+    max_length: int,
+) -> list[Path]:
     """Write ``draft_config.json`` (and, for the SpecForge format, ``specforge-train.yaml``) into
     the set, each only when its bytes change; return what was written."""
     model_dir = Path(model_dir)

@@ -53,8 +53,9 @@ def write_all(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
 
 
 @contextlib.contextmanager
-def _new_durable_file(path: str | Path, *, exclusive: bool = False, durable: bool = True,
-                      mode: int = 0o644) -> Iterator[int]:
+def _new_durable_file(
+    path: str | Path, *, exclusive: bool = False, durable: bool = True, mode: int = 0o644
+) -> Iterator[int]:
     """An fd on `path` (created or truncated; created only with `exclusive`, never through a link
     then), fsynced when the block ends if `durable`; on any failure the partial file is removed, so
     a half-written sample never stands under any name."""
@@ -114,7 +115,7 @@ def remove_orphaned_temporaries(path: Path) -> list[Path]:
         for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
             if not tmp.name.startswith(prefix):
                 continue
-            pid = tmp.name[len(prefix):].split(".", 1)[0]
+            pid = tmp.name[len(prefix) :].split(".", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
@@ -149,8 +150,9 @@ def _sweep_once(path: Path) -> None:
     remove_orphaned_temporaries(path)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True, swept: bool = False,
-                       mode: int = 0o644) -> None:
+def atomic_write_bytes(
+    path: str | Path, data: bytes, *, durable: bool = True, swept: bool = False, mode: int = 0o644
+) -> None:
     """Replace `path` with `data` atomically (a temporary name of this write's own beside it, then
     rename); with `durable`, the file and the rename are fsynced before it returns. Safe to call
     from several threads and processes on the same path: the last rename wins, whole. The file
@@ -293,5 +295,6 @@ def check_writable(path: Path, what: str, flag: str, fix: str = "fix its permiss
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"{what} {path} is not writable ({exc.strerror or exc}); {fix}, or choose another "
-                          f"{flag}") from exc
+        raise ConfigError(
+            f"{what} {path} is not writable ({exc.strerror or exc}); {fix}, or choose another {flag}"
+        ) from exc

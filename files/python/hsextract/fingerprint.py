@@ -137,7 +137,7 @@ def combine(values: np.ndarray | Sequence[int], first_row: int) -> int:
     """The partial fingerprint of rows ``first_row ..`` of a request, from their values (an int in
     [0, 2**64)); partial sums of a request's chunks add modulo 2**64."""
     v = np.asarray(values, dtype=np.int64).view(np.uint64)
-    weights = (2 * np.arange(first_row, first_row + len(v), dtype=np.uint64) + np.uint64(1))
+    weights = 2 * np.arange(first_row, first_row + len(v), dtype=np.uint64) + np.uint64(1)
     with np.errstate(over="ignore"):
         return int(np.sum(v * weights, dtype=np.uint64))
 

@@ -59,10 +59,12 @@ class GreedyVerdict:
     near_tie: bool = False
 
     def explain(self) -> str:
-        return (f"the captured final hidden state of the last position predicts token {self.predicted}, but the "
-                f"server's greedy sampler picked {self.token} (logit gap {self.logit_gap:.4g} > tolerance "
-                f"{self.tolerance:.4g}): the dump does not hold the states the server computed (wrong rows, layer "
-                "or norm placement)")
+        return (
+            f"the captured final hidden state of the last position predicts token {self.predicted}, but the "
+            f"server's greedy sampler picked {self.token} (logit gap {self.logit_gap:.4g} > tolerance "
+            f"{self.tolerance:.4g}): the dump does not hold the states the server computed (wrong rows, layer "
+            "or norm placement)"
+        )
 
 
 def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,8 +99,10 @@ class _Rows:
         meta = header[name]
         shape = list(meta["shape"])
         if meta["dtype"] not in _ST_DTYPES or len(shape) not in (1, 2):
-            raise ConfigError(f"greedy self-check: {name} in {path} is {meta['dtype']} {shape}; a 1-D or 2-D "
-                              f"tensor of {', '.join(_ST_DTYPES)} is needed")
+            raise ConfigError(
+                f"greedy self-check: {name} in {path} is {meta['dtype']} {shape}; a 1-D or 2-D "
+                f"tensor of {', '.join(_ST_DTYPES)} is needed"
+            )
         self.path, self.dtype, self.elem = path, *_ST_DTYPES[meta["dtype"]]
         self.rows, self.width = [1, *shape][-2:]
         self.offset = start + meta["data_offsets"][0]
@@ -128,8 +132,9 @@ class GreedyHead:
         self.eps = float(text.get("rms_norm_eps", 1e-6))
         tied = bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
         names = _weight_map(self.model_path)
-        heads = [f"{p}lm_head.weight" for p in _PREFIXES] + ([f"{p}model.embed_tokens.weight" for p in _PREFIXES]
-                                                            if tied else [])
+        heads = [f"{p}lm_head.weight" for p in _PREFIXES] + (
+            [f"{p}model.embed_tokens.weight" for p in _PREFIXES] if tied else []
+        )
         self.head_name = next((n for n in heads if n in names), "")
         if not self.head_name:
             raise ConfigError(f"greedy self-check: no lm_head weight in {self.model_path} (looked for {heads[0]})")
@@ -149,8 +154,10 @@ class GreedyHead:
     def _norm_weight(self) -> torch.Tensor:
         if self._norm is None:
             if self.norm_file is None:
-                raise ConfigError(f"greedy self-check: the dump is pre-norm but {self.model_path} has no final norm "
-                                  "weight (model.norm.weight)")
+                raise ConfigError(
+                    f"greedy self-check: the dump is pre-norm but {self.model_path} has no final norm "
+                    "weight (model.norm.weight)"
+                )
             norm = _Rows(self.norm_file, self.norm_name)
             fd = os.open(self.norm_file, os.O_RDONLY)
             try:
@@ -173,16 +180,18 @@ class GreedyHead:
         every consumer with the chunk's first vocabulary id."""
         head = self._head
         if head.width != h_low.shape[-1]:
-            raise ConfigError(f"greedy self-check: lm_head is {head.rows} x {head.width}, the dump's hidden size is "
-                              f"{h_low.shape[-1]}")
+            raise ConfigError(
+                f"greedy self-check: lm_head is {head.rows} x {head.width}, the dump's hidden size is {h_low.shape[-1]}"
+            )
         rows = max(1, self.chunk_bytes // (head.width * head.elem))
         for a in range(0, head.rows, rows):
             logits = (h_low @ head.read(fd, a, min(rows, head.rows - a)).T).float()
             for consume in consumers:
                 consume(a, logits)
 
-    def check_rows(self, rows: torch.Tensor, final_hidden: str, token: int,
-                   also: Sequence[ChunkConsumer] = ()) -> GreedyVerdict:
+    def check_rows(
+        self, rows: torch.Tensor, final_hidden: str, token: int, also: Sequence[ChunkConsumer] = ()
+    ) -> GreedyVerdict:
         """The verdict on the last of ``rows`` (``[n, H]``, a sample's final hidden states) against
         the server's token; in the same pass over the head, the consumers ``also`` see every chunk's
         logits of all ``n`` rows (the logprob check, `hsextract.logprob_check`)."""

@@ -61,15 +61,22 @@ class LogprobVerdict:
     bound: float
 
     def numbers(self) -> dict[str, float | int]:
-        return {"mean_abs_error": self.mean_abs_error, "max_abs_error": self.max_abs_error,
-                "compared": self.compared, "positions": self.positions, "worst_position": self.worst_position,
-                "bound": self.bound}
+        return {
+            "mean_abs_error": self.mean_abs_error,
+            "max_abs_error": self.max_abs_error,
+            "compared": self.compared,
+            "positions": self.positions,
+            "worst_position": self.worst_position,
+            "bound": self.bound,
+        }
 
     def explain(self) -> str:
-        return (f"the logprobs rebuilt from the captured final hidden states differ from the server's own: mean abs "
-                f"error {self.mean_abs_error:.4g} > bound {self.bound:.4g} over {self.compared} values at "
-                f"{self.positions} prompt positions (max {self.max_abs_error:.4g}, at position {self.worst_position}): "
-                "the dump does not hold the final states the server computed (wrong layer or norm placement)")
+        return (
+            f"the logprobs rebuilt from the captured final hidden states differ from the server's own: mean abs "
+            f"error {self.mean_abs_error:.4g} > bound {self.bound:.4g} over {self.compared} values at "
+            f"{self.positions} prompt positions (max {self.max_abs_error:.4g}, at position {self.worst_position}): "
+            "the dump does not hold the final states the server computed (wrong layer or norm placement)"
+        )
 
 
 def checked_positions(prompt_len: int, most: int = DEFAULT_MAX_POSITIONS) -> list[int]:
@@ -118,13 +125,21 @@ class LogprobPass:
         per_row = torch.where(valid, (ours - self.expected).abs().nan_to_num(nan=float("inf")), 0.0)
         worst = int(per_row.max(dim=1).values.argmax())
         mean, most = float(err.mean()), float(err.max())
-        return LogprobVerdict(mean <= bound, mean, most, int(valid.sum()), len(self.positions),
-                              self.positions[worst], bound)
+        return LogprobVerdict(
+            mean <= bound, mean, most, int(valid.sum()), len(self.positions), self.positions[worst], bound
+        )
 
 
-def check_final_rows(head: GreedyHead, final_rows: torch.Tensor, final_hidden: str, token: int,
-                     server: ServerLogprobs | None, *, most: int = DEFAULT_MAX_POSITIONS,
-                     bound: float = DEFAULT_MAX_MEAN_ABS_ERROR) -> tuple[GreedyVerdict, LogprobVerdict | None]:
+def check_final_rows(
+    head: GreedyHead,
+    final_rows: torch.Tensor,
+    final_hidden: str,
+    token: int,
+    server: ServerLogprobs | None,
+    *,
+    most: int = DEFAULT_MAX_POSITIONS,
+    bound: float = DEFAULT_MAX_MEAN_ABS_ERROR,
+) -> tuple[GreedyVerdict, LogprobVerdict | None]:
     """The greedy verdict on the last of a sample's final rows ``[P, H]``, and, given the server's
     logprobs of its prompt, the logprob verdict on its checked positions: one pass over the head."""
     if server is None:

@@ -57,8 +57,15 @@ BLOCK = 64 << 10
 SAFETENSORS_MAX_HEADER = 100 << 20  # the safetensors format's own limit
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-TOKENIZER_NAMES = ("tokenizer.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
-                   "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_NAMES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CHAT_TEMPLATE_NAMES = ("chat_template.jinja", "chat_template.json")
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
@@ -83,8 +90,7 @@ def _files(model: Path) -> list[Path]:
 
 
 def is_weight_file(name: str) -> bool:
-    return name.endswith(WEIGHT_SUFFIXES) or (name.endswith(".index.json") and any(
-        s in name for s in WEIGHT_SUFFIXES))
+    return name.endswith(WEIGHT_SUFFIXES) or (name.endswith(".index.json") and any(s in name for s in WEIGHT_SUFFIXES))
 
 
 def _is_tokenizer_file(name: str) -> bool:
@@ -161,8 +167,12 @@ def model_fingerprint(model_path: str | Path) -> dict[str, str]:
     if extra.is_dir():
         for p in _files(extra):
             template.add(f"{CHAT_TEMPLATE_DIR}/{p.name}", p.read_bytes())
-    return {"method": METHOD, "weights": weights.hexdigest(), "tokenizer": tokenizer.hexdigest(),
-            "chat_template": template.hexdigest()}
+    return {
+        "method": METHOD,
+        "weights": weights.hexdigest(),
+        "tokenizer": tokenizer.hexdigest(),
+        "chat_template": template.hexdigest(),
+    }
 
 
 def differing_parts(a: dict[str, str], b: dict[str, str]) -> list[str]:

@@ -36,8 +36,13 @@ class ModelInfo:
 
 # SGLang 0.5.23's keys for the context length, in its order of preference
 # (sglang/srt/utils/hf_transformers/common.py, get_context_length).
-CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
-                       "max_position_embeddings")
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+    "model_max_length",
+    "max_position_embeddings",
+)
 SGLANG_DEFAULT_CONTEXT = 2048
 
 

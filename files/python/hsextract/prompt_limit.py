@@ -40,8 +40,9 @@ def longest_prompt(context_len: int, kv_pool_tokens: int | None = None, max_req_
     return min(max_req_input_len - 1, context_len - 1)  # both refusals are `len >= bound`
 
 
-def resolve_max_tokens(requested: int | None, default: int, longest: int | None, where: str = "",
-                       quiet: bool = False) -> int:
+def resolve_max_tokens(
+    requested: int | None, default: int, longest: int | None, where: str = "", quiet: bool = False
+) -> int:
     """The length samples are cut to: the requested one (else `default`), but never longer than the
     server runs (`longest`, None where unknown). A request over it is lowered, with a log line that
     says so (unless `quiet`), since every sample longer than that would be refused by the server."""
@@ -51,7 +52,12 @@ def resolve_max_tokens(requested: int | None, default: int, longest: int | None,
         return min(default, longest)
     if requested > longest:
         if not quiet:
-            log.warning("--max-tokens %d is more than the server runs (%d tokens%s): samples are cut at %d tokens",
-                        requested, longest, f", {where}" if where else "", longest)
+            log.warning(
+                "--max-tokens %d is more than the server runs (%d tokens%s): samples are cut at %d tokens",
+                requested,
+                longest,
+                f", {where}" if where else "",
+                longest,
+            )
         return longest
     return requested

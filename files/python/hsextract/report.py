@@ -116,8 +116,9 @@ def sentence(text: str) -> str:
 
 
 def _client_done(snap: Snapshot) -> int:
-    return int(snap.get("ok", 0)) + int(snap.get("skipped", 0)) + int(snap.get("failed", 0)) + int(
-        snap.get("rejected", 0))
+    return (
+        int(snap.get("ok", 0)) + int(snap.get("skipped", 0)) + int(snap.get("failed", 0)) + int(snap.get("rejected", 0))
+    )
 
 
 def progress_line(snap: Snapshot) -> str:
@@ -133,8 +134,9 @@ def progress_line(snap: Snapshot) -> str:
     return line
 
 
-def _by_reason(rows: list[tuple[str, str]], label: str, total: int, reasons: Mapping[str, int] | None,
-               where: str) -> None:
+def _by_reason(
+    rows: list[tuple[str, str]], label: str, total: int, reasons: Mapping[str, int] | None, where: str
+) -> None:
     """A total with the file that lists it, then one indented row per reason, most frequent first."""
     rows.append((label, f"{count(total)}" + (f", listed in {where}" if total else "")))
     ordered = sorted((reasons or {}).items(), key=lambda kv: (-kv[1], kv[0]))
@@ -148,15 +150,20 @@ def client_lines(snap: Snapshot, files: ProblemFiles) -> list[str]:
     elapsed = float(snap.get("updated_at", 0)) - float(snap.get("started_at", 0))
     tokens = int(snap.get("tokens", 0))
     state = snap.get("state", "?")
-    head = {"done": "The client is done", "stopped": "The client was stopped",
-            "failed": "The client failed"}.get(state, f"The client is {state}")
-    lines = [f"{head}: {count(_client_done(snap))} of {_plural(int(snap.get('samples_total', 0)), 'sample')} "
-             f"have an outcome, {count(snap.get('ok', 0))} answered in {duration(elapsed)} "
-             f"({_plural(tokens, 'token')}, {count(tokens / elapsed if elapsed > 0 else 0)} tokens/s)."]
+    head = {"done": "The client is done", "stopped": "The client was stopped", "failed": "The client failed"}.get(
+        state, f"The client is {state}"
+    )
+    lines = [
+        f"{head}: {count(_client_done(snap))} of {_plural(int(snap.get('samples_total', 0)), 'sample')} "
+        f"have an outcome, {count(snap.get('ok', 0))} answered in {duration(elapsed)} "
+        f"({_plural(tokens, 'token')}, {count(tokens / elapsed if elapsed > 0 else 0)} tokens/s)."
+    ]
     if snap.get("error"):
         lines.append(f"Error: {snap['error']}")
-    rows = [("skipped", f"{count(snap.get('skipped', 0))} already written or staged by an earlier run"),
-            ("truncated", count(snap.get("truncated", 0)))]
+    rows = [
+        ("skipped", f"{count(snap.get('skipped', 0))} already written or staged by an earlier run"),
+        ("truncated", count(snap.get("truncated", 0))),
+    ]
     _by_reason(rows, "rejected", int(snap.get("rejected", 0)), snap.get("rejected_by_reason"), files.rejected)
     _by_reason(rows, "failed", int(snap.get("failed", 0)), snap.get("failed_by_reason"), files.failed)
     return lines + table(rows)
@@ -201,13 +208,17 @@ def _client_done_headline(view: RunView, in_set: str) -> str:
     lag = _lag(drain)
     waiting = f", {_plural(lag, 'sample')} still wait{'s' if lag == 1 else ''} for the drain" if lag else ""
     if drain.get("paused_reason"):
-        return f"The client is done, but the drain is paused ({drain['paused_reason']}): {in_set} samples are in " \
-               f"the training set{waiting}."
+        return (
+            f"The client is done, but the drain is paused ({drain['paused_reason']}): {in_set} samples are in "
+            f"the training set{waiting}."
+        )
     if lag:
         return f"The client is done: {in_set} samples are in the training set{waiting}."
     if view.dataset_files is not None and view.dataset_files_behind:
-        return f"The client is done and {in_set} samples are in the training set, but the dataset-level files " \
-               f"cover {count(view.dataset_files[0])} of them."
+        return (
+            f"The client is done and {in_set} samples are in the training set, but the dataset-level files "
+            f"cover {count(view.dataset_files[0])} of them."
+        )
     return f"The run is done: {in_set} samples are in the training set."
 
 
@@ -217,8 +228,10 @@ def _progress_rows(view: RunView) -> list[tuple[str, str]]:
     rows.append(("drain", view.health.removeprefix("drain ")))
     samples = f"{count(drain.get('samples_total', 0))} in the set"
     if client:
-        samples += (f"; the client answered {count(client.get('ok', 0))} and skipped "
-                    f"{count(client.get('skipped', 0))} of {count(client.get('samples_total', 0))}")
+        samples += (
+            f"; the client answered {count(client.get('ok', 0))} and skipped "
+            f"{count(client.get('skipped', 0))} of {count(client.get('samples_total', 0))}"
+        )
     rows.append(("samples", samples))
     tokens = drain.get("tokens_total", drain.get("tokens"))
     rows.append(("tokens", f"{count(tokens)} in the set" if tokens is not None else "-"))
@@ -240,8 +253,12 @@ def _progress_rows(view: RunView) -> list[tuple[str, str]]:
     rows.append(("rate", rate))
     rows.append(("elapsed", duration(elapsed)))
     rows.append(("ETA", "done" if client.get("state") == "done" else duration(client.get("eta_s"))))
-    rows.append(("staged", f"{count(_lag(drain))} waiting for the drain, {count(client.get('in_flight', 0))} "
-                           "requests in flight"))
+    rows.append(
+        (
+            "staged",
+            f"{count(_lag(drain))} waiting for the drain, {count(client.get('in_flight', 0))} requests in flight",
+        )
+    )
     if drain.get("paused_reason"):
         rows.append(("drain paused", str(drain["paused_reason"])))
     return rows
@@ -256,12 +273,27 @@ def _problem_rows(view: RunView) -> list[tuple[str, str]]:
     else:  # the last client's and the last drain's own counts
         rejected, failed = client.get("rejected_by_reason") or {}, client.get("failed_by_reason") or {}
         quarantined = drain.get("quarantined_by_reason") or {}
-    _by_reason(rows, "rejected", int(client.get("rejected", 0)) if accounts is None else sum(rejected.values()),
-               rejected, view.files.rejected)
-    _by_reason(rows, "failed", int(client.get("failed", 0)) if accounts is None else sum(failed.values()), failed,
-               view.files.failed)
-    _by_reason(rows, "quarantined", int(drain.get("quarantined", 0)) if accounts is None else sum(
-        quarantined.values()), quarantined, f"{view.files.quarantined}/<rid>/{QUARANTINE_REASON}")
+    _by_reason(
+        rows,
+        "rejected",
+        int(client.get("rejected", 0)) if accounts is None else sum(rejected.values()),
+        rejected,
+        view.files.rejected,
+    )
+    _by_reason(
+        rows,
+        "failed",
+        int(client.get("failed", 0)) if accounts is None else sum(failed.values()),
+        failed,
+        view.files.failed,
+    )
+    _by_reason(
+        rows,
+        "quarantined",
+        int(drain.get("quarantined", 0)) if accounts is None else sum(quarantined.values()),
+        quarantined,
+        f"{view.files.quarantined}/<rid>/{QUARANTINE_REASON}",
+    )
     stale = int(drain.get("stale_removed", 0))
     if stale:  # staged dumps that were never samples of this run, or were written already: nothing lost
         _by_reason(rows, "stale removed", stale, drain.get("stale_removed_by_reason"), "the drain's journal")
@@ -304,12 +336,14 @@ class CollectedView:
 
 
 def _host_list(hosts: Mapping[str, Any]) -> str:
-    """"a (0/3): 9, b (1/3): 9": each host with its shards and the samples collected from it."""
+    """ "a (0/3): 9, b (1/3): 9": each host with its shards and the samples collected from it."""
     parts = []
     for name, h in hosts.items():
         shards = ", ".join(f"{i}/{n}" for i, n in (h.get("shards") or []))
-        parts.append(f"{name} ({shards or '?'}): {count(h.get('collected', 0))}"
-                     + ("" if h.get("finished") else ", not finished"))
+        parts.append(
+            f"{name} ({shards or '?'}): {count(h.get('collected', 0))}"
+            + ("" if h.get("finished") else ", not finished")
+        )
     return ", ".join(parts)
 
 
@@ -324,8 +358,12 @@ def collected_headline(view: CollectedView) -> str:
 def _last_collect_rows(report: Snapshot) -> list[tuple[str, str]]:
     """What the last collect found that a person should know: hosts refused, shards not seen,
     samples left out or failed at verification."""
-    found = [*(report.get("refused") or []), *(report.get("missing_shards") or []),
-             *(report.get("doubled_shards") or []), *(report.get("duplicates") or [])]
+    found = [
+        *(report.get("refused") or []),
+        *(report.get("missing_shards") or []),
+        *(report.get("doubled_shards") or []),
+        *(report.get("duplicates") or []),
+    ]
     failed = len(report.get("failed_verification") or [])
     if failed:
         found.append(f"{_plural(failed, 'sample')} failed verification (listed with the failures)")
@@ -334,11 +372,16 @@ def _last_collect_rows(report: Snapshot) -> list[tuple[str, str]]:
 
 def collected_status_lines(view: CollectedView) -> list[str]:
     """`hsextract status` on a collected set: where it stands, its totals, its hosts, its counts."""
-    rows = [("training set", f"{view.output}" + (f" ({view.format})" if view.format else "")),
-            ("samples", f"{count(view.samples)} in the set, collected from "
-                        f"{_host_list(view.report.get('hosts') or {}) or 'no host'}"),
-            ("tokens", f"{count(view.tokens)} in the set"),
-            ("written", size(view.bytes))]
+    rows = [
+        ("training set", f"{view.output}" + (f" ({view.format})" if view.format else "")),
+        (
+            "samples",
+            f"{count(view.samples)} in the set, collected from "
+            f"{_host_list(view.report.get('hosts') or {}) or 'no host'}",
+        ),
+        ("tokens", f"{count(view.tokens)} in the set"),
+        ("written", size(view.bytes)),
+    ]
     rows += _last_collect_rows(view.report)
     run = RunView(output=view.output, files=view.files, accounts=view.accounts, counts=view.counts)
     problems = [sentence(f"FAIL: {problem}") for problem in view.problems]

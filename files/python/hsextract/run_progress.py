@@ -58,8 +58,14 @@ class StatusReporter(Generic[S]):
 
     thread_name = "hsextract-progress"
 
-    def __init__(self, status_path: Path, log: logging.Logger, stream: TextIO | None = None,
-                 every: float = 1.0, log_every: float = 30.0):
+    def __init__(
+        self,
+        status_path: Path,
+        log: logging.Logger,
+        stream: TextIO | None = None,
+        every: float = 1.0,
+        log_every: float = 30.0,
+    ):
         self.status_path = status_path
         self.log = log
         self.stream = stream or sys.stderr

@@ -66,12 +66,18 @@ class ServerLogprobs:
 
 def payload(input_ids: list[int], top_k: int) -> dict[str, Any]:
     """The request: no rid (see the module docstring), one greedy token, every position's top ``k``."""
-    return {"input_ids": list(input_ids), "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-            "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": int(top_k)}
+    return {
+        "input_ids": list(input_ids),
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": int(top_k),
+    }
 
 
-def fetch(url: str, input_ids: list[int], top_k: int = DEFAULT_TOP_K,
-          timeout_s: float = DEFAULT_TIMEOUT_S) -> ServerLogprobs:
+def fetch(
+    url: str, input_ids: list[int], top_k: int = DEFAULT_TOP_K, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> ServerLogprobs:
     """Ask the server at ``url`` for the logprobs of the prompt ``input_ids``; LogprobsUnavailable
     saying what went wrong where."""
     endpoint = url.rstrip("/") + "/generate"
@@ -82,13 +88,16 @@ def fetch(url: str, input_ids: list[int], top_k: int = DEFAULT_TOP_K,
             answer = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         text = exc.read()[:200].decode(errors="replace")
-        raise LogprobsUnavailable(f"{endpoint}: HTTP {exc.code}: {text}",
-                                  retry=exc.code >= 500 or exc.code in (408, 429)) from None
+        raise LogprobsUnavailable(
+            f"{endpoint}: HTTP {exc.code}: {text}", retry=exc.code >= 500 or exc.code in (408, 429)
+        ) from None
     except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timed out, garbled
         timed_out = isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
-        raise LogprobsUnavailable(f"{endpoint}: {type(exc).__name__}: {str(exc)[:200]}"
-                                  + (f" (no answer within {timeout_s:g} s)" if timed_out else ""),
-                                  timed_out=timed_out) from None
+        raise LogprobsUnavailable(
+            f"{endpoint}: {type(exc).__name__}: {str(exc)[:200]}"
+            + (f" (no answer within {timeout_s:g} s)" if timed_out else ""),
+            timed_out=timed_out,
+        ) from None
     return parse(answer, list(input_ids), endpoint)
 
 
@@ -100,22 +109,31 @@ def parse(answer: Any, input_ids: list[int], where: str = "the server") -> Serve
         inputs, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
         output, output_top = meta["output_token_logprobs"][0], meta["output_top_logprobs"][0]
     except (KeyError, IndexError, TypeError) as exc:
-        raise LogprobsUnavailable(f"{where}: the answer has no prompt logprobs ({type(exc).__name__}: {exc}); "
-                                  "is it SGLang 0.5.23?", retry=False) from None
+        raise LogprobsUnavailable(
+            f"{where}: the answer has no prompt logprobs ({type(exc).__name__}: {exc}); is it SGLang 0.5.23?",
+            retry=False,
+        ) from None
     n = len(input_ids)
     if len(inputs) != n or len(tops) != n:
-        raise LogprobsUnavailable(f"{where}: logprobs for {len(inputs)} prompt tokens ({len(tops)} top lists), the "
-                                  f"prompt has {n}", retry=False)
+        raise LogprobsUnavailable(
+            f"{where}: logprobs for {len(inputs)} prompt tokens ({len(tops)} top lists), the prompt has {n}",
+            retry=False,
+        )
     given = [int(e[1]) for e in inputs]
     if given != input_ids:
         first = next(i for i, (a, b) in enumerate(zip(given, input_ids, strict=True)) if a != b)
-        raise LogprobsUnavailable(f"{where}: its logprobs are of token {given[first]} at position {first}, the prompt "
-                                  f"has {input_ids[first]}", retry=False)
+        raise LogprobsUnavailable(
+            f"{where}: its logprobs are of token {given[first]} at position {first}, the prompt has {input_ids[first]}",
+            retry=False,
+        )
     entries = [*inputs[1:], output]
     top_lists = [*tops[1:], output_top]
     try:
-        return ServerLogprobs(top_ids=[[int(e[1]) for e in t] for t in top_lists],
-                              top_values=[[float(e[0]) for e in t] for t in top_lists],
-                              next_ids=[int(e[1]) for e in entries], next_values=[float(e[0]) for e in entries])
+        return ServerLogprobs(
+            top_ids=[[int(e[1]) for e in t] for t in top_lists],
+            top_values=[[float(e[0]) for e in t] for t in top_lists],
+            next_ids=[int(e[1]) for e in entries],
+            next_values=[float(e[0]) for e in entries],
+        )
     except (TypeError, ValueError, IndexError) as exc:  # a position without logprobs (null), or not numbers
         raise LogprobsUnavailable(f"{where}: a prompt position without usable logprobs ({exc})", retry=False) from None

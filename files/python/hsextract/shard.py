@@ -54,10 +54,13 @@ class Shard:
         (the regeneration's summary, plan reports); a ConfigError when it is neither."""
         if isinstance(value, str):
             return cls.parse(value)
-        if isinstance(value, (list, tuple)) and len(value) == 2 and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if (
+            isinstance(value, (list, tuple))
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
             return cls(value[0], value[1])
-        raise ConfigError(f"shard {value!r}: expected [i, n] or \"i/n\"")
+        raise ConfigError(f'shard {value!r}: expected [i, n] or "i/n"')
 
     def to_json(self) -> list[int]:
         """``[i, n]``: how status files, summaries and lock files store a shard."""

@@ -39,15 +39,24 @@ FINISHED_STATES = ("done", "stopped")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", help="training-set directory of the run, or its s3://bucket/prefix (with the "
-                                         "drain's --work-dir)")
+    parser.add_argument(
+        "--output", help="training-set directory of the run, or its s3://bucket/prefix (with the drain's --work-dir)"
+    )
     add_work_dir_argument(parser)
-    parser.add_argument("--stale-after", type=float, default=60.0,
-                        help="seconds after which a running drain's status counts as stale (default 60)")
+    parser.add_argument(
+        "--stale-after",
+        type=float,
+        default=60.0,
+        help="seconds after which a running drain's status counts as stale (default 60)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument("--max-failure-share", type=float, default=DEFAULT_MAX_FAILURE_SHARE,
-                        help="share of accepted samples that may end failed, and quarantined, in a finished run "
-                             f"(default {DEFAULT_MAX_FAILURE_SHARE:g})")
+    parser.add_argument(
+        "--max-failure-share",
+        type=float,
+        default=DEFAULT_MAX_FAILURE_SHARE,
+        help="share of accepted samples that may end failed, and quarantined, in a finished run "
+        f"(default {DEFAULT_MAX_FAILURE_SHARE:g})",
+    )
     add_config_argument(parser)
 
 
@@ -75,17 +84,20 @@ def run_accounts(output: Path, drain: DrainStatus | None) -> Accounts | None:
     return accounts
 
 
-def problem_files(output: str | Path, drain: DrainStatus | None = None,
-                  shards: list[Shard] | None = None) -> ProblemFiles:
+def problem_files(
+    output: str | Path, drain: DrainStatus | None = None, shards: list[Shard] | None = None
+) -> ProblemFiles:
     """The files that list a run's rejected, failed and quarantined samples (of one client's
     shard, or a pattern for the files of several)."""
     quarantine = (drain.quarantine_dir if drain else None) or default_quarantine_dir(output)
     if shards is not None and len(shards) > 1:
-        return ProblemFiles(rejected=_every_shard(output, REJECTS), failed=_every_shard(output, FAILURES),
-                            quarantined=str(quarantine))
+        return ProblemFiles(
+            rejected=_every_shard(output, REJECTS), failed=_every_shard(output, FAILURES), quarantined=str(quarantine)
+        )
     shard = shards[0] if shards else WHOLE
-    return ProblemFiles(rejected=str(rejects_path(output, shard)), failed=str(failures_path(output, shard)),
-                        quarantined=str(quarantine))
+    return ProblemFiles(
+        rejected=str(rejects_path(output, shard)), failed=str(failures_path(output, shard)), quarantined=str(quarantine)
+    )
 
 
 def _every_shard(output: str | Path, base: str) -> str:
@@ -108,8 +120,10 @@ def dataset_files_problem(output: str | Path, drain: DrainStatus | None, files: 
     if files is None or files[0] == files[1] or drain is None or drain.state not in FINISHED_STATES:
         return ""
     why = drain.finalize_problem or f"run `hsextract finalize --output {output}`"
-    return (f"the dataset-level files (the format's, the draft vocabulary's) cover {files[0]} of the {files[1]} "
-            f"samples in the set, so a trainer would not read the others: {why}")
+    return (
+        f"the dataset-level files (the format's, the draft vocabulary's) cover {files[0]} of the {files[1]} "
+        f"samples in the set, so a trainer would not read the others: {why}"
+    )
 
 
 def bucket_problem(drain: DrainStatus | None, now: float) -> str:
@@ -119,8 +133,10 @@ def bucket_problem(drain: DrainStatus | None, now: float) -> str:
     if not since or (drain is not None and drain.state in FINISHED_STATES):
         return ""
     at = time.strftime("%H:%M:%S", time.localtime(since))
-    return (f"the object store {store.get('url', '?')} has not answered for {now - since:.0f} s (since {at}): the "
-            "drain waits and retries, nothing staged is lost, and the client pauses when staging fills")
+    return (
+        f"the object store {store.get('url', '?')} has not answered for {now - since:.0f} s (since {at}): the "
+        "drain waits and retries, nothing staged is lost, and the client pauses when staging fills"
+    )
 
 
 def start_refusal(client: dict[str, Any] | None) -> str:
@@ -141,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
     collected = read_collect_report(args.output) if drain is None else None
     if collected is not None:  # a set made by hsextract collect: no drain writes it
         return print_collected_status(
-            collected_view(Path(args.output), collected, problem_files(args.output), args.max_failure_share),
-            args.json)
+            collected_view(Path(args.output), collected, problem_files(args.output), args.max_failure_share), args.json
+        )
     shards = read_shards(args.output)
     client = combined_status(shards)
     now = time.time()
@@ -163,17 +179,36 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         # The dataset's size as the finished clients counted it (a fleet's hosts sum their shards to it).
         lines = {s.summary.dataset_lines for s in shards if s.summary}
-        print(json.dumps({"ok": ok, "why": health[1], "problems": problems,
-                          "drain": drain.to_json() if drain else None, "client": client,
-                          "dataset_lines": lines.pop() if len(lines) == 1 else None,
-                          "accounts": accounts.as_dict() if accounts else None,
-                          "dataset_files": None if files is None else
-                          {"samples": files[0], "of": files[1], "current": files[0] == files[1]}}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "ok": ok,
+                    "why": health[1],
+                    "problems": problems,
+                    "drain": drain.to_json() if drain else None,
+                    "client": client,
+                    "dataset_lines": lines.pop() if len(lines) == 1 else None,
+                    "accounts": accounts.as_dict() if accounts else None,
+                    "dataset_files": None
+                    if files is None
+                    else {"samples": files[0], "of": files[1], "current": files[0] == files[1]},
+                },
+                indent=2,
+            )
+        )
     else:
-        view = RunView(output=shown, files=problem_files(args.output, drain, [s.shard for s in shards]),
-                       drain=drain.to_json() if drain else None, client=client,
-                       healthy=health[0], health=health[1], now=now, problems=problems,
-                       counts=accounts.lines_of_text() if accounts else [],
-                       accounts=accounts.as_dict() if accounts else None, dataset_files=files)
+        view = RunView(
+            output=shown,
+            files=problem_files(args.output, drain, [s.shard for s in shards]),
+            drain=drain.to_json() if drain else None,
+            client=client,
+            healthy=health[0],
+            health=health[1],
+            now=now,
+            problems=problems,
+            counts=accounts.lines_of_text() if accounts else [],
+            accounts=accounts.as_dict() if accounts else None,
+            dataset_files=files,
+        )
         print("\n".join(status_lines(view)))
     return 0 if ok else 1

@@ -35,10 +35,17 @@ def collected_view(output: Path, report: dict[str, Any], files, max_failure_shar
     header = read_header(output)
     accounts = read_accounts(output)
     return CollectedView(
-        output=str(output), files=files, format=header.format if header else "",
-        samples=len(entries), tokens=sum(e.tokens for e in entries), bytes=sum(e.bytes for e in entries),
-        report=report, problems=accounts.problems(max_failure_share) if accounts else [],
-        counts=accounts.lines_of_text() if accounts else [], accounts=accounts.as_dict() if accounts else None)
+        output=str(output),
+        files=files,
+        format=header.format if header else "",
+        samples=len(entries),
+        tokens=sum(e.tokens for e in entries),
+        bytes=sum(e.bytes for e in entries),
+        report=report,
+        problems=accounts.problems(max_failure_share) if accounts else [],
+        counts=accounts.lines_of_text() if accounts else [],
+        accounts=accounts.as_dict() if accounts else None,
+    )
 
 
 def print_collected_status(view: CollectedView, as_json: bool) -> int:
@@ -46,17 +53,31 @@ def print_collected_status(view: CollectedView, as_json: bool) -> int:
     ok = not view.problems
     if as_json:
         r = view.report
-        print(json.dumps({
-            "ok": ok, "why": "a collected set (hsextract collect)" + ("" if view.final else ", not final yet"),
-            "problems": view.problems, "drain": None, "client": None,
-            "dataset_lines": view.accounts.get("lines") if view.accounts else None,
-            "accounts": view.accounts,
-            "collected": {"final": view.final, "samples": view.samples, "tokens": view.tokens, "bytes": view.bytes,
-                          "hosts": r.get("hosts") or {}, "refused": r.get("refused") or [],
-                          "missing_shards": r.get("missing_shards") or [],
-                          "doubled_shards": r.get("doubled_shards") or [],
-                          "failed_verification": len(r.get("failed_verification") or [])},
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "ok": ok,
+                    "why": "a collected set (hsextract collect)" + ("" if view.final else ", not final yet"),
+                    "problems": view.problems,
+                    "drain": None,
+                    "client": None,
+                    "dataset_lines": view.accounts.get("lines") if view.accounts else None,
+                    "accounts": view.accounts,
+                    "collected": {
+                        "final": view.final,
+                        "samples": view.samples,
+                        "tokens": view.tokens,
+                        "bytes": view.bytes,
+                        "hosts": r.get("hosts") or {},
+                        "refused": r.get("refused") or [],
+                        "missing_shards": r.get("missing_shards") or [],
+                        "doubled_shards": r.get("doubled_shards") or [],
+                        "failed_verification": len(r.get("failed_verification") or []),
+                    },
+                },
+                indent=2,
+            )
+        )
     else:
         print("\n".join(collected_status_lines(view)))
     return 0 if ok else 1

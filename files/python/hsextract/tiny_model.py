@@ -70,21 +70,33 @@ def _llama_config():
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
     )
 
 
 # The MLA head dims of DeepSeek-V3 itself, which the GPU attention kernels are written for.
-_DSV3_GPU_MLA = {"kv_lora_rank": 512, "q_lora_rank": 96, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                 "v_head_dim": 128}
+_DSV3_GPU_MLA = {
+    "kv_lora_rank": 512,
+    "q_lora_rank": 96,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+}
 
 
 # DeepSeek-V3 split 8 ways: 8 attention heads, and MLP widths that stay whole (and a multiple of 8)
 # on each of 8 ranks.
-_DSV3_TP8 = {"num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 512,
-             "moe_intermediate_size": 128}
+_DSV3_TP8 = {"num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 512, "moe_intermediate_size": 128}
 
 
 def _dsv3_config(mla: dict[str, int] | None = None, shape: dict[str, int] | None = None):
@@ -94,14 +106,35 @@ def _dsv3_config(mla: dict[str, int] | None = None, shape: dict[str, int] | None
     dims.update(mla or {})
     # A plain dict: transformers' stubs do not know every DeepSeek field (moe_layer_freq).
     fields: dict[str, Any] = dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, moe_intermediate_size=32,
-        num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=4,
-        n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
-        first_k_dense_replace=1, moe_layer_freq=1, max_position_embeddings=2048, **dims,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+        max_position_embeddings=2048,
+        **dims,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
         rope_parameters={
-            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512,
-            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 512,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
         },
     )
     fields.update(shape or {})
@@ -109,8 +142,14 @@ def _dsv3_config(mla: dict[str, int] | None = None, shape: dict[str, int] | None
 
 
 # Keys SGLang 0.5.23 reads from a DeepSeek-V3 config that transformers 5.x no longer writes.
-_DSV3_SGLANG_KEYS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid", "aux_loss_alpha": 0.001,
-                     "seq_aux": True, "ep_size": 1, "num_nextn_predict_layers": 0}
+_DSV3_SGLANG_KEYS = {
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "aux_loss_alpha": 0.001,
+    "seq_aux": True,
+    "ep_size": 1,
+    "num_nextn_predict_layers": 0,
+}
 
 
 def model_config(kind: str):

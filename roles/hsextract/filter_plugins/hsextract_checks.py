@@ -75,8 +75,7 @@ def client_processes_problem(value: object) -> str:
         shard.check_process(0, int(str(value)))
     except (ValueError, ConfigError) as exc:
         why = f" ({exc})" if isinstance(exc, ConfigError) else ""
-        return (f"hsextract_client_processes: expected auto or a number of client processes >= 1, "
-                f"got {value!r}{why}.")
+        return f"hsextract_client_processes: expected auto or a number of client processes >= 1, got {value!r}{why}."
     return ""
 
 
@@ -93,8 +92,12 @@ def summary_path(of_shard: str, output_dir: str) -> str:
     return layout_path(output_dir, "client_summary", shard=of_shard)
 
 
-def aux_layer_problem(ids: str | Sequence[int] | None, convention: str,
-                      model_config: Mapping[str, Any] | None = None, model_path: str = "") -> str:
+def aux_layer_problem(
+    ids: str | Sequence[int] | None,
+    convention: str,
+    model_config: Mapping[str, Any] | None = None,
+    model_path: str = "",
+) -> str:
     """What is wrong with ``hsextract_aux_layer_ids`` ("" if nothing), checked as the capture does.
 
     Without `model_config` (the model's parsed config.json) only the order and the lower bound are
@@ -113,8 +116,10 @@ def aux_layer_problem(ids: str | Sequence[int] | None, convention: str,
     else:
         depth, where = model_info.text_model_layers(dict(model_config)), f" with hsextract_model_path={model_path}"
         if depth is None:
-            return (f"hsextract_model_path={model_path}: its config.json gives no num_hidden_layers "
-                    "(needed to place the capture layers).")
+            return (
+                f"hsextract_model_path={model_path}: its config.json gives no num_hidden_layers "
+                "(needed to place the capture layers)."
+            )
         if parsed is None:
             shown += " (the EAGLE-3 default)"
     try:
@@ -130,13 +135,16 @@ def regenerated_dir_problem(regenerated_dir: str, dataset: str) -> str:
     out, src = posixpath.normpath(str(regenerated_dir)), posixpath.normpath(str(dataset))
     if posixpath.isabs(out) and out != src and not out.startswith(src.rstrip("/") + "/"):
         return ""
-    return ("hsextract_regenerated_dir must be an absolute path on the host outside the dataset (the regeneration "
-            f"would read what it writes); got hsextract_regenerated_dir='{regenerated_dir}', "
-            f"hsextract_dataset='{dataset}'.")
+    return (
+        "hsextract_regenerated_dir must be an absolute path on the host outside the dataset (the regeneration "
+        f"would read what it writes); got hsextract_regenerated_dir='{regenerated_dir}', "
+        f"hsextract_dataset='{dataset}'."
+    )
 
 
-def dataset_switch_problem(record_text: str, output_dir: str, extract_dataset: str, regenerated_dir: str,
-                           regenerate: bool) -> str:
+def dataset_switch_problem(
+    record_text: str, output_dir: str, extract_dataset: str, regenerated_dir: str, regenerate: bool
+) -> str:
     """Whether switching the regeneration on or off would resume a training set of the other dataset.
 
     The client resumes by sample index and refuses another dataset at its start (its record's
@@ -151,32 +159,40 @@ def dataset_switch_problem(record_text: str, output_dir: str, extract_dataset: s
         record = json.loads(record_text)
         recorded_path = str(record.get("path", "")) if isinstance(record, dict) else ""
     except ValueError as exc:
-        return (f"{record_file}: unreadable ({exc}); it records which dataset the training set in "
-                f"hsextract_output_dir={output_dir} was extracted from. Restore it, or set hsextract_output_dir "
-                "to a new directory.")
+        return (
+            f"{record_file}: unreadable ({exc}); it records which dataset the training set in "
+            f"hsextract_output_dir={output_dir} was extracted from. Restore it, or set hsextract_output_dir "
+            "to a new directory."
+        )
     recorded = posixpath.normpath(recorded_path)
     reads = posixpath.normpath(str(extract_dataset))
     regenerated = posixpath.normpath(str(regenerated_dir))
     if recorded == reads or regenerated not in (recorded, reads):
         return ""
     regenerate = bool(regenerate)
-    return (f"hsextract_output_dir={output_dir} holds a training set extracted from {recorded} (recorded in "
-            f"{record_file}), but with hsextract_regenerate={regenerate} the extraction reads {reads} (expected: the "
-            "set's dataset is the one the extraction reads). Resumed, the client would skip every sample index already "
-            f"written and keep the samples of {recorded} under them. Set hsextract_output_dir to a new directory for "
-            f"this dataset, or hsextract_regenerate back to {not regenerate} to go on with the training set of "
-            f"{recorded}.")
+    return (
+        f"hsextract_output_dir={output_dir} holds a training set extracted from {recorded} (recorded in "
+        f"{record_file}), but with hsextract_regenerate={regenerate} the extraction reads {reads} (expected: the "
+        "set's dataset is the one the extraction reads). Resumed, the client would skip every sample index already "
+        f"written and keep the samples of {recorded} under them. Set hsextract_output_dir to a new directory for "
+        f"this dataset, or hsextract_regenerate back to {not regenerate} to go on with the training set of "
+        f"{recorded}."
+    )
 
 
 def _layout_files() -> dict[str, Callable[[str], Path]]:
     """hsextract.output.layout's ``<name>_path(directory)`` functions (any further parameter has a default:
     a client file's shard is the whole dataset's), by name."""
+
     def takes_one(function: Callable) -> bool:
         params = inspect.signature(function).parameters.values()
         return sum(p.default is inspect.Parameter.empty for p in params) == 1
 
-    return {name[: -len("_path")]: function for name, function in vars(layout).items()
-            if name.endswith("_path") and callable(function) and takes_one(function)}
+    return {
+        name[: -len("_path")]: function
+        for name, function in vars(layout).items()
+        if name.endswith("_path") and callable(function) and takes_one(function)
+    }
 
 
 def layout_path(directory: str, name: str, shard: str = "") -> str:
@@ -185,8 +201,9 @@ def layout_path(directory: str, name: str, shard: str = "") -> str:
     a client file of a shard's client with ``shard='i/n'``."""
     files = _layout_files()
     if name not in files:
-        raise ValueError(f"hsextract_layout_path: hsextract.output.layout has no file {name!r}; "
-                         f"it has {', '.join(sorted(files))}")
+        raise ValueError(
+            f"hsextract_layout_path: hsextract.output.layout has no file {name!r}; it has {', '.join(sorted(files))}"
+        )
     if shard:
         return str(files[name](str(directory), _Shard.parse(shard)))  # type: ignore[call-arg]
     return str(files[name](str(directory)))
@@ -205,8 +222,11 @@ def output_problem(output_dir: str, credentials_src: str = "", endpoint: str = "
         if credentials_src:
             store_settings.read_credentials_file(str(credentials_src))
     except ConfigError as exc:
-        text = str(exc).replace("--s3-credentials", "hsextract_s3_credentials_src").replace(
-            "--s3-endpoint", "hsextract_s3_endpoint")
+        text = (
+            str(exc)
+            .replace("--s3-credentials", "hsextract_s3_credentials_src")
+            .replace("--s3-endpoint", "hsextract_s3_endpoint")
+        )
         return f"{text}."
     return ""
 

@@ -26,8 +26,10 @@ __version__ = "0.4.10+hsextract-import-standin"
 
 def _missing(qualname: str):
     def missing(*args, **kwargs):
-        raise NotImplementedError(f"{qualname} was called, but the GPU test tier's stand-in for sgl_kernel has no "
-                                  "kernels (bench/gpu/standin/sgl_kernel)")
+        raise NotImplementedError(
+            f"{qualname} was called, but the GPU test tier's stand-in for sgl_kernel has no "
+            "kernels (bench/gpu/standin/sgl_kernel)"
+        )
 
     missing.__name__ = qualname.rsplit(".", 1)[-1]
     missing.__qualname__ = qualname

@@ -78,11 +78,11 @@ class CaptureConfig:
                 object.__setattr__(self, name, int(getattr(self, name) or 0))
             except (TypeError, ValueError):
                 raise ConfigError(f"capture config: {name}={getattr(self, name)!r} is not an integer") from None
-        object.__setattr__(self, "writer_process",
-                           _flag("writer_process", self.writer_process, WRITER_PROCESS_DEFAULT))
+        object.__setattr__(self, "writer_process", _flag("writer_process", self.writer_process, WRITER_PROCESS_DEFAULT))
         if self.final_hidden not in FINAL_HIDDEN_PLACEMENTS:
-            raise ConfigError(f"final_hidden={self.final_hidden!r}: expected one of "
-                              f"{', '.join(FINAL_HIDDEN_PLACEMENTS)}")
+            raise ConfigError(
+                f"final_hidden={self.final_hidden!r}: expected one of {', '.join(FINAL_HIDDEN_PLACEMENTS)}"
+            )
         if self.format:
             final_hidden_for(self.format, self.final_hidden, what="capture final_hidden")
         if self.layer_convention not in CONVENTIONS:

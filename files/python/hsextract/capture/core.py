@@ -55,7 +55,6 @@ from hsextract.staging.records import parse_rid
 log = logging.getLogger("hsextract.capture")
 
 
-
 @dataclass(frozen=True)
 class CaptureSettings:
     """What the capture writes and how it describes it in ``done.json``."""
@@ -105,12 +104,18 @@ def _log_refused(rid: str, prefix: str) -> None:
         return
     _refused_logged.add(rid)
     if len(_refused_logged) > _REFUSED_LOG_LIMIT:
-        log.warning("capture: more than %d requests with malformed ids of prefix %r; no more are logged",
-                    _REFUSED_LOG_LIMIT, prefix)
+        log.warning(
+            "capture: more than %d requests with malformed ids of prefix %r; no more are logged",
+            _REFUSED_LOG_LIMIT,
+            prefix,
+        )
         return
-    log.warning("capture: request id %r is not captured: it starts with the run's prefix but is not of the form "
-                "<prefix>-<run id>-<index> (run id 8-32 lower-case hex, index decimal or p<hex>) that the client "
-                "sends, and the capture writes only those into the staging directory", rid)
+    log.warning(
+        "capture: request id %r is not captured: it starts with the run's prefix but is not of the form "
+        "<prefix>-<run id>-<index> (run id 8-32 lower-case hex, index decimal or p<hex>) that the client "
+        "sends, and the capture writes only those into the staging directory",
+        rid,
+    )
 
 
 @dataclass(frozen=True)
@@ -332,8 +337,10 @@ class CapturePlanner:
         if prompt_len <= 0 or req.prefix_len >= prompt_len:
             return None  # decode rows of a request the capture is not tracking
         if req.prefix_len == 0 and is_abort_placeholder(prompt_len, first_id):
-            detail = ("SGLang refused this request before running it and ran a 1-token placeholder in its place; "
-                      "the server's reply to the request (and its log) says why")
+            detail = (
+                "SGLang refused this request before running it and ran a 1-token placeholder in its place; "
+                "the server's reply to the request (and its log) says why"
+            )
             log.warning("rid %s: %s; it is marked failed", req.rid, detail)
             self.fail(req.rid, CAPTURE_SERVER_ABORTED)
             self._failures.append(Failure(req.rid, CAPTURE_SERVER_ABORTED, detail))
@@ -342,8 +349,10 @@ class CapturePlanner:
             # Either its first rows came from a prefix cache, or this is a decode/re-prefill row
             # of a request no longer tracked: no complete dump can come of it, write nothing.
             self.skipped_partial += 1
-            detail = (f"the first forward seen starts at row {req.prefix_len} of {prompt_len}, not 0 (a cached "
-                      "prefix, or a request dropped from tracking); the server must run with --disable-radix-cache")
+            detail = (
+                f"the first forward seen starts at row {req.prefix_len} of {prompt_len}, not 0 (a cached "
+                "prefix, or a request dropped from tracking); the server must run with --disable-radix-cache"
+            )
             log.warning("rid %s: %s; it is marked failed", req.rid, detail)
             self.fail(req.rid, CAPTURE_MISSING_ROWS)
             self._failures.append(Failure(req.rid, CAPTURE_MISSING_ROWS, detail))
@@ -365,8 +374,12 @@ class CapturePlanner:
             del self._tracked[req.rid]
             return True, None
         if state.complete:
-            log.debug("rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
-                      req.rid, req.prefix_len, req.extend_len)
+            log.debug(
+                "rid %s: already complete, ignoring a later forward (prefix %d, %d rows)",
+                req.rid,
+                req.prefix_len,
+                req.extend_len,
+            )
             return False, None
         if req.prefix_len == 0:
             return self._restart(state, prompt_len), None
@@ -380,14 +393,20 @@ class CapturePlanner:
         are still in flight they would race the new ones into one file, so the request is failed
         instead (False) and the client sends it once more."""
         if self._settled(state):
-            log.info("rid %s: sent again from row 0 after %d of its %d rows were seen (the server aborted the "
-                     "earlier send?); its dump starts anew", state.rid, sum(e - s for s, e in state.covered),
-                     state.prompt_len)
+            log.info(
+                "rid %s: sent again from row 0 after %d of its %d rows were seen (the server aborted the "
+                "earlier send?); its dump starts anew",
+                state.rid,
+                sum(e - s for s, e in state.covered),
+                state.prompt_len,
+            )
             self.restarted += 1
             del self._tracked[state.rid]
             return True
-        detail = (f"sent again from row 0 (prompt of {prompt_len} rows) while the writes of an earlier send of the "
-                  "same rid were still in flight; the client sends it again")
+        detail = (
+            f"sent again from row 0 (prompt of {prompt_len} rows) while the writes of an earlier send of the "
+            "same rid were still in flight; the client sends it again"
+        )
         log.warning("rid %s: %s; it is marked failed", state.rid, detail)
         self.fail(state.rid, CAPTURE_MISSING_ROWS)
         self._failures.append(Failure(state.rid, CAPTURE_MISSING_ROWS, detail))
@@ -435,8 +454,10 @@ class CapturePlanner:
             rid, old = self._tracked.popitem(last=False)
             if not old.complete and not old.failed:
                 self.evicted_incomplete += 1
-                detail = (f"dropped from tracking before it was complete ({sum(e - s for s, e in old.covered)} of "
-                          f"{old.prompt_len} rows): more than {self.settings.max_tracked} requests in progress")
+                detail = (
+                    f"dropped from tracking before it was complete ({sum(e - s for s, e in old.covered)} of "
+                    f"{old.prompt_len} rows): more than {self.settings.max_tracked} requests in progress"
+                )
                 log.warning("rid %s: %s; it is marked failed", rid, detail)
                 with old.lock:
                     old.failed = CAPTURE_MISSING_ROWS

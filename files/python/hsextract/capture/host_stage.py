@@ -62,9 +62,14 @@ class HostBufferPool:
     (memory shared with the writer process) can be given back where they came from.
     """
 
-    def __init__(self, max_bytes: int, pin: bool, granularity: int = 2 * _MiB,
-                 allocate: Callable[[int], torch.Tensor] | None = None,
-                 drop: Callable[[torch.Tensor], None] | None = None):
+    def __init__(
+        self,
+        max_bytes: int,
+        pin: bool,
+        granularity: int = 2 * _MiB,
+        allocate: Callable[[int], torch.Tensor] | None = None,
+        drop: Callable[[torch.Tensor], None] | None = None,
+    ):
         self.max_bytes = int(max_bytes)
         self.pin = pin
         self.granularity = max(1, int(granularity))
@@ -100,7 +105,10 @@ class HostBufferPool:
                         log.warning(
                             "capture blocked: %d MiB of host buffers in flight reached the limit of %d MiB; "
                             "the forward pass waits for the writers (raise the in-flight limit or add writer "
-                            "threads if this repeats)", self._in_use // _MiB, self.max_bytes // _MiB)
+                            "threads if this repeats)",
+                            self._in_use // _MiB,
+                            self.max_bytes // _MiB,
+                        )
                 self._cond.wait(timeout=1.0)
         if t0 is not None:
             self.blocked_seconds += time.monotonic() - t0
@@ -141,8 +149,14 @@ class HostBufferPool:
         self._held += need
         self._in_use += need
         if took > 0.01:
-            log.info("capture: a new %d MiB host buffer took %.0f ms (pool: %d MiB in %d buffers, %d allocations)",
-                     need // _MiB, took * 1000, self._held // _MiB, len(self._free) + 1, self.allocations)
+            log.info(
+                "capture: a new %d MiB host buffer took %.0f ms (pool: %d MiB in %d buffers, %d allocations)",
+                need // _MiB,
+                took * 1000,
+                self._held // _MiB,
+                len(self._free) + 1,
+                self.allocations,
+            )
         return buf
 
     def size_class(self, nbytes: int) -> int:
@@ -339,8 +353,9 @@ class HostStager:
             raise
         return StagedBatch(batch.requests, buf, rows, row_bytes, meta_off, bsz, event)
 
-    def _copy_to_host(self, buf: torch.Tensor, block: torch.Tensor, meta: torch.Tensor, block_bytes: int,
-                      meta_off: int) -> object | None:
+    def _copy_to_host(
+        self, buf: torch.Tensor, block: torch.Tensor, meta: torch.Tensor, block_bytes: int, meta_off: int
+    ) -> object | None:
         """Copy into ``buf`` (asynchronously on the side stream on CUDA); the event that says it
         landed, or None when the copy was synchronous."""
         host_block = buf[:block_bytes].view(block.dtype).view(block.shape)

@@ -79,8 +79,11 @@ class CounterAttributes:
 
 def write_error(path: str, exc: OSError) -> str:
     """The failure detail of a write of ``path`` that failed with ``exc``."""
-    hint = " (/dev/shm is full: the client should pause, or the drain is not keeping up)" \
-        if exc.errno == errno.ENOSPC else ""
+    hint = (
+        " (/dev/shm is full: the client should pause, or the drain is not keeping up)"
+        if exc.errno == errno.ENOSPC
+        else ""
+    )
     return f"cannot write {path}: {exc.strerror or exc}{hint}"
 
 
@@ -140,12 +143,20 @@ class RequestOutcomes:
             self._counters.requests_failed += 1
             if reason == CAPTURE_WRITE_ERROR:
                 self._counters.write_errors += 1
-        log.error("capture: request %s cannot be staged (%s: %s); it is marked failed for the client to send again",
-                  state.rid, reason, detail)
+        log.error(
+            "capture: request %s cannot be staged (%s: %s); it is marked failed for the client to send again",
+            state.rid,
+            reason,
+            detail,
+        )
         self.files.discard(state.rid)
         try:
             write_failed_marker(self.files.root, FailureMarker(state.rid, reason, detail, time.time()))
         except OSError as exc:
             # The client's wait for this request then ends in 'capture_missing', and it sends it again.
-            log.error("capture: cannot write %s for request %s (%s); the client will find no dump and send it "
-                      "again", FAILED_FILE, state.rid, exc.strerror or exc)
+            log.error(
+                "capture: cannot write %s for request %s (%s); the client will find no dump and send it again",
+                FAILED_FILE,
+                state.rid,
+                exc.strerror or exc,
+            )

@@ -36,13 +36,17 @@ def template_dir() -> Path:
     env = os.environ.get("HSEXTRACT_TEMPLATES")
     candidates = [Path(env)] if env else []
     here = Path(__file__).resolve()
-    candidates += [here.parents[4] / "roles" / "capture_patch" / "templates",
-                   here.parents[1] / "data" / "capture_patch"]
+    candidates += [
+        here.parents[4] / "roles" / "capture_patch" / "templates",
+        here.parents[1] / "data" / "capture_patch",
+    ]
     for c in candidates:
         if (c / TEMPLATE_FILES[0]).is_file():
             return c
-    raise ConfigError(f"capture patch templates not found (looked in {', '.join(map(str, candidates))}); "
-                      "set HSEXTRACT_TEMPLATES to the repository's roles/capture_patch/templates")
+    raise ConfigError(
+        f"capture patch templates not found (looked in {', '.join(map(str, candidates))}); "
+        "set HSEXTRACT_TEMPLATES to the repository's roles/capture_patch/templates"
+    )
 
 
 def comment_filter(text: str, prefix: str = "# ") -> str:
@@ -91,8 +95,10 @@ def render_patch(
         info = read_model_info(model_path)
         if info.architecture != architecture:
             # SGLang would serve the model with its own class and capture nothing, silently.
-            raise ConfigError(f"capture patch for architecture {architecture!r}, but {model_path} is a "
-                              f"{info.architecture!r}; render the patch for the model's own architecture")
+            raise ConfigError(
+                f"capture patch for architecture {architecture!r}, but {model_path} is a "
+                f"{info.architecture!r}; render the patch for the model's own architecture"
+            )
         if check_layers:
             ids = list(aux_layer_ids) if aux_layer_ids is not None else None
             layers = resolve(ids, info.num_hidden_layers, layer_convention)
@@ -123,8 +129,12 @@ def render_patch(
     out = Path(out_dir)
     pkg = out / package_name
     pkg.mkdir(parents=True, exist_ok=True)
-    values = {"architecture": architecture, "package_name": package_name, "config": cfg.rendered_dict(),
-              "ansible_managed": ansible_managed}
+    values = {
+        "architecture": architecture,
+        "package_name": package_name,
+        "config": cfg.rendered_dict(),
+        "ansible_managed": ansible_managed,
+    }
     for name in TEMPLATE_FILES:
         text = env.get_template(name).render(**values)
         target = pkg / name[: -len(".j2")]
@@ -142,8 +152,13 @@ class ServerLaunch:
     args: list[str] = field(default_factory=list)
 
 
-def server_launch(patch_dir: str | Path, *, package_name: str = DEFAULT_PACKAGE, device: str = "cuda",
-                  pythonpath: Sequence[str | Path] = ()) -> ServerLaunch:
+def server_launch(
+    patch_dir: str | Path,
+    *,
+    package_name: str = DEFAULT_PACKAGE,
+    device: str = "cuda",
+    pythonpath: Sequence[str | Path] = (),
+) -> ServerLaunch:
     """Environment and flags for ``python -m sglang.launch_server`` with the capture on.
 
     * ``--disable-radix-cache``: a cached prefix is never run, so its states could not be captured;
@@ -169,21 +184,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", required=False, help="directory to render the package into (goes on PYTHONPATH)")
     # --model and --aux-layers as in every other subcommand (one shared run config); the older
     # spellings stay accepted.
-    parser.add_argument("--model", "--model-path", dest="model",
-                        help="model directory (its config.json names the architecture)")
+    parser.add_argument(
+        "--model", "--model-path", dest="model", help="model directory (its config.json names the architecture)"
+    )
     parser.add_argument("--architecture", help="override the architecture read from the model's config.json")
-    parser.add_argument("--aux-layers", "--aux-layer-ids", dest="aux_layers",
-                        help="comma-separated aux layer ids (default: EAGLE-3's [1, L//2-1, L-4])")
+    parser.add_argument(
+        "--aux-layers",
+        "--aux-layer-ids",
+        dest="aux_layers",
+        help="comma-separated aux layer ids (default: EAGLE-3's [1, L//2-1, L-4])",
+    )
     parser.add_argument("--layer-convention", choices=("eagle", "sglang"), default="eagle")
     parser.add_argument("--dump-dir", help="staging directory, e.g. /dev/shm/hsextract")
     parser.add_argument("--rid-prefix", default="hsx")
-    parser.add_argument("--format", choices=FORMAT_NAMES,
-                        help="the training-set format; sets the final-norm placement it needs")
-    parser.add_argument("--final-hidden", choices=FINAL_HIDDEN_PLACEMENTS,
-                        help="final hidden state post- or pre-norm (default: what --format needs, else post_norm)")
-    parser.add_argument("--writer-process", action=argparse.BooleanOptionalAction, default=WRITER_PROCESS_DEFAULT,
-                        help="write the staged dumps from a child process of the server's scheduler (the "
-                             "default); --no-writer-process: from threads inside it")
+    parser.add_argument(
+        "--format", choices=FORMAT_NAMES, help="the training-set format; sets the final-norm placement it needs"
+    )
+    parser.add_argument(
+        "--final-hidden",
+        choices=FINAL_HIDDEN_PLACEMENTS,
+        help="final hidden state post- or pre-norm (default: what --format needs, else post_norm)",
+    )
+    parser.add_argument(
+        "--writer-process",
+        action=argparse.BooleanOptionalAction,
+        default=WRITER_PROCESS_DEFAULT,
+        help="write the staged dumps from a child process of the server's scheduler (the "
+        "default); --no-writer-process: from threads inside it",
+    )
     parser.add_argument("--package-name", default=DEFAULT_PACKAGE)
     parser.add_argument("--ansible-managed", default=DEFAULT_ANSIBLE_MANAGED)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="only affects the printed flags")
@@ -209,6 +237,15 @@ def run(args: argparse.Namespace) -> int:
         writer_process=bool(getattr(args, "writer_process", WRITER_PROCESS_DEFAULT)),
     )
     launch = server_launch(out, package_name=args.package_name, device=args.device)
-    print(json.dumps({"patch_dir": str(out), "package": args.package_name, "architecture": architecture,
-                      "env": launch.env, "server_args": launch.args}))
+    print(
+        json.dumps(
+            {
+                "patch_dir": str(out),
+                "package": args.package_name,
+                "architecture": architecture,
+                "env": launch.env,
+                "server_args": launch.args,
+            }
+        )
+    )
     return 0

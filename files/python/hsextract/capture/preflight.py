@@ -62,17 +62,25 @@ def check_server(facts: ServerFacts) -> None:
     """Refuse server settings under which the capture would write wrong or partial samples."""
     problems = []
     if not facts.disable_radix_cache:
-        problems.append("the radix (prefix) cache is on: cached prompt prefixes are never run, so their hidden "
-                        "states cannot be captured; start the server with --disable-radix-cache")
+        problems.append(
+            "the radix (prefix) cache is on: cached prompt prefixes are never run, so their hidden "
+            "states cannot be captured; start the server with --disable-radix-cache"
+        )
     if facts.pp_size > 1:
-        problems.append(f"pipeline parallelism is on (pp_size={facts.pp_size}): earlier stages' layers are not "
-                        "captured on the last stage; use --pp-size 1 (tensor parallelism is fine)")
+        problems.append(
+            f"pipeline parallelism is on (pp_size={facts.pp_size}): earlier stages' layers are not "
+            "captured on the last stage; use --pp-size 1 (tensor parallelism is fine)"
+        )
     if facts.attn_cp_size > 1:
-        problems.append(f"attention context parallelism is on (attn_cp_size={facts.attn_cp_size}): rows are "
-                        "sharded by position; use --attn-cp-size 1")
+        problems.append(
+            f"attention context parallelism is on (attn_cp_size={facts.attn_cp_size}): rows are "
+            "sharded by position; use --attn-cp-size 1"
+        )
     if facts.device != "cpu" and not facts.prefill_cuda_graph_disabled:
-        problems.append("prefill CUDA graphs are on (the 0.5.23 default): the capture must see every prefill "
-                        "eagerly; start the server with --disable-prefill-cuda-graph")
+        problems.append(
+            "prefill CUDA graphs are on (the 0.5.23 default): the capture must see every prefill "
+            "eagerly; start the server with --disable-prefill-cuda-graph"
+        )
     if problems:
         raise ConfigError("hidden-state capture cannot run with this server configuration: " + "; ".join(problems))
 
@@ -106,9 +114,13 @@ def check_sglang_version(version: str, allow_untested: bool | None = None) -> No
         allow_untested = os.environ.get(ALLOW_UNTESTED_ENV, "") == "1"
     tested = ", ".join(TESTED_SGLANG_VERSIONS)
     if allow_untested:
-        log.warning("hsextract capture: SGLang %s is untested (tested: %s); %s=1 is set, going on; check the "
-                    "smoke test's self-check before trusting the dumps", version or "of unknown version", tested,
-                    ALLOW_UNTESTED_ENV)
+        log.warning(
+            "hsextract capture: SGLang %s is untested (tested: %s); %s=1 is set, going on; check the "
+            "smoke test's self-check before trusting the dumps",
+            version or "of unknown version",
+            tested,
+            ALLOW_UNTESTED_ENV,
+        )
         return
     raise ConfigError(
         f"SGLang {version or '(version unknown)'} is not a release the capture was tested on ({tested}); install "

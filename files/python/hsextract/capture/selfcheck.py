@@ -64,9 +64,14 @@ def check_dump(
         res.reasons.append(f"states unreadable: {exc}")
         return res
     hidden, ids = states.hidden, states.input_ids
-    res.details.update(prompt_len=marker.prompt_len, shape=list(hidden.shape), dtype=marker.dtype,
-                       final_hidden=marker.final_hidden, sglang_layers_to_capture=marker.sglang_layers_to_capture,
-                       eagle_aux_hidden_state_layer_ids=marker.eagle_aux_hidden_state_layer_ids)
+    res.details.update(
+        prompt_len=marker.prompt_len,
+        shape=list(hidden.shape),
+        dtype=marker.dtype,
+        final_hidden=marker.final_hidden,
+        sglang_layers_to_capture=marker.sglang_layers_to_capture,
+        eagle_aux_hidden_state_layer_ids=marker.eagle_aux_hidden_state_layer_ids,
+    )
     expected_shape = [marker.prompt_len, marker.num_aux + 1, marker.hidden_size]
     if list(hidden.shape) != expected_shape:
         res.reasons.append(f"hidden shape {list(hidden.shape)} != {expected_shape} promised by done.json")
@@ -76,10 +81,14 @@ def check_dump(
         bad = int((~torch.isfinite(hidden)).sum())
         res.reasons.append(f"{bad} non-finite values (NaN/inf) in the hidden states")
     if expected_input_ids is not None and ids.tolist() != list(expected_input_ids):
-        first = next((i for i, (a, b) in enumerate(zip(ids.tolist(), expected_input_ids, strict=False)) if a != b),
-                     min(len(ids), len(expected_input_ids)))
-        res.reasons.append(f"token ids differ from the request's at position {first} "
-                           f"(dump has {len(ids)} ids, request had {len(expected_input_ids)})")
+        first = next(
+            (i for i, (a, b) in enumerate(zip(ids.tolist(), expected_input_ids, strict=False)) if a != b),
+            min(len(ids), len(expected_input_ids)),
+        )
+        res.reasons.append(
+            f"token ids differ from the request's at position {first} "
+            f"(dump has {len(ids)} ids, request had {len(expected_input_ids)})"
+        )
     model_path = Path(model_path)
     try:
         config = json.loads((model_path / "config.json").read_text())
@@ -95,17 +104,29 @@ def check_dump(
     return res
 
 
-def _check_token(res: SelfCheckResult, hidden: torch.Tensor, final_hidden: str, model_path: Path,
-                 server_token: int, server_url: str | None, input_ids: list[int]) -> None:
+def _check_token(
+    res: SelfCheckResult,
+    hidden: torch.Tensor,
+    final_hidden: str,
+    model_path: Path,
+    server_token: int,
+    server_url: str | None,
+    input_ids: list[int],
+) -> None:
     try:
         server = server_logprobs.fetch(server_url, input_ids) if server_url else None
         verdict, logprobs = check_final_rows(GreedyHead(model_path), hidden[:, -1], final_hidden, server_token, server)
     except (ConfigError, LogprobsUnavailable) as exc:
-        res.reasons.append(f"the server's logprobs of the probe: {exc}" if isinstance(exc, LogprobsUnavailable)
-                           else str(exc))
+        res.reasons.append(
+            f"the server's logprobs of the probe: {exc}" if isinstance(exc, LogprobsUnavailable) else str(exc)
+        )
         return
-    res.details.update(predicted_token=verdict.predicted, server_token=server_token, logit_gap=verdict.logit_gap,
-                       tie_tolerance=verdict.tolerance)
+    res.details.update(
+        predicted_token=verdict.predicted,
+        server_token=server_token,
+        logit_gap=verdict.logit_gap,
+        tie_tolerance=verdict.tolerance,
+    )
     if verdict.near_tie:
         res.details["near_tie"] = True
     if not verdict.ok:

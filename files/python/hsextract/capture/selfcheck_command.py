@@ -27,15 +27,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", "--model-path", dest="model", help="model directory (config.json + safetensors)")
     parser.add_argument("--input-ids", help="the probe's token ids (1,2,3 or [1,2,3])")
     parser.add_argument("--server-token", type=int, help="the token the server returned at temperature 0")
-    parser.add_argument("--server", metavar="URL",
-                        help="the server's URL: its own logprobs of the probe's prompt must match those the dump's "
-                             "final hidden states give (the logprob check; default: the greedy check alone)")
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        help="the server's URL: its own logprobs of the probe's prompt must match those the dump's "
+        "final hidden states give (the logprob check; default: the greedy check alone)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.dump_dir or not args.model:
         raise ConfigError("selfcheck needs --dump-dir and --model (or a --config file with them)")
-    result = check_dump(args.dump_dir, args.rid, args.model, _ids(args.input_ids), args.server_token,
-                        args.server or None)
+    result = check_dump(
+        args.dump_dir, args.rid, args.model, _ids(args.input_ids), args.server_token, args.server or None
+    )
     print(result.to_json())
     return 0 if result.ok else 1

@@ -56,6 +56,7 @@ from hsextract.staging.dumps import (
 
 log = logging.getLogger("hsextract.capture")
 
+
 def load_base_class(architecture: str) -> type:
     """SGLang's own class for `architecture`; raise naming the supported ones if there is none."""
     spec = lookup(architecture)
@@ -97,8 +98,9 @@ def _problems_besides_the_architecture(config: CaptureConfig | dict, hf_config: 
     except Exception as exc:  # the architecture's refusal must reach the operator, whatever this is
         return [f"(the other settings were not checked: {exc})"]
     depth = getattr(text_part(hf_config), "num_hidden_layers", None)
-    problems, _ = _settings_problems(cfg, facts, int(depth) if depth is not None else None,
-                                     writes_dumps(_parallel_ranks(facts)[0]))
+    problems, _ = _settings_problems(
+        cfg, facts, int(depth) if depth is not None else None, writes_dumps(_parallel_ranks(facts)[0])
+    )
     return problems
 
 
@@ -203,8 +205,9 @@ class CaptureHook:
         mode = fb.forward_mode
         if not mode.is_extend() or mode.is_target_verify() or mode.is_decode():
             return
-        requests = select_requests(fb.rids, fb.extend_prefix_lens_cpu or [], fb.extend_seq_lens_cpu or [],
-                                   self.settings)
+        requests = select_requests(
+            fb.rids, fb.extend_prefix_lens_cpu or [], fb.extend_seq_lens_cpu or [], self.settings
+        )
         if not requests:
             return
         hidden, aux = output
@@ -241,8 +244,10 @@ class CaptureHook:
             tokens = None
         if tokens is None and not self._warned_tokens:
             self._warned_tokens = True
-            log.warning("capture: the logits processor's output holds no next-token logits per request; dumps "
-                        "record no greedy token (the drain's self-check skips them)")
+            log.warning(
+                "capture: the logits processor's output holds no next-token logits per request; dumps "
+                "record no greedy token (the drain's self-check skips them)"
+            )
         self._hand_over(tokens)
 
     def _hand_over(self, tokens: torch.Tensor | None) -> None:
@@ -289,27 +294,31 @@ def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts)
     from hsextract.staging.announcements import process_start_ticks, remove_announcement
 
     try:
-        path = write_announcement(cfg.dump_dir, CaptureAnnouncement(
-            dump_dir=str(Path(cfg.dump_dir).resolve()),
-            rid_prefix=cfg.rid_prefix,
-            final_hidden=cfg.final_hidden,
-            format=cfg.format,
-            hidden_size=settings.hidden_size,
-            eagle_aux_hidden_state_layer_ids=list(settings.layers.eagle_aux_hidden_state_layer_ids),
-            architecture=cfg.architecture,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            port=facts.port,
-            started_at=time.time(),
-            proc_start=process_start_ticks(os.getpid()) or 0,
-        ))
+        path = write_announcement(
+            cfg.dump_dir,
+            CaptureAnnouncement(
+                dump_dir=str(Path(cfg.dump_dir).resolve()),
+                rid_prefix=cfg.rid_prefix,
+                final_hidden=cfg.final_hidden,
+                format=cfg.format,
+                hidden_size=settings.hidden_size,
+                eagle_aux_hidden_state_layer_ids=list(settings.layers.eagle_aux_hidden_state_layer_ids),
+                architecture=cfg.architecture,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                port=facts.port,
+                started_at=time.time(),
+                proc_start=process_start_ticks(os.getpid()) or 0,
+            ),
+        )
         atexit.register(remove_announcement, path, os.getpid())
     except OSError as exc:
         log.warning("hsextract capture: cannot announce itself in %s (%s)", cfg.dump_dir, exc)
 
 
-def _settings_problems(cfg: CaptureConfig, facts: ServerFacts, num_hidden_layers: int | None,
-                       writes: bool) -> tuple[list[str], CaptureLayers | None]:
+def _settings_problems(
+    cfg: CaptureConfig, facts: ServerFacts, num_hidden_layers: int | None, writes: bool
+) -> tuple[list[str], CaptureLayers | None]:
     """Every problem of the settings (not just the first), and the capture's layers when they are
     valid; the layers are not checked when the model's depth is unknown."""
     layers: list[CaptureLayers] = []
@@ -389,9 +398,11 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     writer = _make_writer(cfg, settings, facts) if writes_dumps(attn_tp_rank) else None
     fault_every = cfg.tunable("testonly_fail_every_kth_batch", 0)
     if fault_every and writer is not None:
-        log.error("hsextract capture: TEST-ONLY FAULT SWITCH ON: every %dth prefill batch is failed on purpose "
-                  "(capture config extra.testonly_fail_every_kth_batch); never use this server for a real run",
-                  fault_every)
+        log.error(
+            "hsextract capture: TEST-ONLY FAULT SWITCH ON: every %dth prefill batch is failed on purpose "
+            "(capture config extra.testonly_fail_every_kth_batch); never use this server for a real run",
+            fault_every,
+        )
     hook = CaptureHook(settings, writer, fault_every)
     if writer is not None:
         _announce(cfg, settings, facts)
@@ -404,9 +415,17 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
         hook.tokens_hooked = True
     log.warning(
         "hsextract capture on: %s, layers_to_capture=%s (eagle ids %s), final hidden %s, rid prefix %r, "
-        "attn_tp_rank %d attn_dp_rank %d, %s", cfg.architecture, list(layers.sglang_layers_to_capture),
-        list(layers.eagle_aux_hidden_state_layer_ids), cfg.final_hidden, cfg.rid_prefix, attn_tp_rank, attn_dp_rank,
-        (f"writing to {cfg.dump_dir}" + (" through a writer process" if cfg.writer_process else "")) if writer
-        else "not writing (another rank writes)")
+        "attn_tp_rank %d attn_dp_rank %d, %s",
+        cfg.architecture,
+        list(layers.sglang_layers_to_capture),
+        list(layers.eagle_aux_hidden_state_layer_ids),
+        cfg.final_hidden,
+        cfg.rid_prefix,
+        attn_tp_rank,
+        attn_dp_rank,
+        (f"writing to {cfg.dump_dir}" + (" through a writer process" if cfg.writer_process else ""))
+        if writer
+        else "not writing (another rank writes)",
+    )
     model._hsextract_capture = hook
     return hook

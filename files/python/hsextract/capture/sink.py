@@ -43,9 +43,15 @@ class CaptureSink(Protocol):
     def submit_owned(self, batch: OwnedBatch, tokens: torch.Tensor | None = None) -> None:
         """Stage a batch taken at hook time (with its greedy tokens, if known) for writing."""
 
-    def submit(self, requests: list[BatchRequest], aux: torch.Tensor | Sequence[torch.Tensor], final: torch.Tensor,
-               input_ids: torch.Tensor, prompt_lens: torch.Tensor | Sequence[int],
-               tokens: torch.Tensor | None = None) -> None:
+    def submit(
+        self,
+        requests: list[BatchRequest],
+        aux: torch.Tensor | Sequence[torch.Tensor],
+        final: torch.Tensor,
+        input_ids: torch.Tensor,
+        prompt_lens: torch.Tensor | Sequence[int],
+        tokens: torch.Tensor | None = None,
+    ) -> None:
         """`own_batch` and `submit_owned` in one call."""
 
     def fail_requests(self, requests: list[BatchRequest], reason: str, detail: str) -> None:
@@ -72,9 +78,15 @@ class BatchQueue:
     def submit_owned(self, batch: OwnedBatch, tokens: torch.Tensor | None = None) -> None:
         self._enqueue(self._stager.stage(batch, tokens))
 
-    def submit(self, requests: list[BatchRequest], aux: torch.Tensor | Sequence[torch.Tensor], final: torch.Tensor,
-               input_ids: torch.Tensor, prompt_lens: torch.Tensor | Sequence[int],
-               tokens: torch.Tensor | None = None) -> None:
+    def submit(
+        self,
+        requests: list[BatchRequest],
+        aux: torch.Tensor | Sequence[torch.Tensor],
+        final: torch.Tensor,
+        input_ids: torch.Tensor,
+        prompt_lens: torch.Tensor | Sequence[int],
+        tokens: torch.Tensor | None = None,
+    ) -> None:
         if requests:
             self.submit_owned(own_batch(self.settings, requests, aux, final, input_ids, prompt_lens), tokens)
 

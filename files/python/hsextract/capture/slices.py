@@ -70,8 +70,10 @@ class SliceTask:
     @classmethod
     def slices_of(cls, seg: Segment, per_slice_rows: int, mapped: MappedFile | None) -> list[SliceTask]:
         """A long (or chunked) request's segment in slices of at most ``per_slice_rows`` rows."""
-        return [cls(seg, a, min(a + per_slice_rows, seg.rows), with_ids=a == 0, mapped=mapped)
-                for a in range(0, seg.rows, per_slice_rows)]
+        return [
+            cls(seg, a, min(a + per_slice_rows, seg.rows), with_ids=a == 0, mapped=mapped)
+            for a in range(0, seg.rows, per_slice_rows)
+        ]
 
     @property
     def first_batch_row(self) -> int:
@@ -93,7 +95,7 @@ class SliceTask:
         return mv[start : start + 8 * self.seg.rows]
 
     def mismatch(self, job: StagedBatch, mv: memoryview) -> str:
-        """"" if the slice's rows in the host buffer have the values the forward pass computed on
+        """ "" if the slice's rows in the host buffer have the values the forward pass computed on
         the device; else what differs."""
         first, stop = self.first_batch_row, self.seg.batch_row + self.end
         got = fingerprint.row_values_np(self.rows_in(job, mv), job.ids.numpy()[first:stop], job.row_bytes)
@@ -101,5 +103,7 @@ class SliceTask:
         if not len(bad):
             return ""
         a, b = self.dst_row, self.seg.dst_row + self.end
-        return (f"{len(bad)} of rows {a}..{b - 1} of the host copy differ from what the forward pass computed "
-                f"(first: prompt row {a + int(bad[0])}); the copy to the host read memory that had changed")
+        return (
+            f"{len(bad)} of rows {a}..{b - 1} of the host copy differ from what the forward pass computed "
+            f"(first: prompt row {a + int(bad[0])}); the copy to the host read memory that had changed"
+        )

@@ -86,8 +86,9 @@ class StatesFileWriter:
         else:
             dst = layout.hidden_offset(task.dst_row)
             if task.mapped is not None:  # parallel: page faults do not take the inode lock
-                ctypes.memmove(task.mapped.addr + dst, job.buf.data_ptr() + task.first_batch_row * job.row_bytes,
-                               len(rows))
+                ctypes.memmove(
+                    task.mapped.addr + dst, job.buf.data_ptr() + task.first_batch_row * job.row_bytes, len(rows)
+                )
             pieces = [] if task.mapped is not None else [(rows, dst)]
             if ids is not None:
                 pieces.append((ids, layout.ids_offset(seg.dst_row)))

@@ -95,12 +95,19 @@ class Flushed:
     counters: WriterCounters
 
 
-def batch_message(buffer_id: int, rows: int, row_bytes: int, meta_offset: int, batch_size: int,
-                  requests: list[BatchRequest]) -> Batch:
+def batch_message(
+    buffer_id: int, rows: int, row_bytes: int, meta_offset: int, batch_size: int, requests: list[BatchRequest]
+) -> Batch:
     """A batch's message, its requests as plain tuples (built field by field:
     `dataclasses.astuple` deep-copies, 2.5 ms for 256 requests against 0.03 ms)."""
-    return Batch(buffer_id, rows, row_bytes, meta_offset, batch_size,
-                 tuple((r.rid, r.batch_row, r.prefix_len, r.extend_len, r.index) for r in requests))
+    return Batch(
+        buffer_id,
+        rows,
+        row_bytes,
+        meta_offset,
+        batch_size,
+        tuple((r.rid, r.batch_row, r.prefix_len, r.extend_len, r.index) for r in requests),
+    )
 
 
 def fail_message(failures: list[Failure]) -> Fail:

@@ -51,8 +51,14 @@ log = logging.getLogger("hsextract.capture")
 class CaptureWriter(CounterAttributes, BatchQueue):
     """Stages captured batches as per-request files; see the module docstring."""
 
-    def __init__(self, dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions | None = None, *,
-                 device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        dump_dir: str | Path,
+        settings: CaptureSettings,
+        options: WriterOptions | None = None,
+        *,
+        device: str | torch.device = "cpu",
+    ):
         self.options = options = options or WriterOptions()
         self.dump_dir = Path(dump_dir)
         staging_fs.check_root(self.dump_dir)  # never write through what another user planted
@@ -62,8 +68,9 @@ class CaptureWriter(CounterAttributes, BatchQueue):
         # The planner asks whether a complete dump is still staged before it takes a resend for one.
         self.planner = CapturePlanner(settings, is_staged=self.files.is_complete)
         device = torch.device(device)
-        self.pool = HostBufferPool(options.max_bytes_in_flight, pin=device.type == "cuda",
-                                   granularity=options.pool_granularity)
+        self.pool = HostBufferPool(
+            options.max_bytes_in_flight, pin=device.type == "cuda", granularity=options.pool_granularity
+        )
         self._stager = HostStager(settings, device, self.pool)
         self._jobs: queue.Queue[StagedBatch | Failures | None] = queue.Queue()
         self._executor = ThreadPoolExecutor(max_workers=max(1, options.num_threads), thread_name_prefix="hsx-write")
@@ -99,10 +106,16 @@ class CaptureWriter(CounterAttributes, BatchQueue):
         try:
             self._dispatch(job)
         except Exception as exc:  # never let a bug in the capture take the server down
-            log.exception("capture: dispatching a batch of %d requests failed; they are marked failed for the "
-                          "client to send again", len(job.requests))
-            self._fail(failures_of(job.requests, CAPTURE_QUEUE_ERROR,
-                                   f"dispatching the batch failed: {type(exc).__name__}: {exc}"))
+            log.exception(
+                "capture: dispatching a batch of %d requests failed; they are marked failed for the "
+                "client to send again",
+                len(job.requests),
+            )
+            self._fail(
+                failures_of(
+                    job.requests, CAPTURE_QUEUE_ERROR, f"dispatching the batch failed: {type(exc).__name__}: {exc}"
+                )
+            )
             self._finish_job(job)
 
     def _fail(self, failures: list[Failure]) -> None:
@@ -114,8 +127,12 @@ class CaptureWriter(CounterAttributes, BatchQueue):
     def _dispatch(self, job: StagedBatch) -> None:
         if job.event is not None:
             job.event.synchronize()  # type: ignore[attr-defined]  # a torch.cuda.Event
-        meta = LandedMeta(prompt_lens=job.prompt_lens.tolist(), ids=job.ids.numpy(),
-                          row_values=job.row_values.numpy(), greedy_tokens=job.greedy_tokens.tolist())
+        meta = LandedMeta(
+            prompt_lens=job.prompt_lens.tolist(),
+            ids=job.ids.numpy(),
+            row_values=job.row_values.numpy(),
+            greedy_tokens=job.greedy_tokens.tolist(),
+        )
         segments = self.planner.plan(job.requests, meta)
         self._fail(self.planner.take_failures())
         mv = memoryview(job.buf.numpy())  # type: ignore[arg-type]  # a uint8 ndarray is a buffer

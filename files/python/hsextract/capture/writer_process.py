@@ -60,6 +60,7 @@ from hsextract.staging.dumps import CAPTURE_QUEUE_ERROR, CAPTURE_WRITER_DIED, DO
 
 log = logging.getLogger("hsextract.capture")
 
+
 def exit_status(returncode: int | None) -> str:
     """A child's exit status in words."""
     if returncode is None:
@@ -83,15 +84,25 @@ def _spawn(child_sock: socket.socket) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env["CUDA_VISIBLE_DEVICES"] = ""  # the child writes files; it never touches the GPU
     fd = child_sock.fileno()
-    return subprocess.Popen([sys.executable, "-m", "hsextract.capture.writer_process", "--fd", str(fd)],
-                            pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hsextract.capture.writer_process", "--fd", str(fd)],
+        pass_fds=(fd,),
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 class ProcessCaptureWriter(CounterAttributes, BatchQueue):
     """`CaptureSink` with the writing done by a child process; see the module docstring."""
 
-    def __init__(self, dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions | None = None, *,
-                 device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        dump_dir: str | Path,
+        settings: CaptureSettings,
+        options: WriterOptions | None = None,
+        *,
+        device: str | torch.device = "cpu",
+    ):
         self.dump_dir = Path(dump_dir)
         staging_fs.check_root(self.dump_dir)  # as the child's writer will: refused here, before it starts
         self.settings = settings
@@ -99,8 +110,13 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.buffers = SharedHostBuffers(self.cuda)
-        self.pool = HostBufferPool(options.max_bytes_in_flight, pin=False, granularity=options.pool_granularity,
-                                   allocate=self.buffers.allocate, drop=self.buffers.drop)
+        self.pool = HostBufferPool(
+            options.max_bytes_in_flight,
+            pin=False,
+            granularity=options.pool_granularity,
+            allocate=self.buffers.allocate,
+            drop=self.buffers.drop,
+        )
         self._stager = HostStager(settings, self.device, self.pool)
         self._jobs: queue.Queue[StagedBatch | Failures | wire.Flush | None] = queue.Queue()
         self._cond = threading.Condition()  # guards everything below
@@ -169,8 +185,11 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
             if isinstance(item, StagedBatch):
                 self._not_handed_over(item, "handing the batch to the writer process failed (see the server log)")
             elif isinstance(item, Failures):
-                log.error("capture: %d requests could not be marked failed: %s", len(item.failures),
-                          ", ".join(f"{f.rid} ({f.reason})" for f in item.failures))
+                log.error(
+                    "capture: %d requests could not be marked failed: %s",
+                    len(item.failures),
+                    ", ".join(f"{f.rid} ({f.reason})" for f in item.failures),
+                )
                 self._done(1)
             else:
                 with self._cond:  # the flush waits for the batches alone
@@ -311,18 +330,30 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         with self._cond:
             lost = list(self._in_flight.values())
             self._in_flight.clear()
-            detail = (f"the capture's writer process (pid {self.child_pid}) died ({exit_status(returncode)}) before "
-                      "it wrote this request")
-            failures = [f for job in lost for f in failures_of(job.requests, CAPTURE_WRITER_DIED, detail)
-                        if not os.path.exists(os.path.join(self.dump_dir, f.rid, DONE_FILE))]
+            detail = (
+                f"the capture's writer process (pid {self.child_pid}) died ({exit_status(returncode)}) before "
+                "it wrote this request"
+            )
+            failures = [
+                f
+                for job in lost
+                for f in failures_of(job.requests, CAPTURE_WRITER_DIED, detail)
+                if not os.path.exists(os.path.join(self.dump_dir, f.rid, DONE_FILE))
+            ]
             fallback.queue_failures(failures)  # queued before any batch written here from now on
             self._fallback = fallback
             self._dead = True
             self._cond.notify_all()
-        log.error("capture: the writer process (pid %d) died (%s); %d requests of the %d batches it had not "
-                  "written are marked failed (%s) for the client to send again; from now on this process writes "
-                  "the batches itself", self.child_pid, exit_status(returncode), len(failures), len(lost),
-                  CAPTURE_WRITER_DIED)
+        log.error(
+            "capture: the writer process (pid %d) died (%s); %d requests of the %d batches it had not "
+            "written are marked failed (%s) for the client to send again; from now on this process writes "
+            "the batches itself",
+            self.child_pid,
+            exit_status(returncode),
+            len(failures),
+            len(lost),
+            CAPTURE_WRITER_DIED,
+        )
         for job in lost:
             self._release(job)
         self.buffers.close()
@@ -373,8 +404,11 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         try:
             self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            log.error("capture: the writer process (pid %d) did not exit within %s s of the close; killing it",
-                      self.child_pid, timeout)
+            log.error(
+                "capture: the writer process (pid %d) did not exit within %s s of the close; killing it",
+                self.child_pid,
+                timeout,
+            )
             self._proc.kill()
             self._proc.wait()
         self._reader.join(timeout=30)
@@ -389,8 +423,9 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
 def landed_batch_writer(dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions) -> CaptureWriter:
     """The writer of batches that have landed already (the child's, and the parent's after the
     child died): on the CPU, with no pool of its own."""
-    return CaptureWriter(dump_dir, settings, WriterOptions(**{**options.__dict__, "max_bytes_in_flight": 0}),
-                         device="cpu")
+    return CaptureWriter(
+        dump_dir, settings, WriterOptions(**{**options.__dict__, "max_bytes_in_flight": 0}), device="cpu"
+    )
 
 
 class _Child:
@@ -408,9 +443,17 @@ class _Child:
     def handle(self, msg: object) -> None:
         match msg:
             case wire.Batch(buffer_id=bid):
-                self.writer.submit_landed(StagedBatch(
-                    msg.batch_requests(), self.buffers[bid], msg.rows, msg.row_bytes, msg.meta_offset, msg.batch_size,
-                    on_finish=lambda job: self.send(wire.Released(bid))))
+                self.writer.submit_landed(
+                    StagedBatch(
+                        msg.batch_requests(),
+                        self.buffers[bid],
+                        msg.rows,
+                        msg.row_bytes,
+                        msg.meta_offset,
+                        msg.batch_size,
+                        on_finish=lambda job: self.send(wire.Released(bid)),
+                    )
+                )
             case wire.NewBuffer(buffer_id=bid, nbytes=nbytes):
                 fd = self.reader.take_fd()
                 try:
@@ -453,8 +496,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fd", type=int, required=True, help="the unix socket shared with the parent")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the server: exit on the parent's EOF, flushed
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="[%(asctime)s] hsextract capture writer process[%(process)d] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="[%(asctime)s] hsextract capture writer process[%(process)d] %(levelname)s %(message)s",
+    )
     sock = socket.socket(fileno=args.fd)
     try:
         return serve(sock)

@@ -99,8 +99,15 @@ def resume_below(max_staged: int) -> int:
 class Backpressure:
     """Answers "may I send now?" for one dump dir; `reason()` is None when sending is fine."""
 
-    def __init__(self, dump_dir: str | Path, min_free: Watermark, max_staged: int | None, bytes_per_token: int,
-                 run_id: str | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        dump_dir: str | Path,
+        min_free: Watermark,
+        max_staged: int | None,
+        bytes_per_token: int,
+        run_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.dump_dir = Path(dump_dir)
         self.min_free = min_free
         self.max_staged = max_staged
@@ -120,8 +127,9 @@ class Backpressure:
             return sum(1 for _ in iter_dump_dirs(self.dump_dir))
         return sum(1 for _ in run_dumps(self.dump_dir, self.run_id))
 
-    def reason(self, inflight_requests: int = 0, inflight_tokens: int = 0, next_tokens: int = 0,
-               paused: bool = False) -> str | None:
+    def reason(
+        self, inflight_requests: int = 0, inflight_tokens: int = 0, next_tokens: int = 0, paused: bool = False
+    ) -> str | None:
         """Why the next request (of `next_tokens`) must wait, or None if it may go now. A client
         `paused` by the staged limit waits until it is `resume_below` it."""
         free, total = self.free_bytes()

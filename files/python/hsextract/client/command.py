@@ -45,62 +45,129 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     retry = _default("retry")
     g = parser.add_argument_group("run")
     g.add_argument("--server", help="SGLang server base URL, e.g. http://127.0.0.1:30000")
-    g.add_argument("--dataset", help="dataset file or directory: JSONL (.gz, .zst), JSON array, Parquet, Arrow, "
-                   "save_to_disk; ShareGPT, OpenAI messages (tools, reasoning) or pre-tokenized rows")
+    g.add_argument(
+        "--dataset",
+        help="dataset file or directory: JSONL (.gz, .zst), JSON array, Parquet, Arrow, "
+        "save_to_disk; ShareGPT, OpenAI messages (tools, reasoning) or pre-tokenized rows",
+    )
     g.add_argument("--model", help="the served model's directory (its tokenizer and chat template are used)")
     g.add_argument("--dump-dir", help="the capture's staging directory (records are written there too)")
-    g.add_argument("--output", help="the training set's output directory (shared with the drain), or "
-                                    "s3://bucket/prefix: then the client works in the drain's --work-dir")
+    g.add_argument(
+        "--output",
+        help="the training set's output directory (shared with the drain), or "
+        "s3://bucket/prefix: then the client works in the drain's --work-dir",
+    )
     add_work_dir_argument(g)
-    g.add_argument("--format", choices=FORMAT_NAMES,
-                   help="the training set's format (the drain's); the capture must stage what it needs")
-    g.add_argument("--rid-prefix", default=_default("rid_prefix"),
-                   help=f"request id prefix the capture writes (default: {_default('rid_prefix')})")
+    g.add_argument(
+        "--format",
+        choices=FORMAT_NAMES,
+        help="the training set's format (the drain's); the capture must stage what it needs",
+    )
+    g.add_argument(
+        "--rid-prefix",
+        default=_default("rid_prefix"),
+        help=f"request id prefix the capture writes (default: {_default('rid_prefix')})",
+    )
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template to use instead of the tokenizer's")
     g.add_argument("--shard", default="0/1", help="take samples with index %% n == i (i/n; default 0/1)")
-    g.add_argument("--process", metavar="J/P",
-                   help="run as client process j of P on this shard (default 0/1): one process may not keep a "
-                        "large server busy (data parallelism), so P processes on one output each take every Pth "
-                        "sample of the shard, the sub-shard (i + n*j)/(n*P), with one run id and exact accounts")
-    g.add_argument("--last-turn-only", action="store_true",
-                   help="train on the last assistant turn only (conversations; a tokenized row keeps its mask)")
-    g.add_argument("--min-loss-tokens", type=int, default=0,
-                   help="reject samples with fewer trained-on tokens (reason too_few_loss_tokens; default 0)")
+    g.add_argument(
+        "--process",
+        metavar="J/P",
+        help="run as client process j of P on this shard (default 0/1): one process may not keep a "
+        "large server busy (data parallelism), so P processes on one output each take every Pth "
+        "sample of the shard, the sub-shard (i + n*j)/(n*P), with one run id and exact accounts",
+    )
+    g.add_argument(
+        "--last-turn-only",
+        action="store_true",
+        help="train on the last assistant turn only (conversations; a tokenized row keeps its mask)",
+    )
+    g.add_argument(
+        "--min-loss-tokens",
+        type=int,
+        default=0,
+        help="reject samples with fewer trained-on tokens (reason too_few_loss_tokens; default 0)",
+    )
     s = parser.add_argument_group("limits")
-    s.add_argument("--max-in-flight", type=int, default=_default("max_in_flight"),
-                   help=f"requests in flight at once (default {_default('max_in_flight')})")
-    s.add_argument("--max-tokens", type=int, default=None,
-                   help=f"longest sample in tokens (default {defaults.MAX_TOKENS}, or the longest prompt the "
-                        "server runs if fewer; a larger value is lowered to it)")
+    s.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=_default("max_in_flight"),
+        help=f"requests in flight at once (default {_default('max_in_flight')})",
+    )
+    s.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"longest sample in tokens (default {defaults.MAX_TOKENS}, or the longest prompt the "
+        "server runs if fewer; a larger value is lowered to it)",
+    )
     add_max_row_bytes_argument(s)
-    s.add_argument("--overlong", choices=OVERLONG_POLICIES, default=_default("overlong"),
-                   help=f"what to do with longer samples (default: {_default('overlong')})")
-    s.add_argument("--shm-min-free", default=str(_default("shm_min_free")),
-                   help="pause while the dump dir's filesystem has less free space (bytes like 2G, or a "
-                        f"percentage; default {str(_default('shm_min_free')).replace('%', '%%')})")
-    s.add_argument("--aux-layers", help="the capture's aux layer ids, e.g. 1,29,57 (only sizes the staging reserve; "
-                   "default: 3 layers)")
-    s.add_argument("--max-staged", type=int, default=_default("max_staged"),
-                   help=f"pause while staged dumps + requests in flight reach this many (0: no limit; default "
-                        f"{_default('max_staged')})")
+    s.add_argument(
+        "--overlong",
+        choices=OVERLONG_POLICIES,
+        default=_default("overlong"),
+        help=f"what to do with longer samples (default: {_default('overlong')})",
+    )
+    s.add_argument(
+        "--shm-min-free",
+        default=str(_default("shm_min_free")),
+        help="pause while the dump dir's filesystem has less free space (bytes like 2G, or a "
+        f"percentage; default {str(_default('shm_min_free')).replace('%', '%%')})",
+    )
+    s.add_argument(
+        "--aux-layers",
+        help="the capture's aux layer ids, e.g. 1,29,57 (only sizes the staging reserve; default: 3 layers)",
+    )
+    s.add_argument(
+        "--max-staged",
+        type=int,
+        default=_default("max_staged"),
+        help=f"pause while staged dumps + requests in flight reach this many (0: no limit; default "
+        f"{_default('max_staged')})",
+    )
     r = parser.add_argument_group("retries")
-    r.add_argument("--max-attempts", type=int, default=retry.max_attempts,
-                   help=f"tries per sample while the server is up (default {retry.max_attempts})")
-    r.add_argument("--server-wait", type=float, default=retry.server_wait_s,
-                   help=f"seconds to wait for a down server before giving up (default {retry.server_wait_s:g})")
-    r.add_argument("--request-timeout", type=float, default=retry.read_timeout_s,
-                   help="seconds without an answer before the client asks the server's /health: a healthy "
-                        "server keeps the request (waited on up to --server-wait), one that is not gets it again "
-                        f"once it is healthy (default {retry.read_timeout_s:g})")
-    r.add_argument("--probe-timeout", type=float, default=_default("probe_timeout_s"),
-                   help="seconds the start-up probe's dump may take to appear in --dump-dir "
-                        f"(default {_default('probe_timeout_s'):g})")
-    r.add_argument("--capture-timeout", type=float, default=_default("capture_timeout_s"),
-                   help="seconds an answered sample may wait for its staged dump before it is sent again "
-                        f"(default {_default('capture_timeout_s'):g})")
+    r.add_argument(
+        "--max-attempts",
+        type=int,
+        default=retry.max_attempts,
+        help=f"tries per sample while the server is up (default {retry.max_attempts})",
+    )
+    r.add_argument(
+        "--server-wait",
+        type=float,
+        default=retry.server_wait_s,
+        help=f"seconds to wait for a down server before giving up (default {retry.server_wait_s:g})",
+    )
+    r.add_argument(
+        "--request-timeout",
+        type=float,
+        default=retry.read_timeout_s,
+        help="seconds without an answer before the client asks the server's /health: a healthy "
+        "server keeps the request (waited on up to --server-wait), one that is not gets it again "
+        f"once it is healthy (default {retry.read_timeout_s:g})",
+    )
+    r.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=_default("probe_timeout_s"),
+        help="seconds the start-up probe's dump may take to appear in --dump-dir "
+        f"(default {_default('probe_timeout_s'):g})",
+    )
+    r.add_argument(
+        "--capture-timeout",
+        type=float,
+        default=_default("capture_timeout_s"),
+        help="seconds an answered sample may wait for its staged dump before it is sent again "
+        f"(default {_default('capture_timeout_s'):g})",
+    )
     p = parser.add_argument_group("progress")
-    p.add_argument("--log-every", type=float, default=_default("log_every_s"),
-                   help=f"seconds between progress log lines off a terminal (default {_default('log_every_s'):g})")
+    p.add_argument(
+        "--log-every",
+        type=float,
+        default=_default("log_every_s"),
+        help=f"seconds between progress log lines off a terminal (default {_default('log_every_s'):g})",
+    )
     add_config_argument(parser)
 
 
@@ -128,8 +195,11 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         last_turn_only=bool(args.last_turn_only),
         min_loss_tokens=int(args.min_loss_tokens or 0),
         num_aux=_count_layers(args.aux_layers),
-        retry=RetryPolicy(max_attempts=int(args.max_attempts), server_wait_s=float(args.server_wait),
-                          read_timeout_s=float(args.request_timeout)),
+        retry=RetryPolicy(
+            max_attempts=int(args.max_attempts),
+            server_wait_s=float(args.server_wait),
+            read_timeout_s=float(args.request_timeout),
+        ),
         capture_timeout_s=float(args.capture_timeout),
         probe_timeout_s=float(args.probe_timeout),
         log_every_s=float(args.log_every),
@@ -161,8 +231,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_ = ExtractRun(cfg, shutdown.requested())
     except StopRequested as stopped:
-        print(f"The client was stopped before its run began ({stopped}); nothing was sent or written.",
-              file=sys.stderr)
+        print(f"The client was stopped before its run began ({stopped}); nothing was sent or written.", file=sys.stderr)
         return 0
     try:
         stats = run_.run()

@@ -58,8 +58,9 @@ def look(dump_dir: Path, rid: str, waited_s: float, timeout_s: float) -> Verdict
     if not record_path(dump_dir, rid).exists():
         return Verdict(Outcome.STAGED)  # drained (or quarantined) already: the drain removed the record
     if waited_s > timeout_s:
-        return Verdict(Outcome.MISSING, f"no {DONE_FILE} or {FAILED_FILE} in {d} {waited_s:.0f} s after the server "
-                                        "answered")
+        return Verdict(
+            Outcome.MISSING, f"no {DONE_FILE} or {FAILED_FILE} in {d} {waited_s:.0f} s after the server answered"
+        )
     return None
 
 
@@ -67,8 +68,9 @@ class CaptureWatch:
     """Calls ``on_verdict(rid, verdict)`` once for each rid handed to `expect`, from its own thread
     (running from `start` to `close`)."""
 
-    def __init__(self, dump_dir: str | Path, timeout_s: float, on_verdict: Callable[[str, Verdict], None],
-                 poll_s: float = 0.05):
+    def __init__(
+        self, dump_dir: str | Path, timeout_s: float, on_verdict: Callable[[str, Verdict], None], poll_s: float = 0.05
+    ):
         self.dump_dir = Path(dump_dir)
         self.timeout_s = timeout_s
         self.on_verdict = on_verdict

@@ -47,7 +47,8 @@ def _announced(dump_dir: Path) -> str:
         return f"no running capture has announced itself in {dump_dir}"
     return "captures announced there: " + "; ".join(
         f"pid {a.pid} on {a.host} (server port {a.port}, dump dir {a.dump_dir}, final hidden {a.final_hidden})"
-        for a in anns)
+        for a in anns
+    )
 
 
 def _captures_beside(dump_dir: Path, server_url: str) -> list[CaptureAnnouncement]:
@@ -75,8 +76,12 @@ def _remove_probe_elsewhere(rid: str, captures: list[CaptureAnnouncement], wait_
     complete or failed there, so that the capture does not write it again after the removal)."""
     for d in {rid_dir(a.dump_dir, rid) for a in captures}:
         deadline = time.monotonic() + wait_s
-        while d.exists() and not (d / DONE_FILE).exists() and not (d / FAILED_FILE).exists() and \
-                time.monotonic() < deadline:
+        while (
+            d.exists()
+            and not (d / DONE_FILE).exists()
+            and not (d / FAILED_FILE).exists()
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         discard_dump(d)
 
@@ -88,17 +93,28 @@ def _not_here(sender: Sender, rid: str, dump_dir: Path, timeout_s: float) -> Con
     hint = ""
     if elsewhere:
         dirs = sorted({a.dump_dir for a in elsewhere})
-        hint = (f" The server's capture stages into {' and '.join(dirs)} (its probe dump was removed from there): "
-                f"run with --dump-dir {dirs[0]}.")
+        hint = (
+            f" The server's capture stages into {' and '.join(dirs)} (its probe dump was removed from there): "
+            f"run with --dump-dir {dirs[0]}."
+        )
     return ConfigError(
         f"the server {sender.base_url} answered the start-up probe {rid}, but no dump of it appeared in "
         f"the staging directory {dump_dir} within {timeout_s:.0f} s: {_announced(dump_dir)}. The "
         "server must run with the capture package, and the capture's dump_dir must be this client's "
-        f"--dump-dir (and the drain's).{hint}")
+        f"--dump-dir (and the drain's).{hint}"
+    )
 
 
-def probe_capture(sender: Sender, dump_dir: Path, prefix: str, run_id: str, fmt: str, hidden_size: int,
-                  input_ids: list[int], timeout_s: float = 60.0) -> ProbeResult:
+def probe_capture(
+    sender: Sender,
+    dump_dir: Path,
+    prefix: str,
+    run_id: str,
+    fmt: str,
+    hidden_size: int,
+    input_ids: list[int],
+    timeout_s: float = 60.0,
+) -> ProbeResult:
     """Send one probe and check its dump; raise ConfigError saying what disagrees and how to fix it,
     StopRequested if the client is asked to stop meanwhile (``sender.stop``)."""
     rid = make_probe_rid(prefix, run_id)
@@ -109,8 +125,10 @@ def probe_capture(sender: Sender, dump_dir: Path, prefix: str, run_id: str, fmt:
     if res.reason == STOPPED:
         raise StopRequested("asked to stop while sending the start-up probe")
     if not res.ok:
-        raise ConfigError(f"the start-up probe to {sender.base_url} failed ({res.reason}: {res.detail}); "
-                          "check the server before sending the dataset")
+        raise ConfigError(
+            f"the start-up probe to {sender.base_url} failed ({res.reason}: {res.detail}); "
+            "check the server before sending the dataset"
+        )
     d = rid_dir(dump_dir, rid)
     try:
         deadline = time.monotonic() + timeout_s
@@ -121,8 +139,10 @@ def probe_capture(sender: Sender, dump_dir: Path, prefix: str, run_id: str, fmt:
                 raise StopRequested("asked to stop while waiting for the start-up probe's dump")
         if (d / FAILED_FILE).exists():
             marker = read_failed_marker(d)
-            raise ConfigError(f"the capture could not stage the start-up probe {rid} in {dump_dir}: "
-                              f"{marker.reason if marker else '?'}: {marker.detail if marker else ''}")
+            raise ConfigError(
+                f"the capture could not stage the start-up probe {rid} in {dump_dir}: "
+                f"{marker.reason if marker else '?'}: {marker.detail if marker else ''}"
+            )
         done = read_done_marker(d)
         needed = final_hidden_for(fmt)
         if done.final_hidden != needed:
@@ -130,10 +150,13 @@ def probe_capture(sender: Sender, dump_dir: Path, prefix: str, run_id: str, fmt:
                 f"the capture writes {done.final_hidden} final hidden states into {dump_dir}, but the format "
                 f"{fmt!r} needs {needed}: every sample would be quarantined. Render the capture patch with "
                 f"--format {fmt} (Ansible: hsextract_format) and restart the server, or run with the format "
-                "that fits the capture")
+                "that fits the capture"
+            )
         if hidden_size and done.hidden_size != hidden_size:
-            raise ConfigError(f"the capture writes hidden size {done.hidden_size} into {dump_dir}, but the model "
-                              f"given to the client has {hidden_size}: is the server serving another model?")
+            raise ConfigError(
+                f"the capture writes hidden size {done.hidden_size} into {dump_dir}, but the model "
+                f"given to the client has {hidden_size}: is the server serving another model?"
+            )
         return ProbeResult(rid, done.final_hidden, done.hidden_size, time.monotonic() - t0)
     finally:
         discard_dump(d)

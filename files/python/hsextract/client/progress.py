@@ -243,8 +243,15 @@ class RunStats:
 class Reporter(StatusReporter[ClientStatus]):
     """The client's status file and progress; logs each pause and the resumption once."""
 
-    def __init__(self, stats: RunStats, output: str | Path, stream: TextIO | None = None,
-                 status_every: float = 1.0, log_every: float = 30.0, shard: Shard = WHOLE):
+    def __init__(
+        self,
+        stats: RunStats,
+        output: str | Path,
+        stream: TextIO | None = None,
+        status_every: float = 1.0,
+        log_every: float = 30.0,
+        shard: Shard = WHOLE,
+    ):
         super().__init__(client_status_path(output, shard), log, stream, status_every, log_every)
         self.stats = stats
         self._last_paused: str | None = None

@@ -122,9 +122,20 @@ class ExtractRun:
         # Up to seconds (the tokenizer's files; transformers' import where the direct path cannot be
         # taken): a stop must not wait for it.
         with self.startup.phase("tokenizer"):
-            self.encoder = call_unless_stopped(self.stop, "loading the tokenizer", functools.partial(
-                build_encoder, Path(cfg.model), cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only,
-                cfg.min_loss_tokens, quiet=True))
+            self.encoder = call_unless_stopped(
+                self.stop,
+                "loading the tokenizer",
+                functools.partial(
+                    build_encoder,
+                    Path(cfg.model),
+                    cfg.chat_template,
+                    cfg.max_tokens,
+                    cfg.overlong,
+                    cfg.last_turn_only,
+                    cfg.min_loss_tokens,
+                    quiet=True,
+                ),
+            )
         self.tokenizer = self.encoder.tok
         # Resolved once: records name it for the drain, whose working directory is not this one.
         self.output = Path(cfg.output).resolve()
@@ -200,14 +211,28 @@ class ExtractRun:
             self._capture_attempts[rid] += 1
             attempts = self._capture_attempts[rid]
             if attempts < self.cfg.retry.max_attempts:
-                log.warning("sample %d (%s): %s (%s); sending it again (attempt %d of %d)", enc.index, rid, reason,
-                            verdict.detail, attempts + 1, self.cfg.retry.max_attempts)
+                log.warning(
+                    "sample %d (%s): %s (%s); sending it again (attempt %d of %d)",
+                    enc.index,
+                    rid,
+                    reason,
+                    verdict.detail,
+                    attempts + 1,
+                    self.cfg.retry.max_attempts,
+                )
                 st.record_retried(reason)
                 with self._outcomes:
                     self._resend.append((rid, enc))
             else:
-                log.error("sample %d (%s): %s after %d attempts (%s); reported in %s", enc.index, rid, reason,
-                          attempts, verdict.detail, FAILURES)
+                log.error(
+                    "sample %d (%s): %s after %d attempts (%s); reported in %s",
+                    enc.index,
+                    rid,
+                    reason,
+                    attempts,
+                    verdict.detail,
+                    FAILURES,
+                )
                 self._failed(rid, enc, reason, verdict.detail, attempts)
                 discard_dump(rid_dir(self.cfg.dump_dir, rid))
                 remove_record(self.cfg.dump_dir, rid)
@@ -217,8 +242,17 @@ class ExtractRun:
     def _failed(self, rid: str, enc: Encoded, reason: str, detail: str, attempts: int) -> None:
         """A sample this run gives up on: counted, and its line in the failures file."""
         self.stats.record_failed(reason)
-        self._failures.write({"index": enc.index, "line": enc.line, "file": enc.file, "rid": rid,
-                              "reason": reason, "detail": detail, "attempts": attempts})
+        self._failures.write(
+            {
+                "index": enc.index,
+                "line": enc.line,
+                "file": enc.file,
+                "rid": rid,
+                "reason": reason,
+                "detail": detail,
+                "attempts": attempts,
+            }
+        )
 
     def _reject(self, rej: Reject) -> None:
         self.stats.record_rejected(rej.reason)
@@ -290,13 +324,20 @@ class ExtractRun:
             with clock.phase("output_checks"):
                 run_id = self._check_output(out)
             with clock.phase("dataset_count"):
-                st.dataset_lines = call_unless_stopped(self.stop, "counting the dataset's rows",
-                                                       functools.partial(count_rows, cfg.dataset))
+                st.dataset_lines = call_unless_stopped(
+                    self.stop, "counting the dataset's rows", functools.partial(count_rows, cfg.dataset)
+                )
             st.samples_total = cfg.shard.size(st.dataset_lines)
             reporter = Reporter(st, out, status_every=cfg.status_every_s, log_every=cfg.log_every_s, shard=cfg.shard)
             reporter.start()
-            log.info("run %s: %d samples in shard %s of %s -> %s", run_id, st.samples_total, cfg.shard,
-                     cfg.dataset, cfg.server)
+            log.info(
+                "run %s: %d samples in shard %s of %s -> %s",
+                run_id,
+                st.samples_total,
+                cfg.shard,
+                cfg.dataset,
+                cfg.server,
+            )
             with clock.phase("server_wait"):
                 self._wait_for_server()
             with clock.phase("server_limit"):
@@ -365,8 +406,10 @@ class ExtractRun:
         cfg = self.cfg
         header = read_header(out)
         if header is not None and header.format != cfg.format:
-            raise ConfigError(f"output directory {out} holds a {header.format!r} training set, but this client runs "
-                              f"with --format {cfg.format}; use the format of the set, or a new output directory")
+            raise ConfigError(
+                f"output directory {out} holds a {header.format!r} training set, but this client runs "
+                f"with --format {cfg.format}; use the format of the set, or a new output directory"
+            )
         # Before anything in the output changes: resuming by index from another dataset is refused.
         check_and_record(out, Path(cfg.dataset), has_samples=header is not None)
         self.run_id = load_or_create_run_id(out)
@@ -386,12 +429,19 @@ class ExtractRun:
         """Cut samples to what the running server accepts (`hsextract.prompt_limit`): the figure
         computed from the model's config at start does not know the server's own settings."""
         context = self.model.context_length
-        limit = server_limit(self.cfg.server, context, self.cfg.retry.connect_timeout_s) \
-            or ServerLimit(longest_prompt(context), f"SGLang's rule for the model's context of {context}")
-        self.encoder.max_tokens = resolve_max_tokens(self.cfg.max_tokens, defaults.MAX_TOKENS, limit.longest,
-                                                     limit.source)
-        log.info("samples longer than %d tokens are %s (the server runs at most %d: %s)", self.encoder.max_tokens,
-                 "cut" if self.cfg.overlong == "truncate" else "rejected", limit.longest, limit.source)
+        limit = server_limit(self.cfg.server, context, self.cfg.retry.connect_timeout_s) or ServerLimit(
+            longest_prompt(context), f"SGLang's rule for the model's context of {context}"
+        )
+        self.encoder.max_tokens = resolve_max_tokens(
+            self.cfg.max_tokens, defaults.MAX_TOKENS, limit.longest, limit.source
+        )
+        log.info(
+            "samples longer than %d tokens are %s (the server runs at most %d: %s)",
+            self.encoder.max_tokens,
+            "cut" if self.cfg.overlong == "truncate" else "rejected",
+            limit.longest,
+            limit.source,
+        )
 
     def _settle_state(self) -> None:
         """The run's final state: failed (with the error), stopped, or done."""
@@ -404,13 +454,28 @@ class ExtractRun:
 
     def _probe(self, run_id: str) -> None:
         cfg = self.cfg
-        ids = list(self.tokenizer("hsextract start-up probe: is the capture writing here?",
-                                  add_special_tokens=True)["input_ids"])
+        ids = list(
+            self.tokenizer("hsextract start-up probe: is the capture writing here?", add_special_tokens=True)[
+                "input_ids"
+            ]
+        )
         with self.stats.paused("checking that the capture stages into this client's staging directory"):
-            result = probe_capture(self.sender, Path(cfg.dump_dir), cfg.rid_prefix, run_id, cfg.format,
-                                   self.model.hidden_size, ids, cfg.probe_timeout_s)
-        log.info("start-up probe: the capture stages %s final hidden states into %s (%.1f s)", result.final_hidden,
-                 cfg.dump_dir, result.seconds)
+            result = probe_capture(
+                self.sender,
+                Path(cfg.dump_dir),
+                cfg.rid_prefix,
+                run_id,
+                cfg.format,
+                self.model.hidden_size,
+                ids,
+                cfg.probe_timeout_s,
+            )
+        log.info(
+            "start-up probe: the capture stages %s final hidden states into %s (%.1f s)",
+            result.final_hidden,
+            cfg.dump_dir,
+            result.seconds,
+        )
 
     def _produce(self, run_id: str, skip: set[int]) -> None:
         cfg = self.cfg
@@ -440,8 +505,10 @@ class ExtractRun:
             st.record_truncated()
         rid = make_rid(cfg.rid_prefix, run_id, index)
         enc.file, enc.line = item.file, item.line
-        write_record(cfg.dump_dir, SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id,
-                                                item.source, cfg.format, str(self.output)))
+        write_record(
+            cfg.dump_dir,
+            SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id, item.source, cfg.format, str(self.output)),
+        )
         if not self._send(rid, enc):
             remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
             return False

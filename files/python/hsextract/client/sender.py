@@ -227,8 +227,9 @@ class _Connection:
             self._conn = conn
         return conn
 
-    def post_json(self, path: str, body: dict[str, Any],
-                  still_running: Callable[[float], bool] | None = None) -> _Answer:
+    def post_json(
+        self, path: str, body: dict[str, Any], still_running: Callable[[float], bool] | None = None
+    ) -> _Answer:
         """POST ``body`` as JSON and read the whole answer; OSError or HTTPException on failure
         (the connection is closed then).
 
@@ -279,8 +280,13 @@ class _Connection:
 class Sender:
     """POSTs samples to ``/generate`` as 1-token greedy prefills; thread-safe (a connection per thread)."""
 
-    def __init__(self, base_url: str, policy: RetryPolicy | None = None, stop: threading.Event | None = None,
-                 settled: Callable[[str], bool] | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        policy: RetryPolicy | None = None,
+        stop: threading.Event | None = None,
+        settled: Callable[[str], bool] | None = None,
+    ):
         """`settled(rid)`: whether the capture has its word on `rid` already (a dump staged or
         failed, or taken by the drain): a send the server still holds is then answered for the
         client's purpose, and the capture watch takes it from there."""
@@ -321,8 +327,9 @@ class Sender:
             attempt += 1
             started = time.monotonic()
             try:
-                resp = self._connection().post_json("/generate", self.payload(rid, input_ids),
-                                                    functools.partial(self._still_running, rid))
+                resp = self._connection().post_json(
+                    "/generate", self.payload(rid, input_ids), functools.partial(self._still_running, rid)
+                )
             except (OSError, http.client.HTTPException) as exc:  # refused, reset, closed mid-answer, timed out
                 reason, detail = _no_answer(exc)
                 self.gate.wait_healthy(started)
@@ -336,8 +343,10 @@ class Sender:
                     attempt -= 1  # not a try of this sample: the server still runs its earlier one
                     continue
                 reason, held_since = TIMEOUT, None
-                detail = (f"the server still held an earlier send of {rid} after {self.policy.read_timeout_s:.0f} s "
-                          f"(HTTP {resp.status_code}: {resp.text[:200]})")[:300]
+                detail = (
+                    f"the server still held an earlier send of {rid} after {self.policy.read_timeout_s:.0f} s "
+                    f"(HTTP {resp.status_code}: {resp.text[:200]})"
+                )[:300]
                 continue
             result = self._answered(resp, len(input_ids), attempt)
             if result.reason not in (ABORTED, SERVER_ERROR):
@@ -369,8 +378,9 @@ class Sender:
             log.warning("%s: no answer in %.0f s from a healthy server; sending it again", rid, waited_s)
             return False
         if not self.gate.healthy_now(max_age_s=self.policy.read_timeout_s / 2):
-            log.warning("%s: no answer in %.0f s, and the server is not healthy: sending it again once it is",
-                        rid, waited_s)
+            log.warning(
+                "%s: no answer in %.0f s, and the server is not healthy: sending it again once it is", rid, waited_s
+            )
             return False
         log.info("%s: no answer in %.0f s; the server is healthy and still holds it: waiting on", rid, waited_s)
         return True
@@ -384,8 +394,12 @@ class Sender:
         deadline = time.monotonic() + pause
         while True:
             if self.settled(rid):
-                return SendResult(True, n_tokens, detail=f"the server held an earlier send of {rid}, which the "
-                                                         "capture has its word on", attempts=attempt)
+                return SendResult(
+                    True,
+                    n_tokens,
+                    detail=f"the server held an earlier send of {rid}, which the capture has its word on",
+                    attempts=attempt,
+                )
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -405,7 +419,10 @@ class Sender:
             return SendResult(False, reason=BAD_RESPONSE, detail=detail, attempts=attempt)
         if prompt_tokens != n_tokens:
             return SendResult(
-                False, prompt_tokens, PROMPT_TOKENS_MISMATCH,
-                f"server ran {prompt_tokens} prompt tokens, client sent {n_tokens}", attempt,
+                False,
+                prompt_tokens,
+                PROMPT_TOKENS_MISMATCH,
+                f"server ran {prompt_tokens} prompt tokens, client sent {n_tokens}",
+                attempt,
             )
         return SendResult(True, prompt_tokens, attempts=attempt)

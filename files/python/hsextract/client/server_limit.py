@@ -44,15 +44,25 @@ def server_limit(base_url: str, model_context: int, timeout: float = 30.0) -> Se
     info = _get(f"{base}/server_info", timeout) or _get(f"{base}/get_server_info", timeout) or {}
     models = _get(f"{base}/v1/models", timeout) or {}
     cards = models.get("data") if isinstance(models.get("data"), list) else []
-    context = (_int(cards[0].get("max_model_len")) if cards and isinstance(cards[0], dict) else None) \
-        or _int(info.get("context_length")) or None
+    context = (
+        (_int(cards[0].get("max_model_len")) if cards and isinstance(cards[0], dict) else None)
+        or _int(info.get("context_length"))
+        or None
+    )
     reported = _int(info.get("max_req_input_len"))
     if reported is None and context is None:
-        log.warning("server %s does not report its prompt limit (/server_info, /v1/models); samples are cut to "
-                    "the model's context (%d tokens) as SGLang 0.5.23 computes it", base, model_context)
+        log.warning(
+            "server %s does not report its prompt limit (/server_info, /v1/models); samples are cut to "
+            "the model's context (%d tokens) as SGLang 0.5.23 computes it",
+            base,
+            model_context,
+        )
         return None
     context = context or model_context
     longest = longest_prompt(context, _int(info.get("max_total_num_tokens")), reported)
-    source = (f"the server's max_req_input_len {reported}" if reported is not None
-              else f"the server's context of {context} tokens")
+    source = (
+        f"the server's max_req_input_len {reported}"
+        if reported is not None
+        else f"the server's context of {context} tokens"
+    )
     return ServerLimit(longest, source)

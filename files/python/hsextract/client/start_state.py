@@ -33,8 +33,9 @@ def read_previous(output: Path, shard: Shard) -> ClientStatus | None:
     return ClientStatus.read(client_status_path(output, shard))
 
 
-def record_unstarted(output: Path, shard: Shard, previous: ClientStatus | None, snapshot: ClientStatus,
-                     error: str | None) -> None:
+def record_unstarted(
+    output: Path, shard: Shard, previous: ClientStatus | None, snapshot: ClientStatus, error: str | None
+) -> None:
     """A start that ended before its run began: put the last run's status back, noting the refusal's
     `error` (None for a stop), or, if there was no run before, this start's own final `snapshot`."""
     path = client_status_path(output, shard)

@@ -39,9 +39,11 @@ class FleetAccounts:
                 out.append(f"host {host}: no client summary or status yet, its shard is unknown")
                 continue
             out += [f"host {host}: {line}" for line in acc.lines_of_text()]
-            out.append(f"host {host}: {acc.in_set} in its set = {collected_from.get(host, 0)} collected + "
-                       f"{failed_from.get(host, 0)} failed verification + "
-                       f"{acc.in_set - collected_from.get(host, 0) - failed_from.get(host, 0)} not fetched yet")
+            out.append(
+                f"host {host}: {acc.in_set} in its set = {collected_from.get(host, 0)} collected + "
+                f"{failed_from.get(host, 0)} failed verification + "
+                f"{acc.in_set - collected_from.get(host, 0) - failed_from.get(host, 0)} not fetched yet"
+            )
         out += [f"fleet: {line}" for line in self.fleet.lines_of_text()]
         return out
 
@@ -61,8 +63,9 @@ def host_quarantine(h: HostOutput) -> dict[int, str]:
     return quarantined_indices(default_quarantine_dir(h.path), run_id) if run_id else {}
 
 
-def fleet_accounts(hosts: Sequence[HostOutput], lines: int, collected: Iterable[int],
-                   collect_failed: dict[int, str], final: bool) -> FleetAccounts:
+def fleet_accounts(
+    hosts: Sequence[HostOutput], lines: int, collected: Iterable[int], collect_failed: dict[int, str], final: bool
+) -> FleetAccounts:
     """The hosts' own accounts and the fleet's (see the module docstring)."""
     rejected: dict[int, str] = {}
     failed: dict[int, str] = {}
@@ -83,6 +86,7 @@ def fleet_accounts(hosts: Sequence[HostOutput], lines: int, collected: Iterable[
         if (lines_sum, accepted_sum) != (fleet.lines, fleet.accepted):
             result.problems.append(
                 f"the hosts' own accounts add up to {lines_sum} dataset lines and {accepted_sum} accepted, the "
-                f"fleet's to {fleet.lines} and {fleet.accepted}: a host's files disagree with its shard")
+                f"fleet's to {fleet.lines} and {fleet.accepted}: a host's files disagree with its shard"
+            )
     result.problems += fleet.problems(max_share=1.0)
     return result

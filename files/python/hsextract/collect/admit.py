@@ -41,8 +41,12 @@ class Admission:
     refused: list[str] = field(default_factory=list)  # one line each
 
 
-def choose_reference(collected_header: ManifestHeader | None, collected_dataset: dict[str, Any] | None,
-                     collected_lines: int | None, hosts: Sequence[HostOutput]) -> Reference:
+def choose_reference(
+    collected_header: ManifestHeader | None,
+    collected_dataset: dict[str, Any] | None,
+    collected_lines: int | None,
+    hosts: Sequence[HostOutput],
+) -> Reference:
     """The collected set's own identity when it has one, else the first host output that has a
     header. The dataset's size is the collected set's record of it, else the first host's that has one."""
     lines = collected_lines
@@ -81,13 +85,17 @@ def admit(hosts: Sequence[HostOutput], ref: Reference, *, final: bool, move: boo
         diffs = differences(ref, h)
         if diffs:
             what = "; ".join(d.describe() for d in diffs)
-            result.refused.append(f"host {h.name} ({h.path}) refused: {what} (as {ref.source} has it); "
-                                  "it is not of this training set, nothing of it was collected")
+            result.refused.append(
+                f"host {h.name} ({h.path}) refused: {what} (as {ref.source} has it); "
+                "it is not of this training set, nothing of it was collected"
+            )
         elif final and not h.finished:
             result.refused.append(f"host {h.name} ({h.path}) refused for --final: {_unfinished(h)}")
         elif move and h.drain_busy:
-            result.refused.append(f"host {h.name} ({h.path}) refused for --move: a drain runs on it "
-                                  f"({h.drain_busy}); stop it first, then collect again")
+            result.refused.append(
+                f"host {h.name} ({h.path}) refused for --move: a drain runs on it "
+                f"({h.drain_busy}); stop it first, then collect again"
+            )
         else:
             result.admitted.append(h)
     return result
@@ -95,10 +103,16 @@ def admit(hosts: Sequence[HostOutput], ref: Reference, *, final: bool, move: boo
 
 def _unfinished(h: HostOutput) -> str:
     if not h.clients_finished:
-        return ("its client has not finished (no client summary in .hsextract/); finish its extraction, then "
-                "collect again")
+        return (
+            "its client has not finished (no client summary in .hsextract/); finish its extraction, then collect again"
+        )
     shown = ", ".join(map(str, h.behind[:8])) + (" ..." if len(h.behind) > 8 else "")
-    drain = (f"its drain is at it ({h.drain_busy}): wait for it" if h.drain_busy else
-             "no drain runs on it: start its drain (hsextract drain, or its service)")
-    return (f"its drain has not caught up: {len(h.behind)} accepted sample(s) (dataset indices {shown}) are in "
-            f"neither its set, its failures nor its quarantine; {drain}, then collect again")
+    drain = (
+        f"its drain is at it ({h.drain_busy}): wait for it"
+        if h.drain_busy
+        else "no drain runs on it: start its drain (hsextract drain, or its service)"
+    )
+    return (
+        f"its drain has not caught up: {len(h.behind)} accepted sample(s) (dataset indices {shown}) are in "
+        f"neither its set, its failures nor its quarantine; {drain}, then collect again"
+    )

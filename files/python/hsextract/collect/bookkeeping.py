@@ -88,8 +88,9 @@ def merge_lines(path: Path, hosts: Sequence[HostOutput], base: str, extra: Itera
     kept = [d for d in _read_lines(path) if d.get("host") not in given and not d.get("collect")]
     lines = kept + [d for h in hosts for d in host_lines(h, base)] + [{**d, "collect": True} for d in extra]
     lines.sort(key=lambda d: (int(d.get("index", -1)), str(d.get("host")), json.dumps(d, sort_keys=True)))
-    return write_if_changed(path, "".join(json.dumps(d, sort_keys=True, ensure_ascii=False) + "\n"
-                                          for d in lines).encode())
+    return write_if_changed(
+        path, "".join(json.dumps(d, sort_keys=True, ensure_ascii=False) + "\n" for d in lines).encode()
+    )
 
 
 def write_merged_lists(out: Path, hosts: Sequence[HostOutput], collect_failures: Iterable[dict[str, Any]]) -> None:
@@ -119,8 +120,10 @@ def copy_quarantine(out: Path, hosts: Sequence[HostOutput]) -> list[str]:
 def _copy_quarantined(out: Path, h: HostOutput, rid: str, left_out: list[str]) -> None:
     """Copy one quarantined sample's reasons of host `h` (a line in `left_out` when it is refused)."""
     try:
-        files = {name: _quarantine_file(h.path, rid, name)
-                 for name in (QUARANTINE_REASON, QUARANTINE_SOURCE, QUARANTINE_RECORD)}
+        files = {
+            name: _quarantine_file(h.path, rid, name)
+            for name in (QUARANTINE_REASON, QUARANTINE_SOURCE, QUARANTINE_RECORD)
+        }
     except NotADirectoryError:  # a plain file there: no quarantined sample
         return
     except UnsafePath as exc:
@@ -147,13 +150,24 @@ def write_fleet_client_files(out: Path, lines: int, final: bool, hosts: dict[str
     """The fleet's lines as one shard, as a client would record them: a summary once final, a
     status before (with only these keys: a collected set has no client's counters)."""
     if final:
-        write_client_summary(client_summary_path(out), ClientSummary(
-            state="done", dataset_lines=lines, shard=WHOLE, collected_from=hosts), if_changed=True)
+        write_client_summary(
+            client_summary_path(out),
+            ClientSummary(state="done", dataset_lines=lines, shard=WHOLE, collected_from=hosts),
+            if_changed=True,
+        )
         drop = client_status_path(out)
     else:
-        write_client_status(client_status_path(out), ClientStatus(
-            state="collecting", dataset_lines=lines, shard=WHOLE, collected_from=hosts,
-            absent=frozenset(ClientStatus.NULLABLE)), if_changed=True)
+        write_client_status(
+            client_status_path(out),
+            ClientStatus(
+                state="collecting",
+                dataset_lines=lines,
+                shard=WHOLE,
+                collected_from=hosts,
+                absent=frozenset(ClientStatus.NULLABLE),
+            ),
+            if_changed=True,
+        )
         drop = client_summary_path(out)
     if drop.exists():
         drop.unlink()

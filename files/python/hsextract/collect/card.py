@@ -18,14 +18,14 @@ from hsextract.output.manifest import ManifestHeader
 # How each trainer is pointed at the set ("<set>" is replaced by its path).
 LOADING = {
     "specforge": "SpecForge: `--train-hidden-states-path <set>` (its offline reader walks the tree for `*.ckpt`, "
-                 "sorted by path: `reader_order.json` lists that order), `--vocab-mapping-path "
-                 "<set>/vocab_mapping/vocab_mapping.pt`.",
+    "sorted by path: `reader_order.json` lists that order), `--vocab-mapping-path "
+    "<set>/vocab_mapping/vocab_mapping.pt`.",
     "speculators": "speculators >= 0.8: `--data-path <set>` (`hidden_states/hs_{i}.safetensors` is row i of the "
-                   "Arrow dataset); it finds `d2t.npy`/`t2d.npy` (or `d2t-<N>.npy` with `--draft-vocab-size N`) there.",
+    "Arrow dataset); it finds `d2t.npy`/`t2d.npy` (or `d2t-<N>.npy` with `--draft-vocab-size N`) there.",
     "speculators-v1": "speculators 0.7 (`--legacy-data`): `--data-path <set>` (`data_{i}.pt` with "
-                      "`sample_lengths.json`); the vocabulary files end in `.pth`, pass them by path.",
+    "`sample_lengths.json`); the vocabulary files end in `.pth`, pass them by path.",
     "modelopt": "ModelOpt: `offline_data_path: <set>` (every `*.pt`; `conversation_id` is the dataset index, unique "
-                "across hosts), `data.draft_vocab_cache: <set>/draft_vocab_cache/d2t.pth`.",
+    "across hosts), `data.draft_vocab_cache: <set>/draft_vocab_cache/d2t.pth`.",
 }
 
 
@@ -37,9 +37,18 @@ class HostLine:
     state: str  # "finished", "extracting", ...
 
 
-def card_text(path: str, header: ManifestHeader, samples: int, tokens: int, nbytes: int, hosts: Sequence[HostLine],
-              dataset: dict[str, Any] | None, dataset_lines: int | None, accounts: Sequence[str],
-              vocab: dict[str, Any] | None) -> str:
+def card_text(
+    path: str,
+    header: ManifestHeader,
+    samples: int,
+    tokens: int,
+    nbytes: int,
+    hosts: Sequence[HostLine],
+    dataset: dict[str, Any] | None,
+    dataset_lines: int | None,
+    accounts: Sequence[str],
+    vocab: dict[str, Any] | None,
+) -> str:
     """The card's Markdown."""
     spec = FORMATS.get(header.format)
     model = header.model_path or "?"
@@ -96,9 +105,13 @@ def _vocab_lines(vocab: dict[str, Any] | None) -> list[str]:
     if not vocab:
         return []
     sizes = ", ".join(f"{s['size']} (covers {s['coverage']:.1%} of the trained-on tokens)" for s in vocab["sizes"])
-    return ["## Draft vocabulary", "",
-            f"Counted over the {vocab['masked_tokens']} loss-masked tokens ({vocab['distinct_tokens']} distinct) of "
-            f"all hosts' samples; sizes {sizes or 'none'}. `draft_vocab.json` lists every trainer's files.", ""]
+    return [
+        "## Draft vocabulary",
+        "",
+        f"Counted over the {vocab['masked_tokens']} loss-masked tokens ({vocab['distinct_tokens']} distinct) of "
+        f"all hosts' samples; sizes {sizes or 'none'}. `draft_vocab.json` lists every trainer's files.",
+        "",
+    ]
 
 
 def _fingerprint(fp: dict[str, str]) -> str:

@@ -23,31 +23,60 @@ from hsextract.vocab.arguments import add_draft_vocab_arguments, draft_vocab_set
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("hosts", nargs="*", metavar="[NAME=]HOST_OUTPUT",
-                        help="each host's output directory (the drain's --output, or rsync's copy of it); NAME "
-                             "defaults to the directory's name. After --draft-vocab-size, put them after --")
-    parser.add_argument("--into", help="the collected set's directory (created; collecting again adds what is new), "
-                                       "or s3://bucket/prefix: the hosts' s3:// prefixes merged in place, by "
-                                       "server-side copies (docs/object-store.md)")
+    parser.add_argument(
+        "hosts",
+        nargs="*",
+        metavar="[NAME=]HOST_OUTPUT",
+        help="each host's output directory (the drain's --output, or rsync's copy of it); NAME "
+        "defaults to the directory's name. After --draft-vocab-size, put them after --",
+    )
+    parser.add_argument(
+        "--into",
+        help="the collected set's directory (created; collecting again adds what is new), "
+        "or s3://bucket/prefix: the hosts' s3:// prefixes merged in place, by "
+        "server-side copies (docs/object-store.md)",
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--link", action="store_true",
-                      help="hard-link the hosts' sample files instead of copying them (no space used; the host "
-                           "outputs must be on the collected set's filesystem, else it is refused)")
-    mode.add_argument("--move", action="store_true",
-                      help="move the hosts' sample files (a hard link on one filesystem, else a copy; each host "
-                           "file is removed once its sample is committed); refused for a host a drain runs on")
-    parser.add_argument("--final", action="store_true",
-                        help="the last collect of the run: refuse a host whose client has not finished or whose "
-                             "drain has not caught up with it, and fail (exit 3) unless the shards cover the "
-                             "dataset exactly once and every sample is accounted for")
-    parser.add_argument("--wait-for-space", type=float, default=0.0, metavar="SECONDS",
-                        help="when the collected set's volume is full, say so and retry every SECONDS "
-                             "(default 0: stop with the numbers, exit 5; run it again once there is room)")
-    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
-                        help="samples fetched and verified at once (default: one per core, at most 4)")
-    parser.add_argument("--stale-after", type=float, default=60.0, metavar="SECONDS",
-                        help="a host drain's status older than this no longer counts as a drain at work "
-                             "(default 60)")
+    mode.add_argument(
+        "--link",
+        action="store_true",
+        help="hard-link the hosts' sample files instead of copying them (no space used; the host "
+        "outputs must be on the collected set's filesystem, else it is refused)",
+    )
+    mode.add_argument(
+        "--move",
+        action="store_true",
+        help="move the hosts' sample files (a hard link on one filesystem, else a copy; each host "
+        "file is removed once its sample is committed); refused for a host a drain runs on",
+    )
+    parser.add_argument(
+        "--final",
+        action="store_true",
+        help="the last collect of the run: refuse a host whose client has not finished or whose "
+        "drain has not caught up with it, and fail (exit 3) unless the shards cover the "
+        "dataset exactly once and every sample is accounted for",
+    )
+    parser.add_argument(
+        "--wait-for-space",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="when the collected set's volume is full, say so and retry every SECONDS "
+        "(default 0: stop with the numbers, exit 5; run it again once there is room)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help="samples fetched and verified at once (default: one per core, at most 4)",
+    )
+    parser.add_argument(
+        "--stale-after",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a host drain's status older than this no longer counts as a drain at work (default 60)",
+    )
     add_draft_vocab_arguments(parser)
     add_store_arguments(parser)
 
@@ -100,11 +129,26 @@ def run_in_bucket(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise ConfigError(f"host names given twice: {', '.join(sorted(names))}: name each host once (NAME=URL)")
     work.mkdir(parents=True, exist_ok=True)
-    result = collect_in_place(ObjectStore(target.url, target.settings), hosts, work,
-                              None if args.no_draft_vocab else sizes, vocab_size, workers=args.workers * 4)
+    result = collect_in_place(
+        ObjectStore(target.url, target.settings),
+        hosts,
+        work,
+        None if args.no_draft_vocab else sizes,
+        vocab_size,
+        workers=args.workers * 4,
+    )
     print("\n".join(result.lines), file=sys.stderr)
-    print(json.dumps({"exit_code": result.exit_code, "collected_now": result.collected_now, "samples": result.total,
-                      "into": str(target.url)}, sort_keys=True))
+    print(
+        json.dumps(
+            {
+                "exit_code": result.exit_code,
+                "collected_now": result.collected_now,
+                "samples": result.total,
+                "into": str(target.url),
+            },
+            sort_keys=True,
+        )
+    )
     return result.exit_code
 
 
@@ -117,7 +161,15 @@ def run(args: argparse.Namespace) -> int:
 
     result = collect(config_from_args(args))
     print("\n".join(result.lines), file=sys.stderr)
-    print(json.dumps({"exit_code": result.exit_code, "collected_now": result.collected_now,
-                      "samples": result.total, "report": str(Path(args.into) / ".hsextract" / "collect-report.json")},
-                     sort_keys=True))
+    print(
+        json.dumps(
+            {
+                "exit_code": result.exit_code,
+                "collected_now": result.collected_now,
+                "samples": result.total,
+                "report": str(Path(args.into) / ".hsextract" / "collect-report.json"),
+            },
+            sort_keys=True,
+        )
+    )
     return result.exit_code

@@ -33,8 +33,14 @@ class FailureJournal:
         new = []
         for f in failed:
             e = f.pending.entry
-            line = {"index": e.dataset_index, "rid": e.rid, "reason": f.reason, "detail": f.detail,
-                    "host": f.pending.host, "host_index": e.output_index}
+            line = {
+                "index": e.dataset_index,
+                "rid": e.rid,
+                "reason": f.reason,
+                "detail": f.detail,
+                "host": f.pending.host,
+                "host_index": e.output_index,
+            }
             if _key(line) not in self._seen:
                 self._seen.add(_key(line))
                 new.append(line)

@@ -36,12 +36,23 @@ def reader_order(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
     return sorted(entries, key=lambda e: e.file)
 
 
-def finalize_collected(out: Path, fmt, header: ManifestHeader, entries: Sequence[ManifestEntry],
-                       hosts: Sequence[HostOutput], sizes: Sequence[int] | None, vocab_size: int) -> bool:
+def finalize_collected(
+    out: Path,
+    fmt,
+    header: ManifestHeader,
+    entries: Sequence[ManifestEntry],
+    hosts: Sequence[HostOutput],
+    sizes: Sequence[int] | None,
+    vocab_size: int,
+) -> bool:
     """Rebuild the dataset-level files if the manifest changed since they were built (`sizes`
     None: no draft vocabulary); return whether anything was written."""
-    key: dict[str, Any] = {"entries": len(entries), "last": entry_identity(entries[-1]) if entries else None,
-                           "sizes": list(sizes) if sizes is not None else None, "vocab_size": vocab_size}
+    key: dict[str, Any] = {
+        "entries": len(entries),
+        "last": entry_identity(entries[-1]) if entries else None,
+        "sizes": list(sizes) if sizes is not None else None,
+        "vocab_size": vocab_size,
+    }
     state = read_json_object(collect_state_path(out)) or {}
     if state.get("finalized") == key:
         return False
@@ -50,10 +61,11 @@ def finalize_collected(out: Path, fmt, header: ManifestHeader, entries: Sequence
         write_vocab(out, fmt, entries, hosts, sizes, vocab_size)
     if fmt.name == "specforge":
         order = [[e.output_index, e.dataset_index, e.host, e.host_index] for e in reader_order(entries)]
-        body = {"reader": SPECFORGE_READER, "columns": ["output_index", "dataset_index", "host", "host_index"],
-                "order": order}
+        body = {
+            "reader": SPECFORGE_READER,
+            "columns": ["output_index", "dataset_index", "host", "host_index"],
+            "order": order,
+        }
         atomic_write_bytes(out / READER_ORDER, (json.dumps(body, separators=(",", ":")) + "\n").encode())
     atomic_write_json(collect_state_path(out), {"finalized": key})
     return True
-
-

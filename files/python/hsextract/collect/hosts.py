@@ -113,8 +113,16 @@ def read_host(name: str, path: Path, *, stale_after_s: float, now: float | None 
     if clients and all(c.finished for c in clients):
         accounts = read_accounts(path, final=True)
         behind = list(accounts.unaccounted) if accounts else []
-    return HostOutput(name, path, header, entries, dataset, clients,
-                      drain_busy(path, stale_after_s, time.time() if now is None else now), behind)
+    return HostOutput(
+        name,
+        path,
+        header,
+        entries,
+        dataset,
+        clients,
+        drain_busy(path, stale_after_s, time.time() if now is None else now),
+        behind,
+    )
 
 
 def check_bookkeeping(path: Path) -> None:
@@ -124,8 +132,10 @@ def check_bookkeeping(path: Path) -> None:
     irregular = irregular_entries(path, BOOKKEEPING)
     if irregular:
         more = f" (and {len(irregular) - 5} more)" if len(irregular) > 5 else ""
-        raise HostUnreadable(f"{path}: {'; '.join(irregular[:5])}{more}: a host output's manifest, bookkeeping and "
-                             "quarantine must be regular files, and collect follows no link")
+        raise HostUnreadable(
+            f"{path}: {'; '.join(irregular[:5])}{more}: a host output's manifest, bookkeeping and "
+            "quarantine must be regular files, and collect follows no link"
+        )
 
 
 def read_clients(out: Path) -> list[ClientShard]:
@@ -134,7 +144,9 @@ def read_clients(out: Path) -> list[ClientShard]:
     where several clients share an output)."""
     found: dict[Shard, ClientShard] = {}
     kinds: tuple[tuple[str, type[ClientSummary] | type[ClientStatus], bool], ...] = (
-        (CLIENT_SUMMARY, ClientSummary, True), (CLIENT_STATUS, ClientStatus, False))
+        (CLIENT_SUMMARY, ClientSummary, True),
+        (CLIENT_STATUS, ClientStatus, False),
+    )
     for base, kind, finished in kinds:
         stem, _, ext = base.rpartition(".")
         for p in sorted(state_dir(out).glob(f"{stem}*.{ext}")):

@@ -56,8 +56,11 @@ class Difference:
 
 def header_differences(ref: ManifestHeader, other: ManifestHeader) -> list[Difference]:
     """How `other` differs from `ref` in what makes samples interchangeable; empty when it does not."""
-    out = [Difference(name, getattr(ref, f), getattr(other, f))
-           for f, name in HEADER_FIELDS if getattr(ref, f) != getattr(other, f)]
+    out = [
+        Difference(name, getattr(ref, f), getattr(other, f))
+        for f, name in HEADER_FIELDS
+        if getattr(ref, f) != getattr(other, f)
+    ]
     if ref.model_config_sha256 and other.model_config_sha256:
         if ref.model_config_sha256 != other.model_config_sha256:
             out.append(Difference("model (config.json sha256)", ref.model_config_sha256, other.model_config_sha256))

@@ -47,7 +47,8 @@ def check_into(out: Path) -> None:
     raise ConfigError(
         f"--into {out} is not empty and holds no collected set (no {collect_state_path(out).relative_to(out)}): "
         f"found {what}. A collect writes its own README.md, state.json and sample files there and removes sample "
-        "files it did not record: collect into a new or empty directory, or into a set collect made")
+        "files it did not record: collect into a new or empty directory, or into a set collect made"
+    )
 
 
 def mark(out: Path) -> None:

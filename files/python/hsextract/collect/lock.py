@@ -38,8 +38,10 @@ def collected_set_lock(out: Path) -> Iterator[None]:
     except OutputBusy:
         holder = read_holder(output_lock_path(out))
         who = f"hsextract {holder.role} (pid {holder.pid} on {holder.host})" if holder else "another process"
-        raise SetBusy(f"the collected set {out} is in use by {who}: one process writes it at a time. Wait for that "
-                      "one to finish, or collect into another --into") from None
+        raise SetBusy(
+            f"the collected set {out} is in use by {who}: one process writes it at a time. Wait for that "
+            "one to finish, or collect into another --into"
+        ) from None
     try:
         yield
     finally:

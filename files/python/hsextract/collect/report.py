@@ -49,22 +49,35 @@ def finish(c: Collected) -> CollectResult:
     coverage = check_coverage(shards, dataset_lines)
     final = bool(shards) and coverage.complete and all(h.finished for h in c.admission.admitted)
     write_fleet_client_files(out, dataset_lines, final, {h: [s.to_json() for s in ss] for h, ss in shards.items()})
-    finalize_collected(out, c.fmt, header, c.entries, c.admission.admitted, cfg.draft_vocab_sizes,
-                       cfg.vocab_size or header.vocab_size)
-    accounts = fleet_accounts(c.admission.admitted, dataset_lines, in_set,
-                              {int(d["index"]): str(d.get("reason")) for d in failures}, final)
+    finalize_collected(
+        out, c.fmt, header, c.entries, c.admission.admitted, cfg.draft_vocab_sizes, cfg.vocab_size or header.vocab_size
+    )
+    accounts = fleet_accounts(
+        c.admission.admitted, dataset_lines, in_set, {int(d["index"]): str(d.get("reason")) for d in failures}, final
+    )
     by_host = Counter(e.host for e in c.entries)
     failed_by_host = Counter(str(d.get("host")) for d in failures)
     account_lines = accounts.lines_of_text(dict(by_host), dict(failed_by_host))
     _write_card(c, dataset_lines, account_lines)
     lines += c.plan.duplicates + left_out
-    lines += [f"FAILED {d['host']} sample {d['host_index']} (dataset index {d['index']}): {d['reason']}: "
-              f"{d['detail']}" for d in failures]
-    lines += [f"collected {c.new} new sample(s) into {out}: {len(c.entries)} in all"
-              f" ({len(c.plan.already)} were there already)", *account_lines]
+    lines += [
+        f"FAILED {d['host']} sample {d['host_index']} (dataset index {d['index']}): {d['reason']}: {d['detail']}"
+        for d in failures
+    ]
+    lines += [
+        f"collected {c.new} new sample(s) into {out}: {len(c.entries)} in all"
+        f" ({len(c.plan.already)} were there already)",
+        *account_lines,
+    ]
     lines += _coverage_lines(coverage, c.cfg.final) + [f"PROBLEM {p}" for p in accounts.problems]
-    bad = bool(c.admission.refused or failures or c.plan.duplicates or left_out or accounts.problems
-               or (cfg.final and not coverage.complete))
+    bad = bool(
+        c.admission.refused
+        or failures
+        or c.plan.duplicates
+        or left_out
+        or accounts.problems
+        or (cfg.final and not coverage.complete)
+    )
     report = _report(c, failures, coverage, accounts.fleet.as_dict(), final)
     write_if_changed(collect_report_path(out), (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
     return CollectResult(RUN_CHECK_FAILED if bad else 0, c.new, len(c.entries), lines, report)
@@ -73,8 +86,10 @@ def finish(c: Collected) -> CollectResult:
 def nothing_admitted(c: Collected) -> CollectResult:
     """The answer of a collect that admitted no host output: it wrote nothing into the set (not even
     its report), so an existing set's bookkeeping stays as the last collect left it."""
-    lines = [*c.admission.refused,
-             f"no host output was admitted: nothing in the collected set was changed ({c.cfg.into})"]
+    lines = [
+        *c.admission.refused,
+        f"no host output was admitted: nothing in the collected set was changed ({c.cfg.into})",
+    ]
     return CollectResult(RUN_CHECK_FAILED if c.admission.refused else 0, 0, len(c.entries), lines)
 
 
@@ -86,14 +101,28 @@ def _coverage_lines(coverage: Coverage, final: bool) -> list[str]:
 def _write_card(c: Collected, dataset_lines: int, account_lines: list[str]) -> None:
     out = c.cfg.into
     counts = Counter(e.host for e in c.entries)
-    hosts = [HostLine(h.name, ", ".join(str(x.shard) for x in h.clients) or "?",
-                      counts.get(h.name, 0),
-                      "finished" if h.finished else "draining" if h.clients_finished else "extracting")
-             for h in c.admission.admitted]
+    hosts = [
+        HostLine(
+            h.name,
+            ", ".join(str(x.shard) for x in h.clients) or "?",
+            counts.get(h.name, 0),
+            "finished" if h.finished else "draining" if h.clients_finished else "extracting",
+        )
+        for h in c.admission.admitted
+    ]
     assert c.ref.header is not None
-    text = card_text(str(out), c.ref.header, len(c.entries), sum(e.tokens for e in c.entries),
-                     sum(e.bytes for e in c.entries), hosts, c.ref.dataset, dataset_lines or None, account_lines,
-                     read_summary(out) if c.cfg.draft_vocab_sizes is not None else None)
+    text = card_text(
+        str(out),
+        c.ref.header,
+        len(c.entries),
+        sum(e.tokens for e in c.entries),
+        sum(e.bytes for e in c.entries),
+        hosts,
+        c.ref.dataset,
+        dataset_lines or None,
+        account_lines,
+        read_summary(out) if c.cfg.draft_vocab_sizes is not None else None,
+    )
     write_if_changed(out / DATASET_CARD, text.encode())
 
 
@@ -104,9 +133,16 @@ def _report(c: Collected, failures: list[dict], coverage: Coverage, fleet: dict[
         "into": str(c.cfg.into),
         "final": final,
         "samples": len(c.entries),
-        "hosts": {h.name: {"path": str(h.path), "shards": [x.shard.to_json() for x in h.clients],
-                           "samples_in_host": len(h.entries), "collected": counts.get(h.name, 0),
-                           "finished": h.finished} for h in c.admission.admitted},
+        "hosts": {
+            h.name: {
+                "path": str(h.path),
+                "shards": [x.shard.to_json() for x in h.clients],
+                "samples_in_host": len(h.entries),
+                "collected": counts.get(h.name, 0),
+                "finished": h.finished,
+            }
+            for h in c.admission.admitted
+        },
         "refused": c.admission.refused,
         "duplicates": c.plan.duplicates,
         "failed_verification": failures,
@@ -114,4 +150,3 @@ def _report(c: Collected, failures: list[dict], coverage: Coverage, fleet: dict[
         "doubled_shards": coverage.doubled,
         "accounts": fleet,
     }
-

@@ -70,8 +70,10 @@ def check_arguments(cfg: CollectConfig) -> None:
             raise ConfigError(f"hosts {seen[real]} and {name} are the same directory {real}: give each output once")
         seen[real] = name
         if into == real or into.is_relative_to(real) or real.is_relative_to(into):
-            raise ConfigError(f"the collected set {into} and host {name}'s output {real} lie inside each other: "
-                              "collect into a directory of its own")
+            raise ConfigError(
+                f"the collected set {into} and host {name}'s output {real} lie inside each other: "
+                "collect into a directory of its own"
+            )
 
 
 def collect(cfg: CollectConfig) -> CollectResult:
@@ -118,7 +120,8 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     new = _fetch_and_commit(cfg, out, fmt, len(entries), plan, fetcher, journal)
     done = Collected(cfg, ref, fmt, entries + new, adm, plan, len(new), notes, journal)
     return SpacePolicy(out, cfg.wait_for_space_s).retrying(
-        lambda: finish(done), "the set's bookkeeping, dataset-level files and card are still to write")
+        lambda: finish(done), "the set's bookkeeping, dataset-level files and card are still to write"
+    )
 
 
 def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
@@ -140,13 +143,16 @@ def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, header: Manifes
             raise ConfigError(
                 f"--link: host {h.name}'s output {h.path} is on another filesystem than the collected set {out} "
                 f"(device {os.stat(h.path).st_dev} versus {os.stat(out).st_dev}), and hard links cannot cross "
-                "filesystems. Collect without --link (a copy), or into a directory on that filesystem")
-    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same,
-                   SampleCheck(fmt, header))
+                "filesystems. Collect without --link (a copy), or into a directory on that filesystem"
+            )
+    return Fetcher(
+        cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same, SampleCheck(fmt, header)
+    )
 
 
-def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Selection, fetcher: Fetcher,
-                      journal: FailureJournal) -> list[ManifestEntry]:
+def _fetch_and_commit(
+    cfg: CollectConfig, out: Path, fmt, count: int, plan: Selection, fetcher: Fetcher, journal: FailureJournal
+) -> list[ManifestEntry]:
     """Fetch the plan's samples BATCH at a time in parallel and commit each batch in plan order;
     on a full volume, what precedes the first sample that found no room is committed, then the
     collect stops (or waits, and goes on from that sample)."""
@@ -157,8 +163,9 @@ def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Sele
     try:
         with ThreadPoolExecutor(max_workers=max(1, cfg.workers), thread_name_prefix="collect") as pool:
             while k < len(pending):
-                results: list[Fetched] = list(pool.map(lambda a: fetcher.fetch(*a),
-                                                       enumerate(pending[k:k + BATCH], start=k)))
+                results: list[Fetched] = list(
+                    pool.map(lambda a: fetcher.fetch(*a), enumerate(pending[k : k + BATCH], start=k))
+                )
                 done, settled, full = _commit_batch(results, committer, journal, fetcher, space)
                 new += done
                 k += settled
@@ -172,8 +179,9 @@ def _fetch_and_commit(cfg: CollectConfig, out: Path, fmt, count: int, plan: Sele
     return new
 
 
-def _commit_batch(results: list[Fetched], committer: OrderedCommit, journal: FailureJournal, fetcher: Fetcher,
-                  space: SpacePolicy) -> tuple[list[ManifestEntry], int, OSError | None]:
+def _commit_batch(
+    results: list[Fetched], committer: OrderedCommit, journal: FailureJournal, fetcher: Fetcher, space: SpacePolicy
+) -> tuple[list[ManifestEntry], int, OSError | None]:
     """Commit a fetched batch in order up to the first sample that found no room; record the
     failures before it. Returns the entries committed, how many results are settled (committed
     or failed), and the full-volume error that stopped it (None when none did)."""
@@ -186,11 +194,11 @@ def _commit_batch(results: list[Fetched], committer: OrderedCommit, journal: Fai
     done, commit_full = committer.commit([_to_commit(r) for r in ok])
     if len(done) < len(ok):
         full = commit_full
-        for r in ok[len(done):]:
+        for r in ok[len(done) :]:
             r.tmp.unlink(missing_ok=True)  # type: ignore[union-attr]
         cut = next(j for j, r in enumerate(results) if r is ok[len(done)])
     journal.record([r for r in results[:cut] if r.tmp is None], space)
-    fetcher.release([r.pending for r in ok[:len(done)]])
+    fetcher.release([r.pending for r in ok[: len(done)]])
     return done, cut, full
 
 

@@ -62,11 +62,13 @@ def select_entries(collected: Iterable[ManifestEntry], hosts: Mapping[str, Seque
             elif origin is not None:
                 plan.duplicates.append(
                     f"host {host} sample {e.output_index} (dataset index {e.dataset_index}) is already collected "
-                    f"from host {origin[0]} (its sample {origin[1]}): left out")
+                    f"from host {origin[0]} (its sample {origin[1]}): left out"
+                )
             elif e.dataset_index in chosen:
                 plan.duplicates.append(
                     f"host {host} sample {e.output_index} (dataset index {e.dataset_index}) is also in host "
-                    f"{chosen[e.dataset_index]}: left out (their shards overlap)")
+                    f"{chosen[e.dataset_index]}: left out (their shards overlap)"
+                )
             else:
                 chosen[e.dataset_index] = host
                 plan.pending.append(Pending(host, e))
@@ -78,5 +80,4 @@ def collected_entry(p: Pending, output_index: int, relative_path: str) -> Manife
     """The collected set's entry for a host sample committed as `output_index` at `relative_path`:
     the host's entry (tokens, bytes, checksum, fingerprint, when it was written) with its new
     number and name, and where it came from."""
-    return replace(p.entry, output_index=output_index, file=relative_path, host=p.host,
-                   host_index=p.entry.output_index)
+    return replace(p.entry, output_index=output_index, file=relative_path, host=p.host, host_index=p.entry.output_index)

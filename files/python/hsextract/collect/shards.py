@@ -61,8 +61,9 @@ def check_coverage(shards: Mapping[str, Sequence[Shard]], lines: int) -> Coverag
             cov.missing.append(f"dataset indices {_list(missing)} (and each {period} later) are in no host's shard")
     for x in range(span):
         if len(holders[x]) > 1:
-            cov.doubled.append(f"dataset index {x} (and each {period} later) is in the shards of "
-                               f"{' and '.join(holders[x])}")
+            cov.doubled.append(
+                f"dataset index {x} (and each {period} later) is in the shards of {' and '.join(holders[x])}"
+            )
             if len(cov.doubled) >= 5:
                 break
     return cov

@@ -39,11 +39,15 @@ class SpacePolicy:
     def handle(self, exc: OSError, left: str) -> None:
         """Raise CollectorFull, or say so and sleep before the caller retries; `left` says what
         is still to do ("12 sample(s), 3456 bytes, still to fetch")."""
-        what = (f"the collected set's volume is full: {self.out} has {free_bytes(self.out)} bytes free "
-                f"({exc.strerror or exc}); {left}")
+        what = (
+            f"the collected set's volume is full: {self.out} has {free_bytes(self.out)} bytes free "
+            f"({exc.strerror or exc}); {left}"
+        )
         if self.wait_s <= 0:
-            raise CollectorFull(f"{what}. Free space or collect into a larger volume, then run collect again: "
-                                "every sample collected so far stays, and it goes on from there")
+            raise CollectorFull(
+                f"{what}. Free space or collect into a larger volume, then run collect again: "
+                "every sample collected so far stays, and it goes on from there"
+            )
         log.warning("%s; retrying every %g s", what, self.wait_s)
         time.sleep(self.wait_s)
 

@@ -69,8 +69,7 @@ class Fetcher:
     sample (`SampleCheck.content_problem`), not only of its size and checksum.
     """
 
-    def __init__(self, mode: str, tmp_dir: Path, hosts: dict[str, Path], same_fs: dict[str, bool],
-                 check: SampleCheck):
+    def __init__(self, mode: str, tmp_dir: Path, hosts: dict[str, Path], same_fs: dict[str, bool], check: SampleCheck):
         self.mode = mode
         self.tmp_dir = tmp_dir
         self.hosts = hosts

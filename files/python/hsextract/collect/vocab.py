@@ -47,8 +47,9 @@ def union_counts(out: Path, fmt, entries: Sequence[ManifestEntry], hosts: Sequen
     return total
 
 
-def write_vocab(out: Path, fmt, entries: Sequence[ManifestEntry], hosts: Sequence[HostOutput],
-                sizes: Sequence[int], vocab_size: int) -> list[Path]:
+def write_vocab(
+    out: Path, fmt, entries: Sequence[ManifestEntry], hosts: Sequence[HostOutput], sizes: Sequence[int], vocab_size: int
+) -> list[Path]:
     """Every trainer's draft-vocabulary files for the collected set, and its counts checkpoint."""
     tracker = VocabTracker(out, fmt, sizes, checkpoint_interval_s=0.0)
     tracker.counts = union_counts(out, fmt, entries, hosts)

@@ -145,8 +145,8 @@ def _anchored_spans(tok: Any, messages: Sequence[Message], full: str, why: str, 
     before = _render(tok, messages[:first], add_generation_prompt=False, tools=tools)
     prompted = _render(tok, messages[:first], add_generation_prompt=True, tools=tools)
     probe = _render(tok, [*messages[:first], Message("assistant", _PROBE)], add_generation_prompt=False, tools=tools)
-    header = prompted[len(before):] if prompted.startswith(before) else ""
-    end_of_turn = probe[probe.rfind(_PROBE) + len(_PROBE):] if _PROBE in probe else ""
+    header = prompted[len(before) :] if prompted.startswith(before) else ""
+    end_of_turn = probe[probe.rfind(_PROBE) + len(_PROBE) :] if _PROBE in probe else ""
     if not header.strip() or not end_of_turn.strip():
         raise TemplateMismatch(f"{why}; and the template has no assistant header or end-of-turn text to find replies")
     spans, cursor = [], 0
@@ -169,15 +169,17 @@ def _anchored_spans(tok: Any, messages: Sequence[Message], full: str, why: str, 
     return spans
 
 
-def tokenize_with_mask(tok: Any, messages: Sequence[Message], tools: Tools = None,
-                       last_turn_only: bool = False) -> tuple[list[int], list[int]]:
+def tokenize_with_mask(
+    tok: Any, messages: Sequence[Message], tools: Tools = None, last_turn_only: bool = False
+) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation and its mask: 1 on assistant replies (end-of-turn included)."""
     ids, mask, _ = tokenize_head_with_mask(tok, messages, tools, last_turn_only, None)
     return ids, mask
 
 
-def tokenize_head_with_mask(tok: Any, messages: Sequence[Message], tools: Tools, last_turn_only: bool,
-                            limit: int | None) -> tuple[list[int], list[int], bool]:
+def tokenize_head_with_mask(
+    tok: Any, messages: Sequence[Message], tools: Tools, last_turn_only: bool, limit: int | None
+) -> tuple[list[int], list[int], bool]:
     """`tokenize_with_mask`, or where the conversation has more than `limit` tokens, its first
     ``limit + 1`` and True (tokenized only as far as that: `hsextract.dataset.head_tokens`)."""
     text, spans = assistant_spans(tok, messages, tools)
@@ -198,8 +200,15 @@ def tokenize_head_with_mask(tok: Any, messages: Sequence[Message], tools: Tools,
 class SampleEncoder:
     """Turns Samples into Encoded samples (or Rejects) under one tokenizer and length policy."""
 
-    def __init__(self, tok: Any, max_tokens: int | None, overlong: str = "truncate", vocab_size: int | None = None,
-                 last_turn_only: bool = False, min_loss_tokens: int = 0):
+    def __init__(
+        self,
+        tok: Any,
+        max_tokens: int | None,
+        overlong: str = "truncate",
+        vocab_size: int | None = None,
+        last_turn_only: bool = False,
+        min_loss_tokens: int = 0,
+    ):
         if overlong not in OVERLONG_POLICIES:
             raise HsextractError(f"overlong policy {overlong!r}; expected one of {', '.join(OVERLONG_POLICIES)}")
         if max_tokens is not None and max_tokens < 1:
@@ -228,8 +237,9 @@ class SampleEncoder:
             more = False
         else:
             try:
-                ids, mask, more = tokenize_head_with_mask(self.tok, sample.messages or [], sample.tools,
-                                                          self.last_turn_only, self.max_tokens)
+                ids, mask, more = tokenize_head_with_mask(
+                    self.tok, sample.messages or [], sample.tools, self.last_turn_only, self.max_tokens
+                )
             except TemplateMismatch as exc:
                 return Reject(sample.index, TEMPLATE_NOT_INCREMENTAL, str(exc))
             except Exception as exc:  # jinja2 TemplateError, raise_exception() in templates, tokenizer errors
@@ -258,9 +268,17 @@ class SampleEncoder:
         return Encoded(index, ids, mask, truncated_from=n)
 
 
-def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None, overlong: str,
-                  last_turn_only: bool = False, min_loss_tokens: int = 0, context_length: int | None = None,
-                  kv_pool_tokens: int | None = None, quiet: bool = False) -> SampleEncoder:
+def build_encoder(
+    model: Path,
+    chat_template: str | None,
+    max_tokens: int | None,
+    overlong: str,
+    last_turn_only: bool = False,
+    min_loss_tokens: int = 0,
+    context_length: int | None = None,
+    kv_pool_tokens: int | None = None,
+    quiet: bool = False,
+) -> SampleEncoder:
     """The client's encoder for `model`: its tokenizer and chat template, and the length limit the client
     applies (``max_tokens``, else the default, at most the longest prompt the server runs: see
     `hsextract.prompt_limit`; ``context_length`` and ``kv_pool_tokens`` are the server's settings
@@ -270,6 +288,7 @@ def build_encoder(model: Path, chat_template: str | None, max_tokens: int | None
     info = read_model_info(model)
     tok = load_tokenizer(model, chat_template)
     context = context_length or info.context_length
-    limit = resolve_max_tokens(max_tokens, defaults.MAX_TOKENS, longest_prompt(context, kv_pool_tokens),
-                               f"a context of {context}", quiet)
+    limit = resolve_max_tokens(
+        max_tokens, defaults.MAX_TOKENS, longest_prompt(context, kv_pool_tokens), f"a context of {context}", quiet
+    )
     return SampleEncoder(tok, limit, overlong, info.vocab_size or None, last_turn_only, min_loss_tokens)

@@ -263,8 +263,9 @@ def _reasoning(turn: Mapping[str, Any], where: str) -> str | None:
     return None
 
 
-def parse_messages(turns: object, key: str, role_key: str, text_key: str,
-                   roles: Mapping[str, str], require_assistant: bool = True) -> tuple[Message, ...]:
+def parse_messages(
+    turns: object, key: str, role_key: str, text_key: str, roles: Mapping[str, str], require_assistant: bool = True
+) -> tuple[Message, ...]:
     """The turns of one row as Messages; BadConversation naming the turn when they cannot be."""
     turns = _json_value(turns, f"'{key}'", UNKNOWN_SHAPE)
     if not isinstance(turns, list):
@@ -282,8 +283,9 @@ def parse_messages(turns: object, key: str, role_key: str, text_key: str,
         lowered = role_name.strip().lower()
         role = roles.get(lowered)
         if role is None:
-            raise BadConversation(UNKNOWN_ROLE,
-                                  f"{where}: role {role_name[:40]!r}; expected one of {', '.join(sorted(roles))}")
+            raise BadConversation(
+                UNKNOWN_ROLE, f"{where}: role {role_name[:40]!r}; expected one of {', '.join(sorted(roles))}"
+            )
         if lowered == "function_call":  # the value is the call itself
             out.append(Message("assistant", "", _reasoning(turn, where), _tool_calls(turn.get(text_key), where)))
             continue
@@ -303,8 +305,11 @@ def _message(role: str, turn: Mapping[str, Any], text_key: str, where: str) -> M
         return Message("assistant", content, thought, calls)
     if role == "tool":
         call_id = turn.get("tool_call_id")
-        return Message("tool", _text(turn.get(text_key), where, allow_empty=True),
-                       tool_call_id=None if call_id is None else str(call_id))
+        return Message(
+            "tool",
+            _text(turn.get(text_key), where, allow_empty=True),
+            tool_call_id=None if call_id is None else str(call_id),
+        )
     # An empty system prompt renders as one (frameworks write `"content": null` where none was set);
     # an empty user turn asks nothing, so it is refused.
     return Message(role, _text(turn.get(text_key), where, allow_empty=role == "system"))
@@ -347,8 +352,9 @@ def sample_id(obj: Mapping[str, Any]) -> str | None:
 def parse_conversation(obj: Mapping[str, Any], require_assistant: bool = True) -> Conversation:
     """A ShareGPT or OpenAI row as a Conversation; BadConversation saying why it cannot be one."""
     if obj.get("conversations") is not None:  # a table row has every column, null where it has none
-        msgs = list(parse_messages(obj["conversations"], "conversations", "from", "value", SHAREGPT_ROLES,
-                                   require_assistant))
+        msgs = list(
+            parse_messages(obj["conversations"], "conversations", "from", "value", SHAREGPT_ROLES, require_assistant)
+        )
         system = obj.get("system")
         if isinstance(system, str) and system.strip() and msgs[0].role != "system":
             _check_utf8(system, "'system'")

@@ -118,8 +118,9 @@ class DirectTokenizer:
     def __len__(self) -> int:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
-    def __call__(self, text: str, add_special_tokens: bool = True,
-                 return_offsets_mapping: bool = False) -> dict[str, list]:
+    def __call__(
+        self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False
+    ) -> dict[str, list]:
         enc = self._backend.encode(text, add_special_tokens=add_special_tokens)
         out: dict[str, list] = {"input_ids": enc.ids}  # (no attention mask: nothing here reads one)
         if return_offsets_mapping:
@@ -130,23 +131,37 @@ class DirectTokenizer:
         """The text of ``ids``, special tokens included (transformers' ``decode`` without clean-up)."""
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
-    def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]], tools: Sequence[dict] | None = None,
-                            tokenize: bool = False, add_generation_prompt: bool = False,
-                            **kwargs: Any) -> str | dict[str, list]:
+    def apply_chat_template(
+        self,
+        conversation: Sequence[Mapping[str, Any]],
+        tools: Sequence[dict] | None = None,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        **kwargs: Any,
+    ) -> str | dict[str, list]:
         """The conversation rendered as text, or with ``tokenize=True`` its tokens as transformers 5
         returns them (a dict, special tokens not added: the template writes them)."""
         text = self._render(conversation, tools, add_generation_prompt, kwargs)
         return self(text, add_special_tokens=False) if tokenize else text
 
-    def _render(self, conversation: Sequence[Mapping[str, Any]], tools: Sequence[dict] | None,
-                add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
+    def _render(
+        self,
+        conversation: Sequence[Mapping[str, Any]],
+        tools: Sequence[dict] | None,
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any],
+    ) -> str:
         if not conversation:
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
         if not self.chat_template:
             raise ValueError("the tokenizer has no chat template")
-        return self._template().render(messages=list(conversation), tools=list(tools) if tools is not None else None,
-                                       documents=None, add_generation_prompt=add_generation_prompt,
-                                       **{**self.special_tokens_map, **kwargs})
+        return self._template().render(
+            messages=list(conversation),
+            tools=list(tools) if tools is not None else None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **{**self.special_tokens_map, **kwargs},
+        )
 
     def _template(self) -> Any:
         if self._compiled is None or self._compiled[0] != self.chat_template:
@@ -177,8 +192,9 @@ def compile_template(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(format: str) -> str:

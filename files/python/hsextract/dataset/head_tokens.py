@@ -56,7 +56,7 @@ def _head(tok: Any, text: str, cut: int, want: int) -> Tokens | None:
     ids, offsets = first["input_ids"][:want], [tuple(o) for o in first["offset_mapping"][:want]]
     if len(ids) < want or offsets[-1][1] > cut - MARGIN_CHARS:
         return None
-    second = _encode(tok, text[:cut + MARGIN_CHARS])
+    second = _encode(tok, text[: cut + MARGIN_CHARS])
     if list(second["input_ids"][:want]) != list(ids) or [tuple(o) for o in second["offset_mapping"][:want]] != offsets:
         return None
     return Tokens(list(ids), [s for s, _ in offsets], more=True)

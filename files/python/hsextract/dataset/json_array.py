@@ -71,7 +71,7 @@ class ArrayScan:
         """At the end of the file: an array that was never closed."""
         if self.state != "inside":
             return
-        rest = bytes(self.buf[self.start:])
+        rest = bytes(self.buf[self.start :])
         unterminated_string = self.pos < len(self.buf)  # the scan stopped at a quote whose string never ends
         if rest.strip() and not self.closers and not unterminated_string:
             yield rest  # a whole last element: only the array's end is missing
@@ -92,7 +92,7 @@ class ArrayScan:
 
     def _after_end(self) -> Iterator[NotAnElement]:
         """Past the array's ']' only blanks may follow."""
-        if bytes(self.buf[self.start:]).strip():
+        if bytes(self.buf[self.start :]).strip():
             self.state = "ended"
             yield NotAnElement(MALFORMED_JSON, f"{self.name}: data after the end of the JSON array")
             return

@@ -68,11 +68,38 @@ DUPLICATE = "duplicate"
 ROW_TOO_LARGE = "row_too_large"
 
 __all__ = [
-    "BAD_INPUT_IDS", "BAD_LOSS_MASK", "BAD_MESSAGE", "BAD_TOOLS", "BAD_TOOL_CALL", "BLANK_LINE", "DUPLICATE",
-    "EMPTY_CONTENT", "EMPTY_CONVERSATION", "MALFORMED_JSON", "NOT_AN_OBJECT", "NOT_UTF8", "NO_ASSISTANT_TURN",
-    "OPENAI_ROLES", "ROW_TOO_LARGE", "SHAREGPT_ROLES", "TOOL_WITHOUT_CALL", "UNKNOWN_ROLE", "UNKNOWN_SHAPE",
-    "UNREADABLE_FILE", "Conversation", "DatasetReader", "Message", "Reject", "Sample", "ToolCall",
-    "add_max_row_bytes_argument", "count_rows", "dataset_files", "parse_line", "parse_object", "parse_row",
+    "BAD_INPUT_IDS",
+    "BAD_LOSS_MASK",
+    "BAD_MESSAGE",
+    "BAD_TOOLS",
+    "BAD_TOOL_CALL",
+    "BLANK_LINE",
+    "DUPLICATE",
+    "EMPTY_CONTENT",
+    "EMPTY_CONVERSATION",
+    "MALFORMED_JSON",
+    "NOT_AN_OBJECT",
+    "NOT_UTF8",
+    "NO_ASSISTANT_TURN",
+    "OPENAI_ROLES",
+    "ROW_TOO_LARGE",
+    "SHAREGPT_ROLES",
+    "TOOL_WITHOUT_CALL",
+    "UNKNOWN_ROLE",
+    "UNKNOWN_SHAPE",
+    "UNREADABLE_FILE",
+    "Conversation",
+    "DatasetReader",
+    "Message",
+    "Reject",
+    "Sample",
+    "ToolCall",
+    "add_max_row_bytes_argument",
+    "count_rows",
+    "dataset_files",
+    "parse_line",
+    "parse_object",
+    "parse_row",
     "read_dataset",
 ]
 
@@ -183,13 +210,13 @@ def _decode(raw: bytes) -> object:
     if raw.endswith(b"\r"):
         raw = raw[:-1]
     if raw.startswith(BOM):  # a file's (or a concatenated file's) byte-order mark
-        raw = raw[len(BOM):]
+        raw = raw[len(BOM) :]
     if not raw.strip():
         raise _BadRow(BLANK_LINE, "blank line")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _BadRow(NOT_UTF8, f"byte {exc.start} is not UTF-8 ({raw[exc.start:exc.start + 4]!r})") from None
+        raise _BadRow(NOT_UTF8, f"byte {exc.start} is not UTF-8 ({raw[exc.start : exc.start + 4]!r})") from None
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -265,8 +292,9 @@ class DatasetReader:
     line took 17 GB in each of plan's workers), and no context holds it anyway.
     """
 
-    def __init__(self, dedupe: bool = True, require_assistant: bool = True,
-                 max_row_bytes: int = defaults.MAX_ROW_BYTES) -> None:
+    def __init__(
+        self, dedupe: bool = True, require_assistant: bool = True, max_row_bytes: int = defaults.MAX_ROW_BYTES
+    ) -> None:
         if max_row_bytes < 1:
             raise ConfigError(f"--max-row-bytes {max_row_bytes}: must be at least 1")
         self.dedupe = dedupe
@@ -286,8 +314,10 @@ class DatasetReader:
         if size <= self.max_row_bytes:
             return None
         unit = "bytes" if isinstance(data, (bytes, bytearray)) else "characters of text"
-        detail = (f"the row has {size:,} {unit}{'' if unit == 'bytes' else ' or more'}, more than --max-row-bytes "
-                  f"{self.max_row_bytes:,}; raise --max-row-bytes to read it")
+        detail = (
+            f"the row has {size:,} {unit}{'' if unit == 'bytes' else ' or more'}, more than --max-row-bytes "
+            f"{self.max_row_bytes:,}; raise --max-row-bytes to read it"
+        )
         return Reject(index, ROW_TOO_LARGE, detail, {"size": size, "max_row_bytes": self.max_row_bytes})
 
     def feed(self, index: int, raw: bytes) -> Sample | Reject:
@@ -313,9 +343,14 @@ class DatasetReader:
 
 def add_max_row_bytes_argument(parser: argparse._ActionsContainer) -> None:
     """``--max-row-bytes``: the bound of `DatasetReader`, a flag of every command that reads a dataset."""
-    parser.add_argument("--max-row-bytes", type=int, default=defaults.MAX_ROW_BYTES, metavar="N",
-                        help=f"reject rows larger than N bytes (a table row: characters) before tokenizing them "
-                             f"(reason {ROW_TOO_LARGE}; default {defaults.MAX_ROW_BYTES:,})")
+    parser.add_argument(
+        "--max-row-bytes",
+        type=int,
+        default=defaults.MAX_ROW_BYTES,
+        metavar="N",
+        help=f"reject rows larger than N bytes (a table row: characters) before tokenizing them "
+        f"(reason {ROW_TOO_LARGE}; default {defaults.MAX_ROW_BYTES:,})",
+    )
 
 
 def read_dataset(path: str | Path, reader: DatasetReader | None = None) -> Iterator[Sample | Reject]:

@@ -75,8 +75,11 @@ def _describe(path: Path) -> tuple[str, str | None] | None:
     """(kind, compression) of a file by its name; None for a name no dataset file has."""
     suffixes = [s.lower() for s in path.suffixes[-2:]]
     compression = COMPRESSIONS.get(suffixes[-1]) if suffixes else None
-    inner = suffixes[-2] if compression and len(suffixes) == 2 else (None if compression else
-                                                                      (suffixes[-1] if suffixes else None))
+    inner = (
+        suffixes[-2]
+        if compression and len(suffixes) == 2
+        else (None if compression else (suffixes[-1] if suffixes else None))
+    )
     if inner in TABLE_SUFFIXES and not compression:
         return TABLE_SUFFIXES[inner], None
     if inner in (*LINE_SUFFIXES, ".json"):
@@ -91,7 +94,8 @@ def _check_codec(compression: str | None, path: Path) -> None:
         except ImportError:
             raise HsextractError(
                 f"dataset file {path} is zstd-compressed, but the zstandard package is not installed in this "
-                "environment; install it (pip install zstandard) or decompress the file (zstd -d)") from None
+                "environment; install it (pip install zstandard) or decompress the file (zstd -d)"
+            ) from None
 
 
 def _save_to_disk_files(d: Path, prefix: str) -> list[DataFile]:
@@ -99,16 +103,20 @@ def _save_to_disk_files(d: Path, prefix: str) -> list[DataFile]:
         state = json.loads((d / "state.json").read_text())
         names = [f["filename"] for f in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise HsextractError(f"{d}: state.json does not list the data files of a saved dataset ({exc}); "
-                             "is it a directory written by datasets' save_to_disk?") from exc
+        raise HsextractError(
+            f"{d}: state.json does not list the data files of a saved dataset ({exc}); "
+            "is it a directory written by datasets' save_to_disk?"
+        ) from exc
     return [DataFile(d / n, f"{prefix}{n}", "arrow") for n in names]
 
 
 def _walk(d: Path, prefix: str, out: list[DataFile], ignored: list[str], hidden: list[str]) -> None:
     if (d / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in d.iterdir() if (p / "state.json").is_file())
-        raise HsextractError(f"{d} holds a DatasetDict (splits {', '.join(splits) or 'none'}); "
-                             f"pass one split's directory, e.g. {d / (splits[0] if splits else 'train')}")
+        raise HsextractError(
+            f"{d} holds a DatasetDict (splits {', '.join(splits) or 'none'}); "
+            f"pass one split's directory, e.g. {d / (splits[0] if splits else 'train')}"
+        )
     if (d / "state.json").is_file() and (d / "dataset_info.json").is_file():
         out.extend(_save_to_disk_files(d, prefix))
         return
@@ -171,11 +179,15 @@ def dataset_files(path: str | Path) -> list[DataFile]:
         if ignored:
             _say_once(p, "skipping %d files of no dataset format: %s", ignored)
         if not out:
-            raise HsextractError(f"dataset directory {p} has no dataset files ({', '.join(KNOWN)}, "
-                                 "optionally .gz or .zst, or a save_to_disk directory)")
+            raise HsextractError(
+                f"dataset directory {p} has no dataset files ({', '.join(KNOWN)}, "
+                "optionally .gz or .zst, or a save_to_disk directory)"
+            )
         if all(_empty(f.path) for f in out):
-            raise HsextractError(f"dataset directory {p}: its dataset files are all empty (0 bytes: "
-                                 f"{_names([f.name for f in out])}); pass --dataset with the data")
+            raise HsextractError(
+                f"dataset directory {p}: its dataset files are all empty (0 bytes: "
+                f"{_names([f.name for f in out])}); pass --dataset with the data"
+            )
         return out
     if not p.exists():
         raise HsextractError(f"dataset {p} does not exist; pass --dataset with a dataset file or directory")
@@ -185,8 +197,9 @@ def dataset_files(path: str | Path) -> list[DataFile]:
     except OSError as exc:
         raise HsextractError(f"dataset {p}: cannot open ({exc})") from exc
     if _empty(p):
-        raise HsextractError(f"dataset file {p} is empty (0 bytes); pass --dataset with the data (was it copied "
-                             "completely?)")
+        raise HsextractError(
+            f"dataset file {p} is empty (0 bytes); pass --dataset with the data (was it copied completely?)"
+        )
     kind, compression = _describe(p) or ("text", None)
     _check_codec(compression, p)
     return [DataFile(p, p.name, kind, compression)]
@@ -253,7 +266,7 @@ def _blocks(f: DataFile) -> Iterator[bytes]:
                 head += block  # a stream may return short pieces: the mark may span two
                 if len(head) < len(BOM):
                     continue
-                block, head, first = head[len(BOM):] if head.startswith(BOM) else head, b"", False
+                block, head, first = head[len(BOM) :] if head.startswith(BOM) else head, b"", False
             yield block
         if first and head:  # shorter than a byte-order mark
             yield head
@@ -265,8 +278,9 @@ REST_UNKNOWN = "the rows after it are lost, and how many is unknown: this one re
 
 
 def _unreadable(f: DataFile, exc: BaseException, where: str, rest: str = REST_UNKNOWN) -> Unreadable:
-    return Unreadable(UNREADABLE_FILE, f"{f.name}: cannot read {where} ({type(exc).__name__}: {str(exc)[:200]}); "
-                                       f"{rest}")
+    return Unreadable(
+        UNREADABLE_FILE, f"{f.name}: cannot read {where} ({type(exc).__name__}: {str(exc)[:200]}); {rest}"
+    )
 
 
 def _first_byte(f: DataFile) -> bytes:
@@ -361,8 +375,12 @@ def _parquet_rows(f: DataFile) -> Iterator[Mapping | Unreadable]:
         pf = pq.ParquetFile(f.path)
         total = int(pf.metadata.num_rows)
     except Exception as exc:  # not Parquet, or its footer is damaged: one row says so
-        yield _unreadable(f, exc, "its metadata", "none of its rows can be read, and how many there are is unknown: "
-                                                  "this one reject stands for them all")
+        yield _unreadable(
+            f,
+            exc,
+            "its metadata",
+            "none of its rows can be read, and how many there are is unknown: this one reject stands for them all",
+        )
         return
     done = 0
     try:
@@ -374,8 +392,12 @@ def _parquet_rows(f: DataFile) -> Iterator[Mapping | Unreadable]:
                 yield row
                 done += 1
     except Exception as exc:  # a damaged page: its rows and the rest become rejects
-        bad = _unreadable(f, exc, f"past row {done}", f"the {total - done} rows from there on are lost (one reject "
-                                                       "each: the metadata counts them)")
+        bad = _unreadable(
+            f,
+            exc,
+            f"past row {done}",
+            f"the {total - done} rows from there on are lost (one reject each: the metadata counts them)",
+        )
         if done == total:
             log.warning("%s", bad.detail)
         for _ in range(total - done):

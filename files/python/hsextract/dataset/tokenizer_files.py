@@ -41,9 +41,12 @@ def generic_fast_tokenizer(model_dir: Path) -> bool:
     """True when AutoTokenizer would build the generic fast tokenizer the directory's files name
     (see the module docstring)."""
     cfg = read_json_object(model_dir / "tokenizer_config.json")
-    return (cfg.get("tokenizer_class") in GENERIC_FAST_CLASSES and "auto_map" not in cfg
-            and read_json_object(model_dir / "config.json").get("model_type") in GENERIC_MODEL_TYPES
-            and (model_dir / "tokenizer.json").is_file())
+    return (
+        cfg.get("tokenizer_class") in GENERIC_FAST_CLASSES
+        and "auto_map" not in cfg
+        and read_json_object(model_dir / "config.json").get("model_type") in GENERIC_MODEL_TYPES
+        and (model_dir / "tokenizer.json").is_file()
+    )
 
 
 def from_pretrained(model_dir: Path) -> Any:

@@ -59,11 +59,19 @@ class ClientRuns:
         if now - self._asked_at >= ASK_EVERY_S:
             shards = read_shards(self.out)
             finished = run_finished(shards, len(running_clients(self.out)), self.consumed)
-            if not finished and self._exit_when_done and self.consumed and \
-                    set(summary_ids(shards)) == self.consumed and not self._told_rerun:
+            if (
+                not finished
+                and self._exit_when_done
+                and self.consumed
+                and set(summary_ids(shards)) == self.consumed
+                and not self._told_rerun
+            ):
                 self._told_rerun = True
-                log.info("the client summary in %s is of the run a drain of this output finished already; "
-                         "waiting for the next client run to finish (--exit-when-done)", self.out)
+                log.info(
+                    "the client summary in %s is of the run a drain of this output finished already; "
+                    "waiting for the next client run to finish (--exit-when-done)",
+                    self.out,
+                )
             self._finished, self._asked_at = finished, now
         return self._finished
 

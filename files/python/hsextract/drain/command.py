@@ -31,56 +31,106 @@ log = logging.getLogger("hsextract.drain")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-dir", required=False, help="staging directory the capture writes (in /dev/shm)")
-    parser.add_argument("--output", required=False,
-                        help="training-set directory to write, or s3://bucket/prefix (docs/object-store.md)")
+    parser.add_argument(
+        "--output", required=False, help="training-set directory to write, or s3://bucket/prefix (docs/object-store.md)"
+    )
     parser.add_argument("--format", choices=FORMAT_NAMES, help="trainer format of the training set")
     parser.add_argument("--model", help="model directory: hidden size, layer count and dtype every dump must match")
     parser.add_argument("--aux-layers", help="aux layer ids every dump must have, e.g. 1,29,57 (default: the model's)")
     parser.add_argument("--layer-convention", choices=CONVENTIONS, default="eagle", help="convention of --aux-layers")
     parser.add_argument("--workers", type=int, default=None, help="parallel writers (default: one per core, at most 8)")
-    parser.add_argument("--worker-mode", choices=WORKER_MODES, default="auto",
-                        help="workers as threads of the drain, or as processes (each its own interpreter: faster "
-                             "for many small samples); auto: processes on 8 cores or more (default)")
+    parser.add_argument(
+        "--worker-mode",
+        choices=WORKER_MODES,
+        default="auto",
+        help="workers as threads of the drain, or as processes (each its own interpreter: faster "
+        "for many small samples); auto: processes on 8 cores or more (default)",
+    )
     parser.add_argument("--memory-budget", type=int, default=2 << 30, help="bytes of samples held in memory at once")
     parser.add_argument("--quarantine-dir", help="where invalid dumps go (default <output>/quarantine)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
-    parser.add_argument("--exit-when-done", action="store_true",
-                        help="exit once the client has finished and no dump of this run is staged: 0 when the "
-                             "run's counts add up, 3 when they do not or too many samples failed")
-    parser.add_argument("--max-failure-share", type=float, default=DEFAULT_MAX_FAILURE_SHARE,
-                        help="share of accepted samples that may end failed, and quarantined, before a finished "
-                             f"run counts as failed (default {DEFAULT_MAX_FAILURE_SHARE:g})")
-    parser.add_argument("--record-grace", type=float, default=300.0,
-                        help="seconds a complete dump may wait for its client record before it is removed")
-    parser.add_argument("--incomplete-timeout", type=float, default=1800.0,
-                        help="seconds after which a dump without done marker is quarantined")
-    parser.add_argument("--abandoned-grace", type=float, default=60.0,
-                        help="seconds after which a dump without done marker is quarantined once the finished "
-                             f"client lists its sample in {FAILURES}")
-    parser.add_argument("--finalize-idle", type=float, default=60.0,
-                        help="rebuild dataset-level files after this many idle seconds")
+    parser.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="exit once the client has finished and no dump of this run is staged: 0 when the "
+        "run's counts add up, 3 when they do not or too many samples failed",
+    )
+    parser.add_argument(
+        "--max-failure-share",
+        type=float,
+        default=DEFAULT_MAX_FAILURE_SHARE,
+        help="share of accepted samples that may end failed, and quarantined, before a finished "
+        f"run counts as failed (default {DEFAULT_MAX_FAILURE_SHARE:g})",
+    )
+    parser.add_argument(
+        "--record-grace",
+        type=float,
+        default=300.0,
+        help="seconds a complete dump may wait for its client record before it is removed",
+    )
+    parser.add_argument(
+        "--incomplete-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds after which a dump without done marker is quarantined",
+    )
+    parser.add_argument(
+        "--abandoned-grace",
+        type=float,
+        default=60.0,
+        help="seconds after which a dump without done marker is quarantined once the finished "
+        f"client lists its sample in {FAILURES}",
+    )
+    parser.add_argument(
+        "--finalize-idle", type=float, default=60.0, help="rebuild dataset-level files after this many idle seconds"
+    )
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between staging scans")
-    parser.add_argument("--selfcheck-share", type=float, default=0.01,
-                        help="share of samples whose last final hidden state is put through the model's head and "
-                             "must give the token the server sampled (default 0.01; needs --model)")
-    parser.add_argument("--selfcheck-first", type=int, default=8,
-                        help="the first samples a drain sees that are always self-checked (default 8)")
-    parser.add_argument("--selfcheck-server", metavar="URL",
-                        help="the SGLang server the self-check asks for each checked sample's prompt logprobs, to "
-                             "compare with those its captured final hidden states give (the logprob check; default: "
-                             "none, the greedy check alone; the drain's unit passes the run's server)")
-    parser.add_argument("--selfcheck-logprob-bound", type=float, default=DEFAULT_MAX_MEAN_ABS_ERROR,
-                        help="the mean absolute error of a sample's compared logprobs above which it is quarantined "
-                             f"as logprob_mismatch (default {DEFAULT_MAX_MEAN_ABS_ERROR:g})")
+    parser.add_argument(
+        "--selfcheck-share",
+        type=float,
+        default=0.01,
+        help="share of samples whose last final hidden state is put through the model's head and "
+        "must give the token the server sampled (default 0.01; needs --model)",
+    )
+    parser.add_argument(
+        "--selfcheck-first",
+        type=int,
+        default=8,
+        help="the first samples a drain sees that are always self-checked (default 8)",
+    )
+    parser.add_argument(
+        "--selfcheck-server",
+        metavar="URL",
+        help="the SGLang server the self-check asks for each checked sample's prompt logprobs, to "
+        "compare with those its captured final hidden states give (the logprob check; default: "
+        "none, the greedy check alone; the drain's unit passes the run's server)",
+    )
+    parser.add_argument(
+        "--selfcheck-logprob-bound",
+        type=float,
+        default=DEFAULT_MAX_MEAN_ABS_ERROR,
+        help="the mean absolute error of a sample's compared logprobs above which it is quarantined "
+        f"as logprob_mismatch (default {DEFAULT_MAX_MEAN_ABS_ERROR:g})",
+    )
     add_draft_vocab_arguments(parser)
     add_store_arguments(parser)
-    parser.add_argument("--uploads", type=int, default=8,
-                        help="with --output s3://...: samples uploaded at once (default 8)")
-    parser.add_argument("--s3-part-size", type=int, default=32 << 20, metavar="BYTES",
-                        help="with --output s3://...: a sample of two parts or more goes up in parts of this size "
-                             "(default 32 MiB, at least 5 MiB)")
-    parser.add_argument("--vocab-checkpoint-interval", type=float, default=30.0,
-                        help="seconds between checkpoints of the token counts (a restart recounts what came after)")
+    parser.add_argument(
+        "--uploads", type=int, default=8, help="with --output s3://...: samples uploaded at once (default 8)"
+    )
+    parser.add_argument(
+        "--s3-part-size",
+        type=int,
+        default=32 << 20,
+        metavar="BYTES",
+        help="with --output s3://...: a sample of two parts or more goes up in parts of this size "
+        "(default 32 MiB, at least 5 MiB)",
+    )
+    parser.add_argument(
+        "--vocab-checkpoint-interval",
+        type=float,
+        default=30.0,
+        help="seconds between checkpoints of the token counts (a restart recounts what came after)",
+    )
     add_config_argument(parser)
 
 
@@ -132,8 +182,10 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         selfcheck_logprob_bound=float(args.selfcheck_logprob_bound),
     )
     if not 0.0 <= cfg.selfcheck_share <= 1.0 or cfg.selfcheck_first < 0:
-        raise ConfigError(f"--selfcheck-share {args.selfcheck_share} / --selfcheck-first {args.selfcheck_first}: "
-                          "give a share from 0 to 1 and a count of at least 0")
+        raise ConfigError(
+            f"--selfcheck-share {args.selfcheck_share} / --selfcheck-first {args.selfcheck_first}: "
+            "give a share from 0 to 1 and a count of at least 0"
+        )
     check_selfcheck_server(cfg.selfcheck_server, cfg.selfcheck_logprob_bound)
     if args.workers:
         cfg.workers = args.workers

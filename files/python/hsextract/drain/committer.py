@@ -53,8 +53,18 @@ class Prepared:
 
     def row(self, output_index: int, file: str, written_at: float) -> ManifestEntry:
         """Its manifest line, once it is the sample `output_index` at `file`."""
-        return ManifestEntry(output_index, self.dataset_index, self.rid, self.tokens, file, self.nbytes,
-                             self.checksum, written_at, self.fingerprint, self.greedy_check)
+        return ManifestEntry(
+            output_index,
+            self.dataset_index,
+            self.rid,
+            self.tokens,
+            file,
+            self.nbytes,
+            self.checksum,
+            written_at,
+            self.fingerprint,
+            self.greedy_check,
+        )
 
 
 class CommitEvents(Protocol):
@@ -79,8 +89,15 @@ class CommitEvents(Protocol):
 class Committer:
     """Owns the manifest while the drain runs: its entries, its appender, the commit thread."""
 
-    def __init__(self, out: Path, fmt: OutputFormat, tmp_dir: Path, dump_dir: Path, entries: list[ManifestEntry],
-                 events: CommitEvents):
+    def __init__(
+        self,
+        out: Path,
+        fmt: OutputFormat,
+        tmp_dir: Path,
+        dump_dir: Path,
+        entries: list[ManifestEntry],
+        events: CommitEvents,
+    ):
         self.out, self.fmt, self.tmp_dir, self.dump_dir = Path(out), fmt, Path(tmp_dir), Path(dump_dir)
         self.entries = entries
         self.done_rids = {e.rid for e in entries}
@@ -94,8 +111,9 @@ class Committer:
         return rid in self.done_rids or dataset_index in self.done_indices
 
     def start(self) -> None:
-        self._ordered = OrderedCommit(self.out, self.fmt.relative_path, len(self.entries), self._wait_for_space,
-                                      tmp_dir=self.tmp_dir)
+        self._ordered = OrderedCommit(
+            self.out, self.fmt.relative_path, len(self.entries), self._wait_for_space, tmp_dir=self.tmp_dir
+        )
         self._thread = threading.Thread(target=self._loop, name="drain-commit", daemon=True)
         self._thread.start()
 

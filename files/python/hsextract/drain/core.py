@@ -133,8 +133,9 @@ class Drainer:
             self.stats.set(state="failed")
             self._outcomes.write_status(error=str(fatal))
             raise fatal
-        self.stats.set(state="done" if not self.stop_event.is_set() else "stopped", in_flight=0,
-                       lag=self._our_dumps_left())
+        self.stats.set(
+            state="done" if not self.stop_event.is_set() else "stopped", in_flight=0, lag=self._our_dumps_left()
+        )
         exit_code = self._check_run() if finished_run else 0
         if self._finalize_problem and not self.stop_event.is_set():
             log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
@@ -142,8 +143,11 @@ class Drainer:
         self.stats.set(finalize_problem=self._finalize_problem)
         self._publish_bucket_state()
         self._outcomes.write_status()
-        log.info("drain stopped: %d samples written by this process, %d in the manifest",
-                 self.stats.samples, self.stats.samples_total)
+        log.info(
+            "drain stopped: %d samples written by this process, %d in the manifest",
+            self.stats.samples,
+            self.stats.samples_total,
+        )
         return exit_code
 
     def _recover(self) -> tuple[Committer, Scanner]:
@@ -158,8 +162,7 @@ class Drainer:
         self._header = RunHeader(cfg, found.run_id, found.header)
         committer: Committer
         if self._bucket is not None:
-            committer = self._bucket.committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries,
-                                               self._outcomes)
+            committer = self._bucket.committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
         else:
             committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
         self._selfcheck = make_selfcheck(cfg, stop=self.stop_event, publish=lambda c: self.stats.set(selfcheck=c))
@@ -168,18 +171,38 @@ class Drainer:
             if cfg.wait_for_worker_processes:
                 self._processes.wait_ready()
         vocab = self._vocab
-        worker = SampleWorker(self.fmt, self.out, tmp_dir, cfg.memory_budget_bytes, header=self._header,
-                              commit=committer.put, events=self._outcomes, selfcheck=self._selfcheck,
-                              processes=self._processes, count_vocab=lambda: vocab.counting,
-                              durable_tmp=self._bucket is None)
+        worker = SampleWorker(
+            self.fmt,
+            self.out,
+            tmp_dir,
+            cfg.memory_budget_bytes,
+            header=self._header,
+            commit=committer.put,
+            events=self._outcomes,
+            selfcheck=self._selfcheck,
+            processes=self._processes,
+            count_vocab=lambda: vocab.counting,
+            durable_tmp=self._bucket is None,
+        )
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
-        self.stats.set(run_id=self.run_id, samples_total=len(found.entries),
-                       tokens_total=sum(e.tokens for e in found.entries),
-                       bytes_total=sum(e.bytes for e in found.entries))
+        self.stats.set(
+            run_id=self.run_id,
+            samples_total=len(found.entries),
+            tokens_total=sum(e.tokens for e in found.entries),
+            bytes_total=sum(e.bytes for e in found.entries),
+        )
         self._vocab.recover(found.entries, self._bucket.tokens if self._bucket is not None else None)
-        scanner = Scanner(cfg, found.run_id, inflight=self._inflight, committer=committer, worker=worker,
-                          clients=self._clients, outcomes=self._outcomes, stop=self.stop_event)
+        scanner = Scanner(
+            cfg,
+            found.run_id,
+            inflight=self._inflight,
+            committer=committer,
+            worker=worker,
+            clients=self._clients,
+            outcomes=self._outcomes,
+            stop=self.stop_event,
+        )
         scanner.sweep_records(time.time(), force=True)
         return committer, scanner
 
@@ -203,7 +226,12 @@ class Drainer:
         self.stats.set(state="running")
         log.info(
             "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)",
-            self.cfg.dump_dir, self.out, self.cfg.format, self.run_id, len(committer.entries), self.cfg.workers,
+            self.cfg.dump_dir,
+            self.out,
+            self.cfg.format,
+            self.run_id,
+            len(committer.entries),
+            self.cfg.workers,
             "processes" if self._processes is not None else "threads",
         )
         return metrics
@@ -253,8 +281,9 @@ class Drainer:
                 self._finalize_if_changed(committer)
             except Exception as exc:  # the samples are safe; only the dataset-level files lag behind
                 log.exception("finalizing at shut-down failed; run `hsextract finalize --output %s`", self.out)
-                self._finalize_problem = f"finalizing failed ({type(exc).__name__}: {exc}); run `hsextract " \
-                                         f"finalize --output {self.out}`"
+                self._finalize_problem = (
+                    f"finalizing failed ({type(exc).__name__}: {exc}); run `hsextract finalize --output {self.out}`"
+                )
         if metrics:
             metrics.stop()
 
@@ -270,8 +299,11 @@ class Drainer:
         """Samples came since the last finalize, the clients have finished and nothing of the run is
         staged: the run is over, and its dataset-level files are written now rather than after
         --finalize-idle (a daemon drain; hsextract status calls the run done only then)."""
-        return (len(committer.entries) != self._finalized_at_count and self._client_finished()
-                and not self._our_dumps_left())
+        return (
+            len(committer.entries) != self._finalized_at_count
+            and self._client_finished()
+            and not self._our_dumps_left()
+        )
 
     def _finalize_if_changed(self, committer: Committer) -> None:
         """Rebuild the dataset-level files (the format's, the draft vocabulary's and config) if samples came
@@ -298,7 +330,8 @@ class Drainer:
                     self._finalize_problem = (
                         f"the output volume was full ({exc.strerror}) when the drain stopped, so the dataset-level "
                         f"files were not written for the {n} samples of the manifest; the next drain, or `hsextract "
-                        f"finalize --output {self.out}` once there is space, writes them")
+                        f"finalize --output {self.out}` once there is space, writes them"
+                    )
                     log.error("%s", self._finalize_problem)
                     return
                 self._outcomes.pause_for_space(self.out, exc)
@@ -324,8 +357,10 @@ class Drainer:
     def _finalize_waits_for_bucket(self, n: int, exc: Stopped) -> None:
         if not self._finalize_later_at:
             log.warning("the dataset-level files for %d samples wait for the bucket: %s", n, exc)
-        self._finalize_problem = (f"the dataset-level files for {n} samples are not yet in the bucket: {exc}; the "
-                                  "drain writes them once the server answers")
+        self._finalize_problem = (
+            f"the dataset-level files for {n} samples are not yet in the bucket: {exc}; the "
+            "drain writes them once the server answers"
+        )
         self._finalize_later_at = time.monotonic() + FINALIZE_RETRY_S
 
     def _check_run(self) -> int:

@@ -31,8 +31,13 @@ def max_length_for(entries: Sequence[ManifestEntry]) -> int:
     return -(-longest // LENGTH_STEP) * LENGTH_STEP
 
 
-def write_draft_files_logged(out: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
-                             model_path: str | None, draft_vocab_sizes: Sequence[int]) -> list[Path]:
+def write_draft_files_logged(
+    out: Path,
+    header: ManifestHeader,
+    entries: Sequence[ManifestEntry],
+    model_path: str | None,
+    draft_vocab_sizes: Sequence[int],
+) -> list[Path]:
     """`hsextract.draft_config.write_draft_files` for the drain's set; errors logged, never raised."""
     model = model_path or header.model_path
     if not draft_vocab_sizes or not header.vocab_size:
@@ -40,12 +45,22 @@ def write_draft_files_logged(out: Path, header: ManifestHeader, entries: Sequenc
     else:
         size = resolve_sizes(draft_vocab_sizes, header.vocab_size)[0].size
     try:
-        return write_draft_files(out, model_dir=model, architecture=header.architecture,
-                                 sglang_layers=header.sglang_layers_to_capture, draft_vocab_size=size or 32000,
-                                 fmt=header.format, max_length=max_length_for(entries))
+        return write_draft_files(
+            out,
+            model_dir=model,
+            architecture=header.architecture,
+            sglang_layers=header.sglang_layers_to_capture,
+            draft_vocab_size=size or 32000,
+            fmt=header.format,
+            max_length=max_length_for(entries),
+        )
     except (OSError, ValueError, HsextractError) as exc:
         if is_no_space(exc):
             raise  # a full volume: the drain waits for space for every dataset-level file alike
-        log.error("draft_config.json not written (%s); write it with `hsextract draft-config --output %s --model "
-                  "<the model directory>`", exc, out)
+        log.error(
+            "draft_config.json not written (%s); write it with `hsextract draft-config --output %s --model "
+            "<the model directory>`",
+            exc,
+            out,
+        )
         return []

@@ -26,9 +26,12 @@ from hsextract.vocab.arguments import add_draft_vocab_arguments, draft_vocab_set
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", help="training-set directory (the drain's --output), or s3://bucket/prefix")
-    parser.add_argument("--verify", action="store_true",
-                        help="check that every sample's file is its row's (name, size, checksum, token count, "
-                             "fingerprint), and the draft vocabulary's counts against a recount")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="check that every sample's file is its row's (name, size, checksum, token count, "
+        "fingerprint), and the draft vocabulary's counts against a recount",
+    )
     add_draft_vocab_arguments(parser)
     add_store_arguments(parser)
     add_config_argument(parser)
@@ -81,8 +84,10 @@ def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
 
     torn = _torn_tail(entries_path(out))
     if torn:
-        print(f"BAD {entries_path(out)} ends with a torn line ({torn} bytes, a crash mid-append; not a sample): "
-              "`hsextract finalize` cuts it")
+        print(
+            f"BAD {entries_path(out)} ends with a torn line ({torn} bytes, a crash mid-append; not a sample): "
+            "`hsextract finalize` cuts it"
+        )
     entries = list(iter_entries(out))
     header = read_header(out)
     assert header is not None  # _finalize refused a directory without one
@@ -94,14 +99,21 @@ def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
             bad_samples += 1
             print(f"BAD {e.output_index} ({e.rid}): {problem}")
     unchecked = sum(not check.checks_fingerprint(e) for e in entries)
-    print(f"verified {len(entries) - bad_samples}/{len(entries)} samples (name, size, checksum, shapes"
-          f"{', fingerprint' if unchecked < len(entries) else ''})"
-          + (f"; {unchecked} carry no fingerprint this version computes: their rows were not recomputed"
-             if unchecked else ""))
+    print(
+        f"verified {len(entries) - bad_samples}/{len(entries)} samples (name, size, checksum, shapes"
+        f"{', fingerprint' if unchecked < len(entries) else ''})"
+        + (
+            f"; {unchecked} carry no fingerprint this version computes: their rows were not recomputed"
+            if unchecked
+            else ""
+        )
+    )
     bad = bad_samples + bool(torn)
     if check_vocab and bad_samples:
-        print(f"draft vocabulary: not checked, {bad_samples} sample file(s) are BAD: put them right (or their rows) "
-              "and verify again")
+        print(
+            f"draft vocabulary: not checked, {bad_samples} sample file(s) are BAD: put them right (or their rows) "
+            "and verify again"
+        )
     elif check_vocab:
         bad += _verify_vocab(out, fmt, sizes, entries)
     print(f"{out}: checked, nothing written (`hsextract finalize --output {out}` writes the dataset-level files)")
@@ -125,8 +137,11 @@ def _finalize_bucket(args: argparse.Namespace, sizes: tuple[int, ...], vocab_siz
     work, target = resolve_output(args.output, args)
     assert target is not None
     recorded = recorded_target(work)
-    if recorded is not None and recorded.url == target.url and not any(
-            (args.s3_endpoint, args.s3_region, args.s3_credentials)):
+    if (
+        recorded is not None
+        and recorded.url == target.url
+        and not any((args.s3_endpoint, args.s3_region, args.s3_credentials))
+    ):
         target = recorded  # how the drain reached it (the endpoint and the credentials file's path)
     store = ObjectStore(target.url, target.settings)
     if args.verify:

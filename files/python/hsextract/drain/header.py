@@ -38,8 +38,11 @@ def header_fingerprint(cfg: DrainConfig, marker: DoneMarker) -> dict[str, str]:
     try:
         cfg.model_fingerprint = model_fingerprint(path)
     except OSError as exc:
-        log.warning("the model's fingerprint is not recorded in the manifest header: %s; collect will take this "
-                    "output only with others that have none", exc)
+        log.warning(
+            "the model's fingerprint is not recorded in the manifest header: %s; collect will take this "
+            "output only with others that have none",
+            exc,
+        )
         cfg.model_fingerprint = {}
     return cfg.model_fingerprint
 

@@ -42,8 +42,14 @@ STOPPING = "drain_stopping"
 class LogprobSource:
     """Thread-safe: the drain's workers ask at once."""
 
-    def __init__(self, url: str, *, top_k: int = DEFAULT_TOP_K, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 stop: threading.Event | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        stop: threading.Event | None = None,
+    ):
         self.url = url
         self.top_k = top_k
         self.timeout_s = timeout_s
@@ -75,6 +81,10 @@ class LogprobSource:
         """Stop asking for `PAUSE_S` seconds after an unanswered ask; the reason, for the counts."""
         with self._lock:
             self._paused_until = time.monotonic() + PAUSE_S
-        log.warning("logprob self-check not done: the server did not answer (%s); the samples of the next %.0f s "
-                    "are checked on their greedy token alone", detail, PAUSE_S)
+        log.warning(
+            "logprob self-check not done: the server did not answer (%s); the samples of the next %.0f s "
+            "are checked on their greedy token alone",
+            detail,
+            PAUSE_S,
+        )
         return reason

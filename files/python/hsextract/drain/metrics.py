@@ -157,8 +157,9 @@ def prometheus_text(status: DrainStatus) -> str:
     metric("lag_dumps", "gauge", "Complete dumps waiting in staging.", [("", _n(status.lag))])
     metric("in_flight", "gauge", "Dumps being validated or written.", [("", _n(status.in_flight))])
     metric("quarantined_total", "counter", "Dumps quarantined, by reason.", by_reason(status.quarantined_by_reason))
-    metric("stale_removed_total", "counter", "Stale dumps removed, by reason.",
-           by_reason(status.stale_removed_by_reason))
+    metric(
+        "stale_removed_total", "counter", "Stale dumps removed, by reason.", by_reason(status.stale_removed_by_reason)
+    )
     paused = int(bool(status.paused_reason))
     window = f"{RATE_WINDOW_S:.0f} s"
     metric("paused", "gauge", "1 while the drain waits (e.g. the output volume is full).", [("", paused)])

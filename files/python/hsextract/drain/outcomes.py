@@ -34,8 +34,9 @@ log = logging.getLogger("hsextract.drain")
 class Outcomes:
     """Thread-safe: called from the scan, the workers and the committer at once."""
 
-    def __init__(self, cfg: DrainConfig, stats: DrainStats, inflight: InFlight, vocab: DrainVocab,
-                 stop: threading.Event):
+    def __init__(
+        self, cfg: DrainConfig, stats: DrainStats, inflight: InFlight, vocab: DrainVocab, stop: threading.Event
+    ):
         self.stats = stats
         self.fatal: BaseException | None = None  # the error that stopped the drain, if one did
         self._cfg = cfg
@@ -120,7 +121,13 @@ class Outcomes:
     def write_status(self, **extra: object) -> None:
         """Rewrite the status file from the stats (a failed write is logged: the drain goes on)."""
         try:
-            write_status(self._cfg.output, self.stats, pid=os.getpid(), dump_dir=str(self._dump_dir),
-                         quarantine_dir=str(self._cfg.quarantine), **extra)
+            write_status(
+                self._cfg.output,
+                self.stats,
+                pid=os.getpid(),
+                dump_dir=str(self._dump_dir),
+                quarantine_dir=str(self._cfg.quarantine),
+                **extra,
+            )
         except OSError as exc:
             log.warning("cannot write the status file (%s)", exc)

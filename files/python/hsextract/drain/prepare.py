@@ -137,8 +137,9 @@ def _read_whole(reader: StagedReader, checks: v.RowChecks):  # -> torch.Tensor
     return torch.from_numpy(buf).view(layout.dtype).reshape(layout.shape())
 
 
-def _read_slot_groups(reader: StagedReader, checks: v.RowChecks,
-                      groups: list[tuple[int, int]]):  # -> dict[tuple[int, int], torch.Tensor]
+def _read_slot_groups(
+    reader: StagedReader, checks: v.RowChecks, groups: list[tuple[int, int]]
+):  # -> dict[tuple[int, int], torch.Tensor]
     """The rows' slots [a, b) of each group as ``[T, (b - a) * H]`` tensors of their own, once every row
     passed. Where the groups tile a row in order, the kernel reads the rows straight into them
     (`StagedReader.scatter`) and the checks read them there, piece by piece while in the CPU cache;
@@ -171,8 +172,7 @@ def _meta(reader: StagedReader):  # -> torch.Tensor
     return torch.empty(reader.layout.shape(), dtype=reader.layout.dtype, device="meta")
 
 
-def _write_streamed(fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader,
-                    checks: v.RowChecks) -> _Written:
+def _write_streamed(fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: v.RowChecks) -> _Written:
     """The format's file with the staged rows and ids streamed through it, each piece checked, then
     hashed and written; the fingerprint is settled before the ids, so a mismatch fails the write."""
 
@@ -183,18 +183,27 @@ def _write_streamed(fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedRe
         checks.finish()
         yield reader.ids_bytes
 
-    written = _write_temporary(fmt, tmp_dir, job, _sample(job, reader, _meta(reader),
-                                                          SourceRange(reader.data_len, pieces())))
+    written = _write_temporary(
+        fmt, tmp_dir, job, _sample(job, reader, _meta(reader), SourceRange(reader.data_len, pieces()))
+    )
     if not checks.fingerprint:
-        raise RuntimeError(f"format {fmt.name} wrote {job.record.rid} without streaming every staged row through "
-                           "the checks")
+        raise RuntimeError(
+            f"format {fmt.name} wrote {job.record.rid} without streaming every staged row through the checks"
+        )
     return written
 
 
 def _sample(job: Job, reader: StagedReader, hidden, staged: SourceRange | None, slot_rows=None) -> Sample:
     record = job.record
-    return Sample(rid=record.rid, dataset_index=record.index, input_ids=reader.input_ids,
-                  loss_mask=_as_int64(record.loss_mask), hidden=hidden, staged=staged, slot_rows=slot_rows)
+    return Sample(
+        rid=record.rid,
+        dataset_index=record.index,
+        input_ids=reader.input_ids,
+        loss_mask=_as_int64(record.loss_mask),
+        hidden=hidden,
+        staged=staged,
+        slot_rows=slot_rows,
+    )
 
 
 def _write_temporary(fmt: OutputFormat, tmp_dir: Path, job: Job, sample: Sample) -> _Written:

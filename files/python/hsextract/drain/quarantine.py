@@ -25,7 +25,6 @@ from hsextract.staging.records import record_path, remove_record
 log = logging.getLogger("hsextract.drain")
 
 
-
 class Quarantine:
     """Quarantines dumps of one staging directory into one quarantine directory."""
 

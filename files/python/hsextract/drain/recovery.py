@@ -54,7 +54,8 @@ def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
     if not dump_dir.is_dir():
         raise ConfigError(
             f"staging directory {dump_dir} does not exist: the capture creates it when the server starts. "
-            "Start the server first, or check --dump-dir (it must be the capture's dump_dir and the client's)")
+            "Start the server first, or check --dump-dir (it must be the capture's dump_dir and the client's)"
+        )
     prepare_root(dump_dir, create=False)  # another user's, or one others may write: refused
     check_writable(out, "output directory", "--output")
     check_captures(dump_dir, cfg.format)
@@ -79,8 +80,11 @@ def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
     clear_temporary(tmp_dir)
     removed = remove_orphans(out, fmt.relative_path, len(entries))
     if removed:
-        log.warning("removed %d file(s) written but never recorded (crash before the manifest line): %s",
-                    len(removed), ", ".join(removed[:5]))
+        log.warning(
+            "removed %d file(s) written but never recorded (crash before the manifest line): %s",
+            len(removed),
+            ", ".join(removed[:5]),
+        )
     return Recovered(run_id, entries, header)
 
 
@@ -93,7 +97,8 @@ def check_captures(dump_dir: Path, fmt_name: str) -> None:
                 f"the capture of the server on port {ann.port} (pid {ann.pid}) writes {ann.final_hidden} final "
                 f"hidden states into {dump_dir}, but the format {fmt_name!r} needs {needed}: every sample would "
                 f"be quarantined. Render the capture patch with --format {fmt_name} (Ansible: hsextract_format) "
-                "and restart the server, or drain in the format that fits")
+                "and restart the server, or drain in the format that fits"
+            )
 
 
 def check_header_matches_config(out: Path, h: ManifestHeader, c: DrainConfig) -> None:
@@ -105,13 +110,12 @@ def check_header_matches_config(out: Path, h: ManifestHeader, c: DrainConfig) ->
     if c.expected_hidden_size and h.hidden_size != c.expected_hidden_size:
         problems.append(f"hidden size {h.hidden_size} (configured {c.expected_hidden_size})")
     if c.eagle_layer_ids and tuple(h.eagle_aux_hidden_state_layer_ids) != tuple(c.eagle_layer_ids):
-        problems.append(
-            f"eagle layer ids {h.eagle_aux_hidden_state_layer_ids} (configured {list(c.eagle_layer_ids)})"
-        )
+        problems.append(f"eagle layer ids {h.eagle_aux_hidden_state_layer_ids} (configured {list(c.eagle_layer_ids)})")
     problems += model_problems(h, c)
     if problems:
         raise ConfigError(
-            f"output directory {out} was written with " + "; ".join(problems)
+            f"output directory {out} was written with "
+            + "; ".join(problems)
             + ". Use the same configuration to resume, or a new output directory."
         )
 
@@ -125,8 +129,9 @@ def model_problems(h: ManifestHeader, c: DrainConfig) -> list[str]:
     try:
         c.model_fingerprint = model_fingerprint(c.model_path)
     except OSError as exc:
-        raise ConfigError(f"model {c.model_path}: cannot read it to check it against the output's header ({exc})") \
-            from exc
+        raise ConfigError(
+            f"model {c.model_path}: cannot read it to check it against the output's header ({exc})"
+        ) from exc
     parts = differing_parts(h.model_fingerprint, c.model_fingerprint)
     if not parts:
         return []

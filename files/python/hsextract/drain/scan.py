@@ -65,8 +65,18 @@ class _Scan:
 class Scanner:
     """Scans one staging directory for one run of one output; `scan_and_submit` runs in the drain's main thread."""
 
-    def __init__(self, cfg: DrainConfig, run_id: str, *, inflight: InFlight, committer: Committer,
-                 worker: SampleWorker, clients: ClientRuns, outcomes: Outcomes, stop: threading.Event):
+    def __init__(
+        self,
+        cfg: DrainConfig,
+        run_id: str,
+        *,
+        inflight: InFlight,
+        committer: Committer,
+        worker: SampleWorker,
+        clients: ClientRuns,
+        outcomes: Outcomes,
+        stop: threading.Event,
+    ):
         self.cfg = cfg
         self.run_id = run_id
         self.dump_dir = Path(cfg.dump_dir)
@@ -206,8 +216,9 @@ class Scanner:
 
     def _run_facts(self, dump: t.DumpFacts) -> t.RunFacts:
         p = dump.parsed
-        written = p is not None and not p.probe and p.run_id == self.run_id and \
-            self._committer.is_written(dump.name, p.index)
+        written = (
+            p is not None and not p.probe and p.run_id == self.run_id and self._committer.is_written(dump.name, p.index)
+        )
         return t.RunFacts(
             run_id=self.run_id,
             format=self.cfg.format,
@@ -223,9 +234,14 @@ class Scanner:
         """Say (once per owner, and again when its count grows) which dumps of other runs are left alone."""
         for owner, n in foreign.items():
             if n > self._foreign_reported.get(owner, 0):
-                log.warning("staging %s holds %d dump(s) of %s, not of this drain's run %s: left alone (their own "
-                            "drain takes them; remove them by hand if no such run goes on)", self.dump_dir, n, owner,
-                            self.run_id)
+                log.warning(
+                    "staging %s holds %d dump(s) of %s, not of this drain's run %s: left alone (their own "
+                    "drain takes them; remove them by hand if no such run goes on)",
+                    self.dump_dir,
+                    n,
+                    owner,
+                    self.run_id,
+                )
         self._foreign_reported = dict(foreign)
         self._outcomes.stats.set(foreign=dict(foreign))
 

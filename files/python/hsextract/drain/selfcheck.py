@@ -54,11 +54,16 @@ class LogprobCounts:
         self.max_abs_error = max(self.max_abs_error, verdict.max_abs_error)
 
     def as_dict(self, bound: float) -> dict[str, Any]:
-        return {"compared": self.compared, "failed": self.failed, "not_done": sum(self.not_done.values()),
-                "not_done_by_reason": dict(self.not_done), "bound": bound,
-                "mean_abs_error_mean": self.sum_mean_abs_error / self.compared if self.compared else None,
-                "mean_abs_error_worst": self.worst_mean_abs_error if self.compared else None,
-                "max_abs_error": self.max_abs_error if self.compared else None}
+        return {
+            "compared": self.compared,
+            "failed": self.failed,
+            "not_done": sum(self.not_done.values()),
+            "not_done_by_reason": dict(self.not_done),
+            "bound": bound,
+            "mean_abs_error_mean": self.sum_mean_abs_error / self.compared if self.compared else None,
+            "mean_abs_error_worst": self.worst_mean_abs_error if self.compared else None,
+            "max_abs_error": self.max_abs_error if self.compared else None,
+        }
 
 
 @dataclass
@@ -73,9 +78,16 @@ class SelfCheckCounts:
 class GreedySelfCheck:
     """Thread-safe: the drain's workers call `verify` for every sample `chosen`."""
 
-    def __init__(self, head: GreedyHead, share: float = DEFAULT_SHARE, first: int = DEFAULT_FIRST, *,
-                 logprobs: LogprobSource | None = None, bound: float = DEFAULT_MAX_MEAN_ABS_ERROR,
-                 publish: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(
+        self,
+        head: GreedyHead,
+        share: float = DEFAULT_SHARE,
+        first: int = DEFAULT_FIRST,
+        *,
+        logprobs: LogprobSource | None = None,
+        bound: float = DEFAULT_MAX_MEAN_ABS_ERROR,
+        publish: Callable[[dict[str, Any]], None] | None = None,
+    ):
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"self-check share {share}: give a number from 0 to 1")
         self.head = head
@@ -108,8 +120,9 @@ class GreedySelfCheck:
             self._report()
             return ""
         server, not_done = self.logprobs.get(states.input_ids.tolist()) if self.logprobs else (None, "")
-        greedy, logprob = check_final_rows(self.head, states.hidden[:, -1], marker.final_hidden,
-                                           marker.greedy_token, server, bound=self.bound)
+        greedy, logprob = check_final_rows(
+            self.head, states.hidden[:, -1], marker.final_hidden, marker.greedy_token, server, bound=self.bound
+        )
         with self._lock:
             c = self.counts
             c.checked += 1
@@ -130,9 +143,15 @@ class GreedySelfCheck:
         """The counts, for drain-status.json (``selfcheck``) and the run's last log lines."""
         with self._lock:
             c = self.counts
-            return {"share": self.share, "first": self.first, "checked": c.checked, "near_ties": c.near_ties,
-                    "greedy_failed": c.greedy_failed, "no_token": c.no_token,
-                    "logprob": c.logprob.as_dict(self.bound) if self.logprobs is not None else None}
+            return {
+                "share": self.share,
+                "first": self.first,
+                "checked": c.checked,
+                "near_ties": c.near_ties,
+                "greedy_failed": c.greedy_failed,
+                "no_token": c.no_token,
+                "logprob": c.logprob.as_dict(self.bound) if self.logprobs is not None else None,
+            }
 
     def _report(self) -> None:
         if self._publish is not None:
@@ -141,25 +160,41 @@ class GreedySelfCheck:
 
 def log_selfcheck(summary: dict[str, Any]) -> None:
     """The run's last lines about the self-check: what was checked, what failed, what was not done."""
-    log.info("greedy self-check: %d samples checked by this process (%d near bf16 ties, %d quarantined as "
-             "greedy_mismatch); %d chosen had no greedy token recorded", summary["checked"], summary["near_ties"],
-             summary["greedy_failed"], summary["no_token"])
+    log.info(
+        "greedy self-check: %d samples checked by this process (%d near bf16 ties, %d quarantined as "
+        "greedy_mismatch); %d chosen had no greedy token recorded",
+        summary["checked"],
+        summary["near_ties"],
+        summary["greedy_failed"],
+        summary["no_token"],
+    )
     lp = summary["logprob"]
     if lp is None:
         return
     if lp["compared"]:
-        log.info("logprob self-check: %d samples compared with the server's logprobs, %d quarantined as "
-                 "logprob_mismatch (mean abs error: mean %.3g, worst %.3g, bound %.3g; largest single error %.3g)",
-                 lp["compared"], lp["failed"], lp["mean_abs_error_mean"], lp["mean_abs_error_worst"], lp["bound"],
-                 lp["max_abs_error"])
+        log.info(
+            "logprob self-check: %d samples compared with the server's logprobs, %d quarantined as "
+            "logprob_mismatch (mean abs error: mean %.3g, worst %.3g, bound %.3g; largest single error %.3g)",
+            lp["compared"],
+            lp["failed"],
+            lp["mean_abs_error_mean"],
+            lp["mean_abs_error_worst"],
+            lp["bound"],
+            lp["max_abs_error"],
+        )
     if lp["not_done"]:
-        log.warning("logprob self-check NOT DONE for %d of %d greedy-checked samples (%s): those were checked on "
-                    "their greedy token alone", lp["not_done"], summary["checked"],
-                    ", ".join(f"{k}: {v}" for k, v in sorted(lp["not_done_by_reason"].items())))
+        log.warning(
+            "logprob self-check NOT DONE for %d of %d greedy-checked samples (%s): those were checked on "
+            "their greedy token alone",
+            lp["not_done"],
+            summary["checked"],
+            ", ".join(f"{k}: {v}" for k, v in sorted(lp["not_done_by_reason"].items())),
+        )
 
 
-def make_selfcheck(cfg: DrainConfig, *, stop: threading.Event | None = None,
-                   publish: Callable[[dict[str, Any]], None] | None = None) -> GreedySelfCheck | None:
+def make_selfcheck(
+    cfg: DrainConfig, *, stop: threading.Event | None = None, publish: Callable[[dict[str, Any]], None] | None = None
+) -> GreedySelfCheck | None:
     """The self-check of the configured share, or None (no model, or a share and first of 0);
     with the logprob check where the drain was given the server's URL."""
     if not cfg.model_path or (cfg.selfcheck_share <= 0 and cfg.selfcheck_first <= 0):
@@ -169,5 +204,11 @@ def make_selfcheck(cfg: DrainConfig, *, stop: threading.Event | None = None,
     source = LogprobSource(cfg.selfcheck_server, stop=stop) if cfg.selfcheck_server else None
     if source is None:
         log.info("logprob self-check off: the drain was given no --selfcheck-server (the greedy check runs alone)")
-    return GreedySelfCheck(GreedyHead(cfg.model_path), cfg.selfcheck_share, cfg.selfcheck_first, logprobs=source,
-                           bound=cfg.selfcheck_logprob_bound, publish=publish)
+    return GreedySelfCheck(
+        GreedyHead(cfg.model_path),
+        cfg.selfcheck_share,
+        cfg.selfcheck_first,
+        logprobs=source,
+        bound=cfg.selfcheck_logprob_bound,
+        publish=publish,
+    )

@@ -99,8 +99,9 @@ class StagedReader:
         except KeyError as exc:
             raise StagingError(f"{p}: header lacks {exc.args[0]!r}") from exc
         except (TypeError, ValueError) as exc:
-            raise StagingError(f"{p}: hidden shape {header['hidden'].get('shape')!r} is not [tokens, slots, hidden]"
-                               ) from exc
+            raise StagingError(
+                f"{p}: hidden shape {header['hidden'].get('shape')!r} is not [tokens, slots, hidden]"
+            ) from exc
         if (hs, is_) != (0, he) or ids["dtype"] != "I64":
             raise StagingError(f"{p}: unexpected layout (hidden {h['data_offsets']}, input_ids {ids['data_offsets']})")
         layout = RowsLayout(rows, slots, hidden, dtype)
@@ -115,8 +116,10 @@ class StagedReader:
         while done < len(into):
             n = os.preadv(self._fd, [into[done:]], offset + done)
             if n == 0:
-                raise StagingError(f"{self.path}: ended at byte {offset + done} while read, header promises "
-                                   f"{offset + len(into)} (the file shrank)")
+                raise StagingError(
+                    f"{self.path}: ended at byte {offset + done} while read, header promises "
+                    f"{offset + len(into)} (the file shrank)"
+                )
             done += n
 
     def pieces(self, into: memoryview | None = None) -> Iterator[tuple[int, memoryview]]:
@@ -166,8 +169,10 @@ class StagedReader:
             views = rest
             n = os.preadv(self._fd, views, offset + done)
             if n == 0:
-                raise StagingError(f"{self.path}: ended at byte {offset + done} while read, header promises "
-                                   f"{offset + total} (the file shrank)")
+                raise StagingError(
+                    f"{self.path}: ended at byte {offset + done} while read, header promises "
+                    f"{offset + total} (the file shrank)"
+                )
             done += n
 
     def close(self) -> None:

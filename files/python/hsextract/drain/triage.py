@@ -130,7 +130,7 @@ def same_output(recorded: str, output: str) -> bool:
     if rec.is_absolute():
         return False
     parts = [part for part in PurePosixPath(os.path.normpath(rec)).parts if part not in (".", "..")]
-    return bool(parts) and list(PurePosixPath(output).parts[-len(parts):]) == parts
+    return bool(parts) and list(PurePosixPath(output).parts[-len(parts) :]) == parts
 
 
 def triage_unrecorded(dump: DumpFacts, run: RunFacts) -> Decision | None:
@@ -155,11 +155,17 @@ def triage_unrecorded(dump: DumpFacts, run: RunFacts) -> Decision | None:
         return Remove(FAILED_ABANDONED) if dump.age_s > run.incomplete_timeout_s else Wait()
     if not dump.complete:
         if dump.age_s > run.incomplete_timeout_s:
-            return Quarantine("incomplete", f"no done.json {dump.age_s:.0f} s after the dump was last written (limit "
-                                            f"{run.incomplete_timeout_s:.0f} s): the request never finished")
+            return Quarantine(
+                "incomplete",
+                f"no done.json {dump.age_s:.0f} s after the dump was last written (limit "
+                f"{run.incomplete_timeout_s:.0f} s): the request never finished",
+            )
         if dump.age_s > run.abandoned_grace_s and run.abandoned:
-            return Quarantine("incomplete", f"no done.json {dump.age_s:.0f} s after the dump was last written, and "
-                                            f"the client, now finished, gave up on this sample (see {FAILURES})")
+            return Quarantine(
+                "incomplete",
+                f"no done.json {dump.age_s:.0f} s after the dump was last written, and "
+                f"the client, now finished, gave up on this sample (see {FAILURES})",
+            )
         return Wait()
     return None
 
@@ -172,11 +178,15 @@ def triage_recorded(dump: DumpFacts, run: RunFacts, record: SampleRecord | None)
     if record.index != dump.parsed.index:
         return Quarantine("record", f"record says dataset index {record.index}, rid says {dump.parsed.index}")
     if record.format and record.format != run.format:
-        return Refuse(f"the client of run {run.run_id} writes records for the format {record.format!r}, but this "
-                      f"drain writes {run.format!r} (record of {dump.name}); run the client and the drain with the "
-                      "same --format (one run configuration)")
+        return Refuse(
+            f"the client of run {run.run_id} writes records for the format {record.format!r}, but this "
+            f"drain writes {run.format!r} (record of {dump.name}); run the client and the drain with the "
+            "same --format (one run configuration)"
+        )
     if record.output and not same_output(record.output, run.output):
-        return Refuse(f"the client of run {run.run_id} names the output directory {record.output}, but this drain "
-                      f"writes {run.output} (record of {dump.name}); run the client and the drain with the same "
-                      "--output")
+        return Refuse(
+            f"the client of run {run.run_id} names the output directory {record.output}, but this drain "
+            f"writes {run.output} (record of {dump.name}); run the client and the drain with the same "
+            "--output"
+        )
     return Submit()

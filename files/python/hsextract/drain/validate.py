@@ -91,8 +91,9 @@ def _first_non_finite_row(block, dtype: torch.dtype) -> int | None:  # block: np
     return int((~torch.isfinite(t.float())).any(dim=1).nonzero()[0, 0])
 
 
-def validate(marker: DoneMarker, layout: RowsLayout, input_ids: torch.Tensor, record: SampleRecord,
-             expected: Expected) -> None:
+def validate(
+    marker: DoneMarker, layout: RowsLayout, input_ids: torch.Tensor, record: SampleRecord, expected: Expected
+) -> None:
     """Raise InvalidDump unless the dump is exactly the configured capture of the recorded sample,
     from its header's layout and its token ids: everything but the rows' values, which `RowChecks`
     checks as they are read."""
@@ -162,17 +163,26 @@ def check_fingerprint_stamp(marker: DoneMarker) -> None:
     any row is read. A dump without one comes from a capture that took none, and one of another
     version from a capture of another release: neither can be proven right here."""
     if not marker.fingerprint:
-        raise InvalidDump(FINGERPRINT, f"done.json carries no fingerprint (staged by hsextract "
-                                       f"{marker.hsextract_version or 'of an unknown version'}); the capture and "
-                                       "the drain must be of one version: re-run the playbook")
+        raise InvalidDump(
+            FINGERPRINT,
+            f"done.json carries no fingerprint (staged by hsextract "
+            f"{marker.hsextract_version or 'of an unknown version'}); the capture and "
+            "the drain must be of one version: re-run the playbook",
+        )
     version = fingerprint.version_of(marker.fingerprint)
     if version != fingerprint.VERSION:
-        said = f"a version-{version} fingerprint" if version is not None else \
-            f"a fingerprint this drain cannot read ({marker.fingerprint[:40]!r})"
-        raise InvalidDump(FINGERPRINT, f"done.json carries {said} (staged by hsextract "
-                                       f"{marker.hsextract_version or 'of an unknown version'}); this drain checks "
-                                       f"version {fingerprint.VERSION}: the capture and the drain must be of one "
-                                       "version: re-run the playbook, and send the samples staged before again")
+        said = (
+            f"a version-{version} fingerprint"
+            if version is not None
+            else f"a fingerprint this drain cannot read ({marker.fingerprint[:40]!r})"
+        )
+        raise InvalidDump(
+            FINGERPRINT,
+            f"done.json carries {said} (staged by hsextract "
+            f"{marker.hsextract_version or 'of an unknown version'}); this drain checks "
+            f"version {fingerprint.VERSION}: the capture and the drain must be of one "
+            "version: re-run the playbook, and send the samples staged before again",
+        )
 
 
 class RowChecks:
@@ -227,8 +237,11 @@ class RowChecks:
             raise ValueError(f"{self._rows} of {self._layout.rows} rows checked")
         got = fingerprint.to_text(self._sum)
         if got != self._want:
-            raise InvalidDump(FINGERPRINT, f"the staged rows have fingerprint {got}, the forward pass computed "
-                                           f"{self._want}: the rows changed between the GPU and the file")
+            raise InvalidDump(
+                FINGERPRINT,
+                f"the staged rows have fingerprint {got}, the forward pass computed "
+                f"{self._want}: the rows changed between the GPU and the file",
+            )
         if self._non_finite is not None:
             raise self._non_finite
         self.fingerprint = got

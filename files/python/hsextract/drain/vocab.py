@@ -40,8 +40,9 @@ class DrainVocab:
         cfg = self._cfg
         if not cfg.count_vocab:
             return
-        tracker = VocabTracker(Path(cfg.output), self._fmt, cfg.draft_vocab_sizes, cfg.vocab_checkpoint_interval_s,
-                               tokens)
+        tracker = VocabTracker(
+            Path(cfg.output), self._fmt, cfg.draft_vocab_sizes, cfg.vocab_checkpoint_interval_s, tokens
+        )
         self._tracker = tracker
         try:
             tracker.recover(entries)

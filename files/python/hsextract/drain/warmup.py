@@ -46,10 +46,19 @@ def warm_up(fmt: OutputFormat, tmp_dir: Path) -> None:
             f.write(layout.header)
             f.write(bf16.tobytes())
             f.write(ids.tobytes())
-        marker = DoneMarker(rid=rid, prompt_len=_ROWS, num_aux=_SLOTS - 1, hidden_size=_HIDDEN, dtype="bfloat16",
-                            eagle_aux_hidden_state_layer_ids=[1], sglang_layers_to_capture=[2], num_hidden_layers=4,
-                            final_hidden=fmt.final_hidden, architecture="warm-up",
-                            fingerprint=fingerprint.of_rows(bf16.view(np.uint8), ids, layout.row_bytes))
+        marker = DoneMarker(
+            rid=rid,
+            prompt_len=_ROWS,
+            num_aux=_SLOTS - 1,
+            hidden_size=_HIDDEN,
+            dtype="bfloat16",
+            eagle_aux_hidden_state_layer_ids=[1],
+            sglang_layers_to_capture=[2],
+            num_hidden_layers=4,
+            final_hidden=fmt.final_hidden,
+            architecture="warm-up",
+            fingerprint=fingerprint.of_rows(bf16.view(np.uint8), ids, layout.row_bytes),
+        )
         (dump / DONE_FILE).write_text(marker.to_json())
         record = SampleRecord(rid=rid, index=0, input_ids=ids.tolist(), loss_mask=[0, 1])
         job = Job(dump, record, v.Expected(final_hidden=fmt.final_hidden), default_checksum_algorithm(), True)

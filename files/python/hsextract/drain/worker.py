@@ -88,10 +88,21 @@ class SampleWorker:
     for the greedy self-check is always prepared here, where the model's head is loaded once, and
     so is every sample while the processes are still starting."""
 
-    def __init__(self, fmt: OutputFormat, out: Path, tmp_dir: Path, memory_budget_bytes: int, *,
-                 header: RunHeader, commit: Callable[[Prepared], None], events: WorkerEvents,
-                 selfcheck: GreedySelfCheck | None = None, processes: WorkerProcesses | None = None,
-                 count_vocab: Callable[[], bool] = lambda: False, durable_tmp: bool = True):
+    def __init__(
+        self,
+        fmt: OutputFormat,
+        out: Path,
+        tmp_dir: Path,
+        memory_budget_bytes: int,
+        *,
+        header: RunHeader,
+        commit: Callable[[Prepared], None],
+        events: WorkerEvents,
+        selfcheck: GreedySelfCheck | None = None,
+        processes: WorkerProcesses | None = None,
+        count_vocab: Callable[[], bool] = lambda: False,
+        durable_tmp: bool = True,
+    ):
         self.fmt = fmt
         # The format's file body is the staged bytes, streamed through piece by piece (see SourceRange).
         self._streams_staged = bool(getattr(fmt, "streams_staged", False))
@@ -128,9 +139,14 @@ class SampleWorker:
     def _process_in_budget(self, d: Path, record: SampleRecord, checked: bool) -> None:
         while True:
             header = self._header.header
-            job = Job(d, record, self._header.expected(),
-                      header.checksum_algorithm if header is not None else default_checksum_algorithm(),
-                      self._count_vocab(), self._durable_tmp)
+            job = Job(
+                d,
+                record,
+                self._header.expected(),
+                header.checksum_algorithm if header is not None else default_checksum_algorithm(),
+                self._count_vocab(),
+                self._durable_tmp,
+            )
             if checked or self._processes is None or not self._processes.ready():
                 outcome = prepare(self.fmt, self.tmp_dir, job, self._selfcheck if checked else None)
             else:
@@ -155,4 +171,3 @@ def torch_set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
-

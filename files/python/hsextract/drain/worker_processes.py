@@ -73,8 +73,9 @@ class WorkerProcesses:
         barrier = ctx.Barrier(n)
         saved = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
-            self._pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_start,
-                                             initargs=(fmt_name, str(tmp_dir), barrier))
+            self._pool = ProcessPoolExecutor(
+                max_workers=n, mp_context=ctx, initializer=_start, initargs=(fmt_name, str(tmp_dir), barrier)
+            )
             self._started = [self._pool.submit(os.getpid) for _ in range(n)]
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, saved)
@@ -92,8 +93,11 @@ class WorkerProcesses:
                 return
         if all(not f.cancelled() and f.exception() is None for f in self._started):
             self._ready = True
-            log.info("%d worker processes started in %.1f s; samples are prepared in them from now on", self.n,
-                     time.monotonic() - self._spawned_at)
+            log.info(
+                "%d worker processes started in %.1f s; samples are prepared in them from now on",
+                self.n,
+                time.monotonic() - self._spawned_at,
+            )
 
     def ready(self) -> bool:
         """Whether every process is up (False while they start); WorkerProcessDied if they could not start."""
@@ -106,8 +110,10 @@ class WorkerProcesses:
                 f.result()
         except BrokenProcessPool as exc:
             self._kill_all()
-            raise WorkerProcessDied(f"the drain's {self.n} worker processes could not start ({exc}); run the drain "
-                                    "with --worker-mode threads, and see the lines above for the cause") from exc
+            raise WorkerProcessDied(
+                f"the drain's {self.n} worker processes could not start ({exc}); run the drain "
+                "with --worker-mode threads, and see the lines above for the cause"
+            ) from exc
         self._ready = True  # (the last process's callback may not have run yet; it says so when it does)
         return True
 
@@ -131,7 +137,8 @@ class WorkerProcesses:
             self._kill_all()
             raise WorkerProcessDied(
                 f"a drain worker process died while preparing {job.record.rid} ({exc}); its dump stays staged "
-                "for the next start (a process killed by the kernel's OOM killer is in `journalctl -k`)") from exc
+                "for the next start (a process killed by the kernel's OOM killer is in `journalctl -k`)"
+            ) from exc
 
     def _kill_all(self) -> None:
         """End every worker process at once (they ignore the SIGTERM the pool ends them with)."""

@@ -41,10 +41,14 @@ EXIT_PROBLEM = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=("plan", "status"),
-                        help="plan: every host's plan as one run; status: every host's progress as one table")
-    parser.add_argument("input", nargs="?", default="-",
-                        help="the hosts' reports as one JSON object (default -: stdin)")
+    parser.add_argument(
+        "what",
+        choices=("plan", "status"),
+        help="plan: every host's plan as one run; status: every host's progress as one table",
+    )
+    parser.add_argument(
+        "input", nargs="?", default="-", help="the hosts' reports as one JSON object (default -: stdin)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--write", type=Path, metavar="FILE", help="also write the JSON object to FILE")
 
@@ -56,7 +60,7 @@ def _read_input(source: str) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"fleet input {source}: not readable as JSON ({exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("hosts"), dict):
-        raise ConfigError(f"fleet input {source}: expected an object with \"hosts\": {{host: ...}}")
+        raise ConfigError(f'fleet input {source}: expected an object with "hosts": {{host: ...}}')
     return data
 
 

@@ -64,7 +64,8 @@ class FleetPlan:
         reports = [h.report for h in self.planned if h.report is not None]
         seconds = [r["time"]["seconds"] for r in reports if r.get("time", {}).get("seconds") is not None]
         return {
-            "hosts": len(self.hosts), "planned": len(reports),
+            "hosts": len(self.hosts),
+            "planned": len(reports),
             "samples": sum(r["samples"] for r in reports),
             "tokens": sum(r["tokens"] for r in reports),
             "remaining_tokens": sum(r["remaining_tokens"] for r in reports),
@@ -74,10 +75,23 @@ class FleetPlan:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        return {"group": self.group, "ok": not self.problems, "problems": self.problems, "notes": self.notes,
-                "totals": self.totals(),
-                "hosts": {h.name: {"shard": h.shard_text, "rc": h.rc, "error": h.error, "report": h.report,
-                                   "problems": list(h.problems)} for h in self.hosts}}
+        return {
+            "group": self.group,
+            "ok": not self.problems,
+            "problems": self.problems,
+            "notes": self.notes,
+            "totals": self.totals(),
+            "hosts": {
+                h.name: {
+                    "shard": h.shard_text,
+                    "rc": h.rc,
+                    "error": h.error,
+                    "report": h.report,
+                    "problems": list(h.problems),
+                }
+                for h in self.hosts
+            },
+        }
 
 
 def read_shard(text: object, where: str = "") -> Shard:
@@ -106,13 +120,17 @@ def _dataset_problems(planned: list[HostPlan]) -> list[str]:
     for h in planned[1:]:
         assert h.report is not None
         if h.report.get("dataset_fingerprint") != ref.report.get("dataset_fingerprint"):
-            out.append(f"host {h.name} reads another dataset than host {ref.name}: {h.report['dataset']} differs "
-                       f"from {ref.report['dataset']} in its first bytes (dataset fingerprint). Every host of a "
-                       "fleet must read the same dataset: copy the same file to each (hsextract_dataset_src)")
+            out.append(
+                f"host {h.name} reads another dataset than host {ref.name}: {h.report['dataset']} differs "
+                f"from {ref.report['dataset']} in its first bytes (dataset fingerprint). Every host of a "
+                "fleet must read the same dataset: copy the same file to each (hsextract_dataset_src)"
+            )
         elif h.report["rows"] != ref.report["rows"]:
-            out.append(f"host {h.name} reads {h.report['rows']:,} rows of {h.report['dataset']}, host {ref.name} "
-                       f"{ref.report['rows']:,} of {ref.report['dataset']}: one of them has a copy cut short or "
-                       "grown; copy the same file to each (hsextract_dataset_src)")
+            out.append(
+                f"host {h.name} reads {h.report['rows']:,} rows of {h.report['dataset']}, host {ref.name} "
+                f"{ref.report['rows']:,} of {ref.report['dataset']}: one of them has a copy cut short or "
+                "grown; copy the same file to each (hsextract_dataset_src)"
+            )
     return out
 
 
@@ -126,15 +144,21 @@ def _host_problems(plan: FleetPlan, h: HostPlan) -> None:
     elif h.rc:
         plan.problems.append(f"host {h.name}: its plan failed (exit status {h.rc}): {h.error}")
     elif h.report is None and h.rc is None and not h.problems:
-        plan.notes.append(f"host {h.name}: not planned (unreachable, or it failed before its plan); its shard "
-                          f"{h.shard_text} waits until the play runs again with it")
+        plan.notes.append(
+            f"host {h.name}: not planned (unreachable, or it failed before its plan); its shard "
+            f"{h.shard_text} waits until the play runs again with it"
+        )
     elif h.report is None and not h.problems:
-        plan.problems.append(f"host {h.name}: its plan exited 0 but no report of it came back, so its room and its "
-                             "dataset are not checked")
+        plan.problems.append(
+            f"host {h.name}: its plan exited 0 but no report of it came back, so its room and its "
+            "dataset are not checked"
+        )
     if h.report is not None and h.shard is not None and not _same_shard(h.report["shard"], h.shard):
-        plan.problems.append(f"host {h.name}: its plan sized shard {h.report['shard']}, but the controller gave it "
-                             f"shard {h.shard_text}: its numbers are not its share; plan it again with its shard "
-                             "(hsextract_shard)")
+        plan.problems.append(
+            f"host {h.name}: its plan sized shard {h.report['shard']}, but the controller gave it "
+            f"shard {h.shard_text}: its numbers are not its share; plan it again with its shard "
+            "(hsextract_shard)"
+        )
 
 
 def plan_fleet(group: str, hosts: list[HostPlan]) -> FleetPlan:
@@ -159,14 +183,16 @@ def plan_fleet(group: str, hosts: list[HostPlan]) -> FleetPlan:
     if planned:
         plan.problems += _dataset_problems(planned)
     if unknown:
-        plan.notes.append(f"the shards' coverage of the dataset is not judged: the shard of {', '.join(unknown)} "
-                          "is not known")
+        plan.notes.append(
+            f"the shards' coverage of the dataset is not judged: the shard of {', '.join(unknown)} is not known"
+        )
         return plan
     lines = planned[0].report["rows"] if planned and planned[0].report else 0
     cov = check_coverage(shards, lines) if lines else check_coverage(shards, _period(shards))
-    plan.problems += ["the hosts' shards do not cover the dataset: " + m.replace("is in no host output",
-                                                                                 "is taken by no host")
-                      for m in cov.missing]
+    plan.problems += [
+        "the hosts' shards do not cover the dataset: " + m.replace("is in no host output", "is taken by no host")
+        for m in cov.missing
+    ]
     plan.problems += [f"the hosts' shards overlap: {d}" for d in cov.doubled]
     return plan
 
@@ -188,11 +214,29 @@ def render(plan: FleetPlan) -> list[str]:
             continue
         v = r["output_volume"]
         room = f"{'room' if v['ok'] else 'NOT ENOUGH'}: {binary_size(v['free_bytes'])} free"
-        rows.append((h.name, r["shard"], f"{r['samples']:,}", f"{r['tokens']:,}", binary_size(_format_bytes(r)), room,
-                     _hours(r.get("time", {}).get("seconds"))))
+        rows.append(
+            (
+                h.name,
+                r["shard"],
+                f"{r['samples']:,}",
+                f"{r['tokens']:,}",
+                binary_size(_format_bytes(r)),
+                room,
+                _hours(r.get("time", {}).get("seconds")),
+            )
+        )
     t = plan.totals()
-    rows.append(("fleet", "", f"{t['samples']:,}", f"{t['tokens']:,}", binary_size(t["remaining_bytes"]), "",
-                 _hours(t["seconds"])))
+    rows.append(
+        (
+            "fleet",
+            "",
+            f"{t['samples']:,}",
+            f"{t['tokens']:,}",
+            binary_size(t["remaining_bytes"]),
+            "",
+            _hours(t["seconds"]),
+        )
+    )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     out += [f"  note: {n}" for n in plan.notes]

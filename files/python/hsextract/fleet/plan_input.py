@@ -24,8 +24,18 @@ from hsextract.fleet.plan import HostPlan, read_shard
 
 ENTRY_FIELDS = "shard, report, rc and error"
 # The fields of `hsextract plan --json` that the fleet's plan reads, in the order it reads them.
-REPORT_FIELDS = ("dataset", "shard", "format", "rows", "samples", "tokens", "remaining_tokens",
-                 "dataset_fingerprint", "formats", "output_volume")
+REPORT_FIELDS = (
+    "dataset",
+    "shard",
+    "format",
+    "rows",
+    "samples",
+    "tokens",
+    "remaining_tokens",
+    "dataset_fingerprint",
+    "formats",
+    "output_volume",
+)
 COUNT_FIELDS = ("rows", "samples", "tokens", "remaining_tokens")
 
 
@@ -58,7 +68,7 @@ def shown(value: Any, limit: int = 60) -> str:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def host_plans(hosts: Mapping[str, Any]) -> list[HostPlan]:
@@ -69,8 +79,9 @@ def host_plans(hosts: Mapping[str, Any]) -> list[HostPlan]:
 def host_plan(name: str, entry: Any) -> HostPlan:
     """One host's entry read into a HostPlan, with a line for each field that cannot be used."""
     if not isinstance(entry, dict):
-        return HostPlan(name, None, problems=(f"host {name}: its entry is {json_kind(entry)}, not an object with "
-                                              f"{ENTRY_FIELDS}",))
+        return HostPlan(
+            name, None, problems=(f"host {name}: its entry is {json_kind(entry)}, not an object with {ENTRY_FIELDS}",)
+        )
     problems: list[str] = []
     shard = _shard(name, entry.get("shard"), problems)
     rc = _exit_status(name, entry.get("rc"), problems)
@@ -134,8 +145,7 @@ def _format_problem(report: dict[str, Any]) -> str:
 
 
 def _volume_problem(volume: Any) -> str:
-    if not isinstance(volume, dict) or not isinstance(volume.get("ok"), bool) or not is_count(
-            volume.get("free_bytes")):
+    if not isinstance(volume, dict) or not isinstance(volume.get("ok"), bool) or not is_count(volume.get("free_bytes")):
         return f"its report's output_volume is {shown(volume)}, not an object with ok (true/false) and free_bytes"
     return ""
 

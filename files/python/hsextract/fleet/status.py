@@ -66,24 +66,38 @@ class FleetStatus:
 
         etas = [r.eta_s for r in self.rows if r.state == "running"]
         known = [e for e in etas if e is not None]
-        return {"accepted": total("accepted"), "in_set": total("in_set"), "tokens": total("tokens"),
-                "tokens_per_s": total("tokens_per_s"), "failed": total("failed"),
-                "quarantined": total("quarantined"),
-                # The hosts run at once: the fleet is done when its last host is.
-                "eta_s": None if len(known) < len(etas) else max(known, default=0.0),
-                "done": all(r.state == "done" for r in self.rows)}
+        return {
+            "accepted": total("accepted"),
+            "in_set": total("in_set"),
+            "tokens": total("tokens"),
+            "tokens_per_s": total("tokens_per_s"),
+            "failed": total("failed"),
+            "quarantined": total("quarantined"),
+            # The hosts run at once: the fleet is done when its last host is.
+            "eta_s": None if len(known) < len(etas) else max(known, default=0.0),
+            "done": all(r.state == "done" for r in self.rows),
+        }
 
     def reconciliation(self) -> dict[str, Any]:
         reporting = [r.accounts for r in self.rows if r.accounts is not None]
         sums = {k: sum(a[k] for a in reporting) for k in BUCKETS}
         lines = {r.dataset_lines for r in self.rows if r.dataset_lines is not None}
-        return {**sums, "hosts_reporting": len(reporting), "hosts": len(self.rows),
-                "dataset_lines": lines.pop() if len(lines) == 1 else None}
+        return {
+            **sums,
+            "hosts_reporting": len(reporting),
+            "hosts": len(self.rows),
+            "dataset_lines": lines.pop() if len(lines) == 1 else None,
+        }
 
     def as_dict(self) -> dict[str, Any]:
-        return {"group": self.group, "ok": self.ok, "problems": self.problems,
-                "hosts": {r.name: {k: v for k, v in vars(r).items() if k != "name"} for r in self.rows},
-                "totals": self.totals(), "reconciliation": self.reconciliation()}
+        return {
+            "group": self.group,
+            "ok": self.ok,
+            "problems": self.problems,
+            "hosts": {r.name: {k: v for k, v in vars(r).items() if k != "name"} for r in self.rows},
+            "totals": self.totals(),
+            "reconciliation": self.reconciliation(),
+        }
 
 
 def _sum(value: Any) -> int:
@@ -101,14 +115,28 @@ def host_row(h: HostStatus) -> HostRow:
     if h.problem:
         return HostRow(h.name, "bad entry", None, None, None, None, None, None, None, False, h.problem, None, None)
     if h.status is None:
-        return HostRow(h.name, h.error or "no status", None, None, None, None, None, None, None, False,
-                       h.error or "no status", None, None)
+        return HostRow(
+            h.name,
+            h.error or "no status",
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            False,
+            h.error or "no status",
+            None,
+            None,
+        )
     st = h.status
     client, drain, acc = st.get("client") or {}, st.get("drain") or {}, st.get("accounts")
     accounts = {k: _sum(acc[k]) for k in BUCKETS} if acc else None
     state = str(client.get("state") or ("waiting for its client" if drain else "no status"))
     return HostRow(
-        h.name, state,
+        h.name,
+        state,
         accepted=accounts["accepted"] if accounts else None,
         in_set=accounts["in_set"] if accounts else drain.get("written"),
         tokens=drain.get("tokens_total"),
@@ -132,8 +160,10 @@ def fleet_status(group: str, hosts: list[HostStatus]) -> FleetStatus:
     rec = fs.reconciliation()
     complete = rec["hosts_reporting"] == rec["hosts"] and rec["dataset_lines"] is not None
     if complete and rec["lines"] != rec["dataset_lines"]:
-        fs.problems.append(f"the hosts' shards hold {rec['lines']} lines of a {rec['dataset_lines']}-line "
-                           "dataset: a shard is missing or taken twice (hsextract fleet plan says which)")
+        fs.problems.append(
+            f"the hosts' shards hold {rec['lines']} lines of a {rec['dataset_lines']}-line "
+            "dataset: a shard is missing or taken twice (hsextract fleet plan says which)"
+        )
     if rec["accepted"] != rec["in_set"] + rec["failed"] + rec["quarantined"] + rec["on_the_way"]:
         fs.problems.append("the hosts' accounts do not add up (see each host's own status)")
     return fs
@@ -144,12 +174,31 @@ def render(fs: FleetStatus) -> list[str]:
     rows = [("host", "state", "samples", "tokens", "rate", "ETA", "failed", "quarantined")]
     for r in fs.rows:
         samples = f"{count(r.in_set)} of {count(r.accepted)}" if r.accepted is not None else count(r.in_set)
-        rows.append((r.name, r.state, samples, count(r.tokens), _rate(r.tokens_per_s),
-                     "done" if r.state == "done" else duration(r.eta_s), count(r.failed), count(r.quarantined)))
+        rows.append(
+            (
+                r.name,
+                r.state,
+                samples,
+                count(r.tokens),
+                _rate(r.tokens_per_s),
+                "done" if r.state == "done" else duration(r.eta_s),
+                count(r.failed),
+                count(r.quarantined),
+            )
+        )
     t = fs.totals()
-    rows.append(("fleet", "done" if t["done"] else "", f"{count(t['in_set'])} of {count(t['accepted'])}",
-                 count(t["tokens"]), _rate(t["tokens_per_s"]), "done" if t["done"] else duration(t["eta_s"]),
-                 count(t["failed"]), count(t["quarantined"])))
+    rows.append(
+        (
+            "fleet",
+            "done" if t["done"] else "",
+            f"{count(t['in_set'])} of {count(t['accepted'])}",
+            count(t["tokens"]),
+            _rate(t["tokens_per_s"]),
+            "done" if t["done"] else duration(t["eta_s"]),
+            count(t["failed"]),
+            count(t["quarantined"]),
+        )
+    )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out = [f"fleet {fs.group}: {len(fs.rows)} hosts"]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -158,8 +207,10 @@ def render(fs: FleetStatus) -> list[str]:
     lines = rec["dataset_lines"] if rec["dataset_lines"] is not None and not of else rec["lines"]
     out.append(f"  fleet: {lines} dataset lines = {rec['accepted']} accepted + {rec['rejected']} rejected{of}")
     way = f" + {rec['on_the_way']} on the way" if rec["on_the_way"] else ""
-    out.append(f"  fleet: {rec['accepted']} accepted = {rec['in_set']} in the hosts' sets + {rec['failed']} failed + "
-               f"{rec['quarantined']} quarantined{way}")
+    out.append(
+        f"  fleet: {rec['accepted']} accepted = {rec['in_set']} in the hosts' sets + {rec['failed']} failed + "
+        f"{rec['quarantined']} quarantined{way}"
+    )
     out += [f"  PROBLEM {p}" for p in fs.problems]
     return out
 

@@ -35,9 +35,14 @@ def host_status(name: str, entry: Any) -> HostStatus:
 
 
 # The status's numbers the fleet's table reads: (part, field, its test, what it must be).
-NUMBERS = (("client", "tokens_per_s", is_number, "a number"), ("client", "eta_s", is_number, "a number"),
-           ("client", "failed", is_count, "a count"), ("drain", "written", is_count, "a count"),
-           ("drain", "tokens_total", is_count, "a count"), ("drain", "quarantined", is_count, "a count"))
+NUMBERS = (
+    ("client", "tokens_per_s", is_number, "a number"),
+    ("client", "eta_s", is_number, "a number"),
+    ("client", "failed", is_count, "a count"),
+    ("drain", "written", is_count, "a count"),
+    ("drain", "tokens_total", is_count, "a count"),
+    ("drain", "quarantined", is_count, "a count"),
+)
 
 
 def status_problem(status: Any) -> str:

@@ -33,14 +33,26 @@ class FormatSpec:
 
 # The one registry of formats: CLI choices, the capture's final-norm placement, the drain's writer
 # and the roles' argument specs (tests/core/test_format_registry.py) all come from it.
-FORMATS: dict[str, FormatSpec] = {spec.name: spec for spec in (
-    FormatSpec("specforge", "SpecForge", "post_norm", "hsextract.formats.specforge:SpecForgeFormat"),
-    FormatSpec("speculators", "speculators >= 0.8", "pre_norm", "hsextract.formats.speculators:SpeculatorsFormat",
-               arrow_dataset=True),
-    FormatSpec("speculators-v1", "speculators 0.7 (v1 layout)", "pre_norm",
-               "hsextract.formats.speculators_v1:SpeculatorsV1Format"),
-    FormatSpec("modelopt", "ModelOpt", "post_norm", "hsextract.formats.modelopt:ModelOptFormat"),
-)}
+FORMATS: dict[str, FormatSpec] = {
+    spec.name: spec
+    for spec in (
+        FormatSpec("specforge", "SpecForge", "post_norm", "hsextract.formats.specforge:SpecForgeFormat"),
+        FormatSpec(
+            "speculators",
+            "speculators >= 0.8",
+            "pre_norm",
+            "hsextract.formats.speculators:SpeculatorsFormat",
+            arrow_dataset=True,
+        ),
+        FormatSpec(
+            "speculators-v1",
+            "speculators 0.7 (v1 layout)",
+            "pre_norm",
+            "hsextract.formats.speculators_v1:SpeculatorsV1Format",
+        ),
+        FormatSpec("modelopt", "ModelOpt", "post_norm", "hsextract.formats.modelopt:ModelOptFormat"),
+    )
+}
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 DEFAULT_FORMAT = "speculators"  # the client's and the planner's (the roles' hsextract_format default too)
 FINAL_HIDDEN_PLACEMENTS: tuple[str, ...] = ("post_norm", "pre_norm")

@@ -159,8 +159,13 @@ class OutputFormat(Protocol):
         """The file's contents."""
         ...
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
-                 tokens: TokenReader | None = None) -> list[Path]:
+    def finalize(
+        self,
+        output_dir: Path,
+        header: ManifestHeader,
+        entries: Sequence[ManifestEntry],
+        tokens: TokenReader | None = None,
+    ) -> list[Path]:
         """Write the dataset-level files the reader needs; return the paths written. `tokens` reads
         a sample's ids and mask where its file is not under `output_dir`."""
         ...
@@ -275,8 +280,12 @@ def torch_save_bytes(build: Callable[[SampleShape], Any], shape: SampleShape, ke
 def empty_rows(shape: SampleShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uninitialized (input_ids [T], loss_mask [T], aux [T, K*H], final [T, H]) of `shape`, for sizing."""
     t, k, h = shape.tokens, shape.num_aux, shape.hidden_size
-    return (torch.empty(t, dtype=torch.int64), torch.empty(t, dtype=torch.int64),
-            torch.empty(t, k * h, dtype=shape.dtype), torch.empty(t, h, dtype=shape.dtype))
+    return (
+        torch.empty(t, dtype=torch.int64),
+        torch.empty(t, dtype=torch.int64),
+        torch.empty(t, k * h, dtype=shape.dtype),
+        torch.empty(t, h, dtype=shape.dtype),
+    )
 
 
 def read_torch_tokens(path: Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,8 +45,9 @@ from hsextract.formats.stored import StoredSample, byte_rows, load_torch_sample
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
 
 
-def _object(input_ids: torch.Tensor, loss_mask: torch.Tensor, aux: torch.Tensor, final: torch.Tensor,
-            conversation_id: int) -> dict:
+def _object(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, aux: torch.Tensor, final: torch.Tensor, conversation_id: int
+) -> dict:
     """The file's dict (shared by encode and sizing; key order as ModelOpt's dump scripts write it)."""
     return {
         "input_ids": input_ids,
@@ -72,13 +73,15 @@ class ModelOptFormat:
 
     def encode(self, sample: Sample) -> Payload:
         k = sample.num_aux
-        return TorchSavePayload(_object(
-            sample.input_ids.to(torch.int64).clone(),
-            sample.loss_mask.to(torch.int64).clone(),
-            sample.slots(0, k),
-            sample.slots(k, k + 1),
-            sample.dataset_index,
-        ))
+        return TorchSavePayload(
+            _object(
+                sample.input_ids.to(torch.int64).clone(),
+                sample.loss_mask.to(torch.int64).clone(),
+                sample.slots(0, k),
+                sample.slots(k, k + 1),
+                sample.dataset_index,
+            )
+        )
 
     def sample_file_bytes(self, shape: SampleShape) -> int:
         return torch_save_bytes(lambda s: _object(*empty_rows(s), s.dataset_index), shape, self.name)
@@ -94,11 +97,19 @@ class ModelOptFormat:
     def read_stored(self, path: Path) -> StoredSample:
         obj, shapes = load_torch_sample(path, dict.fromkeys(self.stored_shapes(SampleShape(0, 1, 1)), False))
         cid = obj.get("conversation_id")
-        return StoredSample(shapes, obj["input_ids"].numpy(),
-                            lambda: [byte_rows(obj["aux_hidden_states"]), byte_rows(obj["hidden_states"])],
-                            dataset_index=cid if isinstance(cid, int) else None)
+        return StoredSample(
+            shapes,
+            obj["input_ids"].numpy(),
+            lambda: [byte_rows(obj["aux_hidden_states"]), byte_rows(obj["hidden_states"])],
+            dataset_index=cid if isinstance(cid, int) else None,
+        )
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
-                 tokens: TokenReader | None = None) -> list[Path]:
+    def finalize(
+        self,
+        output_dir: Path,
+        header: ManifestHeader,
+        entries: Sequence[ManifestEntry],
+        tokens: TokenReader | None = None,
+    ) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.
         return []

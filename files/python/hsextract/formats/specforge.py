@@ -65,12 +65,14 @@ class SpecForgeFormat:
 
     def encode(self, sample: Sample) -> Payload:
         k = sample.num_aux
-        return TorchSavePayload(_object(
-            sample.input_ids.to(torch.int64).clone(),
-            sample.loss_mask.to(torch.int64).clone(),
-            sample.slots(0, k),
-            sample.slots(k, k + 1),
-        ))
+        return TorchSavePayload(
+            _object(
+                sample.input_ids.to(torch.int64).clone(),
+                sample.loss_mask.to(torch.int64).clone(),
+                sample.slots(0, k),
+                sample.slots(k, k + 1),
+            )
+        )
 
     def sample_file_bytes(self, shape: SampleShape) -> int:
         return torch_save_bytes(lambda s: _object(*empty_rows(s)), shape, self.name)
@@ -85,10 +87,18 @@ class SpecForgeFormat:
 
     def read_stored(self, path: Path) -> StoredSample:
         obj, shapes = load_torch_sample(path, dict.fromkeys(self.stored_shapes(SampleShape(0, 1, 1)), False))
-        return StoredSample(shapes, obj["input_ids"].numpy(),
-                            lambda: [byte_rows(obj["aux_hidden_state"][0]), byte_rows(obj["hidden_state"][0])])
+        return StoredSample(
+            shapes,
+            obj["input_ids"].numpy(),
+            lambda: [byte_rows(obj["aux_hidden_state"][0]), byte_rows(obj["hidden_state"][0])],
+        )
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
-                 tokens: TokenReader | None = None) -> list[Path]:
+    def finalize(
+        self,
+        output_dir: Path,
+        header: ManifestHeader,
+        entries: Sequence[ManifestEntry],
+        tokens: TokenReader | None = None,
+    ) -> list[Path]:
         # The reader discovers files by walking the tree: no dataset-level file is needed.
         return []

@@ -79,8 +79,9 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int, int]:
     return meta, 8 + n, size
 
 
-def _mapped(path: Path, meta: dict[str, Any], name: str, start: int, size: int, shape: tuple[int, ...],
-            dtype: Any) -> np.ndarray:
+def _mapped(
+    path: Path, meta: dict[str, Any], name: str, start: int, size: int, shape: tuple[int, ...], dtype: Any
+) -> np.ndarray:
     """Tensor `name` of a safetensors file as a read-only map of `shape` in `dtype` (uint8 for raw rows)."""
     off = meta[name]["data_offsets"]
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -134,8 +135,11 @@ class SpeculatorsFormat:
     def read_stored(self, path: Path) -> StoredSample:
         """The sample's tensors mapped from the file, after its header (no tensor is read here)."""
         meta, start, size = read_safetensors_header(path)
-        shapes = {name: list(meta[name]["shape"]) for name in ("hidden_states", "token_ids", "loss_mask")
-                  if isinstance(meta.get(name), dict)}
+        shapes = {
+            name: list(meta[name]["shape"])
+            for name in ("hidden_states", "token_ids", "loss_mask")
+            if isinstance(meta.get(name), dict)
+        }
         t = int((shapes.get("token_ids") or [0])[0])
         ids = _mapped(path, meta, "token_ids", start, size, (t,), np.dtype("<i8"))
 
@@ -162,8 +166,13 @@ class SpeculatorsFormat:
             body = [tensor_bytes(sample.hidden), tensor_bytes(sample.input_ids.to(torch.int64))]
         return ChunksPayload([header, *body, mask])
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
-                 tokens: TokenReader | None = None) -> list[Path]:
+    def finalize(
+        self,
+        output_dir: Path,
+        header: ManifestHeader,
+        entries: Sequence[ManifestEntry],
+        tokens: TokenReader | None = None,
+    ) -> list[Path]:
         return [build_arrow_dataset(output_dir, entries, tokens)]
 
 
@@ -216,8 +225,9 @@ def _current_files(out: Path, rows: Sequence[ManifestEntry]) -> tuple[list[str],
     return names, len(lengths)
 
 
-def build_arrow_dataset(output_dir: str | Path, entries: Sequence[ManifestEntry],
-                        tokens: TokenReader | None = None) -> Path:
+def build_arrow_dataset(
+    output_dir: str | Path, entries: Sequence[ManifestEntry], tokens: TokenReader | None = None
+) -> Path:
     """Bring the Arrow dataset of `output_dir` up to its manifest entries; return state.json's path.
 
     Only the rows the dataset lacks are read from their files. They are appended to the last data
@@ -277,8 +287,9 @@ def remove_arrow_builds(out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _switch_to_build(out: Path, ds: Any, build: Path, build_id: str, kept: list[str],
-                     new_files: list[str]) -> list[str]:
+def _switch_to_build(
+    out: Path, ds: Any, build: Path, build_id: str, kept: list[str], new_files: list[str]
+) -> list[str]:
     """Save `ds` in `build`, move its data files into `out` under build-unique names (appended to
     `new_files` as they arrive), then replace ``state.json``; the data files now listed."""
     build.parent.mkdir(parents=True, exist_ok=True)

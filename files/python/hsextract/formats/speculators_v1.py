@@ -67,13 +67,15 @@ class SpeculatorsV1Format:
 
     def encode(self, sample: Sample) -> Payload:
         hidden = sample.hidden
-        return TorchSavePayload(_object(
-            sample.input_ids.to(torch.int64).clone(),
-            sample.loss_mask.to(torch.int64).clone(),
-            # One storage per layer: the reader concatenates the list, and a view into a shared
-            # storage would make torch.save write every layer for each of them.
-            [sample.slots(j, j + 1) for j in range(hidden.shape[1])],
-        ))
+        return TorchSavePayload(
+            _object(
+                sample.input_ids.to(torch.int64).clone(),
+                sample.loss_mask.to(torch.int64).clone(),
+                # One storage per layer: the reader concatenates the list, and a view into a shared
+                # storage would make torch.save write every layer for each of them.
+                [sample.slots(j, j + 1) for j in range(hidden.shape[1])],
+            )
+        )
 
     def sample_file_bytes(self, shape: SampleShape) -> int:
         return torch_save_bytes(_empty_object, shape, self.name)
@@ -90,8 +92,13 @@ class SpeculatorsV1Format:
         obj, shapes = load_torch_sample(path, {"input_ids": False, "loss_mask": False, "hidden_states": True})
         return StoredSample(shapes, obj["input_ids"].numpy(), lambda: [byte_rows(t) for t in obj["hidden_states"]])
 
-    def finalize(self, output_dir: Path, header: ManifestHeader, entries: Sequence[ManifestEntry],
-                 tokens: TokenReader | None = None) -> list[Path]:
+    def finalize(
+        self,
+        output_dir: Path,
+        header: ManifestHeader,
+        entries: Sequence[ManifestEntry],
+        tokens: TokenReader | None = None,
+    ) -> list[Path]:
         out = Path(output_dir)
         lengths = {str(e.output_index): e.tokens for e in sorted(entries, key=lambda e: e.output_index)}
         atomic_write_bytes(out / LENGTHS_FILE, json.dumps(lengths).encode())

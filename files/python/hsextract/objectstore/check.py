@@ -32,24 +32,32 @@ def check_access(store: ObjectStore) -> None:
 
     url = store.url
     try:
-        r = store.retrying("LIST bucket", lambda: store.client.list_objects_v2(
-            Bucket=url.bucket, Prefix=url.key(""), MaxKeys=1))
+        r = store.retrying(
+            "LIST bucket", lambda: store.client.list_objects_v2(Bucket=url.bucket, Prefix=url.key(""), MaxKeys=1)
+        )
     except errors.ClientError as exc:
         code = code_of(exc)
         if code.isdigit():  # an error without S3's XML body: some other HTTP server answered
             raise ServerRefused(
                 f"{url}: the endpoint {store.settings.endpoint or '(boto3 default)'} answered HTTP {status_of(exc)} "
-                "without an S3 error: it is not an S3 server (check --s3-endpoint)") from None
+                "without an S3 error: it is not an S3 server (check --s3-endpoint)"
+            ) from None
         raise StoreError(describe_refusal(exc, url, "LIST bucket")) from None
     except errors.ResponseParserError:
-        raise ServerRefused(f"{url}: the endpoint {store.settings.endpoint or '(boto3 default)'} answered with "
-                            "something that is not S3's XML: it is not an S3 server (check --s3-endpoint)") from None
+        raise ServerRefused(
+            f"{url}: the endpoint {store.settings.endpoint or '(boto3 default)'} answered with "
+            "something that is not S3's XML: it is not an S3 server (check --s3-endpoint)"
+        ) from None
     except errors.NoCredentialsError:
-        raise StoreError(f"{url}: no credentials: give --s3-credentials FILE, or set them as boto3 reads them "
-                         "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials)") from None
+        raise StoreError(
+            f"{url}: no credentials: give --s3-credentials FILE, or set them as boto3 reads them "
+            "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials)"
+        ) from None
     if not isinstance(r, dict) or r.get("Name") != url.bucket:
-        raise ServerRefused(f"{url}: the endpoint {store.settings.endpoint or '(boto3 default)'} answered a listing "
-                            "of the bucket without S3's ListBucketResult: it is not an S3 server (check --s3-endpoint)")
+        raise ServerRefused(
+            f"{url}: the endpoint {store.settings.endpoint or '(boto3 default)'} answered a listing "
+            "of the bucket without S3's ListBucketResult: it is not an S3 server (check --s3-endpoint)"
+        )
 
 
 def check_conditional_writes(store: ObjectStore) -> None:
@@ -67,7 +75,8 @@ def check_conditional_writes(store: ObjectStore) -> None:
             "succeeded instead of being refused (412). hsextract publishes the manifest and every sample as "
             "create-only objects, so on such a server two drains of one prefix would overwrite each other's "
             "samples without either noticing; use a server that honours If-None-Match (AWS S3, MinIO, SeaweedFS: "
-            "docs/object-store.md)")
+            "docs/object-store.md)"
+        )
     finally:
         with contextlib.suppress(StoreError):
             store.delete(key)

@@ -80,16 +80,25 @@ def read_hosts(hosts: Sequence[tuple[str, ObjectStore]]) -> list[HostSet]:
     assert ref.found.header is not None
     runs = {h.name: _run_id(h.store) for h in out}
     if len(set(runs.values())) > 1:
-        raise ConfigError("the host sets are of different runs (" + ", ".join(f"{n}: {r}" for n, r in runs.items())
-                          + "): collect the hosts of one run")
+        raise ConfigError(
+            "the host sets are of different runs ("
+            + ", ".join(f"{n}: {r}" for n, r in runs.items())
+            + "): collect the hosts of one run"
+        )
     for h in out[1:]:
         assert h.found.header is not None
         check_header_matches_fields(f"host {h.name} ({h.store.url})", h.found.header, ref.found.header)
     return out
 
 
-def collect_in_place(into: ObjectStore, hosts: Sequence[tuple[str, ObjectStore]], work: Path,
-                     sizes: Sequence[int] | None, vocab_size: int | None, workers: int = 8) -> BucketCollect:
+def collect_in_place(
+    into: ObjectStore,
+    hosts: Sequence[tuple[str, ObjectStore]],
+    work: Path,
+    sizes: Sequence[int] | None,
+    vocab_size: int | None,
+    workers: int = 8,
+) -> BucketCollect:
     """Merge the hosts' sets into `into` (see the module docstring)."""
     from hsextract.objectstore.check import check_store
 
@@ -113,16 +122,16 @@ def collect_in_place(into: ObjectStore, hosts: Sequence[tuple[str, ObjectStore]]
             continue
         if e.dataset_index in seen:
             duplicates += 1
-            lines.append(f"duplicate: dataset index {e.dataset_index} of host {h.name} is in the set already; "
-                         "not taken twice")
+            lines.append(
+                f"duplicate: dataset index {e.dataset_index} of host {h.name} is in the set already; not taken twice"
+            )
             continue
         seen.add(e.dataset_index)
         todo.append((h, e))
     writer = new_writer_id()
     epoch = before.published.next_segment
     publish(into, epoch_head(writer, epoch), [])
-    into.put_bytes(into.url.key(RUN_KEY), json.dumps({"run_id": _run_id(sets[0].store)}).encode(),
-                   create_only=False)
+    into.put_bytes(into.url.key(RUN_KEY), json.dumps({"run_id": _run_id(sets[0].store)}).encode(), create_only=False)
     publish_header(into, replace(ref.header, run_id=ref.header.run_id))
     segment = epoch + 1
     started = time.monotonic()
@@ -131,24 +140,41 @@ def collect_in_place(into: ObjectStore, hosts: Sequence[tuple[str, ObjectStore]]
             batch: list[tuple[HostSet, ManifestEntry, ManifestEntry]] = []
             for h, e in todo[first : first + BATCH]:
                 idx = len(have) + len(batch)
-                batch.append((h, e, replace(e, output_index=idx, file=fmt.relative_path(idx), host=h.name,
-                                            host_index=e.output_index)))
+                batch.append(
+                    (
+                        h,
+                        e,
+                        replace(
+                            e, output_index=idx, file=fmt.relative_path(idx), host=h.name, host_index=e.output_index
+                        ),
+                    )
+                )
             list(pool.map(lambda b: _copy(into, b[0], b[1], b[2], writer, epoch), batch))
             entries = [b[2] for b in batch]
-            publish(into, SegmentHead(segment=segment, kind="samples", writer=writer, epoch=epoch,
-                                      created_at=time.time()), entries)
+            publish(
+                into,
+                SegmentHead(segment=segment, kind="samples", writer=writer, epoch=epoch, created_at=time.time()),
+                entries,
+            )
             segment += 1
             have.extend(entries)
     for h in sets:
         if h.orphans:
-            lines.append(f"orphans: host {h.name} ({h.store.url}) holds {len(h.orphans)} object(s) no manifest "
-                         f"segment names (uploads of a drain stopped or fenced before their segment; not collected): "
-                         + ", ".join(h.orphans[:5]) + (" ..." if len(h.orphans) > 5 else ""))
+            lines.append(
+                f"orphans: host {h.name} ({h.store.url}) holds {len(h.orphans)} object(s) no manifest "
+                f"segment names (uploads of a drain stopped or fenced before their segment; not collected): "
+                + ", ".join(h.orphans[:5])
+                + (" ..." if len(h.orphans) > 5 else "")
+            )
     _write_dataset_files(into, work, ref, have, sets, sizes, vocab_size)
     per_host = {h.name: sum(1 for e in have if e.host == h.name) for h in sets}
-    lines.insert(0, f"collected {len(todo)} new samples into {into.url} in {time.monotonic() - started:.1f} s by "
-                    f"server-side copy: {len(have)} in the set ("
-                    + ", ".join(f"{n}: {c}" for n, c in per_host.items()) + f"); {duplicates} duplicate(s) dropped")
+    lines.insert(
+        0,
+        f"collected {len(todo)} new samples into {into.url} in {time.monotonic() - started:.1f} s by "
+        f"server-side copy: {len(have)} in the set ("
+        + ", ".join(f"{n}: {c}" for n, c in per_host.items())
+        + f"); {duplicates} duplicate(s) dropped",
+    )
     return BucketCollect(lines, len(have), len(todo))
 
 
@@ -170,12 +196,21 @@ def _copy(into: ObjectStore, h: HostSet, src: ManifestEntry, new: ManifestEntry,
     info = into.head(key)
     stored = entry_of(info.metadata) if info else None
     if info is None or info.size != src.bytes or stored is None or stored.checksum != src.checksum:
-        raise StoreError(f"{into.url}/{new.file}: the copy of {h.store.url}/{src.file} holds "
-                         f"{info.size if info else 'nothing'}, its manifest line says {src.bytes} bytes")
+        raise StoreError(
+            f"{into.url}/{new.file}: the copy of {h.store.url}/{src.file} holds "
+            f"{info.size if info else 'nothing'}, its manifest line says {src.bytes} bytes"
+        )
 
 
-def _write_dataset_files(into: ObjectStore, work: Path, ref: BucketSet, entries: list[ManifestEntry],
-                         sets: Sequence[HostSet], sizes: Sequence[int] | None, vocab_size: int | None) -> None:
+def _write_dataset_files(
+    into: ObjectStore,
+    work: Path,
+    ref: BucketSet,
+    entries: list[ManifestEntry],
+    sets: Sequence[HostSet],
+    sizes: Sequence[int] | None,
+    vocab_size: int | None,
+) -> None:
     from hsextract.objectstore.mirror import publish_dataset_files
     from hsextract.objectstore.output import sync_work_dir
     from hsextract.objectstore.segments import read_published
@@ -191,8 +226,15 @@ def _write_dataset_files(into: ObjectStore, work: Path, ref: BucketSet, entries:
     publish_dataset_files(into, work)
 
 
-def _write_vocab(work: Path, ref: BucketSet, entries: list[ManifestEntry], sets: Sequence[HostSet],
-                 sizes: Sequence[int], vocab_size: int, tokens: RemoteTokens) -> None:
+def _write_vocab(
+    work: Path,
+    ref: BucketSet,
+    entries: list[ManifestEntry],
+    sets: Sequence[HostSet],
+    sizes: Sequence[int],
+    vocab_size: int,
+    tokens: RemoteTokens,
+) -> None:
     """The hosts' published counts summed where they cover the collected samples, the rest recounted
     from the collected objects (hsextract.collect.vocab's rule)."""
     from collections import defaultdict

@@ -82,9 +82,21 @@ def entry_of(metadata: dict[str, str]) -> ManifestEntry | None:
 class ObjectCommitter(Committer):
     """Owns the set's manifest in a bucket while the drain runs (see the module's docstring)."""
 
-    def __init__(self, out: Path, fmt: OutputFormat, tmp_dir: Path, dump_dir: Path, entries: list[ManifestEntry],
-                 events: CommitEvents, *, store: ObjectStore, writer: str, epoch: int, next_segment: int,
-                 uploads: int = 8):
+    def __init__(
+        self,
+        out: Path,
+        fmt: OutputFormat,
+        tmp_dir: Path,
+        dump_dir: Path,
+        entries: list[ManifestEntry],
+        events: CommitEvents,
+        *,
+        store: ObjectStore,
+        writer: str,
+        epoch: int,
+        next_segment: int,
+        uploads: int = 8,
+    ):
         super().__init__(out, fmt, tmp_dir, dump_dir, entries, events)
         self.store = store
         self.writer, self.epoch, self.next_segment = writer, epoch, next_segment
@@ -154,8 +166,9 @@ class ObjectCommitter(Committer):
             return
         idx = len(self.entries) + len(self._pending)
         rel = self.fmt.relative_path(idx)
-        entry = ManifestEntry(idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, time.time(),
-                              p.fingerprint, p.greedy_check)
+        entry = ManifestEntry(
+            idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, time.time(), p.fingerprint, p.greedy_check
+        )
         up = _Upload(p, entry)
         self._pending.append(up)
         self._pending_rids.add(p.rid)
@@ -175,7 +188,8 @@ class ObjectCommitter(Committer):
             raise WriterFenced(
                 f"{self.store.url}: the multipart upload of {entry.file} was aborted by a newer drain of this prefix, "
                 f"whose epoch fenced this one ({self.writer}, epoch {self.epoch}). This one stops; its samples not "
-                "yet in the set are still staged, nothing is lost") from None
+                "yet in the set are still staged, nothing is lost"
+            ) from None
         self._confirm(key, entry)
         self.bytes_uploaded += p.nbytes
 
@@ -186,8 +200,11 @@ class ObjectCommitter(Committer):
         if info is None:  # gone again meanwhile: create it
             self.store.put_file(key, p.tmp, p.nbytes, create_only=True, metadata=meta, part_pool=self._parts)
             return
-        if (info.metadata.get(META_WRITER) == self.writer and info.size == entry.bytes
-                and (entry_of(info.metadata) or entry).checksum == entry.checksum):
+        if (
+            info.metadata.get(META_WRITER) == self.writer
+            and info.size == entry.bytes
+            and (entry_of(info.metadata) or entry).checksum == entry.checksum
+        ):
             return
         found = entry_of(info.metadata)
         try:
@@ -195,17 +212,21 @@ class ObjectCommitter(Committer):
         except ValueError:
             their_epoch = -1
         if found is None or their_epoch < 0:
-            raise StoreError(f"{self.store.url}/{entry.file} exists and was not written by hsextract: the prefix "
-                             "holds files of something else; give the drain a prefix of its own")
+            raise StoreError(
+                f"{self.store.url}/{entry.file} exists and was not written by hsextract: the prefix "
+                "holds files of something else; give the drain a prefix of its own"
+            )
         if their_epoch > self.epoch:
             raise WriterFenced(
                 f"{self.store.url}: a newer drain (epoch {their_epoch}, {info.metadata.get(META_WRITER, '?')}) writes "
                 f"this prefix: {entry.file} is its. This one ({self.writer}, epoch {self.epoch}) stops; its samples "
-                "not yet in the set are still staged, nothing is lost")
+                "not yet in the set are still staged, nothing is lost"
+            )
         if their_epoch == self.epoch:  # our own epoch, another sample: never
             raise StoreError(f"{self.store.url}/{entry.file}: written by this drain for another sample")
-        log.info("replacing %s: an orphan of an earlier drain (epoch %d) that no manifest segment names", key,
-                 their_epoch)
+        log.info(
+            "replacing %s: an orphan of an earlier drain (epoch %d) that no manifest segment names", key, their_epoch
+        )
         self.store.put_file(key, p.tmp, p.nbytes, create_only=False, metadata=meta, part_pool=self._parts)
 
     def _confirm(self, key: str, entry: ManifestEntry) -> None:
@@ -214,9 +235,11 @@ class ObjectCommitter(Committer):
             raise StoreError(f"{self.store.url}/{entry.file}: uploaded, then not found")
         stored = entry_of(info.metadata)
         if info.size != entry.bytes or stored is None or stored.checksum != entry.checksum:
-            raise StoreError(f"{self.store.url}/{entry.file}: the server holds {info.size} bytes"
-                             f"{'' if stored is None else ' with checksum ' + stored.checksum}, the sample is "
-                             f"{entry.bytes} bytes with checksum {entry.checksum}")
+            raise StoreError(
+                f"{self.store.url}/{entry.file}: the server holds {info.size} bytes"
+                f"{'' if stored is None else ' with checksum ' + stored.checksum}, the sample is "
+                f"{entry.bytes} bytes with checksum {entry.checksum}"
+            )
 
     # --- publishing ----------------------------------------------------------------------------
 
@@ -233,8 +256,9 @@ class ObjectCommitter(Committer):
         if not ready:
             return False
         self._publish_header()
-        head = SegmentHead(segment=self.next_segment, kind="samples", writer=self.writer, epoch=self.epoch,
-                           created_at=time.time())
+        head = SegmentHead(
+            segment=self.next_segment, kind="samples", writer=self.writer, epoch=self.epoch, created_at=time.time()
+        )
         entries = [up.entry for up in ready]
         publish(self.store, head, entries)
         self.next_segment += 1

@@ -37,17 +37,35 @@ class BucketSide:
         """Check the server and take the prefix over (hsextract.objectstore.output.start_drain)."""
         target: ObjectOutput = cfg.object_store
         work = Path(cfg.output)
-        store = ObjectStore(target.url, target.settings, stop=stop, pool=target.uploads * 2 + 8,
-                            part_size=target.part_size)
+        store = ObjectStore(
+            target.url, target.settings, stop=stop, pool=target.uploads * 2 + 8, part_size=target.part_size
+        )
         started = start_drain(store, work, load_or_create_run_id(work), target)
         return cls(target, store, started, fmt, work)
 
-    def committer(self, out: Path, fmt: OutputFormat, tmp_dir: Path, dump_dir: Path, entries: list[ManifestEntry],
-                  events: CommitEvents) -> ObjectCommitter:
+    def committer(
+        self,
+        out: Path,
+        fmt: OutputFormat,
+        tmp_dir: Path,
+        dump_dir: Path,
+        entries: list[ManifestEntry],
+        events: CommitEvents,
+    ) -> ObjectCommitter:
         s = self.started
-        self._committer = ObjectCommitter(out, fmt, tmp_dir, dump_dir, entries, events, store=self.store,
-                                          writer=s.writer, epoch=s.epoch, next_segment=s.next_segment,
-                                          uploads=self.target.uploads)
+        self._committer = ObjectCommitter(
+            out,
+            fmt,
+            tmp_dir,
+            dump_dir,
+            entries,
+            events,
+            store=self.store,
+            writer=s.writer,
+            epoch=s.epoch,
+            next_segment=s.next_segment,
+            uploads=self.target.uploads,
+        )
         return self._committer
 
     def publish_dataset_files(self, work: Path) -> list[str]:
@@ -55,7 +73,13 @@ class BucketSide:
 
     def status(self) -> dict[str, Any]:
         c = self._committer
-        return {"url": str(self.target.url), "endpoint": self.target.settings.endpoint, "writer": self.started.writer,
-                "epoch": self.started.epoch, "segments": c.next_segment if c else self.started.next_segment,
-                "uploading": c.uploading if c else 0, "retries": self.store.retries + self._later.retries,
-                "unreachable_since": self.store.outage_since or self._later.outage_since}
+        return {
+            "url": str(self.target.url),
+            "endpoint": self.target.settings.endpoint,
+            "writer": self.started.writer,
+            "epoch": self.started.epoch,
+            "segments": c.next_segment if c else self.started.next_segment,
+            "uploading": c.uploading if c else 0,
+            "retries": self.store.retries + self._later.retries,
+            "unreachable_since": self.store.outage_since or self._later.outage_since,
+        }

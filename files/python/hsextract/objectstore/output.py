@@ -103,8 +103,10 @@ def recorded_target(work: Path) -> ObjectOutput | None:
         data = json.loads(target_path(work).read_text())
     except (FileNotFoundError, ValueError):
         return None
-    return ObjectOutput(parse_object_url(data["url"]), settings_from(data.get("endpoint", ""), data.get("region", ""),
-                                                                     data.get("credentials_file", "")))
+    return ObjectOutput(
+        parse_object_url(data["url"]),
+        settings_from(data.get("endpoint", ""), data.get("region", ""), data.get("credentials_file", "")),
+    )
 
 
 def start_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutput) -> DrainStart:
@@ -124,8 +126,14 @@ def start_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutpu
         publish(store, epoch_head(writer, epoch), [])
     except SegmentTaken as exc:
         raise SegmentTaken(f"{exc} (at the drain's start)") from None
-    log.info("%s: %d samples in %d manifest segments; this drain is writer %s, epoch %d", store.url,
-             len(published.entries), published.next_segment, writer, epoch)
+    log.info(
+        "%s: %d samples in %d manifest segments; this drain is writer %s, epoch %d",
+        store.url,
+        len(published.entries),
+        published.next_segment,
+        writer,
+        epoch,
+    )
     abort_fenced_uploads(store, epoch)
     return DrainStart(writer, epoch, epoch + 1, published.entries)
 
@@ -144,13 +152,15 @@ def abort_fenced_uploads(store: ObjectStore, epoch: int) -> int:
     info = store.head(store.url.key(segment_rel(epoch)))
     if info is None or not info.last_modified:
         return 0
-    stale = [(key, upload) for key, upload, began in store.incomplete_uploads()
-             if began and began <= info.last_modified]
+    stale = [
+        (key, upload) for key, upload, began in store.incomplete_uploads() if began and began <= info.last_modified
+    ]
     for key, upload in stale:
         store.abort_upload(key, upload)
     if stale:
-        log.info("%s: aborted %d multipart upload(s) of fenced writers (never completed, never named)", store.url,
-                 len(stale))
+        log.info(
+            "%s: aborted %d multipart upload(s) of fenced writers (never completed, never named)", store.url, len(stale)
+        )
     return len(stale)
 
 
@@ -166,7 +176,8 @@ def _same_run(store: ObjectStore, work: Path, run_id: str) -> None:
         raise ConfigError(
             f"{store.url} holds run {theirs}, but the work directory {work} is of run {run_id}: a prefix holds one "
             f"run's set. Resume with that run's work directory, or write {work}/run.json with "
-            f'{{"run_id": "{theirs}"}} before any client starts, or give this run a new prefix')
+            f'{{"run_id": "{theirs}"}} before any client starts, or give this run a new prefix'
+        )
 
 
 def _sync_header(store: ObjectStore, work: Path, has_samples: bool) -> None:
@@ -188,9 +199,15 @@ def _sync_manifest(work: Path, published: list[ManifestEntry], store: ObjectStor
     if [e.to_line() for e in local] == [e.to_line() for e in published]:
         return
     if len(local) > len(published) and [e.rid for e in local[: len(published)]] == [e.rid for e in published]:
-        raise ConfigError(f"{work}/manifest.jsonl lists {len(local)} samples, the segments of {store.url} only "
-                          f"{len(published)}: segments are never deleted by hsextract; was the bucket's prefix "
-                          "emptied? Restore it, or start over with a new work directory and prefix")
-    log.warning("%s: the work directory's manifest (%d samples) differs from the bucket's segments (%d): "
-                "taking the bucket's", work, len(local), len(published))
+        raise ConfigError(
+            f"{work}/manifest.jsonl lists {len(local)} samples, the segments of {store.url} only "
+            f"{len(published)}: segments are never deleted by hsextract; was the bucket's prefix "
+            "emptied? Restore it, or start over with a new work directory and prefix"
+        )
+    log.warning(
+        "%s: the work directory's manifest (%d samples) differs from the bucket's segments (%d): taking the bucket's",
+        work,
+        len(local),
+        len(published),
+    )
     atomic_write_bytes(entries_path(work), b"".join(e.to_line() for e in published))

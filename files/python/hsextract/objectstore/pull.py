@@ -52,8 +52,9 @@ class PullError(HsextractError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="the set: s3://bucket/prefix")
     parser.add_argument("dest", help="the directory to pull it into (created; a pull resumes in it)")
-    parser.add_argument("--samples", metavar="A:B",
-                        help="only output indices A to B-1 of the set (renumbered from 0); default: all")
+    parser.add_argument(
+        "--samples", metavar="A:B", help="only output indices A to B-1 of the set (renumbered from 0); default: all"
+    )
     parser.add_argument("--parallel", type=int, default=8, help="objects downloaded at once (default 8)")
     add_store_arguments(parser)
     add_config_argument(parser)
@@ -78,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
     store = ObjectStore(parse_object_url(args.source, "source"), settings_from_args(args), pool=args.parallel + 4)
     dest = Path(args.dest)
     n, nbytes, fetched = pull(store, dest, args.samples, args.parallel)
-    print(f"pulled {n} samples ({nbytes / 1e9:.2f} GB, {fetched} downloaded now) from {store.url} into {dest}, "
-          "each checked against the manifest")
+    print(
+        f"pulled {n} samples ({nbytes / 1e9:.2f} GB, {fetched} downloaded now) from {store.url} into {dest}, "
+        "each checked against the manifest"
+    )
     return 0
 
 
@@ -90,13 +93,15 @@ def pull(store: ObjectStore, dest: Path, samples: str | None = None, parallel: i
         raise ConfigError(f"{store.url}: no manifest.json: nothing was drained into this prefix yet")
     everything = found.published.entries
     first, last = parse_slice(samples, len(everything))
-    chosen = [replace(e, output_index=i, file=found.fmt.relative_path(i))
-              for i, e in enumerate(everything[first:last])]
+    chosen = [replace(e, output_index=i, file=found.fmt.relative_path(i)) for i, e in enumerate(everything[first:last])]
     source = {"source": str(store.url), "samples": [first, last], "segments": len(found.published.heads)}
     _claim(dest, source)
     done = _verified(dest)
-    todo = [(src, e) for src, e in zip(everything[first:last], chosen, strict=True) if done.get(e.file) != e.checksum
-            or not _whole(dest / e.file, e)]
+    todo = [
+        (src, e)
+        for src, e in zip(everything[first:last], chosen, strict=True)
+        if done.get(e.file) != e.checksum or not _whole(dest / e.file, e)
+    ]
     tmp = state_dir(dest) / PULL_TMP
     tmp.mkdir(parents=True, exist_ok=True)
     record_lock = threading.Lock()
@@ -107,9 +112,11 @@ def pull(store: ObjectStore, dest: Path, samples: str | None = None, parallel: i
         size, checksum = store.download(store.url.key(src.file), part, e.checksum.split(":", 1)[0])
         if size != e.bytes or checksum != e.checksum:
             part.unlink(missing_ok=True)
-            raise PullError(f"{store.url}/{src.file}: {size} bytes with checksum {checksum}; its manifest line "
-                            f"says {e.bytes} bytes, {e.checksum}. The object is damaged: nothing of it was kept "
-                            f"(`hsextract finalize --output {store.url} --verify` checks them all)")
+            raise PullError(
+                f"{store.url}/{src.file}: {size} bytes with checksum {checksum}; its manifest line "
+                f"says {e.bytes} bytes, {e.checksum}. The object is damaged: nothing of it was kept "
+                f"(`hsextract finalize --output {store.url} --verify` checks them all)"
+            )
         with open(part, "rb") as f:
             os.fsync(f.fileno())
         final = dest / e.file
@@ -144,8 +151,10 @@ def _claim(dest: Path, source: dict) -> None:
         atomic_write_bytes(path, json.dumps(source).encode())
         return
     if (before.get("source"), before.get("samples")) != (source["source"], source["samples"]):
-        raise ConfigError(f"{dest} holds a pull of {before.get('source')} samples {before.get('samples')}: resume it "
-                          "with the same source and --samples, or pull into a new directory")
+        raise ConfigError(
+            f"{dest} holds a pull of {before.get('source')} samples {before.get('samples')}: resume it "
+            "with the same source and --samples, or pull into a new directory"
+        )
     atomic_write_bytes(path, json.dumps(source).encode())
 
 
@@ -179,8 +188,11 @@ def _write_set(store: ObjectStore, dest: Path, found, chosen: Sequence[ManifestE
     if whole and _bucket_files_cover(store, len(chosen)):
         for info in store.list_objects():
             rel = store.url.rel(info.key)
-            if found.fmt.file_pattern.match(rel) or rel == "manifest.json" or (
-                    rel.startswith(f"{STATE_DIR}/") and rel not in KEEP_STATE):
+            if (
+                found.fmt.file_pattern.match(rel)
+                or rel == "manifest.json"
+                or (rel.startswith(f"{STATE_DIR}/") and rel not in KEEP_STATE)
+            ):
                 continue
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -90,8 +90,10 @@ def parse_segment(data: bytes, where: str) -> tuple[SegmentHead, list[ManifestEn
         head = SegmentHead(**json.loads(lines[0]))
         entries = [ManifestEntry.from_dict(json.loads(line)) for line in lines[1:] if line.strip()]
     except (ValueError, TypeError, IndexError) as exc:
-        raise ManifestError(f"{where}: not a manifest segment ({exc}); segments are never rewritten, so it was "
-                            "damaged or written by something else") from None
+        raise ManifestError(
+            f"{where}: not a manifest segment ({exc}); segments are never rewritten, so it was "
+            "damaged or written by something else"
+        ) from None
     return head, entries
 
 
@@ -105,8 +107,10 @@ def read_published(store: ObjectStore, threads: int = 16) -> Published:
     numbers.sort()
     if numbers != list(range(len(numbers))):
         missing = sorted(set(range(max(numbers, default=-1) + 1)) - set(numbers))
-        raise ManifestError(f"{store.url}/{SEGMENTS_DIR}: segment(s) {missing[:5]} missing of {len(numbers)}; "
-                            "segments are never deleted by hsextract: restore them")
+        raise ManifestError(
+            f"{store.url}/{SEGMENTS_DIR}: segment(s) {missing[:5]} missing of {len(numbers)}; "
+            "segments are never deleted by hsextract: restore them"
+        )
 
     def fetch(n: int) -> tuple[SegmentHead, list[ManifestEntry]]:
         key = store.url.key(segment_rel(n))
@@ -125,8 +129,9 @@ def read_published(store: ObjectStore, threads: int = 16) -> Published:
         heads.append(head)
         for e in rows:
             if e.output_index != len(entries):
-                raise ManifestError(f"{store.url}/{segment_rel(n)}: names output index {e.output_index} where "
-                                    f"{len(entries)} comes next")
+                raise ManifestError(
+                    f"{store.url}/{segment_rel(n)}: names output index {e.output_index} where {len(entries)} comes next"
+                )
             entries.append(e)
     return Published(entries, heads)
 
@@ -135,8 +140,9 @@ def publish(store: ObjectStore, head: SegmentHead, entries: list[ManifestEntry])
     """Create segment `head.segment`; SegmentTaken, saying what it means, if another writer has."""
     body = head.line() + b"".join(e.to_line() for e in entries)
     try:
-        store.put_bytes(store.url.key(segment_rel(head.segment)), body, create_only=True,
-                        content_type="application/x-ndjson")
+        store.put_bytes(
+            store.url.key(segment_rel(head.segment)), body, create_only=True, content_type="application/x-ndjson"
+        )
     except KeyExists:
         other = store.get_bytes(store.url.key(segment_rel(head.segment))) or b"{}"
         try:
@@ -148,8 +154,8 @@ def publish(store: ObjectStore, head: SegmentHead, entries: list[ManifestEntry])
         raise SegmentTaken(
             f"{store.url}: another drain ({who}) published manifest segment {head.segment} first: two drains write "
             f"this prefix. This one ({head.writer}) stops here; its samples not yet in the set are still staged, "
-            "nothing is lost. Give each host its own prefix; restart this drain only once the other has stopped") \
-            from None
+            "nothing is lost. Give each host its own prefix; restart this drain only once the other has stopped"
+        ) from None
 
 
 def epoch_head(writer: str, segment: int) -> SegmentHead:

@@ -69,14 +69,17 @@ def read_credentials_file(path: str | Path) -> dict[str, str]:
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"--s3-credentials {p}: not a regular file")
     if st.st_mode & 0o077:
-        raise ConfigError(f"--s3-credentials {p}: readable by others (mode {stat.S_IMODE(st.st_mode):04o}); a "
-                          f"credentials file must be its owner's alone: chmod 600 {p}")
+        raise ConfigError(
+            f"--s3-credentials {p}: readable by others (mode {stat.S_IMODE(st.st_mode):04o}); a "
+            f"credentials file must be its owner's alone: chmod 600 {p}"
+        )
     parser = configparser.ConfigParser(interpolation=None)
     try:
         parser.read_string(p.read_text())
     except (configparser.Error, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--s3-credentials {p}: not an INI file like ~/.aws/credentials ({type(exc).__name__})") \
-            from None
+        raise ConfigError(
+            f"--s3-credentials {p}: not an INI file like ~/.aws/credentials ({type(exc).__name__})"
+        ) from None
     sections = parser.sections()
     name = "default" if "default" in sections else (sections[0] if len(sections) == 1 else "")
     if not name:
@@ -104,23 +107,30 @@ def settings_from(endpoint: str = "", region: str = "", credentials_file: str = 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     """The object-store flags, for every command that may take ``--output s3://...``."""
     g = parser.add_argument_group("object store (an --output of s3://bucket/prefix)")
-    g.add_argument("--s3-endpoint", metavar="URL",
-                   help="the S3 server (default: boto3's: AWS, or AWS_ENDPOINT_URL)")
+    g.add_argument("--s3-endpoint", metavar="URL", help="the S3 server (default: boto3's: AWS, or AWS_ENDPOINT_URL)")
     g.add_argument("--s3-region", metavar="NAME", help="the region (default: boto3's)")
-    g.add_argument("--s3-credentials", metavar="FILE",
-                   help="an INI file like ~/.aws/credentials, mode 0600 (default: boto3's credential chain)")
+    g.add_argument(
+        "--s3-credentials",
+        metavar="FILE",
+        help="an INI file like ~/.aws/credentials, mode 0600 (default: boto3's credential chain)",
+    )
     add_work_dir_argument(g)
 
 
 def add_work_dir_argument(parser: Any) -> None:
     """``--work-dir``: where a bucket output's local bookkeeping lives (every command that takes --output)."""
-    parser.add_argument("--work-dir", metavar="DIR",
-                        help="with --output s3://...: the local directory of the run's bookkeeping (status, "
-                             "the client's files, the drain's temporary files; default "
-                             "/var/lib/hsextract/objectstore/<bucket>/<prefix>)")
+    parser.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        help="with --output s3://...: the local directory of the run's bookkeeping (status, "
+        "the client's files, the drain's temporary files; default "
+        "/var/lib/hsextract/objectstore/<bucket>/<prefix>)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> StoreSettings:
-    return settings_from(getattr(args, "s3_endpoint", None) or "",
-                         getattr(args, "s3_region", None) or "",
-                         getattr(args, "s3_credentials", None) or "")
+    return settings_from(
+        getattr(args, "s3_endpoint", None) or "",
+        getattr(args, "s3_region", None) or "",
+        getattr(args, "s3_credentials", None) or "",
+    )

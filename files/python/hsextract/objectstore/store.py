@@ -81,9 +81,15 @@ def make_client(settings: StoreSettings, pool: int = 32) -> Any:
     """A boto3 S3 client for the settings: path-style addressing (what every self-hosted server
     takes), botocore's own retries off (ours wait longer and say so), CRC32 sent with every body."""
     boto3, config, _ = _boto()
-    cfg = config.Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=120,
-                        max_pool_connections=pool, s3={"addressing_style": "path"},
-                        request_checksum_calculation="when_supported", response_checksum_validation="when_supported")
+    cfg = config.Config(
+        retries={"max_attempts": 1, "mode": "standard"},
+        connect_timeout=5,
+        read_timeout=120,
+        max_pool_connections=pool,
+        s3={"addressing_style": "path"},
+        request_checksum_calculation="when_supported",
+        response_checksum_validation="when_supported",
+    )
     return boto3.session.Session().client("s3", config=cfg, **settings.client_kwargs())
 
 
@@ -103,8 +109,17 @@ def code_of(exc: BaseException) -> str:
 def is_transient(exc: BaseException) -> bool:
     """Whether waiting may fix it: the server unreachable, overloaded or failing for now."""
     _, _, errors = _boto()
-    if isinstance(exc, (errors.EndpointConnectionError, errors.ConnectionClosedError, errors.ReadTimeoutError,
-                        errors.ConnectTimeoutError, errors.ConnectionError, errors.ResponseStreamingError)):
+    if isinstance(
+        exc,
+        (
+            errors.EndpointConnectionError,
+            errors.ConnectionClosedError,
+            errors.ReadTimeoutError,
+            errors.ConnectTimeoutError,
+            errors.ConnectionError,
+            errors.ResponseStreamingError,
+        ),
+    ):
         return True
     if isinstance(exc, errors.ClientError):
         status = status_of(exc)
@@ -115,8 +130,16 @@ def is_transient(exc: BaseException) -> bool:
 class ObjectStore:
     """One bucket and prefix, one client, shared by threads (boto3 clients are thread-safe)."""
 
-    def __init__(self, url: ObjectURL, settings: StoreSettings, stop: threading.Event | None = None,
-                 client: Any = None, pool: int = 32, part_size: int = PART_SIZE, patient: bool = True):
+    def __init__(
+        self,
+        url: ObjectURL,
+        settings: StoreSettings,
+        stop: threading.Event | None = None,
+        client: Any = None,
+        pool: int = 32,
+        part_size: int = PART_SIZE,
+        patient: bool = True,
+    ):
         self.url = url
         # Whether `retrying` waits out an unreachable server (the samples' uploads) or raises
         # `Unreachable` at once (the dataset-level files: the daemon writes them when it can).
@@ -138,8 +161,9 @@ class ObjectStore:
 
     def impatient(self) -> ObjectStore:
         """The same bucket and client, raising `Unreachable` instead of waiting."""
-        return ObjectStore(self.url, self.settings, self.stop, client=self.client, part_size=self.part_size,
-                           patient=False)
+        return ObjectStore(
+            self.url, self.settings, self.stop, client=self.client, part_size=self.part_size, patient=False
+        )
 
     # --- waiting out an unreachable server ------------------------------------------------------
 
@@ -168,16 +192,22 @@ class ObjectStore:
             self.retries += 1
             if not self._outage_since:
                 self._outage_since = time.time()
-                log.warning("object store %s does not answer (%s: %s: %s); waiting and retrying with backoff, "
-                            "nothing staged is lost meanwhile", self.url, what, type(exc).__name__,
-                            str(exc)[:200])
+                log.warning(
+                    "object store %s does not answer (%s: %s: %s); waiting and retrying with backoff, "
+                    "nothing staged is lost meanwhile",
+                    self.url,
+                    what,
+                    type(exc).__name__,
+                    str(exc)[:200],
+                )
 
     def _note_back(self) -> None:
         if self._outage_since:
             with self._outage_lock:
                 if self._outage_since:
-                    log.warning("object store %s answers again after %.0f s", self.url,
-                                time.time() - self._outage_since)
+                    log.warning(
+                        "object store %s answers again after %.0f s", self.url, time.time() - self._outage_since
+                    )
                     self._outage_since = 0.0
 
     # --- requests -----------------------------------------------------------------------------
@@ -193,8 +223,13 @@ class ObjectStore:
                 if status_of(exc) == 404:
                     return None
                 raise
-            return ObjectInfo(key, int(r["ContentLength"]), r.get("ETag", ""), dict(r.get("Metadata") or {}),
-                              r["LastModified"].timestamp() if r.get("LastModified") else 0.0)
+            return ObjectInfo(
+                key,
+                int(r["ContentLength"]),
+                r.get("ETag", ""),
+                dict(r.get("Metadata") or {}),
+                r["LastModified"].timestamp() if r.get("LastModified") else 0.0,
+            )
 
         return self._checked(f"HEAD {key}", call)
 
@@ -235,8 +270,15 @@ class ObjectStore:
 
         return self._checked(f"GET {key}", call)
 
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
-                  metadata: dict[str, str] | None = None, content_type: str = "") -> str:
+    def put_bytes(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        create_only: bool = False,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "",
+    ) -> str:
         """PUT `data` (with ``If-None-Match: *`` when `create_only`: `KeyExists` if the key exists); its ETag."""
         kw: dict[str, Any] = {"Bucket": self.url.bucket, "Key": key, "Body": data, "Metadata": metadata or {}}
         if create_only:
@@ -246,15 +288,29 @@ class ObjectStore:
         r = self._checked(f"PUT {key}", lambda: self.client.put_object(**kw), create=create_only)
         return str(r.get("ETag", ""))
 
-    def put_file(self, key: str, path: Path, size: int, *, create_only: bool,
-                 metadata: dict[str, str] | None = None, part_pool: Any = None) -> str:
+    def put_file(
+        self,
+        key: str,
+        path: Path,
+        size: int,
+        *,
+        create_only: bool,
+        metadata: dict[str, str] | None = None,
+        part_pool: Any = None,
+    ) -> str:
         """Upload a file: one PUT, or in parts when it makes two or more (completed with
         If-None-Match when `create_only`; an upload that fails is aborted, so no part lingers). Its ETag."""
         if size < 2 * self.part_size:
+
             def single() -> Any:
                 with open(path, "rb") as f:
-                    kw: dict[str, Any] = {"Bucket": self.url.bucket, "Key": key, "Body": f, "Metadata": metadata or {},
-                                          "ContentLength": size}
+                    kw: dict[str, Any] = {
+                        "Bucket": self.url.bucket,
+                        "Key": key,
+                        "Body": f,
+                        "Metadata": metadata or {},
+                        "ContentLength": size,
+                    }
                     if create_only:
                         kw["IfNoneMatch"] = "*"
                     return self.client.put_object(**kw)
@@ -262,11 +318,14 @@ class ObjectStore:
             return str(self._checked(f"PUT {key}", single, create=create_only).get("ETag", ""))
         return self._put_multipart(key, path, size, create_only, metadata or {}, part_pool)
 
-    def _put_multipart(self, key: str, path: Path, size: int, create_only: bool, metadata: dict[str, str],
-                       part_pool: Any) -> str:
+    def _put_multipart(
+        self, key: str, path: Path, size: int, create_only: bool, metadata: dict[str, str], part_pool: Any
+    ) -> str:
         bucket = self.url.bucket
-        upload = self._checked(f"start the multipart upload of {key}", lambda: self.client.create_multipart_upload(
-            Bucket=bucket, Key=key, Metadata=metadata))["UploadId"]
+        upload = self._checked(
+            f"start the multipart upload of {key}",
+            lambda: self.client.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata),
+        )["UploadId"]
         try:
             step = self.part_size
             ranges = [(n + 1, off, min(step, size - off)) for n, off in enumerate(range(0, size, step))]
@@ -276,8 +335,12 @@ class ObjectStore:
                 with open(path, "rb") as f:
                     f.seek(off)
                     data = f.read(length)
-                r = self._checked(f"part {number} of {key}", lambda: self.client.upload_part(
-                    Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=data))
+                r = self._checked(
+                    f"part {number} of {key}",
+                    lambda: self.client.upload_part(
+                        Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=data
+                    ),
+                )
                 done = {"PartNumber": number, "ETag": r["ETag"]}
                 if r.get("ChecksumCRC32"):
                     done["ChecksumCRC32"] = r["ChecksumCRC32"]
@@ -287,8 +350,11 @@ class ObjectStore:
             kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "UploadId": upload, "MultipartUpload": {"Parts": parts}}
             if create_only:
                 kw["IfNoneMatch"] = "*"
-            r = self._checked(f"complete the multipart upload of {key}",
-                              lambda: self.client.complete_multipart_upload(**kw), create=create_only)
+            r = self._checked(
+                f"complete the multipart upload of {key}",
+                lambda: self.client.complete_multipart_upload(**kw),
+                create=create_only,
+            )
         except BaseException:
             self._abort(key, upload)
             raise
@@ -298,16 +364,29 @@ class ObjectStore:
         try:
             self.client.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload)
         except Exception as exc:  # the server may be down: the upload lingers, never an object
-            log.warning("could not abort the multipart upload of %s (%s); an incomplete upload is never an object, "
-                        "and a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes it", key,
-                        type(exc).__name__)
+            log.warning(
+                "could not abort the multipart upload of %s (%s); an incomplete upload is never an object, "
+                "and a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes it",
+                key,
+                type(exc).__name__,
+            )
 
-    def copy(self, source_key: str, key: str, *, source: ObjectURL | None = None, create_only: bool = True,
-             metadata: dict[str, str] | None = None) -> str:
+    def copy(
+        self,
+        source_key: str,
+        key: str,
+        *,
+        source: ObjectURL | None = None,
+        create_only: bool = True,
+        metadata: dict[str, str] | None = None,
+    ) -> str:
         """A server-side copy (no byte passes through this process); its ETag."""
         src = source or self.url
-        kw: dict[str, Any] = {"Bucket": self.url.bucket, "Key": key,
-                              "CopySource": {"Bucket": src.bucket, "Key": source_key}}
+        kw: dict[str, Any] = {
+            "Bucket": self.url.bucket,
+            "Key": key,
+            "CopySource": {"Bucket": src.bucket, "Key": source_key},
+        }
         if metadata is not None:
             kw["Metadata"] = metadata
             kw["MetadataDirective"] = "REPLACE"
@@ -329,8 +408,13 @@ class ObjectStore:
                 kw["ContinuationToken"] = token
             r: dict[str, Any] = self._checked(f"LIST {full}", functools.partial(self.client.list_objects_v2, **kw))
             for item in r.get("Contents") or []:
-                yield ObjectInfo(item["Key"], int(item["Size"]), item.get("ETag", ""), {},
-                                 item["LastModified"].timestamp() if item.get("LastModified") else 0.0)
+                yield ObjectInfo(
+                    item["Key"],
+                    int(item["Size"]),
+                    item.get("ETag", ""),
+                    {},
+                    item["LastModified"].timestamp() if item.get("LastModified") else 0.0,
+                )
             if not r.get("IsTruncated"):
                 return
             token = r.get("NextContinuationToken")
@@ -342,10 +426,14 @@ class ObjectStore:
         out: list[tuple[str, str, float]] = []
         marker: dict[str, Any] = {}
         while True:
-            r: dict[str, Any] = self._checked("LIST uploads", functools.partial(
-                self.client.list_multipart_uploads, Bucket=self.url.bucket, Prefix=full, **marker))
-            out += [(u["Key"], u["UploadId"], u["Initiated"].timestamp() if u.get("Initiated") else 0.0)
-                    for u in r.get("Uploads") or []]
+            r: dict[str, Any] = self._checked(
+                "LIST uploads",
+                functools.partial(self.client.list_multipart_uploads, Bucket=self.url.bucket, Prefix=full, **marker),
+            )
+            out += [
+                (u["Key"], u["UploadId"], u["Initiated"].timestamp() if u.get("Initiated") else 0.0)
+                for u in r.get("Uploads") or []
+            ]
             if not r.get("IsTruncated"):
                 return out
             marker = {"KeyMarker": r.get("NextKeyMarker", ""), "UploadIdMarker": r.get("NextUploadIdMarker", "")}
@@ -369,8 +457,10 @@ class ObjectStore:
                 raise UploadAborted(f"{self.url}: {what}: the upload was aborted meanwhile") from None
             raise StoreError(describe_refusal(exc, self.url, what)) from None
         except errors.NoCredentialsError:
-            raise StoreError(f"{self.url}: no credentials: give --s3-credentials FILE, or set them as boto3 reads "
-                             "them (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials)") from None
+            raise StoreError(
+                f"{self.url}: no credentials: give --s3-credentials FILE, or set them as boto3 reads "
+                "them (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials)"
+            ) from None
         except errors.BotoCoreError as exc:
             raise StoreError(f"{self.url}: {what}: {type(exc).__name__}: {exc}") from None
 
@@ -379,9 +469,11 @@ def describe_refusal(exc: BaseException, url: ObjectURL, what: str) -> str:
     """A refusal as a sentence a user can act on (the server's code, never a credential)."""
     status, code = status_of(exc), code_of(exc)
     if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return (f"{url}: the server refused the credentials ({code or status} on {what}): check the access key and "
-                "secret (--s3-credentials, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and that they may write "
-                "the bucket")
+        return (
+            f"{url}: the server refused the credentials ({code or status} on {what}): check the access key and "
+            "secret (--s3-credentials, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and that they may write "
+            "the bucket"
+        )
     if code == "NoSuchBucket" or (status == 404 and what.startswith(("HEAD bucket", "LIST"))):
         return f"{url}: the bucket {url.bucket!r} does not exist on this server: create it, or check --output"
     return f"{url}: {what}: the server answered {status} {code}: {str(exc)[:300]}"

@@ -47,8 +47,9 @@ class RemoteTokens:
             t = meta[name]
             a, b = t["data_offsets"]
             data = self.store.get_bytes(key, base + a, base + b - 1) if b > a else b""
-            out.append(torch.frombuffer(bytearray(data), dtype=torch.int64) if data
-                       else torch.zeros(0, dtype=torch.int64))
+            out.append(
+                torch.frombuffer(bytearray(data), dtype=torch.int64) if data else torch.zeros(0, dtype=torch.int64)
+            )
         return out[0], out[1]
 
     def _whole(self, entry: ManifestEntry) -> tuple[Any, Any]:

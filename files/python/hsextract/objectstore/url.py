@@ -43,7 +43,7 @@ class ObjectURL:
             return key
         if not key.startswith(self.prefix + "/"):
             raise ValueError(f"key {key!r} is not under {self}")
-        return key[len(self.prefix) + 1:]
+        return key[len(self.prefix) + 1 :]
 
     def child(self, name: str) -> ObjectURL:
         """The set at ``<this prefix>/<name>`` (a host's set under a run's prefix)."""
@@ -57,12 +57,14 @@ def parse_object_url(value: str, what: str = "--output") -> ObjectURL:
     """``s3://bucket/prefix`` parsed; ConfigError saying what is wrong otherwise."""
     if not is_object_url(value):
         raise ConfigError(f"{what} {value!r}: an object store is named s3://bucket/prefix")
-    rest = value[len(SCHEME):]
+    rest = value[len(SCHEME) :]
     bucket, _, prefix = rest.partition("/")
     prefix = prefix.strip("/")
     if not _BUCKET.fullmatch(bucket):
-        raise ConfigError(f"{what} {value!r}: {bucket!r} is not a valid bucket name (3-63 characters: lower-case "
-                          "letters, digits, dots, hyphens)")
+        raise ConfigError(
+            f"{what} {value!r}: {bucket!r} is not a valid bucket name (3-63 characters: lower-case "
+            "letters, digits, dots, hyphens)"
+        )
     if "//" in prefix or any(part in (".", "..") for part in prefix.split("/")):
         raise ConfigError(f"{what} {value!r}: the prefix may not hold empty, '.' or '..' parts")
     return ObjectURL(bucket, prefix)

@@ -82,6 +82,7 @@ def verify_bucket(store: ObjectStore, sizes: Sequence[int], check_vocab: bool, t
         return 1
     entries = found.published.entries
     with tempfile.TemporaryDirectory() as tmp:
+
         def check(e: ManifestEntry) -> tuple[ManifestEntry, str | None]:
             return e, object_problem(store, e, Path(tmp))
 
@@ -92,13 +93,16 @@ def verify_bucket(store: ObjectStore, sizes: Sequence[int], check_vocab: bool, t
             if problem:
                 bad += 1
                 print(f"BAD {e.output_index} ({e.rid}): {problem}")
-        print(f"verified {len(entries) - bad}/{len(entries)} samples in {len(found.published.heads)} manifest "
-              f"segments of {store.url}")
+        print(
+            f"verified {len(entries) - bad}/{len(entries)} samples in {len(found.published.heads)} manifest "
+            f"segments of {store.url}"
+        )
         lost = orphans(store, found.fmt, entries)
         if lost:
-            print(f"orphans: {len(lost)} object(s) no manifest segment names (uploads of a drain stopped or fenced "
-                  f"before their segment; not part of the set): {', '.join(lost[:5])}"
-                  + (" ..." if len(lost) > 5 else ""))
+            print(
+                f"orphans: {len(lost)} object(s) no manifest segment names (uploads of a drain stopped or fenced "
+                f"before their segment; not part of the set): {', '.join(lost[:5])}" + (" ..." if len(lost) > 5 else "")
+            )
         if check_vocab:
             bad += _verify_vocab(store, found, sizes, Path(tmp))
     print(f"{store.url}: checked, nothing written")
@@ -127,8 +131,9 @@ def _verify_vocab(store: ObjectStore, found: BucketSet, sizes: Sequence[int], tm
     return print_recount_verdict(tracker, entries, "objects")
 
 
-def finalize_bucket(store: ObjectStore, work: Path, sizes: Sequence[int], vocab_size: int | None,
-                    count_vocab: bool) -> list[str]:
+def finalize_bucket(
+    store: ObjectStore, work: Path, sizes: Sequence[int], vocab_size: int | None, count_vocab: bool
+) -> list[str]:
     """The dataset-level files rewritten in the work directory from the bucket's segments, then
     published; the paths published."""
     from hsextract.objectstore.mirror import publish_dataset_files

@@ -53,8 +53,15 @@ def verdict_message(path: str, free: int, total: int, need: ShmNeed, requests: i
 def check(path: str, need: ShmNeed, requests: int, per_request: int, *, statvfs=os.statvfs) -> dict:
     st = statvfs(path)
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-    report = {"path": path, "free_bytes": free, "total_bytes": total, "need_bytes": need.need_bytes,
-              "ok": free >= need.need_bytes, "changed": False, **asdict(need)}
+    report = {
+        "path": path,
+        "free_bytes": free,
+        "total_bytes": total,
+        "need_bytes": need.need_bytes,
+        "ok": free >= need.need_bytes,
+        "changed": False,
+        **asdict(need),
+    }
     if not report["ok"]:
         raise ShmTooSmall(verdict_message(path, free, total, need, requests, per_request))
     return report
@@ -71,19 +78,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden-size", type=int, help="hidden size, instead of --model")
     parser.add_argument("--aux-layers", help="aux layer ids (e.g. 1,29,57); only their number matters here (default 3)")
     # The client's defaults (`hsextract.dataset.defaults`): a check by hand sizes the run the client makes.
-    parser.add_argument("--max-in-flight", type=int, default=defaults.MAX_IN_FLIGHT,
-                        help=f"requests the client keeps in flight (default {defaults.MAX_IN_FLIGHT})")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help=f"longest request in tokens (default {defaults.MAX_TOKENS}, or the longest prompt the "
-                             "server runs for --model if fewer)")
     parser.add_argument(
-        "--max-staged", type=int, default=defaults.MAX_STAGED,
+        "--max-in-flight",
+        type=int,
+        default=defaults.MAX_IN_FLIGHT,
+        help=f"requests the client keeps in flight (default {defaults.MAX_IN_FLIGHT})",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"longest request in tokens (default {defaults.MAX_TOKENS}, or the longest prompt the "
+        "server runs for --model if fewer)",
+    )
+    parser.add_argument(
+        "--max-staged",
+        type=int,
+        default=defaults.MAX_STAGED,
         help="the client pauses while staged dumps + requests in flight reach this many (0: no limit, "
         f"then only --max-in-flight counts; default {defaults.MAX_STAGED})",
     )
-    parser.add_argument("--shm-min-free", default=defaults.SHM_MIN_FREE,
-                        help="the client's free-space watermark: bytes, 512M, 2G or a percentage "
-                             f"(default {defaults.SHM_MIN_FREE.replace('%', '%%')})")
+    parser.add_argument(
+        "--shm-min-free",
+        default=defaults.SHM_MIN_FREE,
+        help="the client's free-space watermark: bytes, 512M, 2G or a percentage "
+        f"(default {defaults.SHM_MIN_FREE.replace('%', '%%')})",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES), help="dtype of the captured states")
     add_config_argument(parser)
 
@@ -99,8 +119,12 @@ def run(args: argparse.Namespace) -> int:
 
         info = read_model_info(args.model)
         hidden = info.hidden_size if hidden is None else hidden
-        max_tokens = resolve_max_tokens(args.max_tokens, defaults.MAX_TOKENS, longest_prompt(info.context_length),
-                                        f"a context of {info.context_length}")
+        max_tokens = resolve_max_tokens(
+            args.max_tokens,
+            defaults.MAX_TOKENS,
+            longest_prompt(info.context_length),
+            f"a context of {info.context_length}",
+        )
     path = args.dump_dir
     probe = path
     while not os.path.isdir(probe):  # the dump dir may not exist yet: check the filesystem it will live on
@@ -113,8 +137,12 @@ def run(args: argparse.Namespace) -> int:
     # The client's --max-staged bounds staged dumps and requests in flight together.
     requests = max(args.max_in_flight, args.max_staged or 0)
     need = estimate_need(
-        hidden_size=hidden, aux_layers=aux_count(args.aux_layers), requests_in_flight=requests,
-        tokens_per_request=max_tokens, watermark_bytes=watermark, dtype=args.dtype,
+        hidden_size=hidden,
+        aux_layers=aux_count(args.aux_layers),
+        requests_in_flight=requests,
+        tokens_per_request=max_tokens,
+        watermark_bytes=watermark,
+        dtype=args.dtype,
     )
     print(json.dumps(check(probe, need, requests, max_tokens)))
     return 0

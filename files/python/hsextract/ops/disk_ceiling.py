@@ -62,17 +62,31 @@ class DiskCeiling:
         return self.best.gb_per_s
 
     def as_dict(self) -> dict:
-        return {"directory": self.directory, "disk_ceiling_gb_per_s": round(self.gb_per_s, 3),
-                "best_writers": self.best.writers, "file_sizes": self.file_sizes,
-                "points": [{"writers": p.writers, "files": p.files, "bytes": p.bytes, "seconds": round(p.seconds, 3),
-                            "gb_per_s": round(p.gb_per_s, 3)} for p in self.points]}
+        return {
+            "directory": self.directory,
+            "disk_ceiling_gb_per_s": round(self.gb_per_s, 3),
+            "best_writers": self.best.writers,
+            "file_sizes": self.file_sizes,
+            "points": [
+                {
+                    "writers": p.writers,
+                    "files": p.files,
+                    "bytes": p.bytes,
+                    "seconds": round(p.seconds, 3),
+                    "gb_per_s": round(p.gb_per_s, 3),
+                }
+                for p in self.points
+            ],
+        }
 
     def summary(self) -> str:
         """One line: the ceiling and each point."""
         each = ", ".join(f"{p.writers}: {p.gb_per_s:.2f}" for p in self.points)
-        return (f"{self.directory}: ceiling {self.gb_per_s:.2f} GB/s with {self.best.writers} writers "
-                f"(GB/s by writers {each}; files of {_sizes_text(self.file_sizes)}, fsync each, rename, "
-                "directory fsync)")
+        return (
+            f"{self.directory}: ceiling {self.gb_per_s:.2f} GB/s with {self.best.writers} writers "
+            f"(GB/s by writers {each}; files of {_sizes_text(self.file_sizes)}, fsync each, rename, "
+            "directory fsync)"
+        )
 
 
 def _sizes_text(sizes: Sequence[int]) -> str:
@@ -80,8 +94,14 @@ def _sizes_text(sizes: Sequence[int]) -> str:
     return f"{lo / 1e6:.1f} MB" if lo == hi else f"{lo / 1e6:.1f}-{hi / 1e6:.1f} MB"
 
 
-def measure(directory: str | Path, file_sizes: Sequence[int], writers: Sequence[int] = DEFAULT_WRITERS, *,
-            seconds_per_point: float = 4.0, bytes_per_point: int = 4 << 30) -> DiskCeiling:
+def measure(
+    directory: str | Path,
+    file_sizes: Sequence[int],
+    writers: Sequence[int] = DEFAULT_WRITERS,
+    *,
+    seconds_per_point: float = 4.0,
+    bytes_per_point: int = 4 << 30,
+) -> DiskCeiling:
     """Measure the ceiling of the volume holding `directory` (created if missing) with files of
     `file_sizes` bytes (taken in turn), at each writer count of `writers`. OSError (naming the
     directory) when it cannot be written."""
@@ -98,8 +118,10 @@ def measure(directory: str | Path, file_sizes: Sequence[int], writers: Sequence[
         for n in writers:
             budget = min(bytes_per_point, shutil.disk_usage(work).free // 4)
             if budget < min(sizes):
-                raise OSError(f"{root}: too little free space to measure the disk's ceiling "
-                              f"({shutil.disk_usage(work).free} bytes free)")
+                raise OSError(
+                    f"{root}: too little free space to measure the disk's ceiling "
+                    f"({shutil.disk_usage(work).free} bytes free)"
+                )
             os.sync()  # no dirty pages of the last point (or of anyone else) in this one's time
             result.points.append(_point(work, sizes, int(n), pattern, budget, seconds_per_point))
             shutil.rmtree(work / "files", ignore_errors=True)
@@ -108,8 +130,9 @@ def measure(directory: str | Path, file_sizes: Sequence[int], writers: Sequence[
     return result
 
 
-def _point(work: Path, sizes: list[int], writers: int, pattern: memoryview, budget: int,
-           seconds: float) -> CeilingPoint:
+def _point(
+    work: Path, sizes: list[int], writers: int, pattern: memoryview, budget: int, seconds: float
+) -> CeilingPoint:
     """`writers` threads writing files until `budget` bytes or `seconds` have passed."""
     tmp, final = work / "tmp", work / "files"
     tmp.mkdir(exist_ok=True)

@@ -66,7 +66,9 @@ class Stopped:
 
 
 def plan_reap(
-    holders: Iterable[Holder], pattern: re.Pattern[str], protected: set[int],
+    holders: Iterable[Holder],
+    pattern: re.Pattern[str],
+    protected: set[int],
     keep: frozenset[int] | set[int] = frozenset(),
 ) -> ReapPlan:
     """Decide which holders may be stopped.
@@ -247,6 +249,7 @@ def reap_port(
     stopped = stop_processes(plan.targets, term_timeout, kill_timeout)
     report["stopped"] = [asdict(s) for s in stopped]
     deadline = time.monotonic() + free_timeout
+
     def others() -> list[Holder]:
         return [h for h in holders_of(port) if h.pid not in keep_set]
 
@@ -269,13 +272,19 @@ def reap_port(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, required=True, help="TCP port to free")
     parser.add_argument(
-        "--match", required=True, metavar="REGEX",
+        "--match",
+        required=True,
+        metavar="REGEX",
         help="regular expression a holder's command line must match to be stopped (e.g. 'sglang')",
     )
     parser.add_argument("--term-timeout", type=float, default=30.0, help="seconds to wait after SIGTERM (default 30)")
     parser.add_argument("--kill-timeout", type=float, default=10.0, help="seconds to wait after SIGKILL (default 10)")
     parser.add_argument(
-        "--keep-pid", type=int, action="append", default=[], metavar="PID",
+        "--keep-pid",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PID",
         help="leave this listener (and its children) alone: the project's own running server unit; repeatable",
     )
     parser.add_argument("--dry-run", action="store_true", help="report what would be stopped; signal nothing")
@@ -290,8 +299,12 @@ def run(args: argparse.Namespace) -> int:
     except re.error as exc:
         raise ConfigError(f"--match {args.match!r}: not a valid regular expression ({exc})") from exc
     report = reap_port(
-        args.port, pattern, keep=args.keep_pid, dry_run=args.dry_run,
-        term_timeout=args.term_timeout, kill_timeout=args.kill_timeout,
+        args.port,
+        pattern,
+        keep=args.keep_pid,
+        dry_run=args.dry_run,
+        term_timeout=args.term_timeout,
+        kill_timeout=args.kill_timeout,
     )
     print(json.dumps(report))
     return 0

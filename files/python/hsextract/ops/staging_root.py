@@ -33,15 +33,18 @@ def ensure(path: Path, owner: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):  # made since: inspected below like any existing one
             os.mkdir(path, DIR_MODE)
-    inspect_root(path, {user.pw_uid, 0}, f"{user_name(user.pw_uid)}, the services' user, or root",
-                 flag="hsextract_dump_dir")
+    inspect_root(
+        path, {user.pw_uid, 0}, f"{user_name(user.pw_uid)}, the services' user, or root", flag="hsextract_dump_dir"
+    )
     os.chown(path, user.pw_uid, user.pw_gid)
     os.chmod(path, DIR_MODE)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hsextract.ops.staging_root",
-                                 description="make the staging directory for a service's user, or refuse another's")
+    ap = argparse.ArgumentParser(
+        prog="python -m hsextract.ops.staging_root",
+        description="make the staging directory for a service's user, or refuse another's",
+    )
     ap.add_argument("--owner", required=True, help="the user the services run as")
     ap.add_argument("path", type=Path, help="the staging directory (hsextract_dump_dir)")
     args = ap.parse_args(argv)

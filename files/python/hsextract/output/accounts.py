@@ -70,38 +70,57 @@ class Accounts:
         out = []
         if self.unaccounted:
             shown = ", ".join(map(str, self.unaccounted[:10])) + (" ..." if len(self.unaccounted) > 10 else "")
-            out.append(f"{len(self.unaccounted)} accepted sample(s) are in neither the training set, the failures "
-                       f"nor the quarantine (dataset indices {shown}): this is a bug, please report it")
+            out.append(
+                f"{len(self.unaccounted)} accepted sample(s) are in neither the training set, the failures "
+                f"nor the quarantine (dataset indices {shown}): this is a bug, please report it"
+            )
         for what, counts, share, where in (
             ("failed", self.failed, self.failed_share(), FAILURES),
             ("quarantined", self.quarantined, self.quarantined_share(), f"{QUARANTINE_DIR}/"),
         ):
             if share > max_share:
                 reasons = ", ".join(f"{r} {n}" for r, n in sorted(counts.items()))
-                out.append(f"{sum(counts.values())} of {self.accepted} accepted samples {what} ({share:.1%}, more "
-                           f"than the allowed {max_share:.1%}): {reasons}; see {where}")
+                out.append(
+                    f"{sum(counts.values())} of {self.accepted} accepted samples {what} ({share:.1%}, more "
+                    f"than the allowed {max_share:.1%}): {reasons}; see {where}"
+                )
         return out
 
     def lines_of_text(self) -> list[str]:
         """The reconciliation in words, one fact a line."""
         rej = sum(self.rejected.values())
-        out = [f"{self.lines} dataset lines = {self.accepted} accepted + {rej} rejected",
-               f"{self.accepted} accepted = {self.in_set} in the set + {sum(self.failed.values())} failed + "
-               f"{sum(self.quarantined.values())} quarantined"
-               + (f" + {self.on_the_way} on the way" if self.on_the_way else "")
-               + (f" + {len(self.unaccounted)} UNACCOUNTED" if self.unaccounted else "")]
+        out = [
+            f"{self.lines} dataset lines = {self.accepted} accepted + {rej} rejected",
+            f"{self.accepted} accepted = {self.in_set} in the set + {sum(self.failed.values())} failed + "
+            f"{sum(self.quarantined.values())} quarantined"
+            + (f" + {self.on_the_way} on the way" if self.on_the_way else "")
+            + (f" + {len(self.unaccounted)} UNACCOUNTED" if self.unaccounted else ""),
+        ]
         return out
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "lines": self.lines, "accepted": self.accepted, "rejected": self.rejected, "in_set": self.in_set,
-            "failed": self.failed, "quarantined": self.quarantined, "on_the_way": self.on_the_way,
-            "unaccounted": self.unaccounted, "final": self.final,
+            "lines": self.lines,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "in_set": self.in_set,
+            "failed": self.failed,
+            "quarantined": self.quarantined,
+            "on_the_way": self.on_the_way,
+            "unaccounted": self.unaccounted,
+            "final": self.final,
         }
 
 
-def reconcile(shard: Iterable[int], rejected: dict[int, str], in_set: set[int], failed: dict[int, str],
-              quarantined: dict[int, str], on_the_way: set[int], final: bool) -> Accounts:
+def reconcile(
+    shard: Iterable[int],
+    rejected: dict[int, str],
+    in_set: set[int],
+    failed: dict[int, str],
+    quarantined: dict[int, str],
+    on_the_way: set[int],
+    final: bool,
+) -> Accounts:
     """Place every index of the shard in exactly one bucket (the first that holds it)."""
     lines = 0
     rej: Counter[str] = Counter()
@@ -168,8 +187,9 @@ def quarantined_indices(quarantine: Path, run_id: str) -> dict[int, str]:
     return out
 
 
-def read_accounts(output: Path, quarantine: Path | None = None, on_the_way: Iterable[int] = (),
-                  final: bool | None = None) -> Accounts | None:
+def read_accounts(
+    output: Path, quarantine: Path | None = None, on_the_way: Iterable[int] = (), final: bool | None = None
+) -> Accounts | None:
     """The accounts of the run written to `output`, from its files; None before every client has
     said how large its shard is (its summary). Several clients of disjoint shards are counted
     together (hsextract.output.client_files). ``final`` defaults to "every client has finished"; the
@@ -207,4 +227,3 @@ def _read_all(output: Path, base: str) -> dict[int, str]:
     for path in client_files(output, base).values():
         out.update(read_indexed_jsonl(path))
     return out
-

@@ -36,8 +36,18 @@ from hsextract.output.run_files import ClientStatus, ClientSummary
 from hsextract.shard import WHOLE, Shard
 
 # Counters of a status snapshot that add up over shards (the counts, then the rest).
-_COUNTED = ("samples_total", "sent", "ok", "skipped", "truncated", "failed", "rejected", "in_flight",
-            "awaiting_capture", "tokens")
+_COUNTED = (
+    "samples_total",
+    "sent",
+    "ok",
+    "skipped",
+    "truncated",
+    "failed",
+    "rejected",
+    "in_flight",
+    "awaiting_capture",
+    "tokens",
+)
 _SUMMED = (*_COUNTED, "tokens_per_s", "paused_s")
 _BY_REASON = ("failed_by_reason", "rejected_by_reason", "retried_by_reason")
 

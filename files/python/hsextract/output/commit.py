@@ -60,8 +60,15 @@ class OrderedCommit:
     Owns the manifest's appender while it is open; one thread at a time.
     """
 
-    def __init__(self, out: Path, relative_path: Callable[[int], str], count: int, on_full: OnFull,
-                 *, tmp_dir: Path | None = None):
+    def __init__(
+        self,
+        out: Path,
+        relative_path: Callable[[int], str],
+        count: int,
+        on_full: OnFull,
+        *,
+        tmp_dir: Path | None = None,
+    ):
         self.out = Path(out)
         self.count = count
         self._relative_path = relative_path

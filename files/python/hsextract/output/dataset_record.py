@@ -105,8 +105,10 @@ def read_record(output: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: unreadable ({exc}); it records which dataset the training set in {output} was "
-                          "extracted from. Restore it, or extract into a new --output") from exc
+        raise ConfigError(
+            f"{path}: unreadable ({exc}); it records which dataset the training set in {output} was "
+            "extracted from. Restore it, or extract into a new --output"
+        ) from exc
     if not isinstance(record, dict) or not isinstance(record.get("fingerprint"), dict):
         raise ConfigError(f"{path}: not a record of a dataset; restore it, or extract into a new --output")
     return record
@@ -120,19 +122,27 @@ def check_and_record(output: Path, dataset: Path, *, has_samples: bool) -> None:
     recorded = read_record(output)
     if recorded is None:
         if has_samples:
-            log.info("output directory %s has a training set but no record of its dataset (an older hsextract made "
-                     "it): recording this run's dataset %s as its dataset in %s", output, dataset, path)
+            log.info(
+                "output directory %s has a training set but no record of its dataset (an older hsextract made "
+                "it): recording this run's dataset %s as its dataset in %s",
+                output,
+                dataset,
+                path,
+            )
         atomic_write_json(path, describe(dataset))
         return
     fp = recorded["fingerprint"]
     if fp.get("method") != METHOD:
-        raise ConfigError(f"{path}: fingerprint method {fp.get('method')!r}, this hsextract knows {METHOD!r} only; "
-                          "run the hsextract that made this output, or extract into a new --output")
+        raise ConfigError(
+            f"{path}: fingerprint method {fp.get('method')!r}, this hsextract knows {METHOD!r} only; "
+            "run the hsextract that made this output, or extract into a new --output"
+        )
     try:
         why = difference(fp, dataset)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: malformed fingerprint ({exc!r}); restore it, or extract into a new "
-                          "--output") from exc
+        raise ConfigError(
+            f"{path}: malformed fingerprint ({exc!r}); restore it, or extract into a new --output"
+        ) from exc
     before = recorded.get("path", "?")
     if why is not None:
         raise ConfigError(
@@ -141,10 +151,16 @@ def check_and_record(output: Path, dataset: Path, *, has_samples: bool) -> None:
             f"another dataset: {why}. The client resumes by sample index, so it would skip every index already "
             f"extracted and keep {before}'s samples under them. Extract this dataset into a new --output "
             f"(hsextract_output_dir under Ansible), or run with the original dataset {before}. "
-            f"Nothing in {output} was changed")
+            f"Nothing in {output} was changed"
+        )
     now = describe(dataset)
     if (now["path"], now["fingerprint"]) != (before, fp):
         if now["path"] != before:
-            log.info("dataset %s is the one output directory %s was extracted from at %s (the same rows); recording "
-                     "its new path", now["path"], output, before)
+            log.info(
+                "dataset %s is the one output directory %s was extracted from at %s (the same rows); recording "
+                "its new path",
+                now["path"],
+                output,
+                before,
+            )
         atomic_write_json(path, now)

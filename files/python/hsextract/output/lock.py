@@ -145,9 +145,13 @@ def read_holder(path: Path, wait_s: float = _HOLDER_WAIT_S) -> Holder | None:
         try:
             data = json.loads(path.read_text())
             shard = data.get("shard")
-            return Holder(role=str(data["role"]), pid=int(data["pid"]), host=str(data["host"]),
-                          started_at=float(data.get("started_at") or 0),
-                          shard=Shard.from_json(shard) if shard else None)
+            return Holder(
+                role=str(data["role"]),
+                pid=int(data["pid"]),
+                host=str(data["host"]),
+                started_at=float(data.get("started_at") or 0),
+                shard=Shard.from_json(shard) if shard else None,
+            )
         except (OSError, ValueError, KeyError, TypeError, IndexError, ConfigError):
             if time.monotonic() >= deadline:
                 return None
@@ -179,7 +183,8 @@ class OutputLock:
             raise OutputBusy(
                 f"the output directory {self.output} is in use by {_who(holder)}: one process writes a training "
                 f"set at a time (two would write samples over each other). Stop that one first, or give this "
-                f"{self.role} another --output")
+                f"{self.role} another --output"
+            )
         self._file.write_holder(_this_process(self.role))
         return self
 
@@ -253,7 +258,8 @@ class ShardLock:
         return OutputBusy(
             f"the output directory {self.output} is in use by {_who(holder)}, {why} {self.shard}: two clients of one "
             "sample would send the same request id. Stop that client "
-            "first, or give this one a shard disjoint from it (--shard)")
+            "first, or give this one a shard disjoint from it (--shard)"
+        )
 
     def release(self) -> None:
         self._file.release()

@@ -162,12 +162,17 @@ def completed_indices(output_dir: str | Path) -> set[int]:
 def check_header_matches_fields(where: str, theirs: ManifestHeader, ours: ManifestHeader) -> None:
     """ConfigError unless two headers describe samples of one configuration: a set published in a
     bucket against the one a drain writes, or a host's set against the one collect merges it into."""
-    problems = [f"{name} {getattr(theirs, name)!r} (this drain's: {getattr(ours, name)!r})"
-                for name in ("format", "final_hidden", "dtype", "hidden_size", "eagle_aux_hidden_state_layer_ids")
-                if getattr(theirs, name) != getattr(ours, name)]
+    problems = [
+        f"{name} {getattr(theirs, name)!r} (this drain's: {getattr(ours, name)!r})"
+        for name in ("format", "final_hidden", "dtype", "hidden_size", "eagle_aux_hidden_state_layer_ids")
+        if getattr(theirs, name) != getattr(ours, name)
+    ]
     if problems:
-        raise ConfigError(f"{where} was written with " + "; ".join(problems)
-                          + ". Use the same configuration to resume, or a new prefix.")
+        raise ConfigError(
+            f"{where} was written with "
+            + "; ".join(problems)
+            + ". Use the same configuration to resume, or a new prefix."
+        )
 
 
 class ManifestAppender:

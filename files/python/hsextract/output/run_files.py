@@ -84,8 +84,9 @@ class _Record:
         out once a class (the client writes its status every second)."""
         keys = _KEYS.get(cls)
         if keys is None:
-            keys = _KEYS[cls] = {f.name: str(f.type).split("[")[0].split(" ")[0]
-                                 for f in fields(cls) if f.name not in _BOOKKEEPING}
+            keys = _KEYS[cls] = {
+                f.name: str(f.type).split("[")[0].split(" ")[0] for f in fields(cls) if f.name not in _BOOKKEEPING
+            }
         return keys
 
     @classmethod
@@ -135,8 +136,9 @@ class _Record:
         return getattr(self, key, None) is not None or (key in self.NULLABLE and key not in self.absent)
 
 
-def _write(path: str | Path, record: _Record, *, durable: bool = True, indent: int = 1,
-           if_changed: bool = False) -> bool:
+def _write(
+    path: str | Path, record: _Record, *, durable: bool = True, indent: int = 1, if_changed: bool = False
+) -> bool:
     """Write `record` atomically; with `if_changed`, only when the file's bytes would change
     (collect rewrites nothing a run adds nothing to). Whether it was written."""
     data = record.to_json()

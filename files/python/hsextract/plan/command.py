@@ -54,16 +54,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to plan")
     g.add_argument("--dataset", help="the dataset the client will send")
     g.add_argument("--model", help="the served model's directory (tokenizer, chat template, hidden size)")
-    g.add_argument("--format", choices=FORMAT_NAMES, help=f"the training set's format (default {DEFAULT_FORMAT}); "
-                   "bytes are printed for every format, the room check uses this one")
-    g.add_argument("--output", help="the training set's directory: its volume is checked; samples it has are "
-                   "counted as written (s3://bucket/prefix: its --work-dir)")
+    g.add_argument(
+        "--format",
+        choices=FORMAT_NAMES,
+        help=f"the training set's format (default {DEFAULT_FORMAT}); "
+        "bytes are printed for every format, the room check uses this one",
+    )
+    g.add_argument(
+        "--output",
+        help="the training set's directory: its volume is checked; samples it has are "
+        "counted as written (s3://bucket/prefix: its --work-dir)",
+    )
     add_work_dir_argument(g)
     g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template instead of the tokenizer's")
     g.add_argument("--shard", default="0/1", help="this host's share, i/n (default 0/1)")
-    g.add_argument("--max-tokens", type=int, default=None,
-                   help=f"longest sample (default {defaults.MAX_TOKENS}, or the longest prompt the server runs if "
-                        "fewer)")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"longest sample (default {defaults.MAX_TOKENS}, or the longest prompt the server runs if fewer)",
+    )
     g.add_argument("--overlong", choices=OVERLONG_POLICIES, default=defaults.OVERLONG)
     add_max_row_bytes_argument(g)
     g.add_argument("--last-turn-only", action="store_true", help="the last assistant turn only (as the client)")
@@ -72,35 +82,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-vocab-size", type=int, nargs="+", default=[32000], metavar="N")
     v = parser.add_argument_group("the server's settings, where it is given them (they bound the longest prompt)")
     v.add_argument("--context-length", type=int, default=None, help="its --context-length (default: the model's)")
-    v.add_argument("--max-total-tokens", type=int, default=None,
-                   help="its --max-total-tokens, the KV pool's size (default: a pool that holds a whole context)")
+    v.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="its --max-total-tokens, the KV pool's size (default: a pool that holds a whole context)",
+    )
     s = parser.add_argument_group("staging (as check-shm, with the client's defaults)")
     s.add_argument("--dump-dir", default="/dev/shm", help="the capture's staging directory (default /dev/shm)")
     s.add_argument("--max-in-flight", type=int, default=defaults.MAX_IN_FLIGHT)
     s.add_argument("--max-staged", type=int, default=defaults.MAX_STAGED)
     s.add_argument("--shm-min-free", default=defaults.SHM_MIN_FREE)
     r = parser.add_argument_group("time and room")
-    r.add_argument("--tokens-per-s", type=float, default=None,
-                   help="prefill tokens/s of the server with the capture on (default: the GPU bench's, if found)")
+    r.add_argument(
+        "--tokens-per-s",
+        type=float,
+        default=None,
+        help="prefill tokens/s of the server with the capture on (default: the GPU bench's, if found)",
+    )
     r.add_argument("--bench-results", type=Path, default=None, help="bench/results directory to take the rate from")
-    r.add_argument("--space-margin", default="5%",
-                   help="room to keep free on the output volume beyond the estimate: a percentage or bytes")
+    r.add_argument(
+        "--space-margin",
+        default="5%",
+        help="room to keep free on the output volume beyond the estimate: a percentage or bytes",
+    )
     r.add_argument("--no-space-check", action="store_true", help="report, but do not fail when the volume is short")
-    r.add_argument("--measure-disk", action="store_true",
-                   help="measure the output volume's ceiling with the drain's write pattern (a few seconds per "
-                        "writer count, up to --measure-disk-gb each, removed after) and say whether it or the GPU "
-                        "sets the pace")
+    r.add_argument(
+        "--measure-disk",
+        action="store_true",
+        help="measure the output volume's ceiling with the drain's write pattern (a few seconds per "
+        "writer count, up to --measure-disk-gb each, removed after) and say whether it or the GPU "
+        "sets the pace",
+    )
     r.add_argument("--measure-disk-seconds", type=float, default=2.0, help="seconds per writer count (default 2)")
     r.add_argument("--measure-disk-gb", type=float, default=2.0, help="GB at most per writer count (default 2)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="tokenizing processes (default: every core, one per 2000 rows at least)")
-    parser.add_argument("--json", type=Path, default=None,
-                        help="where to write the report as JSON, with the scan beside it for the next plan "
-                             "(default: <output>/.hsextract/plan.json; without --output, nowhere)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="tokenizing processes (default: every core, one per 2000 rows at least)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="where to write the report as JSON, with the scan beside it for the next plan "
+        "(default: <output>/.hsextract/plan.json; without --output, nowhere)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--rescan", action="store_true",
-                        help="tokenize the dataset again even when the scan kept beside the report (REPORT.scan.json) "
-                             "is of the same dataset, model, sources and settings")
+    parser.add_argument(
+        "--rescan",
+        action="store_true",
+        help="tokenize the dataset again even when the scan kept beside the report (REPORT.scan.json) "
+        "is of the same dataset, model, sources and settings",
+    )
     add_config_argument(parser)
 
 
@@ -136,13 +171,26 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     out = resolve_output(args.output, args)[0] if args.output else None
     done = frozenset(completed_indices(out)) if out is not None else frozenset()
     shard = Shard.parse(args.shard, where="--shard")
-    cfg = ScanSettings(Path(args.dataset), Path(args.model), template, args.max_tokens, args.overlong,
-                       bool(args.last_turn_only), int(args.min_loss_tokens or 0), shard, done,
-                       args.workers, progress=not args.no_progress, max_row_bytes=int(args.max_row_bytes),
-                       context_length=args.context_length, kv_pool_tokens=args.max_total_tokens)
+    cfg = ScanSettings(
+        Path(args.dataset),
+        Path(args.model),
+        template,
+        args.max_tokens,
+        args.overlong,
+        bool(args.last_turn_only),
+        int(args.min_loss_tokens or 0),
+        shard,
+        done,
+        args.workers,
+        progress=not args.no_progress,
+        max_row_bytes=int(args.max_row_bytes),
+        context_length=args.context_length,
+        kv_pool_tokens=args.max_total_tokens,
+    )
     num_aux = aux_count(args.aux_layers)
-    sizes = [int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int)
-                              else args.draft_vocab_size)]
+    sizes = [
+        int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int) else args.draft_vocab_size)
+    ]
     layout = {"num_aux": num_aux, "hidden_size": info.hidden_size, "dtype": dtype_name}
     res, formats = _scan_and_size(cfg, layout, info.vocab_size, sizes, None if args.rescan else kept, kept)
 
@@ -151,15 +199,27 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     requests = max(int(args.max_in_flight), int(args.max_staged or 0))
     probe = _existing(args.dump_dir)
     st = os.statvfs(probe)
-    need = estimate_need(hidden_size=info.hidden_size, aux_layers=num_aux, requests_in_flight=requests,
-                         tokens_per_request=per_request,
-                         watermark_bytes=parse_size(args.shm_min_free, st.f_blocks * st.f_frsize),
-                         dtype=dtype_name if dtype_name in DTYPE_BYTES else "bfloat16")
+    need = estimate_need(
+        hidden_size=info.hidden_size,
+        aux_layers=num_aux,
+        requests_in_flight=requests,
+        tokens_per_request=per_request,
+        watermark_bytes=parse_size(args.shm_min_free, st.f_blocks * st.f_frsize),
+        dtype=dtype_name if dtype_name in DTYPE_BYTES else "bfloat16",
+    )
     shm_free = st.f_bavail * st.f_frsize
-    shm = {"path": str(args.dump_dir), "mount": mount_point(probe), "free_bytes": shm_free,
-           "need_bytes": need.need_bytes, "ok": shm_free >= need.need_bytes, "requests": requests,
-           "tokens_per_request": per_request, "bytes_per_token": need.bytes_per_token,
-           "estimate_bytes": need.estimate_bytes, "watermark_bytes": need.watermark_bytes}
+    shm = {
+        "path": str(args.dump_dir),
+        "mount": mount_point(probe),
+        "free_bytes": shm_free,
+        "need_bytes": need.need_bytes,
+        "ok": shm_free >= need.need_bytes,
+        "requests": requests,
+        "tokens_per_request": per_request,
+        "bytes_per_token": need.bytes_per_token,
+        "estimate_bytes": need.estimate_bytes,
+        "watermark_bytes": need.watermark_bytes,
+    }
 
     rate: float | None
     if args.tokens_per_s:
@@ -167,46 +227,81 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     else:
         found = bench_rate(args.bench_results or default_results_dir(), info.num_hidden_layers)
         rate, source = found if found else (None, "no rate: pass --tokens-per-s")
-    time_ = {"tokens_per_s": rate, "source": source,
-             "seconds": round(res.pending_tokens / rate, 1) if rate else None}
+    time_ = {"tokens_per_s": rate, "source": source, "seconds": round(res.pending_tokens / rate, 1) if rate else None}
 
     volume_path = out if out is not None else Path(".")
     free = free_bytes(volume_path)
     needed = formats[fmt]["remaining_bytes"]
     margin = parse_size(args.space_margin, needed)
-    room = {"path": str(volume_path), "format": fmt, "free_bytes": free, "need_bytes": needed,
-            "margin_bytes": margin, "margin": str(args.space_margin), "ok": free >= needed + margin}
+    room = {
+        "path": str(volume_path),
+        "format": fmt,
+        "free_bytes": free,
+        "need_bytes": needed,
+        "margin_bytes": margin,
+        "margin": str(args.space_margin),
+        "ok": free >= needed + margin,
+    }
     report = {
-        "dataset": str(args.dataset), "model": str(args.model), "shard": args.shard, "format": fmt,
+        "dataset": str(args.dataset),
+        "model": str(args.model),
+        "shard": args.shard,
+        "format": fmt,
         # What the client will record of the dataset: a fleet's hosts must all read the same one.
         "dataset_fingerprint": head_digest(Path(args.dataset)),
-        "rows": res.lines, "rows_in_shard": res.in_shard,
-        "samples": res.samples, "already_written": res.already_written,
-        "rejects": dict(sorted(res.rejects.items())), "reject_examples": res.examples,
-        "tokens": res.tokens, "loss_masked_tokens": res.masked_tokens, "remaining_tokens": res.pending_tokens,
+        "rows": res.lines,
+        "rows_in_shard": res.in_shard,
+        "samples": res.samples,
+        "already_written": res.already_written,
+        "rejects": dict(sorted(res.rejects.items())),
+        "reject_examples": res.examples,
+        "tokens": res.tokens,
+        "loss_masked_tokens": res.masked_tokens,
+        "remaining_tokens": res.pending_tokens,
         "length_percentiles": res.percentiles(),
-        "overlong": {"max_tokens": res.max_tokens, "policy": args.overlong, "samples": res.overlong,
-                     "truncated": res.truncated, "skipped": res.rejects.get("too_long", 0)},
-        "model_layout": {"hidden_size": info.hidden_size, "num_aux": num_aux, "dtype": dtype_name,
-                         "num_hidden_layers": info.num_hidden_layers, "vocab_size": info.vocab_size},
+        "overlong": {
+            "max_tokens": res.max_tokens,
+            "policy": args.overlong,
+            "samples": res.overlong,
+            "truncated": res.truncated,
+            "skipped": res.rejects.get("too_long", 0),
+        },
+        "model_layout": {
+            "hidden_size": info.hidden_size,
+            "num_aux": num_aux,
+            "dtype": dtype_name,
+            "num_hidden_layers": info.num_hidden_layers,
+            "vocab_size": info.vocab_size,
+        },
         "formats": formats,
         "shm": shm,
         "time": time_,
         "output_volume": room,
         # A reused scan keeps the figures of the run that made it.
-        "tokenization": {"workers": res.workers, "seconds": round(res.seconds, 3), "reused": res.reused,
-                         "samples_per_s": round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1)},
+        "tokenization": {
+            "workers": res.workers,
+            "seconds": round(res.seconds, 3),
+            "reused": res.reused,
+            "samples_per_s": round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1),
+        },
     }
     if getattr(args, "measure_disk", False):
         from hsextract.plan.disk_pace import disk_pace
 
-        report["disk"] = disk_pace(report, Path(_existing(volume_path)), args.measure_disk_seconds,
-                                   int(args.measure_disk_gb * 1e9))
+        report["disk"] = disk_pace(
+            report, Path(_existing(volume_path)), args.measure_disk_seconds, int(args.measure_disk_gb * 1e9)
+        )
     return report
 
 
-def _scan_and_size(cfg: ScanSettings, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int],
-                   reuse_from: Kept | None, keep_in: Kept | None) -> tuple[ScanResult, dict[str, Any]]:
+def _scan_and_size(
+    cfg: ScanSettings,
+    layout: dict[str, Any],
+    vocab_size: int,
+    draft_sizes: list[int],
+    reuse_from: Kept | None,
+    keep_in: Kept | None,
+) -> tuple[ScanResult, dict[str, Any]]:
     """The scan and every format's bytes: taken from `reuse_from` where it holds them for these
     inputs, else made (and put in `keep_in`)."""
     from hsextract.plan import reuse
@@ -227,16 +322,25 @@ def _scan_and_size(cfg: ScanSettings, layout: dict[str, Any], vocab_size: int, d
     return res, formats
 
 
-def _per_format_bytes(res: ScanResult, layout: dict[str, Any], vocab_size: int,
-                      draft_sizes: list[int]) -> dict[str, Any]:
+def _per_format_bytes(
+    res: ScanResult, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int]
+) -> dict[str, Any]:
     """Every format's bytes for the scan (`hsextract.plan.estimate`: the sample files sized by the
     formats' own writers, which import torch)."""
     from hsextract.plan.estimate import Layout, per_format_bytes
     from hsextract.staging.dumps import DTYPES
 
-    return per_format_bytes(res.shapes, res.pending_shapes, res.samples, res.tokens, res.samples - res.already_written,
-                            res.pending_tokens, Layout(layout["num_aux"], layout["hidden_size"],
-                                                       DTYPES[layout["dtype"]][0]), vocab_size, draft_sizes)
+    return per_format_bytes(
+        res.shapes,
+        res.pending_shapes,
+        res.samples,
+        res.tokens,
+        res.samples - res.already_written,
+        res.pending_tokens,
+        Layout(layout["num_aux"], layout["hidden_size"], DTYPES[layout["dtype"]][0]),
+        vocab_size,
+        draft_sizes,
+    )
 
 
 def _existing(path: str | Path) -> str:
@@ -253,41 +357,57 @@ def render(r: dict[str, Any]) -> str:
     """The report as lines a person reads."""
     lines = [f"plan: {r['dataset']} with {r['model']} (shard {r['shard']})"]
     rej = ", ".join(f"{k} {v}" for k, v in r["rejects"].items()) or "none"
-    lines.append(f"  samples   {r['samples']:,} of {r['rows_in_shard']:,} rows in this shard"
-                 f" ({r['already_written']:,} already written); rejects: {rej}")
+    lines.append(
+        f"  samples   {r['samples']:,} of {r['rows_in_shard']:,} rows in this shard"
+        f" ({r['already_written']:,} already written); rejects: {rej}"
+    )
     p = r["length_percentiles"]
     if p:
-        lines.append(f"  tokens    {r['tokens']:,} ({r['loss_masked_tokens']:,} loss-masked); per sample "
-                     f"p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, p99 {p['p99']:.0f}, max {p['max']}")
+        lines.append(
+            f"  tokens    {r['tokens']:,} ({r['loss_masked_tokens']:,} loss-masked); per sample "
+            f"p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, p99 {p['p99']:.0f}, max {p['max']}"
+        )
     o = r["overlong"]
-    lines.append(f"  overlong  {o['samples']:,} samples over {o['max_tokens']} tokens "
-                 f"({o['truncated']:,} truncated, {o['skipped']:,} skipped)")
+    lines.append(
+        f"  overlong  {o['samples']:,} samples over {o['max_tokens']} tokens "
+        f"({o['truncated']:,} truncated, {o['skipped']:,} skipped)"
+    )
     for name, f in r["formats"].items():
         mark = " <-" if name == r["format"] else ""
-        lines.append(f"  {name:15s} {binary_size(f['total_bytes']):>11s} "
-                     f"({binary_size(f['sample_bytes'])} of sample files){mark}")
+        lines.append(
+            f"  {name:15s} {binary_size(f['total_bytes']):>11s} "
+            f"({binary_size(f['sample_bytes'])} of sample files){mark}"
+        )
     s = r["shm"]
-    lines.append(f"  /dev/shm  needs {binary_size(s['need_bytes'])} for {s['requests']} requests x "
-                 f"{s['tokens_per_request']} tokens at {s['path']}; {binary_size(s['free_bytes'])} free"
-                 f"{'' if s['ok'] else ' (TOO SMALL)'}")
+    lines.append(
+        f"  /dev/shm  needs {binary_size(s['need_bytes'])} for {s['requests']} requests x "
+        f"{s['tokens_per_request']} tokens at {s['path']}; {binary_size(s['free_bytes'])} free"
+        f"{'' if s['ok'] else ' (TOO SMALL)'}"
+    )
     t = r["time"]
     if t["seconds"] is not None:
-        lines.append(f"  time      {t['seconds'] / 3600:,.2f} h for {r['remaining_tokens']:,} tokens at "
-                     f"{t['tokens_per_s']:,.0f} tokens/s ({t['source']})")
+        lines.append(
+            f"  time      {t['seconds'] / 3600:,.2f} h for {r['remaining_tokens']:,} tokens at "
+            f"{t['tokens_per_s']:,.0f} tokens/s ({t['source']})"
+        )
     else:
         lines.append(f"  time      unknown ({t['source']})")
     v = r["output_volume"]
     verdict = "room" if v["ok"] else "NOT ENOUGH ROOM"
-    lines.append(f"  output    {verdict}: {binary_size(v['free_bytes'])} free at {v['path']}, the run needs "
-                 f"{binary_size(v['need_bytes'])} + {binary_size(v['margin_bytes'])} margin ({r['format']})")
+    lines.append(
+        f"  output    {verdict}: {binary_size(v['free_bytes'])} free at {v['path']}, the run needs "
+        f"{binary_size(v['need_bytes'])} + {binary_size(v['margin_bytes'])} margin ({r['format']})"
+    )
     if "disk" in r:
         from hsextract.plan.disk_pace import render as render_disk
 
         lines += render_disk(r["disk"])
     k = r["tokenization"]
     if k.get("reused"):
-        lines.append("  tokenized earlier: the scan kept beside the report, of the same dataset, model and settings "
-                     "(--rescan scans again)")
+        lines.append(
+            "  tokenized earlier: the scan kept beside the report, of the same dataset, model and settings "
+            "(--rescan scans again)"
+        )
     else:
         lines.append(f"  tokenized {k['samples_per_s']:,.0f} samples/s on {k['workers']} processes")
     return "\n".join(lines)
@@ -303,10 +423,13 @@ def _keep_report(report: dict[str, Any], asked: Path | None, default: Path) -> N
     except OSError as exc:
         why = exc.strerror or str(exc)
         if asked is not None:
-            raise ReportNotWritten(f"cannot write the report to {path} ({why}); pass --json with a writable path") \
-                from exc
-        print(f"  report    not kept: cannot write {path} ({why}); the plan above stands, --json PATH keeps it "
-              "elsewhere", file=sys.stderr)
+            raise ReportNotWritten(
+                f"cannot write the report to {path} ({why}); pass --json with a writable path"
+            ) from exc
+        print(
+            f"  report    not kept: cannot write {path} ({why}); the plan above stands, --json PATH keeps it elsewhere",
+            file=sys.stderr,
+        )
         return
     print(f"  report    {path}", file=sys.stderr)
 
@@ -316,8 +439,11 @@ def run(args: argparse.Namespace) -> int:
 
     path = report_path(args)
     if path is None:
-        print("plan: no --output or --json: the report and the scan are kept nowhere (--json PATH keeps them, and "
-              "a later plan of the same inputs reuses the scan)", file=sys.stderr)
+        print(
+            "plan: no --output or --json: the report and the scan are kept nowhere (--json PATH keeps them, and "
+            "a later plan of the same inputs reuses the scan)",
+            file=sys.stderr,
+        )
     kept = Kept(scan_path(path)) if path is not None else None
     report = build_report(args, kept)
     print(render(report))

@@ -28,36 +28,49 @@ def disk_pace(report: dict[str, Any], directory: Path, seconds_per_point: float,
     p = report.get("length_percentiles") or {}
     lengths = [p.get(k) for k in ("p50", "p90", "p99")] if p else [tokens / max(1, report["samples"])]
     sizes = sorted({max(MIN_FILE, int(t * per_token)) for t in lengths if t})
-    ceiling = measure(directory, sizes, DEFAULT_WRITERS, seconds_per_point=seconds_per_point,
-                      bytes_per_point=bytes_per_point)
+    ceiling = measure(
+        directory, sizes, DEFAULT_WRITERS, seconds_per_point=seconds_per_point, bytes_per_point=bytes_per_point
+    )
     disk_tokens_per_s = ceiling.gb_per_s * 1e9 / per_token if per_token else None
     rate = report["time"]["tokens_per_s"]
     known = rate is not None and disk_tokens_per_s is not None
     paced_by = ("disk" if disk_tokens_per_s < rate else "gpu") if known else "unknown"
-    return {**ceiling.as_dict(), "bytes_per_token": round(per_token, 1),
-            # The drain's workers are its writers: as many as the volume's best writer count, cores permitting.
-            "drain_workers": max(1, min(ceiling.best.writers, os.cpu_count() or 1)),
-            "run_bytes_per_s": round(rate * per_token) if rate else None,
-            "disk_tokens_per_s": round(disk_tokens_per_s) if disk_tokens_per_s else None, "paced_by": paced_by}
+    return {
+        **ceiling.as_dict(),
+        "bytes_per_token": round(per_token, 1),
+        # The drain's workers are its writers: as many as the volume's best writer count, cores permitting.
+        "drain_workers": max(1, min(ceiling.best.writers, os.cpu_count() or 1)),
+        "run_bytes_per_s": round(rate * per_token) if rate else None,
+        "disk_tokens_per_s": round(disk_tokens_per_s) if disk_tokens_per_s else None,
+        "paced_by": paced_by,
+    }
 
 
 def render(d: dict) -> list[str]:
     """The plan's lines for the measurement."""
-    lines = [f"  disk      ceiling {d['disk_ceiling_gb_per_s']:.2f} GB/s at {d['directory']} "
-             f"({d['best_writers']} writers, "
-             f"files of {binary_size(min(d['file_sizes']))}-{binary_size(max(d['file_sizes']))}, "
-             "fsync each): at most "
-             + (f"{d['disk_tokens_per_s']:,} tokens/s" if d["disk_tokens_per_s"] else "? tokens/s")
-             + f" at {binary_size(d['bytes_per_token'])} per token"]
+    lines = [
+        f"  disk      ceiling {d['disk_ceiling_gb_per_s']:.2f} GB/s at {d['directory']} "
+        f"({d['best_writers']} writers, "
+        f"files of {binary_size(min(d['file_sizes']))}-{binary_size(max(d['file_sizes']))}, "
+        "fsync each): at most "
+        + (f"{d['disk_tokens_per_s']:,} tokens/s" if d["disk_tokens_per_s"] else "? tokens/s")
+        + f" at {binary_size(d['bytes_per_token'])} per token"
+    ]
     if d["paced_by"] == "disk":
-        lines.append(f"  pace      the DISK sets the run's pace: the GPU makes "
-                     f"{binary_size(d['run_bytes_per_s'])}/s, more than the volume takes; "
-                     "write the set to a faster volume, or expect the drain to be the bound")
+        lines.append(
+            f"  pace      the DISK sets the run's pace: the GPU makes "
+            f"{binary_size(d['run_bytes_per_s'])}/s, more than the volume takes; "
+            "write the set to a faster volume, or expect the drain to be the bound"
+        )
     elif d["paced_by"] == "gpu":
-        lines.append(f"  pace      the GPU sets the run's pace: it makes "
-                     f"{binary_size(d['run_bytes_per_s'])}/s, within what the volume takes")
+        lines.append(
+            f"  pace      the GPU sets the run's pace: it makes "
+            f"{binary_size(d['run_bytes_per_s'])}/s, within what the volume takes"
+        )
     else:
         lines.append("  pace      unknown: no prefill rate (pass --tokens-per-s)")
-    lines.append(f"  workers   the volume took files fastest from {d['best_writers']} writers: `hsextract drain "
-                 f"--workers {d['drain_workers']}` on this host's cores")
+    lines.append(
+        f"  workers   the volume took files fastest from {d['best_writers']} writers: `hsextract drain "
+        f"--workers {d['drain_workers']}` on this host's cores"
+    )
     return lines

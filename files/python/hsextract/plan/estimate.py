@@ -59,8 +59,17 @@ def bookkeeping_bytes(fmt_name: str, samples: int, tokens: int, vocab_size: int,
     return n
 
 
-def per_format_bytes(shapes: Counter, pending: Counter, samples: int, tokens: int, pending_samples: int,
-                     pending_tokens: int, layout: Layout, vocab_size: int, draft_sizes: list[int]) -> dict:
+def per_format_bytes(
+    shapes: Counter,
+    pending: Counter,
+    samples: int,
+    tokens: int,
+    pending_samples: int,
+    pending_tokens: int,
+    layout: Layout,
+    vocab_size: int,
+    draft_sizes: list[int],
+) -> dict:
     """{format: {sample_bytes, bookkeeping_bytes, total_bytes, remaining_bytes}} for every format."""
     out = {}
     for name in FORMAT_NAMES:
@@ -92,9 +101,11 @@ def bench_rate(results_dir: Path | None, num_hidden_layers: int) -> tuple[float,
     except (OSError, ValueError, KeyError, TypeError):
         return None
     scaled = rate * layers / max(1, num_hidden_layers)
-    source = (f"{p.name}: {rate:,.0f} tokens/s with the capture on ({layers} dense layers at hidden "
-              f"{data.get('hidden', '?')} on {data.get('device', 'a GPU')}), scaled to {num_hidden_layers} layers; "
-              "an estimate: pass --tokens-per-s with your host's rate")
+    source = (
+        f"{p.name}: {rate:,.0f} tokens/s with the capture on ({layers} dense layers at hidden "
+        f"{data.get('hidden', '?')} on {data.get('device', 'a GPU')}), scaled to {num_hidden_layers} layers; "
+        "an estimate: pass --tokens-per-s with your host's rate"
+    )
     return scaled, source
 
 

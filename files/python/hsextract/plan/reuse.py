@@ -71,18 +71,35 @@ def scan_key(cfg: ScanSettings) -> str:
         "libraries": {d: _version(d) for d in ("transformers", "tokenizers", "jinja2")},
         "dataset": _files(Path(f.path) for f in dataset_files(cfg.dataset)),
         "model": _files(sorted(p for p in model.iterdir() if p.is_file())),
-        "settings": [cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only, cfg.min_loss_tokens,
-                     cfg.shard.to_json(), cfg.max_row_bytes, cfg.context_length, cfg.kv_pool_tokens],
+        "settings": [
+            cfg.chat_template,
+            cfg.max_tokens,
+            cfg.overlong,
+            cfg.last_turn_only,
+            cfg.min_loss_tokens,
+            cfg.shard.to_json(),
+            cfg.max_row_bytes,
+            cfg.context_length,
+            cfg.kv_pool_tokens,
+        ],
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 def sizes_key(res: ScanResult, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int]) -> str:
     """The digest of everything the per-format sizes of `res` depend on."""
-    inputs = {"package": package_digest(), "layout": layout, "vocab_size": vocab_size, "draft_sizes": draft_sizes,
-              "shapes": sorted(map(list, res.shapes.items())), "pending": sorted(map(list, res.pending_shapes.items())),
-              "samples": res.samples, "tokens": res.tokens, "already_written": res.already_written,
-              "pending_tokens": res.pending_tokens}
+    inputs = {
+        "package": package_digest(),
+        "layout": layout,
+        "vocab_size": vocab_size,
+        "draft_sizes": draft_sizes,
+        "shapes": sorted(map(list, res.shapes.items())),
+        "pending": sorted(map(list, res.pending_shapes.items())),
+        "samples": res.samples,
+        "tokens": res.tokens,
+        "already_written": res.already_written,
+        "pending_tokens": res.pending_tokens,
+    }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
@@ -103,12 +120,19 @@ class Kept:
         if not isinstance(s, dict) or s.get("key") != key:
             return None
         try:
-            res = ScanResult(lines=int(s["lines"]), in_shard=int(s["in_shard"]), workers=int(s["workers"]),
-                             seconds=float(s["seconds"]), max_tokens=s["max_tokens"],
-                             rejects=Counter({str(k): int(v) for k, v in s["rejects"].items()}),
-                             examples={str(k): str(v) for k, v in s["examples"].items()}, reused=True)
-            for index, tokens, masked, cut in zip(s["index"], s["tokens"], s["masked"], s["truncated_from"],
-                                                  strict=True):
+            res = ScanResult(
+                lines=int(s["lines"]),
+                in_shard=int(s["in_shard"]),
+                workers=int(s["workers"]),
+                seconds=float(s["seconds"]),
+                max_tokens=s["max_tokens"],
+                rejects=Counter({str(k): int(v) for k, v in s["rejects"].items()}),
+                examples={str(k): str(v) for k, v in s["examples"].items()},
+                reused=True,
+            )
+            for index, tokens, masked, cut in zip(
+                s["index"], s["tokens"], s["masked"], s["truncated_from"], strict=True
+            ):
                 res.add(index, tokens, masked, cut, done)
         except (KeyError, TypeError, ValueError):
             return None
@@ -116,10 +140,20 @@ class Kept:
 
     def keep_scan(self, key: str, res: ScanResult) -> None:
         self.changed = True
-        self.data = {"version": VERSION, "scan": {
-            "key": key, "lines": res.lines, "in_shard": res.in_shard, "workers": res.workers,
-            "seconds": res.seconds, "max_tokens": res.max_tokens, "rejects": dict(res.rejects),
-            "examples": res.examples, **{name: list(column) for name, column in res.columns().items()}}}
+        self.data = {
+            "version": VERSION,
+            "scan": {
+                "key": key,
+                "lines": res.lines,
+                "in_shard": res.in_shard,
+                "workers": res.workers,
+                "seconds": res.seconds,
+                "max_tokens": res.max_tokens,
+                "rejects": dict(res.rejects),
+                "examples": res.examples,
+                **{name: list(column) for name, column in res.columns().items()},
+            },
+        }
 
     def sizes(self, key: str) -> dict[str, Any] | None:
         s = self.data.get("sizes")
@@ -139,4 +173,3 @@ class Kept:
         except OSError as exc:
             return exc.strerror or str(exc)
         return None
-

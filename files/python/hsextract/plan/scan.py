@@ -83,7 +83,8 @@ class ScanResult:
     # Every sample's (dataset index, tokens, loss-masked tokens, length it was cut from or 0), as
     # columns: what the scan is kept as, for the next plan of the same inputs.
     _columns: tuple[array, array, array, array] = field(
-        default_factory=lambda: (array("q"), array("q"), array("q"), array("q")), repr=False)
+        default_factory=lambda: (array("q"), array("q"), array("q"), array("q")), repr=False
+    )
 
     @property
     def overlong(self) -> int:
@@ -94,8 +95,14 @@ class ScanResult:
             return {}
         a = np.asarray(self.lengths)
         q = np.percentile(a, [50, 90, 99])
-        return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]), "max": int(a.max()),
-                "min": int(a.min()), "mean": round(float(a.mean()), 1)}
+        return {
+            "p50": float(q[0]),
+            "p90": float(q[1]),
+            "p99": float(q[2]),
+            "max": int(a.max()),
+            "min": int(a.min()),
+            "mean": round(float(a.mean()), 1),
+        }
 
     def reject(self, r: Reject) -> None:
         self.rejects[r.reason] += 1
@@ -178,12 +185,27 @@ def scan(cfg: ScanSettings) -> ScanResult:
     """Encode every sample of this shard as the client would; return the tallies."""
     rows = count_rows(cfg.dataset)
     res = ScanResult(workers=max(1, cfg.workers or default_workers(rows, os.cpu_count() or 1)))
-    encoder = build_encoder(cfg.model, cfg.chat_template, cfg.max_tokens, cfg.overlong, cfg.last_turn_only,
-                            cfg.min_loss_tokens, cfg.context_length, cfg.kv_pool_tokens)  # fails early, in the parent
+    encoder = build_encoder(
+        cfg.model,
+        cfg.chat_template,
+        cfg.max_tokens,
+        cfg.overlong,
+        cfg.last_turn_only,
+        cfg.min_loss_tokens,
+        cfg.context_length,
+        cfg.kv_pool_tokens,
+    )  # fails early, in the parent
     res.max_tokens = encoder.max_tokens
     # the workers cut to the limit the parent resolved (and said so, once)
-    settings = (cfg.chat_template, encoder.max_tokens, cfg.overlong, cfg.last_turn_only, cfg.min_loss_tokens,
-                cfg.context_length, cfg.kv_pool_tokens)
+    settings = (
+        cfg.chat_template,
+        encoder.max_tokens,
+        cfg.overlong,
+        cfg.last_turn_only,
+        cfg.min_loss_tokens,
+        cfg.context_length,
+        cfg.kv_pool_tokens,
+    )
     parse_rejects: list[Reject] = []
     bar = _progress(rows, cfg.progress)
     started = time.perf_counter()
@@ -234,5 +256,6 @@ def _progress(total: int, enabled: bool):
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit=" rows", desc="tokenizing", file=sys.stderr, smoothing=0.1,
-                disable=None)  # None: no bar off a terminal (journald, CI logs)
+    return tqdm(
+        total=total, unit=" rows", desc="tokenizing", file=sys.stderr, smoothing=0.1, disable=None
+    )  # None: no bar off a terminal (journald, CI logs)

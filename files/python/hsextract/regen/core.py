@@ -93,7 +93,7 @@ def targets(messages: Sequence[Message], last_turn_only: bool) -> list[int]:
 
 def _results_after(messages: Sequence[Message], i: int) -> list[Message]:
     out = []
-    for m in messages[i + 1:]:
+    for m in messages[i + 1 :]:
         if m.role != "tool":
             break
         out.append(m)
@@ -151,12 +151,14 @@ def _nothing_to_regenerate(source: list[Message], todo: list[int]) -> Result | N
     return None
 
 
-def _unkeepable(reply: Reply, message: Message, source_calls: Sequence[ToolCall],
-                opts: Options) -> tuple[str, str] | None:
+def _unkeepable(
+    reply: Reply, message: Message, source_calls: Sequence[ToolCall], opts: Options
+) -> tuple[str, str] | None:
     """Why a reply ends the conversation before its turn (reason, detail), or None to keep it."""
     if not (message.content.strip() or message.tool_calls or (message.reasoning_content or "").strip()):
-        return EMPTY_REPLY, (f"the reply has no text ({reply.completion_tokens} tokens, "
-                             f"finish reason {reply.finish_reason!r})")
+        return EMPTY_REPLY, (
+            f"the reply has no text ({reply.completion_tokens} tokens, finish reason {reply.finish_reason!r})"
+        )
     if reply.finish_reason == "length" and opts.drop_truncated:
         return TRUNCATED, f"the reply reached the token limit ({reply.completion_tokens} tokens)"
     differ = tools.mismatch(source_calls, message.tool_calls)

@@ -119,9 +119,11 @@ def _eta(eta: float | None) -> str:
 
 
 def progress_line(snap: dict[str, Any]) -> str:
-    return (f"{snap['done']}/{snap['conversations_total']} conversations | ok {snap['ok']} skipped {snap['skipped']} "
-            f"failed {snap['failed']} | {snap['turns']} turns, {snap['tokens_per_s']:.0f} tok/s | "
-            f"in flight {snap['in_flight']} | ETA {_eta(snap['eta_s'])}")
+    return (
+        f"{snap['done']}/{snap['conversations_total']} conversations | ok {snap['ok']} skipped {snap['skipped']} "
+        f"failed {snap['failed']} | {snap['turns']} turns, {snap['tokens_per_s']:.0f} tok/s | "
+        f"in flight {snap['in_flight']} | ETA {_eta(snap['eta_s'])}"
+    )
 
 
 class Reporter(StatusReporter[dict[str, Any]]):
@@ -129,8 +131,14 @@ class Reporter(StatusReporter[dict[str, Any]]):
 
     thread_name = "hsextract-regen-progress"
 
-    def __init__(self, stats: RegenStats, status_path: Path, stream: TextIO | None = None,
-                 every: float = 1.0, log_every: float = 30.0):
+    def __init__(
+        self,
+        stats: RegenStats,
+        status_path: Path,
+        stream: TextIO | None = None,
+        every: float = 1.0,
+        log_every: float = 30.0,
+    ):
         super().__init__(status_path, log, stream, every, log_every)
         self.stats = stats
 

@@ -84,8 +84,10 @@ class RegenerateRun:
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         src, dst = Path(cfg.dataset).resolve(), Path(cfg.output).resolve()
         if dst == src or src in dst.parents:
-            raise ConfigError(f"output {cfg.output} is inside the dataset {cfg.dataset}: the run would read what it "
-                              "writes; put the regenerated dataset somewhere else")
+            raise ConfigError(
+                f"output {cfg.output} is inside the dataset {cfg.dataset}: the run would read what it "
+                "writes; put the regenerated dataset somewhere else"
+            )
         self.cfg = cfg
         self.stop = stop or threading.Event()
         self.stats = RegenStats()
@@ -110,8 +112,14 @@ class RegenerateRun:
         out["messages"] = messages
         if s.tools:
             out["tools"] = list(s.tools)
-        out["regenerated"] = {**where, "turns": result.turns, "truncated": len(result.truncated), "cut": result.cut,
-                              "completion_tokens": result.completion_tokens, "server": server}
+        out["regenerated"] = {
+            **where,
+            "turns": result.turns,
+            "truncated": len(result.truncated),
+            "cut": result.cut,
+            "completion_tokens": result.completion_tokens,
+            "server": server,
+        }
         return out
 
     async def _write(self, record: dict[str, Any], ok: bool) -> None:
@@ -119,8 +127,10 @@ class RegenerateRun:
         await asyncio.get_running_loop().run_in_executor(self._writer, fn, record)
 
     async def _reject(self, rej: Reject | Sample, key: str, reason: str, detail: str) -> None:
-        await self._write({"key": key, "index": rej.index, "file": rej.file, "line": rej.line,
-                           "reason": reason, "detail": detail}, ok=False)
+        await self._write(
+            {"key": key, "index": rej.index, "file": rej.file, "line": rej.line, "reason": reason, "detail": detail},
+            ok=False,
+        )
         self.stats.record_failed(reason)
 
     # -- the producer and the workers ------------------------------------------------------------
@@ -224,18 +234,37 @@ class RegenerateRun:
             model_dir = cfg.model
             if model_dir is None and Path(models[0]).is_dir():  # SGLang names the model by its path
                 model_dir = Path(models[0])
-            self.sampling = resolve(model_dir, min(contexts) if contexts else None, cfg.temperature, cfg.top_p,
-                                    cfg.top_k, cfg.max_new_tokens)
+            self.sampling = resolve(
+                model_dir,
+                min(contexts) if contexts else None,
+                cfg.temperature,
+                cfg.top_p,
+                cfg.top_k,
+                cfg.max_new_tokens,
+            )
             for s in servers:
                 s.sampling = self.sampling
                 with st.lock:
                     st.servers[s.url] = {"state": "up", "model": s.model}
-            self.store.check_settings({
-                "model": models[0], "sampling": self.sampling.to_json(), "reasoning": cfg.reasoning,
-                "last_turn_only": cfg.last_turn_only, "drop_truncated": cfg.drop_truncated,
-                "shard": str(cfg.shard)})
-            log.info("regenerating %s -> %s on %d servers (%s), sampling %s, reasoning %s", cfg.dataset,
-                     self.store.data_path, len(servers), models[0], self.sampling.request_fields(), cfg.reasoning)
+            self.store.check_settings(
+                {
+                    "model": models[0],
+                    "sampling": self.sampling.to_json(),
+                    "reasoning": cfg.reasoning,
+                    "last_turn_only": cfg.last_turn_only,
+                    "drop_truncated": cfg.drop_truncated,
+                    "shard": str(cfg.shard),
+                }
+            )
+            log.info(
+                "regenerating %s -> %s on %d servers (%s), sampling %s, reasoning %s",
+                cfg.dataset,
+                self.store.data_path,
+                len(servers),
+                models[0],
+                self.sampling.request_fields(),
+                cfg.reasoning,
+            )
             await self._run_workers(servers)
         finally:
             for s in servers:
@@ -253,8 +282,11 @@ class RegenerateRun:
             await producer
             await self._queue.join()
 
-        ends = [asyncio.create_task(finished()), asyncio.create_task(self._watch_stop()),
-                asyncio.create_task(self._all_gone.wait())]
+        ends = [
+            asyncio.create_task(finished()),
+            asyncio.create_task(self._watch_stop()),
+            asyncio.create_task(self._all_gone.wait()),
+        ]
         pending: set[asyncio.Task] = {*ends, *workers}
         try:
             while True:
@@ -272,9 +304,16 @@ class RegenerateRun:
         """The whole regeneration, over every run that wrote to its output (counted from its files, so
         a resumed run's summary agrees with the errors file), and what this run did of it."""
         st = self.stats
-        return {"state": st.state, "conversations_total": st.conversations_total, **self.store.totals.to_json(),
-                "this_run": st.summary(), "output": str(self.store.data_path), "errors": str(self.store.errors_path),
-                "sampling": self.sampling.to_json() if self.sampling else None, "finished_at": time.time()}
+        return {
+            "state": st.state,
+            "conversations_total": st.conversations_total,
+            **self.store.totals.to_json(),
+            "this_run": st.summary(),
+            "output": str(self.store.data_path),
+            "errors": str(self.store.errors_path),
+            "sampling": self.sampling.to_json() if self.sampling else None,
+            "finished_at": time.time(),
+        }
 
     def run(self) -> RegenStats:
         cfg, st = self.cfg, self.stats
@@ -308,4 +347,3 @@ class RegenerateRun:
         if self.fatal is not None:
             raise self.fatal
         return st
-

@@ -67,9 +67,14 @@ def generation_defaults(model_dir: Path | None) -> tuple[dict[str, Any], str]:
     return out, str(path) if out else "default"
 
 
-def resolve(model_dir: Path | None, context_len: int | None, temperature: float | None = None,
-            top_p: float | None = None, top_k: int | None = None,
-            max_new_tokens: int | None = None) -> Sampling:
+def resolve(
+    model_dir: Path | None,
+    context_len: int | None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    max_new_tokens: int | None = None,
+) -> Sampling:
     """The sampling settings of a run: flags, else the model's generation config, else greedy."""
     found, source = generation_defaults(model_dir)
     values = {"temperature": 0.0, **found}

@@ -131,8 +131,10 @@ class ChatServer:
                 if time.monotonic() > deadline:
                     self.gone = True
                     waited = self.policy.server_wait_s
-                    raise ServerGone(f"server {self.url} has not answered /health for {waited:.0f} s; "
-                                     "check the SGLang service, then run the command again (it resumes)")
+                    raise ServerGone(
+                        f"server {self.url} has not answered /health for {waited:.0f} s; "
+                        "check the SGLang service, then run the command again (it resumes)"
+                    )
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 1.5)
 
@@ -147,14 +149,20 @@ class ChatServer:
             self.model = str(card["id"])
             self.context_len = int(card["max_model_len"]) if card.get("max_model_len") else None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
-            raise HsextractError(f"server {self.url}: /v1/models did not describe the served model ({exc}); "
-                                 "is it an SGLang server?") from exc
+            raise HsextractError(
+                f"server {self.url}: /v1/models did not describe the served model ({exc}); is it an SGLang server?"
+            ) from exc
 
-    def body(self, messages: list[dict], tools: list[dict] | None, kwargs: dict | None,
-             max_tokens: int | None = None) -> dict[str, Any]:
+    def body(
+        self, messages: list[dict], tools: list[dict] | None, kwargs: dict | None, max_tokens: int | None = None
+    ) -> dict[str, Any]:
         """The request: the history, the source's tools, the run's sampling. Never a request id."""
-        out: dict[str, Any] = {"model": self.model, "messages": messages, "stream": False,
-                               **self.sampling.request_fields()}
+        out: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": False,
+            **self.sampling.request_fields(),
+        }
         if max_tokens is not None:
             out["max_tokens"] = max_tokens
         if tools:
@@ -174,8 +182,9 @@ class ChatServer:
             started = time.monotonic()
             try:
                 self.requests += 1
-                async with self.session.post(f"{self.url}/v1/chat/completions",
-                                             json=self.body(messages, tools, kwargs, max_tokens)) as resp:
+                async with self.session.post(
+                    f"{self.url}/v1/chat/completions", json=self.body(messages, tools, kwargs, max_tokens)
+                ) as resp:
                     status, text = resp.status, await resp.text()
             except asyncio.TimeoutError:
                 detail = f"no answer within {self.policy.read_timeout_s:.0f} s"

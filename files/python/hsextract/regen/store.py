@@ -32,7 +32,6 @@ from hsextract.regen.totals import Totals
 log = logging.getLogger("hsextract.regen")
 
 
-
 def conversation_key(conv: Conversation) -> str:
     """The resume key of a conversation: its own id, else a digest of everything the model is given."""
     if conv.id is not None:
@@ -83,9 +82,11 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
                 record = json.loads(raw)
                 record["key"] = str(record["key"])
             except (ValueError, KeyError, TypeError):
-                raise HsextractError(f"{path}: line {n} is not a record of this tool ({raw[:80]!r}); the file was "
-                                     "changed by something else: remove that line (its conversation is then done "
-                                     "again)") from None
+                raise HsextractError(
+                    f"{path}: line {n} is not a record of this tool ({raw[:80]!r}); the file was "
+                    "changed by something else: remove that line (its conversation is then done "
+                    "again)"
+                ) from None
             yield record
 
 
@@ -110,8 +111,12 @@ class Store:
         for path in (self.data_path, self.errors_path):
             cut = repair_torn_tail(path)
             if cut:
-                log.warning("%s: removed a torn last line (%d bytes) left by a run that was killed while writing it; "
-                            "its conversation is done again", path, cut)
+                log.warning(
+                    "%s: removed a torn last line (%d bytes) left by a run that was killed while writing it; "
+                    "its conversation is done again",
+                    path,
+                    cut,
+                )
         self.totals = Totals()
         for record in read_records(self.data_path):
             self.ok_keys.add(record["key"])
@@ -136,8 +141,10 @@ class Store:
         differ = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
         if differ:
             what = "; ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in sorted(differ.items()))
-            raise ConfigError(f"{self.output} was regenerated with other settings ({what}); use another --output, "
-                              f"or remove {path} to mix them on purpose")
+            raise ConfigError(
+                f"{self.output} was regenerated with other settings ({what}); use another --output, "
+                f"or remove {path} to mix them on purpose"
+            )
 
     def _append(self, f, record: dict[str, Any], count) -> None:
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")

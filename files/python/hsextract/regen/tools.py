@@ -29,8 +29,9 @@ def mismatch(source: Sequence[ToolCall], regenerated: Sequence[ToolCall]) -> str
     return f"the source called {want or 'no tool'}, the regenerated turn called {got or 'no tool'}"
 
 
-def splice_results(results: Sequence[Message], source: Sequence[ToolCall],
-                   regenerated: Sequence[ToolCall]) -> list[Message]:
+def splice_results(
+    results: Sequence[Message], source: Sequence[ToolCall], regenerated: Sequence[ToolCall]
+) -> list[Message]:
     """The source's tool results, answering the regenerated calls (matched by position, or by id)."""
     by_id = {c.id: i for i, c in enumerate(source) if c.id is not None}
     out = []

@@ -38,5 +38,11 @@ class Totals:
         self.failed[str(record.get("reason") or "unknown")] += 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "failed": dict(self.failed), "cut": dict(self.cut), "truncated": self.truncated,
-                "turns": self.turns, "completion_tokens": self.completion_tokens}
+        return {
+            "ok": self.ok,
+            "failed": dict(self.failed),
+            "cut": dict(self.cut),
+            "truncated": self.truncated,
+            "turns": self.turns,
+            "completion_tokens": self.completion_tokens,
+        }

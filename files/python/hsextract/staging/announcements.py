@@ -61,7 +61,7 @@ def process_start_ticks(pid: int) -> int | None:
     except OSError:
         return None
     try:  # the command name (field 2) is in parentheses and may hold spaces and parentheses
-        return int(stat[stat.rindex(")") + 2:].split()[19])
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
     except (ValueError, IndexError):
         return None
 

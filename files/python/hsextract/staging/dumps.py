@@ -185,10 +185,12 @@ class DoneMarker:
         own fields are encoded each time.
         """
         chunks = ", ".join(f"[{int(a)}, {int(b)}]" for a, b in self.chunks)
-        return (f'{{"chunks": [{chunks}], "completed_at": {float(self.completed_at)!r}, '
-                f'"fingerprint": "{self.fingerprint}", "greedy_token": {int(self.greedy_token)}, '
-                f'"prompt_len": {int(self.prompt_len)}, "rid": {json.dumps(self.rid)}, '
-                + (shared_json or self.shared_json())[1:])
+        return (
+            f'{{"chunks": [{chunks}], "completed_at": {float(self.completed_at)!r}, '
+            f'"fingerprint": "{self.fingerprint}", "greedy_token": {int(self.greedy_token)}, '
+            f'"prompt_len": {int(self.prompt_len)}, "rid": {json.dumps(self.rid)}, '
+            + (shared_json or self.shared_json())[1:]
+        )
 
     def shared_json(self) -> str:
         """``{"architecture": ..., ...}``: every field but the request's own (rid, prompt length,
@@ -220,8 +222,9 @@ def write_done_marker(dump_dir: str | Path, marker: DoneMarker, shared_json: str
     Plain string paths and file descriptors (no pathlib, no buffered file object): this runs once
     per captured request, inside the server. ``shared_json``: see `DoneMarker.to_json`.
     """
-    write_file_atomically(f"{os.fspath(dump_dir)}/{plain_name(marker.rid)}/{DONE_FILE}",
-                          marker.to_json(shared_json).encode())
+    write_file_atomically(
+        f"{os.fspath(dump_dir)}/{plain_name(marker.rid)}/{DONE_FILE}", marker.to_json(shared_json).encode()
+    )
 
 
 def read_done_marker(path: str | Path) -> DoneMarker:
@@ -285,8 +288,12 @@ def read_failed_marker(path: str | Path) -> FailureMarker | None:
         return FailureMarker(rid=p.parent.name, reason=CAPTURE_WRITE_ERROR, detail=f"unreadable {p}: {exc}")
     if not isinstance(data, dict):
         return FailureMarker(rid=p.parent.name, reason=CAPTURE_WRITE_ERROR, detail=f"{p}: not a JSON object")
-    return FailureMarker(rid=str(data.get("rid", p.parent.name)), reason=str(data.get("reason", "?")),
-                         detail=str(data.get("detail", "")), at=float(data.get("at", 0) or 0))
+    return FailureMarker(
+        rid=str(data.get("rid", p.parent.name)),
+        reason=str(data.get("reason", "?")),
+        detail=str(data.get("detail", "")),
+        at=float(data.get("at", 0) or 0),
+    )
 
 
 def iter_dump_dirs(dump_dir: str | Path) -> Iterator[Path]:
@@ -324,8 +331,11 @@ def run_dumps(dump_dir: str | Path, run_id: str) -> Iterator[tuple[Path, ParsedR
 
 def staged_indices(dump_dir: str | Path, prefix: str, run_id: str) -> set[int]:
     """Dataset indices of the run whose dump is complete in staging (the drain will write them)."""
-    return {p.index for d, p in run_dumps(dump_dir, run_id)
-            if p.prefix == prefix and not p.probe and (d / DONE_FILE).exists()}
+    return {
+        p.index
+        for d, p in run_dumps(dump_dir, run_id)
+        if p.prefix == prefix and not p.probe and (d / DONE_FILE).exists()
+    }
 
 
 TRASH_PREFIX = ".trash-"  # dump directories being deleted (dot names are never scanned as dumps)

@@ -87,30 +87,37 @@ def inspect_root(path: str | Path, owners: set[int], whom: str, flag: str = "--d
         link = os.lstat(p)
         st = os.stat(p)
     except OSError as exc:
-        raise UnsafeStagingError(f"staging directory {p}: cannot inspect it ({exc.strerror or exc}); "
-                                 f"choose another {flag}") from exc
-    redo = (f"Remove it (rm -rf {p}) so that hsextract creates it anew (mode 0700, owned by the user that runs "
-            f"it), or choose another {flag}")
+        raise UnsafeStagingError(
+            f"staging directory {p}: cannot inspect it ({exc.strerror or exc}); choose another {flag}"
+        ) from exc
+    redo = (
+        f"Remove it (rm -rf {p}) so that hsextract creates it anew (mode 0700, owned by the user that runs "
+        f"it), or choose another {flag}"
+    )
     if stat.S_ISLNK(link.st_mode) and link.st_uid not in (*owners, 0):
-        raise UnsafeStagingError(f"staging directory {p} is a symbolic link made by {user_name(link.st_uid)}, "
-                                 f"not by {whom}. {redo}")
+        raise UnsafeStagingError(
+            f"staging directory {p} is a symbolic link made by {user_name(link.st_uid)}, not by {whom}. {redo}"
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeStagingError(f"staging directory {p} is not a directory. {redo}")
     if st.st_uid not in owners:
         raise UnsafeStagingError(
             f"staging directory {p} belongs to {user_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}, not to "
             f"{whom}: its owner may have planted links in it that would be written through. {redo}; the capture, "
-            "the client and the drain must run as one user")
+            "the client and the drain must run as one user"
+        )
     if st.st_mode & _OTHERS_WRITE:
         raise UnsafeStagingError(
             f"staging directory {p} has mode {stat.S_IMODE(st.st_mode):04o}: its group or others may write into it "
             f"and plant links there. {redo}, or chmod 0700 it once you have checked what it holds (a tmpfs mounted "
-            "there for staging needs mode=0700 among its mount options)")
+            "there for staging needs mode=0700 among its mount options)"
+        )
     return st
 
 
-def prepare_root(path: str | Path, *, create: bool = True, what: str = "staging directory",
-                 flag: str = "--dump-dir") -> Path:
+def prepare_root(
+    path: str | Path, *, create: bool = True, what: str = "staging directory", flag: str = "--dump-dir"
+) -> Path:
     """The staging root, created mode 0700 if missing (when `create`; its missing parents as
     mkdir -p makes them), checked by `check_root`, and proven writable."""
     p = Path(path)
@@ -121,8 +128,10 @@ def prepare_root(path: str | Path, *, create: bool = True, what: str = "staging 
         except FileExistsError:
             pass
         except OSError as exc:
-            raise ConfigError(f"{what} {p} is not writable ({exc.strerror or exc}); give the user that runs this "
-                              f"process write access to {p.parent}, or choose another {flag}") from exc
+            raise ConfigError(
+                f"{what} {p} is not writable ({exc.strerror or exc}); give the user that runs this "
+                f"process write access to {p.parent}, or choose another {flag}"
+            ) from exc
     check_root(p, flag)
     probe_writable(p, what, flag)
     return p
@@ -140,8 +149,9 @@ def check_own_dir(path: str) -> None:
     elif st.st_mode & _OTHERS_WRITE:
         problem = f"a directory of mode {stat.S_IMODE(st.st_mode):04o} (group or others may write it)"
     if problem:
-        raise UnsafeEntryError(errno.EEXIST, f"{path} exists and is {problem}, not a directory that hsextract made; "
-                                             "refused (remove it)")
+        raise UnsafeEntryError(
+            errno.EEXIST, f"{path} exists and is {problem}, not a directory that hsextract made; refused (remove it)"
+        )
 
 
 def make_dir(parent: str | Path, name: str) -> tuple[str, bool]:
@@ -196,5 +206,7 @@ def probe_writable(root: str | Path, what: str = "staging directory", flag: str 
         os.close(create_file(probe))
         os.unlink(probe)
     except OSError as exc:
-        raise ConfigError(f"{what} {root} is not writable ({exc.strerror or exc}); give the user that runs this "
-                          f"process write access, or choose another {flag}") from exc
+        raise ConfigError(
+            f"{what} {root} is not writable ({exc.strerror or exc}); give the user that runs this "
+            f"process write access, or choose another {flag}"
+        ) from exc

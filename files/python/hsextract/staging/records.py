@@ -30,7 +30,8 @@ from hsextract.staging.fs import FILE_MODE, make_dir, prepare_root
 from hsextract.staging.names import RECORDS_DIR, record_path
 
 _RID_RE = re.compile(
-    r"^(?P<prefix>[A-Za-z0-9_.]+)-(?P<run>[0-9a-f]{8,32})-(?:(?P<index>\d+)|p(?P<probe>[0-9a-f]{4,32}))$")
+    r"^(?P<prefix>[A-Za-z0-9_.]+)-(?P<run>[0-9a-f]{8,32})-(?:(?P<index>\d+)|p(?P<probe>[0-9a-f]{4,32}))$"
+)
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.]+$")
 
 

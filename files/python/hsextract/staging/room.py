@@ -73,8 +73,11 @@ def estimate_need(
     """The staging space of ``requests_in_flight`` requests of ``tokens_per_request`` tokens each."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
-    for name, value in (("hidden size", hidden_size), ("requests in flight", requests_in_flight),
-                        ("tokens per request", tokens_per_request)):
+    for name, value in (
+        ("hidden size", hidden_size),
+        ("requests in flight", requests_in_flight),
+        ("tokens per request", tokens_per_request),
+    ):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     if aux_layers < 1:

@@ -17,13 +17,24 @@ def add_draft_vocab_arguments(parser: argparse.ArgumentParser) -> None:
     from hsextract.vocab.mapping import DEFAULT_DRAFT_VOCAB_SIZE
 
     g = parser.add_argument_group("draft vocabulary")
-    g.add_argument("--draft-vocab-size", type=int, nargs="+", default=[DEFAULT_DRAFT_VOCAB_SIZE], metavar="N",
-                   help=f"draft vocabulary sizes to write mappings for (default {DEFAULT_DRAFT_VOCAB_SIZE}; a size "
-                        "of at least the model's vocabulary is clamped to it)")
-    g.add_argument("--vocab-size", type=int, default=None,
-                   help="the model's vocabulary size (default: from --model's config.json or the manifest)")
-    g.add_argument("--no-draft-vocab", action="store_true",
-                   help="do not count token frequencies nor write draft vocabulary files")
+    g.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_DRAFT_VOCAB_SIZE],
+        metavar="N",
+        help=f"draft vocabulary sizes to write mappings for (default {DEFAULT_DRAFT_VOCAB_SIZE}; a size "
+        "of at least the model's vocabulary is clamped to it)",
+    )
+    g.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="the model's vocabulary size (default: from --model's config.json or the manifest)",
+    )
+    g.add_argument(
+        "--no-draft-vocab", action="store_true", help="do not count token frequencies nor write draft vocabulary files"
+    )
 
 
 def draft_vocab_settings(args: argparse.Namespace) -> tuple[tuple[int, ...], int | None]:

@@ -46,8 +46,14 @@ class Checkpoint:
 
 def checkpoint_bytes(cp: Checkpoint) -> bytes:
     ids, n = cp.counts.items()
-    body = {"version": VERSION, "covered": cp.covered, "last": cp.last, "masked_tokens": cp.counts.total,
-            "ids": ids.tolist(), "counts": n.tolist()}
+    body = {
+        "version": VERSION,
+        "covered": cp.covered,
+        "last": cp.last,
+        "masked_tokens": cp.counts.total,
+        "ids": ids.tolist(),
+        "counts": n.tolist(),
+    }
     return (json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 

@@ -60,8 +60,16 @@ def _npy_bytes(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def write_vocab_files(out: Path, counts: TokenCounts, vocab_size: int, sizes: Sequence[DraftSize],
-                      *, suffix: str, covered: int, also: dict[str, bytes] | None = None) -> list[Path]:
+def write_vocab_files(
+    out: Path,
+    counts: TokenCounts,
+    vocab_size: int,
+    sizes: Sequence[DraftSize],
+    *,
+    suffix: str,
+    covered: int,
+    also: dict[str, bytes] | None = None,
+) -> list[Path]:
     """Write every trainer's files for every size, and the files in `also`, in one durable batch;
     return the paths written.
 
@@ -90,14 +98,19 @@ def write_vocab_files(out: Path, counts: TokenCounts, vocab_size: int, sizes: Se
         files[mo] = _torch_bytes(torch.from_numpy(frequency_d2t(selected)))
         names = {"specforge": [sf], "speculators": [f"d2t-{d.size}.npy", f"t2d-{d.size}.npy"], "modelopt": [mo]}
         if i == 0:
-            first = {f"{SPECFORGE_DIR}/vocab_mapping{suffix}": sf, "d2t.npy": f"d2t-{d.size}.npy",
-                     "t2d.npy": f"t2d-{d.size}.npy", f"{MODELOPT_DIR}/d2t{suffix}": mo}
+            first = {
+                f"{SPECFORGE_DIR}/vocab_mapping{suffix}": sf,
+                "d2t.npy": f"d2t-{d.size}.npy",
+                "t2d.npy": f"t2d-{d.size}.npy",
+                f"{MODELOPT_DIR}/d2t{suffix}": mo,
+            }
             links.update(first)
             names["specforge"].append(f"{SPECFORGE_DIR}/vocab_mapping{suffix}")
             names["speculators"] += ["d2t.npy", "t2d.npy"]
             names["modelopt"].append(f"{MODELOPT_DIR}/d2t{suffix}")
-        per_size.append({"size": d.size, "requested": d.requested, "coverage": round(coverage(counts, selected), 6),
-                         "files": names})
+        per_size.append(
+            {"size": d.size, "requested": d.requested, "coverage": round(coverage(counts, selected), 6), "files": names}
+        )
     summary = {
         "samples": covered,
         "masked_tokens": counts.total,
@@ -144,8 +157,9 @@ def write_batch(out: Path, files: dict[str, bytes], links: dict[str, str]) -> No
         list(pool.map(fsync_dir, dirs))
 
 
-def write_token_freq_only(out: Path, counts: TokenCounts, *, suffix: str,
-                          also: dict[str, bytes] | None = None) -> list[Path]:
+def write_token_freq_only(
+    out: Path, counts: TokenCounts, *, suffix: str, also: dict[str, bytes] | None = None
+) -> list[Path]:
     files = {**(also or {}), token_freq_name(suffix): _torch_bytes(counts.to_dict())}
     write_batch(Path(out), files, {})
     return [Path(out) / rel for rel in files]

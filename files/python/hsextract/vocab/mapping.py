@@ -52,8 +52,9 @@ def resolve_sizes(requested: Sequence[int], vocab_size: int) -> list[DraftSize]:
     out: list[DraftSize] = []
     for n in requested:
         if int(n) < 1:
-            raise VocabError(f"draft vocabulary size {n}: must be at least 1 "
-                             f"(the default is {DEFAULT_DRAFT_VOCAB_SIZE})")
+            raise VocabError(
+                f"draft vocabulary size {n}: must be at least 1 (the default is {DEFAULT_DRAFT_VOCAB_SIZE})"
+            )
         d = DraftSize(int(n), min(int(n), vocab_size))
         if d.size not in [o.size for o in out]:
             out.append(d)
@@ -61,9 +62,11 @@ def resolve_sizes(requested: Sequence[int], vocab_size: int) -> list[DraftSize]:
 
 
 def clamp_message(d: DraftSize, vocab_size: int) -> str:
-    return (f"draft vocabulary size {d.requested} >= the model's vocabulary ({vocab_size} tokens): clamped to "
-            f"{d.size}, the whole vocabulary (an identity mapping, which the trainers skip); give a smaller size "
-            f"with --draft-vocab-size to get a reduced vocabulary")
+    return (
+        f"draft vocabulary size {d.requested} >= the model's vocabulary ({vocab_size} tokens): clamped to "
+        f"{d.size}, the whole vocabulary (an identity mapping, which the trainers skip); give a smaller size "
+        f"with --draft-vocab-size to get a reduced vocabulary"
+    )
 
 
 def check_ids(counts: TokenCounts, vocab_size: int) -> None:

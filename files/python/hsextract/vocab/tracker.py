@@ -62,8 +62,14 @@ def recount(out: Path, fmt, entries: Sequence[ManifestEntry], tokens: TokenReade
 class VocabTracker:
     """The running counts of one output directory, their checkpoint and the trainers' files."""
 
-    def __init__(self, out: Path, fmt, sizes: Sequence[int], checkpoint_interval_s: float = 30.0,
-                 tokens: TokenReader | None = None):
+    def __init__(
+        self,
+        out: Path,
+        fmt,
+        sizes: Sequence[int],
+        checkpoint_interval_s: float = 30.0,
+        tokens: TokenReader | None = None,
+    ):
         self.out = Path(out)
         self.tokens = tokens  # where the sample files are not under `out` (a set in a bucket)
         self.fmt = fmt
@@ -85,15 +91,17 @@ class VocabTracker:
         entries = list(entries)
         cp, why = read_checkpoint(self.out)
         if cp is not None and not cp.matches(entries):
-            why = (f"it covers {cp.covered} samples ending with {cp.last}, which is not a prefix of the manifest's "
-                   f"{len(entries)}")
+            why = (
+                f"it covers {cp.covered} samples ending with {cp.last}, which is not a prefix of the manifest's "
+                f"{len(entries)}"
+            )
             cp = None
         if cp is None:
             cp = Checkpoint(0, None, TokenCounts())
             if entries:
                 self.discarded = why
                 log.warning("draft vocabulary: recounting all %d samples from their files (%s)", len(entries), why)
-        tail = entries[cp.covered:]
+        tail = entries[cp.covered :]
         cp.counts.merge(recount(self.out, self.fmt, tail, self.tokens))
         with self._lock:
             self.counts, self.covered = cp.counts, len(entries)
@@ -104,8 +112,9 @@ class VocabTracker:
                 self.checkpoint()
         return len(tail)
 
-    def add(self, entries: Sequence[ManifestEntry], per_sample: Sequence[tuple[np.ndarray, np.ndarray] | None],
-            covered: int) -> None:
+    def add(
+        self, entries: Sequence[ManifestEntry], per_sample: Sequence[tuple[np.ndarray, np.ndarray] | None], covered: int
+    ) -> None:
         """Count samples just recorded in the manifest, which now has `covered` entries (committer thread);
         a sample without counts (None) is a VocabError."""
         counts = [c for c in per_sample if c is not None]
@@ -113,8 +122,10 @@ class VocabTracker:
             raise VocabError(f"draft vocabulary: {len(entries)} samples committed with {len(counts)} counts")
         with self._lock:
             if self.covered + len(entries) != covered:
-                raise VocabError(f"draft vocabulary: counts cover {self.covered} samples, the manifest "
-                                 f"{covered - len(entries)} before this commit")
+                raise VocabError(
+                    f"draft vocabulary: counts cover {self.covered} samples, the manifest "
+                    f"{covered - len(entries)} before this commit"
+                )
             for ids, n in counts:
                 self.counts.add(ids, n)
             self.covered = covered
@@ -150,17 +161,22 @@ class VocabTracker:
                 cp = Checkpoint(self.covered, self.last, TokenCounts.from_pairs(ids, n))
             also = {vocab_checkpoint_relpath(): checkpoint_bytes(cp)}
             if vocab_size < 1:
-                log.warning("draft vocabulary: the model's vocabulary size is unknown (no --model or --vocab-size), "
-                            "so only %s was written; run `hsextract finalize --output %s --vocab-size V` to write "
-                            "the mappings", token_freq_name(self.suffix), self.out)
+                log.warning(
+                    "draft vocabulary: the model's vocabulary size is unknown (no --model or --vocab-size), "
+                    "so only %s was written; run `hsextract finalize --output %s --vocab-size V` to write "
+                    "the mappings",
+                    token_freq_name(self.suffix),
+                    self.out,
+                )
                 paths = write_token_freq_only(self.out, cp.counts, suffix=self.suffix, also=also)
             else:
                 sizes = resolve_sizes(self.sizes, vocab_size)
                 for d in sizes:
                     if d.clamped:
                         log.warning("%s", clamp_message(d, vocab_size))
-                paths = write_vocab_files(self.out, cp.counts, vocab_size, sizes, suffix=self.suffix,
-                                          covered=cp.covered, also=also)
+                paths = write_vocab_files(
+                    self.out, cp.counts, vocab_size, sizes, suffix=self.suffix, covered=cp.covered, also=also
+                )
             self._saved_covered, self._saved_at = cp.covered, time.monotonic()
         return paths
 
@@ -170,22 +186,27 @@ class VocabTracker:
         counts, covered = self.snapshot()
         problems = []
         if self.discarded:
-            problems.append(f"the draft vocabulary's counts checkpoint could not be used ({self.discarded}); "
-                            "the counts were recounted from the files")
+            problems.append(
+                f"the draft vocabulary's counts checkpoint could not be used ({self.discarded}); "
+                "the counts were recounted from the files"
+            )
         diff = counts.difference(truth)
         if diff:
             shown = ", ".join(f"id {i}: counted {a}, files {b}" for i, a, b in diff)
             problems.append(
                 f"draft vocabulary counts differ from a recount of the training set's files ({shown}); remove "
-                f"{vocab_checkpoint_path(self.out)} and run `hsextract finalize` to recount from the files")
+                f"{vocab_checkpoint_path(self.out)} and run `hsextract finalize` to recount from the files"
+            )
         summary = read_summary(self.out)
         freq = self.out / token_freq_name(self.suffix)
         if summary is not None and summary.get("samples") == len(entries) and freq.exists():
             diff = read_token_freq(freq).difference(truth)
             if diff:
                 shown = ", ".join(f"id {i}: file {a}, recount {b}" for i, a, b in diff)
-                problems.append(f"{freq} differs from a recount of the training set's files ({shown}); "
-                                "run `hsextract finalize` to rewrite it")
+                problems.append(
+                    f"{freq} differs from a recount of the training set's files ({shown}); "
+                    "run `hsextract finalize` to rewrite it"
+                )
         if covered != len(entries):
             problems.append(f"draft vocabulary counts cover {covered} samples, the manifest has {len(entries)}")
         return problems
@@ -199,6 +220,8 @@ def print_recount_verdict(tracker: VocabTracker, entries: Sequence[ManifestEntry
     for problem in problems:
         print(f"BAD {problem}")
     counts, _ = tracker.snapshot()
-    print(f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
-          f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' {of}")
+    print(
+        f"draft vocabulary: {counts.total} loss-masked tokens of {counts.distinct} distinct ids "
+        f"{'differ from' if problems else 'equal'} a recount of the {len(entries)} samples' {of}"
+    )
     return len(problems)
