@@ -32,7 +32,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from hsextract.durable import write_payload_durably
+from hsextract.durable import copy_pieces, write_payload_durably
 
 __all__ = ["BLOCK", "BUFFER", "DEPTH", "DirectSink", "write_payload_direct"]
 
@@ -98,15 +98,7 @@ class DirectSink:
 
     def copy_range(self, src) -> None:  # src: hsextract.formats.base.SourceRange
         """Hash and gather each piece of the staged bytes as it comes (it is still in the CPU cache)."""
-        done = 0
-        for piece in src.pieces:
-            view = memoryview(piece).cast("B")
-            self.hasher.update(view)  # type: ignore[attr-defined]
-            self._put(view)
-            done += len(view)
-        if done != src.length:
-            raise OSError(errno.EIO, f"the staged bytes ended after {done} of {src.length} bytes")
-        self.nbytes += done
+        self.nbytes += copy_pieces(src, self.hasher, self._put)
 
     def flush(self) -> None:
         """Nothing: only whole blocks can be written until `close` (``torch.save`` flushes at its end)."""

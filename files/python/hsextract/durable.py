@@ -24,7 +24,7 @@ import os
 import shutil
 import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -253,14 +253,7 @@ class HashingFileSink:
     def copy_range(self, src) -> None:  # src: hsextract.formats.base.SourceRange
         """Hash and write each piece of the staged bytes as it comes (it is still in the CPU cache)."""
         self.flush()
-        done = 0
-        for piece in src.pieces:
-            self.hasher.update(piece)  # type: ignore[attr-defined]
-            self._write_out(piece)
-            done += len(piece)
-        if done != src.length:
-            raise OSError(errno.EIO, f"the staged bytes ended after {done} of {src.length} bytes")
-        self.nbytes += done
+        self.nbytes += copy_pieces(src, self.hasher, self._write_out)
 
     def flush(self) -> None:
         if self._buf:
@@ -275,6 +268,21 @@ class HashingFileSink:
         if self._on_disk - self._kicked >= WRITEBACK_STEP:
             start_writeback(self.fd, self._kicked, self._on_disk - self._kicked)
             self._kicked = self._on_disk
+
+
+def copy_pieces(src: Any, hasher: Any, put: Callable[[memoryview], object]) -> int:
+    """Hash each piece of a staged range (`hsextract.formats.base.SourceRange`) and hand it to
+    `put` while it is still in the CPU cache; the bytes copied. A range that ends short is an I/O
+    error: the sample file would otherwise be written short with a checksum that agrees with it."""
+    done = 0
+    for piece in src.pieces:
+        view = memoryview(piece).cast("B")
+        hasher.update(view)
+        put(view)
+        done += len(view)
+    if done != src.length:
+        raise OSError(errno.EIO, f"the staged bytes ended after {done} of {src.length} bytes")
+    return done
 
 
 def write_payload_durably(path: str | Path, payload: object, hasher: object, durable: bool = True) -> int:
