@@ -10,6 +10,8 @@ from hsextract.report import (
     count,
     duration,
     progress_line,
+    rate,
+    seconds,
     size,
     status_lines,
 )
@@ -131,8 +133,8 @@ def test_a_running_run_lists_each_problem_by_reason_with_the_file_that_holds_the
         (
             CLIENT_DONE,
             False,
-            "drain status is stale: last update 600 s ago (limit 60 s)",
-            "FAIL: drain status is stale: last update 600 s ago (limit 60 s).",
+            "drain status is stale: last update 10 min 00 s ago (limit 1 min 00 s)",
+            "FAIL: drain status is stale: last update 10 min 00 s ago (limit 1 min 00 s).",
         ),
         (
             None,
@@ -338,3 +340,15 @@ def test_durations_read_in_the_largest_sensible_units(seconds, text):
 def test_counts_and_sizes_carry_separators_and_units():
     assert (count(6551), count(None), count(1508.9)) == ("6,551", "-", "1,509")
     assert (size(48_123_456), size(12_345_678_901), size(None)) == ("48.1 MB", "12.35 GB", "-")
+
+
+@pytest.mark.parametrize(
+    ("timing", "text"),
+    [(None, "-"), (0.42, "0.4 s"), (8.44, "8.4 s"), (59.94, "59.9 s"), (59.96, "1 min 00 s"), (127.2, "2 min 07 s")],
+)
+def test_short_timings_keep_their_tenth_until_a_minute(timing, text):
+    assert seconds(timing) == text
+
+
+def test_rates_read_in_the_units_of_sizes():
+    assert (rate(48_123_456), rate(1_234_567_890), rate(None)) == ("48.1 MB/s", "1.23 GB/s", "-")

@@ -79,6 +79,19 @@ def binary_size(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def rate(bytes_per_s: float | None) -> str:
+    """A write or read rate in the decimal units of `size`: "48.1 MB/s", "1.23 GB/s"."""
+    return "-" if bytes_per_s is None else f"{size(bytes_per_s)}/s"
+
+
+def seconds(s: float | None) -> str:
+    """A short timing, to its tenth of a second: 0.42 -> "0.4 s", 8.44 -> "8.4 s"; a minute or more
+    reads as `duration` does ("2 min 07 s"). For what takes seconds (a start-up phase, a bench)."""
+    if s is None:
+        return "-"
+    return f"{s:.1f} s" if s < 59.95 else duration(s)
+
+
 def duration(seconds: float | None) -> str:
     """45 -> "45 s", 127 -> "2 min 07 s", 11400 -> "3 h 10 min", 200000 -> "2 d 7 h"."""
     if seconds is None:

@@ -31,7 +31,7 @@ from hsextract.output.layout import (
     state_dir,
 )
 from hsextract.output.run_files import DrainStatus, read_drain_status
-from hsextract.report import ProblemFiles, RunView, status_lines
+from hsextract.report import ProblemFiles, RunView, duration, status_lines
 from hsextract.shard import WHOLE, Shard
 from hsextract.status_collected import collected_view, print_collected_status, read_collect_report
 
@@ -66,12 +66,12 @@ def drain_health(drain: DrainStatus | None, stale_after: float, now: float) -> t
         return False, "no drain status file (is the drain running?)"
     age = now - float(drain.updated_at or 0)
     if drain.state in FINISHED_STATES:
-        return True, f"drain {drain.state} {age:.0f} s ago"
+        return True, f"drain {drain.state} {duration(age)} ago"
     if drain.state == "failed":
         return False, f"drain failed: {'?' if drain.error is None else drain.error}"
     if age > stale_after:
-        return False, f"drain status is stale: last update {age:.0f} s ago (limit {stale_after:.0f} s)"
-    return True, f"drain {drain.state}, updated {age:.0f} s ago"
+        return False, f"drain status is stale: last update {duration(age)} ago (limit {duration(stale_after)})"
+    return True, f"drain {drain.state}, updated {duration(age)} ago"
 
 
 def run_accounts(output: Path, drain: DrainStatus | None) -> Accounts | None:
@@ -134,7 +134,7 @@ def bucket_problem(drain: DrainStatus | None, now: float) -> str:
         return ""
     at = time.strftime("%H:%M:%S", time.localtime(since))
     return (
-        f"the object store {store.get('url', '?')} has not answered for {now - since:.0f} s (since {at}): the "
+        f"the object store {store.get('url', '?')} has not answered for {duration(now - since)} (since {at}): the "
         "drain waits and retries, nothing staged is lost, and the client pauses when staging fills"
     )
 

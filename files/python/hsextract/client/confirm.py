@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hsextract.report import duration
 from hsextract.staging.dumps import DONE_FILE, FAILED_FILE, read_failed_marker, rid_dir
 from hsextract.staging.records import record_path
 
@@ -59,7 +60,7 @@ def look(dump_dir: Path, rid: str, waited_s: float, timeout_s: float) -> Verdict
         return Verdict(Outcome.STAGED)  # drained (or quarantined) already: the drain removed the record
     if waited_s > timeout_s:
         return Verdict(
-            Outcome.MISSING, f"no {DONE_FILE} or {FAILED_FILE} in {d} {waited_s:.0f} s after the server answered"
+            Outcome.MISSING, f"no {DONE_FILE} or {FAILED_FILE} in {d} {duration(waited_s)} after the server answered"
         )
     return None
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from hsextract.client.sender import STOPPED, Sender, StopRequested
 from hsextract.errors import ConfigError
 from hsextract.formats import final_hidden_for
+from hsextract.report import duration
 from hsextract.staging.announcements import CaptureAnnouncement, live_announcements
 from hsextract.staging.dumps import (
     DONE_FILE,
@@ -99,7 +100,7 @@ def _not_here(sender: Sender, rid: str, dump_dir: Path, timeout_s: float) -> Con
         )
     return ConfigError(
         f"the server {sender.base_url} answered the start-up probe {rid}, but no dump of it appeared in "
-        f"the staging directory {dump_dir} within {timeout_s:.0f} s: {_announced(dump_dir)}. The "
+        f"the staging directory {dump_dir} within {duration(timeout_s)}: {_announced(dump_dir)}. The "
         "server must run with the capture package, and the capture's dump_dir must be this client's "
         f"--dump-dir (and the drain's).{hint}"
     )

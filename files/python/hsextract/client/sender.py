@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import requests
 
 from hsextract.errors import HsextractError
+from hsextract.report import duration
 from hsextract.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,8 @@ class HealthGate:
                         log.warning("server %s is not answering; waiting for /health", self.base_url)
                     if time.monotonic() > deadline:
                         raise ServerUnavailable(
-                            f"server {self.base_url} has not answered /health for {self.policy.server_wait_s:.0f} s; "
+                            f"server {self.base_url} has not answered /health for "
+                            f"{duration(self.policy.server_wait_s)}; "
                             "check the SGLang service (journalctl -u the server unit), then restart the client"
                         )
                     self.stop.wait(delay)
@@ -274,7 +276,7 @@ class _Connection:
         while not select.select([conn.sock], [], [], timeout)[0]:
             waited = time.monotonic() - started
             if still_running is None or not still_running(waited):
-                raise TimeoutError(f"no answer within {waited:.0f} s")
+                raise TimeoutError(f"no answer within {duration(waited)}")
 
 
 class Sender:
@@ -344,7 +346,7 @@ class Sender:
                     continue
                 reason, held_since = TIMEOUT, None
                 detail = (
-                    f"the server still held an earlier send of {rid} after {self.policy.read_timeout_s:.0f} s "
+                    f"the server still held an earlier send of {rid} after {duration(self.policy.read_timeout_s)} "
                     f"(HTTP {resp.status_code}: {resp.text[:200]})"
                 )[:300]
                 continue

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from hsextract.report import seconds
 from hsextract.staging.announcements import process_start_ticks
 
 
@@ -53,5 +54,5 @@ class StartupClock:
 
     def describe(self) -> str:
         """One line for the log: the total, then each phase."""
-        parts = ", ".join(f"{name.replace('_', ' ')} {s:.1f} s" for name, s in self.phases.items())
-        return f"{self.total_s():.1f} s before the first sample ({parts})"
+        parts = ", ".join(f"{name.replace('_', ' ')} {seconds(s)}" for name, s in self.phases.items())
+        return f"{seconds(self.total_s())} before the first sample ({parts})"

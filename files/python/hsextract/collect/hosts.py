@@ -35,6 +35,7 @@ from hsextract.output.layout import (
 )
 from hsextract.output.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
 from hsextract.output.run_files import ClientStatus, ClientSummary, read_drain_status
+from hsextract.report import duration
 from hsextract.shard import WHOLE, Shard
 
 # What collect reads of a host output besides its sample files (those are opened row by row through
@@ -170,5 +171,5 @@ def drain_busy(out: Path, stale_after_s: float, now: float) -> str:
     if status and status.state in _DRAIN_WORKING:
         age = now - float(status.updated_at or 0)
         if age <= stale_after_s:
-            return f"its drain's status says {status.state!r}, {age:.0f} s ago"
+            return f"its drain's status says {status.state!r}, {duration(age)} ago"
     return ""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from hsextract.output.layout import FAILURES
+from hsextract.report import duration
 from hsextract.staging.records import ParsedRid, SampleRecord
 
 
@@ -157,13 +158,13 @@ def triage_unrecorded(dump: DumpFacts, run: RunFacts) -> Decision | None:
         if dump.age_s > run.incomplete_timeout_s:
             return Quarantine(
                 "incomplete",
-                f"no done.json {dump.age_s:.0f} s after the dump was last written (limit "
-                f"{run.incomplete_timeout_s:.0f} s): the request never finished",
+                f"no done.json {duration(dump.age_s)} after the dump was last written (limit "
+                f"{duration(run.incomplete_timeout_s)}): the request never finished",
             )
         if dump.age_s > run.abandoned_grace_s and run.abandoned:
             return Quarantine(
                 "incomplete",
-                f"no done.json {dump.age_s:.0f} s after the dump was last written, and "
+                f"no done.json {duration(dump.age_s)} after the dump was last written, and "
                 f"the client, now finished, gave up on this sample (see {FAILURES})",
             )
         return Wait()

@@ -24,7 +24,7 @@ from typing import Any
 
 from hsextract.collect.shards import check_coverage
 from hsextract.errors import ConfigError
-from hsextract.report import binary_size
+from hsextract.report import binary_size, duration
 from hsextract.shard import WHOLE, Shard
 
 EXIT_NO_ROOM = 5  # as `hsextract plan`: a host's volume cannot hold its shard
@@ -222,7 +222,7 @@ def render(plan: FleetPlan) -> list[str]:
                 f"{r['tokens']:,}",
                 binary_size(_format_bytes(r)),
                 room,
-                _hours(r.get("time", {}).get("seconds")),
+                duration(r.get("time", {}).get("seconds")),
             )
         )
     t = plan.totals()
@@ -234,7 +234,7 @@ def render(plan: FleetPlan) -> list[str]:
             f"{t['tokens']:,}",
             binary_size(t["remaining_bytes"]),
             "",
-            _hours(t["seconds"]),
+            duration(t["seconds"]),
         )
     )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -253,7 +253,3 @@ def planned_dataset(plan: FleetPlan) -> str:
         return ""
     r = planned[0].report
     return f", dataset {r['dataset']} ({r['rows']:,} rows)"
-
-
-def _hours(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 3600:,.2f} h"

@@ -41,6 +41,7 @@ from hsextract.objectstore.store import KeyExists, ObjectStore, StoreError
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.objectstore.verify import BucketSet, orphans, read_bucket_set
 from hsextract.output.manifest import ManifestEntry, check_header_matches_fields
+from hsextract.report import seconds
 
 log = logging.getLogger("hsextract.collect")
 
@@ -170,7 +171,7 @@ def collect_in_place(
     per_host = {h.name: sum(1 for e in have if e.host == h.name) for h in sets}
     lines.insert(
         0,
-        f"collected {len(todo)} new samples into {into.url} in {time.monotonic() - started:.1f} s by "
+        f"collected {len(todo)} new samples into {into.url} in {seconds(time.monotonic() - started)} by "
         f"server-side copy: {len(have)} in the set ("
         + ", ".join(f"{n}: {c}" for n, c in per_host.items())
         + f"); {duplicates} duplicate(s) dropped",

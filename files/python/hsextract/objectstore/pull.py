@@ -34,6 +34,7 @@ from hsextract.objectstore.url import parse_object_url
 from hsextract.objectstore.verify import read_bucket_set
 from hsextract.output.layout import FINALIZED, STATE_DIR, VOCAB_CHECKPOINT, state_dir
 from hsextract.output.manifest import ManifestEntry, entries_path, write_header
+from hsextract.report import size
 
 log = logging.getLogger("hsextract.pull")
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     dest = Path(args.dest)
     n, nbytes, fetched = pull(store, dest, args.samples, args.parallel)
     print(
-        f"pulled {n} samples ({nbytes / 1e9:.2f} GB, {fetched} downloaded now) from {store.url} into {dest}, "
+        f"pulled {n} samples ({size(nbytes)}, {fetched} downloaded now) from {store.url} into {dest}, "
         "each checked against the manifest"
     )
     return 0

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hsextract.durable import WRITEBACK_STEP, fsync_dir, start_writeback
+from hsextract.report import rate, size
 
 DEFAULT_WRITERS = (1, 4, 8, 16)
 WRITE_BYTES = 8 << 20  # one write(2); the drain's largest (torch.save's tensors; speculators' pieces are 1 MiB)
@@ -83,7 +84,7 @@ class DiskCeiling:
         """One line: the ceiling and each point."""
         each = ", ".join(f"{p.writers}: {p.gb_per_s:.2f}" for p in self.points)
         return (
-            f"{self.directory}: ceiling {self.gb_per_s:.2f} GB/s with {self.best.writers} writers "
+            f"{self.directory}: ceiling {rate(self.gb_per_s * 1e9)} with {self.best.writers} writers "
             f"(GB/s by writers {each}; files of {_sizes_text(self.file_sizes)}, fsync each, rename, "
             "directory fsync)"
         )
@@ -91,7 +92,7 @@ class DiskCeiling:
 
 def _sizes_text(sizes: Sequence[int]) -> str:
     lo, hi = min(sizes), max(sizes)
-    return f"{lo / 1e6:.1f} MB" if lo == hi else f"{lo / 1e6:.1f}-{hi / 1e6:.1f} MB"
+    return size(lo) if lo == hi else f"{size(lo)} to {size(hi)}"
 
 
 def measure(

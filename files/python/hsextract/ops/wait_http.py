@@ -16,6 +16,8 @@ import time
 import urllib.error
 import urllib.request
 
+from hsextract.report import duration
+
 
 def healthy(url: str, timeout: float = 5.0) -> bool:
     try:
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if wait(args.url, args.timeout, args.interval, args.pid):
         print(f"{args.url} is healthy")
         return 0
-    why = "the server process exited" if not alive(args.pid) else f"no 200 within {args.timeout:.0f} s"
+    why = "the server process exited" if not alive(args.pid) else f"no 200 within {duration(args.timeout)}"
     print(f"{args.url} did not become healthy: {why}", file=sys.stderr)
     return 1
 

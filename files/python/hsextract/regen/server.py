@@ -30,6 +30,7 @@ from hsextract.dataset.conversation import BadConversation, Message, parse_tool_
 from hsextract.errors import HsextractError
 from hsextract.regen.core import CONTEXT_FULL, RETRIES_EXHAUSTED, SERVER_REJECTED, Reply, TurnFailed
 from hsextract.regen.sampling import Sampling
+from hsextract.report import duration
 from hsextract.retry import RetryPolicy
 
 log = logging.getLogger("hsextract.regen")
@@ -132,7 +133,7 @@ class ChatServer:
                     self.gone = True
                     waited = self.policy.server_wait_s
                     raise ServerGone(
-                        f"server {self.url} has not answered /health for {waited:.0f} s; "
+                        f"server {self.url} has not answered /health for {duration(waited)}; "
                         "check the SGLang service, then run the command again (it resumes)"
                     )
                 await asyncio.sleep(delay)
@@ -187,7 +188,7 @@ class ChatServer:
                 ) as resp:
                     status, text = resp.status, await resp.text()
             except asyncio.TimeoutError:
-                detail = f"no answer within {self.policy.read_timeout_s:.0f} s"
+                detail = f"no answer within {duration(self.policy.read_timeout_s)}"
                 continue
             except (aiohttp.ClientError, OSError) as exc:
                 detail = f"{type(exc).__name__}: {str(exc)[:200]}"
