@@ -221,16 +221,19 @@ class HashingFileSink:
     """Writes a payload to a new file's descriptor and hashes exactly the bytes written.
 
     Small writes (``torch.save`` emits many record headers) are gathered into one buffer; large
-    ones, and each piece of a staged range, go straight to the file. Write-back to the disk is
-    started every WRITEBACK_STEP bytes (`start_writeback`).
+    ones, and each piece of a staged range, go straight to the file. For a file that will be
+    fsynced (`write_back`), write-back to the disk is started every WRITEBACK_STEP bytes
+    (`start_writeback`); a file that is only a step on the way (read back for an upload, then
+    deleted) stays in the page cache and never reaches the disk.
     """
 
     _DIRECT = 256 << 10
     _BUFFER = 1 << 20
 
-    def __init__(self, fd: int, hasher: object):
+    def __init__(self, fd: int, hasher: object, write_back: bool = True):
         self.fd = fd
         self.hasher = hasher
+        self.write_back = write_back
         self.nbytes = 0  # bytes accepted (hashed), buffered or not
         self._on_disk = 0  # bytes handed to the file: its size so far
         self._kicked = 0  # write-back started for [0, _kicked)
@@ -265,7 +268,7 @@ class HashingFileSink:
 
     def _advance(self, n: int) -> None:
         self._on_disk += n
-        if self._on_disk - self._kicked >= WRITEBACK_STEP:
+        if self.write_back and self._on_disk - self._kicked >= WRITEBACK_STEP:
             start_writeback(self.fd, self._kicked, self._on_disk - self._kicked)
             self._kicked = self._on_disk
 
@@ -289,7 +292,7 @@ def write_payload_durably(path: str | Path, payload: object, hasher: object, dur
     """Create `path`, stream the payload into it while hashing, fsync (unless not `durable`: a file
     that is only a step on the way, e.g. to a bucket); remove it on failure. Returns bytes."""
     with _new_durable_file(path, durable=durable) as fd:
-        sink = HashingFileSink(fd, hasher)
+        sink = HashingFileSink(fd, hasher, write_back=durable)
         payload.write_to(sink)  # type: ignore[attr-defined]
         sink.flush()
     return sink.nbytes
