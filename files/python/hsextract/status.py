@@ -20,7 +20,7 @@ from hsextract.errors import ConfigError
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.output.accounts import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
-from hsextract.output.client_files import combined_status, read_shards
+from hsextract.output.client_files import ShardFiles, combined_status, read_shards
 from hsextract.output.finalized import finalized_samples
 from hsextract.output.layout import (
     FAILURES,
@@ -34,6 +34,7 @@ from hsextract.output.run_files import DrainStatus, read_drain_status
 from hsextract.report import ProblemFiles, RunView, duration, status_lines
 from hsextract.shard import WHOLE, Shard
 from hsextract.status_collected import collected_view, print_collected_status, read_collect_report
+from hsextract.status_report import StatusReport
 
 FINISHED_STATES = ("done", "stopped")
 
@@ -148,6 +149,12 @@ def start_refusal(client: dict[str, Any] | None) -> str:
     return f"the client's start at {at} was refused: {refused.get('error') or '?'}"
 
 
+def dataset_lines(shards: list[ShardFiles]) -> int | None:
+    """The dataset's size as the finished clients counted it; None until one has, or when they disagree."""
+    lines = {s.summary.dataset_lines for s in shards if s.summary}
+    return lines.pop() if len(lines) == 1 else None
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.output:
         raise ConfigError("status needs --output (on the command line or in --config)")
@@ -177,25 +184,17 @@ def run(args: argparse.Namespace) -> int:
         problems = [*problems, behind]
     ok = health[0] and not problems
     if args.json:
-        # The dataset's size as the finished clients counted it (a fleet's hosts sum their shards to it).
-        lines = {s.summary.dataset_lines for s in shards if s.summary}
-        print(
-            json.dumps(
-                {
-                    "ok": ok,
-                    "why": health[1],
-                    "problems": problems,
-                    "drain": drain.to_json() if drain else None,
-                    "client": client,
-                    "dataset_lines": lines.pop() if len(lines) == 1 else None,
-                    "accounts": accounts.as_dict() if accounts else None,
-                    "dataset_files": None
-                    if files is None
-                    else {"samples": files[0], "of": files[1], "current": files[0] == files[1]},
-                },
-                indent=2,
-            )
+        report = StatusReport(
+            ok=ok,
+            why=health[1],
+            problems=problems,
+            drain=drain,
+            client=client,
+            dataset_lines=dataset_lines(shards),
+            accounts=accounts,
+            dataset_files=files,
         )
+        print(json.dumps(report.to_json(), indent=2))
     else:
         view = RunView(
             output=shown,

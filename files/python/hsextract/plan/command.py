@@ -7,11 +7,15 @@ configured in-flight limits need (the same estimate as ``check-shm``); the time 
 whether the output volume has room; and, with ``--measure-disk``, the volume's ceiling and whether it
 or the GPU sets the run's pace (hsextract.plan.disk_pace). Exits 5 when it has not (with the numbers), unless
 ``--no-space-check``: the play runs this first, so a run that cannot fit never starts.
+
+The report is one record, `hsextract.plan.report.PlanReport`: `build_report` makes it, `render`
+prints it, and its ``to_json`` is the JSON kept (the plan role and ``hsextract fleet plan`` read it).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -28,6 +32,16 @@ from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.output.layout import plan_path
+from hsextract.plan.report import (
+    FormatBytes,
+    ModelLayout,
+    Overlong,
+    PlanReport,
+    StagingRoom,
+    TimeEstimate,
+    Tokenization,
+    VolumeRoom,
+)
 from hsextract.report import binary_size
 from hsextract.staging.room import aux_count
 
@@ -145,19 +159,17 @@ def report_path(args: argparse.Namespace) -> Path | None:
     return args.json or (plan_path(resolve_output(args.output, args)[0]) if args.output else None)
 
 
-def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str, Any]:
-    """Scan the dataset and estimate everything; the report as a JSON-able dict. With `kept` (the
-    scan and sizes kept beside the report), a scan or sizes of the same inputs are taken from it
-    (unless --rescan), and what is made anew is put in it."""
+def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanReport:
+    """Scan the dataset and estimate everything; the report. With `kept` (the scan and sizes kept
+    beside the report), a scan or sizes of the same inputs are taken from it (unless --rescan), and
+    what is made anew is put in it."""
     from hsextract.dataset.reader import dataset_files
     from hsextract.model_info import read_model_info
     from hsextract.output.dataset_record import head_digest
     from hsextract.output.manifest import completed_indices
-    from hsextract.plan.estimate import bench_rate, default_results_dir
     from hsextract.plan.scan import ScanSettings
     from hsextract.shard import Shard
     from hsextract.staging.dumps import DTYPE_BYTES
-    from hsextract.staging.room import estimate_need, mount_point, parse_size
 
     missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
     if missing:
@@ -165,7 +177,13 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     fmt = args.format or DEFAULT_FORMAT
     dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
     info = read_model_info(args.model)
-    dtype_name = info.torch_dtype if info.torch_dtype in DTYPE_BYTES else "bfloat16"
+    layout = ModelLayout(
+        hidden_size=info.hidden_size,
+        num_aux=aux_count(args.aux_layers),
+        dtype=info.torch_dtype if info.torch_dtype in DTYPE_BYTES else "bfloat16",
+        num_hidden_layers=info.num_hidden_layers,
+        vocab_size=info.vocab_size,
+    )
     template = read_template_file(args.chat_template)
     # A bucket's run is planned in its work directory: the drain's temporary files and bookkeeping.
     out = resolve_output(args.output, args)[0] if args.output else None
@@ -187,12 +205,64 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
         context_length=args.context_length,
         kv_pool_tokens=args.max_total_tokens,
     )
-    num_aux = aux_count(args.aux_layers)
     sizes = [
         int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int) else args.draft_vocab_size)
     ]
-    layout = {"num_aux": num_aux, "hidden_size": info.hidden_size, "dtype": dtype_name}
-    res, formats = _scan_and_size(cfg, layout, info.vocab_size, sizes, None if args.rescan else kept, kept)
+    # What a sample file's size depends on besides its tokens (the key of the kept sizes digests it).
+    sized = {"num_aux": layout.num_aux, "hidden_size": layout.hidden_size, "dtype": layout.dtype}
+    res, formats = _scan_and_size(cfg, sized, layout.vocab_size, sizes, None if args.rescan else kept, kept)
+    shm = _staging_room(args, layout, res)
+    time_ = _time_estimate(args, layout, res)
+    volume_path = out if out is not None else Path(".")
+    room = _volume_room(args, volume_path, fmt, formats[fmt])
+    report = PlanReport(
+        dataset=str(args.dataset),
+        model=str(args.model),
+        shard=args.shard,
+        format=fmt,
+        dataset_fingerprint=head_digest(Path(args.dataset)),
+        rows=res.lines,
+        rows_in_shard=res.in_shard,
+        samples=res.samples,
+        already_written=res.already_written,
+        rejects=dict(sorted(res.rejects.items())),
+        reject_examples=res.examples,
+        tokens=res.tokens,
+        loss_masked_tokens=res.masked_tokens,
+        remaining_tokens=res.pending_tokens,
+        length_percentiles=res.percentiles(),
+        overlong=Overlong(
+            max_tokens=res.max_tokens,
+            policy=args.overlong,
+            samples=res.overlong,
+            truncated=res.truncated,
+            skipped=res.rejects.get("too_long", 0),
+        ),
+        model_layout=layout,
+        formats=formats,
+        shm=shm,
+        time=time_,
+        output_volume=room,
+        tokenization=Tokenization(
+            workers=res.workers,
+            seconds=round(res.seconds, 3),
+            reused=res.reused,
+            samples_per_s=round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1),
+        ),
+    )
+    if getattr(args, "measure_disk", False):
+        from hsextract.plan.disk_pace import disk_pace
+
+        disk = disk_pace(
+            report, Path(_existing(volume_path)), args.measure_disk_seconds, int(args.measure_disk_gb * 1e9)
+        )
+        report = dataclasses.replace(report, disk=disk)
+    return report
+
+
+def _staging_room(args: argparse.Namespace, layout: ModelLayout, res: ScanResult) -> StagingRoom:
+    """The staging directory's room for the in-flight limits, at the longest sample the run sends."""
+    from hsextract.staging.room import estimate_need, mount_point, parse_size
 
     longest = max(res.lengths, default=1)
     per_request = min(res.max_tokens or longest, longest)
@@ -200,98 +270,57 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> dict[str
     probe = _existing(args.dump_dir)
     st = os.statvfs(probe)
     need = estimate_need(
-        hidden_size=info.hidden_size,
-        aux_layers=num_aux,
+        hidden_size=layout.hidden_size,
+        aux_layers=layout.num_aux,
         requests_in_flight=requests,
         tokens_per_request=per_request,
         watermark_bytes=parse_size(args.shm_min_free, st.f_blocks * st.f_frsize),
-        dtype=dtype_name if dtype_name in DTYPE_BYTES else "bfloat16",
+        dtype=layout.dtype,
     )
     shm_free = st.f_bavail * st.f_frsize
-    shm = {
-        "path": str(args.dump_dir),
-        "mount": mount_point(probe),
-        "free_bytes": shm_free,
-        "need_bytes": need.need_bytes,
-        "ok": shm_free >= need.need_bytes,
-        "requests": requests,
-        "tokens_per_request": per_request,
-        "bytes_per_token": need.bytes_per_token,
-        "estimate_bytes": need.estimate_bytes,
-        "watermark_bytes": need.watermark_bytes,
-    }
+    return StagingRoom(
+        path=str(args.dump_dir),
+        mount=mount_point(probe),
+        free_bytes=shm_free,
+        need_bytes=need.need_bytes,
+        ok=shm_free >= need.need_bytes,
+        requests=requests,
+        tokens_per_request=per_request,
+        bytes_per_token=need.bytes_per_token,
+        estimate_bytes=need.estimate_bytes,
+        watermark_bytes=need.watermark_bytes,
+    )
+
+
+def _time_estimate(args: argparse.Namespace, layout: ModelLayout, res: ScanResult) -> TimeEstimate:
+    """The time of the samples left at --tokens-per-s, else at the GPU bench's rate scaled to the model."""
+    from hsextract.plan.estimate import bench_rate, default_results_dir
 
     rate: float | None
     if args.tokens_per_s:
         rate, source = float(args.tokens_per_s), "--tokens-per-s"
     else:
-        found = bench_rate(args.bench_results or default_results_dir(), info.num_hidden_layers)
+        found = bench_rate(args.bench_results or default_results_dir(), layout.num_hidden_layers)
         rate, source = found if found else (None, "no rate: pass --tokens-per-s")
-    time_ = {"tokens_per_s": rate, "source": source, "seconds": round(res.pending_tokens / rate, 1) if rate else None}
+    return TimeEstimate(tokens_per_s=rate, source=source, seconds=round(res.pending_tokens / rate, 1) if rate else None)
 
-    volume_path = out if out is not None else Path(".")
+
+def _volume_room(args: argparse.Namespace, volume_path: Path, fmt: str, sized: FormatBytes) -> VolumeRoom:
+    """Whether the output volume holds what is left to write of format `fmt`, with --space-margin."""
+    from hsextract.staging.room import parse_size
+
     free = free_bytes(volume_path)
-    needed = formats[fmt]["remaining_bytes"]
+    needed = sized.remaining_bytes
     margin = parse_size(args.space_margin, needed)
-    room = {
-        "path": str(volume_path),
-        "format": fmt,
-        "free_bytes": free,
-        "need_bytes": needed,
-        "margin_bytes": margin,
-        "margin": str(args.space_margin),
-        "ok": free >= needed + margin,
-    }
-    report = {
-        "dataset": str(args.dataset),
-        "model": str(args.model),
-        "shard": args.shard,
-        "format": fmt,
-        # What the client will record of the dataset: a fleet's hosts must all read the same one.
-        "dataset_fingerprint": head_digest(Path(args.dataset)),
-        "rows": res.lines,
-        "rows_in_shard": res.in_shard,
-        "samples": res.samples,
-        "already_written": res.already_written,
-        "rejects": dict(sorted(res.rejects.items())),
-        "reject_examples": res.examples,
-        "tokens": res.tokens,
-        "loss_masked_tokens": res.masked_tokens,
-        "remaining_tokens": res.pending_tokens,
-        "length_percentiles": res.percentiles(),
-        "overlong": {
-            "max_tokens": res.max_tokens,
-            "policy": args.overlong,
-            "samples": res.overlong,
-            "truncated": res.truncated,
-            "skipped": res.rejects.get("too_long", 0),
-        },
-        "model_layout": {
-            "hidden_size": info.hidden_size,
-            "num_aux": num_aux,
-            "dtype": dtype_name,
-            "num_hidden_layers": info.num_hidden_layers,
-            "vocab_size": info.vocab_size,
-        },
-        "formats": formats,
-        "shm": shm,
-        "time": time_,
-        "output_volume": room,
-        # A reused scan keeps the figures of the run that made it.
-        "tokenization": {
-            "workers": res.workers,
-            "seconds": round(res.seconds, 3),
-            "reused": res.reused,
-            "samples_per_s": round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1),
-        },
-    }
-    if getattr(args, "measure_disk", False):
-        from hsextract.plan.disk_pace import disk_pace
-
-        report["disk"] = disk_pace(
-            report, Path(_existing(volume_path)), args.measure_disk_seconds, int(args.measure_disk_gb * 1e9)
-        )
-    return report
+    return VolumeRoom(
+        path=str(volume_path),
+        format=fmt,
+        free_bytes=free,
+        need_bytes=needed,
+        margin_bytes=margin,
+        margin=str(args.space_margin),
+        ok=free >= needed + margin,
+    )
 
 
 def _scan_and_size(
@@ -301,7 +330,7 @@ def _scan_and_size(
     draft_sizes: list[int],
     reuse_from: Kept | None,
     keep_in: Kept | None,
-) -> tuple[ScanResult, dict[str, Any]]:
+) -> tuple[ScanResult, dict[str, FormatBytes]]:
     """The scan and every format's bytes: taken from `reuse_from` where it holds them for these
     inputs, else made (and put in `keep_in`)."""
     from hsextract.plan import reuse
@@ -324,7 +353,7 @@ def _scan_and_size(
 
 def _per_format_bytes(
     res: ScanResult, layout: dict[str, Any], vocab_size: int, draft_sizes: list[int]
-) -> dict[str, Any]:
+) -> dict[str, FormatBytes]:
     """Every format's bytes for the scan (`hsextract.plan.estimate`: the sample files sized by the
     formats' own writers, which import torch)."""
     from hsextract.plan.estimate import Layout, per_format_bytes
@@ -353,73 +382,72 @@ def _existing(path: str | Path) -> str:
     return p
 
 
-def render(r: dict[str, Any]) -> str:
+def render(r: PlanReport) -> str:
     """The report as lines a person reads."""
-    lines = [f"plan: {r['dataset']} with {r['model']} (shard {r['shard']})"]
-    rej = ", ".join(f"{k} {v}" for k, v in r["rejects"].items()) or "none"
+    lines = [f"plan: {r.dataset} with {r.model} (shard {r.shard})"]
+    rej = ", ".join(f"{k} {v}" for k, v in r.rejects.items()) or "none"
     lines.append(
-        f"  samples   {r['samples']:,} of {r['rows_in_shard']:,} rows in this shard"
-        f" ({r['already_written']:,} already written); rejects: {rej}"
+        f"  samples   {r.samples:,} of {r.rows_in_shard:,} rows in this shard"
+        f" ({r.already_written:,} already written); rejects: {rej}"
     )
-    p = r["length_percentiles"]
+    p = r.length_percentiles
     if p:
         lines.append(
-            f"  tokens    {r['tokens']:,} ({r['loss_masked_tokens']:,} loss-masked); per sample "
+            f"  tokens    {r.tokens:,} ({r.loss_masked_tokens:,} loss-masked); per sample "
             f"p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, p99 {p['p99']:.0f}, max {p['max']}"
         )
-    o = r["overlong"]
+    o = r.overlong
     lines.append(
-        f"  overlong  {o['samples']:,} samples over {o['max_tokens']} tokens "
-        f"({o['truncated']:,} truncated, {o['skipped']:,} skipped)"
+        f"  overlong  {o.samples:,} samples over {o.max_tokens} tokens "
+        f"({o.truncated:,} truncated, {o.skipped:,} skipped)"
     )
-    for name, f in r["formats"].items():
-        mark = " <-" if name == r["format"] else ""
+    for name, f in r.formats.items():
+        mark = " <-" if name == r.format else ""
         lines.append(
-            f"  {name:15s} {binary_size(f['total_bytes']):>11s} "
-            f"({binary_size(f['sample_bytes'])} of sample files){mark}"
+            f"  {name:15s} {binary_size(f.total_bytes):>11s} ({binary_size(f.sample_bytes)} of sample files){mark}"
         )
-    s = r["shm"]
+    s = r.shm
     lines.append(
-        f"  /dev/shm  needs {binary_size(s['need_bytes'])} for {s['requests']} requests x "
-        f"{s['tokens_per_request']} tokens at {s['path']}; {binary_size(s['free_bytes'])} free"
-        f"{'' if s['ok'] else ' (TOO SMALL)'}"
+        f"  /dev/shm  needs {binary_size(s.need_bytes)} for {s.requests} requests x "
+        f"{s.tokens_per_request} tokens at {s.path}; {binary_size(s.free_bytes)} free"
+        f"{'' if s.ok else ' (TOO SMALL)'}"
     )
-    t = r["time"]
-    if t["seconds"] is not None:
+    t = r.time
+    if t.seconds is not None and t.tokens_per_s is not None:
         lines.append(
-            f"  time      {t['seconds'] / 3600:,.2f} h for {r['remaining_tokens']:,} tokens at "
-            f"{t['tokens_per_s']:,.0f} tokens/s ({t['source']})"
+            f"  time      {t.seconds / 3600:,.2f} h for {r.remaining_tokens:,} tokens at "
+            f"{t.tokens_per_s:,.0f} tokens/s ({t.source})"
         )
     else:
-        lines.append(f"  time      unknown ({t['source']})")
-    v = r["output_volume"]
-    verdict = "room" if v["ok"] else "NOT ENOUGH ROOM"
+        lines.append(f"  time      unknown ({t.source})")
+    v = r.output_volume
+    verdict = "room" if v.ok else "NOT ENOUGH ROOM"
     lines.append(
-        f"  output    {verdict}: {binary_size(v['free_bytes'])} free at {v['path']}, the run needs "
-        f"{binary_size(v['need_bytes'])} + {binary_size(v['margin_bytes'])} margin ({r['format']})"
+        f"  output    {verdict}: {binary_size(v.free_bytes)} free at {v.path}, the run needs "
+        f"{binary_size(v.need_bytes)} + {binary_size(v.margin_bytes)} margin ({r.format})"
     )
-    if "disk" in r:
+    if r.disk is not None:
         from hsextract.plan.disk_pace import render as render_disk
 
-        lines += render_disk(r["disk"])
-    k = r["tokenization"]
-    if k.get("reused"):
+        lines += render_disk(r.disk)
+    k = r.tokenization
+    if k.reused:
         lines.append(
             "  tokenized earlier: the scan kept beside the report, of the same dataset, model and settings "
             "(--rescan scans again)"
         )
     else:
-        lines.append(f"  tokenized {k['samples_per_s']:,.0f} samples/s on {k['workers']} processes")
+        lines.append(f"  tokenized {k.samples_per_s:,.0f} samples/s on {k.workers} processes")
     return "\n".join(lines)
 
 
-def _keep_report(report: dict[str, Any], asked: Path | None, default: Path) -> None:
+def _keep_report(report: PlanReport, asked: Path | None, default: Path) -> None:
     """Write the report as JSON. Planning needs no write: where the default place cannot be written
     (a read-only output volume), one line says so and the plan stands; a ``--json`` path asked for
     that cannot be written is an error that says which and why."""
     path = asked or default
     try:
-        atomic_write_bytes(path, (json.dumps(report, indent=2) + "\n").encode(), durable=False)
+        atomic_write_bytes(path, (json.dumps(report.to_json(), indent=2) + "\n").encode(), durable=False)
     except OSError as exc:
         why = exc.strerror or str(exc)
         if asked is not None:
@@ -452,15 +480,14 @@ def run(args: argparse.Namespace) -> int:
         why = kept.write()
         if why is not None:
             print(f"  scan      not kept for the next plan: cannot write {kept.path} ({why})", file=sys.stderr)
-    v = report["output_volume"]
-    if not v["ok"] and not args.no_space_check:
-        f = report["formats"][report["format"]]
+    v = report.output_volume
+    if not v.ok and not args.no_space_check:
         raise OutputVolumeTooSmall(
-            f"{v['path']} has {binary_size(v['free_bytes'])} free, but the run needs {binary_size(v['need_bytes'])} "
-            f"({binary_size(f['remaining_bytes'])} of {report['format']} training set "
-            f"for {report['remaining_tokens']:,} tokens of {report['samples'] - report['already_written']:,} samples) "
-            f"+ {binary_size(v['margin_bytes'])} "
-            f"margin ({v['margin']}). Free space there, point the output elsewhere, plan a shard of the dataset, "
+            f"{v.path} has {binary_size(v.free_bytes)} free, but the run needs {binary_size(v.need_bytes)} "
+            f"({binary_size(report.format_bytes.remaining_bytes)} of {report.format} training set "
+            f"for {report.remaining_tokens:,} tokens of {report.samples - report.already_written:,} samples) "
+            f"+ {binary_size(v.margin_bytes)} "
+            f"margin ({v.margin}). Free space there, point the output elsewhere, plan a shard of the dataset, "
             f"or lower the margin (--space-margin; --no-space-check to start anyway)."
         )
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.formats import FORMAT_NAMES, FORMATS, get_format
+from hsextract.plan.report import FormatBytes
 
 MANIFEST_LINE_BYTES = 260  # one manifest.jsonl line: indices, rid, tokens, file, bytes, checksum, time
 ARROW_BYTES_PER_TOKEN = 16  # speculators' Arrow dataset: input_ids + loss_mask, int64 each
@@ -69,19 +70,19 @@ def per_format_bytes(
     layout: Layout,
     vocab_size: int,
     draft_sizes: list[int],
-) -> dict:
-    """{format: {sample_bytes, bookkeeping_bytes, total_bytes, remaining_bytes}} for every format."""
+) -> dict[str, FormatBytes]:
+    """Every format's bytes, in the registry's order."""
     out = {}
     for name in FORMAT_NAMES:
         files = sample_bytes(name, shapes, layout)
         rest = bookkeeping_bytes(name, samples, tokens, vocab_size, draft_sizes)
         left = sample_bytes(name, pending, layout) if pending != shapes else files
-        out[name] = {
-            "sample_bytes": files,
-            "bookkeeping_bytes_estimate": rest,
-            "total_bytes": files + rest,
-            "remaining_bytes": left + bookkeeping_bytes(name, pending_samples, pending_tokens, vocab_size, draft_sizes),
-        }
+        out[name] = FormatBytes(
+            sample_bytes=files,
+            bookkeeping_bytes_estimate=rest,
+            total_bytes=files + rest,
+            remaining_bytes=left + bookkeeping_bytes(name, pending_samples, pending_tokens, vocab_size, draft_sizes),
+        )
     return out
 
 

@@ -18,13 +18,14 @@ import functools
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from hsextract.durable import atomic_write_bytes
 from hsextract.output.run_files import read_json_object
+from hsextract.plan.report import FormatBytes
 from hsextract.plan.scan import ScanResult, ScanSettings
 
 VERSION = 1  # of the file's layout
@@ -155,13 +156,20 @@ class Kept:
             },
         }
 
-    def sizes(self, key: str) -> dict[str, Any] | None:
+    def sizes(self, key: str) -> dict[str, FormatBytes] | None:
+        """The kept sizes of this key (`FormatBytes`, by format), or None."""
         s = self.data.get("sizes")
-        return s["formats"] if isinstance(s, dict) and s.get("key") == key else None
+        if not isinstance(s, dict) or s.get("key") != key:
+            return None
+        try:
+            return {str(name): FormatBytes.from_json(f) for name, f in s["formats"].items()}
+        except (AttributeError, KeyError, TypeError):
+            return None
 
-    def keep_sizes(self, key: str, formats: dict[str, Any]) -> None:
+    def keep_sizes(self, key: str, formats: Mapping[str, FormatBytes]) -> None:
         self.changed = True
-        self.data = {**self.data, "version": VERSION, "sizes": {"key": key, "formats": formats}}
+        kept = {name: f.to_json() for name, f in formats.items()}
+        self.data = {**self.data, "version": VERSION, "sizes": {"key": key, "formats": kept}}
 
     def write(self) -> str | None:
         """Write the file if anything was put in it (a reused scan of millions of samples is not
