@@ -117,9 +117,9 @@ PRINTED = [
     "  speculators-v1      2.5 MiB (2.4 MiB of sample files)",
     "  modelopt            2.5 MiB (2.4 MiB of sample files)",
     "  /dev/shm  needs 2.4 GiB for 256 requests x 300 tokens at /dev/shm; 23.5 GiB free",
-    "  time      1.30 h for 4,671 tokens at 1 tokens/s (--tokens-per-s)",
+    "  time      1 h 17 min for 4,671 tokens at 1 tokens/s (--tokens-per-s)",
     "  output    room: 67.9 GiB free at /out, the run needs 2.5 MiB + 129.1 KiB margin (speculators)",
-    "  disk      ceiling 0.34 GB/s at /out (8 writers, files of 155.0 KiB-155.0 KiB, fsync each): "
+    "  disk      ceiling 338.0 MB/s at /out (8 writers, files of 155.0 KiB-155.0 KiB, fsync each): "
     "at most 639,525 tokens/s at 529 B per token",
     "  pace      the GPU sets the run's pace: it makes 529 B/s, within what the volume takes",
     "  workers   the volume took files fastest from 8 writers: `hsextract drain --workers 2` on this host's cores",
@@ -138,7 +138,7 @@ PRINTED_WORST = [
     "  /dev/shm  needs 2.4 GiB for 256 requests x 300 tokens at /dev/shm; 23.5 GiB free (TOO SMALL)",
     "  time      unknown (no rate: pass --tokens-per-s)",
     "  output    NOT ENOUGH ROOM: 67.9 GiB free at /out, the run needs 2.5 MiB + 129.1 KiB margin (speculators)",
-    "  disk      ceiling 0.34 GB/s at /out (8 writers, files of 155.0 KiB-155.0 KiB, fsync each): "
+    "  disk      ceiling 338.0 MB/s at /out (8 writers, files of 155.0 KiB-155.0 KiB, fsync each): "
     "at most ? tokens/s at 529 B per token",
     "  pace      unknown: no prefill rate (pass --tokens-per-s)",
     "  workers   the volume took files fastest from 8 writers: `hsextract drain --workers 2` on this host's cores",

@@ -42,7 +42,7 @@ from hsextract.plan.report import (
     Tokenization,
     VolumeRoom,
 )
-from hsextract.report import binary_size
+from hsextract.report import binary_size, duration
 from hsextract.staging.room import aux_count
 
 if TYPE_CHECKING:
@@ -415,7 +415,7 @@ def render(r: PlanReport) -> str:
     t = r.time
     if t.seconds is not None and t.tokens_per_s is not None:
         lines.append(
-            f"  time      {t.seconds / 3600:,.2f} h for {r.remaining_tokens:,} tokens at "
+            f"  time      {duration(t.seconds)} for {r.remaining_tokens:,} tokens at "
             f"{t.tokens_per_s:,.0f} tokens/s ({t.source})"
         )
     else:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hsextract.ops.disk_ceiling import DEFAULT_WRITERS, measure
 from hsextract.plan.report import DiskPace, PlanReport
-from hsextract.report import binary_size
+from hsextract.report import binary_size, rate
 
 MIN_FILE = 64 << 10
 
@@ -51,7 +51,7 @@ def render(d: DiskPace) -> list[str]:
     """The plan's lines for the measurement."""
     c = d.ceiling
     lines = [
-        f"  disk      ceiling {c['disk_ceiling_gb_per_s']:.2f} GB/s at {c['directory']} "
+        f"  disk      ceiling {rate(c['disk_ceiling_gb_per_s'] * 1e9)} at {c['directory']} "
         f"({c['best_writers']} writers, "
         f"files of {binary_size(min(c['file_sizes']))}-{binary_size(max(c['file_sizes']))}, "
         "fsync each): at most "
