@@ -11,8 +11,10 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from hsextract.collect.report_file import read_collect_report
 from hsextract.formats import get_format
 from hsextract.output.accounts import read_accounts
+from hsextract.output.layout import collect_report_path
 from hsextract.output.manifest import iter_entries, read_header, verify_entry
 from hsextract.shard import Shard
 from hsextract.vocab.counts import TokenCounts
@@ -312,3 +314,7 @@ def test_status_of_a_collected_set_still_missing_a_shard_is_not_final_and_says_w
     code, lines = _status(into, capsys, "--json")
     out = json.loads("\n".join(lines))
     assert out["ok"] is True and out["collected"]["final"] is False and out["accounts"]["in_set"] == 18
+    report = read_collect_report(into)  # the record collect wrote, read back to the byte
+    assert report is not None and report.to_bytes() == collect_report_path(into).read_bytes()
+    assert out["collected"]["hosts"] == {name: h.to_json() for name, h in report.hosts.items()}
+    assert [str(s) for h in report.hosts.values() for s in h.shards] == ["0/3", "1/3"] and not report.final

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hsextract.output.layout import QUARANTINE_REASON
+
+if TYPE_CHECKING:
+    from hsextract.collect.report_file import CollectedHost, CollectReport
+    from hsextract.output.accounts import Accounts
 
 Snapshot = Mapping[str, Any]
 
@@ -338,46 +342,38 @@ class CollectedView:
     samples: int  # in the set (its manifest)
     tokens: int
     bytes: int
-    report: Snapshot  # the last collect's report
+    report: CollectReport  # the last collect's
     problems: list[str] = field(default_factory=list)  # what fails a final set's check
     counts: list[str] = field(default_factory=list)
-    accounts: Snapshot | None = None
+    accounts: Accounts | None = None  # the set's own reconciliation
 
     @property
     def final(self) -> bool:
-        return bool(self.report.get("final"))
+        return self.report.final
 
 
-def _host_list(hosts: Mapping[str, Any]) -> str:
+def _host_list(hosts: Mapping[str, CollectedHost]) -> str:
     """ "a (0/3): 9, b (1/3): 9": each host with its shards and the samples collected from it."""
     parts = []
     for name, h in hosts.items():
-        shards = ", ".join(f"{i}/{n}" for i, n in (h.get("shards") or []))
-        parts.append(
-            f"{name} ({shards or '?'}): {count(h.get('collected', 0))}"
-            + ("" if h.get("finished") else ", not finished")
-        )
+        shards = ", ".join(str(s) for s in h.shards)
+        parts.append(f"{name} ({shards or '?'}): {count(h.collected)}" + ("" if h.finished else ", not finished"))
     return ", ".join(parts)
 
 
 def collected_headline(view: CollectedView) -> str:
-    hosts = len(view.report.get("hosts") or {})
+    hosts = len(view.report.hosts)
     held = f"{_plural(view.samples, 'sample')} from {_plural(hosts, 'host')} are in the training set"
     if view.final:
         return f"The collected set is final: {held}."
     return f"The collected set is not final yet: {held}; collect again with every host once each has finished."
 
 
-def _last_collect_rows(report: Snapshot) -> list[tuple[str, str]]:
+def _last_collect_rows(report: CollectReport) -> list[tuple[str, str]]:
     """What the last collect found that a person should know: hosts refused, shards not seen,
     samples left out or failed at verification."""
-    found = [
-        *(report.get("refused") or []),
-        *(report.get("missing_shards") or []),
-        *(report.get("doubled_shards") or []),
-        *(report.get("duplicates") or []),
-    ]
-    failed = len(report.get("failed_verification") or [])
+    found = [*report.refused, *report.missing_shards, *report.doubled_shards, *report.duplicates]
+    failed = len(report.failed_verification)
     if failed:
         found.append(f"{_plural(failed, 'sample')} failed verification (listed with the failures)")
     return [("last collect" if i == 0 else "", str(line)) for i, line in enumerate(found)]
@@ -389,13 +385,13 @@ def collected_status_lines(view: CollectedView) -> list[str]:
         ("training set", f"{view.output}" + (f" ({view.format})" if view.format else "")),
         (
             "samples",
-            f"{count(view.samples)} in the set, collected from "
-            f"{_host_list(view.report.get('hosts') or {}) or 'no host'}",
+            f"{count(view.samples)} in the set, collected from {_host_list(view.report.hosts) or 'no host'}",
         ),
         ("tokens", f"{count(view.tokens)} in the set"),
         ("written", size(view.bytes)),
     ]
     rows += _last_collect_rows(view.report)
-    run = RunView(output=view.output, files=view.files, accounts=view.accounts, counts=view.counts)
+    accounts = view.accounts.as_dict() if view.accounts else None
+    run = RunView(output=view.output, files=view.files, accounts=accounts, counts=view.counts)
     problems = [sentence(f"FAIL: {problem}") for problem in view.problems]
     return [collected_headline(view), *problems, *table(rows + _problem_rows(run) + _count_rows(run))]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hsextract.collect.report_file import read_collect_report
 from hsextract.config_file import add_config_argument
 from hsextract.errors import ConfigError
 from hsextract.objectstore.output import resolve_output
@@ -33,7 +34,7 @@ from hsextract.output.layout import (
 from hsextract.output.run_files import DrainStatus, read_drain_status
 from hsextract.report import ProblemFiles, RunView, duration, status_lines
 from hsextract.shard import WHOLE, Shard
-from hsextract.status_collected import collected_view, print_collected_status, read_collect_report
+from hsextract.status_collected import collected_view, print_collected_status
 from hsextract.status_report import StatusReport
 
 FINISHED_STATES = ("done", "stopped")

@@ -3,10 +3,11 @@
 A collected set has no drain: collect writes it, once per run of collect, and leaves the files a
 drain's output has for the whole fleet (hsextract.collect.bookkeeping: the run id, the dataset
 record, the fleet's rejects, failures and quarantine, one client file of the whole dataset) and
-its last report (``.hsextract/collect-report.json``). So its status is read from those: the
-samples, tokens and bytes of its manifest, its own reconciliation (hsextract.output.accounts, as for
-any output), and whether the last collect made it final. Looking for a drain's status there would
-report a healthy set as a failed run ("no drain status file", "0 in the set").
+its last report (``.hsextract/collect-report.json``, hsextract.collect.report_file). So its status
+is read from those: the samples, tokens and bytes of its manifest, its own reconciliation
+(hsextract.output.accounts, as for any output), and whether the last collect made it final. Looking
+for a drain's status there would report a healthy set as a failed run ("no drain status file", "0 in
+the set").
 
 It exits non-zero only when a final set fails its check (its counts do not add up, or too many
 samples failed or were quarantined), as a finished run does.
@@ -16,21 +17,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
+from hsextract.collect.report_file import CollectReport
 from hsextract.output.accounts import read_accounts
-from hsextract.output.layout import collect_report_path
 from hsextract.output.manifest import iter_entries, read_header
-from hsextract.output.run_files import read_json_object
-from hsextract.report import CollectedView, collected_status_lines
+from hsextract.report import CollectedView, ProblemFiles, collected_status_lines
 
 
-def read_collect_report(output: str | Path) -> dict[str, Any] | None:
-    """The last collect's report of `output`, or None when `output` is not a collected set."""
-    return read_json_object(collect_report_path(output))
-
-
-def collected_view(output: Path, report: dict[str, Any], files, max_failure_share: float) -> CollectedView:
+def collected_view(output: Path, report: CollectReport, files: ProblemFiles, max_failure_share: float) -> CollectedView:
     entries = list(iter_entries(output))
     header = read_header(output)
     accounts = read_accounts(output)
@@ -44,7 +38,7 @@ def collected_view(output: Path, report: dict[str, Any], files, max_failure_shar
         report=report,
         problems=accounts.problems(max_failure_share) if accounts else [],
         counts=accounts.lines_of_text() if accounts else [],
-        accounts=accounts.as_dict() if accounts else None,
+        accounts=accounts,
     )
 
 
@@ -61,18 +55,18 @@ def print_collected_status(view: CollectedView, as_json: bool) -> int:
                     "problems": view.problems,
                     "drain": None,
                     "client": None,
-                    "dataset_lines": view.accounts.get("lines") if view.accounts else None,
-                    "accounts": view.accounts,
+                    "dataset_lines": view.accounts.lines if view.accounts else None,
+                    "accounts": view.accounts.as_dict() if view.accounts else None,
                     "collected": {
                         "final": view.final,
                         "samples": view.samples,
                         "tokens": view.tokens,
                         "bytes": view.bytes,
-                        "hosts": r.get("hosts") or {},
-                        "refused": r.get("refused") or [],
-                        "missing_shards": r.get("missing_shards") or [],
-                        "doubled_shards": r.get("doubled_shards") or [],
-                        "failed_verification": len(r.get("failed_verification") or []),
+                        "hosts": {name: h.to_json() for name, h in r.hosts.items()},
+                        "refused": r.refused,
+                        "missing_shards": r.missing_shards,
+                        "doubled_shards": r.doubled_shards,
+                        "failed_verification": len(r.failed_verification),
                     },
                 },
                 indent=2,

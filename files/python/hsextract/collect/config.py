@@ -9,6 +9,7 @@ from typing import Any
 
 from hsextract.collect.admit import Admission, Reference
 from hsextract.collect.failures import FailureJournal
+from hsextract.collect.report_file import CollectReport
 from hsextract.collect.selection import Selection
 from hsextract.output.manifest import ManifestEntry
 
@@ -50,4 +51,4 @@ class CollectResult:
     collected_now: int
     total: int
     lines: list[str] = field(default_factory=list)  # what a person reads, in order
-    report: dict[str, Any] = field(default_factory=dict)
+    report: CollectReport | None = None  # None: nothing was collected, no report was written

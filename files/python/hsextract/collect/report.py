@@ -11,9 +11,7 @@ warns about shards it has not seen yet: hosts may still be on their way.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from typing import Any
 
 from hsextract.collect.accounts import fleet_accounts
 from hsextract.collect.bookkeeping import (
@@ -25,8 +23,9 @@ from hsextract.collect.bookkeeping import (
 from hsextract.collect.card import HostLine, card_text
 from hsextract.collect.config import Collected, CollectResult
 from hsextract.collect.finalize import finalize_collected
+from hsextract.collect.report_file import CollectedHost, CollectReport, write_collect_report
 from hsextract.collect.shards import Coverage, check_coverage
-from hsextract.output.layout import DATASET_CARD, collect_report_path
+from hsextract.output.layout import DATASET_CARD
 from hsextract.vocab.files import read_summary
 
 RUN_CHECK_FAILED = 3
@@ -79,7 +78,7 @@ def finish(c: Collected) -> CollectResult:
         or (cfg.final and not coverage.complete)
     )
     report = _report(c, failures, coverage, accounts.fleet.as_dict(), final)
-    write_if_changed(collect_report_path(out), (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+    write_collect_report(out, report)
     return CollectResult(RUN_CHECK_FAILED if bad else 0, c.new, len(c.entries), lines, report)
 
 
@@ -126,27 +125,29 @@ def _write_card(c: Collected, dataset_lines: int, account_lines: list[str]) -> N
     write_if_changed(out / DATASET_CARD, text.encode())
 
 
-def _report(c: Collected, failures: list[dict], coverage: Coverage, fleet: dict[str, Any], final: bool) -> dict:
-    """What ``.hsextract/collect-report.json`` holds: the last collect's findings, no time stamps."""
+def _report(
+    c: Collected, failures: list[dict], coverage: Coverage, fleet: dict[str, object], final: bool
+) -> CollectReport:
+    """What ``.hsextract/collect-report.json`` holds (hsextract.collect.report_file)."""
     counts = Counter(e.host for e in c.entries)
-    return {
-        "into": str(c.cfg.into),
-        "final": final,
-        "samples": len(c.entries),
-        "hosts": {
-            h.name: {
-                "path": str(h.path),
-                "shards": [x.shard.to_json() for x in h.clients],
-                "samples_in_host": len(h.entries),
-                "collected": counts.get(h.name, 0),
-                "finished": h.finished,
-            }
+    return CollectReport(
+        into=str(c.cfg.into),
+        final=final,
+        samples=len(c.entries),
+        hosts={
+            h.name: CollectedHost(
+                collected=counts.get(h.name, 0),
+                finished=h.finished,
+                path=str(h.path),
+                samples_in_host=len(h.entries),
+                shards=[x.shard for x in h.clients],
+            )
             for h in c.admission.admitted
         },
-        "refused": c.admission.refused,
-        "duplicates": c.plan.duplicates,
-        "failed_verification": failures,
-        "missing_shards": coverage.missing,
-        "doubled_shards": coverage.doubled,
-        "accounts": fleet,
-    }
+        refused=c.admission.refused,
+        duplicates=c.plan.duplicates,
+        failed_verification=failures,
+        missing_shards=coverage.missing,
+        doubled_shards=coverage.doubled,
+        accounts=fleet,
+    )
