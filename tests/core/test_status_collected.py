@@ -1,6 +1,6 @@
 """``hsextract status`` on a set made by ``hsextract collect``, built by hand: the JSON object and the
-lines it prints keep their keys, order and values now that the collect report is a record
-(hsextract.collect.report_file)."""
+lines it prints keep their keys, order and values now that the collect report and the status are
+records (hsextract.collect.report_file, hsextract.status_report)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from hsextract.cli import main
+from hsextract.collect.report_file import CollectReport
 from hsextract.output.layout import client_status_path, client_summary_path, collect_report_path, rejects_path
 from hsextract.output.manifest import ManifestEntry, ManifestHeader, write_header
+from hsextract.status_report import CollectedStatus, StatusReport
 
 HEADER = ManifestHeader(
     format="speculators",
@@ -169,3 +171,9 @@ def test_a_report_of_an_earlier_version_without_a_list_is_read_as_empty(tmp_path
     assert code == 0
     collected = json.loads(printed)["collected"]
     assert collected[missing] == (0 if missing == "failed_verification" else {} if missing == "hosts" else [])
+
+
+def test_a_collected_sets_status_has_no_dataset_files_to_give():
+    collected = CollectedStatus(3, 34, 304, CollectReport.from_json(_report(False)))
+    with pytest.raises(ValueError, match="no dataset_files"):
+        StatusReport(True, "a collected set (hsextract collect)", [], None, None, 6, None, (3, 3), collected)

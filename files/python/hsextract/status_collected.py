@@ -7,7 +7,8 @@ its last report (``.hsextract/collect-report.json``, hsextract.collect.report_fi
 is read from those: the samples, tokens and bytes of its manifest, its own reconciliation
 (hsextract.output.accounts, as for any output), and whether the last collect made it final. Looking
 for a drain's status there would report a healthy set as a failed run ("no drain status file", "0 in
-the set").
+the set"). Its ``--json`` object is the run's record (hsextract.status_report.StatusReport) with
+the collected set's part in place of the dataset-level files'.
 
 It exits non-zero only when a final set fails its check (its counts do not add up, or too many
 samples failed or were quarantined), as a finished run does.
@@ -22,6 +23,7 @@ from hsextract.collect.report_file import CollectReport
 from hsextract.output.accounts import read_accounts
 from hsextract.output.manifest import iter_entries, read_header
 from hsextract.report import CollectedView, ProblemFiles, collected_status_lines
+from hsextract.status_report import CollectedStatus, StatusReport
 
 
 def collected_view(output: Path, report: CollectReport, files: ProblemFiles, max_failure_share: float) -> CollectedView:
@@ -42,36 +44,25 @@ def collected_view(output: Path, report: CollectReport, files: ProblemFiles, max
     )
 
 
+def collected_status_report(view: CollectedView) -> StatusReport:
+    """The ``--json`` object of a collected set: no drain, no client, its own accounts."""
+    return StatusReport(
+        ok=not view.problems,
+        why="a collected set (hsextract collect)" + ("" if view.final else ", not final yet"),
+        problems=view.problems,
+        drain=None,
+        client=None,
+        dataset_lines=view.accounts.lines if view.accounts else None,
+        accounts=view.accounts,
+        dataset_files=None,
+        collected=CollectedStatus(view.samples, view.tokens, view.bytes, view.report),
+    )
+
+
 def print_collected_status(view: CollectedView, as_json: bool) -> int:
     """Print the collected set's status (text or one JSON object); return the exit status."""
-    ok = not view.problems
     if as_json:
-        r = view.report
-        print(
-            json.dumps(
-                {
-                    "ok": ok,
-                    "why": "a collected set (hsextract collect)" + ("" if view.final else ", not final yet"),
-                    "problems": view.problems,
-                    "drain": None,
-                    "client": None,
-                    "dataset_lines": view.accounts.lines if view.accounts else None,
-                    "accounts": view.accounts.as_dict() if view.accounts else None,
-                    "collected": {
-                        "final": view.final,
-                        "samples": view.samples,
-                        "tokens": view.tokens,
-                        "bytes": view.bytes,
-                        "hosts": {name: h.to_json() for name, h in r.hosts.items()},
-                        "refused": r.refused,
-                        "missing_shards": r.missing_shards,
-                        "doubled_shards": r.doubled_shards,
-                        "failed_verification": len(r.failed_verification),
-                    },
-                },
-                indent=2,
-            )
-        )
+        print(json.dumps(collected_status_report(view).to_json(), indent=2))
     else:
         print("\n".join(collected_status_lines(view)))
-    return 0 if ok else 1
+    return 1 if view.problems else 0
