@@ -14,16 +14,9 @@ from hsextract.collect.selection import Pending, collected_entry, select_entries
 from hsextract.collect.shards import check_coverage, shard_indices
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
 from hsextract.shard import Shard
+from support.manifests import tiny_header
 
-HEADER = ManifestHeader(
-    format="speculators",
-    final_hidden="pre_norm",
-    dtype="bfloat16",
-    hidden_size=64,
-    num_aux=3,
-    eagle_aux_hidden_state_layer_ids=[1, 3, 4],
-    sglang_layers_to_capture=[2, 4, 5],
-    num_hidden_layers=8,
+HEADER = tiny_header(
     model_path="/models/tiny",
     model_config_sha256="ab" * 32,
     architecture="LlamaForCausalLM",

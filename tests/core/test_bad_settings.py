@@ -242,23 +242,12 @@ def test_a_read_only_output_directory_is_one_line_for_the_client(tmp_path, read_
 
 
 def test_finalize_of_a_read_only_output_directory_fails_and_claims_nothing(tmp_path, read_only_dir):
-    from hsextract.output.manifest import ManifestHeader, write_header
+    from hsextract.output.manifest import write_header
+    from support.manifests import tiny_header
 
     staged = tmp_path / "out"
     staged.mkdir()
-    write_header(
-        staged,
-        ManifestHeader(
-            format="speculators",
-            final_hidden="pre_norm",
-            dtype="bfloat16",
-            hidden_size=64,
-            num_aux=3,
-            eagle_aux_hidden_state_layer_ids=[1, 3, 4],
-            sglang_layers_to_capture=[2, 4, 5],
-            num_hidden_layers=8,
-        ),
-    )
+    write_header(staged, tiny_header())
     (staged / "manifest.jsonl").write_text("")
     subprocess.run(["umount", "-l", str(read_only_dir)], check=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(read_only_dir)], check=True)

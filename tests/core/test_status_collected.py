@@ -11,18 +11,11 @@ import pytest
 from hsextract.cli import main
 from hsextract.collect.report_file import CollectReport
 from hsextract.output.layout import client_status_path, client_summary_path, collect_report_path, rejects_path
-from hsextract.output.manifest import ManifestEntry, ManifestHeader, write_header
+from hsextract.output.manifest import ManifestEntry, write_header
 from hsextract.status_report import CollectedStatus, StatusReport
+from support.manifests import tiny_header
 
-HEADER = ManifestHeader(
-    format="speculators",
-    final_hidden="pre_norm",
-    dtype="bfloat16",
-    hidden_size=64,
-    num_aux=3,
-    eagle_aux_hidden_state_layer_ids=[1, 3, 4],
-    sglang_layers_to_capture=[2, 4, 5],
-    num_hidden_layers=8,
+HEADER = tiny_header(
     run_id="r1",
 )
 FAILED = {"index": 4, "rid": "r1-4", "reason": "checksum", "detail": "differs", "host": "b", "host_index": 1}
