@@ -11,6 +11,11 @@ Arm B keeps arm A's sequences and loss masks and replaces the rows with transfor
 bf16 on the GPU: the aux layers' outputs (``hidden_states[i + 1]`` for the set's EAGLE ids) and the
 final state after the norm, written in the SpecForge format under the same file names. Only the
 engine that computed the rows differs between the two training sets.
+
+Arm D, a control, keeps them too and gives every sample the rows of another sample: the failure
+the capture once had at SGLang's defaults, when 60 % of samples carried another batch's rows. Each
+row check of a single sample passes on such a set (the rows are real states of the real model);
+only their pairing with the tokens is wrong.
 """
 
 from __future__ import annotations
@@ -146,4 +151,50 @@ def transformers_arm(set_a: Path, model: Path, set_b: Path, device: str, max_bat
         "rel_err_vs_capture": {"median": errs[len(errs) // 2], "p99": errs[int(len(errs) * 0.99)], "max": errs[-1]}
         if errs
         else None,
+    }
+
+
+def donors(lengths: list[int]) -> tuple[list[int], int]:
+    """For each sample, the sample whose rows arm D gives it: the next longer one (by length, ties
+    by position), so that its rows cover the sample's tokens; the longest takes the second longest.
+    Returns the donors and how many of them are shorter than their sample (padded with zeros)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    given = [0] * len(lengths)
+    for k, i in enumerate(order):
+        given[i] = order[k + 1] if k + 1 < len(order) else order[k - 1] if k else i
+    short = sum(lengths[given[i]] < lengths[i] for i in range(len(lengths)))
+    return given, short
+
+
+def mispaired_arm(set_a: Path, set_d: Path) -> dict:
+    """Write arm D (see the module's docstring): set A's samples, each with its donor's rows cut
+    (or zero-padded) to its own length, under the same file names."""
+    import torch
+    from hsextract.output.manifest import iter_entries
+
+    entries = list(iter_entries(set_a))
+    given, short = donors([e.tokens for e in entries])
+
+    def one(k: int) -> None:
+        e = entries[k]
+        s = torch.load(set_a / e.file, weights_only=True)
+        d = torch.load(set_a / entries[given[k]].file, weights_only=True)
+        n = s["input_ids"].numel()
+        row = {"input_ids": s["input_ids"], "loss_mask": s["loss_mask"]}
+        for key in ("aux_hidden_state", "hidden_state"):
+            rows = d[key][:, :n]
+            if rows.shape[1] < n:
+                pad = torch.zeros(rows.shape[0], n - rows.shape[1], rows.shape[2], dtype=rows.dtype)
+                rows = torch.cat([rows, pad], dim=1)
+            row[key] = rows.contiguous()
+        dest = set_d / e.file
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(row, dest)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(len(entries))))
+    return {
+        "samples": len(entries),
+        "donor_shorter_zero_padded": short,
+        "own_rows": sum(g == k for k, g in enumerate(given)),
     }

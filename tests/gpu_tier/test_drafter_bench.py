@@ -61,3 +61,40 @@ def test_the_prompts_keep_training_and_evaluation_apart(tmp_path):
     assert len(train) == 7 and made["eval_gsm8k"] == 3 and made["eval_mt_bench"] == 1
     assert {m["messages"][0]["content"] for m in train}.isdisjoint({e["prompt"] for e in evals})
     assert [e["prompt"] for e in evals] == ["e0", "e1", "e2", "w1"]
+
+
+def test_arm_d_gives_every_sample_rows_of_another_sample_that_cover_its_tokens():
+    lengths = [30, 10, 20, 20, 40]
+    given, short = drafter_data.donors(lengths)
+    assert all(g != i for i, g in enumerate(given))
+    assert [lengths[g] >= lengths[i] for i, g in enumerate(given)] == [True, True, True, True, False]
+    assert short == 1  # the longest sample takes the second longest's rows, padded
+
+
+def test_arm_d_keeps_each_samples_tokens_and_mask_with_its_donors_rows(tmp_path):
+    import torch
+    from hsextract.output.manifest import ManifestAppender, ManifestEntry
+
+    set_a = tmp_path / "a"
+    (set_a / "rows").mkdir(parents=True)
+    entries = []
+    for k, n in enumerate((3, 5)):
+        sample = {
+            "input_ids": torch.arange(n).unsqueeze(0) + 100 * k,
+            "loss_mask": torch.ones(1, n, dtype=torch.long),
+            "aux_hidden_state": torch.full((1, n, 6), float(k)),
+            "hidden_state": torch.full((1, n, 2), float(k)),
+        }
+        torch.save(sample, set_a / "rows" / f"{k}.ckpt")
+        entries.append(ManifestEntry(k, k, f"r{k}", n, f"rows/{k}.ckpt", 0, "none:"))
+    ManifestAppender(set_a).append(entries)
+
+    made = drafter_data.mispaired_arm(set_a, tmp_path / "d")
+
+    short, long = (torch.load(tmp_path / "d" / "rows" / f"{k}.ckpt") for k in (0, 1))
+    assert made == {"samples": 2, "donor_shorter_zero_padded": 1, "own_rows": 0}
+    assert short["input_ids"].tolist() == [[0, 1, 2]] and short["aux_hidden_state"].shape == (1, 3, 6)
+    assert short["aux_hidden_state"].eq(1.0).all() and short["hidden_state"].eq(1.0).all()
+    assert long["input_ids"].tolist() == [[100, 101, 102, 103, 104]]
+    assert long["aux_hidden_state"][0, :, 0].tolist() == [0.0, 0.0, 0.0, 0.0, 0.0]
+    assert long["hidden_state"].shape == (1, 5, 2)
