@@ -51,7 +51,10 @@ _STAMP = """
 import json, sys
 from pathlib import Path
 from hsextract import fingerprint
-from hsextract.staging.dumps import read_states
+try:
+    from hsextract.staging.dumps import read_states
+except ImportError:  # a tree from before staging became a package (e08d5a2)
+    from hsextract.staging import read_states
 out = {}
 for d in Path(sys.argv[1]).iterdir():
     if d.name != "_records":

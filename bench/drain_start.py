@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -31,9 +32,12 @@ import drain_throughput as dt  # noqa: E402
 from hsextract.output.manifest import entries_path  # noqa: E402
 
 
-def first_sample_s(tree: Path, master: Path, base: Path, workers: int, timeout: float = 300) -> tuple[float, float]:
-    """(seconds to the first manifest line, seconds to the drain's exit) of one drain over a fresh
-    copy of the staged dumps in `master`, run from `tree`'s package."""
+def first_sample_s(
+    tree: Path, master: Path, base: Path, workers: int, timeout: float = 300
+) -> tuple[float, float, float | None]:
+    """(seconds to the first manifest line, seconds to the drain's exit, the drain's own count of
+    seconds to its worker processes up, None where it finished before they were) of one drain over
+    a fresh copy of the staged dumps in `master`, run from `tree`'s package."""
     work = base / "run"
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(master / "dump", work / "dump")
@@ -77,7 +81,8 @@ def first_sample_s(tree: Path, master: Path, base: Path, workers: int, timeout: 
     _, err = proc.communicate(timeout=timeout)
     if proc.returncode != 0 or first is None:
         raise SystemExit(f"the drain from {tree} exited {proc.returncode}:\n{err[-3000:]}")
-    return first, time.monotonic() - t0
+    up = re.search(r"(\d+) worker processes started in ([\d.]+) s", err)
+    return first, time.monotonic() - t0, float(up.group(2)) if up else None
 
 
 def _commit_of(tree: Path) -> str:
@@ -103,14 +108,15 @@ def main() -> int:
         samples, _ = dt.stage_master(master, int(args.samples_mb * 1e6))
         for marker in (master / "dump").glob("*/done.json"):  # SpecForge takes the final hidden state post-norm
             marker.write_text(marker.read_text().replace('"pre_norm"', '"post_norm"'))
-        rows: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+        rows: dict[str, list[tuple[float, float, float | None]]] = {name: [] for name in trees}
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(reversed(trees))
             for name in order:
-                first, whole = first_sample_s(trees[name], master, shm, args.workers)
-                rows[name].append((first, whole))
+                first, whole, up = first_sample_s(trees[name], master, shm, args.workers)
+                rows[name].append((first, whole, up))
                 print(
-                    f"round {r} {name:5s}: first sample {first:6.2f} s, {samples} samples drained in {whole:6.2f} s",
+                    f"round {r} {name:5s}: first sample {first:6.2f} s, {samples} samples drained in {whole:6.2f} s, "
+                    f"worker processes up {'after the last sample' if up is None else f'in {up:.1f} s'}",
                     flush=True,
                 )
     finally:
@@ -123,8 +129,10 @@ def main() -> int:
         "samples": samples,
         "cores": os.cpu_count(),
         "trees": {k: _commit_of(v) for k, v in trees.items()},
-        "first_sample_s": {k: [round(a, 2) for a, _ in v] for k, v in rows.items()},
-        "drained_s": {k: [round(b, 2) for _, b in v] for k, v in rows.items()},
+        "first_sample_s": {k: [round(a, 2) for a, _, _ in v] for k, v in rows.items()},
+        "drained_s": {k: [round(b, 2) for _, b, _ in v] for k, v in rows.items()},
+        # The drain's own line "N worker processes started in X s" (None: it had finished before).
+        "workers_up_s": {k: [c for _, _, c in v] for k, v in rows.items()},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if "other" in rows:
@@ -137,7 +145,7 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for name, v in rows.items():
-        print(f"{name}: first sample {med([a for a, _ in v]):.2f} s (median of {len(v)})")
+        print(f"{name}: first sample {med([a for a, _, _ in v]):.2f} s (median of {len(v)})")
     if "other" in rows:
         print(f"first sample, other tree over this one: {result['first_sample_other_over_this']['median']}")
     return 0

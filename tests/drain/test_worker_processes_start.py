@@ -1,23 +1,30 @@
 """The drain's worker processes start in the background: the drain writes samples from its first
 second, in its own threads, and hands them to the processes once they are up.
 
-A spawned interpreter takes seconds to import torch (8 took 9-11 s on the H200 host, 25-32 s on
-2 cores); a drain that waited for them let the staging area fill and the client pause meanwhile.
+Eight spawned interpreters, each importing torch, took 9-11 s on the H200 host (25-32 s on 2 cores);
+a drain that waited for them let the staging area fill and the client pause meanwhile. They are now
+forks of one server that imported torch once, still started in the background.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 from hsextract.drain import core
+from hsextract.drain import validate as v
 from hsextract.drain.core import DrainConfig, Drainer
+from hsextract.drain.prepare import Job, Ready
 from hsextract.drain.worker_processes import WorkerProcesses
-from hsextract.output.manifest import iter_entries, verify_entry
+from hsextract.output.manifest import default_checksum_algorithm, iter_entries, verify_entry
 from hsextract.output.run_id import load_or_create_run_id
+from hsextract.staging.records import SampleRecord
+from support.client_run import wait_for
 from support.drain_proc import finish_client
 from support.staged_dumps import stage_sample
 
@@ -69,11 +76,63 @@ def test_worker_processes_are_started_without_waiting_and_say_when_they_are_up(t
     caplog.set_level(logging.INFO, logger="hsextract.drain")
     procs = WorkerProcesses(2, "speculators", tmp_path)
     try:
-        # Two fresh interpreters importing torch cannot be up the instant the constructor returns.
+        # Processes that import, fork and prepare a warm-up sample cannot be up the instant the constructor returns.
         assert not procs.ready()
-        assert len(procs.pids) == 2, "both processes are spawned at once"
         assert procs.wait_ready(timeout=240)
         assert procs.ready()
+        assert len(procs.pids) == 2
     finally:
         procs.close()
     assert any("2 worker processes started in" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _status(pid: int) -> dict[str, str]:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except FileNotFoundError:
+        return {"State": "X (gone)"}
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def _sigterm_settled(pid: int) -> bool:
+    """The process is gone, or holds no pending SIGTERM: it has acted on it (or ignored it at once)."""
+    st = _status(pid)
+    bit = 1 << (signal.SIGTERM - 1)
+    return st["State"][0] in "ZX" or not (int(st["SigPnd"], 16) | int(st["ShdPnd"], 16)) & bit
+
+
+def _alive(pid: int) -> bool:
+    return _status(pid)["State"][0] not in "ZX"
+
+
+def test_worker_processes_are_forks_of_one_server_and_both_outlive_a_stops_sigterm(tmp_path: Path):
+    """systemd's stop sends SIGTERM to every process of the unit: the server the workers were forked
+    from and the workers must survive it, so that the drain finishes the samples in hand through them."""
+    run = "r" * 12
+    staged = stage_sample(tmp_path / "dump", run, 0, tokens=40)
+    record = SampleRecord(
+        rid=staged.rid, index=0, input_ids=staged.input_ids.tolist(), loss_mask=staged.loss_mask.tolist(), run_id=run
+    )
+    job = Job(
+        tmp_path / "dump" / staged.rid, record, v.Expected(final_hidden="pre_norm"), default_checksum_algorithm(), False
+    )
+    procs = WorkerProcesses(2, "speculators", tmp_path)
+    try:
+        assert procs.wait_ready(timeout=240)
+        servers = {_parent(pid) for pid in procs.pids}
+        assert len(servers) == 1 and servers != {os.getpid()}, "the workers are not forks of one server"
+        everyone = [*servers, *procs.pids]
+        for pid in everyone:
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: all(_sigterm_settled(pid) for pid in everyone), 30, "the SIGTERM to be acted on")
+
+        assert all(_alive(pid) for pid in everyone), {pid: _status(pid)["State"] for pid in everyone}
+        outcome = procs.prepare(job)
+        assert isinstance(outcome, Ready), outcome
+        assert outcome.prepared.tmp.stat().st_size > staged.hidden.numel() * 2
+    finally:
+        procs.close()

@@ -9,18 +9,19 @@ worker threads only hand a job over and wait. Large samples gain little (their t
 disk's and torch's, which release the lock), so the drain's default uses processes only where
 there are cores for them (hsextract.drain.config).
 
-They start in the background: a spawned interpreter takes seconds to import torch (8 of them
-took 9-11 s on the H200 host's 16 cores, 25-32 s on 2 cores), then prepares one made-up sample
-(hsextract.drain.warmup) so that "started" means warm; a drain that waited for them
-left the staging area to fill and the client to pause for that long (bench/gpu/pipeline_gpu.py's
-timeline, bench/results/pipeline_gpu_drain_start.json). Until all of them are up, `ready` is False
-and the drain prepares samples in its own threads (hsextract.drain.worker).
+They are forked from a forkserver (hsextract.drain.forkserver_preload): one fresh interpreter
+that imports torch and the formats once, not a fork of the drain, whose threads may hold locks at
+the moment of a fork. Spawned one by one, each importing torch itself, 8 of them took 9-11 s on
+the H200 host's 16 cores and 25-32 s on 2 cores. Each then prepares one made-up sample
+(hsextract.drain.warmup) so that "started" means warm. They start in the background: a drain that
+waited for them left the staging area to fill and the client to pause for that long
+(bench/gpu/pipeline_gpu.py's timeline, bench/results/pipeline_gpu_drain_start.json). Until all of
+them are up, `ready` is False and the drain prepares samples in its own threads
+(hsextract.drain.worker).
 
-The processes are fresh interpreters (spawned), not forks of the drain, whose threads may hold
-locks at the moment of a fork; nor children of a forkserver, which a stop's SIGTERM would end,
-and with it (to the pool) every process it started. They ignore SIGINT and SIGTERM: a stop
-(systemd sends SIGTERM to every process of the unit) is the drain's to carry out, finishing the
-samples in hand through these same processes. A process that dies anyway fails its samples'
+They and their server ignore SIGINT and SIGTERM: a stop (systemd sends SIGTERM to every process
+of the unit) is the drain's to carry out, finishing the samples in hand through these same
+processes. A process that dies anyway fails its samples'
 preparation with `WorkerProcessDied` (their dumps stay staged for the next start), and the others
 are killed: the pool would otherwise wait forever for processes that ignore its SIGTERM.
 """
@@ -46,6 +47,7 @@ from hsextract.formats.base import OutputFormat
 __all__ = ["WorkerProcessDied", "WorkerProcesses"]
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_PRELOAD = "hsextract.drain.forkserver_preload"
 
 log = logging.getLogger("hsextract.drain")
 
@@ -62,27 +64,48 @@ class WorkerProcesses:
     """`n` processes that prepare samples of one format into one temporary directory."""
 
     def __init__(self, n: int, fmt_name: str, tmp_dir: Path):
-        ctx = multiprocessing.get_context("spawn")
         self.n = n
         self._spawned_at = time.monotonic()
-        # All n are spawned now, each waiting in its start for the others (the pool would start them
-        # on demand, later, while a stop's SIGTERM may be on its way), and with SIGINT and SIGTERM
-        # blocked from their first instruction to the moment they ignore them (a blocked signal stays
-        # pending here, in the drain, and is handled once the mask is restored). Nothing waits for
-        # them here: `ready` says when they are up.
-        barrier = ctx.Barrier(n)
-        saved = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-        try:
-            self._pool = ProcessPoolExecutor(
-                max_workers=n, mp_context=ctx, initializer=_start, initargs=(fmt_name, str(tmp_dir), barrier)
-            )
-            self._started = [self._pool.submit(os.getpid) for _ in range(n)]
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, saved)
         self._ready = False
         self._pending = n
         self._lock = threading.Lock()
-        for f in self._started:
+        self._pool: ProcessPoolExecutor | None = None
+        self._started: list[Future] = []
+        self._launch_error: BaseException | None = None
+        # The pool's first worker waits for the forkserver's imports (seconds): started from a thread
+        # of its own, so the drain goes on meanwhile. `ready` says when they are up.
+        self._launched = threading.Event()
+        self._launcher = threading.Thread(
+            target=self._launch, args=(fmt_name, tmp_dir), name="drain-worker-start", daemon=True
+        )
+        self._launcher.start()
+
+    def _launch(self, fmt_name: str, tmp_dir: Path) -> None:
+        """Start the forkserver and all n processes, each waiting in its start for the others (the pool
+        would start them on demand, later, while a stop's SIGTERM may be on its way). SIGINT and
+        SIGTERM are blocked in this thread, whose mask the server and (through it) the processes
+        inherit, from their first instruction to the moment they ignore them; the drain's other
+        threads still take them."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            ctx = multiprocessing.get_context("forkserver")
+            # Read when the process's forkserver starts; one already running, started by other code of
+            # this process, serves as it is: the workers' own start imports what they need.
+            ctx.set_forkserver_preload([_PRELOAD])
+            pool = ProcessPoolExecutor(
+                max_workers=self.n,
+                mp_context=ctx,
+                initializer=_start,
+                initargs=(fmt_name, str(tmp_dir), ctx.Barrier(self.n)),
+            )
+            started = [pool.submit(os.getpid) for _ in range(self.n)]
+        except BaseException as exc:  # said by `ready`, in the drain's own thread
+            self._launch_error = exc
+            self._launched.set()
+            return
+        self._pool, self._started = pool, started
+        self._launched.set()
+        for f in started:
             f.add_done_callback(self._one_started)
 
     def _one_started(self, _: Future) -> None:
@@ -103,6 +126,13 @@ class WorkerProcesses:
         """Whether every process is up (False while they start); WorkerProcessDied if they could not start."""
         if self._ready:
             return True
+        if not self._launched.is_set():
+            return False
+        if self._launch_error is not None:
+            raise WorkerProcessDied(
+                f"the drain's {self.n} worker processes could not start ({self._launch_error}); run the drain "
+                "with --worker-mode threads"
+            ) from self._launch_error
         if not all(f.done() for f in self._started):
             return False
         try:
@@ -119,20 +149,25 @@ class WorkerProcesses:
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until every process is up (or `timeout` passes); what `ready` then says."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._launched.wait(timeout)
         for f in self._started:
             with contextlib.suppress(Exception):
-                f.exception(timeout=timeout)
+                f.exception(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         return self.ready()
 
     @property
     def pids(self) -> list[int]:
-        """The worker processes' pids (the pool's own record)."""
-        return sorted(self._pool._processes or {})  # the executor has no public accessor
+        """The worker processes' pids (the pool's own record; none before the pool has started them)."""
+        pool = self._pool
+        return sorted(pool._processes or {}) if pool is not None else []  # the executor has no public accessor
 
     def prepare(self, job: Job) -> Outcome:
         """Prepare `job` in one of the processes and wait for its outcome (an error of its own is raised here)."""
+        pool = self._pool
+        assert pool is not None, "prepare() before the worker processes are ready"
         try:
-            return self._pool.submit(_prepare, job).result()
+            return pool.submit(_prepare, job).result()
         except BrokenProcessPool as exc:
             self._kill_all()
             raise WorkerProcessDied(
@@ -149,6 +184,9 @@ class WorkerProcesses:
     def close(self) -> None:
         """Let the processes finish what they were given, then end them. Processes still starting
         were given no sample: they are ended at once (their start is seconds of imports)."""
+        self._launcher.join()  # at most the forkserver's imports
+        if self._pool is None:
+            return
         if not all(f.done() for f in self._started):
             self._kill_all()
         self._pool.shutdown(wait=True, cancel_futures=True)
