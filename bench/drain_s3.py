@@ -112,6 +112,9 @@ def drain_round(
             status_interval_s=1.0,
             vocab_size=dt.VOCAB,
             object_store=target,
+            # "Up" means warm, its worker processes too (16 cores and more: processes by default).
+            # Not waited for, they were still starting when a 4 GB round ended on the GPU host.
+            wait_for_worker_processes=True,
         )
         with PublishClock() as clock:
             t0 = time.perf_counter()
