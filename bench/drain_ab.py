@@ -78,9 +78,17 @@ def fingerprints(package: Path, dump: Path) -> dict[str, str]:
 
 
 def one_side(
-    package: Path, master: Path, shm: Path, out: Path, fmt: str, stamps: dict[str, str], args: argparse.Namespace
+    package: Path,
+    master: Path,
+    shm: Path,
+    out: Path,
+    fmt: str,
+    stamps: dict[str, str],
+    args: argparse.Namespace,
+    profile: Path | None = None,
 ) -> dict:
-    """Start the drain of `package`, feed it the staged dumps once it is up, wait for its exit."""
+    """Start the drain of `package`, feed it the staged dumps once it is up, wait for its exit; under
+    py-spy into `profile` where given."""
     dump, incoming = shm / "dump", shm / "incoming"
     shutil.copytree(master / "dump", incoming)
     for path in incoming.glob("*/done.json"):
@@ -113,6 +121,23 @@ def one_side(
     ]
     if args.workers:
         cmd += ["--workers", str(args.workers)]
+    if profile is not None:  # py-spy samples the drain, its forkserver and its workers, pausing none of them
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        cmd = [
+            spy,
+            "record",
+            "-r",
+            "50",
+            "--nonblocking",
+            "--subprocesses",
+            "--threads",
+            "-f",
+            "raw",
+            "-o",
+            str(profile),
+            "--",
+            *cmd,
+        ]
     started = time.time()
     cpu0 = _children_cpu()
     with log.open("wb") as f:
@@ -193,9 +218,16 @@ def main() -> int:
     ap.add_argument("--first-s", type=float, default=10.0, help="the drain's first seconds, timed apart")
     ap.add_argument("--out-dir", type=Path, default=REPO / ".work" / "bench-drain-ab", help="a directory on the disk")
     ap.add_argument("--ceiling-seconds", type=float, default=3.0)
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy (raw, all processes and threads) this tree's drain of each format's first round, into DIR",
+    )
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "drain_ab.json")
     args = ap.parse_args()
     sides = {"baseline": args.baseline.resolve(), "this": REPO / "files" / "python"}
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     shm = Path(tempfile.mkdtemp(prefix="hsx-bench-ab-", dir="/dev/shm"))
     base = args.out_dir
     shutil.rmtree(base, ignore_errors=True)
@@ -211,8 +243,9 @@ def main() -> int:
             runs[fmt] = {name: [] for name in sides}
             for r in range(args.rounds):
                 for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+                    profile = args.profile / f"drain-{fmt}.txt" if args.profile and name == "this" and r == 0 else None
                     res = one_side(
-                        sides[name], shm / "master", shm, base / f"{fmt}-{name}-{r}", fmt, stamps[name], args
+                        sides[name], shm / "master", shm, base / f"{fmt}-{name}-{r}", fmt, stamps[name], args, profile
                     )
                     runs[fmt][name].append(res)
                     print(
