@@ -183,8 +183,9 @@ class WorkerProcesses:
 
     def close(self) -> None:
         """Let the processes finish what they were given, then end them. Processes still starting
-        were given no sample: they are ended at once (their start is seconds of imports)."""
-        self._launcher.join()  # at most the forkserver's imports
+        were given no sample: they are ended at once, once the pool has started them (which waits at
+        most for the forkserver's imports, in a drain that stops within its first seconds)."""
+        self._launcher.join()
         if self._pool is None:
             return
         if not all(f.done() for f in self._started):
