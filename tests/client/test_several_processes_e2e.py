@@ -30,6 +30,7 @@ from support.client_run import (
     wait_for,
     write_mixed_dataset,
 )
+from support.drain_proc import drain_status
 
 pytestmark = pytest.mark.server
 
@@ -88,6 +89,9 @@ def test_two_processes_of_one_output_resume_after_kill_9_with_every_sample_once(
     drain = start_drain(logs / "drain.log", llama_server.dump_dir, out, tiny_llama)
     procs: list[subprocess.Popen] = []
     try:
+        # Up before the clients, as the units start them: a drain still importing torch while a fast
+        # client sent its whole sub-shard left no moment with samples written and 20 unsent.
+        wait_for(lambda: drain_status(out).get("state") == "running", 300, "the drain running", logs / "drain.log")
         procs = [process(0), process(1)]
         wait_for(
             lambda: _mid_run_with_samples_written(out, procs[1].pid, unsent=20),
