@@ -8,7 +8,8 @@ sample loss-masked), then for each format runs rounds of
 
 (the two drains swap places every other round), each drain on a fresh copy of the staged bytes
 into an empty output directory with the real daemon (durable: fsync per file, rename, directory
-fsync, manifest fsync; finalize included). On a shared disk one pass is noise, so every drain is
+fsync, manifest fsync; finalize included), timed from the drain up (its worker processes too) to its
+last commit. On a shared disk one pass is noise, so every drain is
 compared with the cp + sync next to it, and the median of those ratios over the rounds is
 reported with its spread (min-max). The counting's cost is the median, over rounds, of the drain
 with counting over the drain without in the same round. The disk's ceiling for the drain's write
@@ -150,25 +151,30 @@ _ORIGINAL = {"add": VocabTracker.add, "write_files": VocabTracker.write_files}
 
 
 class CommitClock:
-    """When the drain's last commit ended (the samples are drained; finalize follows): the
-    committer's batch commit, timed for the length of one run."""
+    """When the drain's committer started (the drain is up, its worker processes too) and when its
+    last commit ended (the samples are drained; finalize follows), timed for the length of one run."""
 
     def __init__(self) -> None:
-        self.last = 0.0
-        self._original = Committer._commit
+        self.started = self.last = 0.0
+        self._original, self._start = Committer._commit, Committer.start
 
     def __enter__(self) -> CommitClock:
-        original = self._original
+        original, start = self._original, self._start
 
         def timed(committer: Committer, batch: list) -> None:
             original(committer, batch)
             self.last = time.perf_counter()
 
+        def started(committer: Committer) -> None:
+            self.started = time.perf_counter()
+            start(committer)
+
         Committer._commit = timed  # type: ignore[method-assign]
+        Committer.start = started  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        Committer._commit = self._original  # type: ignore[method-assign]
+        Committer._commit, Committer.start = self._original, self._start  # type: ignore[method-assign]
 
 
 def drain(
@@ -180,7 +186,13 @@ def drain(
     timing: CountingTime | None = None,
     worker_mode: str = "auto",
 ) -> tuple[float, float, float]:
-    """(seconds to the last commit, seconds of the whole run including finalize, CPU seconds of the run).
+    """(seconds from the drain up to its last commit, seconds of the whole run from its launch including
+    finalize, CPU seconds of the run).
+
+    "Up" includes the worker processes where the drain has them (16 cores: by default): a daemon is
+    up before its client, and rounds shorter than the processes' start measured the drain's threads
+    beside their imports (the GPU host's 2026-12-05 figures). The start is drain_start.py's and
+    drain_ab.py's to measure.
 
     The CPU seconds (user + system, every thread of this process) are what other tenants of a
     shared machine disturb least: the wall time of a pass varies by a third from one pass to the
@@ -196,6 +208,7 @@ def drain(
         count_vocab=count_vocab,
         vocab_size=VOCAB,
         worker_mode=worker_mode,
+        wait_for_worker_processes=True,
     )
     if workers:
         cfg.workers = workers
@@ -210,7 +223,7 @@ def drain(
         raise SystemExit(f"{fmt}: the drain exited {code}: the run's counts do not add up (see its log)")
     if not clock.last:
         raise SystemExit(f"{fmt}: no commit was seen (the committer's hook moved?)")
-    committed = clock.last - t0
+    committed = clock.last - clock.started
     if d.stats.samples_total == 0 or any(p.name.startswith("hsx-") for p in dump.iterdir()):
         raise SystemExit(f"{fmt}: the drain left dumps behind")
     if count_vocab != (out / "draft_vocab.json").exists():
