@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from hsextract.drain import core
+from hsextract.drain import core, worker_processes
 from hsextract.drain import validate as v
 from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.drain.prepare import Job, Ready
@@ -136,3 +136,35 @@ def test_worker_processes_are_forks_of_one_server_and_both_outlive_a_stops_sigte
         assert outcome.prepared.tmp.stat().st_size > staged.hidden.numel() * 2
     finally:
         procs.close()
+
+
+class _SlowStart(worker_processes.ProcessPoolExecutor):
+    """The real pool, whose first worker waits (as for the forkserver's imports) until the test releases it."""
+
+    gate: ClassVar[threading.Event] = threading.Event()
+    pids: ClassVar[set[int]] = set()
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.gate.wait()
+        future = super().submit(fn, *args, **kwargs)
+        self.pids.update(self._processes or {})  # started by the submit (or earlier)
+        return future
+
+
+def test_a_drain_done_before_its_worker_processes_are_up_does_not_wait_for_them(tmp_path: Path, monkeypatch):
+    """A run shorter than the processes' start (a smoke test, a small shard) ends when its samples
+    are written; the processes started afterwards are ended, never given a sample."""
+    monkeypatch.setattr(worker_processes, "ProcessPoolExecutor", _SlowStart)
+    procs = WorkerProcesses(2, "speculators", tmp_path)
+    closing = threading.Thread(target=procs.close, daemon=True)
+    try:
+        closing.start()
+        closing.join(60)
+    finally:
+        _SlowStart.gate.set()  # whatever happened, nothing stays blocked on it
+
+    assert not closing.is_alive(), "close() waited for processes that were still starting"
+    procs.wait_ready(timeout=240)  # the launcher is done: it has started the processes and ended them
+    assert len(_SlowStart.pids) == 2
+    wait_for(lambda: not any(_alive(pid) for pid in _SlowStart.pids), 240, "the late processes to be ended")
+    assert not procs.ready() and procs.pids == []

@@ -72,6 +72,7 @@ class WorkerProcesses:
         self._pool: ProcessPoolExecutor | None = None
         self._started: list[Future] = []
         self._launch_error: BaseException | None = None
+        self._closed = False  # closed before the pool had started: the launcher ends what it starts
         # The pool's first worker waits for the forkserver's imports (seconds): started from a thread
         # of its own, so the drain goes on meanwhile. `ready` says when they are up.
         self._launched = threading.Event()
@@ -103,8 +104,15 @@ class WorkerProcesses:
             self._launch_error = exc
             self._launched.set()
             return
-        self._pool, self._started = pool, started
-        self._launched.set()
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._pool, self._started = pool, started
+            self._launched.set()
+        if closed:  # the drain finished before its processes were up: they were given nothing
+            _kill(pool)
+            pool.shutdown(wait=False, cancel_futures=True)
+            return
         for f in started:
             f.add_done_callback(self._one_started)
 
@@ -133,7 +141,7 @@ class WorkerProcesses:
                 f"the drain's {self.n} worker processes could not start ({self._launch_error}); run the drain "
                 "with --worker-mode threads"
             ) from self._launch_error
-        if not all(f.done() for f in self._started):
+        if self._pool is None or not all(f.done() for f in self._started):  # (None: closed before it started)
             return False
         try:
             for f in self._started:
@@ -177,20 +185,30 @@ class WorkerProcesses:
 
     def _kill_all(self) -> None:
         """End every worker process at once (they ignore the SIGTERM the pool ends them with)."""
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if self._pool is not None:
+            _kill(self._pool)
 
     def close(self) -> None:
         """Let the processes finish what they were given, then end them. Processes still starting
-        were given no sample: they are ended at once, once the pool has started them (which waits at
-        most for the forkserver's imports, in a drain that stops within its first seconds)."""
-        self._launcher.join()
+        were given no sample: they are ended at once. A pool still waiting for the forkserver's
+        imports is not waited for: its launcher ends the processes it starts (a drain whose run is
+        shorter than its processes' start exits when the run is done, not seconds later)."""
+        with self._lock:
+            self._closed = True
+            if not self._launched.is_set():
+                return
         if self._pool is None:
             return
         if not all(f.done() for f in self._started):
             self._kill_all()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
+    """SIGKILL every process of `pool` (they ignore the SIGTERM the pool ends them with)."""
+    for pid in list(pool._processes or {}):  # the executor has no public accessor
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _start(fmt_name: str, tmp_dir: str, barrier) -> None:
