@@ -167,8 +167,7 @@ class WorkerProcesses:
     @property
     def pids(self) -> list[int]:
         """The worker processes' pids (the pool's own record; none before the pool has started them)."""
-        pool = self._pool
-        return sorted(pool._processes or {}) if pool is not None else []  # the executor has no public accessor
+        return _pids(self._pool) if self._pool is not None else []
 
     def prepare(self, job: Job) -> Outcome:
         """Prepare `job` in one of the processes and wait for its outcome (an error of its own is raised here)."""
@@ -204,9 +203,14 @@ class WorkerProcesses:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _pids(pool: ProcessPoolExecutor) -> list[int]:
+    """The pids of `pool`'s processes (its own record: the executor has no public accessor)."""
+    return sorted(pool._processes or {})
+
+
 def _kill(pool: ProcessPoolExecutor) -> None:
     """SIGKILL every process of `pool` (they ignore the SIGTERM the pool ends them with)."""
-    for pid in list(pool._processes or {}):  # the executor has no public accessor
+    for pid in _pids(pool):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
