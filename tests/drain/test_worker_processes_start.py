@@ -8,9 +8,11 @@ forks of one server that imported torch once, still started in the background.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -25,7 +27,7 @@ from hsextract.output.manifest import default_checksum_algorithm, iter_entries, 
 from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.records import SampleRecord
 from support.client_run import wait_for
-from support.drain_proc import finish_client
+from support.drain_proc import finish_client, start
 from support.staged_dumps import stage_sample
 
 pytestmark = pytest.mark.timeout(300)
@@ -168,3 +170,57 @@ def test_a_drain_done_before_its_worker_processes_are_up_does_not_wait_for_them(
     assert len(_SlowStart.pids) == 2
     wait_for(lambda: not any(_alive(pid) for pid in _SlowStart.pids), 240, "the late processes to be ended")
     assert not procs.ready() and procs.pids == []
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.slow
+def test_a_drain_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: Path):
+    """Its workers ignore SIGTERM and its forkserver lives while they do: left running, they held
+    memory and made systemd's restart wait for its stop timeout to SIGKILL them."""
+    (tmp_path / "dump").mkdir()
+    proc = start(
+        "drain",
+        "--dump-dir",
+        str(tmp_path / "dump"),
+        "--output",
+        str(tmp_path / "out"),
+        "--format",
+        "speculators",
+        "--workers",
+        "2",
+        "--worker-mode",
+        "processes",
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    left: list[int] = []
+    try:
+        for line in proc.stderr:
+            if "worker processes started" in line:
+                break
+        left = _descendants(proc.pid)
+        assert len(left) >= 3, left  # the forkserver and its two workers (and the resource tracker)
+
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+        wait_for(lambda: not any(_alive(pid) for pid in left), 60, "the drain's processes to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

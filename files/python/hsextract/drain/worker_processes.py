@@ -32,6 +32,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import threading
 import time
@@ -97,7 +98,7 @@ class WorkerProcesses:
                 max_workers=self.n,
                 mp_context=ctx,
                 initializer=_start,
-                initargs=(fmt_name, str(tmp_dir), ctx.Barrier(self.n)),
+                initargs=(fmt_name, str(tmp_dir), ctx.Barrier(self.n), os.getpid()),
             )
             started = [pool.submit(os.getpid) for _ in range(self.n)]
         except BaseException as exc:  # said by `ready`, in the drain's own thread
@@ -215,17 +216,36 @@ def _kill(pool: ProcessPoolExecutor) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _start(fmt_name: str, tmp_dir: str, barrier) -> None:
+def _start(fmt_name: str, tmp_dir: str, barrier, drain_pid: int) -> None:
     global _fmt, _tmp_dir
     for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    _exit_with(drain_pid)
     import torch
 
     torch.set_num_threads(1)  # the processes are the parallelism
     _fmt, _tmp_dir = get_format(fmt_name), Path(tmp_dir)
     warm_up(_fmt, _tmp_dir)  # "started" means warm: the first real sample pays nothing once-only
     barrier.wait(timeout=600)
+
+
+def _exit_with(drain_pid: int) -> None:
+    """End this process when the drain's ends, however it ends.
+
+    Why: a worker waits on its pool's queue, whose both ends it holds, and ignores SIGTERM; the
+    forkserver lives while any worker does. A drain killed with SIGKILL (or by the OOM killer)
+    left them all running, and systemd's restart waited for its stop timeout to SIGKILL them."""
+    try:
+        fd = os.pidfd_open(drain_pid)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([fd], [], [])  # readable once the process has exited
+        os._exit(1)
+
+    threading.Thread(target=watch, name="drain-watch", daemon=True).start()
 
 
 def _prepare(job: Job) -> Outcome:
