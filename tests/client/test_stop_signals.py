@@ -39,6 +39,7 @@ from support.client_run import (
     wait_for,
     write_mixed_dataset,
 )
+from support.drain_proc import drain_args
 
 pytestmark = pytest.mark.slow
 
@@ -97,18 +98,7 @@ def _sigterm_when_handled(proc: subprocess.Popen) -> bool:
 
 
 def _drain_args(tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        "drain",
-        "--dump-dir",
-        str(tmp_path / "dump"),
-        "--output",
-        str(tmp_path / "out"),
-        "--format",
-        "specforge",
-        "--poll-interval",
-        "0.1",
-        *extra,
-    ]
+    return drain_args(tmp_path / "dump", tmp_path / "out", "specforge", "--poll-interval", "0.1", *extra)
 
 
 def _client_args(tmp_path: Path, model: Path, port: int) -> list[str]:

@@ -27,7 +27,7 @@ from hsextract.output.manifest import default_checksum_algorithm, iter_entries, 
 from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.records import SampleRecord
 from support.client_run import wait_for
-from support.drain_proc import finish_client, start
+from support.drain_proc import drain_args, finish_client, start
 from support.staged_dumps import stage_sample
 
 pytestmark = pytest.mark.timeout(300)
@@ -192,17 +192,7 @@ def test_a_drain_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: P
     memory and made systemd's restart wait for its stop timeout to SIGKILL them."""
     (tmp_path / "dump").mkdir()
     proc = start(
-        "drain",
-        "--dump-dir",
-        str(tmp_path / "dump"),
-        "--output",
-        str(tmp_path / "out"),
-        "--format",
-        "speculators",
-        "--workers",
-        "2",
-        "--worker-mode",
-        "processes",
+        *drain_args(tmp_path / "dump", tmp_path / "out", "speculators", "--workers", "2", "--worker-mode", "processes"),
         stderr=subprocess.PIPE,
         start_new_session=True,
     )

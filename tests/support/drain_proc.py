@@ -33,6 +33,11 @@ def hsextract(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     )
 
 
+def drain_args(dump: Path, out: Path, fmt: str, *extra: str) -> list[str]:
+    """``hsextract drain``'s arguments for a staging directory, an output and a format, then `extra`."""
+    return ["drain", "--dump-dir", str(dump), "--output", str(out), "--format", fmt, *extra]
+
+
 def start(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "hsextract", *args], env=env(), text=True, **kw)
 
