@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import ClassVar
 
+import psutil
 import pytest
 from hsextract.drain import core, worker_processes
 from hsextract.drain import validate as v
@@ -172,20 +173,6 @@ def test_a_drain_done_before_its_worker_processes_are_up_does_not_wait_for_them(
     assert not procs.ready() and procs.pids == []
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 @pytest.mark.slow
 def test_a_drain_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: Path):
     """Its workers ignore SIGTERM and its forkserver lives while they do: left running, they held
@@ -201,7 +188,7 @@ def test_a_drain_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: P
         for line in proc.stderr:
             if "worker processes started" in line:
                 break
-        left = _descendants(proc.pid)
+        left = [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
         assert len(left) >= 3, left  # the forkserver and its two workers (and the resource tracker)
 
         os.kill(proc.pid, signal.SIGKILL)
