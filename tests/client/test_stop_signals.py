@@ -45,6 +45,7 @@ pytestmark = pytest.mark.slow
 
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 LINES = 120  # the dataset of the ten-stops test
+STARTUP_LINE = "start-up: "  # the client's log line once its start-up (the probe included) is over
 
 
 def _signal_mask(pid: int, field: str) -> int:
@@ -276,9 +277,10 @@ def test_client_stopped_after_its_run_exits_0_as_done(tmp_path, tiny_llama, llam
 @pytest.mark.server
 def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(llama_server, tiny_llama, tmp_path):
     """Ten systemd stops at random instants of ten client runs: three in a run's first second
-    (from the moment the interpreter runs Python code and handles SIGTERM), four mid-run, three
-    in its last second. Each run exits 0: stopped, or done where a last-second stop came after the
-    run had finished; and the run that follows completes the set, every sample exactly once."""
+    (from the moment the interpreter runs Python code and handles SIGTERM), four mid-run (held
+    there by freezing the server), three in its last second. Each run exits 0: stopped, or done
+    where a last-second stop came after the run had finished; and the run that follows completes
+    the set, every sample exactly once."""
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=LINES, seed=9)
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
@@ -310,18 +312,7 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
                     every=0.001,
                 )
             elif when == "mid-run":
-                # A random instant as a random count of samples done, within the first quarter of
-                # what is left, so the stop lands mid-run however fast the machine is.
-                done = _done(out)
-                target = done + rng.randint(1, max(1, (LINES - done) // 4))
-                wait_for(
-                    lambda c=client, n=target: (
-                        (client_status(out).get("pid") == c.pid and _done(out) >= n) or c.poll() is not None
-                    ),
-                    240,
-                    f"{target} samples done",
-                    logs / "client.log",
-                )
+                _hold_mid_run(llama_server, client, out, logs / "client.log", rng)
             elif when == "last second":
                 wait_for(
                     lambda c=client: _near_the_end(out, c.pid) or c.poll() is not None,
@@ -331,7 +322,10 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
                 )
             if when != "mid-run":
                 time.sleep(rng.uniform(0, 1))  # the random instant within the second
-            client.send_signal(signal.SIGTERM)
+            try:
+                client.send_signal(signal.SIGTERM)
+            finally:
+                llama_server.resume()  # a mid-run stop's client finishes its requests in flight
             rc = wait_exit(client, 60, logs / "client.log")
             status = client_status(out)
             # A client stopped before its run began leaves the status of the run before it as it was.
@@ -344,6 +338,7 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
         assert wait_exit(client, 420, logs / "client.log") == 0, tail(logs / "client.log")
         assert wait_exit(drain, 180, logs / "drain.log") == 0, tail(logs / "drain.log")
     finally:
+        llama_server.resume()
         stop(client)
         stop(drain)
     assert all(state.startswith("stopped") for when, _, state in ends if when != "last second"), ends
@@ -352,9 +347,34 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
     assert f"{accepted} accepted = {accepted} in the set + 0 failed + 0 quarantined" in (logs / "drain.log").read_text()
 
 
-def _done(out: Path) -> int:
-    s = client_status(out)
-    return s.get("ok", 0) + s.get("skipped", 0)
+def _hold_mid_run(server, client: subprocess.Popen, out: Path, log: Path, rng: random.Random) -> None:
+    """Bring `client` to a random instant of the middle of its run and leave `server` frozen there.
+
+    The client answers a sample in tens of milliseconds here and writes its status once a second,
+    so a stop timed by the status's counts can land after the last line was sent. The run goes only
+    as far as the test lets it instead: a random fraction of a second from the client's log line
+    that its start-up is over, then the server is frozen; a status written after that must show
+    lines the client has not sent.
+    """
+    startups = log.read_text(errors="replace").count(STARTUP_LINE)
+    wait_for(
+        lambda: log.read_text(errors="replace").count(STARTUP_LINE) > startups or client.poll() is not None,
+        120,
+        "the client to end its start-up",
+        log,
+        every=0.005,
+    )
+    time.sleep(rng.uniform(0, 0.2))  # the random instant: how far the run gets
+    server.pause()
+    frozen_at = time.time()
+    s = wait_for(
+        lambda: (st := client_status(out)).get("pid") == client.pid and st.get("updated_at", 0) > frozen_at and st,
+        30,
+        "a status of the client written after the server froze",
+        log,
+    )
+    unsent = s["samples_total"] - s["sent"] - s["skipped"] - s["rejected"]
+    assert unsent > 0, f"the client has sent every line before the mid-run stop: {s}"
 
 
 def _near_the_end(out: Path, pid: int) -> bool:
