@@ -26,12 +26,14 @@ The teardown playbook runs last.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -48,6 +50,11 @@ RUN_CONFIG = "/etc/hsextract/run.json"
 OUTPUT = "/srv/hsx-test/output"  # not the defaults: every unit and process must follow the override
 DUMP_DIR = "/dev/shm/hsx-test-staging"
 DEFAULT_OUTPUT, DEFAULT_DUMP_DIR = "/var/lib/hsextract/output", "/dev/shm/hsextract"
+# Freezes the server once the client's log says its start-up is over; prints "frozen" if it did.
+FREEZE_AFTER_START_UP = (
+    "journalctl --unit=hsextract-extract.service --output=cat --no-pager --quiet | grep -q 'start-up: ' "
+    "&& systemctl kill --signal=SIGSTOP hsextract-server.service && echo frozen"
+)
 LISTENER = (
     "import socket, sys, time\n"
     "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -118,13 +125,19 @@ def host(tmp_path_factory):
         state["old_server_pid"] = box.main_pid("hsx-test-old-server.service")
         state["bystander_pid"] = box.main_pid("hsx-test-bystander.service")
 
-        state["first"] = box.playbook("extract.yml", log_dir=logs, label="1-converge", timeout=1500)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            converge = pool.submit(box.playbook, "extract.yml", log_dir=logs, label="1-converge", timeout=1500)
+            frozen_at = freeze_the_server_once_the_client_sends(box, converge)
+            state["first"] = converge.result()
         if state["first"].rc == 0:
             # Kill the server mid-run (the client is still sending): systemd must bring it back.
             state["client_active_at_kill"] = box.unit("hsextract-extract.service", "ActiveState")["ActiveState"]
+            state["client_at_kill"] = client_status_after(box, frozen_at) if frozen_at else {}
             killed = box.main_pid("hsextract-server.service")
             box.run("kill", "-9", str(killed), check=True)
             state["killed_pid"] = killed
+            # What is left of the frozen server (its scheduler) ends as it would after the kill.
+            box.run("systemctl", "kill", "--signal=SIGCONT", "hsextract-server.service")
 
             def restarted() -> bool:
                 props = box.unit("hsextract-server.service", "NRestarts", "ActiveState")
@@ -148,6 +161,42 @@ def host(tmp_path_factory):
         yield state
     finally:
         box.stop()
+
+
+def freeze_the_server_once_the_client_sends(box: Sandbox, converge: concurrent.futures.Future) -> float | None:
+    """Freeze the server (SIGSTOP to every process of its unit) as the client ends its start-up,
+    and return when (time.time()); None if the converge ended with no client starting.
+
+    The converge's last task starts the client and the play returns while the client runs; on two
+    busy cores the 40 demo samples could all be sent before the test's kill. Frozen once the
+    client logs the end of its start-up (its probe needs the server), the server answers nothing
+    more, so the kill lands while the client has lines left to send.
+    """
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        ended = converge.done()
+        active = box.unit("hsextract-extract.service", "ActiveState")["ActiveState"] == "active"
+        if active and "frozen" in box.sh(FREEZE_AFTER_START_UP, check=False):
+            return time.time()
+        if ended and not active:
+            return None
+        time.sleep(0.05 if active else 0.5)  # the client's start-up takes seconds, the converge minutes
+    raise AssertionError("the client did not end its start-up within 30 minutes of the converge's start")
+
+
+def client_status_after(box: Sandbox, since: float) -> dict:
+    """The client's status file once it has been written after `since` (it is written every second)."""
+    path = f"{OUTPUT}/.hsextract/client-status.json"
+    found: dict = {}
+
+    def written() -> bool:
+        nonlocal found
+        r = box.run("cat", path)
+        found = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else {}
+        return found.get("updated_at", 0) > since
+
+    box.wait_until(written, 60, interval=0.2, what=f"the client to write {path} after the server froze")
+    return found
 
 
 def assert_ok(result: PlayResult, what: str) -> None:
@@ -271,6 +320,9 @@ def test_the_overridden_output_and_staging_directories_reach_every_unit_and_its_
 def test_systemd_restarts_the_server_after_kill_9_and_the_smoke_test_passes_again(host):
     assert host.get("killed_pid", 0) > 1
     assert host["client_active_at_kill"] == "active", "the kill should land while the client is sending"
+    st = host["client_at_kill"]
+    unsent = st.get("samples_total", 0) - sum(st.get(k, 0) for k in ("sent", "skipped", "rejected"))
+    assert unsent > 0, f"the kill should land while the client has lines to send: {st}"
     assert_ok(host["smoke"], "playbooks/smoke.yml after the restart")
     assert host["box"].main_pid("hsextract-server.service") != host["killed_pid"]
 
