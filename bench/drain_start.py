@@ -7,7 +7,7 @@ on the H200 host the drain with 8 worker processes wrote nothing for its first 9
 checkout (the code before a change, say) runs in alternating rounds, and the last line is the
 median ratio of the two trees' seconds, round by round.
 
-    python bench/drain_start.py [--rounds 3] [--workers 8] [--other-tree PATH] [--json PATH]
+    python bench/drain_start.py [--rounds 3] [--workers 8] [--other-tree PATH [--other-label TEXT]] [--json PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,9 +36,9 @@ from hsextract.output.manifest import entries_path  # noqa: E402
 def first_sample_s(
     tree: Path, master: Path, base: Path, workers: int, timeout: float = 300
 ) -> tuple[float, float, float | None]:
-    """(seconds to the first manifest line, seconds to the drain's exit, the drain's own count of
-    seconds to its worker processes up, None where it finished before they were) of one drain over
-    a fresh copy of the staged dumps in `master`, run from `tree`'s package."""
+    """(seconds to the first manifest line, seconds to the drain's exit, seconds to its line that its
+    worker processes are up, None where it finished before they were) of one drain over a fresh
+    copy of the staged dumps in `master`, run from `tree`'s package, each from the drain's start."""
     work = base / "run"
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(master / "dump", work / "dump")
@@ -72,17 +73,24 @@ def first_sample_s(
         stderr=subprocess.PIPE,
         text=True,
     )
+    lines: list[tuple[float, str]] = []  # the drain's log lines, each with when it came
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), ln) for ln in proc.stderr), daemon=True)
+    reader.start()
     first = None
     while first is None and proc.poll() is None and time.monotonic() - t0 < timeout:
         if manifest.exists() and manifest.stat().st_size > 0:
             first = time.monotonic() - t0
         else:
             time.sleep(0.01)
-    _, err = proc.communicate(timeout=timeout)
+    proc.wait(timeout=timeout)
+    reader.join(timeout=10)
+    whole = time.monotonic() - t0
+    err = "".join(ln for _, ln in lines)
     if proc.returncode != 0 or first is None:
         raise SystemExit(f"the drain from {tree} exited {proc.returncode}:\n{err[-3000:]}")
-    up = re.search(r"(\d+) worker processes started in ([\d.]+) s", err)
-    return first, time.monotonic() - t0, float(up.group(2)) if up else None
+    # The drain's line "N worker processes started in X s", timed here from the drain's start.
+    up = [t - t0 for t, ln in lines if re.search(r"\d+ worker processes started in", ln)]
+    return first, whole, round(up[0], 2) if up else None
 
 
 def _commit_of(tree: Path) -> str:
@@ -97,6 +105,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--samples-mb", type=float, default=20, help="staged megabytes of tiny-model samples")
     ap.add_argument("--other-tree", type=Path, help="another checkout, run in alternating rounds")
+    ap.add_argument("--other-label", help="what the results call the other tree (default: its commit)")
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "drain_start.json")
     args = ap.parse_args()
 
@@ -128,26 +137,30 @@ def main() -> int:
         "worker_mode": "processes",
         "samples": samples,
         "cores": os.cpu_count(),
-        "trees": {k: _commit_of(v) for k, v in trees.items()},
+        "trees": {k: (args.other_label if k == "other" else None) or _commit_of(v) for k, v in trees.items()},
         "first_sample_s": {k: [round(a, 2) for a, _, _ in v] for k, v in rows.items()},
         "drained_s": {k: [round(b, 2) for _, b, _ in v] for k, v in rows.items()},
-        # The drain's own line "N worker processes started in X s" (None: it had finished before).
+        # From the drain's start to its line "N worker processes started" (None: it had finished before).
         "workers_up_s": {k: [c for _, _, c in v] for k, v in rows.items()},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if "other" in rows:
-        ratios = [o[0] / t[0] for t, o in zip(rows["this"], rows["other"], strict=True)]
-        result["first_sample_other_over_this"] = {
-            "median": round(med(ratios), 2),
-            "min": round(min(ratios), 2),
-            "max": round(max(ratios), 2),
-        }
+        for key, at in (("first_sample", 0), ("drained", 1), ("workers_up", 2)):
+            pairs = list(zip(rows["this"], rows["other"], strict=True))
+            ratios = [o[at] / t[at] for t, o in pairs if t[at] and o[at]]
+            if ratios:  # (workers_up: rounds where both drains had their processes up)
+                result[f"{key}_other_over_this"] = {
+                    "median": round(med(ratios), 2),
+                    "min": round(min(ratios), 2),
+                    "max": round(max(ratios), 2),
+                }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     for name, v in rows.items():
         print(f"{name}: first sample {med([a for a, _, _ in v]):.2f} s (median of {len(v)})")
-    if "other" in rows:
-        print(f"first sample, other tree over this one: {result['first_sample_other_over_this']['median']}")
+    for key in ("first_sample", "drained", "workers_up"):
+        if f"{key}_other_over_this" in result:
+            print(f"{key.replace('_', ' ')}, other tree over this one: {result[f'{key}_other_over_this']['median']}")
     return 0
 
 

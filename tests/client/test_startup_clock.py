@@ -3,7 +3,8 @@
 import time
 
 import pytest
-from hsextract.client.startup import StartupClock, process_age_s
+from hsextract.client.startup import StartupClock
+from hsextract.process_age import process_age_s
 
 
 def test_the_process_age_counts_from_the_process_start_not_from_the_clock_s_creation():

@@ -8,27 +8,12 @@ in its log and its summary (``startup_s``), so the cost is measured on each host
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
+from hsextract.process_age import process_age_s
 from hsextract.report import seconds
-from hsextract.staging.announcements import process_start_ticks
-
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (the kernel's record of it), None where /proc cannot
-    tell: what the interpreter and the imports took before any of the client's code ran."""
-    ticks = process_start_ticks(os.getpid())
-    try:
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    if ticks is None:
-        return None
-    return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 class StartupClock:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from hsextract import shutdown
 from hsextract.config_file import add_config_argument
 from hsextract.draft_config import serving_layer_ids
+from hsextract.drain import forkserver
 from hsextract.drain.config import WORKER_MODES
 from hsextract.errors import ConfigError
 from hsextract.formats import FORMAT_NAMES
@@ -144,8 +145,8 @@ def check_selfcheck_server(url: str, bound: float) -> None:
 
 
 def build_config(args: argparse.Namespace):  # -> DrainConfig
-    from hsextract.drain.core import DrainConfig
-    from hsextract.staging.dumps import DTYPES
+    from hsextract.drain.config import DrainConfig
+    from hsextract.staging.dumps import DTYPE_BYTES
 
     missing = [f"--{n.replace('_', '-')}" for n in ("dump_dir", "output", "format") if not getattr(args, n, None)]
     if missing:
@@ -200,7 +201,7 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
         layers = resolve(ids, info.num_hidden_layers, args.layer_convention)
         serving_layer_ids(info.architecture, layers.sglang_layers_to_capture)  # a set no drafter can be served on
         cfg.expected_hidden_size = info.hidden_size
-        cfg.expected_dtype = info.torch_dtype if info.torch_dtype in DTYPES else None
+        cfg.expected_dtype = info.torch_dtype if info.torch_dtype in DTYPE_BYTES else None
         cfg.eagle_layer_ids = layers.eagle_aux_hidden_state_layer_ids
         cfg.sglang_layer_ids = layers.sglang_layers_to_capture
         cfg.num_hidden_layers = info.num_hidden_layers
@@ -216,9 +217,13 @@ def build_config(args: argparse.Namespace):  # -> DrainConfig
 
 
 def run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    if cfg.worker_processes:
+        # Before the drain's own imports, so that the server's imports run beside them (hsextract.drain.forkserver).
+        forkserver.start()
     from hsextract.drain.core import Drainer
 
-    drainer = Drainer(build_config(args))
+    drainer = Drainer(cfg)
     # SIGTERM/SIGINT, also one that came during the imports: finish the samples in hand, then stop
     shutdown.on_stop(drainer.stop)
     return drainer.run()

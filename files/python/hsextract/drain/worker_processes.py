@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import select
 import signal
@@ -40,15 +39,16 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from hsextract.drain import forkserver
+from hsextract.drain.forkserver import STOP_SIGNALS
 from hsextract.drain.prepare import Job, Outcome, prepare
 from hsextract.drain.warmup import warm_up
 from hsextract.formats import get_format
 from hsextract.formats.base import OutputFormat
+from hsextract.process_age import process_age_s
 
 __all__ = ["WorkerProcessDied", "WorkerProcesses"]
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-_PRELOAD = "hsextract.drain.forkserver_preload"
 
 log = logging.getLogger("hsextract.drain")
 
@@ -88,12 +88,9 @@ class WorkerProcesses:
         SIGTERM are blocked in this thread, whose mask the server and (through it) the processes
         inherit, from their first instruction to the moment they ignore them; the drain's other
         threads still take them."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
-            ctx = multiprocessing.get_context("forkserver")
-            # Read when the process's forkserver starts; one already running, started by other code of
-            # this process, serves as it is: the workers' own start imports what they need.
-            ctx.set_forkserver_preload([_PRELOAD])
+            ctx = forkserver.context()  # `hsextract drain` started its server already (forkserver.start)
             pool = ProcessPoolExecutor(
                 max_workers=self.n,
                 mp_context=ctx,
@@ -125,10 +122,12 @@ class WorkerProcesses:
                 return
         if all(not f.cancelled() and f.exception() is None for f in self._started):
             self._ready = True
+            age = process_age_s()
             log.info(
-                "%d worker processes started in %.1f s; samples are prepared in them from now on",
+                "%d worker processes started in %.1f s%s; samples are prepared in them from now on",
                 self.n,
                 time.monotonic() - self._spawned_at,
+                "" if age is None else f", {age:.1f} s after the drain's start",
             )
 
     def ready(self) -> bool:
@@ -218,9 +217,9 @@ def _kill(pool: ProcessPoolExecutor) -> None:
 
 def _start(fmt_name: str, tmp_dir: str, barrier, drain_pid: int) -> None:
     global _fmt, _tmp_dir
-    for sig in _STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _exit_with(drain_pid)
     import torch
 
