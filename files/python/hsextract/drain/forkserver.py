@@ -5,7 +5,7 @@
 Why `start` exists: the server's imports and the drain's own (torch again, through the formats)
 take about a second each. Left to the worker pool, which is built once the drain has imported
 everything and recovered its output, the server began its imports only after the drain's were
-done, and 8 workers were up 2.2 s after the drain's start on 2 cores. `hsextract drain` calls
+done, and 8 workers were up 2.7-2.9 s after the drain's start on 2 cores (1.4-1.5 s since). `hsextract drain` calls
 `start` before it imports the drain, so that the two imports run side by side; the pool then finds
 the server running and forks its workers from it. This module imports nothing heavy.
 

@@ -90,7 +90,7 @@ class WorkerProcesses:
         threads still take them."""
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
-            ctx = forkserver.context()  # `hsextract drain` started its server already (forkserver.start)
+            ctx = forkserver.context()  # under `hsextract drain`, its server is running already (forkserver.start)
             pool = ProcessPoolExecutor(
                 max_workers=self.n,
                 mp_context=ctx,
