@@ -1,10 +1,11 @@
 """A systemd stop (SIGTERM) ends the client and the drain cleanly at any instant of their lives.
 
 Each test sends the signal at a state it reads from the process itself (``/proc/<pid>/status``:
-the signal caught, or ignored) or from its status file, never after a sleep:
+the signal caught, or ignored), its log or its status file, never after a sleep:
 
 * during start-up, as soon as the process handles SIGTERM, while it still imports torch, and while
   the client waits for its start-up probe;
+* in the middle of a run, held there by freezing the server (SIGSTOP);
 * at the end, once the work is done and only the interpreter's exit is left;
 * while the client waits for a server that is down.
 
@@ -303,6 +304,7 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
     ends = []
     try:
         for when in ["first second"] * 3 + ["mid-run"] * 4 + ["last second"] * 3:
+            startups = _startups(logs / "client.log")
             client = start_client(logs / "client.log", *args)
             if when == "first second":
                 wait_for(
@@ -312,7 +314,7 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
                     every=0.001,
                 )
             elif when == "mid-run":
-                _hold_mid_run(llama_server, client, out, logs / "client.log", rng)
+                _hold_mid_run(llama_server, client, out, logs / "client.log", startups, rng)
             elif when == "last second":
                 wait_for(
                     lambda c=client: _near_the_end(out, c.pid) or c.poll() is not None,
@@ -347,18 +349,17 @@ def test_sigterm_at_ten_random_instants_ends_each_run_cleanly_and_loses_nothing(
     assert f"{accepted} accepted = {accepted} in the set + 0 failed + 0 quarantined" in (logs / "drain.log").read_text()
 
 
-def _hold_mid_run(server, client: subprocess.Popen, out: Path, log: Path, rng: random.Random) -> None:
+def _hold_mid_run(server, client: subprocess.Popen, out: Path, log: Path, startups: int, rng: random.Random) -> None:
     """Bring `client` to a random instant of the middle of its run and leave `server` frozen there.
 
     The client answers a sample in tens of milliseconds here and writes its status once a second,
     so a stop timed by the status's counts can land after the last line was sent. The run goes only
     as far as the test lets it instead: a random fraction of a second from the client's log line
     that its start-up is over, then the server is frozen; a status written after that must show
-    lines the client has not sent.
+    lines the client has not sent. `startups`: the log's start-up lines before this client started.
     """
-    startups = log.read_text(errors="replace").count(STARTUP_LINE)
     wait_for(
-        lambda: log.read_text(errors="replace").count(STARTUP_LINE) > startups or client.poll() is not None,
+        lambda: _startups(log) > startups or client.poll() is not None,
         120,
         "the client to end its start-up",
         log,
@@ -375,6 +376,11 @@ def _hold_mid_run(server, client: subprocess.Popen, out: Path, log: Path, rng: r
     )
     unsent = s["samples_total"] - s["sent"] - s["skipped"] - s["rejected"]
     assert unsent > 0, f"the client has sent every line before the mid-run stop: {s}"
+
+
+def _startups(log: Path) -> int:
+    """How many clients have logged the end of their start-up in `log` (none before the first)."""
+    return log.read_text(errors="replace").count(STARTUP_LINE) if log.exists() else 0
 
 
 def _near_the_end(out: Path, pid: int) -> bool:
