@@ -145,8 +145,8 @@ def main() -> int:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if "other" in rows:
+        pairs = list(zip(rows["this"], rows["other"], strict=True))
         for key, at in (("first_sample", 0), ("drained", 1), ("workers_up", 2)):
-            pairs = list(zip(rows["this"], rows["other"], strict=True))
             ratios = [o[at] / t[at] for t, o in pairs if t[at] and o[at]]
             if ratios:  # (workers_up: rounds where both drains had their processes up)
                 result[f"{key}_other_over_this"] = {

@@ -229,6 +229,12 @@ def client_status(output: Path) -> dict:
         return {}
 
 
+def lines_unsent(status: dict) -> int:
+    """Lines of the client's shard it has neither sent, skipped (already done) nor rejected, by its
+    status `status` (what a stop must leave for it to land mid-run)."""
+    return status.get("samples_total", 0) - sum(status.get(k, 0) for k in ("sent", "skipped", "rejected"))
+
+
 def wait_for(predicate, timeout: float, what: str, log: Path | None = None, every: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -12,7 +12,7 @@ Why it ignores SIGTERM: systemd's stop sends SIGTERM to every process of the uni
 that died of it would take the pool with it: the pool learns of its workers' ends through the
 server, so every worker would look dead while it finishes the samples in hand. The stop is the
 drain's to carry out; the server ends by itself once the drain has exited (its liveness pipe
-closes). The signals arrive blocked from the drain's start of the pool and are unblocked here,
+closes). The signals arrive blocked (hsextract.drain.forkserver.start) and are unblocked here,
 once ignored.
 """
 

@@ -40,7 +40,6 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from hsextract.drain import forkserver
-from hsextract.drain.forkserver import STOP_SIGNALS
 from hsextract.drain.prepare import Job, Outcome, prepare
 from hsextract.drain.warmup import warm_up
 from hsextract.formats import get_format
@@ -83,14 +82,11 @@ class WorkerProcesses:
         self._launcher.start()
 
     def _launch(self, fmt_name: str, tmp_dir: Path) -> None:
-        """Start the forkserver and all n processes, each waiting in its start for the others (the pool
-        would start them on demand, later, while a stop's SIGTERM may be on its way). SIGINT and
-        SIGTERM are blocked in this thread, whose mask the server and (through it) the processes
-        inherit, from their first instruction to the moment they ignore them; the drain's other
-        threads still take them."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        """Start the forkserver (under `hsextract drain` it runs already: forkserver.start) and all n
+        processes, each waiting in its start for the others (the pool would start them on demand,
+        later, while a stop's SIGTERM may be on its way)."""
         try:
-            ctx = forkserver.context()  # under `hsextract drain`, its server is running already (forkserver.start)
+            ctx = forkserver.start()
             pool = ProcessPoolExecutor(
                 max_workers=self.n,
                 mp_context=ctx,
@@ -217,9 +213,9 @@ def _kill(pool: ProcessPoolExecutor) -> None:
 
 def _start(fmt_name: str, tmp_dir: str, barrier, drain_pid: int) -> None:
     global _fmt, _tmp_dir
-    for sig in STOP_SIGNALS:
+    for sig in forkserver.STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, forkserver.STOP_SIGNALS)
     _exit_with(drain_pid)
     import torch
 
