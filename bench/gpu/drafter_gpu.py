@@ -37,7 +37,8 @@ travels in parts before the bundle (``pack`` here, ``receive`` there). The stage
     # on the device, back to back (carry .drafter/model.part1 + .drafter/model.sha256, then part2 + sha256):
     python3 bench/gpu/drafter_gpu.py receive
     # then (carry .gpu and .drafter/prompts):
-    python3 bench/gpu/drafter_gpu.py run --detach --budget-s 1400 --no-smoke --follow-s 560
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 bench/gpu/drafter_gpu.py run --detach --no-smoke \
+        --budget-s 1600 --serve-reserve-s 420 --calibration-steps 20 --scratch /dev/shm/hsx-arms --follow-s 575
     python3 bench/gpu/drafter_gpu.py follow --follow-s 580     # again until it says the run ended
 
 Results: ``drafter_gpu.json`` in the work directory, copied into ``$OUT`` by ``run`` and ``follow``
