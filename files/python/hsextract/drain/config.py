@@ -99,5 +99,12 @@ class DrainConfig:
         return max(1, self.workers) * (4 if self.worker_processes else 1)
 
     @property
+    def selfcheck_threads(self) -> int:
+        """Threads of one pass of the self-check over the model's head (hsextract.greedy_check): half the
+        cores, at most 8: a pass is a short burst, and at a run's end, when the last chosen samples wait
+        for it, the cores are otherwise idle."""
+        return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+    @property
     def quarantine(self) -> Path:
         return self.quarantine_dir or default_quarantine_dir(self.output)

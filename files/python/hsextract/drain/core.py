@@ -165,7 +165,13 @@ class Drainer:
             committer = self._bucket.committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
         else:
             committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
-        self._selfcheck = make_selfcheck(cfg, stop=self.stop_event, publish=lambda c: self.stats.set(selfcheck=c))
+        self._selfcheck = make_selfcheck(
+            cfg,
+            stop=self.stop_event,
+            publish=lambda c: self.stats.set(selfcheck=c),
+            fail=self._outcomes.fail,
+            together=committer.together,
+        )
         if cfg.worker_processes:
             self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
             if cfg.wait_for_worker_processes:
@@ -273,6 +279,8 @@ class Drainer:
         self.stats.set(state="stopping")
         # Finish the samples in hand; never start the queued ones.
         pool.shutdown(wait=True, cancel_futures=True)
+        if self._selfcheck is not None:
+            self._selfcheck.close()  # the chosen samples in hand: checked, then committed or quarantined
         if self._processes is not None:
             self._processes.close()
         committer.close()
