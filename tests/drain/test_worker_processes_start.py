@@ -174,6 +174,42 @@ def test_a_drain_done_before_its_worker_processes_are_up_does_not_wait_for_them(
     assert not procs.ready() and procs.pids == []
 
 
+# A drain whose run ends while its pool is still starting processes: two start, the third is asked
+# for only once the interpreter's exit has begun (as when the drain's main thread returns then).
+_EXIT_MID_START = """
+import sys, tempfile, time
+from concurrent.futures import process
+from hsextract.drain import forkserver, worker_processes
+
+class UntilExit(process.ProcessPoolExecutor):
+    asked = 0
+    def submit(self, fn, /, *args, **kwargs):
+        if UntilExit.asked == 2:
+            while not process._global_shutdown:
+                time.sleep(0.01)
+        UntilExit.asked += 1
+        return super().submit(fn, *args, **kwargs)
+
+worker_processes.ProcessPoolExecutor = UntilExit
+forkserver.start()
+procs = worker_processes.WorkerProcesses(4, "speculators", tempfile.mkdtemp())
+while UntilExit.asked < 2:
+    time.sleep(0.01)
+procs.close()
+print("the drain's run is over", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_drain_whose_run_ends_while_its_worker_processes_start_exits_without_waiting_for_them():
+    """The processes started wait for the others at a barrier (10 minutes at most) and the exiting
+    drain waited for them: a 600-second hang after a run shorter than the processes' start."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_MID_START], env=env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "the drain's run is over" in done.stderr, done.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_a_drain_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: Path):
     """Its workers ignore SIGTERM and its forkserver lives while they do: left running, they held
