@@ -276,3 +276,38 @@ def test_the_drain_starts_its_forkserver_before_it_imports_torch(tmp_path: Path)
     assert done.stderr.count("forkserver started with torch imported:") == 1, done.stderr[-3000:]
     assert "forkserver started with torch imported: False" in done.stderr
     assert sorted(e.dataset_index for e in iter_entries(out)) == [0, 1, 2]
+
+
+# `python -m hsextract drain`, with a note of whether the Arrow library was imported when the drain
+# took its first sample.
+_NOTING_FIRST_SAMPLE = """
+import runpy, sys
+from hsextract.drain import scan
+real = scan.Scanner._submit
+def noting_submit(self, *args):
+    if not self._took_one:
+        print("first sample taken with datasets imported:", "datasets" in sys.modules, file=sys.stderr, flush=True)
+    return real(self, *args)
+scan.Scanner._submit = noting_submit
+sys.argv[0] = "hsextract"
+runpy.run_module("hsextract", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_drain_with_worker_processes_takes_its_first_sample_before_importing_the_arrow_library(tmp_path: Path):
+    """Importing `datasets` (for the speculators Arrow dataset, built at finalize) took a second at
+    start, before the first sample; with worker processes it is imported once they are up."""
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(3):
+        stage_sample(dump, run, i, tokens=50)
+    finish_client(out, 3)
+    args = drain_args(dump, out, "speculators", "--workers", "2", "--worker-mode", "processes", "--exit-when-done")
+    done = subprocess.run(
+        [sys.executable, "-c", _NOTING_FIRST_SAMPLE, *args], env=env(), capture_output=True, text=True, timeout=240
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "first sample taken with datasets imported: False" in done.stderr, done.stderr[-3000:]
+    assert list(out.glob("data-*.arrow")), "the Arrow dataset was built at the end"
