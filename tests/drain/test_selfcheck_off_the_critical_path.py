@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hsextract.drain.core import DrainConfig, Drainer
 from hsextract.drain.selfcheck import in_share
 from hsextract.output.manifest import iter_entries
 from hsextract.output.run_id import load_or_create_run_id
@@ -118,3 +119,33 @@ def test_the_last_commit_follows_the_clients_end_within_three_commits_and_every_
     assert {r for r, g in by_rid.items() if g in ("passed", "near_tie")} == set(firsts + burst) - {wrong}
     assert {r for r, g in by_rid.items() if not g} == {make_rid("hsx", run, i) for i in [*plain, last]}
     assert status["accounts"]["in_set"] == len(outside) + BURST - 1 and status["quarantined"] == 1
+
+
+def test_samples_prepared_in_the_worker_processes_are_checked_and_a_wrong_one_quarantined(tmp_path):
+    """A chosen sample is prepared where any other is, here in a worker process, and comes back
+    with the final rows its check reads."""
+    dump, out, model = tmp_path / "dump", tmp_path / "out", tmp_path / "model"
+    run = load_or_create_run_id(out)
+    client = Client(dump, run, write_head_model(model, 4096), wrong=2)
+    rids = client.stage(list(range(6)))
+    finish_client(out, lines=6)
+    cfg = DrainConfig(
+        dump_dir=dump,
+        output=out,
+        format="specforge",
+        workers=2,
+        worker_mode="processes",
+        wait_for_worker_processes=True,  # every sample through the processes
+        model_path=str(model),
+        selfcheck_share=1.0,
+        poll_interval_s=0.05,
+        exit_when_done=True,
+        max_failure_share=1.0,
+        count_vocab=False,
+    )
+    drainer = Drainer(cfg)
+    assert drainer.run() == 0
+    by_rid = {e.rid: e.greedy_check for e in iter_entries(out)}
+    assert by_rid == {r: "passed" for r in rids if r != make_rid("hsx", run, 2)}
+    assert (out / "quarantine" / make_rid("hsx", run, 2) / "reason.txt").read_text().startswith("greedy_mismatch")
+    assert drainer.stats.selfcheck["checked"] == 6 and drainer.stats.selfcheck["greedy_failed"] == 1
