@@ -255,9 +255,7 @@ class Drainer:
         for worker processes it costs the samples nothing there, while at start it delayed the first
         one by that second."""
         if FORMATS[self.cfg.format].arrow_dataset:
-            threading.Thread(
-                target=importlib.import_module, args=("datasets",), name="drain-import-datasets"
-            ).start()
+            threading.Thread(target=importlib.import_module, args=("datasets",), name="drain-import-datasets").start()
 
     def _loop(self, pool: ThreadPoolExecutor, scanner: Scanner, committer: Committer) -> bool:
         """Scan and submit until stopped; True when the run is finished (exit_when_done)."""
