@@ -9,11 +9,13 @@ compares whole distributions in the same pass over the head (`GreedyHead.scan` h
 logits to both). Used by the smoke test on its probe and by the drain on a share of real samples.
 
 Several samples share one pass (`GreedyHead.check_many`): each chunk of the head is read once and
-multiplied by every sample's rows at once, so a pass for a hundred samples' last rows costs about
-what a pass for one does (the read of the head dominates; measured on 2 cores: a 64 MiB chunk times
-1 row 6 ms, 16 rows 9 ms, 64 rows 24 ms). The drain's self-check batches the samples waiting for it
-this way (hsextract.drain.check_queue). A head given `threads` reads and multiplies that many chunks
-at once, in order of their results, so one pass runs on as many cores.
+multiplied by every sample's rows at once, so a pass for 32 samples' last rows costs what a pass for
+one does (bench/selfcheck_cost.py, an 8B-shaped head on 2 cores: 1.58 s against 1.63 s). The matrix
+product grows with the rows (a 64 MiB chunk times 1 row 6 ms, 16 rows 9 ms, 64 rows 24 ms, 256 rows
+84 ms), which the drain bounds (hsextract.drain.check_queue.PASS_ROWS). The drain's self-check
+batches the samples waiting for it this way (hsextract.drain.check_queue). A head given `threads`
+reads and multiplies that many chunks at once, in order of their results, so one pass runs on as
+many cores.
 
 Memory and time: only the two weights needed are read, by name, from the model's safetensors
 files, and ``lm_head`` is read with plain reads in chunks of rows (a 160K x 7168 head is 2.3 GB in
