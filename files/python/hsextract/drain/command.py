@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.01,
         help="share of samples whose last final hidden state is put through the model's head and "
-        "must give the token the server sampled (default 0.01; needs --model)",
+        "must give the token the server sampled (default 0.01; fewer while the check's queue holds a "
+        "pass's worth, counted as skipped for load; 1: every sample, whatever the pace; needs --model)",
     )
     parser.add_argument(
         "--selfcheck-first",

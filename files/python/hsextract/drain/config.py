@@ -99,5 +99,13 @@ class DrainConfig:
         return max(1, self.workers) * (4 if self.worker_processes else 1)
 
     @property
+    def selfcheck_threads(self) -> int:
+        """Threads of one pass of the self-check over the model's head (hsextract.greedy_check): half the
+        cores, at most 8: a pass is a short burst, and at a run's end, when the last chosen samples wait
+        for it, the cores are otherwise idle. Each thread holds one 64 MiB chunk of the head while it
+        multiplies it (512 MiB at most, during a pass)."""
+        return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+    @property
     def quarantine(self) -> Path:
         return self.quarantine_dir or default_quarantine_dir(self.output)

@@ -3,6 +3,8 @@
 Order of operations for one sample (the crash-safety argument)::
 
     worker     read + validate the dump, encode it, write <output>/.hsextract/tmp/<rid>.tmp, fsync
+    checker    (a sample chosen for the self-check) its pass over the model's head: passed, on to
+               the committer; failed, the temporary file removed and the dump quarantined
     committer  take the next output index, rename the temporary file to its final name,
                fsync the directory, append the manifest line, fsync the manifest
     committer  delete the staged dump and the client's record
@@ -22,7 +24,8 @@ while reading, checking, encoding and the big fsyncs run in parallel workers.
 
 The pieces: `recovery` (the start: checks, and the repairs of hsextract.output.repair), `scan`
 (a look at each staged directory; `triage` decides what to do with it), `worker` (one dump in,
-one durable temporary file out, within the byte budget), `committer` (the commit thread: the
+one durable temporary file out, within the byte budget), `selfcheck` and `check_queue` (the
+chosen samples' checks, off the other samples' way), `committer` (the commit thread: the
 ordered commit of hsextract.output.commit, which collect uses too, then the staged dumps'
 deletion), `header` (the manifest header), `outcomes` (where every part reports what became of a
 sample: the stats, the samples in hand (`inflight`), the draft vocabulary (`vocab`), the
@@ -64,6 +67,7 @@ from hsextract.output.finalized import record_finalized
 from hsextract.output.layout import drain_tmp_dir
 from hsextract.output.lock import OutputLock
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
+from hsextract.process_age import process_age_s
 from hsextract.staging.dumps import run_dumps
 
 log = logging.getLogger("hsextract.drain")
@@ -165,9 +169,15 @@ class Drainer:
             committer = self._bucket.committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
         else:
             committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
-        self._selfcheck = make_selfcheck(cfg, stop=self.stop_event, publish=lambda c: self.stats.set(selfcheck=c))
+        self._selfcheck = make_selfcheck(
+            cfg,
+            stop=self.stop_event,
+            publish=lambda c: self.stats.set(selfcheck=c),
+            fail=self._outcomes.fail,
+            together=committer.together,
+        )
         if cfg.worker_processes:
-            self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
+            self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir, on_ready=self._import_late)
             if cfg.wait_for_worker_processes:
                 self._processes.wait_ready()
         vocab = self._vocab
@@ -210,10 +220,11 @@ class Drainer:
         # The workers are the parallelism; torch's own intra-op threads in each of them only
         # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
         torch_set_threads(1)
-        if FORMATS[self.cfg.format].arrow_dataset:
+        if FORMATS[self.cfg.format].arrow_dataset and self._processes is None:
             # Its finalize builds an Arrow dataset. Importing `datasets` costs about a second of
-            # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
-            # an import in a background thread cut the first few GB's drain rate by a fifth).
+            # CPU: with the workers in threads (few cores), pay it once at start, before them, not
+            # beside them (measured on 2 cores: an import in a background thread cut the first few
+            # GB's drain rate by a fifth). With worker processes, `_import_late` does.
             importlib.import_module("datasets")
         # Warm before "running": the first real sample pays nothing once-only (hsextract.drain.warmup).
         warm_up(self.fmt, drain_tmp_dir(self.out))
@@ -224,8 +235,9 @@ class Drainer:
             metrics.start()
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
         self.stats.set(state="running")
+        age = process_age_s()
         log.info(
-            "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)",
+            "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)%s",
             self.cfg.dump_dir,
             self.out,
             self.cfg.format,
@@ -233,8 +245,17 @@ class Drainer:
             len(committer.entries),
             self.cfg.workers,
             "processes" if self._processes is not None else "threads",
+            "" if age is None else f", ready {age:.2f} s after the drain's start",
         )
         return metrics
+
+    def _import_late(self) -> None:
+        """Once the worker processes are up (their callback): what the format's finalize imports, in a
+        thread of its own (`datasets`, a second of CPU for an Arrow format). On a host with the cores
+        for worker processes it costs the samples nothing there, while at start it delayed the first
+        one by that second."""
+        if FORMATS[self.cfg.format].arrow_dataset:
+            threading.Thread(target=importlib.import_module, args=("datasets",), name="drain-import-datasets").start()
 
     def _loop(self, pool: ThreadPoolExecutor, scanner: Scanner, committer: Committer) -> bool:
         """Scan and submit until stopped; True when the run is finished (exit_when_done)."""
@@ -273,6 +294,8 @@ class Drainer:
         self.stats.set(state="stopping")
         # Finish the samples in hand; never start the queued ones.
         pool.shutdown(wait=True, cancel_futures=True)
+        if self._selfcheck is not None:
+            self._selfcheck.close()  # the chosen samples in hand: checked, then committed or quarantined
         if self._processes is not None:
             self._processes.close()
         committer.close()
