@@ -120,8 +120,18 @@ class Drainer:
             return self._run_locked()
 
     def _run_locked(self) -> int:
-        committer, scanner = self._recover()
-        metrics = self._start(committer)
+        try:
+            committer, scanner = self._recover()
+            metrics = self._start(committer)
+        except Stopped as exc:  # a stop while a bucket's server did not answer the start
+            if not self.stop_event.is_set():
+                raise
+            self._close_processes()
+            log.info("drain stopped before its start was complete (%s); nothing was taken from staging", exc)
+            return 0
+        except BaseException:
+            self._close_processes()
+            raise
         pool = ThreadPoolExecutor(max_workers=self.cfg.worker_threads, thread_name_prefix="drain-worker")
         finished_run = False
         try:
@@ -155,8 +165,9 @@ class Drainer:
         build the parts that work on it."""
         cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
         if cfg.object_store is not None:
-            # Before the work directory is read: it is made equal to the bucket, the truth.
-            self._bucket = BucketSide.start(cfg, self.fmt, self.stop_event)
+            # Before the work directory is read: it is made equal to the bucket, the truth. The
+            # prefix is taken over (the epoch) only once every start check passed (`_start`).
+            self._bucket = BucketSide.open(cfg, self.fmt, self.stop_event)
         found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
@@ -217,12 +228,21 @@ class Drainer:
             importlib.import_module("datasets")
         # Warm before "running": the first real sample pays nothing once-only (hsextract.drain.warmup).
         warm_up(self.fmt, drain_tmp_dir(self.out))
-        committer.start()
         metrics = None
         if self.cfg.metrics_port is not None:
             metrics = MetricsServer(self.stats, self.cfg.metrics_port)
             metrics.start()
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
+        if self._bucket is not None:
+            # The last start step: every check that can refuse this drain has passed, so only now
+            # does it fence the prefix's earlier writers (one still at work stops at its next publish).
+            try:
+                self._bucket.take_over()
+            except BaseException:
+                if metrics:
+                    metrics.stop()
+                raise
+        committer.start()
         self.stats.set(state="running")
         log.info(
             "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)",
@@ -257,6 +277,10 @@ class Drainer:
             wake.wait(self._wait_s())
             wake.clear()
         return False
+
+    def _close_processes(self) -> None:
+        if self._processes is not None:
+            self._processes.close()
 
     def _publish_bucket_state(self) -> None:
         if self._bucket is not None:
