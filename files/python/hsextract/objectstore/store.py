@@ -16,8 +16,10 @@ decides (hsextract.objectstore.committer).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hsextract.durable import write_all
 from hsextract.errors import HsextractError
 from hsextract.objectstore.settings import StoreSettings
 from hsextract.objectstore.url import ObjectURL
@@ -67,6 +70,24 @@ class ObjectInfo:
     etag: str
     metadata: dict[str, str]
     last_modified: float = 0.0
+
+
+def new_file(path: Path) -> int:
+    """A write descriptor on `path`, created anew (mode 0644): what stood there is removed first,
+    and a link put in its place meanwhile is refused (ELOOP), never written through."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
+def _named(path: Path, call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)`, a file operation on `path`: an OSError it raises (a full volume) names `path`."""
+    try:
+        return call(*args)
+    except OSError as exc:
+        if exc.filename:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
 
 
 def _boto():  # imported late: only an object-store output pays for boto3
@@ -252,20 +273,24 @@ class ObjectStore:
         return self._checked(f"GET {key}", call)
 
     def download(self, key: str, dest: Path, algorithm: str = "", chunk: int = 8 << 20) -> tuple[int, str]:
-        """The object into `dest` (created or truncated), hashed on the way with `algorithm` (the
-        manifest's); (byte count, "<algorithm>:<hex>" or "")."""
+        """The object into `dest` (created or truncated, never through a link: `new_file`), hashed
+        on the way with `algorithm` (the manifest's); (byte count, "<algorithm>:<hex>" or ""). A
+        write that fails (a full volume) raises an OSError naming `dest`."""
         from hsextract.output.manifest import new_hasher
 
         def call() -> tuple[int, str]:
             r = self.client.get_object(Bucket=self.url.bucket, Key=key)
             n = 0
             h = new_hasher(algorithm) if algorithm else None
-            with open(dest, "wb") as f:
-                for piece in r["Body"].iter_chunks(chunk):
-                    f.write(piece)
+            fd = _named(dest, new_file, dest)
+            try:
+                for piece in r["Body"].iter_chunks(chunk):  # the server's faults raised as they come
+                    _named(dest, write_all, fd, [piece])
                     if h is not None:
                         h.update(piece)
                     n += len(piece)
+            finally:
+                os.close(fd)
             return n, f"{algorithm}:{h.hexdigest()}" if h is not None else ""
 
         return self._checked(f"GET {key}", call)
