@@ -11,7 +11,6 @@ import re
 import pytest
 from hsextract.cli import COMMANDS, main
 from hsextract.config_keys import KNOWN_KEYS
-
 from support.drain_proc import REPO
 
 

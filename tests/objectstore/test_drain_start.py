@@ -40,7 +40,9 @@ def test_a_drain_refused_at_start_leaves_the_drain_at_work_on_the_prefix_running
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_for(lambda: len(list(iter_entries(work))) == 6, 120, "the live drain's first samples", tmp_path / "live.log")
+        wait_for(
+            lambda: len(list(iter_entries(work))) == 6, 120, "the live drain's first samples", tmp_path / "live.log"
+        )
         other_work = tmp_path / "other-work"
         other_work.mkdir()
         shutil.copy(work / "run.json", other_work / "run.json")  # the same run, by hand

@@ -126,7 +126,7 @@ def test_an_endpoint_answering_malformed_xml_is_refused_not_waited_for(credentia
         dump, work = _staged(tmp_path)
         endpoint = f"http://127.0.0.1:{server.server_address[1]}"
         out = ObjectOutput(ObjectURL("sets", "p"), settings_from(endpoint, "", str(credentials)))
-        with pytest.raises(ServerRefused, match="not well-formed XML.*not an S3 server"):
+        with pytest.raises(ServerRefused, match=r"not well-formed XML.*not an S3 server"):
             drain(dump, work, out, lines=3)
         assert len(staged_names(dump)) == 3
     finally:

@@ -1,15 +1,16 @@
-"""``hsextract pull s3://bucket/prefix DIR``: a set (or a slice of it) from a bucket into a
-directory each trainer's reader loads as it loads a local set.
+"""``hsextract pull s3://bucket/prefix DIR``: a set (or a slice of it) from a bucket into a directory
+each trainer's reader loads as it loads a local set.
 
 Every sample object the manifest's segments name is downloaded in parallel into a temporary name,
 hashed as it streams in, compared with its manifest line (size and checksum), then renamed into
-place; what was verified is recorded (``.hsextract/pulled.jsonl``), so an interrupted pull
-resumes with the samples it lacks. The destination's bookkeeping is written only into a
-``.hsextract`` the pull made, never through a link (hsextract.objectstore.pull_dest). A slice (``--samples A:B``, output indices) is renumbered from
-0, as a trainer's reader wants its files; the bytes of each file are unchanged, so its checksum
-still holds. The manifest (``manifest.json``, ``manifest.jsonl``) is written for the samples
-pulled, and the dataset-level files are the bucket's when the whole set is pulled and the
-bucket's cover it, else rebuilt here from the pulled files, as ``hsextract finalize`` would.
+place; what was verified is recorded (``.hsextract/pulled.jsonl``), so an interrupted pull resumes
+with the samples it lacks. The destination's bookkeeping is written only into a ``.hsextract`` the
+pull made, never through a link (hsextract.objectstore.pull_dest). A slice (``--samples A:B``,
+output indices) is renumbered from 0, as a trainer's reader wants its files; the bytes of each file
+are unchanged, so its checksum still holds. The manifest (``manifest.json``, ``manifest.jsonl``) is
+written for the samples pulled, and the dataset-level files are the bucket's when the whole set is
+pulled and the bucket's cover it, else rebuilt here from the pulled files, as ``hsextract finalize``
+would.
 """
 
 from __future__ import annotations
@@ -93,7 +94,10 @@ def pull(store: ObjectStore, dest: Path, samples: str | None = None, parallel: i
         raise ConfigError(f"{store.url}: no manifest.json: nothing was drained into this prefix yet")
     everything = found.published.entries
     first, last = parse_slice(samples, len(everything))
-    chosen = [replace(e, output_index=i, file=found.fmt.relative_path(i)) for i, e in enumerate(everything[first:last])]
+    chosen = [
+        replace(e, output_index=i, file=found.fmt.relative_path(i), etag="")  # an ETag is the bucket's, not a file's
+        for i, e in enumerate(everything[first:last])
+    ]
     source = {"source": str(store.url), "samples": [first, last], "segments": len(found.published.heads)}
     claim(dest, source)
     done = _verified(dest)

@@ -51,8 +51,20 @@ class KeyExists(StoreError):
     """A create with If-None-Match met a key that exists."""
 
 
+class ObjectMissing(StoreError):
+    """A request named an object that does not exist (NoSuchKey): a copy's source, say."""
+
+
+class SourceChanged(StoreError):
+    """A server-side copy was refused because its source no longer has the ETag it was checked with."""
+
+
 class UploadAborted(StoreError):
     """A multipart upload was aborted under this writer (by a newer writer that fenced it)."""
+
+
+class _Refused412(StoreError):
+    """A condition of a request that is no create was refused (412)."""
 
 
 class Stopped(HsextractError):
@@ -404,8 +416,11 @@ class ObjectStore:
         source: ObjectURL | None = None,
         create_only: bool = True,
         metadata: dict[str, str] | None = None,
+        source_etag: str = "",
     ) -> str:
-        """A server-side copy (no byte passes through this process); its ETag."""
+        """A server-side copy (no byte passes through this process); its ETag. With `source_etag`,
+        made only while the source has that ETag (`SourceChanged` otherwise); `ObjectMissing`
+        when there is no source; `KeyExists` when `create_only` meets an object at `key`."""
         src = source or self.url
         kw: dict[str, Any] = {
             "Bucket": self.url.bucket,
@@ -417,7 +432,17 @@ class ObjectStore:
             kw["MetadataDirective"] = "REPLACE"
         if create_only:
             kw["IfNoneMatch"] = "*"
-        r = self._checked(f"copy {source_key} to {key}", lambda: self.client.copy_object(**kw), create=create_only)
+        if source_etag:
+            kw["CopySourceIfMatch"] = source_etag
+        what = f"copy {source_key} to {key}"
+        try:
+            r = self._checked(what, lambda: self.client.copy_object(**kw), create=create_only)
+        except KeyExists:  # a 412: the key exists, or (nothing there) the source changed
+            if source_etag and self.head(key) is None:
+                raise SourceChanged(f"{self.url}: {what}: the source is no longer what was checked") from None
+            raise
+        except _Refused412:  # not a create: only the source's condition can fail
+            raise SourceChanged(f"{self.url}: {what}: the source is no longer what was checked") from None
         return str(r.get("CopyObjectResult", {}).get("ETag", ""))
 
     def delete(self, key: str) -> None:
@@ -478,6 +503,10 @@ class ObjectStore:
             refused = status_of(exc) == 412 or code_of(exc) in ("PreconditionFailed", "ConditionalRequestConflict")
             if create and refused:
                 raise KeyExists(f"{self.url.bucket}/{what.split(' ', 1)[-1]}: exists") from None
+            if refused:
+                raise _Refused412(describe_refusal(exc, self.url, what)) from None
+            if code_of(exc) == "NoSuchKey":
+                raise ObjectMissing(describe_refusal(exc, self.url, what)) from None
             if code_of(exc) == "NoSuchUpload":
                 raise UploadAborted(f"{self.url}: {what}: the upload was aborted meanwhile") from None
             raise StoreError(describe_refusal(exc, self.url, what)) from None
