@@ -66,7 +66,7 @@ def test_a_missing_host_object_fails_its_sample_and_the_others_are_collected(wee
         r, said = _collect(weed, bucket, credentials, tmp_path)
         assert r.returncode == 3, r.stderr
         assert said["failed"] == 1 and said["samples"] == len(staged) - 1, said
-        assert f"FAILED host a sample 3 (dataset index {gone.dataset_index}): collect_missing" in r.stderr
+        assert f"FAILED a sample 3 (dataset index {gone.dataset_index}): collect_missing" in r.stderr
         assert "host a: 6 in its set = 5 in the collected set + 1 failed + 0 duplicate(s)" in r.stderr, r.stderr
         assert "host b: 6 in its set = 6 in the collected set + 0 failed" in r.stderr
         assert said["collected_now"] == (len(staged) - 1 if attempt == 1 else 0)
@@ -76,7 +76,9 @@ def test_a_missing_host_object_fails_its_sample_and_the_others_are_collected(wee
 
 
 def _replaced_without_metadata(client, bucket, key, entries):
-    client.put_object(Bucket=bucket, Key=key, Body=_flip_a_byte(client.get_object(Bucket=bucket, Key=key)["Body"].read()))
+    client.put_object(
+        Bucket=bucket, Key=key, Body=_flip_a_byte(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    )
 
 
 def _replaced_with_its_metadata(client, bucket, key, entries):
@@ -107,7 +109,7 @@ def test_a_host_object_that_is_not_its_lines_sample_is_not_collected(
     replace(weed.client(), bucket, f"run/a/{bad.file}", host_a)
     r, said = _collect(weed, bucket, credentials, tmp_path)
     assert r.returncode == 3, r.stderr
-    assert f"FAILED host a sample 2 (dataset index {bad.dataset_index}): {reason}" in r.stderr, r.stderr
+    assert f"FAILED a sample 2 (dataset index {bad.dataset_index}): {reason}" in r.stderr, r.stderr
     assert said["failed"] == 1
     _assert_the_set_is_the_rest(weed, bucket, credentials, staged, {bad.dataset_index})
 

@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hsextract.collect.transfer import SAME_BYTES
+from hsextract.contained import UnsafePath
 from hsextract.errors import ConfigError
 from hsextract.formats.sample_check import SampleCheck
 from hsextract.objectstore.collect_copy import BatchCopier, CollectFailure, write_failures
@@ -49,13 +51,12 @@ from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.objectstore.verify import BucketSet, orphans, read_bucket_set
 from hsextract.output.manifest import ManifestEntry, check_header_matches_fields
-from hsextract.output.same_bytes import describe, row_name, same_bytes
+from hsextract.output.same_bytes import describe, host_row_name, row_name, same_bytes
 from hsextract.report import seconds
 
 log = logging.getLogger("hsextract.collect")
 
 RUN_CHECK_FAILED = 3  # as the directory collect's: a sample failed
-SAME_BYTES = "collect_same_bytes"  # its object has another row's bytes (hsextract.output.same_bytes)
 
 
 @dataclass
@@ -122,14 +123,15 @@ def collect_in_place(
     if before.header is not None:
         check_header_matches_fields(f"the collected set {into.url}", before.header, ref.header)
     have = list(before.published.entries)
-    plan = _plan(sets, have)
+    check = SampleCheck(ref.fmt, ref.header)
+    plan = _plan(sets, have, check)
     writer = new_writer_id()
     epoch = before.published.next_segment
     publish(into, epoch_head(writer, epoch), [])
     into.put_bytes(into.url.key(RUN_KEY), json.dumps({"run_id": _run_id(sets[0].store)}).encode(), create_only=False)
     publish_header(into, replace(ref.header, run_id=ref.header.run_id))
     started = time.monotonic()
-    copier = BatchCopier(into, writer, epoch, SampleCheck(ref.fmt, ref.header), ref.fmt, epoch + 1)
+    copier = BatchCopier(into, writer, epoch, check, ref.fmt, epoch + 1)
     failed = plan.failed + copier.run(plan.todo, have, workers)
     write_failures(work, failed)
     _write_dataset_files(into, work, ref, have, sets, sizes, vocab_size)
@@ -160,7 +162,14 @@ class _Plan:
     duplicates: int = 0
 
 
-def _plan(sets: Sequence[HostSet], have: list[ManifestEntry]) -> _Plan:
+def _named_right(check: SampleCheck, e: ManifestEntry) -> bool:
+    try:
+        return check.name_problem(e) is None
+    except UnsafePath:
+        return False
+
+
+def _plan(sets: Sequence[HostSet], have: list[ManifestEntry], check: SampleCheck) -> _Plan:
     named = {(e.host, e.host_index) for e in have}
     seen = {e.dataset_index for e in have}
     plan = _Plan()
@@ -178,11 +187,12 @@ def _plan(sets: Sequence[HostSet], have: list[ManifestEntry]) -> _Plan:
         plan.todo.append((h.name, h.store, e))
     # Rows whose objects have one checksum: one of them holds another sample's bytes and nothing
     # tells which, so none of them is collected now (those collected before stay).
+    # A row naming another key than its own fails for that (collect_copy.check_source), and is no
+    # twin of the row whose object it names.
+    named_right = [(n, e) for n, _, e in plan.todo if _named_right(check, e)]
     names = {id(e): row_name(e) for e in have}
-    names.update(
-        {id(e): f"host {n} sample {e.output_index} (dataset index {e.dataset_index}, {e.rid})" for n, _, e in plan.todo}
-    )
-    twins = same_bytes([*have, *(e for _, _, e in plan.todo)])
+    names.update({id(e): host_row_name(n, e) for n, e in named_right})
+    twins = same_bytes([*have, *(e for _, e in named_right)])
     keep = []
     for n, store, e in plan.todo:
         if id(e) in twins:

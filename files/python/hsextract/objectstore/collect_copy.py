@@ -124,7 +124,8 @@ class CollectFailure:
 
     def line(self) -> str:
         e = self.entry
-        where = f"host {self.host} sample {e.output_index} (dataset index {e.dataset_index})"
+        # The directory collect's words (hsextract.collect.report).
+        where = f"{self.host} sample {e.output_index} (dataset index {e.dataset_index})"
         return f"FAILED {where}: {self.reason}: {self.detail}"
 
     def record(self) -> dict:

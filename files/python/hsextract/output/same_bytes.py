@@ -45,3 +45,8 @@ def row_name(e: ManifestEntry) -> str:
     """A row of a set, as `describe` names it."""
     where = f"host {e.host} sample {e.host_index}, " if e.host else ""
     return f"{where}sample {e.output_index} (dataset index {e.dataset_index}, {e.rid})"
+
+
+def host_row_name(host: str, e: ManifestEntry) -> str:
+    """Row `e` of host `host`'s set, as `describe` names it."""
+    return f"host {host} sample {e.output_index} (dataset index {e.dataset_index}, {e.rid})"
