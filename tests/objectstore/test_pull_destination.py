@@ -50,10 +50,36 @@ def _plant_other_users_dir(dest: Path, victim: Path, elsewhere: Path) -> None:
     os.chown(dest / ".hsextract", 65534, 65534)
 
 
+def _other_users_destination(dest: Path, victim: Path, elsewhere: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a directory of another user needs root")
+    dest.mkdir()
+    os.chown(dest, 65534, 65534)
+
+
+def _destination_others_may_write(dest: Path, victim: Path, elsewhere: Path) -> None:
+    dest.mkdir()
+    dest.chmod(0o777)
+
+
 @pytest.mark.parametrize(
     "plant",
-    [_plant_journal_link, _plant_state_dir_link, _plant_downloads_link, _plant_other_users_dir],
-    ids=["journal-link", "state-dir-link", "downloads-link", "other-users-state-dir"],
+    [
+        _plant_journal_link,
+        _plant_state_dir_link,
+        _plant_downloads_link,
+        _plant_other_users_dir,
+        _other_users_destination,
+        _destination_others_may_write,
+    ],
+    ids=[
+        "journal-link",
+        "state-dir-link",
+        "downloads-link",
+        "other-users-state-dir",
+        "other-users-destination",
+        "world-writable-destination",
+    ],
 )
 def test_a_pull_refuses_a_destination_prepared_by_someone_else_and_writes_nothing_outside_it(
     weed, bucket, credentials, tmp_path, plant

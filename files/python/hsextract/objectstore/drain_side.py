@@ -37,7 +37,7 @@ class BucketSide:
 
     @classmethod
     def open(cls, cfg: Any, fmt: OutputFormat, stop: threading.Event) -> BucketSide:
-        """Check the server and make the work directory the bucket's, writing nothing of the set
+        """Check the server and make the work directory the bucket's, fencing no one
         (hsextract.objectstore.output.open_drain); `take_over` fences the earlier writers."""
         target: ObjectOutput = cfg.object_store
         work = Path(cfg.output)

@@ -113,10 +113,11 @@ def recorded_target(work: Path) -> ObjectOutput | None:
 
 
 def open_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutput) -> DrainStart:
-    """Check the server and bring the work directory in line with the bucket, writing nothing of
-    the set: the drain's own start checks (its configuration against the header, the staging
-    directory) run on the work directory after this, and only then does `take_over` fence the
-    prefix's earlier writers. A drain refused at start must not stop the one at work there."""
+    """Check the server and bring the work directory in line with the bucket, fencing no one (what
+    it writes there is the canary, and the run's identity on a new prefix): the drain's own start
+    checks (its configuration against the header, the staging directory) run on the work directory
+    after this, and only then does `take_over` fence the prefix's earlier writers. A drain refused
+    at start must not stop the one at work there."""
     from hsextract.objectstore.check import check_store
 
     check_store(store)

@@ -6,6 +6,9 @@ pull is of, the journal of the objects verified, the temporary downloads) would 
 through whatever they planted: a link named ``.hsextract/pulled.jsonl`` makes the journal's
 lines land in any file, a link named ``.hsextract/pull-tmp`` the downloads in any directory. So:
 
+* the destination is this user's (or root's) directory that others may not write: the owner of
+  a directory, and anyone who may write it, can swap what the pull made there for a link at any
+  moment after it was checked;
 * ``.hsextract`` is made by the pull with mkdir; one that exists is used only when a pull made it:
   a real directory (not a link) of this process's user that neither group nor others may write,
   holding nothing but a pull's own files, none of them a link or a special file;
@@ -18,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from hsextract.contained import irregular_entries, read_regular
 from hsextract.durable import atomic_write_bytes
 from hsextract.errors import ConfigError
 from hsextract.output.layout import STATE_DIR, state_dir
-from hsextract.staging.fs import UnsafeEntryError, check_own_dir
+from hsextract.staging.fs import UnsafeEntryError, check_own_dir, user_name
 
 PULLED = "pulled.jsonl"
 PULL_SOURCE = "pull.json"
@@ -36,6 +40,7 @@ def claim(dest: Path, source: dict) -> None:
     """`dest` is new (or empty), or an earlier pull of the same source and slice (which this one
     resumes); its ``.hsextract`` is then the pull's own (see the module docstring)."""
     dest.mkdir(parents=True, exist_ok=True)
+    _check_dest(dest)
     state = state_dir(dest)
     try:
         os.mkdir(state, 0o755)
@@ -85,6 +90,20 @@ def journal_text(dest: Path) -> str:
         return read_regular(dest, f"{STATE_DIR}/{PULLED}").decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
+
+
+def _check_dest(dest: Path) -> None:
+    st = os.stat(dest)
+    if st.st_uid not in (os.geteuid(), 0):
+        problem = f"belongs to {user_name(st.st_uid)}"
+    elif st.st_mode & stat.S_IWOTH:
+        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}: others may write into it"
+    else:
+        return
+    raise ConfigError(
+        f"{dest} {problem}, who could put links in place of what the pull writes there: pull into a new directory "
+        "of your own"
+    )
 
 
 def _check_state_dir(state: Path) -> None:
