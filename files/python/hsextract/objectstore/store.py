@@ -28,9 +28,37 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hsextract.durable import write_all
-from hsextract.errors import HsextractError
 from hsextract.objectstore.settings import StoreSettings
+from hsextract.objectstore.store_errors import (
+    KeyExists,
+    ObjectMissing,
+    Refused412,
+    SourceChanged,
+    Stopped,
+    StoreError,
+    Unreachable,
+    UploadAborted,
+    code_of,
+    describe_refusal,
+    is_transient,
+    status_of,
+)
 from hsextract.objectstore.url import ObjectURL
+
+__all__ = [  # the error vocabulary is hsextract.objectstore.store_errors'; callers take it from here too
+    "KeyExists",
+    "ObjectInfo",
+    "ObjectMissing",
+    "ObjectStore",
+    "SourceChanged",
+    "Stopped",
+    "StoreError",
+    "Unreachable",
+    "UploadAborted",
+    "code_of",
+    "describe_refusal",
+    "status_of",
+]
 
 log = logging.getLogger("hsextract.objectstore")
 
@@ -41,38 +69,6 @@ PART_SIZE = 32 << 20
 MIN_PART_SIZE = 5 << 20
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 20.0
-
-
-class StoreError(HsextractError):
-    """The object store refused or failed a request in a way waiting will not fix."""
-
-
-class KeyExists(StoreError):
-    """A create with If-None-Match met a key that exists."""
-
-
-class ObjectMissing(StoreError):
-    """A request named an object that does not exist (NoSuchKey): a copy's source, say."""
-
-
-class SourceChanged(StoreError):
-    """A server-side copy was refused because its source no longer has the ETag it was checked with."""
-
-
-class UploadAborted(StoreError):
-    """A multipart upload was aborted under this writer (by a newer writer that fenced it)."""
-
-
-class _Refused412(StoreError):
-    """A condition of a request that is no create was refused (412)."""
-
-
-class Stopped(HsextractError):
-    """The caller was stopped while the server was unreachable."""
-
-
-class Unreachable(Stopped):
-    """The server does not answer, and the caller would rather come back later than wait."""
 
 
 @dataclass
@@ -90,6 +86,24 @@ def new_file(path: Path) -> int:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
+def stream_into(body: Any, dest: Path, algorithm: str, chunk: int) -> tuple[int, str]:
+    """A response body into `dest` (`new_file`), hashed on the way; (byte count, "<algorithm>:<hex>" or "")."""
+    from hsextract.output.manifest import new_hasher
+
+    n = 0
+    h = new_hasher(algorithm) if algorithm else None
+    fd = _named(dest, new_file, dest)
+    try:
+        for piece in body.iter_chunks(chunk):
+            _named(dest, write_all, fd, [piece])
+            if h is not None:
+                h.update(piece)
+            n += len(piece)
+    finally:
+        os.close(fd)
+    return n, f"{algorithm}:{h.hexdigest()}" if h is not None else ""
 
 
 def _named(path: Path, call: Callable[..., T], *args: Any) -> T:
@@ -124,40 +138,6 @@ def make_client(settings: StoreSettings, pool: int = 32) -> Any:
         response_checksum_validation="when_supported",
     )
     return boto3.session.Session().client("s3", config=cfg, **settings.client_kwargs())
-
-
-def status_of(exc: BaseException) -> int:
-    """The HTTP status of a botocore ClientError (0 for anything else)."""
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return 0
-    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-
-
-def code_of(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether waiting may fix it: the server unreachable, overloaded or failing for now."""
-    _, _, errors = _boto()
-    if isinstance(
-        exc,
-        (
-            errors.EndpointConnectionError,
-            errors.ConnectionClosedError,
-            errors.ReadTimeoutError,
-            errors.ConnectTimeoutError,
-            errors.ConnectionError,
-            errors.ResponseStreamingError,
-        ),
-    ):
-        return True
-    if isinstance(exc, errors.ClientError):
-        status = status_of(exc)
-        return status in (429, 500, 502, 503, 504) or code_of(exc) in ("SlowDown", "RequestTimeout", "InternalError")
-    return isinstance(exc, (ConnectionError, TimeoutError))
 
 
 class ObjectStore:
@@ -288,22 +268,10 @@ class ObjectStore:
         """The object into `dest` (created or truncated, never through a link: `new_file`), hashed
         on the way with `algorithm` (the manifest's); (byte count, "<algorithm>:<hex>" or ""). A
         write that fails (a full volume) raises an OSError naming `dest`."""
-        from hsextract.output.manifest import new_hasher
 
         def call() -> tuple[int, str]:
             r = self.client.get_object(Bucket=self.url.bucket, Key=key)
-            n = 0
-            h = new_hasher(algorithm) if algorithm else None
-            fd = _named(dest, new_file, dest)
-            try:
-                for piece in r["Body"].iter_chunks(chunk):  # the server's faults raised as they come
-                    _named(dest, write_all, fd, [piece])
-                    if h is not None:
-                        h.update(piece)
-                    n += len(piece)
-            finally:
-                os.close(fd)
-            return n, f"{algorithm}:{h.hexdigest()}" if h is not None else ""
+            return stream_into(r["Body"], dest, algorithm, chunk)  # the server's faults raised as they come
 
         return self._checked(f"GET {key}", call)
 
@@ -441,7 +409,7 @@ class ObjectStore:
             if source_etag and self.head(key) is None:
                 raise SourceChanged(f"{self.url}: {what}: the source is no longer what was checked") from None
             raise
-        except _Refused412:  # not a create: only the source's condition can fail
+        except Refused412:  # not a create: only the source's condition can fail
             raise SourceChanged(f"{self.url}: {what}: the source is no longer what was checked") from None
         return str(r.get("CopyObjectResult", {}).get("ETag", ""))
 
@@ -504,7 +472,7 @@ class ObjectStore:
             if create and refused:
                 raise KeyExists(f"{self.url.bucket}/{what.split(' ', 1)[-1]}: exists") from None
             if refused:
-                raise _Refused412(describe_refusal(exc, self.url, what)) from None
+                raise Refused412(describe_refusal(exc, self.url, what)) from None
             if code_of(exc) == "NoSuchKey":
                 raise ObjectMissing(describe_refusal(exc, self.url, what)) from None
             if code_of(exc) == "NoSuchUpload":
@@ -517,17 +485,3 @@ class ObjectStore:
             ) from None
         except errors.BotoCoreError as exc:
             raise StoreError(f"{self.url}: {what}: {type(exc).__name__}: {exc}") from None
-
-
-def describe_refusal(exc: BaseException, url: ObjectURL, what: str) -> str:
-    """A refusal as a sentence a user can act on (the server's code, never a credential)."""
-    status, code = status_of(exc), code_of(exc)
-    if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return (
-            f"{url}: the server refused the credentials ({code or status} on {what}): check the access key and "
-            "secret (--s3-credentials, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and that they may write "
-            "the bucket"
-        )
-    if code == "NoSuchBucket" or (status == 404 and what.startswith(("HEAD bucket", "LIST"))):
-        return f"{url}: the bucket {url.bucket!r} does not exist on this server: create it, or check --output"
-    return f"{url}: {what}: the server answered {status} {code}: {str(exc)[:300]}"

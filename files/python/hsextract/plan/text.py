@@ -31,18 +31,7 @@ def render(r: PlanReport) -> str:
         lines.append(
             f"  {name:15s} {binary_size(f.total_bytes):>11s} ({binary_size(f.sample_bytes)} of sample files){mark}"
         )
-    s = r.shm
-    if s.requests:
-        lines.append(
-            f"  /dev/shm  needs {binary_size(s.need_bytes)} for {s.requests} requests x "
-            f"{s.tokens_per_request} tokens at {s.path}; {binary_size(s.free_bytes)} free"
-            f"{'' if s.ok else ' (TOO SMALL)'}"
-        )
-    else:
-        lines.append(
-            f"  /dev/shm  nothing to stage: no sample of this shard is left to send; "
-            f"{binary_size(s.free_bytes)} free at {s.path}"
-        )
+    lines.append(_staging_line(r))
     t = r.time
     if t.seconds is not None and t.tokens_per_s is not None:
         lines.append(
@@ -70,3 +59,17 @@ def render(r: PlanReport) -> str:
     else:
         lines.append(f"  tokenized {k.samples_per_s:,.0f} samples/s on {k.workers} processes")
     return "\n".join(lines)
+
+
+def _staging_line(r: PlanReport) -> str:
+    s = r.shm
+    if not s.requests:
+        return (
+            f"  /dev/shm  nothing to stage: no sample of this shard is left to send; "
+            f"{binary_size(s.free_bytes)} free at {s.path}"
+        )
+    return (
+        f"  /dev/shm  needs {binary_size(s.need_bytes)} for {s.requests} requests x "
+        f"{s.tokens_per_request} tokens at {s.path}; {binary_size(s.free_bytes)} free"
+        f"{'' if s.ok else ' (TOO SMALL)'}"
+    )
