@@ -16,10 +16,8 @@ decides (hsextract.objectstore.committer).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hsextract.durable import write_all
+from hsextract.objectstore.local_files import stream_into
 from hsextract.objectstore.settings import StoreSettings
 from hsextract.objectstore.store_errors import (
     KeyExists,
@@ -40,7 +38,6 @@ from hsextract.objectstore.store_errors import (
     UploadAborted,
     code_of,
     describe_refusal,
-    is_transient,
     status_of,
 )
 from hsextract.objectstore.url import ObjectURL
@@ -80,42 +77,6 @@ class ObjectInfo:
     last_modified: float = 0.0
 
 
-def new_file(path: Path) -> int:
-    """A write descriptor on `path`, created anew (mode 0644): what stood there is removed first,
-    and a link put in its place meanwhile is refused (ELOOP), never written through."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-
-
-def stream_into(body: Any, dest: Path, algorithm: str, chunk: int) -> tuple[int, str]:
-    """A response body into `dest` (`new_file`), hashed on the way; (byte count, "<algorithm>:<hex>" or "")."""
-    from hsextract.output.manifest import new_hasher
-
-    n = 0
-    h = new_hasher(algorithm) if algorithm else None
-    fd = _named(dest, new_file, dest)
-    try:
-        for piece in body.iter_chunks(chunk):
-            _named(dest, write_all, fd, [piece])
-            if h is not None:
-                h.update(piece)
-            n += len(piece)
-    finally:
-        os.close(fd)
-    return n, f"{algorithm}:{h.hexdigest()}" if h is not None else ""
-
-
-def _named(path: Path, call: Callable[..., T], *args: Any) -> T:
-    """`call(*args)`, a file operation on `path`: an OSError it raises (a full volume) names `path`."""
-    try:
-        return call(*args)
-    except OSError as exc:
-        if exc.filename:
-            raise
-        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
-
-
 def _boto():  # imported late: only an object-store output pays for boto3
     import boto3
     import botocore.config
@@ -138,6 +99,27 @@ def make_client(settings: StoreSettings, pool: int = 32) -> Any:
         response_checksum_validation="when_supported",
     )
     return boto3.session.Session().client("s3", config=cfg, **settings.client_kwargs())
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether waiting may fix it: the server unreachable, overloaded or failing for now."""
+    _, _, errors = _boto()
+    if isinstance(
+        exc,
+        (
+            errors.EndpointConnectionError,
+            errors.ConnectionClosedError,
+            errors.ReadTimeoutError,
+            errors.ConnectTimeoutError,
+            errors.ConnectionError,
+            errors.ResponseStreamingError,
+        ),
+    ):
+        return True
+    if isinstance(exc, errors.ClientError):
+        status = status_of(exc)
+        return status in (429, 500, 502, 503, 504) or code_of(exc) in ("SlowDown", "RequestTimeout", "InternalError")
+    return isinstance(exc, (ConnectionError, TimeoutError))
 
 
 class ObjectStore:

@@ -1,5 +1,5 @@
-"""What can go wrong with a request to a bucket, in words a caller can act on, and which of it
-waiting may fix (hsextract.objectstore.store waits out those, and raises the rest)."""
+"""What can go wrong with a request to a bucket, as exceptions and sentences a caller can act on
+(hsextract.objectstore.store raises them, and re-exports them for its callers)."""
 
 from __future__ import annotations
 
@@ -50,28 +50,6 @@ def status_of(exc: BaseException) -> int:
 def code_of(exc: BaseException) -> str:
     response = getattr(exc, "response", None)
     return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether waiting may fix it: the server unreachable, overloaded or failing for now."""
-    import botocore.exceptions as errors
-
-    if isinstance(
-        exc,
-        (
-            errors.EndpointConnectionError,
-            errors.ConnectionClosedError,
-            errors.ReadTimeoutError,
-            errors.ConnectTimeoutError,
-            errors.ConnectionError,
-            errors.ResponseStreamingError,
-        ),
-    ):
-        return True
-    if isinstance(exc, errors.ClientError):
-        status = status_of(exc)
-        return status in (429, 500, 502, 503, 504) or code_of(exc) in ("SlowDown", "RequestTimeout", "InternalError")
-    return isinstance(exc, (ConnectionError, TimeoutError))
 
 
 def describe_refusal(exc: BaseException, url: ObjectURL, what: str) -> str:
