@@ -189,6 +189,7 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
         max_row_bytes=int(args.max_row_bytes),
         overlong=args.overlong,
         shard=_shard(args),
+        host_shard=Shard.parse(args.shard, where="--shard"),
         shm_min_free=parse_watermark(args.shm_min_free),
         max_staged=int(args.max_staged) or None,
         chat_template=template,

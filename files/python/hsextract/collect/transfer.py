@@ -46,6 +46,7 @@ REASONS = {"missing": "collect_missing", "size": "collect_size", "checksum": "co
 UNREADABLE = "collect_unreadable"
 UNSAFE = "collect_unsafe_path"  # the row names no regular file inside its host output: nothing was read
 WRONG_SAMPLE = "collect_wrong_sample"  # the file is not the row's sample (hsextract.formats.sample_check)
+SAME_BYTES = "collect_same_bytes"  # the row's file has another row's bytes (hsextract.output.same_bytes)
 
 
 @dataclass

@@ -106,6 +106,7 @@ class Drainer:
         # are read back for the dataset-level files; None for a directory.
         self._bucket: BucketSide | None = None
         self._finalize_later_at = 0.0  # a bucket's server did not answer: no finalize before then
+        self._metrics: MetricsServer | None = None
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -124,8 +125,18 @@ class Drainer:
             return self._run_locked()
 
     def _run_locked(self) -> int:
-        committer, scanner = self._recover()
-        metrics = self._start(committer)
+        try:
+            committer, scanner = self._recover()
+            metrics = self._start(committer)
+        except BaseException as exc:  # a start check refused it, or a stop while a bucket did not answer
+            if self._processes is not None:
+                self._processes.close()
+            if self._metrics is not None:
+                self._metrics.stop()
+            if not (isinstance(exc, Stopped) and self.stop_event.is_set()):
+                raise
+            log.info("drain stopped before its start was complete (%s); nothing was taken from staging", exc)
+            return 0
         pool = ThreadPoolExecutor(max_workers=self.cfg.worker_threads, thread_name_prefix="drain-worker")
         finished_run = False
         try:
@@ -140,7 +151,7 @@ class Drainer:
         self.stats.set(
             state="done" if not self.stop_event.is_set() else "stopped", in_flight=0, lag=self._our_dumps_left()
         )
-        exit_code = self._check_run() if finished_run else 0
+        exit_code = check_finished_run(self.out, self.cfg, self._selfcheck, self.stats) if finished_run else 0
         if self._finalize_problem and not self.stop_event.is_set():
             log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
             exit_code = exit_code or FINALIZE_FAILED
@@ -159,8 +170,8 @@ class Drainer:
         build the parts that work on it."""
         cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
         if cfg.object_store is not None:
-            # Before the work directory is read: it is made equal to the bucket, the truth.
-            self._bucket = BucketSide.start(cfg, self.fmt, self.stop_event)
+            # Before the work directory is read: it is made equal to the bucket, the truth (no epoch yet).
+            self._bucket = BucketSide.open(cfg, self.fmt, self.stop_event)
         found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
@@ -228,12 +239,14 @@ class Drainer:
             importlib.import_module("datasets")
         # Warm before "running": the first real sample pays nothing once-only (hsextract.drain.warmup).
         warm_up(self.fmt, drain_tmp_dir(self.out))
-        committer.start()
-        metrics = None
-        if self.cfg.metrics_port is not None:
-            metrics = MetricsServer(self.stats, self.cfg.metrics_port)
+        port = self.cfg.metrics_port
+        metrics = self._metrics = MetricsServer(self.stats, port) if port is not None else None
+        if metrics is not None:
             metrics.start()
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
+        if self._bucket is not None:  # the last start step: every check that can refuse this drain passed
+            self._bucket.take_over()  # fences the prefix's earlier writers (hsextract.objectstore.output)
+        committer.start()
         self.stats.set(state="running")
         age = process_age_s()
         log.info(
@@ -386,18 +399,19 @@ class Drainer:
         )
         self._finalize_later_at = time.monotonic() + FINALIZE_RETRY_S
 
-    def _check_run(self) -> int:
-        """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
-        accounts = read_accounts(self.out, self.cfg.quarantine, final=True)
-        if accounts is None:
-            log.error("the run cannot be checked: the client's summary in %s lacks the shard's size", self.out)
-            return RUN_CHECK_FAILED
-        for line in accounts.lines_of_text():
-            log.info("%s", line)
-        if self._selfcheck is not None:
-            log_selfcheck(self._selfcheck.summary())
-        self.stats.set(accounts=accounts.as_dict())
-        problems = accounts.problems(self.cfg.max_failure_share)
-        for problem in problems:
-            log.error("run check: %s", problem)
-        return RUN_CHECK_FAILED if problems else 0
+
+def check_finished_run(out: Path, cfg: DrainConfig, selfcheck: GreedySelfCheck | None, stats: DrainStats) -> int:
+    """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
+    accounts = read_accounts(out, cfg.quarantine, final=True)
+    if accounts is None:
+        log.error("the run cannot be checked: the client's summary in %s lacks the shard's size", out)
+        return RUN_CHECK_FAILED
+    for line in accounts.lines_of_text():
+        log.info("%s", line)
+    if selfcheck is not None:
+        log_selfcheck(selfcheck.summary())
+    stats.set(accounts=accounts.as_dict())
+    problems = accounts.problems(cfg.max_failure_share)
+    for problem in problems:
+        log.error("run check: %s", problem)
+    return RUN_CHECK_FAILED if problems else 0

@@ -42,7 +42,8 @@ from hsextract.plan.report import (
     Tokenization,
     VolumeRoom,
 )
-from hsextract.report import binary_size, duration
+from hsextract.plan.text import render
+from hsextract.report import binary_size
 from hsextract.staging.room import aux_count
 
 if TYPE_CHECKING:
@@ -266,29 +267,32 @@ def _staging_room(args: argparse.Namespace, layout: ModelLayout, res: ScanResult
 
     longest = max(res.lengths, default=1)
     per_request = min(res.max_tokens or longest, longest)
-    requests = max(int(args.max_in_flight), int(args.max_staged or 0))
+    # No more requests are staged at once than there are samples left to send; none, nothing is.
+    left = res.samples - res.already_written
+    requests = min(max(int(args.max_in_flight), int(args.max_staged or 0)), max(left, 0))
     probe = _existing(args.dump_dir)
     st = os.statvfs(probe)
     need = estimate_need(
         hidden_size=layout.hidden_size,
         aux_layers=layout.num_aux,
-        requests_in_flight=requests,
+        requests_in_flight=max(requests, 1),
         tokens_per_request=per_request,
         watermark_bytes=parse_size(args.shm_min_free, st.f_blocks * st.f_frsize),
         dtype=layout.dtype,
     )
     shm_free = st.f_bavail * st.f_frsize
+    need_bytes = need.need_bytes if requests else 0
     return StagingRoom(
         path=str(args.dump_dir),
         mount=mount_point(probe),
         free_bytes=shm_free,
-        need_bytes=need.need_bytes,
-        ok=shm_free >= need.need_bytes,
+        need_bytes=need_bytes,
+        ok=shm_free >= need_bytes,
         requests=requests,
-        tokens_per_request=per_request,
+        tokens_per_request=per_request if requests else 0,
         bytes_per_token=need.bytes_per_token,
-        estimate_bytes=need.estimate_bytes,
-        watermark_bytes=need.watermark_bytes,
+        estimate_bytes=need.estimate_bytes if requests else 0,
+        watermark_bytes=need.watermark_bytes if requests else 0,
     )
 
 
@@ -380,65 +384,6 @@ def _existing(path: str | Path) -> str:
             break
         p = parent
     return p
-
-
-def render(r: PlanReport) -> str:
-    """The report as lines a person reads."""
-    lines = [f"plan: {r.dataset} with {r.model} (shard {r.shard})"]
-    rej = ", ".join(f"{k} {v}" for k, v in r.rejects.items()) or "none"
-    lines.append(
-        f"  samples   {r.samples:,} of {r.rows_in_shard:,} rows in this shard"
-        f" ({r.already_written:,} already written); rejects: {rej}"
-    )
-    p = r.length_percentiles
-    if p:
-        lines.append(
-            f"  tokens    {r.tokens:,} ({r.loss_masked_tokens:,} loss-masked); per sample "
-            f"p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, p99 {p['p99']:.0f}, max {p['max']}"
-        )
-    o = r.overlong
-    lines.append(
-        f"  overlong  {o.samples:,} samples over {o.max_tokens} tokens "
-        f"({o.truncated:,} truncated, {o.skipped:,} skipped)"
-    )
-    for name, f in r.formats.items():
-        mark = " <-" if name == r.format else ""
-        lines.append(
-            f"  {name:15s} {binary_size(f.total_bytes):>11s} ({binary_size(f.sample_bytes)} of sample files){mark}"
-        )
-    s = r.shm
-    lines.append(
-        f"  /dev/shm  needs {binary_size(s.need_bytes)} for {s.requests} requests x "
-        f"{s.tokens_per_request} tokens at {s.path}; {binary_size(s.free_bytes)} free"
-        f"{'' if s.ok else ' (TOO SMALL)'}"
-    )
-    t = r.time
-    if t.seconds is not None and t.tokens_per_s is not None:
-        lines.append(
-            f"  time      {duration(t.seconds)} for {r.remaining_tokens:,} tokens at "
-            f"{t.tokens_per_s:,.0f} tokens/s ({t.source})"
-        )
-    else:
-        lines.append(f"  time      unknown ({t.source})")
-    v = r.output_volume
-    verdict = "room" if v.ok else "NOT ENOUGH ROOM"
-    lines.append(
-        f"  output    {verdict}: {binary_size(v.free_bytes)} free at {v.path}, the run needs "
-        f"{binary_size(v.need_bytes)} + {binary_size(v.margin_bytes)} margin ({r.format})"
-    )
-    if r.disk is not None:
-        from hsextract.plan.disk_pace import render as render_disk
-
-        lines += render_disk(r.disk)
-    k = r.tokenization
-    if k.reused:
-        lines.append(
-            "  tokenized earlier: the scan kept beside the report, of the same dataset, model and settings "
-            "(--rescan scans again)"
-        )
-    else:
-        lines.append(f"  tokenized {k.samples_per_s:,.0f} samples/s on {k.workers} processes")
-    return "\n".join(lines)
 
 
 def _keep_report(report: PlanReport, asked: Path | None, default: Path) -> None:
