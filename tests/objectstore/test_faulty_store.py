@@ -8,6 +8,7 @@ looks (the drain's status and log, `hsextract status`, collect's and pull's last
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -15,12 +16,14 @@ from pathlib import Path
 
 import pytest
 from hsextract.objectstore.pull import pull
+from hsextract.output.manifest import iter_entries
 from hsextract.output.run_id import load_or_create_run_id
 from support.bucket_sets import (
     assert_same_samples,
     assert_set_is_exact,
     drain,
     drain_fleet,
+    published,
     staged_names,
     status_of,
     store_of,
@@ -79,6 +82,16 @@ def _store_args(endpoint: str, credentials: Path) -> list[str]:
     return ["--s3-endpoint", endpoint, "--s3-credentials", str(credentials), "--s3-timeout", str(CLIENT_TIMEOUT_S)]
 
 
+def _collect(into, work: Path, faulty, credentials: Path, *hosts: str) -> int:
+    """``hsextract collect --into <into> NAME=URL...`` through `faulty`, in this process."""
+    from hsextract.collect import command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = ["--into", str(into.url), "--work-dir", str(work), *_store_args(faulty.url, credentials), "--", *hosts]
+    return command.run(parser.parse_args(args))
+
+
 def _drain_cli(dump: Path, work: Path, url: str, faulty, credentials: Path, lines: int, *extra: str):
     """``hsextract drain --exit-when-done`` into `url` through `faulty`, as a unit runs it."""
     finish_client(work, lines)
@@ -95,7 +108,7 @@ def _drain_cli(dump: Path, work: Path, url: str, faulty, credentials: Path, line
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_under_each_fault_the_drain_and_the_pull_lose_nothing_and_match_a_directory_drain(
+def test_under_each_fault_the_drain_the_pull_and_the_collect_lose_nothing_and_match_a_directory_drain(
     kind, weed, bucket, credentials, faulty, tmp_path
 ):
     n = 10
@@ -117,6 +130,14 @@ def test_under_each_fault_the_drain_and_the_pull_lose_nothing_and_match_a_direct
     assert pull(store_of(out), dest)[0] == n  # through the same faults
     assert faulty.fired_of(kind) > fired, "the pull met the fault too"
     assert_same_samples(dest, directory)
+
+    fired = faulty.fired_of(kind)
+    into = target(weed, bucket, "collected", credentials)
+    assert _collect(into, tmp_path / "collect-work", faulty, credentials, f"a=s3://{bucket}/set") == 0
+    assert faulty.fired_of(kind) > fired, "the collect met the fault too"
+    assert_set_is_exact(into, set(range(n)))  # each object read back against its line...
+    want = {e.dataset_index: e.checksum for e in iter_entries(directory)}
+    assert {e.dataset_index: e.checksum for e in published(into)} == want  # ... a directory drain's
 
 
 def test_every_retry_is_counted_by_request_and_cause_in_the_drains_status_its_log_and_hsextract_status(
