@@ -9,11 +9,12 @@ Two kinds of transient failure are told apart (hsextract.objectstore.store retri
 * **the server reached, the request failed**: a 5xx or ``SlowDown``, a connection reset or closed
   mid-request, an answer cut short, no answer within the read timeout. Such a request is tried at
   most `DEFAULT_ATTEMPTS` times (``--s3-attempts``), with the same backoff; then the command stops
-  with the request and its last error (`GaveUp`), its samples still staged. A server that keeps
+  with the request and its last error (hsextract.objectstore.store.RequestFailed), a drain's
+  samples still staged. A server that keeps
   failing one request is broken in a way waiting does not fix, and a bound makes it loud.
 
 Every retry is counted (`RetryLog`): by request (``PUT``, ``GET``, ``HEAD``, ``LIST``, ``COPY``,
-``DELETE``, the multipart steps) and by cause (``500 InternalError``, ``connection reset``...), for
+``DELETE``, the multipart steps) and by cause (``500 InternalError``, ``connection closed``...), for
 the drain's status (``objectstore.retries`` in drain-status.json, shown by ``hsextract status``)
 and the last lines of a drain, a collect and a pull.
 """
@@ -119,10 +120,6 @@ def request_of(what: str) -> str:
 def backoff(attempt: int) -> float:
     """The wait before attempt ``attempt + 1`` (1-based): 0.5 s doubling to 20 s."""
     return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, attempt - 1))
-
-
-class GaveUp(Exception):
-    """Mixed into the store's error when a request failed its last attempt."""
 
 
 class RetryLog:

@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 from hsextract.errors import HsextractError
 from hsextract.objectstore.retries import (
-    GaveUp,
     RetryLog,
     backoff,
     cause_of,
@@ -62,7 +61,7 @@ class UploadAborted(StoreError):
     """A multipart upload was aborted under this writer (by a newer writer that fenced it)."""
 
 
-class RequestFailed(StoreError, GaveUp):
+class RequestFailed(StoreError):
     """The server answered one request with a failure at every one of its attempts."""
 
 
