@@ -23,17 +23,19 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def ansible_bin() -> Path:
+def ansible_bin(rsync: bool = True) -> Path:
+    """The controller's Ansible; skip where it (or rsync, for a play that pulls) is missing."""
     bin_dir = os.environ.get("HSEXTRACT_ANSIBLE_BIN")
     if not bin_dir or not os.environ.get("HSEXTRACT_PYTHON"):
         pytest.skip("$HSEXTRACT_ANSIBLE_BIN / $HSEXTRACT_PYTHON are not set (make test sets them)")
-    if shutil.which("rsync") is None:
+    if rsync and shutil.which("rsync") is None:
         pytest.skip("rsync is not installed (the collector needs it to pull the hosts' outputs)")
     return Path(bin_dir)
 
 
 def play(tmp_path: Path, hosts: dict[str, Path], **extra) -> subprocess.CompletedProcess:
-    controller_python = str(ansible_bin() / "python")
+    bin_dir = ansible_bin(rsync=not str(next(iter(hosts.values()))).startswith("s3://"))
+    controller_python = str(bin_dir / "python")
     inventory = {
         "all": {
             "children": {
@@ -59,7 +61,7 @@ def play(tmp_path: Path, hosts: dict[str, Path], **extra) -> subprocess.Complete
     env = ansiballz_cache.with_cache({**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0"})
     return subprocess.run(
         [
-            str(ansible_bin() / "ansible-playbook"),
+            str(bin_dir / "ansible-playbook"),
             "-i",
             str(tmp_path / "fleet.yml"),
             "playbooks/collect.yml",
@@ -119,28 +121,42 @@ def test_a_host_of_another_run_and_one_not_pulled_stop_the_play_naming_each_afte
     ]
 
 
-def test_a_run_into_a_bucket_is_collected_in_place_from_the_hosts_prefixes(tmp_path):
+def test_a_run_into_a_bucket_is_collected_in_place_and_verified_and_an_object_altered_since_fails_the_play_naming_it(
+    tmp_path,
+):
     from support.bucket_sets import drain_fleet, published, target
     from support.s3_server import WeedServer
 
-    ansible_bin()
+    ansible_bin(rsync=False)  # nothing is pulled: the server copies
     weed = WeedServer(tmp_path / "weed-data").start()
     try:
         bucket = weed.new_bucket()
         creds = weed.credentials_file(tmp_path / "s3.credentials")
         staged = drain_fleet(weed, bucket, creds, tmp_path / "fleet")
-        r = play(
-            tmp_path,
-            {"a": f"s3://{bucket}/run", "b": f"s3://{bucket}/run"},
-            hsextract_s3_endpoint=weed.endpoint,
-            hsextract_s3_credentials_src=str(creds),
-            collect_work_dir=str(tmp_path / "set-work"),
-            collect_into=f"s3://{bucket}/run/set",
-        )
+        settings = {
+            "hsextract_s3_endpoint": weed.endpoint,
+            "hsextract_s3_credentials_src": str(creds),
+            "collect_work_dir": str(tmp_path / "set-work"),
+            "collect_into": f"s3://{bucket}/run/set",
+        }
+        hosts = {"a": f"s3://{bucket}/run", "b": f"s3://{bucket}/run"}
+        r = play(tmp_path, hosts, **settings)
         assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
         assert f"collected {len(staged)} new samples into s3://{bucket}/run/set" in r.stdout, r.stdout[-3000:]
+        assert f"verified {len(staged)}/{len(staged)} samples" in r.stdout, r.stdout[-3000:]
         entries = published(target(weed, bucket, "run/set", creds))
         assert [e.dataset_index for e in entries] == sorted(staged)
         assert weed.secret_key not in r.stdout + r.stderr
+
+        altered = entries[3]  # its bytes changed in the bucket after the collect, its size kept
+        key = f"run/set/{altered.file}"
+        data = bytearray(weed.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+        data[-1] ^= 0x01
+        weed.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
+        again = play(tmp_path, hosts, **settings)
+        assert again.returncode != 0, again.stdout[-3000:]
+        said = f"The collected set s3://{bucket}/run/set failed verification"
+        assert said in again.stdout, again.stdout[-3000:]
+        assert f"BAD 3 ({altered.rid}): s3://{bucket}/run/set/{altered.file}: checksum" in again.stdout
     finally:
         weed.stop()

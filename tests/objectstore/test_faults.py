@@ -15,7 +15,7 @@ import pytest
 from hsextract.objectstore.segments import read_published
 from hsextract.output.manifest import iter_entries
 from hsextract.output.run_id import load_or_create_run_id
-from support.bucket_sets import object_checksum, sample_keys, staged_names, store_of, target
+from support.bucket_sets import assert_set_is_exact, sample_keys, staged_names, store_of, target
 from support.drain_proc import drain_until_done, finish_client, hsextract, start
 from support.staged_dumps import stage_sample
 
@@ -73,18 +73,6 @@ def _status(work: Path) -> dict:
         return {}
 
 
-def _assert_set_is_exact(out, expected_indices: set[int]) -> None:
-    """Every named sample's object is whole (size and checksum), each dataset index once."""
-    store = store_of(out)
-    entries = read_published(store).entries
-    indices = [e.dataset_index for e in entries]
-    assert sorted(indices) == sorted(expected_indices), f"named {sorted(indices)}"
-    for e in entries:
-        info = store.head(store.url.key(e.file))
-        assert info is not None and info.size == e.bytes, f"{e.file}: not whole"
-        assert object_checksum(store, e.file, e.checksum.split(":")[0]) == e.checksum
-
-
 def test_a_server_stopped_mid_run_holds_the_drain_and_loses_nothing(own_weed, tmp_path):
     bucket = own_weed.new_bucket()
     creds = own_weed.credentials_file(tmp_path / "creds")
@@ -124,7 +112,7 @@ def test_a_server_stopped_mid_run_holds_the_drain_and_loses_nothing(own_weed, tm
             proc.kill()
         log.close()
     out = target(own_weed, bucket, "down", creds)
-    _assert_set_is_exact(out, set(range(20)))
+    assert_set_is_exact(out, set(range(20)))
     assert staged_names(dump) == []
     text = (tmp_path / "drain.log").read_text()
     assert "does not answer" in text and "answers again" in text
@@ -158,12 +146,12 @@ def test_kill_9_mid_multipart_then_resume_names_every_sample_once_and_no_partial
     out = target(weed, bucket, "killed", credentials)
     named = read_published(store_of(out)).entries
     assert len(named) < n, "the kill landed before the end"
-    _assert_set_is_exact(out, {e.dataset_index for e in named})  # what is named is whole, even now
+    assert_set_is_exact(out, {e.dataset_index for e in named})  # what is named is whole, even now
     assert len(staged_names(dump)) == n - len(named), "every sample not named is still staged"
 
     finish_client(work, n)
     drain_until_done(dump, work, FMT, *args[args.index("--work-dir") :], "--output", f"s3://{bucket}/killed", lines=n)
-    _assert_set_is_exact(out, set(range(n)))
+    assert_set_is_exact(out, set(range(n)))
     store = store_of(out)
     from hsextract.formats import get_format
 
@@ -210,7 +198,7 @@ def test_a_second_drain_on_a_prefix_fences_the_first_which_stops_saying_so_and_l
     assert "writes this prefix" in said and "nothing is lost" in said
     out = target(weed, bucket, "shared", credentials)
     named = {e.dataset_index for e in read_published(store_of(out)).entries}
-    _assert_set_is_exact(out, named)
+    assert_set_is_exact(out, named)
     still_staged = {int(name.rsplit("-", 1)[1]) for name in staged_names(dump_a)}
     assert named | still_staged == set(range(15)), "every sample is in the set or still staged"
     assert not named & still_staged

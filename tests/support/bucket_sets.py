@@ -20,7 +20,16 @@ def target(weed, bucket: str, prefix: str, credentials: Path, uploads: int = 4) 
     return ObjectOutput(ObjectURL(bucket, prefix), settings_from(weed.endpoint, "", str(credentials)), uploads)
 
 
-def drain_config(dump: Path, work: Path, out: ObjectOutput, fmt: str = "speculators", **kw) -> DrainConfig:
+def through(proxy, bucket: str, prefix: str, credentials: Path, attempts: int = 10, **kw) -> ObjectOutput:
+    """The bucket prefix reached through `proxy` (support.faulty_store), whose slow answers its
+    client gives up on."""
+    from support.faulty_store import CLIENT_TIMEOUT_S
+
+    settings = settings_from(proxy.url, "", str(credentials), read_timeout_s=CLIENT_TIMEOUT_S, attempts=attempts)
+    return ObjectOutput(ObjectURL(bucket, prefix), settings, **{"uploads": 4, **kw})
+
+
+def drain_config(dump: Path, work: Path, out: ObjectOutput | None, fmt: str = "speculators", **kw) -> DrainConfig:
     base = dict(
         dump_dir=dump,
         output=work,
@@ -36,7 +45,7 @@ def drain_config(dump: Path, work: Path, out: ObjectOutput, fmt: str = "speculat
     return DrainConfig(**base)
 
 
-def drain(dump: Path, work: Path, out: ObjectOutput, lines: int, fmt: str = "speculators", **kw) -> int:
+def drain(dump: Path, work: Path, out: ObjectOutput | None, lines: int, fmt: str = "speculators", **kw) -> int:
     finish_client(work, lines)
     return Drainer(drain_config(dump, work, out, fmt, **kw)).run()
 
@@ -55,6 +64,18 @@ def object_checksum(store: ObjectStore, rel: str, algorithm: str) -> str:
     h = new_hasher(algorithm)
     h.update(data)
     return f"{algorithm}:{h.hexdigest()}"
+
+
+def assert_set_is_exact(out: ObjectOutput, expected_indices: set[int]) -> None:
+    """Every named sample's object is whole (size and checksum), each dataset index once."""
+    store = store_of(out)
+    entries = read_published(store).entries
+    indices = [e.dataset_index for e in entries]
+    assert sorted(indices) == sorted(expected_indices), f"named {sorted(indices)}"
+    for e in entries:
+        info = store.head(store.url.key(e.file))
+        assert info is not None and info.size == e.bytes, f"{e.file}: not whole"
+        assert object_checksum(store, e.file, e.checksum.split(":")[0]) == e.checksum
 
 
 def sample_keys(store: ObjectStore, fmt) -> set[str]:
@@ -80,9 +101,11 @@ def drain_fleet(
     n: int = 12,
     hidden_size: int = 64,
     tokens: int = 5,
+    via=None,
 ) -> dict:
     """Hosts of one run, host k drains shard k/len(hosts) of an n-line dataset into s3://bucket/run/<host>,
-    as extract.yml's hosts do; the staged samples by dataset index."""
+    as extract.yml's hosts do (through `via`, a support.faulty_store, where given; sample i has
+    `tokens` + i % 16 tokens); the staged samples by dataset index."""
     from hsextract.output.layout import client_summary_path
     from hsextract.output.run_id import load_or_create_run_id
     from hsextract.shard import Shard
@@ -97,9 +120,29 @@ def drain_fleet(
         (work / "run.json").write_text((works[0] / "run.json").read_text())
         dump = tmp_path / f"dump-{host}"
         for i in range(k, n, len(hosts)):
-            staged[i] = stage_sample(dump, run, i, tokens=tokens + i, hidden_size=hidden_size)
+            staged[i] = stage_sample(dump, run, i, tokens=tokens + i % 16, hidden_size=hidden_size)
         summary = client_summary_path(work, Shard(k, len(hosts)))
         summary.parent.mkdir(parents=True, exist_ok=True)
         summary.write_text(json.dumps({"state": "done", "dataset_lines": n, "shard": [k, len(hosts)]}))
-        assert Drainer(drain_config(dump, work, target(weed, bucket, f"run/{host}", credentials))).run() == 0
+        out = (
+            target(weed, bucket, f"run/{host}", credentials)
+            if via is None
+            else through(via, bucket, f"run/{host}", credentials)
+        )
+        assert Drainer(drain_config(dump, work, out)).run() == 0
     return staged
+
+
+def assert_same_samples(pulled: Path, directory: Path) -> None:
+    """The set pulled into `pulled` holds, for every dataset index, the very file and manifest line
+    (but its output index) a directory drain of the same dumps wrote into `directory`."""
+    from hsextract.output.manifest import iter_entries
+
+    got = {e.dataset_index: e for e in iter_entries(pulled)}
+    want = {e.dataset_index: e for e in iter_entries(directory)}
+    assert len(got) == len(list(iter_entries(pulled))), "a dataset index pulled twice"
+    assert sorted(got) == sorted(want), f"missing {sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}"
+    for i, e in got.items():
+        w = want[i]
+        assert (e.checksum, e.tokens, e.bytes, e.fingerprint) == (w.checksum, w.tokens, w.bytes, w.fingerprint), i
+        assert (pulled / e.file).read_bytes() == (directory / w.file).read_bytes(), f"dataset index {i}: bytes differ"

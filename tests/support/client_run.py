@@ -174,7 +174,10 @@ def start_client(log: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(list(args), env=env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def start_drain(log: Path, dump: Path, output: Path, model: Path, fmt: str = "specforge") -> subprocess.Popen:
+def start_drain(
+    log: Path, dump: Path, output: Path, model: Path, fmt: str = "specforge", *extra: str
+) -> subprocess.Popen:
+    """``hsextract drain --exit-when-done`` as the unit runs it, with `extra` flags."""
     fh = log.open("ab")
     cmd = [
         sys.executable,
@@ -194,6 +197,7 @@ def start_drain(log: Path, dump: Path, output: Path, model: Path, fmt: str = "sp
         "0.2",
         "--finalize-idle",
         "3600",
+        *extra,
     ]
     return subprocess.Popen(cmd, env=env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -1,33 +1,37 @@
-"""An HTTP proxy in front of a real server that keeps a copy of every chat completion request and answer.
+"""An HTTP proxy in front of a real server that keeps a copy of every request and answer of the
+paths it records (chat completions by default).
 
-Tests use it to see the requests the regenerator actually sent (the history of each turn), not
-what it meant to send; everything is forwarded unchanged to the server behind it, but for the
-paths it is told to hide, which answer 404 as a front end that does not expose them does.
+Tests use it to see the requests a command actually sent (the regenerator's history of each turn,
+the drain's self-check asks), not what it meant to send, and what was in flight at an instant;
+everything is forwarded unchanged to the server behind it, but for the paths it is told to hide,
+which answer 404 as a front end that does not expose them does.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
+from support.http_proxy import ProxyServer
 
-class RecordingProxy:
-    def __init__(self, target: str, port: int, hidden: tuple[str, ...] = ()):
-        self.target = target.rstrip("/")
+
+class RecordingProxy(ProxyServer):
+    def __init__(
+        self,
+        target: str,
+        port: int,
+        hidden: tuple[str, ...] = (),
+        recorded: tuple[str, ...] = ("/v1/chat/completions",),
+    ):
+        super().__init__(target, port, "recording-proxy")
         self.hidden = hidden
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.recorded = recorded
         self.exchanges: list[tuple[dict[str, Any], int, Any]] = []  # (request body, status, answer)
+        self.in_flight = 0  # requests of the recorded paths forwarded and not yet answered
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="recording-proxy", daemon=True)
-        self._runner: web.AppRunner | None = None
 
     def requests(self) -> list[dict[str, Any]]:
         """The bodies of the requests the server answered (a refused one, e.g. too long for the context, is
@@ -39,50 +43,26 @@ class RecordingProxy:
         with self._lock:
             self.exchanges.clear()
 
-    async def _forward(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.Response:
         if request.path in self.hidden:
             return web.Response(status=404, text="not found")
         body = await request.read()
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session,
-            session.request(
-                request.method,
-                self.target + request.rel_url.path_qs,
-                data=body,
-                headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
-            ) as resp,
-        ):
-            answer = await resp.read()
-            if request.path == "/v1/chat/completions":
-                try:
-                    parsed = json.loads(answer)
-                except ValueError:
-                    parsed = answer.decode(errors="replace")
-                with self._lock:
-                    self.exchanges.append((json.loads(body), resp.status, parsed))
-            return web.Response(body=answer, status=resp.status, content_type=resp.content_type)
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application(client_max_size=1 << 28)
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    def start(self) -> RecordingProxy:
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("the recording proxy did not start")
-        return self
-
-    def stop(self) -> None:
-        """Stop listening (requests in flight are answered first); idempotent."""
-        if not self._thread.is_alive():
-            return
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(120)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
+        recorded = request.path in self.recorded
+        with self._lock:
+            self.in_flight += recorded
+        try:
+            answer = await self.forward(
+                request, body, {"Content-Type": request.headers.get("Content-Type", "application/json")}
+            )
+        finally:
+            with self._lock:
+                self.in_flight -= recorded
+        if recorded:
+            try:
+                parsed = json.loads(answer.body)
+            except ValueError:
+                parsed = answer.body.decode(errors="replace")
+            with self._lock:
+                self.exchanges.append((json.loads(body), answer.status, parsed))
+        content_type = answer.headers.get("Content-Type", "application/octet-stream").split(";")[0].strip()
+        return web.Response(body=answer.body, status=answer.status, content_type=content_type)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hsextract.objectstore.retries import describe as describe_retries
 from hsextract.output.layout import QUARANTINE_REASON
 
 if TYPE_CHECKING:
@@ -280,6 +281,11 @@ def _progress_rows(view: RunView) -> list[tuple[str, str]]:
     )
     if drain.get("paused_reason"):
         rows.append(("drain paused", str(drain["paused_reason"])))
+    store = drain.get("objectstore") or {}
+    if store:
+        retries = store.get("retries")
+        said = describe_retries(retries) if isinstance(retries, dict) else "retries not counted by this drain"
+        rows.append(("object store", f"{store.get('url', '?')}: {said}"))
     return rows + _commit_rows(view)
 
 

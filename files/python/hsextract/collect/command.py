@@ -104,6 +104,7 @@ def run_in_bucket(args: argparse.Namespace) -> int:
     """`--into s3://...`: every host an s3:// prefix on the same server, merged in place."""
     from hsextract.objectstore.collect import collect_in_place
     from hsextract.objectstore.output import resolve_output
+    from hsextract.objectstore.retries import RetryLog, describe
     from hsextract.objectstore.store import ObjectStore
     from hsextract.objectstore.url import is_object_url, parse_object_url
 
@@ -114,6 +115,7 @@ def run_in_bucket(args: argparse.Namespace) -> int:
     sizes, vocab_size = draft_vocab_settings(args)
     work, target = resolve_output(args.into, args)
     assert target is not None
+    retries = RetryLog(target.settings.attempts)  # one count of every store's retries
     hosts = []
     for text in args.hosts:
         name, sep, url = text.partition("=")
@@ -122,7 +124,7 @@ def run_in_bucket(args: argparse.Namespace) -> int:
         if not is_object_url(url):
             raise ConfigError(f"host {text!r}: with --into s3://..., give each host's s3://bucket/prefix")
         parsed = parse_object_url(url, "host")
-        hosts.append((name or parsed.prefix.rsplit("/", 1)[-1], ObjectStore(parsed, target.settings)))
+        hosts.append((name or parsed.prefix.rsplit("/", 1)[-1], ObjectStore(parsed, target.settings, retries=retries)))
     if not hosts:
         raise ConfigError("collect needs at least one host output (NAME=s3://bucket/prefix)")
     names = [n for n, _ in hosts]
@@ -130,14 +132,14 @@ def run_in_bucket(args: argparse.Namespace) -> int:
         raise ConfigError(f"host names given twice: {', '.join(sorted(names))}: name each host once (NAME=URL)")
     work.mkdir(parents=True, exist_ok=True)
     result = collect_in_place(
-        ObjectStore(target.url, target.settings),
+        ObjectStore(target.url, target.settings, retries=retries),
         hosts,
         work,
         None if args.no_draft_vocab else sizes,
         vocab_size,
         workers=args.workers * 4,
     )
-    print("\n".join(result.lines), file=sys.stderr)
+    print("\n".join([*result.lines, f"object store: {describe(retries.as_dict())}"]), file=sys.stderr)
     print(
         json.dumps(
             {

@@ -146,6 +146,7 @@ class Drainer:
         fatal = self._outcomes.fatal
         if fatal is not None:
             self.stats.set(state="failed")
+            self._publish_bucket_state(last=True)
             self._outcomes.write_status(error=str(fatal))
             raise fatal
         self.stats.set(
@@ -156,7 +157,7 @@ class Drainer:
             log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
             exit_code = exit_code or FINALIZE_FAILED
         self.stats.set(finalize_problem=self._finalize_problem)
-        self._publish_bucket_state()
+        self._publish_bucket_state(last=True)
         self._outcomes.write_status()
         log.info(
             "drain stopped: %d samples written by this process, %d in the manifest",
@@ -292,9 +293,12 @@ class Drainer:
             wake.clear()
         return False
 
-    def _publish_bucket_state(self) -> None:
+    def _publish_bucket_state(self, last: bool = False) -> None:
+        """The bucket's part of the status; at the end, its retries in the log too."""
         if self._bucket is not None:
             self.stats.set(objectstore=self._bucket.status())
+            if last:
+                log.info("%s", self._bucket.retries_line())
 
     def _wait_s(self) -> float:
         """How long the main loop waits for a wake: a freed slot, a settled sample or a stop wake

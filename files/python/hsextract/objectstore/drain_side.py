@@ -19,6 +19,7 @@ from hsextract.formats.base import OutputFormat
 from hsextract.objectstore.committer import ObjectCommitter
 from hsextract.objectstore.mirror import publish_dataset_files
 from hsextract.objectstore.output import DrainStart, ObjectOutput, open_drain, take_over
+from hsextract.objectstore.retries import describe
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.output.layout import drain_tmp_dir
@@ -83,6 +84,10 @@ class BucketSide:
     def publish_dataset_files(self, work: Path) -> list[str]:
         return publish_dataset_files(self._later, work)
 
+    def retries_line(self) -> str:
+        """The drain's last word on the server: how many retries, of what (hsextract.objectstore.retries)."""
+        return f"object store {self.target.url}: {describe(self.store.retries.as_dict())}"
+
     def status(self) -> dict[str, Any]:
         c = self._committer
         return {
@@ -92,6 +97,6 @@ class BucketSide:
             "epoch": self.started.epoch,
             "segments": c.next_segment if c else self.started.next_segment,
             "uploading": c.uploading if c else 0,
-            "retries": self.store.retries + self._later.retries,
+            "retries": self.store.retries.as_dict(),  # the dataset-level files' too: one log
             "unreachable_since": self.store.outage_since or self._later.outage_since,
         }

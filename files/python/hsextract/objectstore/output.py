@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes
 from hsextract.errors import ConfigError
+from hsextract.objectstore.retries import DEFAULT_ATTEMPTS
 from hsextract.objectstore.segments import (
     HEADER_KEY,
     RUN_KEY,
@@ -39,7 +40,7 @@ from hsextract.objectstore.segments import (
     read_published,
     segment_rel,
 )
-from hsextract.objectstore.settings import StoreSettings, settings_from, settings_from_args
+from hsextract.objectstore.settings import DEFAULT_READ_TIMEOUT_S, StoreSettings, settings_from, settings_from_args
 from hsextract.objectstore.store import KeyExists, ObjectStore
 from hsextract.objectstore.url import ObjectURL, is_object_url, parse_object_url, work_dir_for
 from hsextract.output.layout import state_dir
@@ -95,7 +96,14 @@ def target_path(work: Path) -> Path:
 def record_target(work: Path, target: ObjectOutput) -> None:
     """Which bucket the work directory belongs to, and how to reach it (no secret)."""
     s = target.settings
-    data = {"url": str(target.url), "endpoint": s.endpoint, "region": s.region, "credentials_file": s.credentials_file}
+    data = {
+        "url": str(target.url),
+        "endpoint": s.endpoint,
+        "region": s.region,
+        "credentials_file": s.credentials_file,
+        "read_timeout_s": s.read_timeout_s,
+        "attempts": s.attempts,
+    }
     state_dir(work).mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(target_path(work), (json.dumps(data, indent=2) + "\n").encode())
 
@@ -108,7 +116,13 @@ def recorded_target(work: Path) -> ObjectOutput | None:
         return None
     return ObjectOutput(
         parse_object_url(data["url"]),
-        settings_from(data.get("endpoint", ""), data.get("region", ""), data.get("credentials_file", "")),
+        settings_from(
+            data.get("endpoint", ""),
+            data.get("region", ""),
+            data.get("credentials_file", ""),
+            float(data.get("read_timeout_s") or DEFAULT_READ_TIMEOUT_S),
+            int(data.get("attempts") or DEFAULT_ATTEMPTS),
+        ),
     )
 
 

@@ -31,6 +31,7 @@ from hsextract.config_file import add_config_argument
 from hsextract.durable import atomic_write_bytes, fsync_dir, is_no_space
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.objectstore.pull_dest import append_journal, claim, journal_text, tmp_dir
+from hsextract.objectstore.retries import describe
 from hsextract.objectstore.settings import add_store_arguments, settings_from_args
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.url import parse_object_url
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         f"pulled {n} samples ({size(nbytes)}, {fetched} downloaded now) from {store.url} into {dest}, "
         "each checked against the manifest"
     )
+    print(f"object store {store.url}: {describe(store.retries.as_dict())}")
     return 0
 
 

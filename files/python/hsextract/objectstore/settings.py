@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.errors import ConfigError
+from hsextract.objectstore.retries import DEFAULT_ATTEMPTS
+
+DEFAULT_READ_TIMEOUT_S = 120.0
 
 CREDENTIAL_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 
@@ -36,6 +39,10 @@ class StoreSettings:
     endpoint: str = ""  # "" = boto3's (AWS, or AWS_ENDPOINT_URL)
     region: str = ""
     credentials_file: str = ""  # "" = boto3's own chain
+    # How long an answer is waited for, and how many times a request the server fails is tried
+    # (hsextract.objectstore.retries; an unreachable server is waited for without a bound).
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    attempts: int = DEFAULT_ATTEMPTS
     # Read from credentials_file; kept out of repr, so a logged or raised settings object shows no secret.
     _secrets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -91,8 +98,18 @@ def read_credentials_file(path: str | Path) -> dict[str, str]:
     return values
 
 
-def settings_from(endpoint: str = "", region: str = "", credentials_file: str = "") -> StoreSettings:
+def settings_from(
+    endpoint: str = "",
+    region: str = "",
+    credentials_file: str = "",
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+    attempts: int = DEFAULT_ATTEMPTS,
+) -> StoreSettings:
     """Settings from the flags; the credentials file read and checked now, before anything is sent."""
+    if not read_timeout_s > 0:
+        raise ConfigError(f"--s3-timeout {read_timeout_s}: give the seconds an answer is waited for, above 0")
+    if attempts < 1:
+        raise ConfigError(f"--s3-attempts {attempts}: give at least 1")
     secrets: dict[str, str] = {}
     if credentials_file:
         values = read_credentials_file(credentials_file)
@@ -101,7 +118,7 @@ def settings_from(endpoint: str = "", region: str = "", credentials_file: str = 
         region = region or values.get("region", "")
     if endpoint and not endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"--s3-endpoint {endpoint!r}: give the server's URL, e.g. http://127.0.0.1:8333")
-    return StoreSettings(endpoint, region, str(credentials_file or ""), secrets)
+    return StoreSettings(endpoint, region, str(credentials_file or ""), float(read_timeout_s), int(attempts), secrets)
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +130,21 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
         "--s3-credentials",
         metavar="FILE",
         help="an INI file like ~/.aws/credentials, mode 0600 (default: boto3's credential chain)",
+    )
+    g.add_argument(
+        "--s3-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT_S,
+        help=f"how long an answer is waited for before the request is tried again (default {DEFAULT_READ_TIMEOUT_S:g})",
+    )
+    g.add_argument(
+        "--s3-attempts",
+        metavar="N",
+        type=int,
+        default=DEFAULT_ATTEMPTS,
+        help="how many times a request the server fails (a 5xx, a reset, an answer cut short or late) is tried "
+        f"before the command stops saying so (default {DEFAULT_ATTEMPTS}; an unreachable server is waited for)",
     )
     add_work_dir_argument(g)
 
@@ -133,4 +165,10 @@ def settings_from_args(args: argparse.Namespace) -> StoreSettings:
         getattr(args, "s3_endpoint", None) or "",
         getattr(args, "s3_region", None) or "",
         getattr(args, "s3_credentials", None) or "",
+        _given(getattr(args, "s3_timeout", None), DEFAULT_READ_TIMEOUT_S),
+        int(_given(getattr(args, "s3_attempts", None), DEFAULT_ATTEMPTS)),
     )
+
+
+def _given(value: Any, default: float) -> float:
+    return default if value is None else float(value)

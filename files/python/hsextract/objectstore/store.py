@@ -2,10 +2,12 @@
 
 Two kinds of failure are told apart here, once, for every caller:
 
-* the server is unreachable or overloaded (refused or reset connections, timeouts, 5xx,
-  SlowDown): `retrying` waits and tries again with exponential backoff (0.5 s doubling to 20 s)
-  until the call succeeds or the caller's stop event is set (`Stopped`): a server stopped
-  mid-run holds the drain, it does not fail it, and nothing staged is lost meanwhile;
+* the server is unreachable or failing for now (refused or reset connections, timeouts, 5xx,
+  SlowDown, an answer cut short): `retrying` waits and tries again with exponential backoff
+  (0.5 s doubling to 20 s): an unreachable server until it answers or the caller's stop event is
+  set (`Stopped`), so a server stopped mid-run holds the drain, it does not fail it, and nothing
+  staged is lost meanwhile; a request the server answered with a failure at most `attempts`
+  times (`RequestFailed`). Every retry is counted (hsextract.objectstore.retries);
 * anything else (refused credentials, a missing bucket, a refused precondition the caller did
   not expect) is raised at once as `StoreError`, whose message names the bucket and key, never a
   secret.
@@ -26,11 +28,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hsextract.objectstore.local_files import stream_into
+from hsextract.objectstore.retries import (
+    RetryLog,
+    backoff,
+    cause_of,
+    is_transient,
+    is_unreachable,
+)
 from hsextract.objectstore.settings import StoreSettings
 from hsextract.objectstore.store_errors import (
     KeyExists,
     ObjectMissing,
     Refused412,
+    RequestFailed,
     SourceChanged,
     Stopped,
     StoreError,
@@ -47,6 +57,7 @@ __all__ = [  # the error vocabulary is hsextract.objectstore.store_errors'; call
     "ObjectInfo",
     "ObjectMissing",
     "ObjectStore",
+    "RequestFailed",
     "SourceChanged",
     "Stopped",
     "StoreError",
@@ -64,8 +75,6 @@ T = TypeVar("T")
 # A sample file of at least two parts goes up in parts (S3's smallest part is 5 MiB).
 PART_SIZE = 32 << 20
 MIN_PART_SIZE = 5 << 20
-BACKOFF_FIRST_S = 0.5
-BACKOFF_MAX_S = 20.0
 
 
 @dataclass
@@ -87,39 +96,19 @@ def _boto():  # imported late: only an object-store output pays for boto3
 
 def make_client(settings: StoreSettings, pool: int = 32) -> Any:
     """A boto3 S3 client for the settings: path-style addressing (what every self-hosted server
-    takes), botocore's own retries off (ours wait longer and say so), CRC32 sent with every body."""
+    takes), botocore's own retries off (ours wait longer and count them; its ``max_attempts`` is
+    a number of retries, so one of 1 retried every request once, unseen), CRC32 sent with every body."""
     boto3, config, _ = _boto()
     cfg = config.Config(
-        retries={"max_attempts": 1, "mode": "standard"},
+        retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=5,
-        read_timeout=120,
+        read_timeout=settings.read_timeout_s,
         max_pool_connections=pool,
         s3={"addressing_style": "path"},
         request_checksum_calculation="when_supported",
         response_checksum_validation="when_supported",
     )
     return boto3.session.Session().client("s3", config=cfg, **settings.client_kwargs())
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether waiting may fix it: the server unreachable, overloaded or failing for now."""
-    _, _, errors = _boto()
-    if isinstance(
-        exc,
-        (
-            errors.EndpointConnectionError,
-            errors.ConnectionClosedError,
-            errors.ReadTimeoutError,
-            errors.ConnectTimeoutError,
-            errors.ConnectionError,
-            errors.ResponseStreamingError,
-        ),
-    ):
-        return True
-    if isinstance(exc, errors.ClientError):
-        status = status_of(exc)
-        return status in (429, 500, 502, 503, 504) or code_of(exc) in ("SlowDown", "RequestTimeout", "InternalError")
-    return isinstance(exc, (ConnectionError, TimeoutError))
 
 
 class ObjectStore:
@@ -134,10 +123,12 @@ class ObjectStore:
         pool: int = 32,
         part_size: int = PART_SIZE,
         patient: bool = True,
+        retries: RetryLog | None = None,
     ):
         self.url = url
         # Whether `retrying` waits out an unreachable server (the samples' uploads) or raises
-        # `Unreachable` at once (the dataset-level files: the daemon writes them when it can).
+        # `Unreachable` at once (the dataset-level files: the daemon writes them when it can); a
+        # request the server answers with a failure is tried `attempts` times either way.
         self.patient = patient
         self.part_size = max(MIN_PART_SIZE, part_size)
         self.settings = settings
@@ -145,7 +136,7 @@ class ObjectStore:
         self.client = client if client is not None else make_client(settings, pool)
         self._outage_lock = threading.Lock()
         self._outage_since = 0.0  # when the server stopped answering (0: it answers)
-        self.retries = 0
+        self.retries = retries if retries is not None else RetryLog(settings.attempts)
 
     def __str__(self) -> str:
         return str(self.url)
@@ -157,34 +148,68 @@ class ObjectStore:
     def impatient(self) -> ObjectStore:
         """The same bucket and client, raising `Unreachable` instead of waiting."""
         return ObjectStore(
-            self.url, self.settings, self.stop, client=self.client, part_size=self.part_size, patient=False
+            self.url,
+            self.settings,
+            self.stop,
+            client=self.client,
+            part_size=self.part_size,
+            patient=False,
+            retries=self.retries,
         )
 
     # --- waiting out an unreachable server ------------------------------------------------------
 
     def retrying(self, what: str, call: Callable[[], T]) -> T:
-        """`call()`, tried again with backoff while the server is unreachable; `Stopped` if the stop
-        event is set meanwhile; anything else raised as it came."""
-        delay = BACKOFF_FIRST_S
+        """`call()`, tried again with backoff while it fails for a transient cause (see the module
+        docstring): `Stopped` if the stop event is set meanwhile, `RequestFailed` once the server
+        failed it `attempts` times (an impatient store raises `Unreachable` instead, and at once when
+        the server is unreachable: its caller comes back later); anything else raised as it came."""
+        failed = waits = 0
         while True:
             try:
                 result = call()
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                self._note_outage(what, exc)
-                if not self.patient:
-                    raise Unreachable(f"{self.url} does not answer ({what})") from exc
-                if self.stop.wait(delay):
+                unreachable = is_unreachable(exc)
+                failed += not unreachable
+                waits += 1
+                self._before_retry(what, exc, unreachable, failed, backoff(waits))
+                if self.stop.wait(backoff(waits)):
                     raise Stopped(f"stopped while {self.url} did not answer ({what})") from exc
-                delay = min(BACKOFF_MAX_S, delay * 2)
                 continue
             self._note_back()
             return result
 
+    def _before_retry(self, what: str, exc: BaseException, unreachable: bool, failed: int, delay: float) -> None:
+        """Count and say a failure that is to be retried; raise where the request is not to be."""
+        attempts = self.retries.attempts
+        if unreachable:
+            self._note_outage(what, exc)
+        if not self.patient and (unreachable or failed >= attempts):
+            raise Unreachable(f"{self.url} does not answer ({what}: {cause_of(exc)})") from exc
+        if failed >= attempts:
+            self.retries.note_gave_up()
+            raise RequestFailed(
+                f"{self.url}: {what}: failed {failed} times, the last: {cause_of(exc)} ({str(exc)[:200]}); the "
+                f"server answers but fails this request, and a request is tried at most {attempts} times "
+                "(--s3-attempts): stopping here; run it again (a drain's samples stay staged, a pull and a "
+                "collect resume)"
+            ) from None
+        self.retries.note(what, exc)
+        if not unreachable:
+            log.warning(
+                "object store %s: %s failed (%s), attempt %d of %d; trying again in %.1f s",
+                self.url,
+                what,
+                cause_of(exc),
+                failed,
+                attempts,
+                delay,
+            )
+
     def _note_outage(self, what: str, exc: BaseException) -> None:
         with self._outage_lock:
-            self.retries += 1
             if not self._outage_since:
                 self._outage_since = time.time()
                 log.warning(

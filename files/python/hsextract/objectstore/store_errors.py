@@ -27,6 +27,10 @@ class UploadAborted(StoreError):
     """A multipart upload was aborted under this writer (by a newer writer that fenced it)."""
 
 
+class RequestFailed(StoreError):
+    """The server answered one request with a failure at every one of its attempts."""
+
+
 class Refused412(StoreError):
     """A condition of a request that is no create was refused (412): `ObjectStore.copy` tells what."""
 
