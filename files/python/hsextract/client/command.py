@@ -27,10 +27,10 @@ from hsextract.formats import FORMAT_NAMES
 from hsextract.layers import parse_ids
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
+from hsextract.output.layout import problem_files
 from hsextract.report import client_lines
 from hsextract.retry import RetryPolicy
 from hsextract.shard import WHOLE, Shard, parse_process
-from hsextract.status import problem_files
 
 REQUIRED = ("server", "dataset", "model", "dump_dir", "output", "format")
 

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsextract.report import duration
 from hsextract.staging.dumps import DONE_FILE, FAILED_FILE, read_failed_marker, rid_dir
 from hsextract.staging.records import record_path
+from hsextract.units import duration
 
 log = logging.getLogger("hsextract.client")
 

@@ -41,7 +41,7 @@ from hsextract.objectstore.store import KeyExists, ObjectStore, StoreError
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.objectstore.verify import BucketSet, orphans, read_bucket_set
 from hsextract.output.manifest import ManifestEntry, check_header_matches_fields
-from hsextract.report import seconds
+from hsextract.units import seconds
 
 log = logging.getLogger("hsextract.collect")
 

@@ -42,8 +42,8 @@ from hsextract.plan.report import (
     Tokenization,
     VolumeRoom,
 )
-from hsextract.report import binary_size, duration
 from hsextract.staging.room import aux_count
+from hsextract.units import binary_size, duration
 
 if TYPE_CHECKING:
     from hsextract.plan.reuse import Kept
