@@ -24,8 +24,6 @@ NOT_YET_SPLIT = {
     "capture/writer_process.py",
     "capture/writer_process.py: class ProcessCaptureWriter",
     "client/command.py: function add_arguments",
-    "client/runner.py",
-    "client/runner.py: class ExtractRun",
     "collect/card.py: function card_text",
     "drain/command.py: function add_arguments",
     "drain/command.py: function build_config",

@@ -16,7 +16,8 @@ from typing import Any
 
 from hsextract import shutdown
 from hsextract.client.backpressure import parse_watermark
-from hsextract.client.runner import ExtractConfig, ExtractRun
+from hsextract.client.config import ExtractConfig
+from hsextract.client.runner import ExtractRun
 from hsextract.client.sender import StopRequested
 from hsextract.config_file import add_config_argument
 from hsextract.dataset import defaults

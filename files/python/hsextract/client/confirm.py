@@ -65,6 +65,15 @@ def look(dump_dir: Path, rid: str, waited_s: float, timeout_s: float) -> Verdict
     return None
 
 
+def capture_has_word(dump_dir: Path, rid: str) -> bool:
+    """Whether the capture has said what became of `rid` (`look`): the sender asks when the server
+    still holds an earlier send of it (hsextract.client.sender)."""
+    try:
+        return look(Path(dump_dir), rid, 0.0, float("inf")) is not None
+    except OSError:
+        return False
+
+
 class CaptureWatch:
     """Calls ``on_verdict(rid, verdict)`` once for each rid handed to `expect`, from its own thread
     (running from `start` to `close`)."""
