@@ -21,8 +21,6 @@ MAX_FUNCTION_LINES = 60
 # What was past its bound when the bound came in, each still to be split; the list only shrinks.
 NOT_YET_SPLIT = {
     "capture/patch.py: function render_patch",
-    "capture/writer_process.py",
-    "capture/writer_process.py: class ProcessCaptureWriter",
     "client/command.py: function add_arguments",
     "collect/card.py: function card_text",
     "drain/command.py: function add_arguments",
