@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hsextract.fleet.plan import plan_fleet
 from hsextract.fleet.plan_input import REPORT_FIELDS, host_plans, report_problem
-from hsextract.plan.command import render
+from hsextract.plan.render import render
 from hsextract.plan.report import PlanReport
 
 ROLE_TASKS = Path(__file__).resolve().parents[2] / "roles" / "plan" / "tasks"

@@ -50,29 +50,8 @@ def card_text(
     vocab: dict[str, Any] | None,
 ) -> str:
     """The card's Markdown."""
-    spec = FORMATS.get(header.format)
-    model = header.model_path or "?"
     lines = [
-        f"# EAGLE-3 training data: {model.rstrip('/').rsplit('/', 1)[-1]}",
-        "",
-        f"Hidden states of `{model}` ({header.architecture or '?'}, {header.num_hidden_layers} layers), captured "
-        f"inside SGLang {header.sglang_version or '?'}'s forward pass by hsextract {header.hsextract_version or '?'} "
-        f"on {len(hosts)} host(s) and collected by `hsextract collect`. Every sample was re-hashed against its "
-        "host's manifest before it was added.",
-        "",
-        "| | |",
-        "| --- | --- |",
-        f"| format | `{header.format}` ({spec.trainer if spec else '?'}) |",
-        f"| samples | {samples} ({tokens} tokens, {nbytes} bytes of sample files) |",
-        f"| aux layers | {header.eagle_aux_hidden_state_layer_ids} (eagle convention), "
-        f"{header.sglang_layers_to_capture} (sglang) |",
-        f"| final hidden state | {header.final_hidden} |",
-        f"| dtype, hidden size | {header.dtype}, {header.hidden_size} |",
-        f"| model config sha256 | `{header.model_config_sha256 or '?'}` |",
-        f"| model fingerprint | {_fingerprint(header.model_fingerprint)} |",
-        f"| dataset | `{(dataset or {}).get('path', '?')}`, {'?' if dataset_lines is None else dataset_lines} lines |",
-        f"| run id | `{header.run_id}` |",
-        "",
+        *_about_lines(header, samples, tokens, nbytes, len(hosts), dataset, dataset_lines),
         "## Hosts",
         "",
         "| host | shards | samples collected | state |",
@@ -99,6 +78,42 @@ def card_text(
         "",
     ]
     return "\n".join(lines)
+
+
+def _about_lines(
+    header: ManifestHeader,
+    samples: int,
+    tokens: int,
+    nbytes: int,
+    hosts: int,
+    dataset: dict[str, Any] | None,
+    dataset_lines: int | None,
+) -> list[str]:
+    """The title, where the states come from, and the table of what every sample has in common."""
+    spec = FORMATS.get(header.format)
+    model = header.model_path or "?"
+    return [
+        f"# EAGLE-3 training data: {model.rstrip('/').rsplit('/', 1)[-1]}",
+        "",
+        f"Hidden states of `{model}` ({header.architecture or '?'}, {header.num_hidden_layers} layers), captured "
+        f"inside SGLang {header.sglang_version or '?'}'s forward pass by hsextract {header.hsextract_version or '?'} "
+        f"on {hosts} host(s) and collected by `hsextract collect`. Every sample was re-hashed against its "
+        "host's manifest before it was added.",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| format | `{header.format}` ({spec.trainer if spec else '?'}) |",
+        f"| samples | {samples} ({tokens} tokens, {nbytes} bytes of sample files) |",
+        f"| aux layers | {header.eagle_aux_hidden_state_layer_ids} (eagle convention), "
+        f"{header.sglang_layers_to_capture} (sglang) |",
+        f"| final hidden state | {header.final_hidden} |",
+        f"| dtype, hidden size | {header.dtype}, {header.hidden_size} |",
+        f"| model config sha256 | `{header.model_config_sha256 or '?'}` |",
+        f"| model fingerprint | {_fingerprint(header.model_fingerprint)} |",
+        f"| dataset | `{(dataset or {}).get('path', '?')}`, {'?' if dataset_lines is None else dataset_lines} lines |",
+        f"| run id | `{header.run_id}` |",
+        "",
+    ]
 
 
 def _vocab_lines(vocab: dict[str, Any] | None) -> list[str]:

@@ -32,6 +32,7 @@ from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.output.layout import plan_path
+from hsextract.plan.render import render
 from hsextract.plan.report import (
     FormatBytes,
     ModelLayout,
@@ -43,7 +44,7 @@ from hsextract.plan.report import (
     VolumeRoom,
 )
 from hsextract.staging.room import aux_count
-from hsextract.units import binary_size, duration
+from hsextract.units import binary_size
 
 if TYPE_CHECKING:
     from hsextract.plan.reuse import Kept
@@ -164,40 +165,68 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanRepo
     beside the report), a scan or sizes of the same inputs are taken from it (unless --rescan), and
     what is made anew is put in it."""
     from hsextract.dataset.reader import dataset_files
-    from hsextract.model_info import read_model_info
-    from hsextract.output.dataset_record import head_digest
     from hsextract.output.manifest import completed_indices
-    from hsextract.plan.scan import ScanSettings
-    from hsextract.shard import Shard
-    from hsextract.staging.dumps import DTYPE_BYTES
 
     missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
     if missing:
         raise ConfigError(f"plan needs {', '.join(missing)} (as flags or keys of --config)")
     fmt = args.format or DEFAULT_FORMAT
     dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
+    layout = _model_layout(args)
+    # A bucket's run is planned in its work directory: the drain's temporary files and bookkeeping.
+    out = resolve_output(args.output, args)[0] if args.output else None
+    done = frozenset(completed_indices(out)) if out is not None else frozenset()
+    sizes = [
+        int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int) else args.draft_vocab_size)
+    ]
+    # What a sample file's size depends on besides its tokens (the key of the kept sizes digests it).
+    sized = {"num_aux": layout.num_aux, "hidden_size": layout.hidden_size, "dtype": layout.dtype}
+    cfg = _scan_settings(args, done)
+    res, formats = _scan_and_size(cfg, sized, layout.vocab_size, sizes, None if args.rescan else kept, kept)
+    shm = _staging_room(args, layout, res)
+    time_ = _time_estimate(args, layout, res)
+    volume_path = out if out is not None else Path(".")
+    room = _volume_room(args, volume_path, fmt, formats[fmt])
+    report = _report(args, fmt, layout, res, formats, (shm, time_, room))
+    if getattr(args, "measure_disk", False):
+        from hsextract.plan.disk_pace import disk_pace
+
+        disk = disk_pace(
+            report, Path(_existing(volume_path)), args.measure_disk_seconds, int(args.measure_disk_gb * 1e9)
+        )
+        report = dataclasses.replace(report, disk=disk)
+    return report
+
+
+def _model_layout(args: argparse.Namespace) -> ModelLayout:
+    """What a sample's size depends on, from the model's config and --aux-layers."""
+    from hsextract.model_info import read_model_info
+    from hsextract.staging.dumps import DTYPE_BYTES
+
     info = read_model_info(args.model)
-    layout = ModelLayout(
+    return ModelLayout(
         hidden_size=info.hidden_size,
         num_aux=aux_count(args.aux_layers),
         dtype=info.torch_dtype if info.torch_dtype in DTYPE_BYTES else "bfloat16",
         num_hidden_layers=info.num_hidden_layers,
         vocab_size=info.vocab_size,
     )
-    template = read_template_file(args.chat_template)
-    # A bucket's run is planned in its work directory: the drain's temporary files and bookkeeping.
-    out = resolve_output(args.output, args)[0] if args.output else None
-    done = frozenset(completed_indices(out)) if out is not None else frozenset()
-    shard = Shard.parse(args.shard, where="--shard")
-    cfg = ScanSettings(
+
+
+def _scan_settings(args: argparse.Namespace, done: frozenset[int]) -> ScanSettings:
+    """The scan of the dataset as the client will read it (`done`: the samples written already)."""
+    from hsextract.plan.scan import ScanSettings
+    from hsextract.shard import Shard
+
+    return ScanSettings(
         Path(args.dataset),
         Path(args.model),
-        template,
+        read_template_file(args.chat_template),
         args.max_tokens,
         args.overlong,
         bool(args.last_turn_only),
         int(args.min_loss_tokens or 0),
-        shard,
+        Shard.parse(args.shard, where="--shard"),
         done,
         args.workers,
         progress=not args.no_progress,
@@ -205,17 +234,21 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanRepo
         context_length=args.context_length,
         kv_pool_tokens=args.max_total_tokens,
     )
-    sizes = [
-        int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int) else args.draft_vocab_size)
-    ]
-    # What a sample file's size depends on besides its tokens (the key of the kept sizes digests it).
-    sized = {"num_aux": layout.num_aux, "hidden_size": layout.hidden_size, "dtype": layout.dtype}
-    res, formats = _scan_and_size(cfg, sized, layout.vocab_size, sizes, None if args.rescan else kept, kept)
-    shm = _staging_room(args, layout, res)
-    time_ = _time_estimate(args, layout, res)
-    volume_path = out if out is not None else Path(".")
-    room = _volume_room(args, volume_path, fmt, formats[fmt])
-    report = PlanReport(
+
+
+def _report(
+    args: argparse.Namespace,
+    fmt: str,
+    layout: ModelLayout,
+    res: ScanResult,
+    formats: dict[str, FormatBytes],
+    room: tuple[StagingRoom, TimeEstimate, VolumeRoom],
+) -> PlanReport:
+    """The report of a scan and its estimates: the staging's room, the time, the output volume's room."""
+    from hsextract.output.dataset_record import head_digest
+
+    shm, time_, volume = room
+    return PlanReport(
         dataset=str(args.dataset),
         model=str(args.model),
         shard=args.shard,
@@ -242,7 +275,7 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanRepo
         formats=formats,
         shm=shm,
         time=time_,
-        output_volume=room,
+        output_volume=volume,
         tokenization=Tokenization(
             workers=res.workers,
             seconds=round(res.seconds, 3),
@@ -250,14 +283,6 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanRepo
             samples_per_s=round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1),
         ),
     )
-    if getattr(args, "measure_disk", False):
-        from hsextract.plan.disk_pace import disk_pace
-
-        disk = disk_pace(
-            report, Path(_existing(volume_path)), args.measure_disk_seconds, int(args.measure_disk_gb * 1e9)
-        )
-        report = dataclasses.replace(report, disk=disk)
-    return report
 
 
 def _staging_room(args: argparse.Namespace, layout: ModelLayout, res: ScanResult) -> StagingRoom:
@@ -380,65 +405,6 @@ def _existing(path: str | Path) -> str:
             break
         p = parent
     return p
-
-
-def render(r: PlanReport) -> str:
-    """The report as lines a person reads."""
-    lines = [f"plan: {r.dataset} with {r.model} (shard {r.shard})"]
-    rej = ", ".join(f"{k} {v}" for k, v in r.rejects.items()) or "none"
-    lines.append(
-        f"  samples   {r.samples:,} of {r.rows_in_shard:,} rows in this shard"
-        f" ({r.already_written:,} already written); rejects: {rej}"
-    )
-    p = r.length_percentiles
-    if p:
-        lines.append(
-            f"  tokens    {r.tokens:,} ({r.loss_masked_tokens:,} loss-masked); per sample "
-            f"p50 {p['p50']:.0f}, p90 {p['p90']:.0f}, p99 {p['p99']:.0f}, max {p['max']}"
-        )
-    o = r.overlong
-    lines.append(
-        f"  overlong  {o.samples:,} samples over {o.max_tokens} tokens "
-        f"({o.truncated:,} truncated, {o.skipped:,} skipped)"
-    )
-    for name, f in r.formats.items():
-        mark = " <-" if name == r.format else ""
-        lines.append(
-            f"  {name:15s} {binary_size(f.total_bytes):>11s} ({binary_size(f.sample_bytes)} of sample files){mark}"
-        )
-    s = r.shm
-    lines.append(
-        f"  /dev/shm  needs {binary_size(s.need_bytes)} for {s.requests} requests x "
-        f"{s.tokens_per_request} tokens at {s.path}; {binary_size(s.free_bytes)} free"
-        f"{'' if s.ok else ' (TOO SMALL)'}"
-    )
-    t = r.time
-    if t.seconds is not None and t.tokens_per_s is not None:
-        lines.append(
-            f"  time      {duration(t.seconds)} for {r.remaining_tokens:,} tokens at "
-            f"{t.tokens_per_s:,.0f} tokens/s ({t.source})"
-        )
-    else:
-        lines.append(f"  time      unknown ({t.source})")
-    v = r.output_volume
-    verdict = "room" if v.ok else "NOT ENOUGH ROOM"
-    lines.append(
-        f"  output    {verdict}: {binary_size(v.free_bytes)} free at {v.path}, the run needs "
-        f"{binary_size(v.need_bytes)} + {binary_size(v.margin_bytes)} margin ({r.format})"
-    )
-    if r.disk is not None:
-        from hsextract.plan.disk_pace import render as render_disk
-
-        lines += render_disk(r.disk)
-    k = r.tokenization
-    if k.reused:
-        lines.append(
-            "  tokenized earlier: the scan kept beside the report, of the same dataset, model and settings "
-            "(--rescan scans again)"
-        )
-    else:
-        lines.append(f"  tokenized {k.samples_per_s:,.0f} samples/s on {k.workers} processes")
-    return "\n".join(lines)
 
 
 def _keep_report(report: PlanReport, asked: Path | None, default: Path) -> None:

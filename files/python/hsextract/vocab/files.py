@@ -77,8 +77,6 @@ def write_vocab_files(
     `also` are still written, then the error is raised. The first size's unsuffixed names are
     hard links to its suffixed files (the same bytes, written and fsynced once).
     """
-    import torch
-
     out = Path(out)
     files: dict[str, bytes] = {**(also or {}), token_freq_name(suffix): _torch_bytes(counts.to_dict())}
     try:
@@ -90,24 +88,13 @@ def write_vocab_files(
     per_size = []
     for i, d in enumerate(sizes):
         selected = select_tokens(counts, d.size)
-        d2t, t2d = sorted_mapping(selected, vocab_size)
-        sf, mo = f"{SPECFORGE_DIR}/vocab_mapping-{d.size}{suffix}", f"{MODELOPT_DIR}/d2t-{d.size}{suffix}"
-        files[sf] = _torch_bytes({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)})
-        files[f"d2t-{d.size}.npy"] = _npy_bytes(d2t)
-        files[f"t2d-{d.size}.npy"] = _npy_bytes(t2d)
-        files[mo] = _torch_bytes(torch.from_numpy(frequency_d2t(selected)))
-        names = {"specforge": [sf], "speculators": [f"d2t-{d.size}.npy", f"t2d-{d.size}.npy"], "modelopt": [mo]}
-        if i == 0:
-            first = {
-                f"{SPECFORGE_DIR}/vocab_mapping{suffix}": sf,
-                "d2t.npy": f"d2t-{d.size}.npy",
-                "t2d.npy": f"t2d-{d.size}.npy",
-                f"{MODELOPT_DIR}/d2t{suffix}": mo,
-            }
+        size_files, names = _size_files(d.size, selected, vocab_size, suffix)
+        files.update(size_files)
+        if i == 0:  # the unsuffixed names: links to the first size's files
+            first = _first_size_links(d.size, suffix)
             links.update(first)
-            names["specforge"].append(f"{SPECFORGE_DIR}/vocab_mapping{suffix}")
-            names["speculators"] += ["d2t.npy", "t2d.npy"]
-            names["modelopt"].append(f"{MODELOPT_DIR}/d2t{suffix}")
+            for trainer_files in names.values():
+                trainer_files += [name for name, target in first.items() if target in trainer_files]
         per_size.append(
             {"size": d.size, "requested": d.requested, "coverage": round(coverage(counts, selected), 6), "files": names}
         )
@@ -123,6 +110,33 @@ def write_vocab_files(
     files[SUMMARY_FILE] = (json.dumps(summary, indent=2) + "\n").encode()
     write_batch(out, files, links)
     return [*(out / rel for rel in files), *(out / rel for rel in links)]
+
+
+def _size_files(
+    size: int, selected: np.ndarray, vocab_size: int, suffix: str
+) -> tuple[dict[str, bytes], dict[str, list[str]]]:
+    """One draft size's files (path -> bytes), and each trainer's names among them."""
+    import torch
+
+    d2t, t2d = sorted_mapping(selected, vocab_size)
+    sf, mo = f"{SPECFORGE_DIR}/vocab_mapping-{size}{suffix}", f"{MODELOPT_DIR}/d2t-{size}{suffix}"
+    files = {
+        sf: _torch_bytes({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}),
+        f"d2t-{size}.npy": _npy_bytes(d2t),
+        f"t2d-{size}.npy": _npy_bytes(t2d),
+        mo: _torch_bytes(torch.from_numpy(frequency_d2t(selected))),
+    }
+    return files, {"specforge": [sf], "speculators": [f"d2t-{size}.npy", f"t2d-{size}.npy"], "modelopt": [mo]}
+
+
+def _first_size_links(size: int, suffix: str) -> dict[str, str]:
+    """The unsuffixed names (link -> the first size's file): what a trainer finds without a size."""
+    return {
+        f"{SPECFORGE_DIR}/vocab_mapping{suffix}": f"{SPECFORGE_DIR}/vocab_mapping-{size}{suffix}",
+        "d2t.npy": f"d2t-{size}.npy",
+        "t2d.npy": f"t2d-{size}.npy",
+        f"{MODELOPT_DIR}/d2t{suffix}": f"{MODELOPT_DIR}/d2t-{size}{suffix}",
+    }
 
 
 def write_batch(out: Path, files: dict[str, bytes], links: dict[str, str]) -> None:
