@@ -20,13 +20,8 @@ MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 60
 # What was past its bound when the bound came in, each still to be split; the list only shrinks.
 NOT_YET_SPLIT = {
-    "client/command.py: function add_arguments",
-    "drain/command.py: function add_arguments",
-    "drain/command.py: function build_config",
     "objectstore/collect.py: function collect_in_place",
     "objectstore/store.py: class ObjectStore",
-    "plan/command.py: function add_arguments",
-    "regen/command.py: function add_arguments",
 }
 
 

@@ -18,7 +18,6 @@ is the truth), and the drain publishes its epoch segment, which fences every ear
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -75,8 +74,9 @@ class DrainStart:
     entries: list[ManifestEntry]
 
 
-def resolve_output(value: str | Path, args: argparse.Namespace | None = None) -> tuple[Path, ObjectOutput | None]:
-    """(the local directory every command works in, the bucket or None) of an ``--output``."""
+def resolve_output(value: str | Path, args: object | None = None) -> tuple[Path, ObjectOutput | None]:
+    """(the local directory every command works in, the bucket or None) of an ``--output``; `args`
+    are the command's parsed flags or its settings (their ``work_dir`` and object-store flags)."""
     if not is_object_url(str(value)):
         return Path(value), None
     url = parse_object_url(str(value))
