@@ -15,19 +15,6 @@ from hsextract.formats import FORMATS
 from hsextract.model_fingerprint import PART_NAMES
 from hsextract.output.manifest import ManifestHeader
 
-# How each trainer is pointed at the set ("<set>" is replaced by its path).
-LOADING = {
-    "specforge": "SpecForge: `--train-hidden-states-path <set>` (its offline reader walks the tree for `*.ckpt`, "
-    "sorted by path: `reader_order.json` lists that order), `--vocab-mapping-path "
-    "<set>/vocab_mapping/vocab_mapping.pt`.",
-    "speculators": "speculators >= 0.8: `--data-path <set>` (`hidden_states/hs_{i}.safetensors` is row i of the "
-    "Arrow dataset); it finds `d2t.npy`/`t2d.npy` (or `d2t-<N>.npy` with `--draft-vocab-size N`) there.",
-    "speculators-v1": "speculators 0.7 (`--legacy-data`): `--data-path <set>` (`data_{i}.pt` with "
-    "`sample_lengths.json`); the vocabulary files end in `.pth`, pass them by path.",
-    "modelopt": "ModelOpt: `offline_data_path: <set>` (every `*.pt`; `conversation_id` is the dataset index, unique "
-    "across hosts), `data.draft_vocab_cache: <set>/draft_vocab_cache/d2t.pth`.",
-}
-
 
 @dataclass(frozen=True)
 class HostLine:
@@ -50,6 +37,7 @@ def card_text(
     vocab: dict[str, Any] | None,
 ) -> str:
     """The card's Markdown."""
+    spec = FORMATS.get(header.format)
     lines = [
         *_about_lines(header, samples, tokens, nbytes, len(hosts), dataset, dataset_lines),
         "## Hosts",
@@ -70,7 +58,7 @@ def card_text(
         *_vocab_lines(vocab),
         "## Loading it",
         "",
-        LOADING.get(header.format, "").replace("<set>", path),
+        (spec.loading if spec else "").replace("<set>", path),
         "",
         "`manifest.jsonl` maps each sample's output index to its dataset index, its host (`host`) and its index "
         "there (`host_index`), with its size, checksum and fingerprint; `hsextract finalize --output <set> "

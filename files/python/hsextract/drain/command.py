@@ -17,6 +17,7 @@ from hsextract.draft_config import serving_layer_ids
 from hsextract.drain import forkserver
 from hsextract.drain.config import DrainConfig
 from hsextract.errors import ConfigError
+from hsextract.formats import check_dtype
 from hsextract.layers import parse_ids, resolve
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_store_arguments
@@ -93,6 +94,8 @@ def read_model_facts(cfg: DrainConfig) -> None:
         serving_layer_ids(info.architecture, layers.sglang_layers_to_capture)  # a set no drafter can be served on
         cfg.expected_hidden_size = info.hidden_size
         cfg.expected_dtype = info.torch_dtype if info.torch_dtype in DTYPE_BYTES else None
+        if cfg.expected_dtype:
+            check_dtype(cfg.format, cfg.expected_dtype, where=f"the model {cfg.model_path}")
         cfg.num_hidden_layers = info.num_hidden_layers
         cfg.model_config_sha256 = info.config_sha256
         cfg.architecture = info.architecture
