@@ -12,10 +12,21 @@ bf16 on the GPU: the aux layers' outputs (``hidden_states[i + 1]`` for the set's
 final state after the norm, written in the SpecForge format under the same file names. Only the
 engine that computed the rows differs between the two training sets.
 
-Arm D, a control, keeps them too and gives every sample the rows of another sample: the failure
-the capture once had at SGLang's defaults, when 60 % of samples carried another batch's rows. Each
-row check of a single sample passes on such a set (the rows are real states of the real model);
-only their pairing with the tokens is wrong.
+The controls keep A's sequences and loss masks too and change only which states go with them.
+SpecForge's offline EAGLE-3 training takes its targets from the stored final state (``hidden_state``:
+its ``Eagle3TrainStrategy`` re-runs the target's head over it, specforge/training/strategies/base.py),
+and the drafter's inputs from the aux states (``aux_hidden_state``) and the tokens:
+
+* D2 gives every sample the aux states of another sample and keeps its own final state, so its
+  targets are its own and its inputs' states carry no information about them;
+* S1 shifts every sample's aux states one token later (``aux[t] = aux[t + 1]``, the last row kept):
+  an off-by-one capture, the targets untouched;
+* D gives every sample both the aux and the final states of another sample: the failure the capture
+  once had at SGLang's defaults, when 60 % of samples carried another batch's rows. Its drafter learns
+  another sample's states to that sample's own targets, coherently, with only the tokens out of
+  place: a replay of that race, not a control of the states' worth.
+
+Each row check of a single sample passes on all three (the rows are real states of the real model).
 """
 
 from __future__ import annotations
@@ -155,7 +166,7 @@ def transformers_arm(set_a: Path, model: Path, set_b: Path, device: str, max_bat
 
 
 def donors(lengths: list[int]) -> tuple[list[int], int]:
-    """For each sample, the sample whose rows arm D gives it: the next longer one (by length, ties
+    """For each sample, the sample whose rows D and D2 give it: the next longer one (by length, ties
     by position), so that its rows cover the sample's tokens; the longest takes the second longest.
     Returns the donors and how many of them are shorter than their sample (padded with zeros)."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
@@ -166,35 +177,79 @@ def donors(lengths: list[int]) -> tuple[list[int], int]:
     return given, short
 
 
-def mispaired_arm(set_a: Path, set_d: Path) -> dict:
-    """Write arm D (see the module's docstring): set A's samples, each with its donor's rows cut
-    (or zero-padded) to its own length, under the same file names."""
+# Which states each donor arm takes from its donor (the rest of a sample is its own).
+DONOR_KEYS = {"D": ("aux_hidden_state", "hidden_state"), "D2": ("aux_hidden_state",)}
+
+
+def _fit(rows, n: int):
+    """``rows`` ([1, T, W]) cut or zero-padded to ``n`` tokens."""
+    import torch
+
+    rows = rows[:, :n]
+    if rows.shape[1] < n:
+        pad = torch.zeros(rows.shape[0], n - rows.shape[1], rows.shape[2], dtype=rows.dtype)
+        rows = torch.cat([rows, pad], dim=1)
+    return rows.contiguous()
+
+
+def _rewrite(set_a: Path, dest: Path, change) -> list:
+    """Every sample of set A, passed through ``change(k, sample, entries)``, saved under ``dest`` with
+    the same file name (8 threads: the load and the save release the GIL). Returns the entries."""
     import torch
     from hsextract.output.manifest import iter_entries
 
     entries = list(iter_entries(set_a))
-    given, short = donors([e.tokens for e in entries])
 
     def one(k: int) -> None:
-        e = entries[k]
-        s = torch.load(set_a / e.file, weights_only=True)
-        d = torch.load(set_a / entries[given[k]].file, weights_only=True)
-        n = s["input_ids"].numel()
-        row = {"input_ids": s["input_ids"], "loss_mask": s["loss_mask"]}
-        for key in ("aux_hidden_state", "hidden_state"):
-            rows = d[key][:, :n]
-            if rows.shape[1] < n:
-                pad = torch.zeros(rows.shape[0], n - rows.shape[1], rows.shape[2], dtype=rows.dtype)
-                rows = torch.cat([rows, pad], dim=1)
-            row[key] = rows.contiguous()
-        dest = set_d / e.file
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(row, dest)
+        row = change(k, torch.load(set_a / entries[k].file, weights_only=True), entries)
+        out = dest / entries[k].file
+        out.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(row, out)
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(len(entries))))
+    return entries
+
+
+def donor_arm(set_a: Path, dest: Path, arm: str) -> dict:
+    """Write arm D or D2 (see the module's docstring): set A's samples, each with its donor's states
+    named in ``DONOR_KEYS[arm]`` cut (or zero-padded) to its own length, the rest its own."""
+    import torch
+    from hsextract.output.manifest import iter_entries
+
+    keys = DONOR_KEYS[arm]
+    given, short = donors([e.tokens for e in iter_entries(set_a)])
+
+    def change(k: int, s: dict, entries: list) -> dict:
+        d = torch.load(set_a / entries[given[k]].file, weights_only=True)
+        n = s["input_ids"].numel()
+        return {**s, **{key: _fit(d[key], n) for key in keys}}
+
+    entries = _rewrite(set_a, dest, change)
     return {
         "samples": len(entries),
+        "donor_keys": list(keys),
         "donor_shorter_zero_padded": short,
         "own_rows": sum(g == k for k, g in enumerate(given)),
     }
+
+
+def shift_aux(aux, by: int = 1):
+    """Aux states ``by`` tokens later: ``out[:, t] = aux[:, t + by]``, the last row repeated where
+    ``t + by`` runs past the sample (an off-by-one capture, the sample's length kept)."""
+    import torch
+
+    n = aux.shape[1]
+    idx = torch.clamp(torch.arange(n) + by, max=n - 1)
+    return aux[:, idx].contiguous()
+
+
+def shifted_arm(set_a: Path, dest: Path, by: int = 1) -> dict:
+    """Write arm S1: set A's samples with their aux states ``by`` tokens later, their tokens, masks
+    and final states (the targets) their own."""
+
+    def change(k: int, s: dict, entries: list) -> dict:
+        return {**s, "aux_hidden_state": shift_aux(s["aux_hidden_state"], by)}
+
+    entries = _rewrite(set_a, dest, change)
+    return {"samples": len(entries), "shift": by}

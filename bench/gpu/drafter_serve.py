@@ -53,22 +53,41 @@ def _post(url: str, body: dict, timeout: float = 600) -> dict:
         return json.load(r)
 
 
-async def _generate_all(url: str, prompts: list[list[int]], concurrency: int) -> tuple[list[dict], float]:
+async def _generate_all(
+    url: str, prompts: list[list[int]], concurrency: int, max_new_tokens: int, stop_at: list[float] | None
+) -> tuple[list[dict | None], float]:
     sem = asyncio.Semaphore(concurrency)
-    body = {"sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}}
+    body = {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
 
-    async def one(ids: list[int]) -> dict:
+    async def one(k: int, ids: list[int]) -> dict | None:
         async with sem:
+            if stop_at is not None and time.monotonic() > stop_at[k]:
+                return None
             return await asyncio.to_thread(_post, url, {"input_ids": ids, **body})
 
     t0 = time.monotonic()
-    results = await asyncio.gather(*(one(p) for p in prompts))
+    results = await asyncio.gather(*(one(k, p) for k, p in enumerate(prompts)))
     return list(results), time.monotonic() - t0
 
 
-def generate(url: str, prompts: list[list[int]], concurrency: int) -> tuple[list[dict], float]:
-    """Every prompt's answer (in order) and the wall time, ``concurrency`` requests in flight."""
-    return asyncio.run(_generate_all(url, prompts, concurrency))
+def generate(
+    url: str,
+    prompts: list[list[int]],
+    concurrency: int,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    stop_at: list[float] | None = None,
+) -> tuple[list[dict | None], float]:
+    """Every prompt's answer (in order) and the wall time, ``concurrency`` requests in flight, sent in
+    order. With ``stop_at`` (a ``time.monotonic()`` per prompt), a prompt whose turn comes after its
+    time is not sent and its answer is None: the run ends inside its budget with the prompts it had
+    time for."""
+    return asyncio.run(_generate_all(url, prompts, concurrency, max_new_tokens, stop_at))
+
+
+def answered_by_all(answers: dict[str, list[dict | None]], idx: list[int]) -> list[int]:
+    """The prompts of ``idx`` every server answered: the arms' τ and differences are taken on the same
+    prompts, also when the budget cut some."""
+    return [i for i in idx if all(a[i] is not None for a in answers.values())]
 
 
 def accept_length(answers: list[dict]) -> dict:
@@ -110,4 +129,58 @@ def paired_difference(a: list[list[int]], b: list[list[int]], rounds: int = 2000
     return {
         "difference": round(tau(a, everything) - tau(b, everything), 4),
         "interval_95": [round(diffs[int(0.025 * rounds)], 4), round(diffs[int(0.975 * rounds) - 1], 4)],
+    }
+
+
+def correct_drafts_histogram(answers: list[dict]) -> list[int]:
+    """The verify steps that accepted 0, 1, 2, ... draft tokens, summed over ``answers`` (SGLang's
+    per-request ``spec_correct_drafts_histogram``; empty where the server sent none)."""
+    total: list[int] = []
+    for a in answers:
+        for k, n in enumerate(a["meta_info"].get("spec_correct_drafts_histogram") or []):
+            total.extend([0] * (k + 1 - len(total)))
+            total[k] += int(n)
+    return total
+
+
+def lower(differences: dict, arm: str, name: str = "gsm8k") -> float | None:
+    """The lower end of τ_A - τ_arm's 95 % interval, or None where the arm was not served."""
+    got = differences.get(f"A-{arm}", {}).get(name)
+    return got["interval_95"][0] if got else None
+
+
+def criteria(tau: dict, differences: dict) -> dict:
+    """The criteria fixed before the run of 2026-12-07 (GSM8K test, 95 % paired intervals), each with
+    the figures it was judged on; an arm that was not served leaves its criteria None (not run)."""
+
+    def at_least(arm: str, bound: float, strict: bool = False) -> dict:
+        low = lower(differences, arm)
+        met = None if low is None else (low > bound if strict else low >= bound)
+        return {"lower_bound": low, "bound": bound, "met": met}
+
+    def diff(arm: str) -> float | None:
+        got = differences.get(f"A-{arm}", {}).get("gsm8k")
+        return got["difference"] if got else None
+
+    floor = at_least("floor", 0.5, strict=True)
+    floor["difference"] = diff("floor")
+    floor["met"] = None if floor["lower_bound"] is None else floor["met"] and floor["difference"] >= 0.5
+    ab, aa2 = differences.get("A-B", {}).get("gsm8k"), diff("A2")
+    same_as_reference = None
+    if ab and aa2 is not None:
+        inside = ab["interval_95"][0] >= -0.06 and ab["interval_95"][1] <= 0.06
+        same_as_reference = {
+            "A-B": ab,
+            "A-A2": aa2,
+            "interval_within_0.06": inside,
+            "abs_A-B_within_noise_plus_0.03": abs(ab["difference"]) <= abs(aa2) + 0.03,
+            "met": inside and abs(ab["difference"]) <= abs(aa2) + 0.03,
+        }
+    return {
+        "1_A_above_floor_by_0.5": floor,
+        "2_states_carry_the_signal_A-D2": at_least("D2", 0.20),
+        "3_off_by_one_capture_A-S1": at_least("S1", 0.30),
+        "3_far_layers_at_serving_A-C_far": at_least("C_far", 0.30),
+        "3_next_layers_at_serving_A-C": at_least("C", 0.0, strict=True),
+        "4_rows_as_good_as_the_reference": same_as_reference,
     }

@@ -1,19 +1,24 @@
-"""The drafter bench's arms: SpecForge trains a drafter on each set with the same run file, seed and
-steps, exports it for SGLang, and the two controls are made from them.
+"""The drafter bench's arms: SpecForge trains a drafter on each set with the same run file, settings
+and steps, exports it for SGLang, and the served controls are made from them.
 
-* A: hsextract's set, trained from the ``specforge-train.yaml`` the drain wrote beside it;
-* B: the same run file pointed at arm B's rows (transformers');
-* C: drafter A with its config's aux layer ids shifted by one (a negative control: the same weights
-  fed the neighbouring layers at serving);
+* A: hsextract's set, trained from the ``specforge-train.yaml`` the drain wrote beside it; A2: the
+  same set and settings with another training seed (the training's own noise, measured);
+* B, D2, S1 (and D): the same run file pointed at that arm's rows (``drafter_data``);
+* C: drafter A with its config's aux layer ids shifted by one; C_far: drafter A fed a far layer set
+  (the same weights, other layers' states at serving, no training);
 * floor: a drafter of the same config with SpecForge's random initialisation and A's vocabulary.
 
-The two trainings run at once on one GPU, each a ``specforge train`` process. Checkpoints are saved
-every epoch; if the time budget runs out, both stop and the latest epoch both finished is exported,
-so the arms always have the same steps.
+The trainings run at once on one GPU, each a ``specforge train`` process with the same
+``training.max_steps`` (which is also the cosine schedule's length). The step count comes from a short
+calibration of all arms side by side (``calibrate``): the measured steps per second times the time the
+budget leaves. Checkpoints are saved at the end and at a few points on the way; if the deadline comes
+first, every arm stops and the latest step all of them saved is exported, so the arms always have the
+same steps.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -31,23 +36,29 @@ def train_args(
     run_dir: Path,
     name: str,
     *,
-    epochs: int,
+    max_steps: int,
     batch: int,
     lr: float,
-    steps_per_epoch: int,
+    ttt_length: int,
+    save_interval: int,
     rows: Path | None = None,
     seed: int = 0,
+    log_interval: int = 20,
 ) -> list[str]:
-    """``specforge train`` of arm ``name``: the set's own run file with the bench's overrides."""
+    """``specforge train`` of arm ``name``: the set's own run file with the bench's overrides (a cosine
+    schedule over ``max_steps`` steps; epochs enough to reach them)."""
     overrides = [
         f"output_dir={run_dir}",
         f"run_id={name}",
-        f"training.num_epochs={epochs}",
+        "training.num_epochs=1000",
+        f"training.max_steps={max_steps}",
         f"training.batch_size={batch}",
         f"training.learning_rate={lr}",
+        "training.lr_scheduler=cosine",
+        f"training.ttt_length={ttt_length}",
         f"training.seed={seed}",
-        f"training.save_interval={steps_per_epoch}",
-        "training.log_interval=20",
+        f"training.save_interval={save_interval}",
+        f"training.log_interval={log_interval}",
         "training.attention_backend=sdpa",
         "data.dataloader_num_workers=4",
     ]
@@ -56,10 +67,48 @@ def train_args(
     return ["-m", "specforge.cli", "train", "-c", str(set_dir / RUN_FILE), *overrides]
 
 
+STEP_LINE = re.compile(r"^step (\d+): (\{.*\})\s*$", re.M)
+
+
+def logged_steps(text: str) -> list[dict]:
+    """SpecForge's ``step N: {...}`` lines as dicts with their step (accuracies per draft position
+    ``acc_<i>``, the loss, the learning rate, ...)."""
+    out = []
+    for m in STEP_LINE.finditer(text):
+        try:
+            values = ast.literal_eval(m.group(2))
+        except (ValueError, SyntaxError):
+            continue
+        out.append({"step": int(m.group(1)), **values})
+    return out
+
+
+def position_accuracy(logged: list[dict], last: int = 5) -> dict[str, float]:
+    """Each draft position's training accuracy (``acc_<i>``), the mean of the last ``last`` logged steps."""
+    tail = logged[-last:]
+    keys = sorted({k for row in tail for k in row if re.fullmatch(r"acc_\d+", k)}, key=lambda k: int(k[4:]))
+    return {k: round(sum(r[k] for r in tail if k in r) / sum(k in r for r in tail), 4) for k in keys}
+
+
+def steady_rate(times: list[tuple[float, int]]) -> float | None:
+    """Steps per second from (seconds, step) observations, start-up left out: from the first step seen
+    to the last."""
+    seen = [(t, s) for t, s in times if s > 0]
+    if len(seen) < 2 or seen[-1][1] == seen[0][1]:
+        return None
+    return (seen[-1][1] - seen[0][1]) / (seen[-1][0] - seen[0][0])
+
+
+def steps_for(rate: float, seconds: float, *, multiple: int, least: int) -> int:
+    """The step count ``rate`` steps/s reaches in ``seconds``, down to a ``multiple``, at least ``least``."""
+    return max(least, int(rate * seconds) // multiple * multiple)
+
+
 def run_trainings(arms: dict[str, list[str]], env: dict[str, str], logs: Path, deadline: float) -> dict:
     """Run every arm's training at once; stop them all at the deadline. Returns each arm's exit
-    status, wall time and logged steps."""
+    status, wall time, logged steps and the steps/s seen (the log polled once a second)."""
     procs, files, started = {}, {}, time.monotonic()
+    seen: dict[str, list[tuple[float, int]]] = {name: [] for name in arms}
     for name, args in arms.items():
         files[name] = open(logs / f"train-{name}.log", "wb")  # noqa: SIM115 (closed below)
         procs[name] = subprocess.Popen(
@@ -73,20 +122,27 @@ def run_trainings(arms: dict[str, list[str]], env: dict[str, str], logs: Path, d
                     os.killpg(p.pid, 15)
             stopped = True
         time.sleep(1)
+        for name in arms:
+            steps = logged_steps((logs / f"train-{name}.log").read_text(errors="replace"))
+            if steps and (not seen[name] or seen[name][-1][1] != steps[-1]["step"]):
+                seen[name].append((time.monotonic() - started, steps[-1]["step"]))
     for f in files.values():
         f.close()
     result = {}
     for name, p in procs.items():
         text = (logs / f"train-{name}.log").read_text(errors="replace")
-        steps = [
-            (int(m.group(1)), float(m.group(2)), float(m.group(3)))
-            for m in re.finditer(r"^step (\d+): \{.*?'acc_0': ([0-9.e-]+).*?'loss': ([0-9.e-]+)", text, re.M)
-        ]
+        logged = logged_steps(text)
+        rate = steady_rate(seen[name])
         result[name] = {
             "rc": p.returncode,
             "stopped_at_deadline": stopped,
             "wall_s": round(time.monotonic() - started, 1),
-            "logged": [{"step": s, "acc_0": a, "loss": lo} for s, a, lo in steps],
+            "steps_per_s": round(rate, 3) if rate else None,
+            "first_step_s": seen[name][0][0] if seen[name] else None,
+            "position_accuracy": position_accuracy(logged),
+            "logged": [
+                {k: v for k, v in row.items() if k == "step" or k == "loss" or k.startswith("acc_")} for row in logged
+            ],
             "tail": None if p.returncode == 0 else text[-3000:],
         }
     return result
@@ -130,14 +186,18 @@ def export(env: dict[str, str], checkpoint: Path, draft_config: Path, mapping: P
         )
 
 
-def shifted_copy(draft: Path, dest: Path, by: int = 1) -> list[int]:
-    """Arm C: ``draft`` with every aux layer id of its config moved by ``by``; the new ids."""
+def relayered_copy(draft: Path, dest: Path, ids: list[int] | None = None, by: int = 1) -> list[int]:
+    """Arms C and C_far: ``draft`` with its config's aux layer ids replaced by ``ids`` (or each moved by
+    ``by``); the weights untouched. Returns the new ids."""
     shutil.copytree(draft, dest, dirs_exist_ok=True)
     config = json.loads((dest / "config.json").read_text())
-    ids = [i + by for i in config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
-    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    old = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    new = list(ids) if ids is not None else [i + by for i in old]
+    if len(new) != len(old):
+        raise ValueError(f"{dest}: {len(new)} aux layer ids {new} for a drafter trained on {len(old)} ({old})")
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = new
     (dest / "config.json").write_text(json.dumps(config, indent=2))
-    return ids
+    return new
 
 
 RANDOM_DRAFT = r"""
