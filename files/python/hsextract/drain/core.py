@@ -22,12 +22,13 @@ while reading, checking, encoding and the big fsyncs run in parallel workers.
 
 The pieces: `recovery` (the start: checks, and the repairs of hsextract.output.repair), `scan`
 (a look at each staged directory; `triage` decides what to do with it), `worker` (one dump in,
-one durable temporary file out, within the byte budget), `committer` (the commit thread: the
-ordered commit of hsextract.output.commit, which collect uses too, then the staged dumps'
-deletion), `header` (the manifest header), `outcomes` (where every part reports what became of a
-sample: the stats, the samples in hand (`inflight`), the draft vocabulary (`vocab`), the
-quarantine), `clients` (have the clients finished?); this module is the daemon's life: recover,
-loop (scan, prepare in workers, commit), shut down.
+one durable temporary file out, within the byte budget), the target (hsextract.output.target:
+the output directory or a bucket, never told apart here) and its committer (the commit thread:
+hsextract.output.committer, the ordered commit of hsextract.output.commit, which collect uses
+too, then the staged dumps' deletion), `header` (the manifest header), `outcomes` (where every
+part reports what became of a sample: the stats, the samples in hand (`inflight`), the draft
+vocabulary (`vocab`), the quarantine), `clients` (have the clients finished?); this module is the
+daemon's life: recover, loop (scan, prepare in workers, commit), shut down.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hsextract.drain.clients import ClientRuns
-from hsextract.drain.committer import Committer
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.draft_files import write_draft_files_logged
 from hsextract.drain.header import RunHeader
@@ -57,13 +57,14 @@ from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.durable import check_writable, is_no_space
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
-from hsextract.objectstore.drain_side import BucketSide
-from hsextract.objectstore.store import Stopped
+from hsextract.objectstore.drain_side import open_target
 from hsextract.output.accounts import read_accounts
+from hsextract.output.committer import Committer
 from hsextract.output.finalized import record_finalized
 from hsextract.output.layout import drain_tmp_dir
 from hsextract.output.lock import OutputLock
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
+from hsextract.output.target import DirectoryTarget, OutputTarget, TargetUnreachable
 from hsextract.staging.dumps import run_dumps
 
 log = logging.getLogger("hsextract.drain")
@@ -72,7 +73,7 @@ log = logging.getLogger("hsextract.drain")
 RUN_CHECK_FAILED = 3
 # Exit status of a drain that finished its run but could not write the dataset-level files.
 FINALIZE_FAILED = 4
-# A bucket's server that did not answer a finalize is asked again after this long.
+# A target that did not answer a finalize (a bucket's server) is asked again after this long.
 FINALIZE_RETRY_S = 5.0
 
 __all__ = ["FINALIZE_FAILED", "RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
@@ -98,10 +99,9 @@ class Drainer:
         self._processes: WorkerProcesses | None = None  # the worker processes, where the workers are processes
         self._finalized_at_count = -1
         self._finalize_problem = ""  # why the dataset-level files lag behind the manifest at the end
-        # A bucket as the set's home (hsextract.objectstore): its store, and how its samples' tokens
-        # are read back for the dataset-level files; None for a directory.
-        self._bucket: BucketSide | None = None
-        self._finalize_later_at = 0.0  # a bucket's server did not answer: no finalize before then
+        # Where the set lives (hsextract.output.target), taken over by the recovery.
+        self._target: OutputTarget = DirectoryTarget()
+        self._finalize_later_at = 0.0  # the target did not answer: no finalize before then
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -141,7 +141,7 @@ class Drainer:
             log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
             exit_code = exit_code or FINALIZE_FAILED
         self.stats.set(finalize_problem=self._finalize_problem)
-        self._publish_bucket_state()
+        self._publish_target_state()
         self._outcomes.write_status()
         log.info(
             "drain stopped: %d samples written by this process, %d in the manifest",
@@ -154,17 +154,14 @@ class Drainer:
         """Bring the output directory to a consistent state after whatever happened before, and
         build the parts that work on it."""
         cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
-        if cfg.object_store is not None:
-            # Before the work directory is read: it is made equal to the bucket, the truth.
-            self._bucket = BucketSide.start(cfg, self.fmt, self.stop_event)
+        # Before the work directory is read: a bucket's makes it equal to the bucket, the truth.
+        self._target = open_target(cfg, self.fmt, self.stop_event)
         found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
-        committer: Committer
-        if self._bucket is not None:
-            committer = self._bucket.committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
-        else:
-            committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
+        committer = self._target.committer(
+            self.out, self.fmt.relative_path, tmp_dir, cfg.dump_dir, found.entries, self._outcomes
+        )
         self._selfcheck = make_selfcheck(cfg, stop=self.stop_event, publish=lambda c: self.stats.set(selfcheck=c))
         if cfg.worker_processes:
             self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
@@ -182,7 +179,7 @@ class Drainer:
             selfcheck=self._selfcheck,
             processes=self._processes,
             count_vocab=lambda: vocab.counting,
-            durable_tmp=self._bucket is None,
+            durable_tmp=self._target.durable_tmp,
         )
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
@@ -192,7 +189,7 @@ class Drainer:
             tokens_total=sum(e.tokens for e in found.entries),
             bytes_total=sum(e.bytes for e in found.entries),
         )
-        self._vocab.recover(found.entries, self._bucket.tokens if self._bucket is not None else None)
+        self._vocab.recover(found.entries, self._target.tokens)
         scanner = Scanner(
             cfg,
             found.run_id,
@@ -244,7 +241,7 @@ class Drainer:
             submitted = scanner.scan_and_submit(pool)
             now = time.monotonic()
             if now - last_status >= self.cfg.status_interval_s:
-                self._publish_bucket_state()
+                self._publish_target_state()
                 self._outcomes.write_status()
                 last_status = now
             if submitted == 0 and self._inflight.idle():
@@ -258,9 +255,8 @@ class Drainer:
             wake.clear()
         return False
 
-    def _publish_bucket_state(self) -> None:
-        if self._bucket is not None:
-            self.stats.set(objectstore=self._bucket.status())
+    def _publish_target_state(self) -> None:
+        self.stats.set(objectstore=self._target.status())
 
     def _wait_s(self) -> float:
         """How long the main loop waits for a wake: a freed slot, a settled sample or a stop wake
@@ -320,8 +316,8 @@ class Drainer:
             try:
                 paths = self._write_dataset_files(header, committer.entries, n)
                 break
-            except Stopped as exc:  # a bucket's server does not answer: the files wait for it
-                self._finalize_waits_for_bucket(n, exc)
+            except TargetUnreachable as exc:  # the target does not answer: the files wait for it
+                self._finalize_waits_for_target(n, exc)
                 return
             except OSError as exc:
                 if not is_no_space(exc):
@@ -344,21 +340,20 @@ class Drainer:
 
     def _write_dataset_files(self, header: ManifestHeader, entries: list[ManifestEntry], n: int) -> list[Path]:
         """The format's, the draft vocabulary's and the config files, then the record that they cover
-        `n` samples; published to the bucket where the set is one."""
-        tokens = self._bucket.tokens if self._bucket is not None else None
-        paths = self.fmt.finalize(self.out, header, list(entries), tokens)
+        `n` samples; then published by the target."""
+        paths = self.fmt.finalize(self.out, header, list(entries), self._target.tokens)
         self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
         paths += write_draft_files_logged(self.out, header, entries, self.cfg.model_path, self.cfg.draft_vocab_sizes)
         record_finalized(self.out, n)
-        if self._bucket is not None:
-            self._bucket.publish_dataset_files(self.out)
+        self._target.publish_dataset_files(self.out)
         return paths
 
-    def _finalize_waits_for_bucket(self, n: int, exc: Stopped) -> None:
+    def _finalize_waits_for_target(self, n: int, exc: TargetUnreachable) -> None:
+        where = self._target.where
         if not self._finalize_later_at:
-            log.warning("the dataset-level files for %d samples wait for the bucket: %s", n, exc)
+            log.warning("the dataset-level files for %d samples wait for %s: %s", n, where, exc)
         self._finalize_problem = (
-            f"the dataset-level files for {n} samples are not yet in the bucket: {exc}; the "
+            f"the dataset-level files for {n} samples are not yet in {where}: {exc}; the "
             "drain writes them once the server answers"
         )
         self._finalize_later_at = time.monotonic() + FINALIZE_RETRY_S

@@ -25,13 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from hsextract.drain.committer import Prepared
 from hsextract.drain.header import RunHeader
 from hsextract.drain.prepare import Invalid, Job, NoSpace, prepare
 from hsextract.drain.selfcheck import GreedySelfCheck
 from hsextract.drain.staged_io import PIECE
 from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.formats.base import OutputFormat
+from hsextract.output.committer import Prepared
 from hsextract.output.manifest import default_checksum_algorithm
 from hsextract.staging.dumps import STATES_FILE
 from hsextract.staging.records import SampleRecord

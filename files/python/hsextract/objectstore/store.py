@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from hsextract.errors import HsextractError
 from hsextract.objectstore.settings import StoreSettings
 from hsextract.objectstore.url import ObjectURL
+from hsextract.output.target import TargetUnreachable
 
 log = logging.getLogger("hsextract.objectstore")
 
@@ -52,7 +53,7 @@ class UploadAborted(StoreError):
     """A multipart upload was aborted under this writer (by a newer writer that fenced it)."""
 
 
-class Stopped(HsextractError):
+class Stopped(TargetUnreachable):
     """The caller was stopped while the server was unreachable."""
 
 
