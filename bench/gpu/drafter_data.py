@@ -122,6 +122,7 @@ def transformers_arm(set_a: Path, model: Path, set_b: Path, device: str, max_bat
     if batch:
         batches.append(batch)
     errs: list[float] = []
+    out = hs = None
     pool = ThreadPoolExecutor(8)
     writes = []
     for batch in batches:
@@ -154,7 +155,9 @@ def transformers_arm(set_a: Path, model: Path, set_b: Path, device: str, max_bat
     for w in writes:
         w.result()
     pool.shutdown()
-    del hf
+    del hf, out, hs  # their memory stays in torch's cache until emptied
+    if device.startswith("cuda"):  # the trainings that follow in this machine need the GPU's memory back
+        torch.cuda.empty_cache()
     errs.sort()
     return {
         "samples": len(entries),

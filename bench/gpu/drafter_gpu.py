@@ -37,7 +37,8 @@ travels in parts before the bundle (``pack`` here, ``receive`` there). The stage
     # on the device, back to back (carry .drafter/model.part1 + .drafter/model.sha256, then part2 + sha256):
     python3 bench/gpu/drafter_gpu.py receive
     # then (carry .gpu and .drafter/prompts):
-    python3 bench/gpu/drafter_gpu.py run --detach --budget-s 1400 --no-smoke --follow-s 560
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 bench/gpu/drafter_gpu.py run --detach --no-smoke \
+        --budget-s 1600 --serve-reserve-s 420 --calibration-steps 20 --scratch /dev/shm/hsx-arms --follow-s 575
     python3 bench/gpu/drafter_gpu.py follow --follow-s 580     # again until it says the run ended
 
 Results: ``drafter_gpu.json`` in the work directory, copied into ``$OUT`` by ``run`` and ``follow``
@@ -87,6 +88,13 @@ SERVED_ONLY = ("C", "C_far", "floor")
 SEEDS = {"A2": 1}  # every other arm trains with seed 0
 ROWS_OF = {"B": "setB", "D": "setD", "D2": "setD2", "S1": "setS1"}  # A and A2 read set A itself
 FAR_IDS = (4, 5, 6)  # C_far: aux layer ids far from the set's [1, 14, 26]
+# The serving servers start at once on one GPU. SGLang 0.5.23 refuses to start where the memory that
+# others allocated between its own baseline and its weights' load exceeds its --mem-fraction-static
+# of that baseline (kv_cache_configurator._profile_available_bytes): 0.089 for 10 servers and 0.119
+# for 8 failed so on 2026-12-07. Each server's pool is capped by --max-total-tokens (65,536 tokens,
+# about 1.5 GB for SmolLM2), so a large fraction only raises the ceiling of that check: ten servers
+# use about 3 GB each whatever it is.
+SERVE_MEM_FRACTION = 0.4
 
 
 # ---- here: what travels ----------------------------------------------------------------------------
@@ -386,6 +394,7 @@ class Bench:
         common = dict(
             max_steps=max_steps,
             batch=a.batch,
+            accumulation=a.accumulation,
             lr=a.lr,
             ttt_length=a.ttt_length,
             save_interval=save_interval,
@@ -492,7 +501,6 @@ class Bench:
             )
         prompts = drafter_data.read_jsonl_gz(self.args.prompts / drafter_data.PROMPT_FILES[1])
         encoded = drafter_serve.encode_prompts(self.model, prompts)
-        share = round(min(0.12, 0.8 / (len(self.served) + 1)), 3)  # every server on one GPU at once
         base_flags = (
             "--disable-cuda-graph",
             "--max-total-tokens",
@@ -500,7 +508,7 @@ class Bench:
             "--max-running-requests",
             "64",
             "--mem-fraction-static",
-            str(share),
+            str(SERVE_MEM_FRACTION),
         )
         specs = {"base": self.spec("serve-base", False, base_flags)}
         for arm in self.served:
@@ -608,6 +616,7 @@ def _run_parser(sub) -> argparse.ArgumentParser:
     run.add_argument("--train-limit", type=int, default=0, help="train on the first N prompts only (0: all)")
     run.add_argument("--max-new-tokens", type=int, default=512, help="the regenerated replies' limit")
     run.add_argument("--batch", type=int, default=16)
+    run.add_argument("--accumulation", type=int, default=2, help="micro-batches of a training step")
     run.add_argument("--lr", type=float, default=3e-4)
     run.add_argument("--ttt-length", type=int, default=4, help="SpecForge's training.ttt_length (the chain drafts 3)")
     run.add_argument("--calibration-steps", type=int, default=60)

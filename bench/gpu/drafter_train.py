@@ -44,15 +44,20 @@ def train_args(
     rows: Path | None = None,
     seed: int = 0,
     log_interval: int = 20,
+    accumulation: int = 1,
 ) -> list[str]:
     """``specforge train`` of arm ``name``: the set's own run file with the bench's overrides (a cosine
-    schedule over ``max_steps`` steps; epochs enough to reach them)."""
+    schedule over ``max_steps`` steps; epochs enough to reach them). A step of ``batch`` samples is
+    ``accumulation`` micro-batches, and the teacher's head runs without full-vocabulary fp32 logits
+    (SpecForge's exact ``compact_teacher``): five arms side by side fit one 80 GB GPU."""
     overrides = [
         f"output_dir={run_dir}",
         f"run_id={name}",
         "training.num_epochs=1000",
         f"training.max_steps={max_steps}",
-        f"training.batch_size={batch}",
+        f"training.batch_size={batch // accumulation}",
+        f"training.accumulation_steps={accumulation}",
+        "training.compact_teacher=true",
         f"training.learning_rate={lr}",
         "training.lr_scheduler=cosine",
         f"training.ttt_length={ttt_length}",
