@@ -31,7 +31,6 @@ class Option:
 
     help: str | None = None
     flag: str = ""  # "" = --<the field's name with dashes>
-    aliases: tuple[str, ...] = ()  # older spellings, still accepted
     dest: str = ""  # the namespace's (and the config file's) key; "" = argparse's, from the flag
     group: str = ""  # the argument group's title; "" = the parser's own options
     type: Callable[[str], Any] | None = None
@@ -45,12 +44,14 @@ class Option:
     convert: Callable[[Any], Any] | None = None  # the flag's value -> the field's (a path, a parsed size)
     required: bool = False  # the command needs it (from a flag or the config file): no default there
 
-    def flags(self, name: str) -> list[str]:
-        return [self.flag or f"--{name.replace('_', '-')}", *self.aliases]
+    def flag_of(self, name: str) -> str:
+        """The flag of the field `name`."""
+        return self.flag or f"--{name.replace('_', '-')}"
 
     def key(self, name: str) -> str:
-        """Where argparse puts its value: the flag's name with underscores, unless `dest` says."""
-        return self.dest or self.flags(name)[0].removeprefix("--").replace("-", "_")
+        """Where argparse puts its value, and the config file's key: the flag's name with
+        underscores, unless `dest` says."""
+        return self.dest or self.flag_of(name).removeprefix("--").replace("-", "_")
 
 
 def option(default: Any = MISSING, *, default_factory: Any = MISSING, like: Option | None = None, **how: Any) -> Any:
@@ -101,7 +102,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
                 if getattr(opt, key) is not None:
                     kwargs[key] = getattr(opt, key)
         kwargs["default"] = _parser_default(f, opt)
-        target.add_argument(*opt.flags(f.name), **kwargs)
+        target.add_argument(opt.flag_of(f.name), **kwargs)
 
 
 def _needed(f: dataclasses.Field[Any], opt: Option) -> bool:
@@ -125,7 +126,7 @@ def missing_options(cls: type, args: argparse.Namespace) -> list[str]:
     """The flags of `cls` the command needs that were given neither on the command line nor in the
     config file, e.g. ``["--dump-dir", "--format"]``."""
     return [
-        opt.flags(f.name)[0]
+        opt.flag_of(f.name)
         for f, opt in options_of(cls)
         if _needed(f, opt) and not getattr(args, opt.key(f.name), None)
     ]
