@@ -11,8 +11,10 @@ cold (dropped from the page cache) and warm, the same with the logprob check of 
 prompt (`hsextract.logprob_check.check_final_rows`: the server's top 5 and next token at each
 position; the values compared are made up, the work is the same), and the process's peak memory
 beside the head's size.
-It also times the fingerprint of a staged sample (`hsextract.fingerprint.of_states`) against a
-plain read of the same bytes, which is what the drain adds per sample and the writer per row.
+It times one pass over the head for 1, 8 and 32 samples (the drain's check queue takes every
+sample waiting into one pass: `GreedyHead.check_many`), on one thread and on two. It also times
+the fingerprint of a staged sample (`hsextract.fingerprint.of_states`) against a plain read of the
+same bytes, which is what the drain adds per sample and the writer per row.
 
     python bench/selfcheck_cost.py [--vocab 163840 --hidden 7168] [--json bench/results/selfcheck_cost.json]
 """
@@ -35,7 +37,7 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "bench")]
 import torch  # noqa: E402
 from common import machine_info  # noqa: E402
 from hsextract import fingerprint  # noqa: E402
-from hsextract.greedy_check import GreedyHead  # noqa: E402
+from hsextract.greedy_check import GreedyHead, HeadQuery  # noqa: E402
 from hsextract.logprob_check import check_final_rows  # noqa: E402
 from hsextract.server_logprobs import DEFAULT_MAX_POSITIONS, DEFAULT_TOP_K, ServerLogprobs  # noqa: E402
 
@@ -97,7 +99,27 @@ def time_checks(model: Path, hidden: int, repeats: int) -> dict:
         "warm_s_min": round(warm[0], 3),
         "with_logprobs_warm_s_median": round(both[len(both) // 2], 3),
         "logprob_positions": DEFAULT_MAX_POSITIONS,
+        # One pass for several samples (the drain's check queue), on one thread and on two.
+        "pass_s_median_by_samples": {
+            f"{n} x {threads} threads": time_pass(model, hidden, n, threads, repeats)
+            for threads in (1, 2)
+            for n in (1, 8, 32)
+        },
     }
+
+
+def time_pass(model: Path, hidden: int, samples: int, threads: int, repeats: int) -> float:
+    """The median seconds of one pass over the head for `samples` samples' last rows."""
+    head = GreedyHead(model, threads=threads)
+    queries = [HeadQuery(torch.randn(1, hidden).to(torch.bfloat16), "pre_norm", 17) for _ in range(samples)]
+    took = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        head.check_many(queries)
+        took.append(time.perf_counter() - t0)
+    head.close()
+    took.sort()
+    return round(took[len(took) // 2], 3)
 
 
 def made_up_logprobs(positions: int, head: GreedyHead) -> ServerLogprobs:
@@ -171,8 +193,8 @@ def main() -> int:
     result = {
         "benchmark": "selfcheck_cost",
         "what": "the drain's greedy self-check of one sample (lm_head read in 64 MiB chunks, one thread), with the "
-        "logprob check of 64 positions in the same pass, and the "
-        "fingerprint of a staged sample against a plain copy of its bytes",
+        "logprob check of 64 positions in the same pass, one pass for several samples on one and two threads, "
+        "and the fingerprint of a staged sample against a plain copy of its bytes",
         "head": {"vocab": args.vocab, "hidden": args.hidden, "gb": round(head_gb, 2)},
         "selfcheck": checks,
         "fingerprint": time_fingerprint(2048, 4, args.hidden, args.repeats),

@@ -30,6 +30,7 @@ def test_the_object_has_the_keys_in_their_order_and_nulls_where_nothing_is_known
         "client": None,
         "dataset_lines": None,
         "accounts": None,
+        "commits": None,
         "dataset_files": None,
     }
     accounts = reconcile(range(3), {}, {0, 1, 2}, {}, {}, set(), final=True)
@@ -92,6 +93,16 @@ def test_status_json_prints_the_object_it_printed_before_it_was_a_record(tmp_pat
             "on_the_way": 0,
             "unaccounted": [0, 1, 2],
             "final": True,
+        },
+        "commits": {
+            "samples": 0,
+            "commits": 0,
+            "first_at": None,
+            "last_at": None,
+            "client_end_at": None,
+            "after_client_end": {"samples": 0, "commits": 0, "last_s": None},
+            "tail": False,
+            "selfcheck_queue": None,
         },
         "dataset_files": {"samples": 2, "of": 3, "current": False},
     }

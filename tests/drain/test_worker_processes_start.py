@@ -174,6 +174,42 @@ def test_a_drain_done_before_its_worker_processes_are_up_does_not_wait_for_them(
     assert not procs.ready() and procs.pids == []
 
 
+# A drain whose run ends while its pool is still starting processes: two start, the third is asked
+# for only once the interpreter's exit has begun (as when the drain's main thread returns then).
+_EXIT_MID_START = """
+import sys, tempfile, time
+from concurrent.futures import process
+from hsextract.drain import forkserver, worker_processes
+
+class UntilExit(process.ProcessPoolExecutor):
+    asked = 0
+    def submit(self, fn, /, *args, **kwargs):
+        if UntilExit.asked == 2:
+            while not process._global_shutdown:
+                time.sleep(0.01)
+        UntilExit.asked += 1
+        return super().submit(fn, *args, **kwargs)
+
+worker_processes.ProcessPoolExecutor = UntilExit
+forkserver.start()
+procs = worker_processes.WorkerProcesses(4, "speculators", tempfile.mkdtemp())
+while UntilExit.asked < 2:
+    time.sleep(0.01)
+procs.close()
+print("the drain's run is over", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_drain_whose_run_ends_while_its_worker_processes_start_exits_without_waiting_for_them():
+    """The processes started wait for the others at a barrier (10 minutes at most) and the exiting
+    drain waited for them: a 600-second hang after a run shorter than the processes' start."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_MID_START], env=env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "the drain's run is over" in done.stderr, done.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_a_drain_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: Path):
     """Its workers ignore SIGTERM and its forkserver lives while they do: left running, they held
@@ -240,3 +276,38 @@ def test_the_drain_starts_its_forkserver_before_it_imports_torch(tmp_path: Path)
     assert done.stderr.count("forkserver started with torch imported:") == 1, done.stderr[-3000:]
     assert "forkserver started with torch imported: False" in done.stderr
     assert sorted(e.dataset_index for e in iter_entries(out)) == [0, 1, 2]
+
+
+# `python -m hsextract drain`, with a note of whether the Arrow library was imported when the drain
+# took its first sample.
+_NOTING_FIRST_SAMPLE = """
+import runpy, sys
+from hsextract.drain import scan
+real = scan.Scanner._submit
+def noting_submit(self, *args):
+    if not self._took_one:
+        print("first sample taken with datasets imported:", "datasets" in sys.modules, file=sys.stderr, flush=True)
+    return real(self, *args)
+scan.Scanner._submit = noting_submit
+sys.argv[0] = "hsextract"
+runpy.run_module("hsextract", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_drain_with_worker_processes_takes_its_first_sample_before_importing_the_arrow_library(tmp_path: Path):
+    """Importing `datasets` (for the speculators Arrow dataset, built at finalize) took a second at
+    start, before the first sample; with worker processes it is imported once they are up."""
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    run = load_or_create_run_id(out)
+    for i in range(3):
+        stage_sample(dump, run, i, tokens=50)
+    finish_client(out, 3)
+    args = drain_args(dump, out, "speculators", "--workers", "2", "--worker-mode", "processes", "--exit-when-done")
+    done = subprocess.run(
+        [sys.executable, "-c", _NOTING_FIRST_SAMPLE, *args], env=env(), capture_output=True, text=True, timeout=240
+    )
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "first sample taken with datasets imported: False" in done.stderr, done.stderr[-3000:]
+    assert list(out.glob("data-*.arrow")), "the Arrow dataset was built at the end"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +48,8 @@ def finish_client(output: Path, lines: int) -> None:
     its summary, which the drain's --exit-when-done waits for and checks the run's counts against."""
     d = Path(output) / ".hsextract"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "client-summary.json").write_text(json.dumps({"state": "done", "dataset_lines": lines, "shard": [0, 1]}))
+    summary = {"state": "done", "dataset_lines": lines, "shard": [0, 1], "finished_at": time.time()}
+    (d / "client-summary.json").write_text(json.dumps(summary))
 
 
 def drain_until_done(

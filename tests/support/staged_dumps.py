@@ -76,27 +76,44 @@ def stage_sample(
             dump_dir, SampleRecord(rid=rid, index=index, input_ids=ids.tolist(), loss_mask=mask.tolist(), run_id=run_id)
         )
     write_states(d / "states.safetensors", hidden, ids)
+    staged = Staged(rid, index, ids, mask, hidden)
     if done:
-        write_done_marker(
-            dump_dir,
-            DoneMarker(
-                rid=rid,
-                prompt_len=tokens,
-                num_aux=len(eagle),
-                hidden_size=hidden_size,
-                dtype="bfloat16",
-                eagle_aux_hidden_state_layer_ids=eagle,
-                sglang_layers_to_capture=[i + 1 for i in eagle],
-                num_hidden_layers=8,
-                final_hidden=final_hidden,
-                architecture="LlamaForCausalLM",
-                chunks=[[0, tokens]],
-                model_path="tiny",
-                sglang_version="0.5.23",
-                fingerprint=fingerprint.of_states(hidden, ids),
-            ),
-        )
-    return Staged(rid, index, ids, mask, hidden)
+        mark_done(dump_dir, staged, eagle_ids=eagle, final_hidden=final_hidden)
+    return staged
+
+
+def mark_done(
+    dump_dir: Path,
+    staged: Staged,
+    *,
+    eagle_ids: list[int] | None = None,
+    final_hidden: str = "pre_norm",
+    greedy_token: int = -1,
+) -> None:
+    """Write the done marker of a sample staged with ``done=False``, as the capture does once every
+    row is staged; ``greedy_token`` is the token the server sampled (-1: none recorded)."""
+    eagle = list(EAGLE_IDS if eagle_ids is None else eagle_ids)
+    tokens, _, hidden_size = staged.hidden.shape
+    write_done_marker(
+        dump_dir,
+        DoneMarker(
+            rid=staged.rid,
+            prompt_len=tokens,
+            num_aux=len(eagle),
+            hidden_size=hidden_size,
+            dtype="bfloat16",
+            eagle_aux_hidden_state_layer_ids=eagle,
+            sglang_layers_to_capture=[i + 1 for i in eagle],
+            num_hidden_layers=8,
+            final_hidden=final_hidden,
+            architecture="LlamaForCausalLM",
+            chunks=[[0, tokens]],
+            model_path="tiny",
+            sglang_version="0.5.23",
+            fingerprint=fingerprint.of_states(staged.hidden, staged.input_ids),
+            greedy_token=greedy_token,
+        ),
+    )
 
 
 def restamp_fingerprint(d: Path) -> None:

@@ -8,6 +8,15 @@ layer close to the last, can keep the argmax. The logprob check (`hsextract.logp
 compares whole distributions in the same pass over the head (`GreedyHead.scan` hands each chunk's
 logits to both). Used by the smoke test on its probe and by the drain on a share of real samples.
 
+Several samples share one pass (`GreedyHead.check_many`): each chunk of the head is read once and
+multiplied by every sample's rows at once, so a pass for 32 samples' last rows costs what a pass for
+one does (bench/selfcheck_cost.py, an 8B-shaped head on 2 cores: 1.58 s against 1.63 s). The matrix
+product grows with the rows (a 64 MiB chunk times 1 row 6 ms, 16 rows 9 ms, 64 rows 24 ms, 256 rows
+84 ms), which the drain bounds (hsextract.drain.check_queue.PASS_ROWS). The drain's self-check
+batches the samples waiting for it this way (hsextract.drain.check_queue). A head given `threads`
+reads and multiplies that many chunks at once, in order of their results, so one pass runs on as
+many cores.
+
 Memory and time: only the two weights needed are read, by name, from the model's safetensors
 files, and ``lm_head`` is read with plain reads in chunks of rows (a 160K x 7168 head is 2.3 GB in
 bf16; a chunk is 64 MiB by default; nothing is mapped), so a check runs on a CPU beside the drain
@@ -30,7 +39,9 @@ import json
 import os
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +58,18 @@ _PREFIXES = ("", "language_model.", "model.language_model.")
 
 # Sees each chunk of the head's logits in one pass: (the chunk's first vocabulary id, float32 logits [n, rows]).
 ChunkConsumer = Callable[[int, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class HeadQuery:
+    """One sample's rows for a pass over the head: its final hidden states ``rows`` ``[n, H]`` (as
+    the dump stores them), the last of which must give ``token``; the consumers ``also`` see every
+    chunk's logits of all ``n`` rows (the logprob check, `hsextract.logprob_check`)."""
+
+    rows: torch.Tensor
+    final_hidden: str
+    token: int
+    also: Sequence[ChunkConsumer] = ()
 
 
 @dataclass(frozen=True)
@@ -120,9 +143,10 @@ class _Rows:
 
 
 class GreedyHead:
-    """The model's ``lm_head`` and final norm, read lazily and in chunks; `check` is thread-safe."""
+    """The model's ``lm_head`` and final norm, read lazily and in chunks; the checks are thread-safe.
+    With ``threads`` above 1, a pass reads and multiplies that many chunks at once."""
 
-    def __init__(self, model_path: str | Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+    def __init__(self, model_path: str | Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int = 1):
         self.model_path = Path(model_path)
         try:
             config: dict[str, Any] = json.loads((self.model_path / "config.json").read_text())
@@ -144,7 +168,9 @@ class GreedyHead:
         self.norm_file = names.get(self.norm_name)
         self.chunk_bytes = max(1, int(chunk_bytes))
         self._norm: torch.Tensor | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the final norm's weight is read once
+        self.threads = max(1, int(threads))
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def vocab(self) -> int:
@@ -152,6 +178,10 @@ class GreedyHead:
         return self._head.rows
 
     def _norm_weight(self) -> torch.Tensor:
+        with self._lock:
+            return self._read_norm()
+
+    def _read_norm(self) -> torch.Tensor:
         if self._norm is None:
             if self.norm_file is None:
                 raise ConfigError(
@@ -177,17 +207,64 @@ class GreedyHead:
     def scan(self, fd: int, h_low: torch.Tensor, consumers: Sequence[ChunkConsumer]) -> None:
         """One pass over the head: each chunk's logits of the rows ``h_low`` ``[n, H]`` (in the
         head's own dtype, as the server computes them, then float32: ``[n, chunk rows]``) go to
-        every consumer with the chunk's first vocabulary id."""
+        every consumer with the chunk's first vocabulary id, chunk after chunk in order."""
         head = self._head
         if head.width != h_low.shape[-1]:
             raise ConfigError(
                 f"greedy self-check: lm_head is {head.rows} x {head.width}, the dump's hidden size is {h_low.shape[-1]}"
             )
         rows = max(1, self.chunk_bytes // (head.width * head.elem))
-        for a in range(0, head.rows, rows):
-            logits = (h_low @ head.read(fd, a, min(rows, head.rows - a)).T).float()
+
+        def logits(first: int) -> torch.Tensor:
+            return (h_low @ head.read(fd, first, min(rows, head.rows - first)).T).float()
+
+        for first, chunk in self._in_order(logits, range(0, head.rows, rows)):
             for consume in consumers:
-                consume(a, logits)
+                consume(first, chunk)
+
+    def _in_order(self, compute: Callable[[int], torch.Tensor], firsts: range) -> Iterator[tuple[int, torch.Tensor]]:
+        """``compute`` of each first row, in order: on the calling thread, or with `threads` chunks
+        under way at once (at most twice that many done and waiting, so the memory stays bounded)."""
+        if self.threads == 1:
+            yield from ((a, compute(a)) for a in firsts)
+            return
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="head-pass")
+        under_way: deque[tuple[int, Future]] = deque()
+        for a in firsts:
+            under_way.append((a, self._pool.submit(compute, a)))
+            if len(under_way) >= 2 * self.threads:
+                first, done = under_way.popleft()
+                yield first, done.result()
+        while under_way:
+            first, done = under_way.popleft()
+            yield first, done.result()
+
+    def check_many(self, queries: Sequence[HeadQuery]) -> list[GreedyVerdict]:
+        """The verdict on each query's last row against its token, all from one pass over the head
+        (each query's consumers ``also`` see its own rows' logits)."""
+        if not queries:
+            return []
+        states = [self.final_states(q.rows, q.final_hidden) for q in queries]
+        candidates = [_Candidates() for _ in queries]
+        consumers: list[ChunkConsumer] = []
+        at = 0
+        for q, h, cands in zip(queries, states, candidates, strict=True):
+            rows = slice(at, at + h.shape[0])
+            mine: list[ChunkConsumer] = [cands, *q.also]
+            consumers += [_rows_of(c, rows) for c in mine]
+            at = rows.stop
+        fd = os.open(self._head.path, os.O_RDONLY)
+        try:
+            self.scan(fd, torch.cat(states).to(self._head.dtype), consumers)
+            return [
+                _verdict(*cands.exact(self._head, fd, h[-1], q.token), q.token)
+                for q, h, cands in zip(queries, states, candidates, strict=True)
+            ]
+        finally:
+            os.close(fd)
 
     def check_rows(
         self, rows: torch.Tensor, final_hidden: str, token: int, also: Sequence[ChunkConsumer] = ()
@@ -195,24 +272,30 @@ class GreedyHead:
         """The verdict on the last of ``rows`` (``[n, H]``, a sample's final hidden states) against
         the server's token; in the same pass over the head, the consumers ``also`` see every chunk's
         logits of all ``n`` rows (the logprob check, `hsextract.logprob_check`)."""
-        with self._lock:  # one check at a time: each reads the whole head once
-            h = self.final_states(rows, final_hidden)
-            candidates = _Candidates()
-            fd = os.open(self._head.path, os.O_RDONLY)
-            try:
-                self.scan(fd, h.to(self._head.dtype), [candidates, *also])
-                top, top_logit, token_logit = candidates.exact(self._head, fd, h[-1], token)
-            finally:
-                os.close(fd)
-        gap = top_logit - token_logit if token_logit == token_logit else float("inf")
-        tol = BF16_REL_TIE * max(1.0, abs(top_logit))
-        if top == token:
-            return GreedyVerdict(True, top, token, 0.0, tol)
-        return GreedyVerdict(gap <= tol, top, token, gap, tol, near_tie=gap <= tol)
+        return self.check_many([HeadQuery(rows, final_hidden, token, also)])[0]
 
     def check(self, final_row: torch.Tensor, final_hidden: str, token: int) -> GreedyVerdict:
         """The verdict on one sample's last final hidden state (``[H]``) against the server's token."""
         return self.check_rows(final_row.reshape(1, -1), final_hidden, token)
+
+    def close(self) -> None:
+        """End the pass's threads (a head with `threads` above 1; idle ones end at exit anyway)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+def _rows_of(consume: ChunkConsumer, rows: slice) -> ChunkConsumer:
+    """`consume`, fed only the logits of ``rows`` (one query's, in a pass for several)."""
+    return lambda first, logits: consume(first, logits[rows])
+
+
+def _verdict(top: int, top_logit: float, token_logit: float, token: int) -> GreedyVerdict:
+    """Our argmax against the server's token, within one bf16 ulp of the top logit (the module docstring)."""
+    gap = top_logit - token_logit if token_logit == token_logit else float("inf")
+    tol = BF16_REL_TIE * max(1.0, abs(top_logit))
+    if top == token:
+        return GreedyVerdict(True, top, token, 0.0, tol)
+    return GreedyVerdict(gap <= tol, top, token, gap, tol, near_tie=gap <= tol)
 
 
 class _Candidates:

@@ -42,11 +42,12 @@ rows gave 0.0059 (tiny Llama) and 0.0086 (tiny DeepSeek-V3) at worst, the 8B sha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from hsextract.greedy_check import GreedyHead, GreedyVerdict
+from hsextract.greedy_check import GreedyHead, GreedyVerdict, HeadQuery
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, DEFAULT_MAX_POSITIONS, ServerLogprobs
 
 
@@ -130,6 +131,44 @@ class LogprobPass:
         )
 
 
+@dataclass(frozen=True)
+class SampleRows:
+    """A sample's final hidden states where the checks read them: ``rows`` ``[len(positions), H]``
+    at the prompt ``positions`` (ascending, the prompt's last one last: the greedy check's row)."""
+
+    rows: torch.Tensor
+    positions: list[int]
+    final_hidden: str
+    token: int  # the server's greedy token
+
+
+def check_samples(
+    head: GreedyHead,
+    samples: Sequence[tuple[SampleRows, ServerLogprobs | None]],
+    *,
+    bound: float = DEFAULT_MAX_MEAN_ABS_ERROR,
+) -> list[tuple[GreedyVerdict, LogprobVerdict | None]]:
+    """For each sample and the server's logprobs of its prompt (None: the greedy check alone), the
+    greedy verdict on its last row and the logprob verdict on its positions: one pass over the head
+    for them all."""
+    queries: list[HeadQuery] = []
+    passes: list[LogprobPass | None] = []
+    for s, server in samples:
+        if server is None:
+            queries.append(HeadQuery(s.rows[-1:], s.final_hidden, s.token))
+            passes.append(None)
+            continue
+        if server.positions != s.positions[-1] + 1:
+            raise ValueError(
+                f"the server's logprobs cover {server.positions} positions, the dump {s.positions[-1] + 1}"
+            )
+        lp = LogprobPass(server, s.positions)
+        queries.append(HeadQuery(s.rows, s.final_hidden, s.token, also=[lp]))
+        passes.append(lp)
+    verdicts = head.check_many(queries)
+    return [(g, None if lp is None else lp.verdict(bound)) for g, lp in zip(verdicts, passes, strict=True)]
+
+
 def check_final_rows(
     head: GreedyHead,
     final_rows: torch.Tensor,
@@ -142,11 +181,8 @@ def check_final_rows(
 ) -> tuple[GreedyVerdict, LogprobVerdict | None]:
     """The greedy verdict on the last of a sample's final rows ``[P, H]``, and, given the server's
     logprobs of its prompt, the logprob verdict on its checked positions: one pass over the head."""
-    if server is None:
-        return head.check(final_rows[-1], final_hidden, token), None
-    if server.positions != final_rows.shape[0]:
+    if server is not None and server.positions != final_rows.shape[0]:
         raise ValueError(f"the server's logprobs cover {server.positions} positions, the dump {final_rows.shape[0]}")
-    positions = checked_positions(final_rows.shape[0], most)  # the last one last: the greedy check's row
-    logprobs = LogprobPass(server, positions)
-    greedy = head.check_rows(final_rows[positions], final_hidden, token, also=[logprobs])
-    return greedy, logprobs.verdict(bound)
+    positions = checked_positions(final_rows.shape[0], most if server is not None else 1)
+    sample = SampleRows(final_rows[positions], positions, final_hidden, token)
+    return check_samples(head, [(sample, server)], bound=bound)[0]

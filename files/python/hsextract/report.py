@@ -12,12 +12,13 @@ To add a section, write a function from :class:`RunView` to lines and call it in
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hsextract.output.layout import QUARANTINE_REASON, ProblemFiles
-from hsextract.units import count, duration, plural, size
+from hsextract.units import count, duration, plural, seconds, size
 
 Snapshot = Mapping[str, Any]
 
@@ -40,6 +41,7 @@ class RunView:
     accounts: Snapshot | None = None
     # (samples the dataset-level files cover, samples in the set), where known (hsextract.output.finalized).
     dataset_files: tuple[int, int] | None = None
+    commits: Snapshot | None = None  # the commit timeline (hsextract.output.commit_timeline.CommitTimeline.to_json)
 
     @property
     def dataset_files_behind(self) -> bool:
@@ -210,7 +212,43 @@ def _progress_rows(view: RunView) -> list[tuple[str, str]]:
     )
     if drain.get("paused_reason"):
         rows.append(("drain paused", str(drain["paused_reason"])))
+    return rows + _commit_rows(view)
+
+
+def _commit_rows(view: RunView) -> list[tuple[str, str]]:
+    """When the samples were committed, a tail after the client's end, and the self-check's queue."""
+    timeline, rows = view.commits or {}, []
+    if timeline.get("commits"):
+        rows.append(
+            (
+                "commits",
+                f"{count(timeline['samples'])} samples in {plural(timeline['commits'], 'commit')}, the first at "
+                f"{_clock(timeline['first_at'])}, the last at {_clock(timeline['last_at'])}",
+            )
+        )
+    after = timeline.get("after_client_end") or {}
+    if timeline.get("client_end_at") is not None and after.get("samples"):
+        tail = (
+            f"{plural(after['samples'], 'sample')} in {plural(after['commits'], 'commit')} after the client's end, "
+            f"the last {seconds(after['last_s'])} after it"
+        )
+        rows.append(("tail" if timeline.get("tail") else "after end", tail))
+    check = (view.drain or {}).get("selfcheck") or {}
+    queue = check.get("queue") or {}
+    if queue:
+        rows.append(
+            (
+                "self-check",
+                f"{count(check.get('checked', 0))} of {count(check.get('seen', 0))} samples checked; "
+                f"{count(queue.get('waiting', 0))} waiting, {count(queue.get('running', 0))} in the pass under way, "
+                f"{count(queue.get('skipped_for_load', 0))} skipped for load",
+            )
+        )
     return rows
+
+
+def _clock(at: float | None) -> str:
+    return "-" if at is None else time.strftime("%H:%M:%S", time.localtime(float(at)))
 
 
 def problem_rows(view: RunView) -> list[tuple[str, str]]:

@@ -22,8 +22,12 @@ from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_work_dir_argument
 from hsextract.output.accounts import DEFAULT_MAX_FAILURE_SHARE, Accounts, read_accounts
 from hsextract.output.client_files import ShardFiles, combined_status, read_shards
+from hsextract.output.commit_timeline import CommitTimeline, client_end, commit_timeline
 from hsextract.output.finalized import finalized_samples
-from hsextract.output.layout import problem_files
+from hsextract.output.layout import (
+    problem_files,
+)
+from hsextract.output.manifest import iter_entries
 from hsextract.output.run_files import DrainStatus, read_drain_status
 from hsextract.report import RunView, status_lines
 from hsextract.status_collected import collected_view, print_collected_status
@@ -121,6 +125,13 @@ def start_refusal(client: dict[str, Any] | None) -> str:
     return f"the client's start at {at} was refused: {refused.get('error') or '?'}"
 
 
+def run_timeline(output: Path, shards: list[ShardFiles], drain: DrainStatus | None) -> CommitTimeline:
+    """The drain's commits against the clients' end (hsextract.output.commit_timeline), with the
+    self-check's queue from the drain's status."""
+    queue = ((drain.selfcheck if drain else None) or {}).get("queue")
+    return commit_timeline(iter_entries(output), client_end(shards), queue if isinstance(queue, dict) else None)
+
+
 def dataset_lines(shards: list[ShardFiles]) -> int | None:
     """The dataset's size as the finished clients counted it; None until one has, or when they disagree."""
     lines = {s.summary.dataset_lines for s in shards if s.summary}
@@ -151,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     if unreachable:
         problems = [unreachable, *problems]
     files = dataset_files(args.output, drain)
+    timeline = run_timeline(Path(args.output), shards, drain)
     behind = dataset_files_problem(args.output, drain, files)
     if behind:
         problems = [*problems, behind]
@@ -165,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
             dataset_lines=dataset_lines(shards),
             accounts=accounts,
             dataset_files=files,
+            commits=timeline,
         )
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -180,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
             counts=accounts.lines_of_text() if accounts else [],
             accounts=accounts.as_dict() if accounts else None,
             dataset_files=files,
+            commits=timeline.to_json(),
         )
         print("\n".join(status_lines(view)))
     return 0 if ok else 1

@@ -3,9 +3,10 @@
 `hsextract.status` writes it for a run and `hsextract.status_collected` for a collected set; the
 fleet's status reads it from every host (hsextract.fleet.status_input checks it,
 hsextract.fleet.status reads it). One record with one `to_json`, so its keys are spelled once and
-keep the order and values they had as inline dicts: a run's object ends in ``dataset_files``; a
-collected set's, which has no drain (``drain`` and ``client`` null) and whose dataset-level files
-collect writes itself, ends in ``collected`` (`CollectedStatus`) instead.
+keep the order and values they had as inline dicts: a run's object ends in ``commits`` (the
+drain's commit timeline, hsextract.output.commit_timeline) and ``dataset_files``; a collected
+set's, which has no drain (``drain`` and ``client`` null) and whose dataset-level files collect
+writes itself, ends in ``collected`` (`CollectedStatus`) instead.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hsextract.collect.report_file import CollectReport
     from hsextract.output.accounts import Accounts
+    from hsextract.output.commit_timeline import CommitTimeline
     from hsextract.output.run_files import DrainStatus
 
 
@@ -59,10 +61,11 @@ class StatusReport:
     # (samples the dataset-level files cover, samples in the set); None where the drain does not say.
     dataset_files: tuple[int, int] | None
     collected: CollectedStatus | None = None  # only for a collected set, which has no dataset_files
+    commits: CommitTimeline | None = None  # a run's: when its samples were committed, against the client's end
 
     def __post_init__(self) -> None:
-        if self.collected is not None and self.dataset_files is not None:
-            raise ValueError("a collected set's status has no dataset_files: its object has no key for them")
+        if self.collected is not None and (self.dataset_files is not None or self.commits is not None):
+            raise ValueError("a collected set's status has no dataset_files or commits: its object has no key for them")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -77,6 +80,7 @@ class StatusReport:
         if self.collected is not None:
             out["collected"] = self.collected.to_json()
             return out
+        out["commits"] = self.commits.to_json() if self.commits is not None else None
         files = self.dataset_files
         out["dataset_files"] = (
             None if files is None else {"samples": files[0], "of": files[1], "current": files[0] == files[1]}

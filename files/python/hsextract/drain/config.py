@@ -117,7 +117,8 @@ class DrainConfig:
         0.01,
         type=float,
         help="share of samples whose last final hidden state is put through the model's head and "
-        "must give the token the server sampled (default 0.01; needs --model)",
+        "must give the token the server sampled (default 0.01; fewer while the check's queue holds a "
+        "pass's worth, counted as skipped for load; 1: every sample, whatever the pace; needs --model)",
     )
     selfcheck_first: int = option(
         8, type=int, help="the first samples a drain sees that are always self-checked (default 8)"
@@ -195,6 +196,14 @@ class DrainConfig:
         """The drain's worker threads: the workers themselves, or, with worker processes, enough
         threads to keep every process busy while results travel back (each thread waits on one)."""
         return max(1, self.workers) * (4 if self.worker_processes else 1)
+
+    @property
+    def selfcheck_threads(self) -> int:
+        """Threads of one pass of the self-check over the model's head (hsextract.greedy_check): half the
+        cores, at most 8: a pass is a short burst, and at a run's end, when the last chosen samples wait
+        for it, the cores are otherwise idle. Each thread holds one 64 MiB chunk of the head while it
+        multiplies it (512 MiB at most, during a pass)."""
+        return max(1, min(8, (os.cpu_count() or 1) // 2))
 
     @property
     def quarantine(self) -> Path:

@@ -3,6 +3,8 @@
 Order of operations for one sample (the crash-safety argument)::
 
     worker     read + validate the dump, encode it, write <output>/.hsextract/tmp/<rid>.tmp, fsync
+    checker    (a sample chosen for the self-check) its pass over the model's head: passed, on to
+               the committer; failed, the temporary file removed and the dump quarantined
     committer  take the next output index, rename the temporary file to its final name,
                fsync the directory, append the manifest line, fsync the manifest
     committer  delete the staged dump and the client's record
@@ -22,13 +24,15 @@ while reading, checking, encoding and the big fsyncs run in parallel workers.
 
 The pieces: `recovery` (the start: checks, and the repairs of hsextract.output.repair), `scan`
 (a look at each staged directory; `triage` decides what to do with it), `worker` (one dump in,
-one durable temporary file out, within the byte budget), the target (hsextract.output.target:
-the output directory or a bucket, never told apart here) and its committer (the commit thread:
+one durable temporary file out, within the byte budget), `selfcheck` and `check_queue` (the
+chosen samples' checks, off the other samples' way), the target (hsextract.output.target: the
+output directory or a bucket, never told apart here) and its committer (the commit thread:
 hsextract.output.committer, the ordered commit of hsextract.output.commit, which collect uses
 too, then the staged dumps' deletion), `header` (the manifest header), `outcomes` (where every
 part reports what became of a sample: the stats, the samples in hand (`inflight`), the draft
-vocabulary (`vocab`), the quarantine), `clients` (have the clients finished?); this module is the
-daemon's life: recover, loop (scan, prepare in workers, commit), shut down.
+vocabulary (`vocab`), the quarantine), `clients` (have the clients finished?), `dataset_files` (the
+dataset-level files kept up to the manifest); this module is the daemon's life: recover, loop
+(scan, prepare in workers, commit), shut down.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from pathlib import Path
 
 from hsextract.drain.clients import ClientRuns
 from hsextract.drain.config import DrainConfig
-from hsextract.drain.draft_files import write_draft_files_logged
+from hsextract.drain.dataset_files import DatasetFiles
 from hsextract.drain.header import RunHeader
 from hsextract.drain.inflight import InFlight
 from hsextract.drain.metrics import DrainStats, MetricsServer
@@ -54,17 +58,16 @@ from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.warmup import warm_up
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.drain.worker_processes import WorkerProcesses
-from hsextract.durable import check_writable, is_no_space
+from hsextract.durable import check_writable
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
 from hsextract.objectstore.drain_side import open_target
 from hsextract.output.accounts import read_accounts
 from hsextract.output.committer import Committer
-from hsextract.output.finalized import record_finalized
 from hsextract.output.layout import drain_tmp_dir
 from hsextract.output.lock import OutputLock
-from hsextract.output.manifest import ManifestEntry, ManifestHeader
-from hsextract.output.target import DirectoryTarget, OutputTarget, TargetUnreachable
+from hsextract.output.target import DirectoryTarget, OutputTarget
+from hsextract.process_age import process_age_s
 from hsextract.staging.dumps import run_dumps
 
 log = logging.getLogger("hsextract.drain")
@@ -73,8 +76,6 @@ log = logging.getLogger("hsextract.drain")
 RUN_CHECK_FAILED = 3
 # Exit status of a drain that finished its run but could not write the dataset-level files.
 FINALIZE_FAILED = 4
-# A target that did not answer a finalize (a bucket's server) is asked again after this long.
-FINALIZE_RETRY_S = 5.0
 
 __all__ = ["FINALIZE_FAILED", "RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
 
@@ -97,11 +98,9 @@ class Drainer:
         self._header: RunHeader | None = None
         self._selfcheck: GreedySelfCheck | None = None
         self._processes: WorkerProcesses | None = None  # the worker processes, where the workers are processes
-        self._finalized_at_count = -1
-        self._finalize_problem = ""  # why the dataset-level files lag behind the manifest at the end
         # Where the set lives (hsextract.output.target), taken over by the recovery.
         self._target: OutputTarget = DirectoryTarget()
-        self._finalize_later_at = 0.0  # the target did not answer: no finalize before then
+        self._dataset_files = DatasetFiles(cfg, self.fmt, self._vocab, self._outcomes, self.stats, self.stop_event)
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -137,10 +136,11 @@ class Drainer:
             state="done" if not self.stop_event.is_set() else "stopped", in_flight=0, lag=self._our_dumps_left()
         )
         exit_code = self._check_run() if finished_run else 0
-        if self._finalize_problem and not self.stop_event.is_set():
-            log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
+        problem = self._dataset_files.problem
+        if problem and not self.stop_event.is_set():
+            log.error("the dataset-level files lag behind the manifest: %s", problem)
             exit_code = exit_code or FINALIZE_FAILED
-        self.stats.set(finalize_problem=self._finalize_problem)
+        self.stats.set(finalize_problem=problem)
         self._publish_target_state()
         self._outcomes.write_status()
         log.info(
@@ -162,9 +162,15 @@ class Drainer:
         committer = self._target.committer(
             self.out, self.fmt.relative_path, tmp_dir, cfg.dump_dir, found.entries, self._outcomes
         )
-        self._selfcheck = make_selfcheck(cfg, stop=self.stop_event, publish=lambda c: self.stats.set(selfcheck=c))
+        self._selfcheck = make_selfcheck(
+            cfg,
+            stop=self.stop_event,
+            publish=lambda c: self.stats.set(selfcheck=c),
+            fail=self._outcomes.fail,
+            together=committer.together,
+        )
         if cfg.worker_processes:
-            self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir)
+            self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir, on_ready=self._import_late)
             if cfg.wait_for_worker_processes:
                 self._processes.wait_ready()
         vocab = self._vocab
@@ -207,10 +213,11 @@ class Drainer:
         # The workers are the parallelism; torch's own intra-op threads in each of them only
         # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
         torch_set_threads(1)
-        if FORMATS[self.cfg.format].arrow_dataset:
+        if FORMATS[self.cfg.format].arrow_dataset and self._processes is None:
             # Its finalize builds an Arrow dataset. Importing `datasets` costs about a second of
-            # CPU: pay it once at start, before the workers, not beside them (measured on 2 cores:
-            # an import in a background thread cut the first few GB's drain rate by a fifth).
+            # CPU: with the workers in threads (few cores), pay it once at start, before them, not
+            # beside them (measured on 2 cores: an import in a background thread cut the first few
+            # GB's drain rate by a fifth). With worker processes, `_import_late` does.
             importlib.import_module("datasets")
         # Warm before "running": the first real sample pays nothing once-only (hsextract.drain.warmup).
         warm_up(self.fmt, drain_tmp_dir(self.out))
@@ -221,8 +228,9 @@ class Drainer:
             metrics.start()
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
         self.stats.set(state="running")
+        age = process_age_s()
         log.info(
-            "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)",
+            "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)%s",
             self.cfg.dump_dir,
             self.out,
             self.cfg.format,
@@ -230,8 +238,17 @@ class Drainer:
             len(committer.entries),
             self.cfg.workers,
             "processes" if self._processes is not None else "threads",
+            "" if age is None else f", ready {age:.2f} s after the drain's start",
         )
         return metrics
+
+    def _import_late(self) -> None:
+        """Once the worker processes are up (their callback): what the format's finalize imports, in a
+        thread of its own (`datasets`, a second of CPU for an Arrow format). On a host with the cores
+        for worker processes it costs the samples nothing there, while at start it delayed the first
+        one by that second."""
+        if FORMATS[self.cfg.format].arrow_dataset:
+            threading.Thread(target=importlib.import_module, args=("datasets",), name="drain-import-datasets").start()
 
     def _loop(self, pool: ThreadPoolExecutor, scanner: Scanner, committer: Committer) -> bool:
         """Scan and submit until stopped; True when the run is finished (exit_when_done)."""
@@ -269,6 +286,8 @@ class Drainer:
         self.stats.set(state="stopping")
         # Finish the samples in hand; never start the queued ones.
         pool.shutdown(wait=True, cancel_futures=True)
+        if self._selfcheck is not None:
+            self._selfcheck.close()  # the chosen samples in hand: checked, then committed or quarantined
         if self._processes is not None:
             self._processes.close()
         committer.close()
@@ -277,7 +296,7 @@ class Drainer:
                 self._finalize_if_changed(committer)
             except Exception as exc:  # the samples are safe; only the dataset-level files lag behind
                 log.exception("finalizing at shut-down failed; run `hsextract finalize --output %s`", self.out)
-                self._finalize_problem = (
+                self._dataset_files.problem = (
                     f"finalizing failed ({type(exc).__name__}: {exc}); run `hsextract finalize --output {self.out}`"
                 )
         if metrics:
@@ -296,67 +315,15 @@ class Drainer:
         staged: the run is over, and its dataset-level files are written now rather than after
         --finalize-idle (a daemon drain; hsextract status calls the run done only then)."""
         return (
-            len(committer.entries) != self._finalized_at_count
+            len(committer.entries) != self._dataset_files.covered
             and self._client_finished()
             and not self._our_dumps_left()
         )
 
     def _finalize_if_changed(self, committer: Committer) -> None:
-        """Rebuild the dataset-level files (the format's, the draft vocabulary's and config) if samples came
-        since, and record how many they cover (hsextract.output.finalized). A full volume pauses and
-        retries, as for samples; a stop meanwhile leaves them behind (said in the log and by
-        `hsextract status`; the next drain or ``hsextract finalize`` writes them)."""
-        n = len(committer.entries)
+        """Bring the dataset-level files up to the manifest (hsextract.drain.dataset_files)."""
         header = self._header.header if self._header is not None else None
-        if n == self._finalized_at_count or header is None:
-            return
-        if time.monotonic() < self._finalize_later_at and not self.stop_event.is_set():
-            return
-        while True:
-            try:
-                paths = self._write_dataset_files(header, committer.entries, n)
-                break
-            except TargetUnreachable as exc:  # the target does not answer: the files wait for it
-                self._finalize_waits_for_target(n, exc)
-                return
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                if self.stop_event.is_set():
-                    self._finalize_problem = (
-                        f"the output volume was full ({exc.strerror}) when the drain stopped, so the dataset-level "
-                        f"files were not written for the {n} samples of the manifest; the next drain, or `hsextract "
-                        f"finalize --output {self.out}` once there is space, writes them"
-                    )
-                    log.error("%s", self._finalize_problem)
-                    return
-                self._outcomes.pause_for_space(self.out, exc)
-        self._finalized_at_count = n
-        self._finalize_later_at = 0.0
-        self._finalize_problem = ""
-        self.stats.set(finalized_samples=n)
-        if paths:
-            log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
-
-    def _write_dataset_files(self, header: ManifestHeader, entries: list[ManifestEntry], n: int) -> list[Path]:
-        """The format's, the draft vocabulary's and the config files, then the record that they cover
-        `n` samples; then published by the target."""
-        paths = self.fmt.finalize(self.out, header, list(entries), self._target.tokens)
-        self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
-        paths += write_draft_files_logged(self.out, header, entries, self.cfg.model_path, self.cfg.draft_vocab_sizes)
-        record_finalized(self.out, n)
-        self._target.publish_dataset_files(self.out)
-        return paths
-
-    def _finalize_waits_for_target(self, n: int, exc: TargetUnreachable) -> None:
-        where = self._target.where
-        if not self._finalize_later_at:
-            log.warning("the dataset-level files for %d samples wait for %s: %s", n, where, exc)
-        self._finalize_problem = (
-            f"the dataset-level files for {n} samples are not yet in {where}: {exc}; the "
-            "drain writes them once the server answers"
-        )
-        self._finalize_later_at = time.monotonic() + FINALIZE_RETRY_S
+        self._dataset_files.update(self._target, header, committer.entries)
 
     def _check_run(self) -> int:
         """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""

@@ -18,14 +18,15 @@ from pathlib import Path
 from hsextract import fingerprint
 from hsextract.direct_write import write_payload_direct
 from hsextract.drain import validate as v
-from hsextract.drain.selfcheck import GreedySelfCheck
+from hsextract.drain.check_queue import CheckRows
 from hsextract.drain.staged_io import StagedReader
 from hsextract.durable import is_no_space, write_payload_durably
 from hsextract.errors import StagingError
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
+from hsextract.logprob_check import checked_positions
 from hsextract.output.committer import Prepared
 from hsextract.output.manifest import new_hasher
-from hsextract.staging.dumps import STATES_FILE, DoneMarker, StagedStates, read_done_marker
+from hsextract.staging.dumps import STATES_FILE, DoneMarker, read_done_marker
 from hsextract.staging.records import SampleRecord
 from hsextract.vocab.counts import masked_counts
 
@@ -44,6 +45,9 @@ class Job:
     # fsync the temporary file: it becomes the set's file by a rename. Not for a bucket, where it is
     # only read back for the upload: a crash before the upload leaves the dump staged anyway.
     durable: bool = True
+    # Chosen for the self-check: the final rows of up to this many prompt positions come back with
+    # the sample (`Ready.check`; 1: the last one, for the greedy check alone). 0: not chosen.
+    check_positions: int = 0
 
 
 @dataclass
@@ -53,6 +57,8 @@ class Ready:
     prepared: Prepared
     marker: DoneMarker
     counts: tuple | None  # the draft vocabulary's counts of the sample (None: not asked)
+    # What the self-check reads (None: not chosen, or its capture recorded no greedy token).
+    check: CheckRows | None = None
 
 
 @dataclass(frozen=True)
@@ -73,11 +79,8 @@ class NoSpace:
 Outcome = Ready | Invalid | NoSpace
 
 
-def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job, selfcheck: GreedySelfCheck | None = None) -> Outcome:
+def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job) -> Outcome:
     """Validate the dump of `job`, write its sample durably to its temporary file, and say how it went.
-
-    `selfcheck` is given for a sample chosen for the greedy self-check (it needs the model's head,
-    loaded once in the drain's own process).
 
     The staged file is read once (hsextract.drain.staged_io): its ids first, then its rows piece by
     piece, each piece checked (`RowChecks`: the fingerprint, finite values) as it is read. A format
@@ -85,17 +88,20 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job, selfcheck: GreedySelfChe
     fingerprint is settled after the last row, before the file is fsynced: a mismatch removes the
     partial file. A format that stores groups of slots apart (`slot_groups`: SpecForge's aux layers
     and final state) has each checked piece spread into those groups' tensors, its file's own, and is
-    encoded once every row passed. A sample for the self-check reads every row into one buffer of
-    the drain's own, checked, and is encoded from it."""
-    stream = bool(getattr(fmt, "streams_staged", False)) and selfcheck is None
-    groups = getattr(fmt, "slot_groups", None) if selfcheck is None else None
+    encoded once every row passed. A sample chosen for the self-check reads every row into one
+    buffer of the drain's own, checked, is encoded from it, and brings back the final rows the
+    check reads (`Ready.check`): the check itself runs later, off the sample's way
+    (hsextract.drain.check_queue)."""
+    checked = job.check_positions > 0
+    stream = bool(getattr(fmt, "streams_staged", False)) and not checked
+    groups = getattr(fmt, "slot_groups", None) if not checked else None
+    check = None
     try:
         marker = read_done_marker(job.dump)
         with StagedReader(job.dump / STATES_FILE) as reader:
             v.validate(marker, reader.layout, reader.input_ids, job.record, job.expected)
             v.check_fingerprint_stamp(marker)
             checks = v.RowChecks(marker, reader.layout, reader.input_ids)
-            greedy = ""
             if stream:
                 ready = _write_streamed(fmt, Path(tmp_dir), job, reader, checks)
             elif groups is not None:
@@ -103,7 +109,7 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job, selfcheck: GreedySelfChe
                 ready = _write_temporary(fmt, Path(tmp_dir), job, _sample(job, reader, _meta(reader), None, slot_rows))
             else:
                 hidden = _read_whole(reader, checks)
-                greedy = selfcheck.verify(marker, StagedStates(hidden, reader.input_ids)) if selfcheck else ""
+                check = _check_rows(marker, hidden, job.check_positions) if checked else None
                 ready = _write_temporary(fmt, Path(tmp_dir), job, _sample(job, reader, hidden, None))
     except StagingError as exc:
         return Invalid(v.UNREADABLE, str(exc))
@@ -113,8 +119,27 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job, selfcheck: GreedySelfChe
         if is_no_space(exc):
             return NoSpace(exc)
         raise
-    ready.prepared.fingerprint, ready.prepared.greedy_check = checks.fingerprint, greedy
-    return Ready(ready.prepared, marker, ready.counts)
+    ready.prepared.fingerprint = checks.fingerprint
+    return Ready(ready.prepared, marker, ready.counts, check)
+
+
+def _check_rows(marker: DoneMarker, hidden, most: int) -> CheckRows | None:  # hidden: torch.Tensor [T, K + 1, H]
+    """The final rows the self-check reads, at up to `most` prompt positions (the last one last);
+    None where the capture recorded no greedy token to check them against."""
+    import torch
+
+    if marker.greedy_token < 0:
+        return None
+    positions = checked_positions(hidden.shape[0], most)
+    rows = hidden[positions, -1].contiguous()
+    return CheckRows(
+        data=rows.view(-1).view(torch.uint8).numpy().tobytes(),
+        dtype=str(rows.dtype).removeprefix("torch."),
+        hidden_size=rows.shape[-1],
+        positions=tuple(positions),
+        final_hidden=marker.final_hidden,
+        token=marker.greedy_token,
+    )
 
 
 @dataclass

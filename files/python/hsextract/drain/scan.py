@@ -39,6 +39,7 @@ from hsextract.drain.quarantine import safe_iterdir
 from hsextract.drain.worker import SampleWorker
 from hsextract.errors import ConfigError, StagingError
 from hsextract.output.committer import Committer
+from hsextract.process_age import process_age_s
 from hsextract.staging.dumps import DONE_FILE, FAILED_FILE, iter_dump_names
 from hsextract.staging.names import record_rid, records_dir
 from hsextract.staging.records import SampleRecord, parse_rid, read_record
@@ -94,6 +95,7 @@ class Scanner:
         # taken since: nothing about them can change but their record and their being taken, so a
         # full scan need not triage them again, and an early scan takes them without a listing.
         self._ready: dict[str, None] = {}
+        self._took_one = False  # the first sample taken is said in the log, with the drain's age
 
     def scan_and_submit(self, pool: ThreadPoolExecutor) -> int:
         """Look at the staged dumps: submit complete ones to `pool`, act on the others; return how
@@ -191,6 +193,10 @@ class Scanner:
     def _submit(self, pool: ThreadPoolExecutor, d: Path, record: SampleRecord) -> int:
         if not self._inflight.add(record.rid):
             return 0
+        if not self._took_one:
+            self._took_one = True
+            age = process_age_s()
+            log.info("first sample taken%s", "" if age is None else f", {age:.2f} s after the drain's start")
         fut = pool.submit(self._inflight.prepare, record.rid, functools.partial(self._worker.process, d, record))
         fut.add_done_callback(self._task_done)
         return 1

@@ -6,28 +6,38 @@ head: the last position's final hidden state gives the token SGLang sampled
 (`hsextract.greedy_check`), and, where the drain is given the server's URL, the final states of
 the prompt's positions give the server's own logprobs of the prompt (`hsextract.logprob_check`:
 a wrong layer or norm placement that keeps the argmax fails it). It reads the whole ``lm_head``
-per sample, so it runs on a share of samples: always the first few a drain sees (a wrong layer
+per pass, so it runs on a share of samples: always the first few a drain sees (a wrong layer
 or norm placement shows at once), then a stable pseudo-random share chosen by rid (the same
 samples on a re-run).
+
+The checks run off the samples' way (hsextract.drain.check_queue): a chosen sample waits, durable
+but not committed, for a pass over the head that checks every sample waiting at once. What the
+check keeps up with bounds the share: a sample of the share is chosen only while fewer rows wait
+than one pass takes; one that comes while more do is written unchecked and counted
+(``skipped_for_load``), so the share actually checked is known (``share_checked``). The first few
+are chosen whatever the queue holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from hsextract.drain.check_queue import PASS_ROWS, CheckQueue, CheckRequest, CheckRows, Verdict
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.logprob_source import LogprobSource
 from hsextract.drain.validate import GREEDY, LOGPROB, InvalidDump
-from hsextract.greedy_check import GreedyHead
-from hsextract.logprob_check import LogprobVerdict, check_final_rows
-from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
-from hsextract.staging.dumps import DoneMarker, StagedStates
+from hsextract.greedy_check import GreedyHead, GreedyVerdict
+from hsextract.logprob_check import LogprobVerdict, check_samples
+from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, DEFAULT_MAX_POSITIONS, ServerLogprobs
 
 log = logging.getLogger("hsextract.drain")
 
@@ -68,15 +78,18 @@ class LogprobCounts:
 
 @dataclass
 class SelfCheckCounts:
+    seen: int = 0  # samples the choice was asked about
     checked: int = 0  # greedy-checked (passed, near ties, and those quarantined as greedy_mismatch)
     near_ties: int = 0
     greedy_failed: int = 0
     no_token: int = 0  # chosen, but the capture saw no greedy token for it (neither check ran)
+    skipped_for_load: int = 0  # of the share by rid, but the queue held a pass's worth: written unchecked
     logprob: LogprobCounts = field(default_factory=LogprobCounts)
 
 
 class GreedySelfCheck:
-    """Thread-safe: the drain's workers call `verify` for every sample `chosen`."""
+    """Which samples are checked, their checks (in its queue, hsextract.drain.check_queue) and the
+    counts. Thread-safe: the drain's workers ask `chosen` of every sample and `submit` the chosen ones."""
 
     def __init__(
         self,
@@ -87,6 +100,9 @@ class GreedySelfCheck:
         logprobs: LogprobSource | None = None,
         bound: float = DEFAULT_MAX_MEAN_ABS_ERROR,
         publish: Callable[[dict[str, Any]], None] | None = None,
+        fail: Callable[[BaseException], None] = lambda exc: None,
+        together: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        pass_rows: int = PASS_ROWS,
     ):
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"self-check share {share}: give a number from 0 to 1")
@@ -95,34 +111,69 @@ class GreedySelfCheck:
         self.first = max(0, int(first))
         self.logprobs = logprobs  # None: the greedy check alone
         self.bound = bound
+        # The prompt positions whose final rows a chosen sample brings: the last one, or the logprob check's.
+        self.positions = DEFAULT_MAX_POSITIONS if logprobs is not None else 1
         self.counts = SelfCheckCounts()
-        self._publish = publish  # the counts go to drain-status.json after each check
-        self._seen = 0
+        self._publish = publish  # the counts go to drain-status.json after each change
         self._lock = threading.Lock()
+        self._queue = CheckQueue(self._check, fail=fail, changed=self._report, together=together, pass_rows=pass_rows)
         self._report()
 
     def chosen(self, rid: str) -> bool:
-        """Is the sample of ``rid`` one to check? (The first few seen, then a share by rid.)"""
+        """Is the sample of ``rid`` one to check? The first few seen, then a share by rid while the
+        queue holds less than a pass's worth (else it is counted as skipped for load). A share of 1
+        is every sample, whatever the queue holds: the check then sets the pace."""
         with self._lock:
-            self._seen += 1
-            if self._seen <= self.first:
+            self.counts.seen += 1
+            if self.counts.seen <= self.first:
                 return True
-        return zlib.crc32(rid.encode()) % 1_000_000 < self.share * 1_000_000
-
-    def verify(self, marker: DoneMarker, states: StagedStates) -> str:
-        """Check a sample `chosen` for the check: "passed" or "near_tie" for one that passed, ""
-        for one whose capture recorded no greedy token; InvalidDump (reason ``greedy_mismatch`` or
-        ``logprob_mismatch``, with the numbers) for one whose final hidden states are not the
-        server's."""
-        if marker.greedy_token < 0:
+        if not in_share(rid, self.share):
+            return False
+        if self.share < 1 and self._queue.waiting_rows() + self.positions > self._queue.pass_rows:
             with self._lock:
-                self.counts.no_token += 1
+                self.counts.skipped_for_load += 1
             self._report()
-            return ""
-        server, not_done = self.logprobs.get(states.input_ids.tolist()) if self.logprobs else (None, "")
-        greedy, logprob = check_final_rows(
-            self.head, states.hidden[:, -1], marker.final_hidden, marker.greedy_token, server, bound=self.bound
-        )
+            return False
+        return True
+
+    def no_token(self) -> None:
+        """A chosen sample whose capture recorded no greedy token: neither check can run (it is written)."""
+        with self._lock:
+            self.counts.no_token += 1
+        self._report()
+
+    def submit(self, rid: str, rows: CheckRows, input_ids: list[int], settle: Callable[[Verdict], None]) -> None:
+        """Queue a chosen sample for its check; `settle` gets "passed" or "near_tie" for one that
+        passed, InvalidDump (reason ``greedy_mismatch`` or ``logprob_mismatch``, with the numbers)
+        for one whose final hidden states are not the server's."""
+        self._queue.submit(CheckRequest(rid, rows, input_ids, settle))
+
+    def close(self) -> None:
+        """Check every sample submitted (their settling commits or quarantines them), then stop."""
+        self._queue.close()
+        self.head.close()
+
+    def _check(self, batch: list[CheckRequest]) -> list[Verdict]:
+        """One pass over the head for the batch (hsextract.drain.check_queue), each sample with the
+        server's logprobs of its prompt where the drain asks the server."""
+        servers = self._server_logprobs(batch)
+        samples = [(r.rows.sample_rows(), server) for r, (server, _) in zip(batch, servers, strict=True)]
+        verdicts = check_samples(self.head, samples, bound=self.bound)
+        for (greedy, logprob), (_, not_done) in zip(verdicts, servers, strict=True):
+            self._count(greedy, logprob, not_done)
+        return [_verdict(greedy, logprob) for greedy, logprob in verdicts]
+
+    def _server_logprobs(self, batch: list[CheckRequest]) -> list[tuple[ServerLogprobs | None, str]]:
+        """The server's logprobs of each prompt, asked at once ((None, "") each without a server)."""
+        source = self.logprobs
+        if source is None:
+            return [(None, "")] * len(batch)
+        if len(batch) == 1:
+            return [source.get(batch[0].input_ids)]
+        with ThreadPoolExecutor(min(8, len(batch)), thread_name_prefix="selfcheck-logprobs") as pool:
+            return list(pool.map(lambda r: source.get(r.input_ids), batch))
+
+    def _count(self, greedy: GreedyVerdict, logprob: LogprobVerdict | None, not_done: str) -> None:
         with self._lock:
             c = self.counts
             c.checked += 1
@@ -132,24 +183,22 @@ class GreedySelfCheck:
                 c.logprob.add(logprob, quarantined=greedy.ok and not logprob.ok)
             elif not_done:
                 c.logprob.not_done[not_done] += 1
-        self._report()
-        if not greedy.ok:
-            raise InvalidDump(GREEDY, greedy.explain())
-        if logprob is not None and not logprob.ok:
-            raise InvalidDump(LOGPROB, logprob.explain())
-        return "near_tie" if greedy.near_tie else "passed"
 
     def summary(self) -> dict[str, Any]:
         """The counts, for drain-status.json (``selfcheck``) and the run's last log lines."""
+        queue = self._queue.counts()
         with self._lock:
             c = self.counts
             return {
                 "share": self.share,
                 "first": self.first,
+                "seen": c.seen,
                 "checked": c.checked,
+                "share_checked": round(c.checked / c.seen, 6) if c.seen else None,
                 "near_ties": c.near_ties,
                 "greedy_failed": c.greedy_failed,
                 "no_token": c.no_token,
+                "queue": {**queue, "skipped_for_load": c.skipped_for_load},
                 "logprob": c.logprob.as_dict(self.bound) if self.logprobs is not None else None,
             }
 
@@ -158,16 +207,40 @@ class GreedySelfCheck:
             self._publish(self.summary())
 
 
+def in_share(rid: str, share: float) -> bool:
+    """Whether ``rid`` falls in the pseudo-random share (by its CRC-32: the same samples on a re-run)."""
+    return zlib.crc32(rid.encode()) % 1_000_000 < share * 1_000_000
+
+
+def _verdict(greedy: GreedyVerdict, logprob: LogprobVerdict | None) -> Verdict:
+    if not greedy.ok:
+        return InvalidDump(GREEDY, greedy.explain())
+    if logprob is not None and not logprob.ok:
+        return InvalidDump(LOGPROB, logprob.explain())
+    return "near_tie" if greedy.near_tie else "passed"
+
+
 def log_selfcheck(summary: dict[str, Any]) -> None:
     """The run's last lines about the self-check: what was checked, what failed, what was not done."""
     log.info(
-        "greedy self-check: %d samples checked by this process (%d near bf16 ties, %d quarantined as "
-        "greedy_mismatch); %d chosen had no greedy token recorded",
+        "greedy self-check: %d samples checked by this process in %d passes over the head (%d near bf16 "
+        "ties, %d quarantined as greedy_mismatch); %d chosen had no greedy token recorded",
         summary["checked"],
+        summary["queue"]["passes"],
         summary["near_ties"],
         summary["greedy_failed"],
         summary["no_token"],
     )
+    skipped = summary["queue"]["skipped_for_load"]
+    if skipped:
+        log.warning(
+            "greedy self-check: %d samples of the %g share written unchecked, the check's queue holding a pass's "
+            "worth when they came (%d of %d samples seen were checked)",
+            skipped,
+            summary["share"],
+            summary["checked"],
+            summary["seen"],
+        )
     lp = summary["logprob"]
     if lp is None:
         return
@@ -193,10 +266,17 @@ def log_selfcheck(summary: dict[str, Any]) -> None:
 
 
 def make_selfcheck(
-    cfg: DrainConfig, *, stop: threading.Event | None = None, publish: Callable[[dict[str, Any]], None] | None = None
+    cfg: DrainConfig,
+    *,
+    stop: threading.Event | None = None,
+    publish: Callable[[dict[str, Any]], None] | None = None,
+    fail: Callable[[BaseException], None] = lambda exc: None,
+    together: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> GreedySelfCheck | None:
     """The self-check of the configured share, or None (no model, or a share and first of 0);
-    with the logprob check where the drain was given the server's URL."""
+    with the logprob check where the drain was given the server's URL. Its passes run on
+    `DrainConfig.selfcheck_threads` threads; `fail` stops the drain on an error no sample explains;
+    the samples one pass settles are committed `together` (hsextract.output.committer)."""
     if not cfg.model_path or (cfg.selfcheck_share <= 0 and cfg.selfcheck_first <= 0):
         if cfg.selfcheck_share > 0 or cfg.selfcheck_first > 0:
             log.warning("greedy self-check off: the drain was given no --model to read the head from")
@@ -205,10 +285,12 @@ def make_selfcheck(
     if source is None:
         log.info("logprob self-check off: the drain was given no --selfcheck-server (the greedy check runs alone)")
     return GreedySelfCheck(
-        GreedyHead(cfg.model_path),
+        GreedyHead(cfg.model_path, threads=cfg.selfcheck_threads),
         cfg.selfcheck_share,
         cfg.selfcheck_first,
         logprobs=source,
         bound=cfg.selfcheck_logprob_bound,
         publish=publish,
+        fail=fail,
+        together=together,
     )

@@ -6,7 +6,9 @@ A worker has the dump prepared (hsextract.drain.prepare: read, check, encode, wr
 worker processes (hsextract.drain.worker_processes), and acts on the outcome: the `Prepared`
 sample goes to the committer, which gives it its output index and name (see hsextract.drain.core
 for the crash-safety argument); a dump that cannot become a sample is quarantined; a full output
-volume pauses the worker until there is space, then the dump is prepared again.
+volume pauses the worker until there is space, then the dump is prepared again. A sample chosen
+for the self-check goes to the check's queue instead (hsextract.drain.check_queue), and from there
+to the committer once its check passed, or to the quarantine.
 
 Why a module of its own: each side is simpler knowing nothing of the other. The daemon
 (hsextract.drain.core: recovery, status, shut-down; it knows nothing of systemd, which only runs
@@ -18,6 +20,7 @@ to (`WorkerEvents`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -25,10 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from hsextract.drain.check_queue import Verdict
 from hsextract.drain.header import RunHeader
-from hsextract.drain.prepare import Invalid, Job, NoSpace, prepare
+from hsextract.drain.prepare import Invalid, Job, NoSpace, Ready, prepare
 from hsextract.drain.selfcheck import GreedySelfCheck
 from hsextract.drain.staged_io import PIECE
+from hsextract.drain.validate import InvalidDump
 from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.formats.base import OutputFormat
 from hsextract.output.committer import Prepared
@@ -84,9 +89,8 @@ class SampleWorker:
     """Prepares staged samples for the committer; `process` is safe to call from many threads at once.
 
     The preparation itself (hsextract.drain.prepare) runs in the calling thread, or, given
-    `processes`, in one of the drain's worker processes while the thread waits; a sample chosen
-    for the greedy self-check is always prepared here, where the model's head is loaded once, and
-    so is every sample while the processes are still starting."""
+    `processes`, in one of the drain's worker processes while the thread waits (every sample, the
+    chosen ones too; in the thread while the processes are still starting)."""
 
     def __init__(
         self,
@@ -120,7 +124,8 @@ class SampleWorker:
 
     def process(self, d: Path, record: SampleRecord) -> None:
         """Prepare the staged dump `d` of `record` within the byte budget, and commit or quarantine it."""
-        checked = self._selfcheck is not None and self._selfcheck.chosen(record.rid)
+        checker = self._selfcheck if self._selfcheck is not None and self._selfcheck.chosen(record.rid) else None
+        checked = checker is not None
         if self._streams_staged and not checked:
             size = PIECE  # read, checked and written piece by piece, whatever the sample's size
         else:
@@ -132,11 +137,12 @@ class SampleWorker:
                 size = 0
         self._budget.acquire(size)
         try:
-            self._process_in_budget(d, record, checked)
+            self._process_in_budget(d, record, checker)
         finally:
             self._budget.release(size)
 
-    def _process_in_budget(self, d: Path, record: SampleRecord, checked: bool) -> None:
+    def _process_in_budget(self, d: Path, record: SampleRecord, checker: GreedySelfCheck | None) -> None:
+        """Prepare, then commit, quarantine, or (`checker`: a sample chosen for the self-check) queue for the check."""
         while True:
             header = self._header.header
             job = Job(
@@ -146,9 +152,10 @@ class SampleWorker:
                 header.checksum_algorithm if header is not None else default_checksum_algorithm(),
                 self._count_vocab(),
                 self._durable_tmp,
+                checker.positions if checker is not None else 0,
             )
-            if checked or self._processes is None or not self._processes.ready():
-                outcome = prepare(self.fmt, self.tmp_dir, job, self._selfcheck if checked else None)
+            if self._processes is None or not self._processes.ready():
+                outcome = prepare(self.fmt, self.tmp_dir, job)
             else:
                 outcome = self._processes.prepare(job)
             if not isinstance(outcome, NoSpace):
@@ -163,7 +170,25 @@ class SampleWorker:
             self._events.settled(record.rid)
             return
         self._header.for_dump(outcome.marker)  # the first valid dump writes the header
+        if checker is not None and outcome.check is not None:
+            settle = functools.partial(self._after_check, d, record.rid, outcome)
+            checker.submit(record.rid, outcome.check, record.input_ids, settle)
+            return
+        if checker is not None:
+            checker.no_token()
         self._events.durable(record.rid, outcome.counts)
+        self._commit(outcome.prepared)
+
+    def _after_check(self, d: Path, rid: str, outcome: Ready, verdict: Verdict) -> None:
+        """A checked sample's verdict (from the check's thread): committed, or quarantined with its
+        temporary file removed."""
+        if isinstance(verdict, InvalidDump):
+            outcome.prepared.tmp.unlink(missing_ok=True)
+            self._events.quarantine(d, rid, verdict.reason, verdict.detail)
+            self._events.settled(rid)
+            return
+        outcome.prepared.greedy_check = verdict
+        self._events.durable(rid, outcome.counts)
         self._commit(outcome.prepared)
 
 

@@ -35,6 +35,7 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -63,8 +64,9 @@ class WorkerProcessDied(RuntimeError):
 class WorkerProcesses:
     """`n` processes that prepare samples of one format into one temporary directory."""
 
-    def __init__(self, n: int, fmt_name: str, tmp_dir: Path):
+    def __init__(self, n: int, fmt_name: str, tmp_dir: Path, on_ready: Callable[[], None] = lambda: None):
         self.n = n
+        self._on_ready = on_ready  # called once, from the pool's thread, when every process is up
         self._spawned_at = time.monotonic()
         self._ready = False
         self._pending = n
@@ -85,6 +87,7 @@ class WorkerProcesses:
         """Start the forkserver (under `hsextract drain` it runs already: forkserver.start) and all n
         processes, each waiting in its start for the others (the pool would start them on demand,
         later, while a stop's SIGTERM may be on its way)."""
+        pool = None
         try:
             ctx = forkserver.start()
             pool = ProcessPoolExecutor(
@@ -95,6 +98,12 @@ class WorkerProcesses:
             )
             started = [pool.submit(os.getpid) for _ in range(self.n)]
         except BaseException as exc:  # said by `ready`, in the drain's own thread
+            if pool is not None:
+                # The processes started so far wait at the barrier for the others, and a drain that
+                # is exiting (a submit after the interpreter's shutdown began raises) waits for them
+                # at its exit: 10 minutes, the barrier's timeout. They are given nothing: end them.
+                _kill(pool)
+                pool.shutdown(wait=False, cancel_futures=True)
             self._launch_error = exc
             self._launched.set()
             return
@@ -125,6 +134,7 @@ class WorkerProcesses:
                 time.monotonic() - self._spawned_at,
                 "" if age is None else f", {age:.1f} s after the drain's start",
             )
+            self._on_ready()
 
     def ready(self) -> bool:
         """Whether every process is up (False while they start); WorkerProcessDied if they could not start."""

@@ -123,6 +123,10 @@ class ObjectCommitter(Committer):
                 break
         self._q.put(prepared)
 
+    def _put_together(self, batch: list[Prepared]) -> None:
+        for prepared in batch:  # each waits for room to upload, as `put` does
+            self.put(prepared)
+
     def close(self) -> None:
         super().close()
         self._uploads.shutdown(wait=True, cancel_futures=True)

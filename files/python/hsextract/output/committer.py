@@ -22,11 +22,12 @@ staged (see hsextract.drain.core). The commit itself, which collect uses too, is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -108,7 +109,8 @@ class Committer:
         self.done_rids = {e.rid for e in entries}
         self.done_indices = {e.dataset_index for e in entries}
         self._events = events
-        self._q: queue.Queue[Prepared | None] = queue.Queue()
+        self._q: queue.Queue[Prepared | list[Prepared] | None] = queue.Queue()
+        self._held = threading.local()  # a thread's puts inside `together`
         self._ordered: OrderedCommit | None = None  # the manifest's appender, from `start` on
         self._thread: threading.Thread | None = None
 
@@ -123,7 +125,26 @@ class Committer:
         self._thread.start()
 
     def put(self, prepared: Prepared) -> None:
-        self._q.put(prepared)
+        held = getattr(self._held, "batch", None)
+        if held is not None:
+            held.append(prepared)
+        else:
+            self._q.put(prepared)
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """The samples this thread puts inside are committed in one step: those one pass of the
+        self-check settles (hsextract.drain.check_queue) reach the manifest together."""
+        self._held.batch = []
+        try:
+            yield
+        finally:
+            batch, self._held.batch = self._held.batch, None
+            self._put_together(batch)
+
+    def _put_together(self, batch: list[Prepared]) -> None:
+        if batch:
+            self._q.put(batch)
 
     def close(self) -> None:
         """Commit what was put, then stop the thread and close the manifest."""
@@ -139,7 +160,7 @@ class Committer:
                 first = self._q.get()
                 if first is None:
                     return
-                batch = [first]
+                batch = first if isinstance(first, list) else [first]
                 stop_after = False
                 while True:
                     try:
@@ -149,7 +170,7 @@ class Committer:
                     if nxt is None:
                         stop_after = True
                         break
-                    batch.append(nxt)
+                    batch += nxt if isinstance(nxt, list) else [nxt]
                 self._commit(batch)
                 if stop_after:
                     return
