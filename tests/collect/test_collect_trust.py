@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hsextract.output.manifest import checksum_file, iter_entries
+from support.drain_proc import hsextract
 from support.fleet import Fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -293,3 +294,31 @@ def test_every_sample_of_a_genuine_host_passes_the_sample_checks(fleets, collect
     assert code == 0, err
     assert _failures(into) == []
     assert all(e.fingerprint.startswith("fp") for e in iter_entries(into)), "the fingerprints were there to check"
+
+
+# -- D35: a consistent lie ---------------------------------------------------------------------------
+
+
+def test_a_consistent_lie_in_a_host_manifest_fails_both_rows_and_verify_flags_them(fleets, collect, tmp_path):
+    """Row 1's file replaced by a byte copy of row 2's, row 1 given row 2's size, checksum, token count
+    and fingerprint: every check of the row against its file passes, and only the two rows' one
+    checksum tells. Nothing says which row is true, so neither is collected."""
+    fleet = _copy(fleets, tmp_path)
+    host = fleet.hosts["a"]
+    rows = _rows(host)
+    shutil.copy(host / rows[2]["file"], host / rows[1]["file"])
+    for key in ("bytes", "checksum", "tokens", "fingerprint"):
+        rows[1][key] = rows[2][key]
+    _write_rows(host, rows)
+    verify = hsextract("finalize", "--output", str(host), "--verify")
+    assert verify.returncode == 1
+    assert "BAD 1 (" in verify.stdout and "BAD 2 (" in verify.stdout and "same bytes" in verify.stdout, verify.stdout
+    into = tmp_path / "collected"
+    code, err = collect("--into", str(into), "--final", *fleet.args())
+    assert code == 3, err
+    failures = {d["host_index"]: d for d in _failures(into)}
+    assert sorted(failures) == [1, 2] and {d["reason"] for d in failures.values()} == {"collect_same_bytes"}
+    assert "host a sample 2" in failures[1]["detail"] and "host a sample 1" in failures[2]["detail"]
+    assert _collected(into) == set(fleet.samples) - {rows[1]["dataset_index"], rows[2]["dataset_index"]}
+    assert "PROBLEM" not in err, "the fleet's accounts add up: the two rows are failed samples"
+    assert hsextract("finalize", "--output", str(into), "--verify").returncode == 0

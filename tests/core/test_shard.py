@@ -97,3 +97,19 @@ def test_shards_sort_and_key_as_index_then_count():
 )
 def test_two_shards_overlap_when_some_index_is_in_both(a, b, overlap):
     assert a.overlaps(b) is overlap is any(a.takes(x) and b.takes(x) for x in range(24))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "contains"),
+    [
+        (WHOLE, Shard(1, 3), True),
+        (Shard(1, 3), WHOLE, False),
+        (Shard(0, 2), Shard(2, 4), True),  # a sub-shard of client process 1 of 2 of host shard 0/2
+        (Shard(0, 2), Shard(1, 4), False),
+        (Shard(0, 2), Shard(0, 3), False),  # overlapping, not inside
+        (Shard(1, 3), Shard(1, 3), True),
+    ],
+)
+def test_a_shard_contains_another_when_every_index_of_it_is_its_own(a, b, contains):
+    assert all(a.takes(x) for x in b.indices(60)) is contains, "the table itself"
+    assert a.contains(b) is contains

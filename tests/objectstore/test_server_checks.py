@@ -105,3 +105,29 @@ def test_a_credentials_file_others_can_read_is_refused(weed, credentials, tmp_pa
     credentials.chmod(0o644)
     with pytest.raises(ConfigError, match=r"readable by others.*chmod 600"):
         settings_from(weed.endpoint, "", str(credentials))
+
+
+def test_an_endpoint_answering_malformed_xml_is_refused_not_waited_for(credentials, tmp_path):
+    class Malformed(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<?xml version='1.0'?><ListBucketResult><Name>sets</Name><Contents><Key>x"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_ports(1)[0]), Malformed)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        dump, work = _staged(tmp_path)
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        out = ObjectOutput(ObjectURL("sets", "p"), settings_from(endpoint, "", str(credentials)))
+        with pytest.raises(ServerRefused, match=r"not well-formed XML.*not an S3 server"):
+            drain(dump, work, out, lines=3)
+        assert len(staged_names(dump)) == 3
+    finally:
+        server.shutdown()

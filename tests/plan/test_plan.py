@@ -277,6 +277,25 @@ def test_an_empty_dataset_file_is_an_error_as_an_empty_directory_is(tiny_llama, 
     assert r.returncode == 2 and "d.jsonl is empty (0 bytes)" in r.stderr and not report
 
 
+def test_a_shard_with_no_sample_to_send_needs_no_staging(tiny_llama, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"messages": "not a conversation"}\n')
+    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1", "--shm-min-free", "10%")
+    assert r.returncode == 0, r.stderr
+    assert report["samples"] == 0 and sum(report["rejects"].values()) == 1
+    assert (report["shm"]["requests"], report["shm"]["need_bytes"], report["shm"]["ok"]) == (0, 0, True)
+    assert "/dev/shm  nothing to stage: no sample of this shard is left to send" in r.stdout, r.stdout
+
+
+def test_no_more_requests_are_staged_than_there_are_samples_to_send(tiny_llama, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text(_conversation(0) + "\n" + _conversation(1) + "\n")
+    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--workers", "1", "--max-in-flight", "256")
+    assert r.returncode == 0, r.stderr
+    assert report["shm"]["requests"] == 2
+    assert "for 2 requests x" in r.stdout, r.stdout
+
+
 def _conversation(i: int, text: str = "") -> str:
     return json.dumps(
         {

@@ -34,8 +34,9 @@ def hsextract(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     )
 
 
-def drain_args(dump: Path, out: Path, fmt: str, *extra: str) -> list[str]:
-    """``hsextract drain``'s arguments for a staging directory, an output and a format, then `extra`."""
+def drain_args(dump: Path, out: Path | str, fmt: str, *extra: str) -> list[str]:
+    """``hsextract drain``'s arguments for a staging directory, an output (a directory, or an
+    ``s3://`` URL as a string) and a format, then `extra`."""
     return ["drain", "--dump-dir", str(dump), "--output", str(out), "--format", fmt, *extra]
 
 

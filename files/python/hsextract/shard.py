@@ -86,6 +86,11 @@ class Shard:
         common solution iff i ≡ j (mod gcd(n, m)) (the Chinese remainder theorem)."""
         return (self.index - other.index) % math.gcd(self.count, other.count) == 0
 
+    def contains(self, other: Shard) -> bool:
+        """Whether every dataset index of `other` belongs to this shard: x ≡ j (mod m) implies
+        x ≡ i (mod n) iff n divides m and j ≡ i (mod n)."""
+        return other.count % self.count == 0 and other.index % self.count == self.index
+
     def sub_shard(self, process: tuple[int, int]) -> Shard:
         """The shard of client process j of P on this host shard k/N: (k + N*j) / (N*P).
 

@@ -33,7 +33,13 @@ def config_from_args(args: argparse.Namespace) -> ExtractConfig:
     missing = missing_options(ExtractConfig, args)
     if missing:
         raise ConfigError(f"hsextract extract needs {', '.join(missing)} (as flags or keys of --config)")
-    return options_from(ExtractConfig, args, output=resolve_output(args.output, args)[0], shard=_shard(args))
+    return options_from(
+        ExtractConfig,
+        args,
+        output=resolve_output(args.output, args)[0],
+        shard=_shard(args),
+        host_shard=Shard.parse(args.shard, where="--shard"),
+    )
 
 
 def _shard(args: argparse.Namespace) -> Shard:

@@ -188,6 +188,9 @@ class ExtractConfig:
         type=float,
         help="seconds between progress log lines off a terminal (default 30)",
     )
+    # The --shard that --process splits into `shard` (None: `shard` itself): a run may not drop the
+    # accounts of an earlier shard outside it (hsextract.client.start_state.check_earlier_shards).
+    host_shard: Shard | None = None
     status_every_s: float = 1.0
 
     @property

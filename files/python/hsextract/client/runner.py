@@ -41,7 +41,7 @@ from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.run_jsonl import RunJsonl
 from hsextract.client.sender import Sender, ServerUnavailable, StopRequested
 from hsextract.client.server_limit import ServerLimit, server_limit
-from hsextract.client.start_state import begin_run, read_previous, record_unstarted
+from hsextract.client.start_state import ShardRefused, begin_run, check_earlier_shards, read_previous, record_unstarted
 from hsextract.client.startup import StartupClock
 from hsextract.client.stoppable import call_unless_stopped
 from hsextract.dataset import defaults
@@ -174,13 +174,13 @@ class ExtractRun:
 
     def _unstarted(self, reporter: Reporter | None, previous: ClientStatus | None, exc: BaseException) -> None:
         """The start ended before its run began: refused (an error), or stopped. The status shows
-        the run before it again, with the refusal; a stop before the status was first written
-        writes nothing."""
+        the run before it again, with the refusal; a stop before the status was first written, or
+        a shard the output refused to take (of which it knew nothing before), writes nothing."""
         st = self.stats
         if reporter is not None:
             reporter.stop(final_tick=False)
         stopped = isinstance(exc, (StopRequested, KeyboardInterrupt))
-        if stopped and reporter is None:
+        if (stopped and reporter is None) or (isinstance(exc, ShardRefused) and previous is None):
             return
         if stopped:
             st.finish("stopped")
@@ -231,7 +231,9 @@ class ExtractRun:
                 f"output directory {out} holds a {header.format!r} training set, but this client runs "
                 f"with --format {cfg.format}; use the format of the set, or a new output directory"
             )
-        # Before anything in the output changes: resuming by index from another dataset is refused.
+        # Before anything in the output changes: resuming by index from another dataset is refused,
+        # and so is a shard whose run would drop the accounts of an earlier, wider one.
+        check_earlier_shards(out, cfg.shard, cfg.host_shard or cfg.shard)
         check_and_record(out, Path(cfg.dataset), has_samples=header is not None)
         self.run_id = load_or_create_run_id(out)
         self._backpressure.run_id = self.run_id  # it counts this run's dumps

@@ -143,6 +143,7 @@ def run_in_bucket(args: argparse.Namespace) -> int:
             {
                 "exit_code": result.exit_code,
                 "collected_now": result.collected_now,
+                "failed": result.failed,
                 "samples": result.total,
                 "into": str(target.url),
             },

@@ -3,8 +3,9 @@
 1. Take the collected set's lock; repair what a killed collect left (a torn manifest line, files
    past the manifest's end, temporary files).
 2. Read every host output; admit those of this training set, refuse the others by name.
-3. Plan what is missing, in dataset-index order; fetch and verify it in parallel, commit it in
-   order, batch by batch; record what failed verification.
+3. Plan what is missing, in dataset-index order; fail the rows whose files have another row's
+   bytes; fetch and verify the rest in parallel, commit it in order, batch by batch; record what
+   failed verification.
 4. Write the fleet's bookkeeping, the dataset-level files, the card and the report; reconcile.
 
 Every step is safe to kill at any instant and to repeat: what is committed is never rewritten,
@@ -35,6 +36,7 @@ from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
 from hsextract.formats import get_format
 from hsextract.formats.sample_check import SampleCheck
+from hsextract.output.collect_reasons import SAME_BYTES
 from hsextract.output.commit import OrderedCommit, ToCommit, stop_short
 from hsextract.output.dataset_record import read_record
 from hsextract.output.layout import collect_tmp_dir
@@ -47,6 +49,7 @@ from hsextract.output.manifest import (
     write_header,
 )
 from hsextract.output.repair import clear_temporary, remove_orphans, repair_torn_tail
+from hsextract.output.same_bytes import describe, host_row_name, row_name, same_bytes
 
 log = logging.getLogger("hsextract.collect")
 
@@ -117,11 +120,30 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     if header is None and plan.pending:
         write_header(out, ref.header)
     journal = FailureJournal(out)
+    journal.record(_fail_twins(plan, entries, fetcher), SpacePolicy(out, cfg.wait_for_space_s))
     new = _fetch_and_commit(cfg, out, fmt, len(entries), plan, fetcher, journal)
     done = Collected(cfg, ref, fmt, entries + new, adm, plan, len(new), notes, journal)
     return SpacePolicy(out, cfg.wait_for_space_s).retrying(
         lambda: finish(done), "the set's bookkeeping, dataset-level files and card are still to write"
     )
+
+
+def _fail_twins(plan: Selection, collected: list[ManifestEntry], fetcher: Fetcher) -> list[Fetched]:
+    """The pending samples whose file has the bytes of another row's, collected or pending: one of
+    them holds another sample's file and nothing tells which, so none is fetched
+    (hsextract.output.same_bytes); they fail, and leave the plan. A row that names another file
+    than its own is its own failure (`Fetcher.refusal`), and no twin of the row whose file it names."""
+    named_right = [p for p in plan.pending if fetcher.refusal(p) is None]
+    names = {id(e): row_name(e) for e in collected}
+    names.update({id(p.entry): host_row_name(p.host, p.entry) for p in named_right})
+    twins = same_bytes([*collected, *(p.entry for p in named_right)])
+    failed = [
+        Fetched(p, reason=SAME_BYTES, detail=describe([names[id(o)] for o in twins[id(p.entry)]], p.entry.checksum))
+        for p in plan.pending
+        if id(p.entry) in twins
+    ]
+    plan.pending = [p for p in plan.pending if id(p.entry) not in twins]
+    return failed
 
 
 def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:

@@ -66,7 +66,7 @@ from hsextract.output.accounts import read_accounts
 from hsextract.output.committer import Committer
 from hsextract.output.layout import drain_tmp_dir
 from hsextract.output.lock import OutputLock
-from hsextract.output.target import DirectoryTarget, OutputTarget
+from hsextract.output.target import DirectoryTarget, OutputTarget, TargetUnreachable
 from hsextract.process_age import process_age_s
 from hsextract.staging.dumps import run_dumps
 
@@ -98,9 +98,10 @@ class Drainer:
         self._header: RunHeader | None = None
         self._selfcheck: GreedySelfCheck | None = None
         self._processes: WorkerProcesses | None = None  # the worker processes, where the workers are processes
-        # Where the set lives (hsextract.output.target), taken over by the recovery.
+        # Where the set lives (hsextract.output.target), opened by the recovery.
         self._target: OutputTarget = DirectoryTarget()
         self._dataset_files = DatasetFiles(cfg, self.fmt, self._vocab, self._outcomes, self.stats, self.stop_event)
+        self._metrics: MetricsServer | None = None
 
     def stop(self) -> None:
         """Finish the samples in hand, then return from run() (safe from a signal handler)."""
@@ -119,8 +120,18 @@ class Drainer:
             return self._run_locked()
 
     def _run_locked(self) -> int:
-        committer, scanner = self._recover()
-        metrics = self._start(committer)
+        try:
+            committer, scanner = self._recover()
+            metrics = self._start(committer)
+        except BaseException as exc:  # a start check refused it, or a stop while a bucket did not answer
+            if self._processes is not None:
+                self._processes.close()
+            if self._metrics is not None:
+                self._metrics.stop()
+            if not (isinstance(exc, TargetUnreachable) and self.stop_event.is_set()):
+                raise
+            log.info("drain stopped before its start was complete (%s); nothing was taken from staging", exc)
+            return 0
         pool = ThreadPoolExecutor(max_workers=self.cfg.worker_threads, thread_name_prefix="drain-worker")
         finished_run = False
         try:
@@ -135,7 +146,7 @@ class Drainer:
         self.stats.set(
             state="done" if not self.stop_event.is_set() else "stopped", in_flight=0, lag=self._our_dumps_left()
         )
-        exit_code = self._check_run() if finished_run else 0
+        exit_code = check_finished_run(self.out, self.cfg, self._selfcheck, self.stats) if finished_run else 0
         problem = self._dataset_files.problem
         if problem and not self.stop_event.is_set():
             log.error("the dataset-level files lag behind the manifest: %s", problem)
@@ -154,7 +165,8 @@ class Drainer:
         """Bring the output directory to a consistent state after whatever happened before, and
         build the parts that work on it."""
         cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
-        # Before the work directory is read: a bucket's makes it equal to the bucket, the truth.
+        # Before the work directory is read: a bucket's makes it equal to the bucket, the truth (no
+        # epoch yet: the target is taken over once the start checks passed).
         self._target = open_target(cfg, self.fmt, self.stop_event)
         found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
@@ -221,12 +233,15 @@ class Drainer:
             importlib.import_module("datasets")
         # Warm before "running": the first real sample pays nothing once-only (hsextract.drain.warmup).
         warm_up(self.fmt, drain_tmp_dir(self.out))
-        committer.start()
-        metrics = None
-        if self.cfg.metrics_port is not None:
-            metrics = MetricsServer(self.stats, self.cfg.metrics_port)
+        port = self.cfg.metrics_port
+        metrics = self._metrics = MetricsServer(self.stats, port) if port is not None else None
+        if metrics is not None:
             metrics.start()
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
+        # The last start step: every check that can refuse this drain passed (a bucket's fences the
+        # prefix's earlier writers, hsextract.objectstore.output).
+        self._target.take_over()
+        committer.start()
         self.stats.set(state="running")
         age = process_age_s()
         log.info(
@@ -325,18 +340,19 @@ class Drainer:
         header = self._header.header if self._header is not None else None
         self._dataset_files.update(self._target, header, committer.entries)
 
-    def _check_run(self) -> int:
-        """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
-        accounts = read_accounts(self.out, self.cfg.quarantine, final=True)
-        if accounts is None:
-            log.error("the run cannot be checked: the client's summary in %s lacks the shard's size", self.out)
-            return RUN_CHECK_FAILED
-        for line in accounts.lines_of_text():
-            log.info("%s", line)
-        if self._selfcheck is not None:
-            log_selfcheck(self._selfcheck.summary())
-        self.stats.set(accounts=accounts.as_dict())
-        problems = accounts.problems(self.cfg.max_failure_share)
-        for problem in problems:
-            log.error("run check: %s", problem)
-        return RUN_CHECK_FAILED if problems else 0
+
+def check_finished_run(out: Path, cfg: DrainConfig, selfcheck: GreedySelfCheck | None, stats: DrainStats) -> int:
+    """At the end of a finished run: do the counts add up? 0, or RUN_CHECK_FAILED saying why."""
+    accounts = read_accounts(out, cfg.quarantine, final=True)
+    if accounts is None:
+        log.error("the run cannot be checked: the client's summary in %s lacks the shard's size", out)
+        return RUN_CHECK_FAILED
+    for line in accounts.lines_of_text():
+        log.info("%s", line)
+    if selfcheck is not None:
+        log_selfcheck(selfcheck.summary())
+    stats.set(accounts=accounts.as_dict())
+    problems = accounts.problems(cfg.max_failure_share)
+    for problem in problems:
+        log.error("run check: %s", problem)
+    return RUN_CHECK_FAILED if problems else 0

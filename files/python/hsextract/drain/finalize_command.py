@@ -3,7 +3,8 @@
 The drain does this itself when idle and when it stops; this command is for a directory copied
 elsewhere, or to check one: ``--verify`` re-reads every file and checks that it is its row's sample
 (its name, size and checksum, the token count of its tensors, its fingerprint:
-hsextract.formats.sample_check), and recounts the loss-masked tokens from the files against the
+hsextract.formats.sample_check; and that no other row's file has its bytes:
+hsextract.output.same_bytes), and recounts the loss-masked tokens from the files against the
 draft vocabulary's counts. A check
 writes nothing, so it runs on a finished set on a read-only volume, on a copy a trainer is
 reading, or beside a drain; ``finalize`` without it writes what the check would only report.
@@ -81,6 +82,7 @@ def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
     the files; print a BAD line per problem, write nothing; 1 if any was found."""
     from hsextract.formats.sample_check import SampleCheck
     from hsextract.output.manifest import entries_path, iter_entries, read_header
+    from hsextract.output.same_bytes import describe, row_name, same_bytes
 
     torn = _torn_tail(entries_path(out))
     if torn:
@@ -92,9 +94,12 @@ def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
     header = read_header(out)
     assert header is not None  # _finalize refused a directory without one
     check = SampleCheck(fmt, header)
+    twins = same_bytes(e for e in entries if e.file == fmt.relative_path(e.output_index))  # else BAD by its name
     bad_samples = 0
     for e in entries:
         problem = check.verify_row(out, e)
+        if problem is None and id(e) in twins:
+            problem = describe([row_name(o) for o in twins[id(e)]], e.checksum)
         if problem:
             bad_samples += 1
             print(f"BAD {e.output_index} ({e.rid}): {problem}")

@@ -72,7 +72,7 @@ def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
             )
     header = read_header(out)
     if header is not None:
-        check_header_matches_config(out, header, cfg)
+        check_header_matches_config(out, header, cfg)  # a bucket's header: its work directory holds a copy
     elif entries:
         raise ManifestError(f"{out}: manifest.jsonl has entries but manifest.json is missing; restore it")
     for leftover in dump_dir.glob(f"{TRASH_PREFIX}*"):
@@ -102,6 +102,8 @@ def check_captures(dump_dir: Path, fmt_name: str) -> None:
 
 
 def check_header_matches_config(out: Path, h: ManifestHeader, c: DrainConfig) -> None:
+    """ConfigError naming each field of the output's header that the configuration contradicts,
+    and the output as the user gave it (a bucket's prefix, not its work directory)."""
     problems = []
     if h.format != c.format:
         problems.append(f"format {h.format!r} (configured {c.format!r})")
@@ -113,10 +115,12 @@ def check_header_matches_config(out: Path, h: ManifestHeader, c: DrainConfig) ->
         problems.append(f"eagle layer ids {h.eagle_aux_hidden_state_layer_ids} (configured {list(c.eagle_layer_ids)})")
     problems += model_problems(h, c)
     if problems:
+        bucket = c.object_store.url if c.object_store is not None else None
         raise ConfigError(
-            f"output directory {out} was written with "
+            (f"{bucket} (work directory {out})" if bucket else f"output directory {out}")
+            + " was written with "
             + "; ".join(problems)
-            + ". Use the same configuration to resume, or a new output directory."
+            + f". Use the same configuration to resume, or a new {'prefix' if bucket else 'output directory'}."
         )
 
 

@@ -8,19 +8,26 @@ one run id. Their samples are merged in dataset-index order (a dataset index two
 is taken once, from the first, and reported), numbered from 0 as the trainers' readers want, and
 each is **server-side copied** to its name in the collected set (``copy_object`` with
 ``If-None-Match: *``): the server moves the bytes, the controller sends one request per sample.
-A copy is confirmed (its size and its manifest line as the server reports them) before the
-segment that names it is published, as the drain does (hsextract.objectstore.committer); the
-collected set's manifest segments carry each sample's host and index there.
+
+Each sample is checked at its source before it is copied, and its copy confirmed before the
+segment that names it is published (hsextract.objectstore.collect_copy): the source object must
+be its host line's sample as far as the server tells (it exists, has the line's size, carries
+hsextract's manifest line of that very sample, and the ETag recorded when it was written), and
+no other row may have its bytes (hsextract.output.same_bytes). A sample that fails is listed
+with its reason, in ``.hsextract/collect-failures.jsonl`` too, and the others are collected (exit
+3, as the directory collect's); every host sample is in the collected set, failed, or a duplicate
+of one there, and the collect says so host by host. The collected set's manifest segments carry
+each sample's host and index there, and the copy's ETag.
 
 Like a drain, a collect publishes an epoch segment first (one writer per prefix), and can be killed
 and run again at any instant: samples already named are skipped, a copy made but never named is
-replaced. Collecting again after the hosts wrote more adds what is new. The dataset-level files
-are then rebuilt in a local work directory (the tokens read back with ranged reads, the draft
-vocabulary the hosts' counts summed, hsextract.collect.vocab's rule) and published.
+replaced. Collecting again after the hosts wrote more adds what is new, and tries the failed
+samples again. The dataset-level files are then rebuilt in a local work directory (the tokens
+read back with ranged reads, the draft vocabulary the hosts' counts summed,
+hsextract.collect.vocab's rule) and published.
 
-Verifying every byte is `hsextract finalize --output s3://... --verify`'s work (it reads them):
-the collect itself checks what the server reports (sizes and the manifest lines each object
-carries), so that the sample bytes stay in the server.
+Reading every byte is `hsextract finalize --output s3://... --verify`'s work: the collect checks
+what the server reports, so that the sample bytes stay in the server.
 """
 
 from __future__ import annotations
@@ -30,22 +37,26 @@ import logging
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hsextract.contained import UnsafePath
 from hsextract.errors import ConfigError
-from hsextract.objectstore.committer import META_EPOCH, META_WRITER, entry_of, publish_header, sample_metadata
-from hsextract.objectstore.segments import RUN_KEY, SegmentHead, epoch_head, new_writer_id, publish
-from hsextract.objectstore.store import KeyExists, ObjectStore, StoreError
+from hsextract.formats.sample_check import SampleCheck
+from hsextract.objectstore.collect_copy import BatchCopier, CollectFailure, write_failures
+from hsextract.objectstore.committer import publish_header
+from hsextract.objectstore.segments import RUN_KEY, epoch_head, new_writer_id, publish
+from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.objectstore.verify import BucketSet, orphans, read_bucket_set
+from hsextract.output.collect_reasons import SAME_BYTES
 from hsextract.output.manifest import ManifestEntry, check_header_matches_fields
+from hsextract.output.same_bytes import describe, host_row_name, row_name, same_bytes
 from hsextract.units import seconds
 
 log = logging.getLogger("hsextract.collect")
 
-BATCH = 256  # samples copied in parallel, then named by one segment
+RUN_CHECK_FAILED = 3  # as the directory collect's: a sample failed
 
 
 @dataclass
@@ -62,6 +73,7 @@ class BucketCollect:
     total: int
     collected_now: int
     exit_code: int = 0
+    failed: int = 0
 
 
 def _run_id(store: ObjectStore) -> str:
@@ -107,100 +119,112 @@ def collect_in_place(
     sets = read_hosts(hosts)
     ref = sets[0].found
     assert ref.header is not None
-    fmt = ref.fmt
     before = read_bucket_set(into)
     if before.header is not None:
         check_header_matches_fields(f"the collected set {into.url}", before.header, ref.header)
     have = list(before.published.entries)
-    named = {(e.host, e.host_index) for e in have}
-    seen = {e.dataset_index for e in have}
-    lines: list[str] = []
-    todo: list[tuple[HostSet, ManifestEntry]] = []
-    duplicates = 0
-    every = [(h, e) for h in sets for e in h.found.published.entries]
-    for h, e in sorted(every, key=lambda pair: pair[1].dataset_index):
-        if (h.name, e.output_index) in named:
-            continue
-        if e.dataset_index in seen:
-            duplicates += 1
-            lines.append(
-                f"duplicate: dataset index {e.dataset_index} of host {h.name} is in the set already; not taken twice"
-            )
-            continue
-        seen.add(e.dataset_index)
-        todo.append((h, e))
+    check = SampleCheck(ref.fmt, ref.header)
+    plan = _plan(sets, have, check)
     writer = new_writer_id()
     epoch = before.published.next_segment
     publish(into, epoch_head(writer, epoch), [])
     into.put_bytes(into.url.key(RUN_KEY), json.dumps({"run_id": _run_id(sets[0].store)}).encode(), create_only=False)
     publish_header(into, replace(ref.header, run_id=ref.header.run_id))
-    segment = epoch + 1
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for first in range(0, len(todo), BATCH):
-            batch: list[tuple[HostSet, ManifestEntry, ManifestEntry]] = []
-            for h, e in todo[first : first + BATCH]:
-                idx = len(have) + len(batch)
-                batch.append(
-                    (
-                        h,
-                        e,
-                        replace(
-                            e, output_index=idx, file=fmt.relative_path(idx), host=h.name, host_index=e.output_index
-                        ),
-                    )
-                )
-            list(pool.map(lambda b: _copy(into, b[0], b[1], b[2], writer, epoch), batch))
-            entries = [b[2] for b in batch]
-            publish(
-                into,
-                SegmentHead(segment=segment, kind="samples", writer=writer, epoch=epoch, created_at=time.time()),
-                entries,
-            )
-            segment += 1
-            have.extend(entries)
-    for h in sets:
-        if h.orphans:
-            lines.append(
-                f"orphans: host {h.name} ({h.store.url}) holds {len(h.orphans)} object(s) no manifest "
-                f"segment names (uploads of a drain stopped or fenced before their segment; not collected): "
-                + ", ".join(h.orphans[:5])
-                + (" ..." if len(h.orphans) > 5 else "")
-            )
+    copier = BatchCopier(into, writer, epoch, check, ref.fmt, epoch + 1)
+    failed = plan.failed + copier.run(plan.todo, have, workers)
+    write_failures(work, failed)
     _write_dataset_files(into, work, ref, have, sets, sizes, vocab_size)
+    new = len(have) - len(before.published.entries)
     per_host = {h.name: sum(1 for e in have if e.host == h.name) for h in sets}
-    lines.insert(
-        0,
-        f"collected {len(todo)} new samples into {into.url} in {seconds(time.monotonic() - started)} by "
-        f"server-side copy: {len(have)} in the set ("
+    lines = [
+        f"collected {new} new samples into {into.url} in {seconds(time.monotonic() - started)} by server-side "
+        "copy: "
+        + f"{len(have)} in the set ("
         + ", ".join(f"{n}: {c}" for n, c in per_host.items())
-        + f"); {duplicates} duplicate(s) dropped",
-    )
-    return BucketCollect(lines, len(have), len(todo))
+        + f"); {plan.duplicates} duplicate(s) dropped; {len(failed)} failed",
+        *plan.lines,
+        *[_orphans_line(h) for h in sets if h.orphans],
+        *[f.line() for f in failed],
+        *_accounts(sets, have, failed),
+    ]
+    return BucketCollect(lines, len(have), new, RUN_CHECK_FAILED if failed else 0, len(failed))
 
 
-def _copy(into: ObjectStore, h: HostSet, src: ManifestEntry, new: ManifestEntry, writer: str, epoch: int) -> None:
-    """Server-side copy of one sample to its collected name, then confirmed."""
-    key = into.url.key(new.file)
-    meta = sample_metadata(new, writer, epoch)
+@dataclass
+class _Plan:
+    """What a collect takes: the host rows it copies (host, its store, its row), in dataset-index
+    order; the rows it fails before any copy (their bytes are another row's); the duplicates it drops."""
+
+    todo: list[tuple[str, ObjectStore, ManifestEntry]] = field(default_factory=list)
+    failed: list[CollectFailure] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    duplicates: int = 0
+
+
+def _named_right(check: SampleCheck, e: ManifestEntry) -> bool:
     try:
-        into.copy(h.store.url.key(src.file), key, source=h.store.url, create_only=True, metadata=meta)
-    except KeyExists:
-        info = into.head(key)
-        theirs = entry_of(info.metadata) if info else None
-        if info is not None and info.metadata.get(META_WRITER) == writer and theirs and theirs.rid == new.rid:
-            pass  # our own copy, its answer lost
-        elif info is not None and int(info.metadata.get(META_EPOCH, "-1") or -1) < epoch:
-            into.copy(h.store.url.key(src.file), key, source=h.store.url, create_only=False, metadata=meta)
+        return check.name_problem(e) is None
+    except UnsafePath:
+        return False
+
+
+def _plan(sets: Sequence[HostSet], have: list[ManifestEntry], check: SampleCheck) -> _Plan:
+    named = {(e.host, e.host_index) for e in have}
+    seen = {e.dataset_index for e in have}
+    plan = _Plan()
+    every = [(h, e) for h in sets for e in h.found.published.entries]
+    for h, e in sorted(every, key=lambda pair: pair[1].dataset_index):
+        if (h.name, e.output_index) in named:
+            continue
+        if e.dataset_index in seen:
+            plan.duplicates += 1
+            plan.lines.append(
+                f"duplicate: dataset index {e.dataset_index} of host {h.name} is in the set already; not taken twice"
+            )
+            continue
+        seen.add(e.dataset_index)
+        plan.todo.append((h.name, h.store, e))
+    # Rows whose objects have one checksum: one of them holds another sample's bytes and nothing
+    # tells which, so none of them is collected now (those collected before stay).
+    # A row naming another key than its own fails for that (collect_copy.check_source), and is no
+    # twin of the row whose object it names.
+    named_right = [(n, e) for n, _, e in plan.todo if _named_right(check, e)]
+    names = {id(e): row_name(e) for e in have}
+    names.update({id(e): host_row_name(n, e) for n, e in named_right})
+    twins = same_bytes([*have, *(e for _, e in named_right)])
+    keep = []
+    for n, store, e in plan.todo:
+        if id(e) in twins:
+            detail = describe([names[id(o)] for o in twins[id(e)]], e.checksum)
+            plan.failed.append(CollectFailure(n, e, SAME_BYTES, f"{store.url}/{e.file}: {detail}"))
         else:
-            raise StoreError(f"{into.url}/{new.file} exists and is not an orphan of an earlier writer") from None
-    info = into.head(key)
-    stored = entry_of(info.metadata) if info else None
-    if info is None or info.size != src.bytes or stored is None or stored.checksum != src.checksum:
-        raise StoreError(
-            f"{into.url}/{new.file}: the copy of {h.store.url}/{src.file} holds "
-            f"{info.size if info else 'nothing'}, its manifest line says {src.bytes} bytes"
+            keep.append((n, store, e))
+    plan.todo = keep
+    return plan
+
+
+def _orphans_line(h: HostSet) -> str:
+    return (
+        f"orphans: host {h.name} ({h.store.url}) holds {len(h.orphans)} object(s) no manifest "
+        f"segment names (uploads of a drain stopped or fenced before their segment; not collected): "
+        + ", ".join(h.orphans[:5])
+        + (" ..." if len(h.orphans) > 5 else "")
+    )
+
+
+def _accounts(sets: Sequence[HostSet], have: list[ManifestEntry], failed: list[CollectFailure]) -> list[str]:
+    """Each host's samples: in the collected set, failed, or a duplicate of one there (they add up)."""
+    out = []
+    for h in sets:
+        total = len(h.found.published.entries)
+        collected = sum(1 for e in have if e.host == h.name)
+        bad = sum(1 for f in failed if f.host == h.name)
+        out.append(
+            f"host {h.name}: {total} in its set = {collected} in the collected set + {bad} failed + "
+            f"{total - collected - bad} duplicate(s) of samples there"
         )
+    return out
 
 
 def _write_dataset_files(

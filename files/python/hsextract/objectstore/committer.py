@@ -8,7 +8,8 @@ renames the file into place and appends the manifest line. For a bucket, this on
    (one PUT, or multipart for large ones), created with ``If-None-Match: *`` and carrying its
    manifest line, its writer and its writer's epoch as metadata; several uploads run at once;
 2. confirms the object: its size and recorded checksum, as the server reports them (the body's
-   CRC32 went with every PUT and part, and the server checked it);
+   CRC32 went with every PUT and part, and the server checked it), and records its ETag in the
+   sample's manifest line, so a reader tells an object replaced since (hsextract.objectstore.object_check);
 3. publishes the samples whose objects are confirmed, as a contiguous run of output indices, in
    one manifest segment (hsextract.objectstore.segments), created with ``If-None-Match: *``;
 4. only then appends the lines to the work directory's copy of the manifest, deletes the
@@ -234,6 +235,7 @@ class ObjectCommitter(Committer):
         self.store.put_file(key, p.tmp, p.nbytes, create_only=False, metadata=meta, part_pool=self._parts)
 
     def _confirm(self, key: str, entry: ManifestEntry) -> None:
+        """The object as the server reports it is the sample's; its ETag goes into the sample's line."""
         info = self.store.head(key)
         if info is None:
             raise StoreError(f"{self.store.url}/{entry.file}: uploaded, then not found")
@@ -244,6 +246,7 @@ class ObjectCommitter(Committer):
                 f"{'' if stored is None else ' with checksum ' + stored.checksum}, the sample is "
                 f"{entry.bytes} bytes with checksum {entry.checksum}"
             )
+        entry.etag = info.etag
 
     # --- publishing ----------------------------------------------------------------------------
 

@@ -1,9 +1,12 @@
 """The bucket as the drain's target (hsextract.output.target): its start, its committer, its token
 reader, its publish, its status; and `open_target`, the one place that picks a drain's target.
 
-The drain core (hsextract.drain.core) holds one target and never asks which kind it is: it asks
-it for a committer, for a token reader for the dataset-level files and the draft vocabulary, to
-publish the dataset-level files once written, and for a status to show.
+The drain core (hsextract.drain.core) holds one target and never asks which kind it is. A bucket's
+is opened first (`BucketTarget.open`: the server checked, the work directory made the bucket's,
+no one fenced); the drain runs its own start checks, then takes the prefix over (`take_over`: the
+epoch) just before its committer starts; it asks it for a committer, for a token reader for the
+dataset-level files and the draft vocabulary, to publish the dataset-level files once written,
+and for a status to show.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from hsextract.formats.base import OutputFormat
 from hsextract.objectstore.committer import ObjectCommitter
 from hsextract.objectstore.mirror import publish_dataset_files
-from hsextract.objectstore.output import DrainStart, ObjectOutput, start_drain
+from hsextract.objectstore.output import DrainStart, ObjectOutput, open_drain, take_over
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.output.committer import CommitEvents
@@ -27,10 +30,10 @@ from hsextract.output.target import DirectoryTarget, OutputTarget
 
 
 def open_target(cfg: Any, fmt: OutputFormat, stop: threading.Event) -> OutputTarget:
-    """The drain's target: its settings' bucket (``--output s3://...``), taken over now, or the
-    output directory itself."""
+    """The drain's target: its settings' bucket (``--output s3://...``), opened (`take_over` comes
+    once the drain's start checks passed), or the output directory itself."""
     if cfg.object_store is not None:
-        return BucketTarget.start(cfg, fmt, stop)
+        return BucketTarget.open(cfg, fmt, stop)
     return DirectoryTarget()
 
 
@@ -49,15 +52,24 @@ class BucketTarget:
         self._committer: ObjectCommitter | None = None
 
     @classmethod
-    def start(cls, cfg: Any, fmt: OutputFormat, stop: threading.Event) -> BucketTarget:
-        """Check the server and take the prefix over (hsextract.objectstore.output.start_drain)."""
+    def open(cls, cfg: Any, fmt: OutputFormat, stop: threading.Event) -> BucketTarget:
+        """Check the server and make the work directory the bucket's, fencing no one
+        (hsextract.objectstore.output.open_drain); `take_over` fences the earlier writers."""
         target: ObjectOutput = cfg.object_store
         work = Path(cfg.output)
         store = ObjectStore(
             target.url, target.settings, stop=stop, pool=target.uploads * 2 + 8, part_size=target.part_size
         )
-        started = start_drain(store, work, load_or_create_run_id(work), target)
+        started = open_drain(store, work, load_or_create_run_id(work), target)
         return cls(target, store, started, fmt, work)
+
+    def take_over(self) -> None:
+        """Publish this drain's epoch (every start check has passed) and hand the committer its
+        writer id, epoch and next segment number; SegmentTaken if another drain published since."""
+        self.started = take_over(self.store, self.started)
+        if self._committer is not None:
+            s = self._committer
+            s.writer, s.epoch, s.next_segment = self.started.writer, self.started.epoch, self.started.next_segment
 
     def committer(
         self,

@@ -11,7 +11,8 @@ what changed.
 
 What is published beside them: the client's summary, rejects and failures, the dataset record
 and the vocabulary checkpoint (``.hsextract/``), so `hsextract collect` can do a bucket's
-accounts and merge its vocabulary without the host.
+accounts and merge its vocabulary without the host; and, of a collected set, the samples its
+collect failed (``collect-failures.jsonl``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hsextract.durable import atomic_write_bytes
 from hsextract.objectstore.store import ObjectStore
 from hsextract.output.layout import (
     CLIENT_SUMMARY,
+    COLLECT_FAILURES,
     DATASET_RECORD,
     FAILURES,
     FINALIZED,
@@ -66,7 +68,7 @@ def dataset_files(work: Path) -> list[str]:
             if name.startswith("."):
                 continue
             out.append(rel)
-    keep = {FINALIZED, DATASET_RECORD, VOCAB_CHECKPOINT}
+    keep = {FINALIZED, DATASET_RECORD, VOCAB_CHECKPOINT, COLLECT_FAILURES}
     for name in sorted(os.listdir(state_dir(work))) if state_dir(work).is_dir() else []:
         if name in keep or any(client_file_shard(name, b) for b in (CLIENT_SUMMARY, REJECTS, FAILURES)):
             out.append(f"{STATE_DIR}/{name}")

@@ -9,11 +9,13 @@ unchanged; the samples and the dataset-level files go to the bucket. The work di
 which bucket it belongs to (``.hsextract/objectstore.json``: the URL, endpoint, region and
 credentials file's path, never a secret), so `status` and ``finalize --verify`` find the set.
 
-At a drain's start (`start_drain`), before anything of a sample is sent: the server is checked
+At a drain's start, before anything of a sample is sent (`open_drain`): the server is checked
 (hsextract.objectstore.check: S3, the bucket, the credentials, conditional writes), the run's
 identity is created in the bucket or must match the work directory's, the manifest's segments
 are read back and the work directory's copy of the manifest is made equal to them (the bucket
-is the truth), and the drain publishes its epoch segment, which fences every earlier writer.
+is the truth). Then the drain's own start checks run on the work directory, and only once they
+all passed does the drain publish its epoch segment (`take_over`), which fences every earlier
+writer: a drain refused at start (another format, say) leaves the one at work untouched.
 """
 
 from __future__ import annotations
@@ -66,12 +68,13 @@ class ObjectOutput:
 
 @dataclass
 class DrainStart:
-    """What a drain's start on a bucket established."""
+    """What a drain's start on a bucket established: the set as the bucket holds it, then (once the
+    drain's own start checks passed, `take_over`) its writer id and epoch."""
 
-    writer: str
-    epoch: int
-    next_segment: int
     entries: list[ManifestEntry]
+    next_segment: int  # the number the epoch segment takes
+    writer: str = ""
+    epoch: int = -1
 
 
 def resolve_output(value: str | Path, args: object | None = None) -> tuple[Path, ObjectOutput | None]:
@@ -109,9 +112,12 @@ def recorded_target(work: Path) -> ObjectOutput | None:
     )
 
 
-def start_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutput) -> DrainStart:
-    """Check the server, bring the work directory in line with the bucket, and take the prefix
-    over (the epoch segment). SegmentTaken if another drain published meanwhile."""
+def open_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutput) -> DrainStart:
+    """Check the server and bring the work directory in line with the bucket, fencing no one (what
+    it writes there is the canary, and the run's identity on a new prefix): the drain's own start
+    checks (its configuration against the header, the staging directory) run on the work directory
+    after this, and only then does `take_over` fence the prefix's earlier writers. A drain refused
+    at start must not stop the one at work there."""
     from hsextract.objectstore.check import check_store
 
     check_store(store)
@@ -120,8 +126,15 @@ def start_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutpu
     published = read_published(store)
     _sync_header(store, work, bool(published.entries))
     _sync_manifest(work, published.entries, store)
+    return DrainStart(published.entries, published.next_segment)
+
+
+def take_over(store: ObjectStore, start: DrainStart) -> DrainStart:
+    """Publish the drain's epoch segment, which fences every earlier writer of the prefix, and
+    abort the multipart uploads they left. SegmentTaken if another drain published since the
+    bucket was read (`open_drain`)."""
     writer = new_writer_id()
-    epoch = published.next_segment
+    epoch = start.next_segment
     try:
         publish(store, epoch_head(writer, epoch), [])
     except SegmentTaken as exc:
@@ -129,13 +142,13 @@ def start_drain(store: ObjectStore, work: Path, run_id: str, target: ObjectOutpu
     log.info(
         "%s: %d samples in %d manifest segments; this drain is writer %s, epoch %d",
         store.url,
-        len(published.entries),
-        published.next_segment,
+        len(start.entries),
+        epoch,
         writer,
         epoch,
     )
     abort_fenced_uploads(store, epoch)
-    return DrainStart(writer, epoch, epoch + 1, published.entries)
+    return DrainStart(start.entries, epoch + 1, writer, epoch)
 
 
 def sync_work_dir(store: ObjectStore, work: Path, published: Published) -> None:

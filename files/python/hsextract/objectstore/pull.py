@@ -1,14 +1,16 @@
-"""``hsextract pull s3://bucket/prefix DIR``: a set (or a slice of it) from a bucket into a
-directory each trainer's reader loads as it loads a local set.
+"""``hsextract pull s3://bucket/prefix DIR``: a set (or a slice of it) from a bucket into a directory
+each trainer's reader loads as it loads a local set.
 
 Every sample object the manifest's segments name is downloaded in parallel into a temporary name,
 hashed as it streams in, compared with its manifest line (size and checksum), then renamed into
-place; what was verified is recorded (``.hsextract/pulled.jsonl``), so an interrupted pull
-resumes with the samples it lacks. A slice (``--samples A:B``, output indices) is renumbered from
-0, as a trainer's reader wants its files; the bytes of each file are unchanged, so its checksum
-still holds. The manifest (``manifest.json``, ``manifest.jsonl``) is written for the samples
-pulled, and the dataset-level files are the bucket's when the whole set is pulled and the
-bucket's cover it, else rebuilt here from the pulled files, as ``hsextract finalize`` would.
+place; what was verified is recorded (``.hsextract/pulled.jsonl``), so an interrupted pull resumes
+with the samples it lacks. The destination's bookkeeping is written only into a ``.hsextract`` the
+pull made, never through a link (hsextract.objectstore.pull_dest). A slice (``--samples A:B``,
+output indices) is renumbered from 0, as a trainer's reader wants its files; the bytes of each file
+are unchanged, so its checksum still holds. The manifest (``manifest.json``, ``manifest.jsonl``) is
+written for the samples pulled, and the dataset-level files are the bucket's when the whole set is
+pulled and the bucket's cover it, else rebuilt here from the pulled files, as ``hsextract finalize``
+would.
 """
 
 from __future__ import annotations
@@ -26,28 +28,26 @@ from dataclasses import replace
 from pathlib import Path
 
 from hsextract.config_file import add_config_argument
-from hsextract.durable import atomic_write_bytes, fsync_dir
+from hsextract.durable import atomic_write_bytes, fsync_dir, is_no_space
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.objectstore.pull_dest import append_journal, claim, journal_text, tmp_dir
 from hsextract.objectstore.settings import add_store_arguments, settings_from_args
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.url import parse_object_url
 from hsextract.objectstore.verify import read_bucket_set
-from hsextract.output.layout import FINALIZED, STATE_DIR, VOCAB_CHECKPOINT, state_dir
+from hsextract.output.layout import FINALIZED, STATE_DIR, VOCAB_CHECKPOINT
 from hsextract.output.manifest import ManifestEntry, entries_path, write_header
 from hsextract.units import size
 
 log = logging.getLogger("hsextract.pull")
 
-PULLED = "pulled.jsonl"
-PULL_SOURCE = "pull.json"
-PULL_TMP = "pull-tmp"
 # Of the bucket's bookkeeping, what a pulled set keeps: what its dataset-level files cover, and the
 # draft vocabulary's counts (hsextract finalize --verify checks them against the files).
 KEEP_STATE = (f"{STATE_DIR}/{FINALIZED}", f"{STATE_DIR}/{VOCAB_CHECKPOINT}")
 
 
 class PullError(HsextractError):
-    """An object did not match its manifest line."""
+    """An object did not match its manifest line, or the destination's volume is full."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,17 +94,19 @@ def pull(store: ObjectStore, dest: Path, samples: str | None = None, parallel: i
         raise ConfigError(f"{store.url}: no manifest.json: nothing was drained into this prefix yet")
     everything = found.published.entries
     first, last = parse_slice(samples, len(everything))
-    chosen = [replace(e, output_index=i, file=found.fmt.relative_path(i)) for i, e in enumerate(everything[first:last])]
+    chosen = [
+        replace(e, output_index=i, file=found.fmt.relative_path(i), etag="")  # an ETag is the bucket's, not a file's
+        for i, e in enumerate(everything[first:last])
+    ]
     source = {"source": str(store.url), "samples": [first, last], "segments": len(found.published.heads)}
-    _claim(dest, source)
+    claim(dest, source)
     done = _verified(dest)
     todo = [
         (src, e)
         for src, e in zip(everything[first:last], chosen, strict=True)
         if done.get(e.file) != e.checksum or not _whole(dest / e.file, e)
     ]
-    tmp = state_dir(dest) / PULL_TMP
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_dir(dest)
     record_lock = threading.Lock()
 
     def fetch(pair: tuple[ManifestEntry, ManifestEntry]) -> None:
@@ -123,12 +125,20 @@ def pull(store: ObjectStore, dest: Path, samples: str | None = None, parallel: i
         final = dest / e.file
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, final)
-        with record_lock, open(state_dir(dest) / PULLED, "a") as f:
-            f.write(json.dumps({"file": e.file, "checksum": e.checksum}) + "\n")
+        with record_lock:
+            append_journal(dest, json.dumps({"file": e.file, "checksum": e.checksum}) + "\n")
 
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        list(pool.map(fetch, todo))
+    try:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            list(pool.map(fetch, todo))
+    except OSError as exc:
+        if not is_no_space(exc):
+            raise
+        raise PullError(
+            f"{exc.filename or dest}: {exc.strerror or exc}: the volume of {dest} is full. What was pulled and "
+            "verified is kept; make room and run the same pull again: it resumes with the samples it lacks"
+        ) from None
     for d in {(dest / e.file).parent for e in chosen}:
         fsync_dir(d)
     log.info("downloaded %d objects in %.1f s", len(todo), time.monotonic() - started)
@@ -139,33 +149,9 @@ def pull(store: ObjectStore, dest: Path, samples: str | None = None, parallel: i
     return len(chosen), sum(e.bytes for e in chosen), len(todo)
 
 
-def _claim(dest: Path, source: dict) -> None:
-    """`dest` is new, or an earlier pull of the same source and slice (which this one resumes)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    path = state_dir(dest) / PULL_SOURCE
-    try:
-        before = json.loads(path.read_text())
-    except FileNotFoundError:
-        if any(p.name != STATE_DIR for p in dest.iterdir()):
-            raise ConfigError(f"{dest} is not empty and holds no pull: pull into a new directory") from None
-        state_dir(dest).mkdir(exist_ok=True)
-        atomic_write_bytes(path, json.dumps(source).encode())
-        return
-    if (before.get("source"), before.get("samples")) != (source["source"], source["samples"]):
-        raise ConfigError(
-            f"{dest} holds a pull of {before.get('source')} samples {before.get('samples')}: resume it "
-            "with the same source and --samples, or pull into a new directory"
-        )
-    atomic_write_bytes(path, json.dumps(source).encode())
-
-
 def _verified(dest: Path) -> dict[str, str]:
     out: dict[str, str] = {}
-    try:
-        lines = (state_dir(dest) / PULLED).read_text().splitlines()
-    except FileNotFoundError:
-        return out
-    for line in lines:
+    for line in journal_text(dest).splitlines():
         with contextlib.suppress(ValueError, KeyError):
             row = json.loads(line)
             out[row["file"]] = row["checksum"]

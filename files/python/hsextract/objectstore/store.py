@@ -25,10 +25,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hsextract.errors import HsextractError
+from hsextract.objectstore import multipart
+from hsextract.objectstore.local_files import stream_into
 from hsextract.objectstore.settings import StoreSettings
+from hsextract.objectstore.store_errors import (
+    KeyExists,
+    ObjectMissing,
+    Refused412,
+    SourceChanged,
+    Stopped,
+    StoreError,
+    Unreachable,
+    UploadAborted,
+    code_of,
+    describe_refusal,
+    status_of,
+)
 from hsextract.objectstore.url import ObjectURL
-from hsextract.output.target import TargetUnreachable
+
+__all__ = [  # the error vocabulary is hsextract.objectstore.store_errors'; callers take it from here too
+    "KeyExists",
+    "ObjectInfo",
+    "ObjectMissing",
+    "ObjectStore",
+    "SourceChanged",
+    "Stopped",
+    "StoreError",
+    "Unreachable",
+    "UploadAborted",
+    "code_of",
+    "describe_refusal",
+    "status_of",
+]
 
 log = logging.getLogger("hsextract.objectstore")
 
@@ -39,26 +67,6 @@ PART_SIZE = 32 << 20
 MIN_PART_SIZE = 5 << 20
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 20.0
-
-
-class StoreError(HsextractError):
-    """The object store refused or failed a request in a way waiting will not fix."""
-
-
-class KeyExists(StoreError):
-    """A create with If-None-Match met a key that exists."""
-
-
-class UploadAborted(StoreError):
-    """A multipart upload was aborted under this writer (by a newer writer that fenced it)."""
-
-
-class Stopped(TargetUnreachable):
-    """The caller was stopped while the server was unreachable."""
-
-
-class Unreachable(Stopped):
-    """The server does not answer, and the caller would rather come back later than wait."""
 
 
 @dataclass
@@ -92,19 +100,6 @@ def make_client(settings: StoreSettings, pool: int = 32) -> Any:
         response_checksum_validation="when_supported",
     )
     return boto3.session.Session().client("s3", config=cfg, **settings.client_kwargs())
-
-
-def status_of(exc: BaseException) -> int:
-    """The HTTP status of a botocore ClientError (0 for anything else)."""
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return 0
-    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-
-
-def code_of(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -253,21 +248,13 @@ class ObjectStore:
         return self._checked(f"GET {key}", call)
 
     def download(self, key: str, dest: Path, algorithm: str = "", chunk: int = 8 << 20) -> tuple[int, str]:
-        """The object into `dest` (created or truncated), hashed on the way with `algorithm` (the
-        manifest's); (byte count, "<algorithm>:<hex>" or "")."""
-        from hsextract.output.manifest import new_hasher
+        """The object into `dest` (created or truncated, never through a link: `new_file`), hashed
+        on the way with `algorithm` (the manifest's); (byte count, "<algorithm>:<hex>" or ""). A
+        write that fails (a full volume) raises an OSError naming `dest`."""
 
         def call() -> tuple[int, str]:
             r = self.client.get_object(Bucket=self.url.bucket, Key=key)
-            n = 0
-            h = new_hasher(algorithm) if algorithm else None
-            with open(dest, "wb") as f:
-                for piece in r["Body"].iter_chunks(chunk):
-                    f.write(piece)
-                    if h is not None:
-                        h.update(piece)
-                    n += len(piece)
-            return n, f"{algorithm}:{h.hexdigest()}" if h is not None else ""
+            return stream_into(r["Body"], dest, algorithm, chunk)  # the server's faults raised as they come
 
         return self._checked(f"GET {key}", call)
 
@@ -317,60 +304,18 @@ class ObjectStore:
                     return self.client.put_object(**kw)
 
             return str(self._checked(f"PUT {key}", single, create=create_only).get("ETag", ""))
-        return self._put_multipart(key, path, size, create_only, metadata or {}, part_pool)
-
-    def _put_multipart(
-        self, key: str, path: Path, size: int, create_only: bool, metadata: dict[str, str], part_pool: Any
-    ) -> str:
-        bucket = self.url.bucket
-        upload = self._checked(
-            f"start the multipart upload of {key}",
-            lambda: self.client.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata),
-        )["UploadId"]
-        try:
-            step = self.part_size
-            ranges = [(n + 1, off, min(step, size - off)) for n, off in enumerate(range(0, size, step))]
-
-            def part(spec: tuple[int, int, int]) -> dict[str, Any]:
-                number, off, length = spec
-                with open(path, "rb") as f:
-                    f.seek(off)
-                    data = f.read(length)
-                r = self._checked(
-                    f"part {number} of {key}",
-                    lambda: self.client.upload_part(
-                        Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=data
-                    ),
-                )
-                done = {"PartNumber": number, "ETag": r["ETag"]}
-                if r.get("ChecksumCRC32"):
-                    done["ChecksumCRC32"] = r["ChecksumCRC32"]
-                return done
-
-            parts = list(part_pool.map(part, ranges)) if part_pool is not None else [part(r) for r in ranges]
-            kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "UploadId": upload, "MultipartUpload": {"Parts": parts}}
-            if create_only:
-                kw["IfNoneMatch"] = "*"
-            r = self._checked(
-                f"complete the multipart upload of {key}",
-                lambda: self.client.complete_multipart_upload(**kw),
-                create=create_only,
-            )
-        except BaseException:
-            self._abort(key, upload)
-            raise
-        return str(r.get("ETag", ""))
-
-    def _abort(self, key: str, upload: str) -> None:
-        try:
-            self.client.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload)
-        except Exception as exc:  # the server may be down: the upload lingers, never an object
-            log.warning(
-                "could not abort the multipart upload of %s (%s); an incomplete upload is never an object, "
-                "and a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes it",
-                key,
-                type(exc).__name__,
-            )
+        return multipart.put_in_parts(
+            self.client,
+            self.url,
+            key,
+            path,
+            size,
+            self.part_size,
+            create_only,
+            metadata or {},
+            part_pool,
+            self._checked,
+        )
 
     def copy(
         self,
@@ -380,8 +325,11 @@ class ObjectStore:
         source: ObjectURL | None = None,
         create_only: bool = True,
         metadata: dict[str, str] | None = None,
+        source_etag: str = "",
     ) -> str:
-        """A server-side copy (no byte passes through this process); its ETag."""
+        """A server-side copy (no byte passes through this process); its ETag. With `source_etag`,
+        made only while the source has that ETag (`SourceChanged` otherwise); `ObjectMissing`
+        when there is no source; `KeyExists` when `create_only` meets an object at `key`."""
         src = source or self.url
         kw: dict[str, Any] = {
             "Bucket": self.url.bucket,
@@ -393,7 +341,17 @@ class ObjectStore:
             kw["MetadataDirective"] = "REPLACE"
         if create_only:
             kw["IfNoneMatch"] = "*"
-        r = self._checked(f"copy {source_key} to {key}", lambda: self.client.copy_object(**kw), create=create_only)
+        if source_etag:
+            kw["CopySourceIfMatch"] = source_etag
+        what = f"copy {source_key} to {key}"
+        try:
+            r = self._checked(what, lambda: self.client.copy_object(**kw), create=create_only)
+        except KeyExists:  # a 412: the key exists, or (nothing there) the source changed
+            if source_etag and self.head(key) is None:
+                raise SourceChanged(f"{self.url}: {what}: the source is no longer what was checked") from None
+            raise
+        except Refused412:  # not a create: only the source's condition can fail
+            raise SourceChanged(f"{self.url}: {what}: the source is no longer what was checked") from None
         return str(r.get("CopyObjectResult", {}).get("ETag", ""))
 
     def delete(self, key: str) -> None:
@@ -423,24 +381,10 @@ class ObjectStore:
     def incomplete_uploads(self) -> list[tuple[str, str, float]]:
         """(key, upload id, when the server began it) of the multipart uploads under the prefix that
         were never completed nor aborted."""
-        full = self.url.prefix + "/" if self.url.prefix else ""
-        out: list[tuple[str, str, float]] = []
-        marker: dict[str, Any] = {}
-        while True:
-            r: dict[str, Any] = self._checked(
-                "LIST uploads",
-                functools.partial(self.client.list_multipart_uploads, Bucket=self.url.bucket, Prefix=full, **marker),
-            )
-            out += [
-                (u["Key"], u["UploadId"], u["Initiated"].timestamp() if u.get("Initiated") else 0.0)
-                for u in r.get("Uploads") or []
-            ]
-            if not r.get("IsTruncated"):
-                return out
-            marker = {"KeyMarker": r.get("NextKeyMarker", ""), "UploadIdMarker": r.get("NextUploadIdMarker", "")}
+        return multipart.incomplete(self.client, self.url, self._checked)
 
     def abort_upload(self, key: str, upload: str) -> None:
-        self._abort(key, upload)
+        multipart.abort(self.client, self.url, key, upload)
 
     # --- errors -------------------------------------------------------------------------------
 
@@ -454,6 +398,10 @@ class ObjectStore:
             refused = status_of(exc) == 412 or code_of(exc) in ("PreconditionFailed", "ConditionalRequestConflict")
             if create and refused:
                 raise KeyExists(f"{self.url.bucket}/{what.split(' ', 1)[-1]}: exists") from None
+            if refused:
+                raise Refused412(describe_refusal(exc, self.url, what)) from None
+            if code_of(exc) == "NoSuchKey":
+                raise ObjectMissing(describe_refusal(exc, self.url, what)) from None
             if code_of(exc) == "NoSuchUpload":
                 raise UploadAborted(f"{self.url}: {what}: the upload was aborted meanwhile") from None
             raise StoreError(describe_refusal(exc, self.url, what)) from None
@@ -464,17 +412,3 @@ class ObjectStore:
             ) from None
         except errors.BotoCoreError as exc:
             raise StoreError(f"{self.url}: {what}: {type(exc).__name__}: {exc}") from None
-
-
-def describe_refusal(exc: BaseException, url: ObjectURL, what: str) -> str:
-    """A refusal as a sentence a user can act on (the server's code, never a credential)."""
-    status, code = status_of(exc), code_of(exc)
-    if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return (
-            f"{url}: the server refused the credentials ({code or status} on {what}): check the access key and "
-            "secret (--s3-credentials, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and that they may write "
-            "the bucket"
-        )
-    if code == "NoSuchBucket" or (status == 404 and what.startswith(("HEAD bucket", "LIST"))):
-        return f"{url}: the bucket {url.bucket!r} does not exist on this server: create it, or check --output"
-    return f"{url}: {what}: the server answered {status} {code}: {str(exc)[:300]}"

@@ -1,9 +1,12 @@
 """``hsextract finalize --output s3://... [--verify]``: a bucket's set written or checked as a
 directory's is.
 
-`verify_bucket` re-reads every object the manifest's segments name (its size, then its bytes
-hashed as they stream in, in parallel) against its manifest line, recounts the draft
-vocabulary's tokens from the objects against the published counts, and lists the *orphans*:
+`verify_bucket` re-reads every object the manifest's segments name (its name, what the server
+reports of it: hsextract.objectstore.object_check, then its bytes hashed as they stream in and
+its contents: hsextract.formats.sample_check, in parallel) against its manifest line, flags rows
+whose objects have the same bytes (hsextract.output.same_bytes), recounts the draft
+vocabulary's tokens from the objects against the published counts (only once every sample
+passed, as for a directory), and lists the *orphans*:
 objects shaped like samples that no segment names (an upload of a drain killed before its
 segment, or of a fenced drain). Orphans are not part of the set and not a failure; they are told,
 so ``collect`` and an operator know of them. It writes nothing.
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hsextract.formats.sample_check import SampleCheck
+from hsextract.objectstore.object_check import object_problem as reported_problem
 from hsextract.objectstore.segments import HEADER_KEY, SEGMENTS_DIR, Published, read_published
 from hsextract.objectstore.store import ObjectStore
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
@@ -57,34 +62,51 @@ def orphans(store: ObjectStore, fmt: Any, entries: Sequence[ManifestEntry]) -> l
     return found
 
 
-def object_problem(store: ObjectStore, entry: ManifestEntry, tmp_dir: Path) -> str | None:
-    """None if the object has the entry's size and checksum, else what is wrong."""
+def object_problem(
+    store: ObjectStore, entry: ManifestEntry, tmp_dir: Path, check: SampleCheck | None = None
+) -> str | None:
+    """None if the object is the entry's sample, else what is wrong: its name, what the server
+    reports of it (hsextract.objectstore.object_check), then its bytes (size and checksum) and,
+    with `check`, its contents (token count, shapes, fingerprint: hsextract.formats.sample_check)."""
     key = store.url.key(entry.file)
-    info = store.head(key)
     where = f"{store.url}/{entry.file}"
-    if info is None:
-        return f"{where}: missing"
-    if info.size != entry.bytes:
-        return f"{where}: {info.size} bytes, manifest says {entry.bytes}"
+    if check is not None:
+        named = check.name_problem(entry)
+        if named:
+            return named
+    reported = reported_problem(store.head(key), entry, where)
+    if reported is not None:
+        return reported.detail
     algorithm = entry.checksum.split(":", 1)[0]
     with tempfile.NamedTemporaryFile(dir=tmp_dir) as f:
         n, checksum = store.download(key, Path(f.name), algorithm)
-    if n != entry.bytes or checksum != entry.checksum:
-        return f"{where}: checksum {checksum}, manifest says {entry.checksum}"
+        if n != entry.bytes or checksum != entry.checksum:
+            return f"{where}: checksum {checksum}, manifest says {entry.checksum}"
+        if check is not None:
+            wrong = check.content_problem(Path(f.name), entry)
+            if wrong:
+                return f"{where}: {wrong}"
     return None
 
 
 def verify_bucket(store: ObjectStore, sizes: Sequence[int], check_vocab: bool, threads: int = 8) -> int:
     """Print a BAD line per problem and the orphans; 1 if any problem was found, else 0."""
+    from hsextract.output.same_bytes import describe, row_name, same_bytes
+
     found = read_bucket_set(store)
     if found.header is None:
         print(f"BAD {store.url}: no manifest.json; nothing was drained into this prefix yet")
         return 1
     entries = found.published.entries
+    sample_check = SampleCheck(found.fmt, found.header)
+    twins = same_bytes(e for e in entries if e.file == found.fmt.relative_path(e.output_index))
     with tempfile.TemporaryDirectory() as tmp:
 
         def check(e: ManifestEntry) -> tuple[ManifestEntry, str | None]:
-            return e, object_problem(store, e, Path(tmp))
+            problem = object_problem(store, e, Path(tmp), sample_check)
+            if problem is None and id(e) in twins:
+                problem = describe([row_name(o) for o in twins[id(e)]], e.checksum)
+            return e, problem
 
         with ThreadPoolExecutor(max_workers=threads) as pool:
             results = list(pool.map(check, entries))
@@ -95,7 +117,7 @@ def verify_bucket(store: ObjectStore, sizes: Sequence[int], check_vocab: bool, t
                 print(f"BAD {e.output_index} ({e.rid}): {problem}")
         print(
             f"verified {len(entries) - bad}/{len(entries)} samples in {len(found.published.heads)} manifest "
-            f"segments of {store.url}"
+            f"segments of {store.url} (name, what the server reports, size, checksum, shapes, fingerprint)"
         )
         lost = orphans(store, found.fmt, entries)
         if lost:
@@ -103,7 +125,12 @@ def verify_bucket(store: ObjectStore, sizes: Sequence[int], check_vocab: bool, t
                 f"orphans: {len(lost)} object(s) no manifest segment names (uploads of a drain stopped or fenced "
                 f"before their segment; not part of the set): {', '.join(lost[:5])}" + (" ..." if len(lost) > 5 else "")
             )
-        if check_vocab:
+        if check_vocab and bad:
+            print(
+                f"draft vocabulary: not checked, {bad} sample object(s) are BAD: put them right (or their lines) "
+                "and verify again"
+            )
+        elif check_vocab:
             bad += _verify_vocab(store, found, sizes, Path(tmp))
     print(f"{store.url}: checked, nothing written")
     return 1 if bad else 0

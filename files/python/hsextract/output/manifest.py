@@ -95,11 +95,17 @@ class ManifestEntry:
     # output index there. A drain's own manifest leaves them out of its lines (`to_line`).
     host: str = ""
     host_index: int = -1
+    # In a bucket's set (hsextract.objectstore): the object's ETag as the server reported it when the
+    # sample was confirmed, so a later reader tells an object replaced since by its ETag alone. A
+    # directory's manifest leaves it out of its lines.
+    etag: str = ""
 
     def to_line(self) -> builtins.bytes:  # `bytes` alone is the field above
         data = asdict(self)
         if not self.host:
             del data["host"], data["host_index"]
+        if not self.etag:
+            del data["etag"]
         return (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
     @classmethod

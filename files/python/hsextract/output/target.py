@@ -2,6 +2,7 @@
 
 The drain (hsextract.drain.core) holds one `OutputTarget` and never asks which kind it is. A target
 
+* is taken over as the last step of the drain's start (a bucket's fences its earlier writers);
 * gives the drain its committer (hsextract.output.committer): prepared samples become the set's,
   in output-index order, and only then are their staged dumps deleted;
 * says whether a prepared sample's temporary file must be durable: in a directory it becomes the
@@ -61,6 +62,11 @@ class OutputTarget(Protocol):
         """The committer of the drain's samples, starting from the manifest's `entries`."""
         ...
 
+    def take_over(self) -> None:
+        """The last step of the drain's start, once every check that can refuse it passed: a
+        bucket's fences the prefix's earlier writers."""
+        ...
+
     def publish_dataset_files(self, work: Path) -> None:
         """Publish the dataset-level files the drain wrote into `work`; TargetUnreachable to come back later."""
         ...
@@ -87,6 +93,9 @@ class DirectoryTarget:
         events: CommitEvents,
     ) -> Committer:
         return Committer(out, relative_path, tmp_dir, dump_dir, entries, events)
+
+    def take_over(self) -> None:
+        """The drain's lock on the directory (hsextract.output.lock) is the only fence it needs."""
 
     def publish_dataset_files(self, work: Path) -> None:
         """They are written in place."""

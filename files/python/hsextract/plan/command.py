@@ -30,7 +30,6 @@ from hsextract.formats import DEFAULT_FORMAT
 from hsextract.objectstore.output import resolve_output
 from hsextract.options import add_options, missing_options, options_from
 from hsextract.output.layout import plan_path
-from hsextract.plan.render import render
 from hsextract.plan.report import (
     FormatBytes,
     ModelLayout,
@@ -42,6 +41,7 @@ from hsextract.plan.report import (
     VolumeRoom,
 )
 from hsextract.plan.settings import PlanSettings
+from hsextract.plan.text import render
 from hsextract.staging.room import aux_count
 from hsextract.units import binary_size
 
@@ -211,29 +211,32 @@ def _staging_room(args: PlanSettings, layout: ModelLayout, res: ScanResult) -> S
 
     longest = max(res.lengths, default=1)
     per_request = min(res.max_tokens or longest, longest)
-    requests = max(int(args.max_in_flight), int(args.max_staged or 0))
+    # No more requests are staged at once than there are samples left to send; none, nothing is.
+    left = res.samples - res.already_written
+    requests = min(max(int(args.max_in_flight), int(args.max_staged or 0)), max(left, 0))
     probe = _existing(args.dump_dir)
     st = os.statvfs(probe)
     need = estimate_need(
         hidden_size=layout.hidden_size,
         aux_layers=layout.num_aux,
-        requests_in_flight=requests,
+        requests_in_flight=max(requests, 1),
         tokens_per_request=per_request,
         watermark_bytes=parse_size(args.shm_min_free, st.f_blocks * st.f_frsize),
         dtype=layout.dtype,
     )
     shm_free = st.f_bavail * st.f_frsize
+    need_bytes = need.need_bytes if requests else 0
     return StagingRoom(
         path=str(args.dump_dir),
         mount=mount_point(probe),
         free_bytes=shm_free,
-        need_bytes=need.need_bytes,
-        ok=shm_free >= need.need_bytes,
+        need_bytes=need_bytes,
+        ok=shm_free >= need_bytes,
         requests=requests,
-        tokens_per_request=per_request,
+        tokens_per_request=per_request if requests else 0,
         bytes_per_token=need.bytes_per_token,
-        estimate_bytes=need.estimate_bytes,
-        watermark_bytes=need.watermark_bytes,
+        estimate_bytes=need.estimate_bytes if requests else 0,
+        watermark_bytes=need.watermark_bytes if requests else 0,
     )
 
 

@@ -1,7 +1,7 @@
 """The plan's report, typed: what ``hsextract plan`` prints and keeps as ``plan.json``.
 
 One record (`PlanReport`) with one writer (`hsextract.plan.command.build_report`) and one shape on
-disk (`PlanReport.to_json`): the plan prints it (`hsextract.plan.render`), the disk
+disk (`PlanReport.to_json`): the plan prints it (`hsextract.plan.text.render`), the disk
 measurement reads its sizes (`hsextract.plan.disk_pace`), and the play reads the JSON (the plan role
 hands every host's to ``hsextract fleet plan``, which reads the keys of
 `hsextract.fleet.plan_input.REPORT_FIELDS`). So every key is spelled once, here, and the JSON keeps

@@ -1,8 +1,8 @@
-"""The plan as a person reads it: ``hsextract plan``'s lines, from its report (hsextract.plan.report)."""
+"""The plan's report as lines a person reads (``hsextract plan`` prints them; `--json` writes
+hsextract.plan.report's record instead)."""
 
 from __future__ import annotations
 
-from hsextract.plan.disk_pace import render as render_disk
 from hsextract.plan.report import PlanReport
 from hsextract.units import binary_size, duration
 
@@ -31,12 +31,7 @@ def render(r: PlanReport) -> str:
         lines.append(
             f"  {name:15s} {binary_size(f.total_bytes):>11s} ({binary_size(f.sample_bytes)} of sample files){mark}"
         )
-    s = r.shm
-    lines.append(
-        f"  /dev/shm  needs {binary_size(s.need_bytes)} for {s.requests} requests x "
-        f"{s.tokens_per_request} tokens at {s.path}; {binary_size(s.free_bytes)} free"
-        f"{'' if s.ok else ' (TOO SMALL)'}"
-    )
+    lines.append(_staging_line(r))
     t = r.time
     if t.seconds is not None and t.tokens_per_s is not None:
         lines.append(
@@ -52,6 +47,8 @@ def render(r: PlanReport) -> str:
         f"{binary_size(v.need_bytes)} + {binary_size(v.margin_bytes)} margin ({r.format})"
     )
     if r.disk is not None:
+        from hsextract.plan.disk_pace import render as render_disk
+
         lines += render_disk(r.disk)
     k = r.tokenization
     if k.reused:
@@ -62,3 +59,17 @@ def render(r: PlanReport) -> str:
     else:
         lines.append(f"  tokenized {k.samples_per_s:,.0f} samples/s on {k.workers} processes")
     return "\n".join(lines)
+
+
+def _staging_line(r: PlanReport) -> str:
+    s = r.shm
+    if not s.requests:
+        return (
+            f"  /dev/shm  nothing to stage: no sample of this shard is left to send; "
+            f"{binary_size(s.free_bytes)} free at {s.path}"
+        )
+    return (
+        f"  /dev/shm  needs {binary_size(s.need_bytes)} for {s.requests} requests x "
+        f"{s.tokens_per_request} tokens at {s.path}; {binary_size(s.free_bytes)} free"
+        f"{'' if s.ok else ' (TOO SMALL)'}"
+    )
