@@ -46,10 +46,10 @@ import torch  # noqa: E402
 from common import on_disk_keys  # noqa: E402
 from hsextract import fingerprint  # noqa: E402
 from hsextract.drain import prepare as drain_prepare  # noqa: E402
-from hsextract.drain.committer import Committer  # noqa: E402
 from hsextract.drain.core import DrainConfig, Drainer  # noqa: E402
 from hsextract.formats import FORMATS as REGISTRY  # noqa: E402
 from hsextract.ops.disk_ceiling import DiskCeiling, measure  # noqa: E402
+from hsextract.output.committer import Committer  # noqa: E402
 from hsextract.output.layout import client_summary_path  # noqa: E402
 from hsextract.output.run_id import load_or_create_run_id  # noqa: E402
 from hsextract.staging.dumps import DoneMarker, StateFileLayout, write_done_marker  # noqa: E402

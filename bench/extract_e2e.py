@@ -40,7 +40,8 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
 from common import machine_info, on_disk_keys  # noqa: E402
 from hsextract.client.backpressure import Watermark  # noqa: E402
-from hsextract.client.runner import ExtractConfig, ExtractRun  # noqa: E402
+from hsextract.client.config import ExtractConfig  # noqa: E402
+from hsextract.client.runner import ExtractRun  # noqa: E402
 from hsextract.dataset.chat_template import Encoded, build_encoder  # noqa: E402
 from hsextract.dataset.reader import Reject, read_dataset  # noqa: E402
 from hsextract.formats import DEFAULT_FORMAT, final_hidden_for  # noqa: E402

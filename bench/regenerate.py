@@ -42,7 +42,8 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
 import requests  # noqa: E402
 from common import machine_info  # noqa: E402
-from hsextract.regen.runner import RegenConfig, RegenerateRun  # noqa: E402
+from hsextract.regen.config import RegenConfig  # noqa: E402
+from hsextract.regen.runner import RegenerateRun  # noqa: E402
 from hsextract.tiny_model import ensure_tiny_model  # noqa: E402
 from support.sglang_server import ServerHandle, start_server, wait_healthy  # noqa: E402
 

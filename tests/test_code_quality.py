@@ -1,7 +1,9 @@
-"""The Python code base is ruff formatted, ruff and mypy clean and free of machine-specific paths."""
+"""The Python code base is ruff formatted, ruff and mypy clean, within its size bounds and free of
+machine-specific paths."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -10,6 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "files" / "python" / "hsextract"
+
+# A module, a class or a function past its bound has more than one job: split it along its seams.
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 60
 
 
 @pytest.mark.lint
@@ -36,6 +44,33 @@ def test_python_sources_are_formatted_as_ruff_formats_them():
     )
     assert result.returncode == 0, (
         f"ruff format would change these files (run `ruff format`):\n{result.stdout}{result.stderr}"
+    )
+
+
+def _oversized(path: Path) -> dict[str, int]:
+    """Each part of one module past its bound, with its lines (a definition's: its first line to its last)."""
+    text = path.read_text()
+    name = str(path.relative_to(PACKAGE))
+    found = {name: len(text.splitlines())} if len(text.splitlines()) > MAX_MODULE_LINES else {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            kind, bound = (
+                ("class", MAX_CLASS_LINES) if isinstance(node, ast.ClassDef) else ("function", MAX_FUNCTION_LINES)
+            )
+            if lines > bound:
+                found[f"{name}: {kind} {node.name}"] = lines
+    return found
+
+
+@pytest.mark.lint
+def test_no_module_class_or_function_of_the_package_outgrows_its_bound():
+    oversized: dict[str, int] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        oversized |= _oversized(path)
+    assert not oversized, (
+        f"past the bounds (module {MAX_MODULE_LINES}, class {MAX_CLASS_LINES}, function {MAX_FUNCTION_LINES} "
+        f"lines): split along its seams: {oversized}"
     )
 
 

@@ -1,5 +1,5 @@
-"""The documentation holds together: every relative link leads somewhere, and each command's page
-lists the options its ``--help`` prints."""
+"""The documentation holds together: every relative link leads somewhere, each command's page
+lists the options its ``--help`` prints, and the architecture's map names every part of the package."""
 
 from __future__ import annotations
 
@@ -53,3 +53,19 @@ def test_each_command_page_lists_the_options_its_help_prints():
         timeout=600,
     )
     assert result.returncode == 0, f"docs/cli is out of date:\n{result.stderr}"
+
+
+def test_the_architecture_map_names_every_package_and_module():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    the_map = text[text.index("## The map") : text.index("### Where to change what")]
+    named = {
+        name for row in re.findall(r"^\| ([^|]*) \|", the_map, re.MULTILINE) for name in re.findall(r"`([^`]+)`", row)
+    }
+    package = ROOT / "files" / "python" / "hsextract"
+    parts = [
+        f"{p.name}/" if p.is_dir() else p.name
+        for p in package.iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").exists()
+    ]
+    missing = sorted(p for p in parts if not p.startswith("__") and p not in named)
+    assert not missing, f"docs/architecture.md's map does not name: {', '.join(missing)}"

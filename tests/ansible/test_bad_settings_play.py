@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from support import ansiballz_cache
 from support.ansible_env import ansible_bin
 from support.playbook_sandbox import PlayResult
+from support.role_play import playbook
 
 pytestmark = pytest.mark.slow
 
@@ -99,26 +98,15 @@ def play(tmp_path_factory) -> PlayResult:
     squat.mkdir(parents=True)
     squat.chmod(0o777)
     os.chown(squat, NOBODY, NOBODY)
-    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    (tmp / "play.yml").write_text("- hosts: all\n  gather_facts: false\n  roles:\n    - hsextract\n")
-    env = ansiballz_cache.with_cache(
-        {
-            **os.environ,
-            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_LOCALHOST_WARNING": "0",
-            "ANSIBLE_FORKS": str(len(hosts)),
+    r = playbook(
+        tmp,
+        [{"hosts": "all", "gather_facts": False, "roles": ["hsextract"]}],
+        hosts,
+        "--check",
+        env={
             "ANSIBLE_STDOUT_CALLBACK": "hsx_json",
             "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "tests" / "ansible" / "callback_plugins"),
-        }
-    )
-    r = subprocess.run(
-        [str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "--check", "play.yml"],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        },
     )
     data = json.loads(r.stdout[r.stdout.index("{") :])
     return PlayResult(r.returncode, data["stats"], data["plays"], r.stdout + r.stderr)

@@ -11,15 +11,12 @@ roles' own defaults and template, on this host, into a temporary directory.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from support import ansiballz_cache
-from support.ansible_env import ansible_bin
+from support.role_play import playbook
 
 pytestmark = pytest.mark.slow
 
@@ -95,28 +92,11 @@ def rendered(tmp_path_factory) -> Path:
             ],
         }
     ]
-    (tmp / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    hosts = {
-        c: {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python")} for c in CASES
-    }
-    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    env = ansiballz_cache.with_cache(
-        {
-            **os.environ,
-            "ANSIBLE_ROLES_PATH": str(ROLES),
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_LOCALHOST_WARNING": "0",
-            "ANSIBLE_FILTER_PLUGINS": str(ROLES / "hsextract" / "filter_plugins"),
-            "ANSIBLE_FORKS": str(len(CASES)),
-        }
-    )
-    r = subprocess.run(
-        [str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml"],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    r = playbook(
+        tmp,
+        play,
+        {case: {} for case in CASES},
+        env={"ANSIBLE_FILTER_PLUGINS": str(ROLES / "hsextract" / "filter_plugins")},
     )
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
     return tmp / "cases"

@@ -13,18 +13,14 @@ Runs on the host: only files in a temporary directory are written.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from support import ansiballz_cache
-from support.ansible_env import ansible_bin
-from support.role_play import validate
+from support.role_play import playbook, validate
 
 pytestmark = pytest.mark.slow
 
@@ -149,26 +145,8 @@ def render_cases(tmp: Path, cases: dict[str, dict]) -> None:
         (tmp / f"override-{case}.yml").write_text(
             yaml.safe_dump({"hsextract_state_dir": str(tmp / f"state-{case}"), **overrides})
         )
-        hosts[case] = {"ansible_connection": "local", "ansible_python_interpreter": str(ansible_bin() / "python")}
-    (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    (tmp / "render.yml").write_text(yaml.safe_dump(render_play(tmp), sort_keys=False))
-    env = ansiballz_cache.with_cache(
-        {
-            **os.environ,
-            "ANSIBLE_ROLES_PATH": str(ROLES),
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_LOCALHOST_WARNING": "0",
-            "ANSIBLE_FORKS": str(len(hosts)),
-        }
-    )
-    r = subprocess.run(
-        [str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "render.yml"],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+        hosts[case] = {}
+    r = playbook(tmp, render_play(tmp), hosts)
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
 
 

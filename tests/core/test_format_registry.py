@@ -56,3 +56,27 @@ def test_every_cli_offers_the_registrys_formats(module):
     importlib.import_module(module).add_arguments(parser)
     action = next(a for a in parser._actions if "--format" in a.option_strings)
     assert tuple(action.choices) == FORMAT_NAMES
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+def test_each_entry_holds_every_fact_the_rest_of_hsextract_reads_of_its_format(name):
+    from hsextract.staging.dumps import DTYPE_BYTES
+    from hsextract.vocab.files import VOCAB_KINDS
+
+    spec = FORMATS[name]
+    assert spec.dtypes and set(spec.dtypes) <= set(DTYPE_BYTES), "the dtypes its files hold"
+    assert "<set>" in spec.loading and spec.trainer.split()[0] in spec.loading, "how its trainer loads a set"
+    assert spec.vocab_files, "its trainer's draft-vocabulary files"
+    assert {f.kind for f in spec.vocab_files} <= set(VOCAB_KINDS)
+    assert all("{size}" in f.name for f in spec.vocab_files), "each size's file and the first size's link"
+    sized = spec.dataset_bytes_per_sample > 0 or spec.dataset_bytes_per_token > 0
+    assert sized == bool(spec.dataset_files), "the plan sizes the dataset-level files it has, and only those"
+
+
+def test_the_drain_refuses_a_model_whose_dtype_the_format_does_not_hold():
+    from hsextract.errors import ConfigError
+    from hsextract.formats import check_dtype
+
+    check_dtype("speculators", "bfloat16", where="the model /m")
+    with pytest.raises(ConfigError, match=r"the model /m has float8_e4m3fn states, which the format 'modelopt'"):
+        check_dtype("modelopt", "float8_e4m3fn", where="the model /m")

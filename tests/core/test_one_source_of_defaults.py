@@ -16,10 +16,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hsextract.client.command import REQUIRED, _default
+from hsextract.client.config import ExtractConfig
 from hsextract.dataset import defaults
+from hsextract.options import default_of, required_keys
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _default(name: str):
+    return default_of(ExtractConfig, name)
+
 
 # role variable -> the ExtractConfig value it must equal
 SHARED = {
@@ -83,7 +89,7 @@ def test_plan_and_check_shm_assume_the_clients_limits(module):
     """Every flag they share with ``extract`` (but the settings a run must be given) defaults as the client's."""
     client = _flag_defaults("hsextract.client.command")
     other = _flag_defaults(module)
-    shared = sorted(set(client) & set(other) - set(REQUIRED) - {"config"})
+    shared = sorted(set(client) & set(other) - set(required_keys(ExtractConfig)) - {"config"})
     assert {"max_in_flight", "max_staged", "shm_min_free", "max_tokens"} <= set(shared)
     differ = {k: (other[k], client[k]) for k in shared if other[k] != client[k]}
     assert not differ, f"{module} default vs the client's: {differ}"

@@ -3,18 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hsextract.report import (
-    ProblemFiles,
-    RunView,
-    client_lines,
-    count,
-    duration,
-    progress_line,
-    rate,
-    seconds,
-    size,
-    status_lines,
-)
+from hsextract.output.layout import ProblemFiles
+from hsextract.report import RunView, client_lines, progress_line, status_lines
+from hsextract.units import count, duration, rate, seconds, size
 
 FILES = ProblemFiles(
     rejected="/out/.hsextract/rejects.jsonl", failed="/out/.hsextract/failures.jsonl", quarantined="/out/quarantine"

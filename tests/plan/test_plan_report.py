@@ -10,8 +10,8 @@ from pathlib import Path
 
 from hsextract.fleet.plan import plan_fleet
 from hsextract.fleet.plan_input import REPORT_FIELDS, host_plans, report_problem
-from hsextract.plan.command import render
 from hsextract.plan.report import PlanReport
+from hsextract.plan.text import render
 
 ROLE_TASKS = Path(__file__).resolve().parents[2] / "roles" / "plan" / "tasks"
 

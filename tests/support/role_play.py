@@ -1,7 +1,7 @@
 """Run a role's tasks with Ansible on this machine (local connection), for tests of what a role
-refuses or renders: ``playbook`` writes an inventory and a play into a directory and runs it;
-``validate`` includes one role in check mode after the run's settings, so its argument specs and
-its first checks run and nothing is installed."""
+refuses or renders: ``playbook`` writes an inventory and a play into a directory and runs it (one
+host per case, run in parallel); ``validate`` includes one role in check mode after the run's
+settings, so its argument specs and its first checks run and nothing is installed."""
 
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ ROLES = Path(__file__).resolve().parents[2] / "roles"
 RUN_SETTINGS = {"hsextract_on_cpu": True, "hsextract_model_path": "/models/m", "hsextract_dataset": "/data/d.jsonl"}
 
 
-def playbook(tmp: Path, plays: list[dict], hosts: dict[str, dict], *args: str) -> subprocess.CompletedProcess:
+def playbook(
+    tmp: Path, plays: list[dict], hosts: dict[str, dict], *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run `plays` on `hosts` (name -> its variables) from `tmp`; `args` go to ansible-playbook, `env`
+    adds to its environment (a callback, filter plugins)."""
     python = str(ansible_bin() / "python")
     (tmp / "inventory.yml").write_text(
         yaml.safe_dump(
@@ -34,19 +38,20 @@ def playbook(tmp: Path, plays: list[dict], hosts: dict[str, dict], *args: str) -
         )
     )
     (tmp / "play.yml").write_text(yaml.safe_dump(plays, sort_keys=False))
-    env = ansiballz_cache.with_cache(
+    environment = ansiballz_cache.with_cache(
         {
             **os.environ,
             "ANSIBLE_ROLES_PATH": str(ROLES),
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_LOCALHOST_WARNING": "0",
             "ANSIBLE_FORKS": str(len(hosts)),
+            **(env or {}),
         }
     )
     return subprocess.run(
         [str(ansible_bin() / "ansible-playbook"), "-i", "inventory.yml", "play.yml", *args],
         cwd=tmp,
-        env=env,
+        env=environment,
         capture_output=True,
         text=True,
         timeout=600,

@@ -1,9 +1,10 @@
 """What a person reads about a run: `hsextract status`, the play's summary, the client's lines.
 
 Pure functions from the status files' data to lines of text; reading the files is the callers'
-job (hsextract.status, hsextract.client). Numbers get thousands separators and units, durations
-read as "1 min 05 s", and problems are listed by reason with the file that holds the details, so
-an operator never has to decode a dict. Machines read the JSON (``hsextract status --json``).
+job (hsextract.status, hsextract.client; a collected set's screen is hsextract.status_collected's).
+Numbers are written in hsextract.units ("6,551", "48.1 MB", "1 min 05 s"), and problems are listed by
+reason with the file that holds the details, so an operator never has to decode a dict. Machines read
+the JSON (``hsextract status --json``).
 
 To add a section, write a function from :class:`RunView` to lines and call it in
 :func:`status_lines`.
@@ -14,25 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hsextract.objectstore.retries import describe as describe_retries
-from hsextract.output.layout import QUARANTINE_REASON
-
-if TYPE_CHECKING:
-    from hsextract.collect.report_file import CollectedHost, CollectReport
-    from hsextract.output.accounts import Accounts
+from hsextract.output.layout import QUARANTINE_REASON, ProblemFiles
+from hsextract.units import count, duration, plural, seconds, size
 
 Snapshot = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class ProblemFiles:
-    """Where the details of each kind of problem are listed."""
-
-    rejected: str  # dataset lines the client could not use (JSON lines)
-    failed: str  # samples the client gave up on (JSON lines)
-    quarantined: str  # the quarantine directory: <rid>/reason.txt for each
 
 
 @dataclass(frozen=True)
@@ -60,70 +49,13 @@ class RunView:
         return self.dataset_files is not None and self.dataset_files[0] != self.dataset_files[1]
 
 
-# ---- units -----------------------------------------------------------------------------------------
-
-
-def count(n: float | None) -> str:
-    """6551 -> "6,551"; 1508.9 -> "1,509"."""
-    return "-" if n is None else f"{round(n):,}"
-
-
-def size(n: float | None) -> str:
-    """Bytes in decimal units (as disks and dashboards count): "48.1 MB", "12.35 GB"."""
-    if n is None:
-        return "-"
-    if n < 1e9:
-        return f"{n / 1e6:,.1f} MB"
-    return f"{n / 1e9:,.2f} GB"
-
-
-def binary_size(n: float) -> str:
-    """Bytes in binary units (as memory and tmpfs sizes are given): "512 B", "1.5 GiB"."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def rate(bytes_per_s: float | None) -> str:
-    """A write or read rate in the decimal units of `size`: "48.1 MB/s", "1.23 GB/s"."""
-    return "-" if bytes_per_s is None else f"{size(bytes_per_s)}/s"
-
-
-def seconds(s: float | None) -> str:
-    """A short timing, to its tenth of a second: 0.42 -> "0.4 s", 8.44 -> "8.4 s"; a minute or more
-    reads as `duration` does ("2 min 07 s"). For what takes seconds (a start-up phase, a bench)."""
-    if s is None:
-        return "-"
-    return f"{s:.1f} s" if s < 59.95 else duration(s)
-
-
-def duration(seconds: float | None) -> str:
-    """45 -> "45 s", 127 -> "2 min 07 s", 11400 -> "3 h 10 min", 200000 -> "2 d 7 h"."""
-    if seconds is None:
-        return "-"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s} s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m} min {s:02d} s"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h} h {m:02d} min"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h"
+# ---- the screens' parts --------------------------------------------------------------------------
 
 
 def table(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
     """Rows of (label, text) with the texts aligned in one column."""
     width = max((len(label) for label, _ in rows), default=0)
     return [f"{indent}{label:<{width}}   {text}".rstrip() for label, text in rows]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{count(n)} {word}" + ("" if n == 1 else "s")
 
 
 def sentence(text: str) -> str:
@@ -174,9 +106,9 @@ def client_lines(snap: Snapshot, files: ProblemFiles) -> list[str]:
         state, f"The client is {state}"
     )
     lines = [
-        f"{head}: {count(_client_done(snap))} of {_plural(int(snap.get('samples_total', 0)), 'sample')} "
+        f"{head}: {count(_client_done(snap))} of {plural(int(snap.get('samples_total', 0)), 'sample')} "
         f"have an outcome, {count(snap.get('ok', 0))} answered in {duration(elapsed)} "
-        f"({_plural(tokens, 'token')}, {count(tokens / elapsed if elapsed > 0 else 0)} tokens/s)."
+        f"({plural(tokens, 'token')}, {count(tokens / elapsed if elapsed > 0 else 0)} tokens/s)."
     ]
     if snap.get("error"):
         lines.append(f"Error: {snap['error']}")
@@ -226,7 +158,7 @@ def _client_done_headline(view: RunView, in_set: str) -> str:
     dataset-level files (the Arrow dataset, the draft vocabulary) cover them."""
     drain = view.drain or {}
     lag = _lag(drain)
-    waiting = f", {_plural(lag, 'sample')} still wait{'s' if lag == 1 else ''} for the drain" if lag else ""
+    waiting = f", {plural(lag, 'sample')} still wait{'s' if lag == 1 else ''} for the drain" if lag else ""
     if drain.get("paused_reason"):
         return (
             f"The client is done, but the drain is paused ({drain['paused_reason']}): {in_set} samples are in "
@@ -296,14 +228,14 @@ def _commit_rows(view: RunView) -> list[tuple[str, str]]:
         rows.append(
             (
                 "commits",
-                f"{count(timeline['samples'])} samples in {_plural(timeline['commits'], 'commit')}, the first at "
+                f"{count(timeline['samples'])} samples in {plural(timeline['commits'], 'commit')}, the first at "
                 f"{_clock(timeline['first_at'])}, the last at {_clock(timeline['last_at'])}",
             )
         )
     after = timeline.get("after_client_end") or {}
     if timeline.get("client_end_at") is not None and after.get("samples"):
         tail = (
-            f"{_plural(after['samples'], 'sample')} in {_plural(after['commits'], 'commit')} after the client's end, "
+            f"{plural(after['samples'], 'sample')} in {plural(after['commits'], 'commit')} after the client's end, "
             f"the last {seconds(after['last_s'])} after it"
         )
         rows.append(("tail" if timeline.get("tail") else "after end", tail))
@@ -325,7 +257,7 @@ def _clock(at: float | None) -> str:
     return "-" if at is None else time.strftime("%H:%M:%S", time.localtime(float(at)))
 
 
-def _problem_rows(view: RunView) -> list[tuple[str, str]]:
+def problem_rows(view: RunView) -> list[tuple[str, str]]:
     client, drain = view.client or {}, view.drain or {}
     rows: list[tuple[str, str]] = []
     accounts = view.accounts
@@ -361,81 +293,11 @@ def _problem_rows(view: RunView) -> list[tuple[str, str]]:
     return rows
 
 
-def _count_rows(view: RunView) -> list[tuple[str, str]]:
+def count_rows(view: RunView) -> list[tuple[str, str]]:
     return [("counts" if i == 0 else "", line) for i, line in enumerate(view.counts)]
 
 
 def status_lines(view: RunView) -> list[str]:
     """`hsextract status` and the play's closing summary."""
     problems = [sentence(f"FAIL: {problem}") for problem in view.problems]
-    return [headline(view), *problems, *table(_progress_rows(view) + _problem_rows(view) + _count_rows(view))]
-
-
-# ---- a collected set (hsextract collect) -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CollectedView:
-    """One look at a set made by ``hsextract collect``: its manifest's totals, its last collect's
-    report (``.hsextract/collect-report.json``) and its own reconciliation. No drain writes it, so
-    there is no drain status to look for."""
-
-    output: str
-    files: ProblemFiles
-    format: str
-    samples: int  # in the set (its manifest)
-    tokens: int
-    bytes: int
-    report: CollectReport  # the last collect's
-    problems: list[str] = field(default_factory=list)  # what fails a final set's check
-    counts: list[str] = field(default_factory=list)
-    accounts: Accounts | None = None  # the set's own reconciliation
-
-    @property
-    def final(self) -> bool:
-        return self.report.final
-
-
-def _host_list(hosts: Mapping[str, CollectedHost]) -> str:
-    """ "a (0/3): 9, b (1/3): 9": each host with its shards and the samples collected from it."""
-    parts = []
-    for name, h in hosts.items():
-        shards = ", ".join(str(s) for s in h.shards)
-        parts.append(f"{name} ({shards or '?'}): {count(h.collected)}" + ("" if h.finished else ", not finished"))
-    return ", ".join(parts)
-
-
-def collected_headline(view: CollectedView) -> str:
-    hosts = len(view.report.hosts)
-    held = f"{_plural(view.samples, 'sample')} from {_plural(hosts, 'host')} are in the training set"
-    if view.final:
-        return f"The collected set is final: {held}."
-    return f"The collected set is not final yet: {held}; collect again with every host once each has finished."
-
-
-def _last_collect_rows(report: CollectReport) -> list[tuple[str, str]]:
-    """What the last collect found that a person should know: hosts refused, shards not seen,
-    samples left out or failed at verification."""
-    found = [*report.refused, *report.missing_shards, *report.doubled_shards, *report.duplicates]
-    failed = len(report.failed_verification)
-    if failed:
-        found.append(f"{_plural(failed, 'sample')} failed verification (listed with the failures)")
-    return [("last collect" if i == 0 else "", str(line)) for i, line in enumerate(found)]
-
-
-def collected_status_lines(view: CollectedView) -> list[str]:
-    """`hsextract status` on a collected set: where it stands, its totals, its hosts, its counts."""
-    rows = [
-        ("training set", f"{view.output}" + (f" ({view.format})" if view.format else "")),
-        (
-            "samples",
-            f"{count(view.samples)} in the set, collected from {_host_list(view.report.hosts) or 'no host'}",
-        ),
-        ("tokens", f"{count(view.tokens)} in the set"),
-        ("written", size(view.bytes)),
-    ]
-    rows += _last_collect_rows(view.report)
-    accounts = view.accounts.as_dict() if view.accounts else None
-    run = RunView(output=view.output, files=view.files, accounts=accounts, counts=view.counts)
-    problems = [sentence(f"FAIL: {problem}") for problem in view.problems]
-    return [collected_headline(view), *problems, *table(rows + _problem_rows(run) + _count_rows(run))]
+    return [headline(view), *problems, *table(_progress_rows(view) + problem_rows(view) + count_rows(view))]

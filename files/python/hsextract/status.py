@@ -25,19 +25,14 @@ from hsextract.output.client_files import ShardFiles, combined_status, read_shar
 from hsextract.output.commit_timeline import CommitTimeline, client_end, commit_timeline
 from hsextract.output.finalized import finalized_samples
 from hsextract.output.layout import (
-    FAILURES,
-    REJECTS,
-    default_quarantine_dir,
-    failures_path,
-    rejects_path,
-    state_dir,
+    problem_files,
 )
 from hsextract.output.manifest import iter_entries
 from hsextract.output.run_files import DrainStatus, read_drain_status
-from hsextract.report import ProblemFiles, RunView, duration, status_lines
-from hsextract.shard import WHOLE, Shard
+from hsextract.report import RunView, status_lines
 from hsextract.status_collected import collected_view, print_collected_status
 from hsextract.status_report import StatusReport
+from hsextract.units import duration
 
 FINISHED_STATES = ("done", "stopped")
 
@@ -86,28 +81,6 @@ def run_accounts(output: Path, drain: DrainStatus | None) -> Accounts | None:
     if accounts is not None and accounts.final and not caught_up:
         accounts = read_accounts(output, quarantine, final=False)
     return accounts
-
-
-def problem_files(
-    output: str | Path, drain: DrainStatus | None = None, shards: list[Shard] | None = None
-) -> ProblemFiles:
-    """The files that list a run's rejected, failed and quarantined samples (of one client's
-    shard, or a pattern for the files of several)."""
-    quarantine = (drain.quarantine_dir if drain else None) or default_quarantine_dir(output)
-    if shards is not None and len(shards) > 1:
-        return ProblemFiles(
-            rejected=_every_shard(output, REJECTS), failed=_every_shard(output, FAILURES), quarantined=str(quarantine)
-        )
-    shard = shards[0] if shards else WHOLE
-    return ProblemFiles(
-        rejected=str(rejects_path(output, shard)), failed=str(failures_path(output, shard)), quarantined=str(quarantine)
-    )
-
-
-def _every_shard(output: str | Path, base: str) -> str:
-    """``<output>/.hsextract/rejects*.jsonl``: the files of that kind of every shard's client."""
-    stem, _, ext = base.partition(".")
-    return str(state_dir(output) / f"{stem}*.{ext}")
 
 
 def dataset_files(output: str | Path, drain: DrainStatus | None) -> tuple[int, int] | None:
@@ -210,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         view = RunView(
             output=shown,
-            files=problem_files(args.output, drain, [s.shard for s in shards]),
+            files=problem_files(args.output, drain.quarantine_dir if drain else None, [s.shard for s in shards]),
             drain=drain.to_json() if drain else None,
             client=client,
             healthy=health[0],

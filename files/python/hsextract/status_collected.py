@@ -17,13 +17,84 @@ samples failed or were quarantined), as a finished run does.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.collect.report_file import CollectReport
-from hsextract.output.accounts import read_accounts
+from hsextract.collect.report_file import CollectedHost, CollectReport
+from hsextract.output.accounts import Accounts, read_accounts
+from hsextract.output.layout import ProblemFiles
 from hsextract.output.manifest import iter_entries, read_header
-from hsextract.report import CollectedView, ProblemFiles, collected_status_lines
+from hsextract.report import RunView, count_rows, problem_rows, sentence, table
 from hsextract.status_report import CollectedStatus, StatusReport
+from hsextract.units import count, plural, size
+
+
+@dataclass(frozen=True)
+class CollectedView:
+    """One look at a set made by ``hsextract collect``: its manifest's totals, its last collect's
+    report (``.hsextract/collect-report.json``) and its own reconciliation. No drain writes it, so
+    there is no drain status to look for."""
+
+    output: str
+    files: ProblemFiles
+    format: str
+    samples: int  # in the set (its manifest)
+    tokens: int
+    bytes: int
+    report: CollectReport  # the last collect's
+    problems: list[str] = field(default_factory=list)  # what fails a final set's check
+    counts: list[str] = field(default_factory=list)
+    accounts: Accounts | None = None  # the set's own reconciliation
+
+    @property
+    def final(self) -> bool:
+        return self.report.final
+
+
+def _host_list(hosts: Mapping[str, CollectedHost]) -> str:
+    """ "a (0/3): 9, b (1/3): 9": each host with its shards and the samples collected from it."""
+    parts = []
+    for name, h in hosts.items():
+        shards = ", ".join(str(s) for s in h.shards)
+        parts.append(f"{name} ({shards or '?'}): {count(h.collected)}" + ("" if h.finished else ", not finished"))
+    return ", ".join(parts)
+
+
+def collected_headline(view: CollectedView) -> str:
+    hosts = len(view.report.hosts)
+    held = f"{plural(view.samples, 'sample')} from {plural(hosts, 'host')} are in the training set"
+    if view.final:
+        return f"The collected set is final: {held}."
+    return f"The collected set is not final yet: {held}; collect again with every host once each has finished."
+
+
+def _last_collect_rows(report: CollectReport) -> list[tuple[str, str]]:
+    """What the last collect found that a person should know: hosts refused, shards not seen,
+    samples left out or failed at verification."""
+    found = [*report.refused, *report.missing_shards, *report.doubled_shards, *report.duplicates]
+    failed = len(report.failed_verification)
+    if failed:
+        found.append(f"{plural(failed, 'sample')} failed verification (listed with the failures)")
+    return [("last collect" if i == 0 else "", str(line)) for i, line in enumerate(found)]
+
+
+def collected_status_lines(view: CollectedView) -> list[str]:
+    """`hsextract status` on a collected set: where it stands, its totals, its hosts, its counts."""
+    rows = [
+        ("training set", f"{view.output}" + (f" ({view.format})" if view.format else "")),
+        (
+            "samples",
+            f"{count(view.samples)} in the set, collected from {_host_list(view.report.hosts) or 'no host'}",
+        ),
+        ("tokens", f"{count(view.tokens)} in the set"),
+        ("written", size(view.bytes)),
+    ]
+    rows += _last_collect_rows(view.report)
+    accounts = view.accounts.as_dict() if view.accounts else None
+    run = RunView(output=view.output, files=view.files, accounts=accounts, counts=view.counts)
+    problems = [sentence(f"FAIL: {problem}") for problem in view.problems]
+    return [collected_headline(view), *problems, *table(rows + problem_rows(run) + count_rows(run))]
 
 
 def collected_view(output: Path, report: CollectReport, files: ProblemFiles, max_failure_share: float) -> CollectedView:

@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +55,48 @@ def comment_filter(text: str, prefix: str = "# ") -> str:
     return "#\n" + "\n".join((prefix + line).rstrip() for line in lines) + "\n#"
 
 
+def _check_model(
+    model_path: str | Path,
+    architecture: str,
+    aux_layer_ids: Sequence[int] | None,
+    layer_convention: str,
+    check_layers: bool,
+) -> None:
+    """The patch against the model at hand: its architecture, and (``check_layers``) the layer ids
+    against its depth and a drafter's serving, so that a bad id fails here, not at the server's start."""
+    info = read_model_info(model_path)
+    if info.architecture != architecture:
+        # SGLang would serve the model with its own class and capture nothing, silently.
+        raise ConfigError(
+            f"capture patch for architecture {architecture!r}, but {model_path} is a "
+            f"{info.architecture!r}; render the patch for the model's own architecture"
+        )
+    if check_layers:
+        ids = list(aux_layer_ids) if aux_layer_ids is not None else None
+        layers = resolve(ids, info.num_hidden_layers, layer_convention)
+        serving_layer_ids(info.architecture, layers.sglang_layers_to_capture)
+
+
+def _write_package(pkg: Path, values: Mapping[str, object]) -> None:
+    """Render every template into ``pkg``, each file under a temporary name renamed into place."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,  # Ansible's template module default: both render the same bytes
+    )
+    env.filters["comment"] = comment_filter
+    pkg.mkdir(parents=True, exist_ok=True)
+    for name in TEMPLATE_FILES:
+        text = env.get_template(name).render(**values)
+        target = pkg / name[: -len(".j2")]
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, target)
+
+
 def render_patch(
     out_dir: str | Path,
     *,
@@ -85,26 +127,12 @@ def render_patch(
     the dumps from a child process (`hsextract.capture.writer_process`); off, from threads of the
     scheduler's process. At its default, the package is rendered exactly as without the setting.
     """
-    import jinja2
-
     if not _IDENT.match(architecture or ""):
         raise ConfigError(f"architecture {architecture!r} is not a Python class name")
     if not _IDENT.match(package_name or ""):
         raise ConfigError(f"package name {package_name!r} is not a Python identifier")
     if (Path(model_path) / "config.json").is_file():
-        info = read_model_info(model_path)
-        if info.architecture != architecture:
-            # SGLang would serve the model with its own class and capture nothing, silently.
-            raise ConfigError(
-                f"capture patch for architecture {architecture!r}, but {model_path} is a "
-                f"{info.architecture!r}; render the patch for the model's own architecture"
-            )
-        if check_layers:
-            ids = list(aux_layer_ids) if aux_layer_ids is not None else None
-            layers = resolve(ids, info.num_hidden_layers, layer_convention)
-            serving_layer_ids(info.architecture, layers.sglang_layers_to_capture)
-    if format:
-        final_hidden = final_hidden_for(format, final_hidden, what="--final-hidden")
+        _check_model(model_path, architecture, aux_layer_ids, layer_convention, check_layers)
     cfg = CaptureConfig(
         architecture=architecture,
         model_path=str(model_path),
@@ -112,35 +140,22 @@ def render_patch(
         aux_layer_ids=list(aux_layer_ids) if aux_layer_ids is not None else None,
         layer_convention=layer_convention,
         rid_prefix=rid_prefix,
-        final_hidden=final_hidden or "post_norm",
+        final_hidden=(final_hidden_for(format, final_hidden, what="--final-hidden") if format else final_hidden)
+        or "post_norm",
         format=format,
         writer_threads=int(writer_threads),
         max_bytes_in_flight=int(max_bytes_in_flight),
         writer_process=writer_process,
         extra=dict(extra or {}),
     )
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,  # Ansible's template module default: both render the same bytes
-    )
-    env.filters["comment"] = comment_filter
     out = Path(out_dir)
-    pkg = out / package_name
-    pkg.mkdir(parents=True, exist_ok=True)
     values = {
         "architecture": architecture,
         "package_name": package_name,
         "config": cfg.rendered_dict(),
         "ansible_managed": ansible_managed,
     }
-    for name in TEMPLATE_FILES:
-        text = env.get_template(name).render(**values)
-        target = pkg / name[: -len(".j2")]
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)
+    _write_package(out / package_name, values)
     return out
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import socket
 import threading
 
 import torch
+
+from hsextract.capture import wire
+from hsextract.capture.wire import send_message
 
 log = logging.getLogger("hsextract.capture")
 
@@ -99,6 +103,29 @@ class SharedHostBuffers:
             self._unsent.clear()
             dropped, self._dropped = self._dropped, []
         return new, dropped
+
+    def tell_child(self, sock: socket.socket, message: object) -> bool:
+        """Send the child what it must know first (new and dropped buffers), then ``message``;
+        False once the child is gone. Called by the parent's dispatcher thread alone."""
+        new, dropped = self.take_news()
+        try:
+            while new:
+                bid, fd, n = new[0]
+                try:
+                    send_message(sock, wire.NewBuffer(bid, n), fd)
+                finally:
+                    new.pop(0)
+                    os.close(fd)  # the mappings hold the memory; the child has its own descriptor
+            for bid in dropped:
+                send_message(sock, wire.DropBuffer(bid))
+            send_message(sock, message)
+            return True
+        except OSError as exc:
+            log.debug("capture: sending to the writer process failed: %s", exc)
+            return False
+        finally:
+            for _bid, fd, _n in new:  # not sent: the child is gone
+                os.close(fd)
 
     def close(self) -> None:
         """The child is gone: close the descriptors never sent, and keep none from now on."""

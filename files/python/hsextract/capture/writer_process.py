@@ -6,7 +6,7 @@ process between a batch and its replies slows it in proportion, and the in-proce
 per-request work (planning, mkdir/open/pwritev/close of each ``states.safetensors``, the atomic
 ``done.json``, failure markers) runs in threads that take the GIL from the scheduler thread
 about ten times per request. With ``writer_process`` on, all of that runs in a child process
-(``python -m hsextract.capture.writer_process``), and the scheduler process does O(1) work per
+(``python -m hsextract.capture.writer_child``), and the scheduler process does O(1) work per
 batch: `HostStager` concatenates the batch on the device and queues its asynchronous copy into a
 host buffer (as in-process), and a dispatcher thread waits for the copy and sends one small
 message to the child.
@@ -17,9 +17,9 @@ descriptor goes to the child once over a unix socket pair, with a buffer id. The
 child: a batch (buffer id, the offsets of its rows, ids and prompt lengths, and its requests as
 plain tuples), failures to mark (what ``fail_requests`` queues), flush; child to parent: a buffer
 released (its batch is written), a flush acknowledged (with the child's counters). The messages are
-`hsextract.capture.wire`'s; the buffers are `hsextract.capture.shared_buffers`'. The child runs
-the ordinary `CaptureWriter` (planner, writer threads, markers), fed with batches that have already
-landed. memfd memory is freed with the last mapping:
+`hsextract.capture.wire`'s; the buffers are `hsextract.capture.shared_buffers`'. The child
+(`hsextract.capture.writer_child`) runs the ordinary `CaptureWriter` (planner, writer threads,
+markers), fed with batches that have already landed. memfd memory is freed with the last mapping:
 nothing is left in /dev/shm when either process dies.
 
 If the child dies, nothing is lost silently: the parent sees the socket close, logs the child's
@@ -31,16 +31,12 @@ sent, when the parent goes away (its end of the socket closes).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
-import mmap
-import os
 import queue
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -48,13 +44,14 @@ from pathlib import Path
 import torch
 
 from hsextract.capture import wire
-from hsextract.capture.core import CaptureSettings
+from hsextract.capture.core import CaptureSettings, Failure
 from hsextract.capture.host_stage import Failures, HostBufferPool, HostStager, StagedBatch, failures_of
 from hsextract.capture.outcomes import CounterAttributes, WriterCounters
 from hsextract.capture.shared_buffers import SharedHostBuffers
 from hsextract.capture.sink import BatchQueue, WriterOptions
 from hsextract.capture.wire import MessageReader, send_message
 from hsextract.capture.writer import CaptureWriter
+from hsextract.capture.writer_child import landed_batch_writer, spawn_child
 from hsextract.staging import fs as staging_fs
 from hsextract.staging.dumps import CAPTURE_QUEUE_ERROR, CAPTURE_WRITER_DIED, DONE_FILE
 
@@ -74,22 +71,16 @@ def exit_status(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
-# ---- parent side ---------------------------------------------------------------------------------
-def _spawn(child_sock: socket.socket) -> subprocess.Popen:
-    """Start the child on the parent's interpreter, with this hsextract package importable."""
-    import hsextract
-
-    root = str(Path(hsextract.__file__).resolve().parents[1])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the child writes files; it never touches the GPU
-    fd = child_sock.fileno()
-    return subprocess.Popen(
-        [sys.executable, "-m", "hsextract.capture.writer_process", "--fd", str(fd)],
-        pass_fds=(fd,),
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+def unwritten_failures(lost: list[StagedBatch], dump_dir: Path, pid: int, returncode: int | None) -> list[Failure]:
+    """What a dead child leaves to mark failed: each request of the batches it had not released,
+    unless its ``done.json`` is there (the child wrote it before it died)."""
+    detail = f"the capture's writer process (pid {pid}) died ({exit_status(returncode)}) before it wrote this request"
+    return [
+        f
+        for job in lost
+        for f in failures_of(job.requests, CAPTURE_WRITER_DIED, detail)
+        if not (dump_dir / f.rid / DONE_FILE).exists()
+    ]
 
 
 class ProcessCaptureWriter(CounterAttributes, BatchQueue):
@@ -132,7 +123,7 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         self._counters = WriterCounters()  # the child's, as of its last flush
         self._sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = _spawn(child_sock)
+            self._proc = spawn_child(child_sock)
         finally:
             child_sock.close()
         self.child_pid = self._proc.pid
@@ -196,28 +187,9 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
                     self._acks[item.token] = True
                     self._cond.notify_all()
 
-    def _send(self, message: object) -> bool:
-        """Send the child what it must know first (new and dropped buffers), then ``message``;
-        False once the child is gone."""
-        new, dropped = self.buffers.take_news()
-        try:
-            while new:
-                bid, fd, n = new[0]
-                try:
-                    send_message(self._sock, wire.NewBuffer(bid, n), fd)
-                finally:
-                    new.pop(0)
-                    os.close(fd)  # the mappings hold the memory; the child has its own descriptor
-            for bid in dropped:
-                send_message(self._sock, wire.DropBuffer(bid))
-            send_message(self._sock, message)
-            return True
-        except OSError as exc:
-            log.debug("capture: sending to the writer process failed: %s", exc)
-            return False
-        finally:
-            for _bid, fd, _n in new:  # not sent: the child is gone
-                os.close(fd)
+    def _tell(self, message: object) -> bool:
+        """Send ``message`` to the child, after the buffers it must know of; False once it is gone."""
+        return self.buffers.tell_child(self._sock, message)
 
     def _hand_over(self, job: StagedBatch) -> None:
         if job.event is not None:
@@ -230,7 +202,9 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         if dead:
             self._write_here(job)
             return
-        if self._send(wire.batch_message(bid, job.rows, job.row_bytes, job.meta_offset, job.batch_size, job.requests)):
+        if self.buffers.tell_child(
+            self._sock, wire.batch_message(bid, job.rows, job.row_bytes, job.meta_offset, job.batch_size, job.requests)
+        ):
             with self._cond:
                 self._handed_over += 1
             return
@@ -243,7 +217,7 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
     def _hand_over_failures(self, item: Failures) -> None:
         with self._cond:
             dead = self._dead
-        if dead or not self._send(wire.fail_message(item.failures)):
+        if dead or not self._tell(wire.fail_message(item.failures)):
             self._wait_dead()
             assert self._fallback is not None
             self._fallback.queue_failures(item.failures)
@@ -253,7 +227,7 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         with self._cond:
             dead = self._dead
         if not dead:
-            self._send(item)  # a failed send: the flush waits for the death instead
+            self._tell(item)  # a failed send: the flush waits for the death instead
 
     def _write_here(self, job: StagedBatch) -> None:
         assert self._fallback is not None
@@ -269,7 +243,7 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
                 if other is job:
                     del self._in_flight[bid]
             dead = self._dead
-        if dead or not self._send(wire.fail_message(failures)):
+        if dead or not self._tell(wire.fail_message(failures)):
             self._wait_dead()
             if self._fallback is not None:
                 self._fallback.queue_failures(failures)
@@ -316,9 +290,6 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
             return
         self._failover()
 
-    def _make_fallback(self) -> CaptureWriter:
-        return landed_batch_writer(self.dump_dir, self.settings, self.options)
-
     def _failover(self) -> None:
         """The child is gone: fail what it had not written, and write from now on in this process."""
         try:
@@ -326,20 +297,11 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
         except subprocess.TimeoutExpired:  # its socket closed, yet it lives on: end it
             self._proc.kill()
             returncode = self._proc.wait()
-        fallback = self._make_fallback()
+        fallback = landed_batch_writer(self.dump_dir, self.settings, self.options)
         with self._cond:
             lost = list(self._in_flight.values())
             self._in_flight.clear()
-            detail = (
-                f"the capture's writer process (pid {self.child_pid}) died ({exit_status(returncode)}) before "
-                "it wrote this request"
-            )
-            failures = [
-                f
-                for job in lost
-                for f in failures_of(job.requests, CAPTURE_WRITER_DIED, detail)
-                if not os.path.exists(os.path.join(self.dump_dir, f.rid, DONE_FILE))
-            ]
+            failures = unwritten_failures(lost, self.dump_dir, self.child_pid, returncode)
             fallback.queue_failures(failures)  # queued before any batch written here from now on
             self._fallback = fallback
             self._dead = True
@@ -417,96 +379,3 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
             self._fallback.close(timeout)
         self.pool.clear()
         self.buffers.close()
-
-
-# ---- child side ----------------------------------------------------------------------------------
-def landed_batch_writer(dump_dir: str | Path, settings: CaptureSettings, options: WriterOptions) -> CaptureWriter:
-    """The writer of batches that have landed already (the child's, and the parent's after the
-    child died): on the CPU, with no pool of its own."""
-    return CaptureWriter(
-        dump_dir, settings, WriterOptions(**{**options.__dict__, "max_bytes_in_flight": 0}), device="cpu"
-    )
-
-
-class _Child:
-    """The child's state: the parent's buffers mapped here, and the writer that writes from them."""
-
-    def __init__(self, sock: socket.socket, reader: MessageReader, writer: CaptureWriter):
-        self.sock, self.reader, self.writer = sock, reader, writer
-        self.buffers: dict[int, torch.Tensor] = {}
-        self._send_lock = threading.Lock()
-
-    def send(self, message: object) -> None:
-        with self._send_lock, contextlib.suppress(OSError):  # the parent is gone: the loop sees EOF and ends
-            send_message(self.sock, message)
-
-    def handle(self, msg: object) -> None:
-        match msg:
-            case wire.Batch(buffer_id=bid):
-                self.writer.submit_landed(
-                    StagedBatch(
-                        msg.batch_requests(),
-                        self.buffers[bid],
-                        msg.rows,
-                        msg.row_bytes,
-                        msg.meta_offset,
-                        msg.batch_size,
-                        on_finish=lambda job: self.send(wire.Released(bid)),
-                    )
-                )
-            case wire.NewBuffer(buffer_id=bid, nbytes=nbytes):
-                fd = self.reader.take_fd()
-                try:
-                    mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-                finally:
-                    os.close(fd)
-                self.buffers[bid] = torch.frombuffer(mm, dtype=torch.uint8)
-            case wire.DropBuffer(buffer_id=bid):
-                self.buffers.pop(bid, None)
-            case wire.Fail():
-                self.writer.queue_failures(msg.as_failures())
-            case wire.Flush(token=token):
-                self.writer.flush()
-                self.send(wire.Flushed(token, self.writer.counters))
-            case _:
-                log.error("capture writer process: unknown message %r; ignored", type(msg).__name__)
-
-
-def serve(sock: socket.socket) -> int:
-    """The child's loop: map the buffers it is sent, write the batches, answer flushes; on the
-    parent's EOF write what it was sent and return."""
-    reader = MessageReader(sock)
-    first = reader.read()
-    if not isinstance(first, wire.Init):
-        log.error("capture writer process: no init message from the parent (got %r); exiting", first)
-        return 2
-    writer = landed_batch_writer(first.dump_dir, first.settings, first.options)
-    child = _Child(sock, reader, writer)
-    try:
-        while (msg := reader.read()) is not None:
-            child.handle(msg)
-    finally:
-        writer.close(timeout=None)
-        reader.close()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="the capture's writer process (started by the capture, not by hand)")
-    ap.add_argument("--fd", type=int, required=True, help="the unix socket shared with the parent")
-    args = ap.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the server: exit on the parent's EOF, flushed
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="[%(asctime)s] hsextract capture writer process[%(process)d] %(levelname)s %(message)s",
-    )
-    sock = socket.socket(fileno=args.fd)
-    try:
-        return serve(sock)
-    finally:
-        sock.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

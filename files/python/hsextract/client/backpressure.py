@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.errors import ConfigError
-from hsextract.report import binary_size
 from hsextract.staging.dumps import iter_dump_dirs, run_dumps
+from hsextract.units import binary_size
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # The longest a count of the staged dumps is used (see the module's docstring).

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsextract.report import duration
 from hsextract.staging.dumps import DONE_FILE, FAILED_FILE, read_failed_marker, rid_dir
 from hsextract.staging.records import record_path
+from hsextract.units import duration
 
 log = logging.getLogger("hsextract.client")
 
@@ -63,6 +63,15 @@ def look(dump_dir: Path, rid: str, waited_s: float, timeout_s: float) -> Verdict
             Outcome.MISSING, f"no {DONE_FILE} or {FAILED_FILE} in {d} {duration(waited_s)} after the server answered"
         )
     return None
+
+
+def capture_has_word(dump_dir: Path, rid: str) -> bool:
+    """Whether the capture has said what became of `rid` (`look`): the sender asks when the server
+    still holds an earlier send of it (hsextract.client.sender)."""
+    try:
+        return look(Path(dump_dir), rid, 0.0, float("inf")) is not None
+    except OSError:
+        return False
 
 
 class CaptureWatch:

@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 from hsextract.client.sender import STOPPED, Sender, StopRequested
 from hsextract.errors import ConfigError
 from hsextract.formats import final_hidden_for
-from hsextract.report import duration
 from hsextract.staging.announcements import CaptureAnnouncement, live_announcements
 from hsextract.staging.dumps import (
     DONE_FILE,
@@ -32,6 +31,7 @@ from hsextract.staging.dumps import (
 )
 from hsextract.staging.names import CAPTURES_DIR
 from hsextract.staging.records import make_probe_rid
+from hsextract.units import duration
 
 
 @dataclass(frozen=True)

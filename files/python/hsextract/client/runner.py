@@ -9,10 +9,10 @@ The flow per sample (the producer is the calling thread, senders are a thread po
    duplicate nothing;
 3. tokenize with the model's chat template and loss mask (`chat_template`), apply the length policy;
 4. write the sample's record for the drain (before sending: the dump must never exist without it);
-5. wait for a free in-flight slot and for the backpressure limits, then send (`sender`);
+5. wait for a free in-flight slot and for the backpressure limits, then send (`in_flight`, `sender`);
 6. once the server answered, wait for the capture's word (`confirm`): the dump is staged, or the
    capture failed (``failed.json``) or wrote nothing, and then the sample is sent again, up to
-   the attempt limit, after which it is reported failed with the reason.
+   the attempt limit, after which it is reported failed with the reason (`in_flight`).
 
 Before the first sample, a probe request checks that the server's capture stages into this
 client's staging directory, in the final-norm placement of the format (`probe`). The client holds
@@ -26,42 +26,39 @@ The summary is written only once every sample of the shard has an outcome, becau
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.client.backpressure import Backpressure, Watermark, parse_watermark, pause_poll_s
-from hsextract.client.confirm import CAPTURE_FAILED, CAPTURE_MISSING, CaptureWatch, Outcome, Verdict, look
+from hsextract.client.backpressure import Backpressure
+from hsextract.client.config import STAGED_ELEM_BYTES, ExtractConfig
+from hsextract.client.confirm import capture_has_word
+from hsextract.client.in_flight import InFlight
 from hsextract.client.probe import probe_capture
 from hsextract.client.progress import Reporter, RunStats
 from hsextract.client.run_jsonl import RunJsonl
-from hsextract.client.sender import STOPPED, Sender, SendResult, ServerUnavailable, StopRequested
+from hsextract.client.sender import Sender, ServerUnavailable, StopRequested
 from hsextract.client.server_limit import ServerLimit, server_limit
 from hsextract.client.start_state import ShardRefused, begin_run, check_earlier_shards, read_previous, record_unstarted
 from hsextract.client.startup import StartupClock
 from hsextract.client.stoppable import call_unless_stopped
 from hsextract.dataset import defaults
-from hsextract.dataset.chat_template import Encoded, build_encoder
+from hsextract.dataset.chat_template import build_encoder
 from hsextract.dataset.reader import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.durable import check_writable
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats import DEFAULT_FORMAT, final_hidden_for
+from hsextract.formats import final_hidden_for
 from hsextract.model_info import read_model_info
 from hsextract.output.dataset_record import check_and_record
-from hsextract.output.layout import FAILURES, client_summary_path, failures_path, rejects_path, state_dir
+from hsextract.output.layout import client_summary_path, failures_path, rejects_path, state_dir
 from hsextract.output.lock import ShardLock
 from hsextract.output.manifest import completed_indices, read_header
 from hsextract.output.run_files import ClientStatus, write_client_summary
 from hsextract.output.run_id import load_or_create_run_id
 from hsextract.prompt_limit import longest_prompt, resolve_max_tokens
-from hsextract.retry import RetryPolicy
-from hsextract.shard import WHOLE, Shard
-from hsextract.staging.dumps import FAILED_FILE, discard_dump, rid_dir, staged_indices
+from hsextract.staging.dumps import staged_indices
 from hsextract.staging.fs import prepare_root
 from hsextract.staging.records import (
     SampleRecord,
@@ -72,39 +69,6 @@ from hsextract.staging.records import (
 )
 
 log = logging.getLogger("hsextract.client")
-
-# Bytes a token's captured states take in staging, per hidden unit: K aux layers (EAGLE-3: 3) plus
-# the final hidden state, 2 bytes each (bf16). Used only to reserve room for requests in flight.
-STAGED_ELEM_BYTES = 2
-
-
-@dataclass
-class ExtractConfig:
-    server: str
-    dataset: Path
-    model: Path
-    dump_dir: Path
-    output: Path
-    format: str = DEFAULT_FORMAT
-    # The defaults of the CLI, of plan and check-shm and of the Ansible roles: `hsextract.dataset.defaults`.
-    rid_prefix: str = defaults.RID_PREFIX
-    max_in_flight: int = defaults.MAX_IN_FLIGHT
-    max_tokens: int | None = None  # None: defaults.MAX_TOKENS, or the longest prompt the server accepts if fewer
-    overlong: str = defaults.OVERLONG
-    shard: Shard = WHOLE
-    host_shard: Shard | None = None  # the --shard that --process splits into `shard` (None: `shard` itself)
-    shm_min_free: Watermark = field(default_factory=lambda: parse_watermark(defaults.SHM_MIN_FREE))
-    max_staged: int | None = defaults.MAX_STAGED
-    max_row_bytes: int = defaults.MAX_ROW_BYTES
-    chat_template: str | None = None
-    last_turn_only: bool = False
-    min_loss_tokens: int = 0
-    num_aux: int = defaults.NUM_AUX  # only sizes the staging reserve of requests in flight
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    capture_timeout_s: float = 120.0  # how long an answered sample may wait for its dump or failure marker
-    probe_timeout_s: float = 60.0  # how long the start-up probe's dump may take to appear
-    status_every_s: float = 1.0
-    log_every_s: float = 30.0
 
 
 class ExtractRun:
@@ -142,165 +106,21 @@ class ExtractRun:
         self.output = Path(cfg.output).resolve()
         self.bytes_per_token = (cfg.num_aux + 1) * self.model.hidden_size * STAGED_ELEM_BYTES + 8
         self.stats = RunStats()
-        self.sender = Sender(cfg.server, cfg.retry, self.stop, settled=self._capture_has_word)
-        self.fatal: BaseException | None = None
-        self._slots = threading.Semaphore(cfg.max_in_flight)
-        # Answered samples waiting for the capture's word, and those to send again.
-        self._open: dict[str, Encoded] = {}
-        self._capture_attempts: collections.Counter[str] = collections.Counter()
-        self._resend: collections.deque[tuple[str, Encoded]] = collections.deque()
-        self._outcomes = threading.Condition()
+        self.sender = Sender(
+            cfg.server, cfg.retry, self.stop, settled=functools.partial(capture_has_word, cfg.dump_dir)
+        )
         # The output's run id, read (or created) by the start-up checks once they allow it.
         self.run_id = ""
         # Built here, started or opened when the run begins (`_run_started`): a refused start
         # changes none of the last run's files and leaves no thread behind.
         self._backpressure = Backpressure(cfg.dump_dir, cfg.shm_min_free, cfg.max_staged, self.bytes_per_token)
-        self._pool = ThreadPoolExecutor(max_workers=cfg.max_in_flight, thread_name_prefix="hsextract-send")
-        self._watch = CaptureWatch(cfg.dump_dir, cfg.capture_timeout_s, self._on_verdict)
         self._rejects = RunJsonl(rejects_path(self.output, cfg.shard))
         self._failures = RunJsonl(failures_path(self.output, cfg.shard))
-
-    # -- outcomes (called from sender threads) -------------------------------------------------
-
-    def _capture_has_word(self, rid: str) -> bool:
-        """Whether the capture has said what became of `rid` (`confirm.look`): the sender asks when
-        the server still holds an earlier send of it (hsextract.client.sender)."""
-        try:
-            return look(Path(self.cfg.dump_dir), rid, 0.0, float("inf")) is not None
-        except OSError:
-            return False
-
-    def _finish(self, rid: str, enc: Encoded, fut: Future) -> None:
-        try:
-            res: SendResult = fut.result()
-        except ServerUnavailable as exc:
-            self.fatal = exc
-            self.stop.set()
-            res = SendResult(False, reason="server_unavailable", detail=str(exc))
-        except BaseException as exc:  # a bug must not hang the run: count it and stop
-            self.fatal = exc
-            self.stop.set()
-            res = SendResult(False, reason="client_error", detail=f"{type(exc).__name__}: {exc}")
-        self.stats.answered(len(enc.input_ids))
-        if res.ok:
-            with self._outcomes:
-                self._open[rid] = enc
-                self.stats.set_awaiting(len(self._open))
-            self._watch.expect(rid)
-        elif res.reason == STOPPED:
-            pass  # no answer yet and no failure: its record stays, the next run sends it again
-        elif self.fatal is None or res.reason not in ("server_unavailable", "client_error"):
-            self._failed(rid, enc, res.reason, res.detail, res.attempts)
-            if res.reason != "prompt_tokens_mismatch":
-                remove_record(self.cfg.dump_dir, rid)  # no dump will come for it
-        self._slots.release()
-        with self._outcomes:
-            self._outcomes.notify_all()
-
-    def _on_verdict(self, rid: str, verdict: Verdict) -> None:
-        """The capture's word on an answered sample (from the watch thread)."""
-        st = self.stats
-        with self._outcomes:
-            enc = self._open.pop(rid, None)
-            st.set_awaiting(len(self._open))
-        if enc is None:
-            return
-        if verdict.outcome is Outcome.STAGED:
-            st.record_ok(len(enc.input_ids))
-        else:
-            reason = CAPTURE_FAILED if verdict.outcome is Outcome.FAILED else CAPTURE_MISSING
-            self._capture_attempts[rid] += 1
-            attempts = self._capture_attempts[rid]
-            if attempts < self.cfg.retry.max_attempts:
-                log.warning(
-                    "sample %d (%s): %s (%s); sending it again (attempt %d of %d)",
-                    enc.index,
-                    rid,
-                    reason,
-                    verdict.detail,
-                    attempts + 1,
-                    self.cfg.retry.max_attempts,
-                )
-                st.record_retried(reason)
-                with self._outcomes:
-                    self._resend.append((rid, enc))
-            else:
-                log.error(
-                    "sample %d (%s): %s after %d attempts (%s); reported in %s",
-                    enc.index,
-                    rid,
-                    reason,
-                    attempts,
-                    verdict.detail,
-                    FAILURES,
-                )
-                self._failed(rid, enc, reason, verdict.detail, attempts)
-                discard_dump(rid_dir(self.cfg.dump_dir, rid))
-                remove_record(self.cfg.dump_dir, rid)
-        with self._outcomes:
-            self._outcomes.notify_all()
-
-    def _failed(self, rid: str, enc: Encoded, reason: str, detail: str, attempts: int) -> None:
-        """A sample this run gives up on: counted, and its line in the failures file."""
-        self.stats.record_failed(reason)
-        self._failures.write(
-            {
-                "index": enc.index,
-                "line": enc.line,
-                "file": enc.file,
-                "rid": rid,
-                "reason": reason,
-                "detail": detail,
-                "attempts": attempts,
-            }
-        )
+        self.in_flight = InFlight(cfg, self.sender, self.stats, self._backpressure, self._failures, self.stop)
 
     def _reject(self, rej: Reject) -> None:
         self.stats.record_rejected(rej.reason)
         self._rejects.write(rej.to_json())
-
-    # -- the producer -----------------------------------------------------------------------------
-
-    def _wait_to_send(self, n_tokens: int) -> bool:
-        """Block until a slot is free and the staging limits allow one more request; False on stop."""
-        if not self._wait_for_slot():
-            return False
-        self._wait_for_staging(n_tokens)
-        if self.stop.is_set():
-            self._slots.release()
-            return False
-        return True
-
-    def _wait_for_slot(self) -> bool:
-        """Take an in-flight slot; a pause while the server does not answer. False on stop."""
-        while not self._slots.acquire(timeout=0.5):
-            if self.stop.is_set():
-                return False
-            down_since = self.sender.gate.down_since
-            if down_since is not None:
-                since = time.strftime("%H:%M:%S", time.localtime(down_since))
-                with self.stats.paused(f"server {self.cfg.server} not answering since {since}; waiting for /health"):
-                    while not self._slots.acquire(timeout=0.5):
-                        if self.stop.is_set():
-                            return False
-                return True
-        return True
-
-    def _wait_for_staging(self, n_tokens: int) -> None:
-        """Wait, as one pause, while the staging limits refuse one more request of `n_tokens`."""
-        st = self.stats
-        if self.stop.is_set():
-            return
-        reason = self._backpressure.reason(st.in_flight, st.in_flight_tokens, n_tokens, paused=False)
-        if reason is None:
-            return
-        paused_at = time.monotonic()
-        with st.paused(reason) as still:
-            while reason is not None and not self.stop.is_set():
-                still(reason)
-                self.stop.wait(pause_poll_s(time.monotonic() - paused_at))
-                if not self.stop.is_set():
-                    reason = self._backpressure.reason(st.in_flight, st.in_flight_tokens, n_tokens, paused=True)
 
     def run(self) -> RunStats:
         """Take the shard's lock, check the start, then run; a stop before the run began returns the
@@ -374,13 +194,13 @@ class ExtractRun:
             log.info("removed %s: a client file of an overlapping shard, superseded by this run's", path)
         self._rejects.open()
         self._failures.open()
-        self._watch.start()
+        self.in_flight.start()
         try:
             # staging first, then the manifest: a dump drained in between is in the second
             skip = staged_indices(Path(cfg.dump_dir), cfg.rid_prefix, run_id) | completed_indices(out)
             self._produce(run_id, skip)
         except ServerUnavailable as exc:
-            self.fatal = exc
+            self.in_flight.fatal = exc
             self.stop.set()
         except StopRequested:
             pass  # asked to stop while waiting for the server: a plain stop
@@ -388,18 +208,18 @@ class ExtractRun:
             self.stop.set()  # Ctrl-C or a bug: not done, so no summary
             raise
         finally:
-            self._pool.shutdown(wait=True)
-            self._watch.close()
+            self.in_flight.close()
             self._settle_state()
             reporter.stop()
             self._rejects.close()
             self._failures.close()
         if st.state == "done":
             write_client_summary(client_summary_path(out, cfg.shard), st.summary_record())
-        if isinstance(self.fatal, HsextractError):
-            raise self.fatal
-        if self.fatal is not None:
-            raise HsextractError(f"client stopped on an internal error: {self.fatal!r}") from self.fatal
+        fatal = self.in_flight.fatal
+        if isinstance(fatal, HsextractError):
+            raise fatal
+        if fatal is not None:
+            raise HsextractError(f"client stopped on an internal error: {fatal!r}") from fatal
         return st
 
     def _check_output(self, out: Path) -> str:
@@ -448,8 +268,8 @@ class ExtractRun:
 
     def _settle_state(self) -> None:
         """The run's final state: failed (with the error), stopped, or done."""
-        if self.fatal is not None:
-            self.stats.finish("failed", str(self.fatal))
+        if self.in_flight.fatal is not None:
+            self.stats.finish("failed", str(self.in_flight.fatal))
         elif self.stop.is_set():
             self.stats.finish("stopped")
         else:
@@ -484,11 +304,11 @@ class ExtractRun:
         cfg = self.cfg
         reader = DatasetReader(max_row_bytes=cfg.max_row_bytes)
         for item in read_dataset(cfg.dataset, reader):  # every row, for shard-independent duplicate detection
-            if self.stop.is_set() or not self._send_again():
+            if self.stop.is_set() or not self.in_flight.send_again():
                 return
             if cfg.shard.takes(item.index) and not self._produce_one(item, run_id, skip):
                 return
-        self._wait_for_answers()
+        self.in_flight.wait_for_answers()
 
     def _produce_one(self, item: Sample | Reject, run_id: str, skip: set[int]) -> bool:
         """Reject, skip or send one row of this host's shard; False when a stop came before it was sent."""
@@ -512,43 +332,7 @@ class ExtractRun:
             cfg.dump_dir,
             SampleRecord(rid, index, enc.input_ids, enc.loss_mask, run_id, item.source, cfg.format, str(self.output)),
         )
-        if not self._send(rid, enc):
+        if not self.in_flight.send(rid, enc):
             remove_record(cfg.dump_dir, rid)  # never sent; the restarted run writes it again
             return False
-        return True
-
-    def _wait_for_answers(self) -> None:
-        """Every line read: wait for the last answers and the capture's word on each, sending again
-        what the capture failed on."""
-        st = self.stats
-        while not self.stop.is_set():
-            if not self._send_again():
-                return
-            with self._outcomes:
-                if not self._resend and not self._open and st.in_flight == 0:
-                    return
-                self._outcomes.wait(0.2)
-
-    def _send_again(self) -> bool:
-        """Send the samples whose capture failed; False if a stop came meanwhile."""
-        while True:
-            with self._outcomes:
-                if not self._resend:
-                    return True
-                rid, enc = self._resend.popleft()
-            if not self._send(rid, enc):
-                return False
-
-    def _send(self, rid: str, enc: Encoded) -> bool:
-        """Wait for a slot and the staging limits, then send; False (nothing sent) on stop."""
-        if not self._wait_to_send(len(enc.input_ids)):
-            return False
-        # A failure marker of an earlier send of this rid would be read as this send's: the client
-        # owns failed dumps, and removes one before sending the sample again.
-        d = rid_dir(self.cfg.dump_dir, rid)
-        if (d / FAILED_FILE).exists():
-            discard_dump(d)
-        self.stats.sending(len(enc.input_ids))
-        fut = self._pool.submit(self.sender.send, rid, enc.input_ids)
-        fut.add_done_callback(functools.partial(self._finish, rid, enc))
         return True

@@ -46,8 +46,8 @@ from urllib.parse import urlsplit
 import requests
 
 from hsextract.errors import HsextractError
-from hsextract.report import duration
 from hsextract.retry import RetryPolicy
+from hsextract.units import duration
 
 log = logging.getLogger(__name__)
 

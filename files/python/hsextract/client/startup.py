@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from hsextract.process_age import process_age_s
-from hsextract.report import seconds
+from hsextract.units import seconds
 
 
 class StartupClock:

@@ -15,19 +15,6 @@ from hsextract.formats import FORMATS
 from hsextract.model_fingerprint import PART_NAMES
 from hsextract.output.manifest import ManifestHeader
 
-# How each trainer is pointed at the set ("<set>" is replaced by its path).
-LOADING = {
-    "specforge": "SpecForge: `--train-hidden-states-path <set>` (its offline reader walks the tree for `*.ckpt`, "
-    "sorted by path: `reader_order.json` lists that order), `--vocab-mapping-path "
-    "<set>/vocab_mapping/vocab_mapping.pt`.",
-    "speculators": "speculators >= 0.8: `--data-path <set>` (`hidden_states/hs_{i}.safetensors` is row i of the "
-    "Arrow dataset); it finds `d2t.npy`/`t2d.npy` (or `d2t-<N>.npy` with `--draft-vocab-size N`) there.",
-    "speculators-v1": "speculators 0.7 (`--legacy-data`): `--data-path <set>` (`data_{i}.pt` with "
-    "`sample_lengths.json`); the vocabulary files end in `.pth`, pass them by path.",
-    "modelopt": "ModelOpt: `offline_data_path: <set>` (every `*.pt`; `conversation_id` is the dataset index, unique "
-    "across hosts), `data.draft_vocab_cache: <set>/draft_vocab_cache/d2t.pth`.",
-}
-
 
 @dataclass(frozen=True)
 class HostLine:
@@ -51,28 +38,8 @@ def card_text(
 ) -> str:
     """The card's Markdown."""
     spec = FORMATS.get(header.format)
-    model = header.model_path or "?"
     lines = [
-        f"# EAGLE-3 training data: {model.rstrip('/').rsplit('/', 1)[-1]}",
-        "",
-        f"Hidden states of `{model}` ({header.architecture or '?'}, {header.num_hidden_layers} layers), captured "
-        f"inside SGLang {header.sglang_version or '?'}'s forward pass by hsextract {header.hsextract_version or '?'} "
-        f"on {len(hosts)} host(s) and collected by `hsextract collect`. Every sample was re-hashed against its "
-        "host's manifest before it was added.",
-        "",
-        "| | |",
-        "| --- | --- |",
-        f"| format | `{header.format}` ({spec.trainer if spec else '?'}) |",
-        f"| samples | {samples} ({tokens} tokens, {nbytes} bytes of sample files) |",
-        f"| aux layers | {header.eagle_aux_hidden_state_layer_ids} (eagle convention), "
-        f"{header.sglang_layers_to_capture} (sglang) |",
-        f"| final hidden state | {header.final_hidden} |",
-        f"| dtype, hidden size | {header.dtype}, {header.hidden_size} |",
-        f"| model config sha256 | `{header.model_config_sha256 or '?'}` |",
-        f"| model fingerprint | {_fingerprint(header.model_fingerprint)} |",
-        f"| dataset | `{(dataset or {}).get('path', '?')}`, {'?' if dataset_lines is None else dataset_lines} lines |",
-        f"| run id | `{header.run_id}` |",
-        "",
+        *_about_lines(header, samples, tokens, nbytes, len(hosts), dataset, dataset_lines),
         "## Hosts",
         "",
         "| host | shards | samples collected | state |",
@@ -91,7 +58,7 @@ def card_text(
         *_vocab_lines(vocab),
         "## Loading it",
         "",
-        LOADING.get(header.format, "").replace("<set>", path),
+        (spec.loading if spec else "").replace("<set>", path),
         "",
         "`manifest.jsonl` maps each sample's output index to its dataset index, its host (`host`) and its index "
         "there (`host_index`), with its size, checksum and fingerprint; `hsextract finalize --output <set> "
@@ -99,6 +66,42 @@ def card_text(
         "",
     ]
     return "\n".join(lines)
+
+
+def _about_lines(
+    header: ManifestHeader,
+    samples: int,
+    tokens: int,
+    nbytes: int,
+    hosts: int,
+    dataset: dict[str, Any] | None,
+    dataset_lines: int | None,
+) -> list[str]:
+    """The title, where the states come from, and the table of what every sample has in common."""
+    spec = FORMATS.get(header.format)
+    model = header.model_path or "?"
+    return [
+        f"# EAGLE-3 training data: {model.rstrip('/').rsplit('/', 1)[-1]}",
+        "",
+        f"Hidden states of `{model}` ({header.architecture or '?'}, {header.num_hidden_layers} layers), captured "
+        f"inside SGLang {header.sglang_version or '?'}'s forward pass by hsextract {header.hsextract_version or '?'} "
+        f"on {hosts} host(s) and collected by `hsextract collect`. Every sample was re-hashed against its "
+        "host's manifest before it was added.",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| format | `{header.format}` ({spec.trainer if spec else '?'}) |",
+        f"| samples | {samples} ({tokens} tokens, {nbytes} bytes of sample files) |",
+        f"| aux layers | {header.eagle_aux_hidden_state_layer_ids} (eagle convention), "
+        f"{header.sglang_layers_to_capture} (sglang) |",
+        f"| final hidden state | {header.final_hidden} |",
+        f"| dtype, hidden size | {header.dtype}, {header.hidden_size} |",
+        f"| model config sha256 | `{header.model_config_sha256 or '?'}` |",
+        f"| model fingerprint | {_fingerprint(header.model_fingerprint)} |",
+        f"| dataset | `{(dataset or {}).get('path', '?')}`, {'?' if dataset_lines is None else dataset_lines} lines |",
+        f"| run id | `{header.run_id}` |",
+        "",
+    ]
 
 
 def _vocab_lines(vocab: dict[str, Any] | None) -> list[str]:

@@ -35,8 +35,8 @@ from hsextract.output.layout import (
 )
 from hsextract.output.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
 from hsextract.output.run_files import ClientStatus, ClientSummary, read_drain_status
-from hsextract.report import duration
 from hsextract.shard import WHOLE, Shard
+from hsextract.units import duration
 
 # What collect reads of a host output besides its sample files (those are opened row by row through
 # hsextract.contained): every file under these must be a regular file, every directory a directory.

@@ -3,7 +3,7 @@
 One record (`CollectReport`) with one writer (`write_collect_report`, called by
 hsextract.collect.report at the end of every collect whose hosts have a sample) and one reader
 (`read_collect_report`: ``hsextract status`` takes a set that has the file and no drain's status for
-a collected set, and prints from it; hsextract.status_collected, hsextract.report). So every key is
+a collected set, and prints from it: hsextract.status_collected). So every key is
 spelled once, here.
 
 The file is the JSON of `CollectReport.to_json` with sorted keys, indented by one, as the dict

@@ -31,11 +31,12 @@ from hsextract.collect.lock import collected_set_lock
 from hsextract.collect.report import finish, nothing_admitted
 from hsextract.collect.selection import Selection, collected_entry, select_entries
 from hsextract.collect.space import SpacePolicy
-from hsextract.collect.transfer import SAME_BYTES, Fetched, Fetcher, same_filesystem
+from hsextract.collect.transfer import Fetched, Fetcher, same_filesystem
 from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
 from hsextract.formats import get_format
 from hsextract.formats.sample_check import SampleCheck
+from hsextract.output.collect_reasons import SAME_BYTES
 from hsextract.output.commit import OrderedCommit, ToCommit, stop_short
 from hsextract.output.dataset_record import read_record
 from hsextract.output.layout import collect_tmp_dir

@@ -35,18 +35,13 @@ from hsextract.collect.selection import Pending
 from hsextract.contained import UnsafePath, link_regular, open_regular, unlink_regular
 from hsextract.durable import fsync_dir, is_no_space, write_file_durably
 from hsextract.formats.sample_check import SampleCheck
+from hsextract.output.collect_reasons import REASONS, UNREADABLE, UNSAFE, WRONG_SAMPLE
 from hsextract.output.manifest import file_problem
 
 log = logging.getLogger("hsextract.collect")
 
 MODES = ("copy", "link", "move")
 _CHUNK = 8 << 20
-# What a file's problem (hsextract.output.manifest.file_problem) is called in the failures.
-REASONS = {"missing": "collect_missing", "size": "collect_size", "checksum": "collect_checksum"}
-UNREADABLE = "collect_unreadable"
-UNSAFE = "collect_unsafe_path"  # the row names no regular file inside its host output: nothing was read
-WRONG_SAMPLE = "collect_wrong_sample"  # the file is not the row's sample (hsextract.formats.sample_check)
-SAME_BYTES = "collect_same_bytes"  # the row's file has another row's bytes (hsextract.output.same_bytes)
 
 
 @dataclass

@@ -27,7 +27,6 @@ arbitrary bytes.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
@@ -56,6 +55,7 @@ from hsextract.dataset.conversation import (
 )
 from hsextract.dataset.sources import BOM, UNREADABLE_FILE, Row, Unreadable, count_rows, dataset_files, file_rows
 from hsextract.errors import ConfigError
+from hsextract.options import Option
 
 # Reject reason codes (stable: they are counted in the summary and grepped in rejects files); the
 # conversation's own are in `hsextract.dataset.conversation`.
@@ -78,6 +78,7 @@ __all__ = [
     "EMPTY_CONTENT",
     "EMPTY_CONVERSATION",
     "MALFORMED_JSON",
+    "MAX_ROW_BYTES_OPTION",
     "NOT_AN_OBJECT",
     "NOT_UTF8",
     "NO_ASSISTANT_TURN",
@@ -94,7 +95,6 @@ __all__ = [
     "Reject",
     "Sample",
     "ToolCall",
-    "add_max_row_bytes_argument",
     "count_rows",
     "dataset_files",
     "parse_line",
@@ -341,16 +341,14 @@ class DatasetReader:
             yield self.feed(index, raw)
 
 
-def add_max_row_bytes_argument(parser: argparse._ActionsContainer) -> None:
-    """``--max-row-bytes``: the bound of `DatasetReader`, a flag of every command that reads a dataset."""
-    parser.add_argument(
-        "--max-row-bytes",
-        type=int,
-        default=defaults.MAX_ROW_BYTES,
-        metavar="N",
-        help=f"reject rows larger than N bytes (a table row: characters) before tokenizing them "
-        f"(reason {ROW_TOO_LARGE}; default {defaults.MAX_ROW_BYTES:,})",
-    )
+# ``--max-row-bytes``: the bound of `DatasetReader`, a flag of every command that reads a dataset
+# (its settings' field: ``option(defaults.MAX_ROW_BYTES, like=MAX_ROW_BYTES_OPTION)``).
+MAX_ROW_BYTES_OPTION = Option(
+    type=int,
+    metavar="N",
+    help=f"reject rows larger than N bytes (a table row: characters) before tokenizing them "
+    f"(reason {ROW_TOO_LARGE}; default {defaults.MAX_ROW_BYTES:,})",
+)
 
 
 def read_dataset(path: str | Path, reader: DatasetReader | None = None) -> Iterator[Sample | Reject]:

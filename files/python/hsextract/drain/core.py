@@ -25,12 +25,14 @@ while reading, checking, encoding and the big fsyncs run in parallel workers.
 The pieces: `recovery` (the start: checks, and the repairs of hsextract.output.repair), `scan`
 (a look at each staged directory; `triage` decides what to do with it), `worker` (one dump in,
 one durable temporary file out, within the byte budget), `selfcheck` and `check_queue` (the
-chosen samples' checks, off the other samples' way), `committer` (the commit thread: the
-ordered commit of hsextract.output.commit, which collect uses too, then the staged dumps'
-deletion), `header` (the manifest header), `outcomes` (where every part reports what became of a
-sample: the stats, the samples in hand (`inflight`), the draft vocabulary (`vocab`), the
-quarantine), `clients` (have the clients finished?); this module is the daemon's life: recover,
-loop (scan, prepare in workers, commit), shut down.
+chosen samples' checks, off the other samples' way), the target (hsextract.output.target: the
+output directory or a bucket, never told apart here) and its committer (the commit thread:
+hsextract.output.committer, the ordered commit of hsextract.output.commit, which collect uses
+too, then the staged dumps' deletion), `header` (the manifest header), `outcomes` (where every
+part reports what became of a sample: the stats, the samples in hand (`inflight`), the draft
+vocabulary (`vocab`), the quarantine), `clients` (have the clients finished?), `dataset_files` (the
+dataset-level files kept up to the manifest); this module is the daemon's life: recover, loop
+(scan, prepare in workers, commit), shut down.
 """
 
 from __future__ import annotations
@@ -43,9 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hsextract.drain.clients import ClientRuns
-from hsextract.drain.committer import Committer
 from hsextract.drain.config import DrainConfig
-from hsextract.drain.draft_files import write_draft_files_logged
+from hsextract.drain.dataset_files import DatasetFiles
 from hsextract.drain.header import RunHeader
 from hsextract.drain.inflight import InFlight
 from hsextract.drain.metrics import DrainStats, MetricsServer
@@ -57,16 +58,15 @@ from hsextract.drain.vocab import DrainVocab
 from hsextract.drain.warmup import warm_up
 from hsextract.drain.worker import SampleWorker, torch_set_threads
 from hsextract.drain.worker_processes import WorkerProcesses
-from hsextract.durable import check_writable, is_no_space
+from hsextract.durable import check_writable
 from hsextract.formats import FORMATS, get_format
 from hsextract.formats.base import OutputFormat
-from hsextract.objectstore.drain_side import BucketSide
-from hsextract.objectstore.store import Stopped
+from hsextract.objectstore.drain_side import open_target
 from hsextract.output.accounts import read_accounts
-from hsextract.output.finalized import record_finalized
+from hsextract.output.committer import Committer
 from hsextract.output.layout import drain_tmp_dir
 from hsextract.output.lock import OutputLock
-from hsextract.output.manifest import ManifestEntry, ManifestHeader
+from hsextract.output.target import DirectoryTarget, OutputTarget, TargetUnreachable
 from hsextract.process_age import process_age_s
 from hsextract.staging.dumps import run_dumps
 
@@ -76,8 +76,6 @@ log = logging.getLogger("hsextract.drain")
 RUN_CHECK_FAILED = 3
 # Exit status of a drain that finished its run but could not write the dataset-level files.
 FINALIZE_FAILED = 4
-# A bucket's server that did not answer a finalize is asked again after this long.
-FINALIZE_RETRY_S = 5.0
 
 __all__ = ["FINALIZE_FAILED", "RUN_CHECK_FAILED", "DrainConfig", "Drainer"]
 
@@ -100,12 +98,9 @@ class Drainer:
         self._header: RunHeader | None = None
         self._selfcheck: GreedySelfCheck | None = None
         self._processes: WorkerProcesses | None = None  # the worker processes, where the workers are processes
-        self._finalized_at_count = -1
-        self._finalize_problem = ""  # why the dataset-level files lag behind the manifest at the end
-        # A bucket as the set's home (hsextract.objectstore): its store, and how its samples' tokens
-        # are read back for the dataset-level files; None for a directory.
-        self._bucket: BucketSide | None = None
-        self._finalize_later_at = 0.0  # a bucket's server did not answer: no finalize before then
+        # Where the set lives (hsextract.output.target), opened by the recovery.
+        self._target: OutputTarget = DirectoryTarget()
+        self._dataset_files = DatasetFiles(cfg, self.fmt, self._vocab, self._outcomes, self.stats, self.stop_event)
         self._metrics: MetricsServer | None = None
 
     def stop(self) -> None:
@@ -133,7 +128,7 @@ class Drainer:
                 self._processes.close()
             if self._metrics is not None:
                 self._metrics.stop()
-            if not (isinstance(exc, Stopped) and self.stop_event.is_set()):
+            if not (isinstance(exc, TargetUnreachable) and self.stop_event.is_set()):
                 raise
             log.info("drain stopped before its start was complete (%s); nothing was taken from staging", exc)
             return 0
@@ -146,18 +141,19 @@ class Drainer:
         fatal = self._outcomes.fatal
         if fatal is not None:
             self.stats.set(state="failed")
-            self._publish_bucket_state(last=True)
+            self._publish_target_state(last=True)
             self._outcomes.write_status(error=str(fatal))
             raise fatal
         self.stats.set(
             state="done" if not self.stop_event.is_set() else "stopped", in_flight=0, lag=self._our_dumps_left()
         )
         exit_code = check_finished_run(self.out, self.cfg, self._selfcheck, self.stats) if finished_run else 0
-        if self._finalize_problem and not self.stop_event.is_set():
-            log.error("the dataset-level files lag behind the manifest: %s", self._finalize_problem)
+        problem = self._dataset_files.problem
+        if problem and not self.stop_event.is_set():
+            log.error("the dataset-level files lag behind the manifest: %s", problem)
             exit_code = exit_code or FINALIZE_FAILED
-        self.stats.set(finalize_problem=self._finalize_problem)
-        self._publish_bucket_state(last=True)
+        self.stats.set(finalize_problem=problem)
+        self._publish_target_state(last=True)
         self._outcomes.write_status()
         log.info(
             "drain stopped: %d samples written by this process, %d in the manifest",
@@ -170,17 +166,15 @@ class Drainer:
         """Bring the output directory to a consistent state after whatever happened before, and
         build the parts that work on it."""
         cfg, tmp_dir = self.cfg, drain_tmp_dir(self.out)
-        if cfg.object_store is not None:
-            # Before the work directory is read: it is made equal to the bucket, the truth (no epoch yet).
-            self._bucket = BucketSide.open(cfg, self.fmt, self.stop_event)
+        # Before the work directory is read: a bucket's makes it equal to the bucket, the truth (no
+        # epoch yet: the target is taken over once the start checks passed).
+        self._target = open_target(cfg, self.fmt, self.stop_event)
         found = recover(cfg, self.fmt, tmp_dir)
         self.run_id = found.run_id
         self._header = RunHeader(cfg, found.run_id, found.header)
-        committer: Committer
-        if self._bucket is not None:
-            committer = self._bucket.committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
-        else:
-            committer = Committer(self.out, self.fmt, tmp_dir, cfg.dump_dir, found.entries, self._outcomes)
+        committer = self._target.committer(
+            self.out, self.fmt.relative_path, tmp_dir, cfg.dump_dir, found.entries, self._outcomes
+        )
         self._selfcheck = make_selfcheck(
             cfg,
             stop=self.stop_event,
@@ -204,7 +198,7 @@ class Drainer:
             selfcheck=self._selfcheck,
             processes=self._processes,
             count_vocab=lambda: vocab.counting,
-            durable_tmp=self._bucket is None,
+            durable_tmp=self._target.durable_tmp,
         )
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
@@ -214,7 +208,7 @@ class Drainer:
             tokens_total=sum(e.tokens for e in found.entries),
             bytes_total=sum(e.bytes for e in found.entries),
         )
-        self._vocab.recover(found.entries, self._bucket.tokens if self._bucket is not None else None)
+        self._vocab.recover(found.entries, self._target.tokens)
         scanner = Scanner(
             cfg,
             found.run_id,
@@ -245,8 +239,9 @@ class Drainer:
         if metrics is not None:
             metrics.start()
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics.port)
-        if self._bucket is not None:  # the last start step: every check that can refuse this drain passed
-            self._bucket.take_over()  # fences the prefix's earlier writers (hsextract.objectstore.output)
+        # The last start step: every check that can refuse this drain passed (a bucket's fences the
+        # prefix's earlier writers, hsextract.objectstore.output).
+        self._target.take_over()
         committer.start()
         self.stats.set(state="running")
         age = process_age_s()
@@ -279,7 +274,7 @@ class Drainer:
             submitted = scanner.scan_and_submit(pool)
             now = time.monotonic()
             if now - last_status >= self.cfg.status_interval_s:
-                self._publish_bucket_state()
+                self._publish_target_state()
                 self._outcomes.write_status()
                 last_status = now
             if submitted == 0 and self._inflight.idle():
@@ -293,12 +288,12 @@ class Drainer:
             wake.clear()
         return False
 
-    def _publish_bucket_state(self, last: bool = False) -> None:
-        """The bucket's part of the status; at the end, its retries in the log too."""
-        if self._bucket is not None:
-            self.stats.set(objectstore=self._bucket.status())
-            if last:
-                log.info("%s", self._bucket.retries_line())
+    def _publish_target_state(self, last: bool = False) -> None:
+        """The target's part of the status; at the end, its last word in the log too."""
+        self.stats.set(objectstore=self._target.status())
+        said = self._target.last_word() if last else None
+        if said:
+            log.info("%s", said)
 
     def _wait_s(self) -> float:
         """How long the main loop waits for a wake: a freed slot, a settled sample or a stop wake
@@ -321,7 +316,7 @@ class Drainer:
                 self._finalize_if_changed(committer)
             except Exception as exc:  # the samples are safe; only the dataset-level files lag behind
                 log.exception("finalizing at shut-down failed; run `hsextract finalize --output %s`", self.out)
-                self._finalize_problem = (
+                self._dataset_files.problem = (
                     f"finalizing failed ({type(exc).__name__}: {exc}); run `hsextract finalize --output {self.out}`"
                 )
         if metrics:
@@ -340,68 +335,15 @@ class Drainer:
         staged: the run is over, and its dataset-level files are written now rather than after
         --finalize-idle (a daemon drain; hsextract status calls the run done only then)."""
         return (
-            len(committer.entries) != self._finalized_at_count
+            len(committer.entries) != self._dataset_files.covered
             and self._client_finished()
             and not self._our_dumps_left()
         )
 
     def _finalize_if_changed(self, committer: Committer) -> None:
-        """Rebuild the dataset-level files (the format's, the draft vocabulary's and config) if samples came
-        since, and record how many they cover (hsextract.output.finalized). A full volume pauses and
-        retries, as for samples; a stop meanwhile leaves them behind (said in the log and by
-        `hsextract status`; the next drain or ``hsextract finalize`` writes them)."""
-        n = len(committer.entries)
+        """Bring the dataset-level files up to the manifest (hsextract.drain.dataset_files)."""
         header = self._header.header if self._header is not None else None
-        if n == self._finalized_at_count or header is None:
-            return
-        if time.monotonic() < self._finalize_later_at and not self.stop_event.is_set():
-            return
-        while True:
-            try:
-                paths = self._write_dataset_files(header, committer.entries, n)
-                break
-            except Stopped as exc:  # a bucket's server does not answer: the files wait for it
-                self._finalize_waits_for_bucket(n, exc)
-                return
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
-                if self.stop_event.is_set():
-                    self._finalize_problem = (
-                        f"the output volume was full ({exc.strerror}) when the drain stopped, so the dataset-level "
-                        f"files were not written for the {n} samples of the manifest; the next drain, or `hsextract "
-                        f"finalize --output {self.out}` once there is space, writes them"
-                    )
-                    log.error("%s", self._finalize_problem)
-                    return
-                self._outcomes.pause_for_space(self.out, exc)
-        self._finalized_at_count = n
-        self._finalize_later_at = 0.0
-        self._finalize_problem = ""
-        self.stats.set(finalized_samples=n)
-        if paths:
-            log.info("dataset-level files rebuilt for %d samples: %s", n, ", ".join(p.name for p in paths))
-
-    def _write_dataset_files(self, header: ManifestHeader, entries: list[ManifestEntry], n: int) -> list[Path]:
-        """The format's, the draft vocabulary's and the config files, then the record that they cover
-        `n` samples; published to the bucket where the set is one."""
-        tokens = self._bucket.tokens if self._bucket is not None else None
-        paths = self.fmt.finalize(self.out, header, list(entries), tokens)
-        self._vocab.write_files(self.cfg.vocab_size or header.vocab_size, n)
-        paths += write_draft_files_logged(self.out, header, entries, self.cfg.model_path, self.cfg.draft_vocab_sizes)
-        record_finalized(self.out, n)
-        if self._bucket is not None:
-            self._bucket.publish_dataset_files(self.out)
-        return paths
-
-    def _finalize_waits_for_bucket(self, n: int, exc: Stopped) -> None:
-        if not self._finalize_later_at:
-            log.warning("the dataset-level files for %d samples wait for the bucket: %s", n, exc)
-        self._finalize_problem = (
-            f"the dataset-level files for {n} samples are not yet in the bucket: {exc}; the "
-            "drain writes them once the server answers"
-        )
-        self._finalize_later_at = time.monotonic() + FINALIZE_RETRY_S
+        self._dataset_files.update(self._target, header, committer.entries)
 
 
 def check_finished_run(out: Path, cfg: DrainConfig, selfcheck: GreedySelfCheck | None, stats: DrainStats) -> int:

@@ -1,7 +1,7 @@
 """Where the drain's parts report what became of each sample, and of the drain itself.
 
 The scan (hsextract.drain.scan), the workers (hsextract.drain.worker) and the committer
-(hsextract.drain.committer) each get this one object and know nothing of one another, of the
+(hsextract.output.committer) each get this one object and know nothing of one another, of the
 stats, of the samples in hand or of the draft vocabulary: whichever part meets a sample's
 outcome (written, dropped as a second dump, removed as stale, quarantined), it is counted here,
 in one place. So is what concerns the whole drain: a full volume pauses the part that met it
@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 from hsextract.drain import triage as t
-from hsextract.drain.committer import Prepared
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.inflight import InFlight
 from hsextract.drain.metrics import DrainStats, write_status
 from hsextract.drain.quarantine import Quarantine
 from hsextract.drain.vocab import DrainVocab
 from hsextract.durable import free_bytes
+from hsextract.output.committer import Prepared
 from hsextract.output.manifest import ManifestEntry
 from hsextract.staging.dumps import discard_dump
 from hsextract.staging.records import remove_record

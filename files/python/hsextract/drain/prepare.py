@@ -19,12 +19,12 @@ from hsextract import fingerprint
 from hsextract.direct_write import write_payload_direct
 from hsextract.drain import validate as v
 from hsextract.drain.check_queue import CheckRows
-from hsextract.drain.committer import Prepared
 from hsextract.drain.staged_io import StagedReader
 from hsextract.durable import is_no_space, write_payload_durably
 from hsextract.errors import StagingError
 from hsextract.formats.base import OutputFormat, Sample, SourceRange
 from hsextract.logprob_check import checked_positions
+from hsextract.output.committer import Prepared
 from hsextract.output.manifest import new_hasher
 from hsextract.staging.dumps import STATES_FILE, DoneMarker, read_done_marker
 from hsextract.staging.records import SampleRecord

@@ -32,13 +32,13 @@ from pathlib import Path
 from hsextract.drain import triage as t
 from hsextract.drain import validate as v
 from hsextract.drain.clients import ClientRuns
-from hsextract.drain.committer import Committer
 from hsextract.drain.config import DrainConfig
 from hsextract.drain.inflight import InFlight
 from hsextract.drain.outcomes import Outcomes
 from hsextract.drain.quarantine import safe_iterdir
 from hsextract.drain.worker import SampleWorker
 from hsextract.errors import ConfigError, StagingError
+from hsextract.output.committer import Committer
 from hsextract.process_age import process_age_s
 from hsextract.staging.dumps import DONE_FILE, FAILED_FILE, iter_dump_names
 from hsextract.staging.names import record_rid, records_dir

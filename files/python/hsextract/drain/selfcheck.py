@@ -276,7 +276,7 @@ def make_selfcheck(
     """The self-check of the configured share, or None (no model, or a share and first of 0);
     with the logprob check where the drain was given the server's URL. Its passes run on
     `DrainConfig.selfcheck_threads` threads; `fail` stops the drain on an error no sample explains;
-    the samples one pass settles are committed `together` (hsextract.drain.committer)."""
+    the samples one pass settles are committed `together` (hsextract.output.committer)."""
     if not cfg.model_path or (cfg.selfcheck_share <= 0 and cfg.selfcheck_first <= 0):
         if cfg.selfcheck_share > 0 or cfg.selfcheck_first > 0:
             log.warning("greedy self-check off: the drain was given no --model to read the head from")

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from hsextract.output.layout import FAILURES
-from hsextract.report import duration
 from hsextract.staging.records import ParsedRid, SampleRecord
+from hsextract.units import duration
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Protocol
 
 from hsextract.drain.check_queue import Verdict
-from hsextract.drain.committer import Prepared
 from hsextract.drain.header import RunHeader
 from hsextract.drain.prepare import Invalid, Job, NoSpace, Ready, prepare
 from hsextract.drain.selfcheck import GreedySelfCheck
@@ -37,6 +36,7 @@ from hsextract.drain.staged_io import PIECE
 from hsextract.drain.validate import InvalidDump
 from hsextract.drain.worker_processes import WorkerProcesses
 from hsextract.formats.base import OutputFormat
+from hsextract.output.committer import Prepared
 from hsextract.output.manifest import default_checksum_algorithm
 from hsextract.staging.dumps import STATES_FILE
 from hsextract.staging.records import SampleRecord

@@ -24,8 +24,8 @@ from typing import Any
 
 from hsextract.collect.shards import check_coverage
 from hsextract.errors import ConfigError
-from hsextract.report import binary_size, duration
 from hsextract.shard import WHOLE, Shard
+from hsextract.units import binary_size, duration
 
 EXIT_NO_ROOM = 5  # as `hsextract plan`: a host's volume cannot hold its shard
 

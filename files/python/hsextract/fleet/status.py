@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hsextract.report import count, duration
+from hsextract.units import count, duration
 
 BUCKETS = ("lines", "accepted", "rejected", "in_set", "failed", "quarantined", "on_the_way")
 

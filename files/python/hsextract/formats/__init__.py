@@ -1,8 +1,11 @@
 """Training-set formats the drain writes, and the run manifest every output directory carries.
 
 Each format module turns one validated sample (token ids, loss mask, hidden rows ``[T, K + 1, H]``)
-into the bytes of one file of the trainer's layout, and knows the dataset-level files its reader
-needs (``sample_lengths.json``, the Arrow dataset). ``FORMATS`` maps the ``--format`` names to them.
+into the bytes of one file of the trainer's layout, and writes the dataset-level files its reader
+needs (``sample_lengths.json``, the Arrow dataset). ``FORMATS`` maps the ``--format`` names to their
+registry entries, which hold every other fact of a format: its placement of the final hidden state,
+its dtypes, its dataset-level files and their sizes, its trainer's draft-vocabulary files, and how
+its trainer loads a set.
 """
 
 from __future__ import annotations
@@ -11,10 +14,28 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+STAGED_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")  # what the capture stages (staging.dumps)
+
 
 @dataclass(frozen=True)
+class VocabFile:
+    """One draft-vocabulary file a trainer reads, per draft size.
+
+    `name` is relative to the output directory, with ``{size}`` (``-<N>`` in each size's file, nothing
+    in the first size's unsuffixed link) and ``{pt}`` (``.pt``, or ``.pth`` where a format's reader
+    takes every file ending in "pt" as a sample). `kind` is what it holds, written by
+    hsextract.vocab.files: ``mapping`` (SpecForge's {"d2t", "t2d"}), ``d2t`` / ``t2d`` (numpy, sorted
+    ids), ``frequency_d2t`` (torch, in frequency order)."""
+
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class FormatSpec:
-    """What the rest of hsextract needs to know about one ``--format``, without importing its writer."""
+    """Everything the rest of hsextract needs to know about one ``--format``, without importing its
+    writer: a new format is its writer module and this entry (tests/core/test_format_registry.py
+    holds every entry to having each fact)."""
 
     name: str
     trainer: str  # who reads it
@@ -23,34 +44,88 @@ class FormatSpec:
     # offline reader takes the post-norm state unless a file says otherwise.
     final_hidden: str
     writer: str  # "module:Class" of its OutputFormat (imported lazily: the writers pull in torch)
+    # The dtypes of the captured states its files hold (the drain refuses a model of another).
+    dtypes: tuple[str, ...]
+    # The dataset-level files its finalize writes beside the samples (the paths it returns), and an
+    # estimate of their size for the plan: bytes per sample and per token.
+    dataset_files: tuple[str, ...]
+    dataset_bytes_per_sample: int
+    dataset_bytes_per_token: int
     # Its finalize builds an Arrow dataset with `datasets`, which the drain imports before its workers start.
     arrow_dataset: bool = False
+    # Its trainer's draft-vocabulary files (a format whose files are another's is not listed apart).
+    vocab_files: tuple[VocabFile, ...]
+    # How its trainer is pointed at a set, for a collected set's card ("<set>": the set's path).
+    loading: str
 
     def load_writer(self) -> Any:  # -> hsextract.formats.base.OutputFormat
         module, cls = self.writer.split(":")
         return getattr(importlib.import_module(module), cls)()
 
 
-# The one registry of formats: CLI choices, the capture's final-norm placement, the drain's writer
-# and the roles' argument specs (tests/core/test_format_registry.py) all come from it.
+SPECULATORS_VOCAB = (VocabFile("d2t", "d2t{size}.npy"), VocabFile("t2d", "t2d{size}.npy"))
+
+# The one registry of formats: CLI choices, the capture's final-norm placement, the drain's writer,
+# the plan's sizes, the draft vocabulary's files, the collected set's card and the roles' argument
+# specs (tests/core/test_format_registry.py) all come from it.
 FORMATS: dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
-        FormatSpec("specforge", "SpecForge", "post_norm", "hsextract.formats.specforge:SpecForgeFormat"),
         FormatSpec(
-            "speculators",
-            "speculators >= 0.8",
-            "pre_norm",
-            "hsextract.formats.speculators:SpeculatorsFormat",
+            name="specforge",
+            trainer="SpecForge",
+            final_hidden="post_norm",
+            writer="hsextract.formats.specforge:SpecForgeFormat",
+            dtypes=STAGED_DTYPES,
+            dataset_files=(),
+            dataset_bytes_per_sample=0,
+            dataset_bytes_per_token=0,
+            vocab_files=(VocabFile("mapping", "vocab_mapping/vocab_mapping{size}{pt}"),),
+            loading="SpecForge: `--train-hidden-states-path <set>` (its offline reader walks the tree for `*.ckpt`, "
+            "sorted by path: `reader_order.json` lists that order), `--vocab-mapping-path "
+            "<set>/vocab_mapping/vocab_mapping.pt`.",
+        ),
+        FormatSpec(
+            name="speculators",
+            trainer="speculators >= 0.8",
+            final_hidden="pre_norm",
+            writer="hsextract.formats.speculators:SpeculatorsFormat",
+            dtypes=STAGED_DTYPES,
+            # The Arrow dataset (datasets.save_to_disk): state.json names its data files.
+            dataset_files=("state.json",),
+            dataset_bytes_per_sample=32,  # list offsets and seq_len
+            dataset_bytes_per_token=16,  # input_ids + loss_mask, int64 each
             arrow_dataset=True,
+            vocab_files=SPECULATORS_VOCAB,
+            loading="speculators >= 0.8: `--data-path <set>` (`hidden_states/hs_{i}.safetensors` is row i of the "
+            "Arrow dataset); it finds `d2t.npy`/`t2d.npy` (or `d2t-<N>.npy` with `--draft-vocab-size N`) there.",
         ),
         FormatSpec(
-            "speculators-v1",
-            "speculators 0.7 (v1 layout)",
-            "pre_norm",
-            "hsextract.formats.speculators_v1:SpeculatorsV1Format",
+            name="speculators-v1",
+            trainer="speculators 0.7 (v1 layout)",
+            final_hidden="pre_norm",
+            writer="hsextract.formats.speculators_v1:SpeculatorsV1Format",
+            dtypes=STAGED_DTYPES,
+            dataset_files=("sample_lengths.json", "data_config.json"),
+            dataset_bytes_per_sample=16,  # its sample_lengths.json entry
+            dataset_bytes_per_token=0,
+            vocab_files=SPECULATORS_VOCAB,  # the 0.7 script's default is d2t.npy
+            loading="speculators 0.7 (`--legacy-data`): `--data-path <set>` (`data_{i}.pt` with "
+            "`sample_lengths.json`); the vocabulary files end in `.pth`, pass them by path.",
         ),
-        FormatSpec("modelopt", "ModelOpt", "post_norm", "hsextract.formats.modelopt:ModelOptFormat"),
+        FormatSpec(
+            name="modelopt",
+            trainer="ModelOpt",
+            final_hidden="post_norm",
+            writer="hsextract.formats.modelopt:ModelOptFormat",
+            dtypes=STAGED_DTYPES,
+            dataset_files=(),
+            dataset_bytes_per_sample=0,
+            dataset_bytes_per_token=0,
+            vocab_files=(VocabFile("frequency_d2t", "draft_vocab_cache/d2t{size}{pt}"),),
+            loading="ModelOpt: `offline_data_path: <set>` (every `*.pt`; `conversation_id` is the dataset index, "
+            "unique across hosts), `data.draft_vocab_cache: <set>/draft_vocab_cache/d2t.pth`.",
+        ),
     )
 }
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
@@ -80,6 +155,17 @@ def final_hidden_for(fmt: str, final_hidden: str | None = None, *, what: str = "
             f"leave {what} unset (it follows the format) or choose the format that wants {final_hidden!r}"
         )
     return needed
+
+
+def check_dtype(fmt: str, dtype: str, *, where: str) -> None:
+    """ConfigError unless the format's files hold states of `dtype`, naming `where` it came from."""
+    from hsextract.errors import ConfigError
+
+    held = format_spec(fmt).dtypes
+    if dtype not in held:
+        raise ConfigError(
+            f"{where} has {dtype} states, which the format {fmt!r} does not hold (it holds {', '.join(held)})"
+        )
 
 
 def get_format(name: str) -> Any:  # -> hsextract.formats.base.OutputFormat

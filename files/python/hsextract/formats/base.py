@@ -19,6 +19,7 @@ import torch
 from hsextract.formats.index_width import pickled_int_bytes as _pickled_int_bytes
 from hsextract.formats.stored import StoredSample
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
+from hsextract.output.target import TokenReader
 
 
 @dataclass
@@ -135,11 +136,6 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     if t.numel() == 0:
         return memoryview(b"")
     return t.reshape(-1).view(torch.uint8).numpy().data
-
-
-# A sample's (input_ids, loss_mask) from its manifest entry, where its file is not beside the
-# dataset-level files (a set in a bucket: hsextract.objectstore.tokens.RemoteTokens).
-TokenReader = Callable[[ManifestEntry], tuple[torch.Tensor, torch.Tensor]]
 
 
 class OutputFormat(Protocol):

@@ -40,7 +40,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hsextract.collect.transfer import SAME_BYTES
 from hsextract.contained import UnsafePath
 from hsextract.errors import ConfigError
 from hsextract.formats.sample_check import SampleCheck
@@ -50,9 +49,10 @@ from hsextract.objectstore.segments import RUN_KEY, epoch_head, new_writer_id, p
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.tokens import RemoteTokens
 from hsextract.objectstore.verify import BucketSet, orphans, read_bucket_set
+from hsextract.output.collect_reasons import SAME_BYTES
 from hsextract.output.manifest import ManifestEntry, check_header_matches_fields
 from hsextract.output.same_bytes import describe, host_row_name, row_name, same_bytes
-from hsextract.report import seconds
+from hsextract.units import seconds
 
 log = logging.getLogger("hsextract.collect")
 

@@ -18,13 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hsextract.collect.transfer import REASONS, UNSAFE, WRONG_SAMPLE
 from hsextract.contained import UnsafePath
 from hsextract.durable import atomic_write_bytes
 from hsextract.objectstore.committer import META_EPOCH, META_WRITER, entry_of, sample_metadata
 from hsextract.objectstore.object_check import object_problem, plain_etag
 from hsextract.objectstore.segments import SegmentHead, publish
 from hsextract.objectstore.store import KeyExists, ObjectInfo, ObjectMissing, ObjectStore, SourceChanged, StoreError
+from hsextract.output.collect_reasons import REASONS, UNSAFE, WRONG_SAMPLE
 from hsextract.output.layout import collect_failures_path
 from hsextract.output.manifest import ManifestEntry
 

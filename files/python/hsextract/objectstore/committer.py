@@ -1,8 +1,8 @@
 """The drain's commit seam for a bucket: prepared samples become objects, then manifest segments.
 
-The drain core hands every prepared sample (a durable temporary file, its checksum) to its
-committer (hsextract.drain.committer). For a directory, the committer renames the file into
-place and appends the manifest line. For a bucket, this one, in order:
+The drain core hands every prepared sample (a temporary file, its checksum) to its target's
+committer (hsextract.output.target). For a directory, the committer (hsextract.output.committer)
+renames the file into place and appends the manifest line. For a bucket, this one, in order:
 
 1. gives the sample the next output index and starts its upload to ``<prefix>/<trainer's path>``
    (one PUT, or multipart for large ones), created with ``If-None-Match: *`` and carrying its
@@ -35,14 +35,14 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hsextract.drain.committer import CommitEvents, Committer, Prepared
-from hsextract.formats.base import OutputFormat
 from hsextract.objectstore.segments import HEADER_KEY, SegmentHead, SegmentTaken, publish
 from hsextract.objectstore.store import KeyExists, ObjectStore, Stopped, StoreError, UploadAborted
+from hsextract.output.committer import CommitEvents, Committer, Prepared
 from hsextract.output.manifest import ManifestEntry, ManifestHeader, check_header_matches_fields, read_header
 from hsextract.staging.dumps import discard_dump
 from hsextract.staging.records import remove_record
@@ -86,7 +86,7 @@ class ObjectCommitter(Committer):
     def __init__(
         self,
         out: Path,
-        fmt: OutputFormat,
+        relative_path: Callable[[int], str],
         tmp_dir: Path,
         dump_dir: Path,
         entries: list[ManifestEntry],
@@ -98,7 +98,7 @@ class ObjectCommitter(Committer):
         next_segment: int,
         uploads: int = 8,
     ):
-        super().__init__(out, fmt, tmp_dir, dump_dir, entries, events)
+        super().__init__(out, relative_path, tmp_dir, dump_dir, entries, events)
         self.store = store
         self.writer, self.epoch, self.next_segment = writer, epoch, next_segment
         self.segments_published = 0
@@ -170,7 +170,7 @@ class ObjectCommitter(Committer):
             self._events.settled(p.rid)
             return
         idx = len(self.entries) + len(self._pending)
-        rel = self.fmt.relative_path(idx)
+        rel = self.relative_path(idx)
         entry = ManifestEntry(
             idx, p.dataset_index, p.rid, p.tokens, rel, p.nbytes, p.checksum, time.time(), p.fingerprint, p.greedy_check
         )

@@ -1,20 +1,21 @@
-"""What the drain core holds of a bucket: its start, its committer, its token reader, its publish.
+"""The bucket as the drain's target (hsextract.output.target): its start, its committer, its token
+reader, its publish, its status; and `open_target`, the one place that picks a drain's target.
 
-The drain core (hsextract.drain.core) knows a bucket only through this object and the committer
-seam: it opens the bucket (`BucketSide.open`: the server checked, the work directory made the
-bucket's), runs its own start checks, then takes the prefix over (`take_over`: the epoch) just
-before its committer starts; it asks for a committer, for a token reader for the dataset-level
-files and the draft vocabulary, to publish the dataset-level files once written, and for a status
-to show.
+The drain core (hsextract.drain.core) holds one target and never asks which kind it is. A bucket's
+is opened first (`BucketTarget.open`: the server checked, the work directory made the bucket's,
+no one fenced); the drain runs its own start checks, then takes the prefix over (`take_over`: the
+epoch) just before its committer starts; it asks it for a committer, for a token reader for the
+dataset-level files and the draft vocabulary, to publish the dataset-level files once written,
+and for a status to show.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hsextract.drain.committer import CommitEvents
 from hsextract.formats.base import OutputFormat
 from hsextract.objectstore.committer import ObjectCommitter
 from hsextract.objectstore.mirror import publish_dataset_files
@@ -22,12 +23,27 @@ from hsextract.objectstore.output import DrainStart, ObjectOutput, open_drain, t
 from hsextract.objectstore.retries import describe
 from hsextract.objectstore.store import ObjectStore
 from hsextract.objectstore.tokens import RemoteTokens
+from hsextract.output.committer import CommitEvents
 from hsextract.output.layout import drain_tmp_dir
 from hsextract.output.manifest import ManifestEntry
 from hsextract.output.run_id import load_or_create_run_id
+from hsextract.output.target import DirectoryTarget, OutputTarget
 
 
-class BucketSide:
+def open_target(cfg: Any, fmt: OutputFormat, stop: threading.Event) -> OutputTarget:
+    """The drain's target: its settings' bucket (``--output s3://...``), opened (`take_over` comes
+    once the drain's start checks passed), or the output directory itself."""
+    if cfg.object_store is not None:
+        return BucketTarget.open(cfg, fmt, stop)
+    return DirectoryTarget()
+
+
+class BucketTarget:
+    """A bucket as the set's home; the drain's work directory holds its bookkeeping."""
+
+    where = "the bucket"
+    durable_tmp = False  # a temporary file is uploaded, never renamed into the set
+
     def __init__(self, target: ObjectOutput, store: ObjectStore, started: DrainStart, fmt: OutputFormat, work: Path):
         self.target, self.store, self.started = target, store, started
         # The dataset-level files are written when the server answers; an outage leaves them for
@@ -37,7 +53,7 @@ class BucketSide:
         self._committer: ObjectCommitter | None = None
 
     @classmethod
-    def open(cls, cfg: Any, fmt: OutputFormat, stop: threading.Event) -> BucketSide:
+    def open(cls, cfg: Any, fmt: OutputFormat, stop: threading.Event) -> BucketTarget:
         """Check the server and make the work directory the bucket's, fencing no one
         (hsextract.objectstore.output.open_drain); `take_over` fences the earlier writers."""
         target: ObjectOutput = cfg.object_store
@@ -59,7 +75,7 @@ class BucketSide:
     def committer(
         self,
         out: Path,
-        fmt: OutputFormat,
+        relative_path: Callable[[int], str],
         tmp_dir: Path,
         dump_dir: Path,
         entries: list[ManifestEntry],
@@ -68,7 +84,7 @@ class BucketSide:
         s = self.started
         self._committer = ObjectCommitter(
             out,
-            fmt,
+            relative_path,
             tmp_dir,
             dump_dir,
             entries,
@@ -81,10 +97,10 @@ class BucketSide:
         )
         return self._committer
 
-    def publish_dataset_files(self, work: Path) -> list[str]:
-        return publish_dataset_files(self._later, work)
+    def publish_dataset_files(self, work: Path) -> None:
+        publish_dataset_files(self._later, work)
 
-    def retries_line(self) -> str:
+    def last_word(self) -> str | None:
         """The drain's last word on the server: how many retries, of what (hsextract.objectstore.retries)."""
         return f"object store {self.target.url}: {describe(self.store.retries.as_dict())}"
 

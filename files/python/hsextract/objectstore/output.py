@@ -20,7 +20,6 @@ writer: a drain refused at start (another format, say) leaves the one at work un
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -79,8 +78,9 @@ class DrainStart:
     epoch: int = -1
 
 
-def resolve_output(value: str | Path, args: argparse.Namespace | None = None) -> tuple[Path, ObjectOutput | None]:
-    """(the local directory every command works in, the bucket or None) of an ``--output``."""
+def resolve_output(value: str | Path, args: object | None = None) -> tuple[Path, ObjectOutput | None]:
+    """(the local directory every command works in, the bucket or None) of an ``--output``; `args`
+    are the command's parsed flags or its settings (their ``work_dir`` and object-store flags)."""
     if not is_object_url(str(value)):
         return Path(value), None
     url = parse_object_url(str(value))

@@ -38,7 +38,7 @@ from hsextract.objectstore.url import parse_object_url
 from hsextract.objectstore.verify import read_bucket_set
 from hsextract.output.layout import FINALIZED, STATE_DIR, VOCAB_CHECKPOINT
 from hsextract.output.manifest import ManifestEntry, entries_path, write_header
-from hsextract.report import size
+from hsextract.units import size
 
 log = logging.getLogger("hsextract.pull")
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from hsextract.errors import ConfigError
 from hsextract.objectstore.retries import DEFAULT_ATTEMPTS
+from hsextract.options import Option
 
 DEFAULT_READ_TIMEOUT_S = 120.0
 
@@ -149,18 +150,22 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     add_work_dir_argument(g)
 
 
+# ``--work-dir``: where a bucket output's local bookkeeping lives, a flag of every command that
+# takes --output (its settings' field: ``option(None, like=WORK_DIR_OPTION)``).
+WORK_DIR_OPTION = Option(
+    metavar="DIR",
+    help="with --output s3://...: the local directory of the run's bookkeeping (status, "
+    "the client's files, the drain's temporary files; default "
+    "/var/lib/hsextract/objectstore/<bucket>/<prefix>)",
+)
+
+
 def add_work_dir_argument(parser: Any) -> None:
-    """``--work-dir``: where a bucket output's local bookkeeping lives (every command that takes --output)."""
-    parser.add_argument(
-        "--work-dir",
-        metavar="DIR",
-        help="with --output s3://...: the local directory of the run's bookkeeping (status, "
-        "the client's files, the drain's temporary files; default "
-        "/var/lib/hsextract/objectstore/<bucket>/<prefix>)",
-    )
+    """``--work-dir`` for a command whose flags are not a settings class."""
+    parser.add_argument("--work-dir", metavar=WORK_DIR_OPTION.metavar, help=WORK_DIR_OPTION.help)
 
 
-def settings_from_args(args: argparse.Namespace) -> StoreSettings:
+def settings_from_args(args: object) -> StoreSettings:
     return settings_from(
         getattr(args, "s3_endpoint", None) or "",
         getattr(args, "s3_region", None) or "",

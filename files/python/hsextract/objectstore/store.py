@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hsextract.objectstore import multipart
 from hsextract.objectstore.local_files import stream_into
 from hsextract.objectstore.retries import (
     RetryLog,
@@ -328,60 +329,18 @@ class ObjectStore:
                     return self.client.put_object(**kw)
 
             return str(self._checked(f"PUT {key}", single, create=create_only).get("ETag", ""))
-        return self._put_multipart(key, path, size, create_only, metadata or {}, part_pool)
-
-    def _put_multipart(
-        self, key: str, path: Path, size: int, create_only: bool, metadata: dict[str, str], part_pool: Any
-    ) -> str:
-        bucket = self.url.bucket
-        upload = self._checked(
-            f"start the multipart upload of {key}",
-            lambda: self.client.create_multipart_upload(Bucket=bucket, Key=key, Metadata=metadata),
-        )["UploadId"]
-        try:
-            step = self.part_size
-            ranges = [(n + 1, off, min(step, size - off)) for n, off in enumerate(range(0, size, step))]
-
-            def part(spec: tuple[int, int, int]) -> dict[str, Any]:
-                number, off, length = spec
-                with open(path, "rb") as f:
-                    f.seek(off)
-                    data = f.read(length)
-                r = self._checked(
-                    f"part {number} of {key}",
-                    lambda: self.client.upload_part(
-                        Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=data
-                    ),
-                )
-                done = {"PartNumber": number, "ETag": r["ETag"]}
-                if r.get("ChecksumCRC32"):
-                    done["ChecksumCRC32"] = r["ChecksumCRC32"]
-                return done
-
-            parts = list(part_pool.map(part, ranges)) if part_pool is not None else [part(r) for r in ranges]
-            kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "UploadId": upload, "MultipartUpload": {"Parts": parts}}
-            if create_only:
-                kw["IfNoneMatch"] = "*"
-            r = self._checked(
-                f"complete the multipart upload of {key}",
-                lambda: self.client.complete_multipart_upload(**kw),
-                create=create_only,
-            )
-        except BaseException:
-            self._abort(key, upload)
-            raise
-        return str(r.get("ETag", ""))
-
-    def _abort(self, key: str, upload: str) -> None:
-        try:
-            self.client.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload)
-        except Exception as exc:  # the server may be down: the upload lingers, never an object
-            log.warning(
-                "could not abort the multipart upload of %s (%s); an incomplete upload is never an object, "
-                "and a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes it",
-                key,
-                type(exc).__name__,
-            )
+        return multipart.put_in_parts(
+            self.client,
+            self.url,
+            key,
+            path,
+            size,
+            self.part_size,
+            create_only,
+            metadata or {},
+            part_pool,
+            self._checked,
+        )
 
     def copy(
         self,
@@ -447,24 +406,10 @@ class ObjectStore:
     def incomplete_uploads(self) -> list[tuple[str, str, float]]:
         """(key, upload id, when the server began it) of the multipart uploads under the prefix that
         were never completed nor aborted."""
-        full = self.url.prefix + "/" if self.url.prefix else ""
-        out: list[tuple[str, str, float]] = []
-        marker: dict[str, Any] = {}
-        while True:
-            r: dict[str, Any] = self._checked(
-                "LIST uploads",
-                functools.partial(self.client.list_multipart_uploads, Bucket=self.url.bucket, Prefix=full, **marker),
-            )
-            out += [
-                (u["Key"], u["UploadId"], u["Initiated"].timestamp() if u.get("Initiated") else 0.0)
-                for u in r.get("Uploads") or []
-            ]
-            if not r.get("IsTruncated"):
-                return out
-            marker = {"KeyMarker": r.get("NextKeyMarker", ""), "UploadIdMarker": r.get("NextUploadIdMarker", "")}
+        return multipart.incomplete(self.client, self.url, self._checked)
 
     def abort_upload(self, key: str, upload: str) -> None:
-        self._abort(key, upload)
+        multipart.abort(self.client, self.url, key, upload)
 
     # --- errors -------------------------------------------------------------------------------
 

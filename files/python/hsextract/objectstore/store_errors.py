@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hsextract.errors import HsextractError
 from hsextract.objectstore.url import ObjectURL
+from hsextract.output.target import TargetUnreachable
 
 
 class StoreError(HsextractError):
@@ -35,7 +36,7 @@ class Refused412(StoreError):
     """A condition of a request that is no create was refused (412): `ObjectStore.copy` tells what."""
 
 
-class Stopped(HsextractError):
+class Stopped(TargetUnreachable):
     """The caller was stopped while the server was unreachable."""
 
 

@@ -23,9 +23,9 @@ from dataclasses import asdict
 from hsextract.config_file import add_config_argument
 from hsextract.dataset import defaults
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.report import binary_size
 from hsextract.staging.dumps import DTYPE_BYTES
 from hsextract.staging.room import ShmNeed, aux_count, estimate_need, mount_point, parse_size
+from hsextract.units import binary_size
 
 
 class ShmTooSmall(HsextractError):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hsextract.durable import WRITEBACK_STEP, fsync_dir, start_writeback
-from hsextract.report import rate, size
+from hsextract.units import rate, size
 
 DEFAULT_WRITERS = (1, 4, 8, 16)
 WRITE_BYTES = 8 << 20  # one write(2); the drain's largest (torch.save's tensors; speculators' pieces are 1 MiB)

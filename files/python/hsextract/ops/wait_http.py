@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 
-from hsextract.report import duration
+from hsextract.units import duration
 
 
 def healthy(url: str, timeout: float = 5.0) -> bool:

@@ -1,6 +1,6 @@
 """The ordered commit: durable temporary files become samples of an output directory, in order.
 
-One implementation for the drain (hsextract.drain.committer, its commit thread) and for collect
+One implementation for the drain (hsextract.output.committer, its commit thread) and for collect
 (hsextract.collect.runner). For a batch of samples, each a durable temporary file on the output's
 filesystem, in this order (the crash-safety argument is at the top of hsextract.drain.core):
 

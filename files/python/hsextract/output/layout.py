@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from hsextract.errors import ConfigError
@@ -105,6 +106,37 @@ def run_file_path(output: str | Path) -> Path:
 
 def default_quarantine_dir(output: str | Path) -> Path:
     return Path(output) / QUARANTINE_DIR
+
+
+@dataclass(frozen=True)
+class ProblemFiles:
+    """Where the details of each kind of problem are listed (what a person's screen points at)."""
+
+    rejected: str  # dataset lines the client could not use (JSON lines)
+    failed: str  # samples the client gave up on (JSON lines)
+    quarantined: str  # the quarantine directory: <rid>/reason.txt for each
+
+
+def problem_files(
+    output: str | Path, quarantine_dir: str | Path | None = None, shards: list[Shard] | None = None
+) -> ProblemFiles:
+    """The files that list a run's rejected, failed and quarantined samples (of one client's
+    shard, or a pattern for the files of several)."""
+    quarantine = str(quarantine_dir or default_quarantine_dir(output))
+    if shards is not None and len(shards) > 1:
+        return ProblemFiles(
+            rejected=_every_shard(output, REJECTS), failed=_every_shard(output, FAILURES), quarantined=quarantine
+        )
+    shard = shards[0] if shards else WHOLE
+    return ProblemFiles(
+        rejected=str(rejects_path(output, shard)), failed=str(failures_path(output, shard)), quarantined=quarantine
+    )
+
+
+def _every_shard(output: str | Path, base: str) -> str:
+    """``<output>/.hsextract/rejects*.jsonl``: the files of that kind of every shard's client."""
+    stem, _, ext = base.partition(".")
+    return str(state_dir(output) / f"{stem}*.{ext}")
 
 
 def regen_output_path(output: str | Path) -> Path:

@@ -23,14 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hsextract.config_file import add_config_argument
-from hsextract.dataset import defaults
-from hsextract.dataset.chat_template import OVERLONG_POLICIES, read_template_file
-from hsextract.dataset.reader import add_max_row_bytes_argument
+from hsextract.dataset.chat_template import read_template_file
 from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from hsextract.formats import DEFAULT_FORMAT
 from hsextract.objectstore.output import resolve_output
-from hsextract.objectstore.settings import add_work_dir_argument
+from hsextract.options import add_options, missing_options, options_from
 from hsextract.output.layout import plan_path
 from hsextract.plan.report import (
     FormatBytes,
@@ -42,9 +40,10 @@ from hsextract.plan.report import (
     Tokenization,
     VolumeRoom,
 )
+from hsextract.plan.settings import PlanSettings
 from hsextract.plan.text import render
-from hsextract.report import binary_size
 from hsextract.staging.room import aux_count
+from hsextract.units import binary_size
 
 if TYPE_CHECKING:
     from hsextract.plan.reuse import Kept
@@ -66,139 +65,88 @@ class ReportNotWritten(HsextractError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("what to plan")
-    g.add_argument("--dataset", help="the dataset the client will send")
-    g.add_argument("--model", help="the served model's directory (tokenizer, chat template, hidden size)")
-    g.add_argument(
-        "--format",
-        choices=FORMAT_NAMES,
-        help=f"the training set's format (default {DEFAULT_FORMAT}); "
-        "bytes are printed for every format, the room check uses this one",
-    )
-    g.add_argument(
-        "--output",
-        help="the training set's directory: its volume is checked; samples it has are "
-        "counted as written (s3://bucket/prefix: its --work-dir)",
-    )
-    add_work_dir_argument(g)
-    g.add_argument("--chat-template", metavar="FILE", help="Jinja chat template instead of the tokenizer's")
-    g.add_argument("--shard", default="0/1", help="this host's share, i/n (default 0/1)")
-    g.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help=f"longest sample (default {defaults.MAX_TOKENS}, or the longest prompt the server runs if fewer)",
-    )
-    g.add_argument("--overlong", choices=OVERLONG_POLICIES, default=defaults.OVERLONG)
-    add_max_row_bytes_argument(g)
-    g.add_argument("--last-turn-only", action="store_true", help="the last assistant turn only (as the client)")
-    g.add_argument("--min-loss-tokens", type=int, default=0, help="fewer loss tokens are a reject (as the client)")
-    g.add_argument("--aux-layers", help="aux layer ids; only their number matters here (default 3)")
-    g.add_argument("--draft-vocab-size", type=int, nargs="+", default=[32000], metavar="N")
-    v = parser.add_argument_group("the server's settings, where it is given them (they bound the longest prompt)")
-    v.add_argument("--context-length", type=int, default=None, help="its --context-length (default: the model's)")
-    v.add_argument(
-        "--max-total-tokens",
-        type=int,
-        default=None,
-        help="its --max-total-tokens, the KV pool's size (default: a pool that holds a whole context)",
-    )
-    s = parser.add_argument_group("staging (as check-shm, with the client's defaults)")
-    s.add_argument("--dump-dir", default="/dev/shm", help="the capture's staging directory (default /dev/shm)")
-    s.add_argument("--max-in-flight", type=int, default=defaults.MAX_IN_FLIGHT)
-    s.add_argument("--max-staged", type=int, default=defaults.MAX_STAGED)
-    s.add_argument("--shm-min-free", default=defaults.SHM_MIN_FREE)
-    r = parser.add_argument_group("time and room")
-    r.add_argument(
-        "--tokens-per-s",
-        type=float,
-        default=None,
-        help="prefill tokens/s of the server with the capture on (default: the GPU bench's, if found)",
-    )
-    r.add_argument("--bench-results", type=Path, default=None, help="bench/results directory to take the rate from")
-    r.add_argument(
-        "--space-margin",
-        default="5%",
-        help="room to keep free on the output volume beyond the estimate: a percentage or bytes",
-    )
-    r.add_argument("--no-space-check", action="store_true", help="report, but do not fail when the volume is short")
-    r.add_argument(
-        "--measure-disk",
-        action="store_true",
-        help="measure the output volume's ceiling with the drain's write pattern (a few seconds per "
-        "writer count, up to --measure-disk-gb each, removed after) and say whether it or the GPU "
-        "sets the pace",
-    )
-    r.add_argument("--measure-disk-seconds", type=float, default=2.0, help="seconds per writer count (default 2)")
-    r.add_argument("--measure-disk-gb", type=float, default=2.0, help="GB at most per writer count (default 2)")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="tokenizing processes (default: every core, one per 2000 rows at least)",
-    )
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=None,
-        help="where to write the report as JSON, with the scan beside it for the next plan "
-        "(default: <output>/.hsextract/plan.json; without --output, nowhere)",
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--rescan",
-        action="store_true",
-        help="tokenize the dataset again even when the scan kept beside the report (REPORT.scan.json) "
-        "is of the same dataset, model, sources and settings",
-    )
+    add_options(parser, PlanSettings)
     add_config_argument(parser)
 
 
-def report_path(args: argparse.Namespace) -> Path | None:
+def settings_from(args: argparse.Namespace) -> PlanSettings:
+    """The plan's settings from its flags and the run configuration; ConfigError without a dataset or model."""
+    missing = missing_options(PlanSettings, args)
+    if missing:
+        raise ConfigError(f"plan needs {', '.join(missing)} (as flags or keys of --config)")
+    return options_from(PlanSettings, args)
+
+
+def report_path(args: PlanSettings) -> Path | None:
     """Where the report is kept: --json, else the output's state directory; None without either (a
     plan asked for no place is written nowhere: not into whatever directory it was started in)."""
     return args.json or (plan_path(resolve_output(args.output, args)[0]) if args.output else None)
 
 
-def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanReport:
+def build_report(args: PlanSettings, kept: Kept | None = None) -> PlanReport:
     """Scan the dataset and estimate everything; the report. With `kept` (the scan and sizes kept
     beside the report), a scan or sizes of the same inputs are taken from it (unless --rescan), and
     what is made anew is put in it."""
     from hsextract.dataset.reader import dataset_files
-    from hsextract.model_info import read_model_info
-    from hsextract.output.dataset_record import head_digest
     from hsextract.output.manifest import completed_indices
-    from hsextract.plan.scan import ScanSettings
-    from hsextract.shard import Shard
-    from hsextract.staging.dumps import DTYPE_BYTES
 
-    missing = [f"--{k}" for k in ("dataset", "model") if not getattr(args, k, None)]
-    if missing:
-        raise ConfigError(f"plan needs {', '.join(missing)} (as flags or keys of --config)")
     fmt = args.format or DEFAULT_FORMAT
     dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
+    layout = _model_layout(args)
+    # A bucket's run is planned in its work directory: the drain's temporary files and bookkeeping.
+    out = resolve_output(args.output, args)[0] if args.output else None
+    done = frozenset(completed_indices(out)) if out is not None else frozenset()
+    sizes = [
+        int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int) else args.draft_vocab_size)
+    ]
+    # What a sample file's size depends on besides its tokens (the key of the kept sizes digests it).
+    sized = {"num_aux": layout.num_aux, "hidden_size": layout.hidden_size, "dtype": layout.dtype}
+    cfg = _scan_settings(args, done)
+    res, formats = _scan_and_size(cfg, sized, layout.vocab_size, sizes, None if args.rescan else kept, kept)
+    shm = _staging_room(args, layout, res)
+    time_ = _time_estimate(args, layout, res)
+    volume_path = out if out is not None else Path(".")
+    room = _volume_room(args, volume_path, fmt, formats[fmt])
+    report = _report(args, fmt, layout, res, formats, (shm, time_, room))
+    if args.measure_disk:
+        from hsextract.plan.disk_pace import disk_pace
+
+        disk = disk_pace(
+            report, Path(_existing(volume_path)), args.measure_disk_seconds, int(args.measure_disk_gb * 1e9)
+        )
+        report = dataclasses.replace(report, disk=disk)
+    return report
+
+
+def _model_layout(args: PlanSettings) -> ModelLayout:
+    """What a sample's size depends on, from the model's config and --aux-layers."""
+    from hsextract.model_info import read_model_info
+    from hsextract.staging.dumps import DTYPE_BYTES
+
     info = read_model_info(args.model)
-    layout = ModelLayout(
+    return ModelLayout(
         hidden_size=info.hidden_size,
         num_aux=aux_count(args.aux_layers),
         dtype=info.torch_dtype if info.torch_dtype in DTYPE_BYTES else "bfloat16",
         num_hidden_layers=info.num_hidden_layers,
         vocab_size=info.vocab_size,
     )
-    template = read_template_file(args.chat_template)
-    # A bucket's run is planned in its work directory: the drain's temporary files and bookkeeping.
-    out = resolve_output(args.output, args)[0] if args.output else None
-    done = frozenset(completed_indices(out)) if out is not None else frozenset()
-    shard = Shard.parse(args.shard, where="--shard")
-    cfg = ScanSettings(
+
+
+def _scan_settings(args: PlanSettings, done: frozenset[int]) -> ScanSettings:
+    """The scan of the dataset as the client will read it (`done`: the samples written already)."""
+    from hsextract.plan.scan import ScanSettings
+    from hsextract.shard import Shard
+
+    return ScanSettings(
         Path(args.dataset),
         Path(args.model),
-        template,
+        read_template_file(args.chat_template),
         args.max_tokens,
         args.overlong,
         bool(args.last_turn_only),
         int(args.min_loss_tokens or 0),
-        shard,
+        Shard.parse(args.shard, where="--shard"),
         done,
         args.workers,
         progress=not args.no_progress,
@@ -206,17 +154,21 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanRepo
         context_length=args.context_length,
         kv_pool_tokens=args.max_total_tokens,
     )
-    sizes = [
-        int(n) for n in ([args.draft_vocab_size] if isinstance(args.draft_vocab_size, int) else args.draft_vocab_size)
-    ]
-    # What a sample file's size depends on besides its tokens (the key of the kept sizes digests it).
-    sized = {"num_aux": layout.num_aux, "hidden_size": layout.hidden_size, "dtype": layout.dtype}
-    res, formats = _scan_and_size(cfg, sized, layout.vocab_size, sizes, None if args.rescan else kept, kept)
-    shm = _staging_room(args, layout, res)
-    time_ = _time_estimate(args, layout, res)
-    volume_path = out if out is not None else Path(".")
-    room = _volume_room(args, volume_path, fmt, formats[fmt])
-    report = PlanReport(
+
+
+def _report(
+    args: PlanSettings,
+    fmt: str,
+    layout: ModelLayout,
+    res: ScanResult,
+    formats: dict[str, FormatBytes],
+    room: tuple[StagingRoom, TimeEstimate, VolumeRoom],
+) -> PlanReport:
+    """The report of a scan and its estimates: the staging's room, the time, the output volume's room."""
+    from hsextract.output.dataset_record import head_digest
+
+    shm, time_, volume = room
+    return PlanReport(
         dataset=str(args.dataset),
         model=str(args.model),
         shard=args.shard,
@@ -243,7 +195,7 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanRepo
         formats=formats,
         shm=shm,
         time=time_,
-        output_volume=room,
+        output_volume=volume,
         tokenization=Tokenization(
             workers=res.workers,
             seconds=round(res.seconds, 3),
@@ -251,17 +203,9 @@ def build_report(args: argparse.Namespace, kept: Kept | None = None) -> PlanRepo
             samples_per_s=round((res.samples + sum(res.rejects.values())) / max(res.seconds, 1e-9), 1),
         ),
     )
-    if getattr(args, "measure_disk", False):
-        from hsextract.plan.disk_pace import disk_pace
-
-        disk = disk_pace(
-            report, Path(_existing(volume_path)), args.measure_disk_seconds, int(args.measure_disk_gb * 1e9)
-        )
-        report = dataclasses.replace(report, disk=disk)
-    return report
 
 
-def _staging_room(args: argparse.Namespace, layout: ModelLayout, res: ScanResult) -> StagingRoom:
+def _staging_room(args: PlanSettings, layout: ModelLayout, res: ScanResult) -> StagingRoom:
     """The staging directory's room for the in-flight limits, at the longest sample the run sends."""
     from hsextract.staging.room import estimate_need, mount_point, parse_size
 
@@ -296,7 +240,7 @@ def _staging_room(args: argparse.Namespace, layout: ModelLayout, res: ScanResult
     )
 
 
-def _time_estimate(args: argparse.Namespace, layout: ModelLayout, res: ScanResult) -> TimeEstimate:
+def _time_estimate(args: PlanSettings, layout: ModelLayout, res: ScanResult) -> TimeEstimate:
     """The time of the samples left at --tokens-per-s, else at the GPU bench's rate scaled to the model."""
     from hsextract.plan.estimate import bench_rate, default_results_dir
 
@@ -309,7 +253,7 @@ def _time_estimate(args: argparse.Namespace, layout: ModelLayout, res: ScanResul
     return TimeEstimate(tokens_per_s=rate, source=source, seconds=round(res.pending_tokens / rate, 1) if rate else None)
 
 
-def _volume_room(args: argparse.Namespace, volume_path: Path, fmt: str, sized: FormatBytes) -> VolumeRoom:
+def _volume_room(args: PlanSettings, volume_path: Path, fmt: str, sized: FormatBytes) -> VolumeRoom:
     """Whether the output volume holds what is left to write of format `fmt`, with --space-margin."""
     from hsextract.staging.room import parse_size
 
@@ -407,9 +351,10 @@ def _keep_report(report: PlanReport, asked: Path | None, default: Path) -> None:
     print(f"  report    {path}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(namespace: argparse.Namespace) -> int:
     from hsextract.plan.reuse import Kept, scan_path
 
+    args = settings_from(namespace)
     path = report_path(args)
     if path is None:
         print(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hsextract.ops.disk_ceiling import DEFAULT_WRITERS, measure
 from hsextract.plan.report import DiskPace, PlanReport
-from hsextract.report import binary_size, rate
+from hsextract.units import binary_size, rate
 
 MIN_FILE = 64 << 10
 

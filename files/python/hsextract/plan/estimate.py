@@ -3,7 +3,8 @@
 Sample files are sized exactly by each format's own layout (`OutputFormat.sample_file_bytes`:
 the safetensors header, or the ``torch.save`` zip with its alignment and pickle), from the
 tokens and the model's hidden size, aux layer count and dtype. The bookkeeping beside them (the
-manifest lines, the speculators Arrow dataset, the draft vocabulary files) is estimated.
+manifest lines, each format's dataset-level files as its registry entry sizes them, the draft
+vocabulary files) is estimated.
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ from hsextract.formats import FORMAT_NAMES, FORMATS, get_format
 from hsextract.plan.report import FormatBytes
 
 MANIFEST_LINE_BYTES = 260  # one manifest.jsonl line: indices, rid, tokens, file, bytes, checksum, time
-ARROW_BYTES_PER_TOKEN = 16  # speculators' Arrow dataset: input_ids + loss_mask, int64 each
-ARROW_BYTES_PER_SAMPLE = 32  # ... list offsets and seq_len
-V1_BYTES_PER_SAMPLE = 16  # speculators-v1's sample_lengths.json entry
 
 
 @dataclass(frozen=True)
@@ -47,10 +45,8 @@ def sample_bytes(fmt_name: str, shapes: Counter, layout: Layout) -> int:
 def bookkeeping_bytes(fmt_name: str, samples: int, tokens: int, vocab_size: int, draft_sizes: list[int]) -> int:
     """An estimate of everything else the output directory holds for these samples."""
     n = samples * MANIFEST_LINE_BYTES + (64 << 10)  # + manifest.json, state files
-    if FORMATS[fmt_name].arrow_dataset:
-        n += tokens * ARROW_BYTES_PER_TOKEN + samples * ARROW_BYTES_PER_SAMPLE
-    elif fmt_name == "speculators-v1":
-        n += samples * V1_BYTES_PER_SAMPLE
+    spec = FORMATS[fmt_name]  # its dataset-level files
+    n += samples * spec.dataset_bytes_per_sample + tokens * spec.dataset_bytes_per_token
     # token_freq, and per size: SpecForge's and speculators' d2t + t2d, ModelOpt's d2t (first size twice)
     n += 24 * min(tokens, vocab_size or tokens)
     for i, requested in enumerate(draft_sizes):

@@ -4,7 +4,7 @@ hsextract.plan.report's record instead)."""
 from __future__ import annotations
 
 from hsextract.plan.report import PlanReport
-from hsextract.report import binary_size, duration
+from hsextract.units import binary_size, duration
 
 
 def render(r: PlanReport) -> str:

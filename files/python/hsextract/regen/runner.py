@@ -17,52 +17,25 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hsextract.dataset import defaults
 from hsextract.dataset.reader import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.durable import atomic_write_json
 from hsextract.errors import ConfigError, HsextractError
 from hsextract.output.layout import regen_status_path, regen_summary_path
 from hsextract.regen import core, reasoning
+from hsextract.regen.config import RegenConfig
 from hsextract.regen.progress import RegenStats, Reporter
 from hsextract.regen.sampling import Sampling, resolve
 from hsextract.regen.server import ChatServer, ServerGone
 from hsextract.regen.store import Store, conversation_key
-from hsextract.retry import RetryPolicy
-from hsextract.shard import WHOLE, Shard
 
 log = logging.getLogger("hsextract.regen")
 
 PRE_TOKENIZED = "pre_tokenized"
 DUPLICATE_ID = "duplicate_id"
-
-# The read timeout of a reply: one of thousands of tokens behind a full batch takes minutes.
-REPLY_TIMEOUT_S = 1800.0
-
-
-@dataclass
-class RegenConfig:
-    dataset: Path
-    output: Path
-    servers: list[str]
-    model: Path | None = None
-    reasoning: str = "strip-history"
-    last_turn_only: bool = False
-    drop_truncated: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_new_tokens: int | None = None
-    concurrency: int = 64  # per server
-    max_row_bytes: int = defaults.MAX_ROW_BYTES
-    shard: Shard = WHOLE
-    # a reply of thousands of tokens behind a full batch takes minutes
-    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(read_timeout_s=REPLY_TIMEOUT_S))
-    status_every_s: float = 1.0
-    log_every_s: float = 30.0
 
 
 @dataclass

@@ -30,8 +30,8 @@ from hsextract.dataset.conversation import BadConversation, Message, parse_tool_
 from hsextract.errors import HsextractError
 from hsextract.regen.core import CONTEXT_FULL, RETRIES_EXHAUSTED, SERVER_REJECTED, Reply, TurnFailed
 from hsextract.regen.sampling import Sampling
-from hsextract.report import duration
 from hsextract.retry import RetryPolicy
+from hsextract.units import duration
 
 log = logging.getLogger("hsextract.regen")
 

@@ -11,7 +11,9 @@
     draft_vocab_cache/d2t-<N>.pt           ... one per size
     draft_vocab.json                     what was counted, the sizes, each size's coverage, the files
 
-The unsuffixed files are for the first size given (hard links to its files). Formats whose
+Which files each trainer gets is its format's registry entry (`hsextract.formats.VocabFile`); what
+each kind of file holds is written here. The unsuffixed files are for the first size given (hard
+links to its files). Formats whose
 reader takes every file ending in "pt" under the output directory as a sample (speculators-v1,
 modelopt) get the torch files as ``.pth`` instead (same contents; pass them by path), so the
 readers never see them.
@@ -30,12 +32,11 @@ from typing import Any
 import numpy as np
 
 from hsextract.durable import fsync_dir, temporary_name, write_file_durably
+from hsextract.formats import FORMATS, VocabFile
 from hsextract.vocab.counts import TokenCounts
 from hsextract.vocab.mapping import DraftSize, check_ids, coverage, frequency_d2t, select_tokens, sorted_mapping
 
 SUMMARY_FILE = "draft_vocab.json"
-SPECFORGE_DIR = "vocab_mapping"
-MODELOPT_DIR = "draft_vocab_cache"
 
 
 def torch_suffix(reads_every_pt_file: bool) -> str:
@@ -77,8 +78,6 @@ def write_vocab_files(
     `also` are still written, then the error is raised. The first size's unsuffixed names are
     hard links to its suffixed files (the same bytes, written and fsynced once).
     """
-    import torch
-
     out = Path(out)
     files: dict[str, bytes] = {**(also or {}), token_freq_name(suffix): _torch_bytes(counts.to_dict())}
     try:
@@ -90,24 +89,13 @@ def write_vocab_files(
     per_size = []
     for i, d in enumerate(sizes):
         selected = select_tokens(counts, d.size)
-        d2t, t2d = sorted_mapping(selected, vocab_size)
-        sf, mo = f"{SPECFORGE_DIR}/vocab_mapping-{d.size}{suffix}", f"{MODELOPT_DIR}/d2t-{d.size}{suffix}"
-        files[sf] = _torch_bytes({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)})
-        files[f"d2t-{d.size}.npy"] = _npy_bytes(d2t)
-        files[f"t2d-{d.size}.npy"] = _npy_bytes(t2d)
-        files[mo] = _torch_bytes(torch.from_numpy(frequency_d2t(selected)))
-        names = {"specforge": [sf], "speculators": [f"d2t-{d.size}.npy", f"t2d-{d.size}.npy"], "modelopt": [mo]}
-        if i == 0:
-            first = {
-                f"{SPECFORGE_DIR}/vocab_mapping{suffix}": sf,
-                "d2t.npy": f"d2t-{d.size}.npy",
-                "t2d.npy": f"t2d-{d.size}.npy",
-                f"{MODELOPT_DIR}/d2t{suffix}": mo,
-            }
+        size_files, names = _size_files(d.size, selected, vocab_size, suffix)
+        files.update(size_files)
+        if i == 0:  # the unsuffixed names: links to the first size's files
+            first = _first_size_links(d.size, suffix)
             links.update(first)
-            names["specforge"].append(f"{SPECFORGE_DIR}/vocab_mapping{suffix}")
-            names["speculators"] += ["d2t.npy", "t2d.npy"]
-            names["modelopt"].append(f"{MODELOPT_DIR}/d2t{suffix}")
+            for trainer_files in names.values():
+                trainer_files += [name for name, target in first.items() if target in trainer_files]
         per_size.append(
             {"size": d.size, "requested": d.requested, "coverage": round(coverage(counts, selected), 6), "files": names}
         )
@@ -123,6 +111,58 @@ def write_vocab_files(
     files[SUMMARY_FILE] = (json.dumps(summary, indent=2) + "\n").encode()
     write_batch(out, files, links)
     return [*(out / rel for rel in files), *(out / rel for rel in links)]
+
+
+# What each kind of draft-vocabulary file holds (hsextract.formats.VocabFile.kind).
+VOCAB_KINDS = ("mapping", "d2t", "t2d", "frequency_d2t")
+
+
+def _trainers() -> list[tuple[str, tuple[VocabFile, ...]]]:
+    """Each format's draft-vocabulary files, in the registry's order; a format whose files are an
+    earlier one's (speculators v1's are speculators') is not listed apart."""
+    out: list[tuple[str, tuple[VocabFile, ...]]] = []
+    for name, spec in FORMATS.items():
+        if all(spec.vocab_files != files for _, files in out):
+            out.append((name, spec.vocab_files))
+    return out
+
+
+def _encode(kind: str, selected: np.ndarray, d2t: np.ndarray, t2d: np.ndarray) -> bytes:
+    """The bytes of a file of `kind` for the tokens `selected` (their d2t and t2d given)."""
+    import torch
+
+    if kind == "mapping":  # SpecForge's load_vocab_mapping
+        return _torch_bytes({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)})
+    if kind == "d2t":
+        return _npy_bytes(d2t)
+    if kind == "t2d":
+        return _npy_bytes(t2d)
+    if kind == "frequency_d2t":  # ModelOpt's calibrate_frequent_vocab order
+        return _torch_bytes(torch.from_numpy(frequency_d2t(selected)))
+    raise ValueError(f"draft-vocabulary file kind {kind!r}: expected one of {', '.join(VOCAB_KINDS)}")
+
+
+def _size_files(
+    size: int, selected: np.ndarray, vocab_size: int, suffix: str
+) -> tuple[dict[str, bytes], dict[str, list[str]]]:
+    """One draft size's files (path -> bytes), and each trainer's names among them."""
+    d2t, t2d = sorted_mapping(selected, vocab_size)
+    files: dict[str, bytes] = {}
+    names: dict[str, list[str]] = {}
+    for trainer, vocab in _trainers():
+        names[trainer] = [f.name.format(size=f"-{size}", pt=suffix) for f in vocab]
+        for f, rel in zip(vocab, names[trainer], strict=True):
+            files[rel] = _encode(f.kind, selected, d2t, t2d)
+    return files, names
+
+
+def _first_size_links(size: int, suffix: str) -> dict[str, str]:
+    """The unsuffixed names (link -> the first size's file): what a trainer finds without a size."""
+    return {
+        f.name.format(size="", pt=suffix): f.name.format(size=f"-{size}", pt=suffix)
+        for _, vocab in _trainers()
+        for f in vocab
+    }
 
 
 def write_batch(out: Path, files: dict[str, bytes], links: dict[str, str]) -> None:

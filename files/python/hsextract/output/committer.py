@@ -1,8 +1,11 @@
-"""The drain's commit thread: prepared samples get their output index, their final name and their
-manifest line, one batch at a time, and only then is their staged dump deleted.
+"""The commit's types: a prepared sample (`Prepared`), what becomes of it (`CommitEvents`), and the
+committer of a set in a directory, whose thread gives prepared samples their output index, their
+final name and their manifest line, one batch at a time, and only then deletes their staged dump.
 
-Workers prepare samples in parallel (read, check, encode, write a durable temporary file). One
-committer thread then, in arrival order:
+The drain's workers prepare samples in parallel (read, check, encode, write a durable temporary
+file) and hand each to the committer of the drain's target (hsextract.output.target; a bucket's is
+hsextract.objectstore.committer, which subclasses this one). One committer thread then, in arrival
+order:
 
 1. drops a second dump of a sample already written (the client sent it again), here, where the
    check and the append cannot race;
@@ -14,7 +17,7 @@ committer thread then, in arrival order:
 
 So the manifest is always the contiguous prefix 0..n-1 (the speculators Arrow row of sample i is
 ``hs_i``), and after a crash at any point each sample is written and recorded once, or still
-staged (see hsextract.drain.core).
+staged (see hsextract.drain.core). The commit itself, which collect uses too, is hsextract.output.commit.
 """
 
 from __future__ import annotations
@@ -24,19 +27,18 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from hsextract.formats.base import OutputFormat
 from hsextract.output.commit import OrderedCommit, ToCommit
 from hsextract.output.manifest import ManifestEntry
 from hsextract.staging.dumps import discard_dump
 from hsextract.staging.records import remove_record
 
-log = logging.getLogger("hsextract.drain")
+log = logging.getLogger("hsextract.drain")  # the drain's commit thread runs it
 
 
 @dataclass
@@ -94,13 +96,15 @@ class Committer:
     def __init__(
         self,
         out: Path,
-        fmt: OutputFormat,
+        relative_path: Callable[[int], str],
         tmp_dir: Path,
         dump_dir: Path,
         entries: list[ManifestEntry],
         events: CommitEvents,
     ):
-        self.out, self.fmt, self.tmp_dir, self.dump_dir = Path(out), fmt, Path(tmp_dir), Path(dump_dir)
+        """`relative_path`: where the format puts sample i (its `OutputFormat.relative_path`)."""
+        self.out, self.tmp_dir, self.dump_dir = Path(out), Path(tmp_dir), Path(dump_dir)
+        self.relative_path = relative_path
         self.entries = entries
         self.done_rids = {e.rid for e in entries}
         self.done_indices = {e.dataset_index for e in entries}
@@ -115,7 +119,7 @@ class Committer:
 
     def start(self) -> None:
         self._ordered = OrderedCommit(
-            self.out, self.fmt.relative_path, len(self.entries), self._wait_for_space, tmp_dir=self.tmp_dir
+            self.out, self.relative_path, len(self.entries), self._wait_for_space, tmp_dir=self.tmp_dir
         )
         self._thread = threading.Thread(target=self._loop, name="drain-commit", daemon=True)
         self._thread.start()
