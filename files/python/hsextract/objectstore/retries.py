@@ -21,11 +21,15 @@ and the last lines of a drain, a collect and a pull.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import Counter
 from typing import Any
 
-from hsextract.objectstore.store_errors import code_of, status_of
+from hsextract.objectstore.store_errors import RequestFailed, Unreachable, code_of, status_of
+
+log = logging.getLogger("hsextract.objectstore")
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 20.0
@@ -168,3 +172,71 @@ def describe(retries: dict[str, Any]) -> str:
     return f"{total} retr{'ies' if total != 1 else 'y'} ({of}; {why}), {bound}" + (
         f"; {gave_up} given up after the last" if gave_up else ""
     )
+
+
+class Outage:
+    """When the server stopped answering (``since``, 0 while it answers), said in the log once as it
+    begins and once as it ends, however many requests meet it meanwhile."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.since = 0.0
+        self._lock = threading.Lock()
+
+    def begin(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            if not self.since:
+                self.since = time.time()
+                log.warning(
+                    "object store %s does not answer (%s: %s: %s); waiting and retrying with backoff, "
+                    "nothing staged is lost meanwhile",
+                    self.name,
+                    what,
+                    type(exc).__name__,
+                    str(exc)[:200],
+                )
+
+    def end(self) -> None:
+        if self.since:
+            with self._lock:
+                if self.since:
+                    log.warning("object store %s answers again after %.0f s", self.name, time.time() - self.since)
+                    self.since = 0.0
+
+
+def before_retry(
+    retries: RetryLog,
+    name: str,
+    what: str,
+    exc: BaseException,
+    unreachable: bool,
+    failed: int,
+    patient: bool,
+    delay: float,
+) -> None:
+    """Count and say a failure of ``what`` that is to be retried; raise where it is not to be: at
+    once where the caller is not ``patient`` and the server is unreachable or the attempts are spent
+    (`Unreachable`: it comes back later), `RequestFailed` where the server failed the request
+    ``retries.attempts`` times."""
+    attempts = retries.attempts
+    if not patient and (unreachable or failed >= attempts):
+        raise Unreachable(f"{name} does not answer ({what}: {cause_of(exc)})") from exc
+    if failed >= attempts:
+        retries.note_gave_up()
+        raise RequestFailed(
+            f"{name}: {what}: failed {failed} times, the last: {cause_of(exc)} ({str(exc)[:200]}); the "
+            f"server answers but fails this request, and a request is tried at most {attempts} times "
+            "(--s3-attempts): stopping here; run it again (a drain's samples stay staged, a pull and a "
+            "collect resume)"
+        ) from None
+    retries.note(what, exc)
+    if not unreachable:
+        log.warning(
+            "object store %s: %s failed (%s), attempt %d of %d; trying again in %.1f s",
+            name,
+            what,
+            cause_of(exc),
+            failed,
+            attempts,
+            delay,
+        )

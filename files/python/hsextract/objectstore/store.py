@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +29,10 @@ from typing import Any, TypeVar
 from hsextract.objectstore import multipart
 from hsextract.objectstore.local_files import stream_into
 from hsextract.objectstore.retries import (
+    Outage,
     RetryLog,
     backoff,
-    cause_of,
+    before_retry,
     is_transient,
     is_unreachable,
 )
@@ -135,8 +135,7 @@ class ObjectStore:
         self.settings = settings
         self.stop = stop or threading.Event()
         self.client = client if client is not None else make_client(settings, pool)
-        self._outage_lock = threading.Lock()
-        self._outage_since = 0.0  # when the server stopped answering (0: it answers)
+        self._outage = Outage(str(url))
         self.retries = retries if retries is not None else RetryLog(settings.attempts)
 
     def __str__(self) -> str:
@@ -144,7 +143,7 @@ class ObjectStore:
 
     @property
     def outage_since(self) -> float:
-        return self._outage_since
+        return self._outage.since
 
     def impatient(self) -> ObjectStore:
         """The same bucket and client, raising `Unreachable` instead of waiting."""
@@ -175,61 +174,14 @@ class ObjectStore:
                 unreachable = is_unreachable(exc)
                 failed += not unreachable
                 waits += 1
-                self._before_retry(what, exc, unreachable, failed, backoff(waits))
+                if unreachable:
+                    self._outage.begin(what, exc)
+                before_retry(self.retries, str(self.url), what, exc, unreachable, failed, self.patient, backoff(waits))
                 if self.stop.wait(backoff(waits)):
                     raise Stopped(f"stopped while {self.url} did not answer ({what})") from exc
                 continue
-            self._note_back()
+            self._outage.end()
             return result
-
-    def _before_retry(self, what: str, exc: BaseException, unreachable: bool, failed: int, delay: float) -> None:
-        """Count and say a failure that is to be retried; raise where the request is not to be."""
-        attempts = self.retries.attempts
-        if unreachable:
-            self._note_outage(what, exc)
-        if not self.patient and (unreachable or failed >= attempts):
-            raise Unreachable(f"{self.url} does not answer ({what}: {cause_of(exc)})") from exc
-        if failed >= attempts:
-            self.retries.note_gave_up()
-            raise RequestFailed(
-                f"{self.url}: {what}: failed {failed} times, the last: {cause_of(exc)} ({str(exc)[:200]}); the "
-                f"server answers but fails this request, and a request is tried at most {attempts} times "
-                "(--s3-attempts): stopping here; run it again (a drain's samples stay staged, a pull and a "
-                "collect resume)"
-            ) from None
-        self.retries.note(what, exc)
-        if not unreachable:
-            log.warning(
-                "object store %s: %s failed (%s), attempt %d of %d; trying again in %.1f s",
-                self.url,
-                what,
-                cause_of(exc),
-                failed,
-                attempts,
-                delay,
-            )
-
-    def _note_outage(self, what: str, exc: BaseException) -> None:
-        with self._outage_lock:
-            if not self._outage_since:
-                self._outage_since = time.time()
-                log.warning(
-                    "object store %s does not answer (%s: %s: %s); waiting and retrying with backoff, "
-                    "nothing staged is lost meanwhile",
-                    self.url,
-                    what,
-                    type(exc).__name__,
-                    str(exc)[:200],
-                )
-
-    def _note_back(self) -> None:
-        if self._outage_since:
-            with self._outage_lock:
-                if self._outage_since:
-                    log.warning(
-                        "object store %s answers again after %.0f s", self.url, time.time() - self._outage_since
-                    )
-                    self._outage_since = 0.0
 
     # --- requests -----------------------------------------------------------------------------
 
