@@ -262,15 +262,7 @@ def test_the_drain_starts_its_forkserver_before_it_imports_torch(tmp_path: Path)
     """The server's imports then run beside the drain's own, not after them: 8 workers were up
     2.7-2.9 s after the drain's start on 2 cores when the pool started the server, once the drain
     had imported everything."""
-    dump, out = tmp_path / "dump", tmp_path / "out"
-    run = load_or_create_run_id(out)
-    for i in range(3):
-        stage_sample(dump, run, i, tokens=50)
-    finish_client(out, 3)
-    args = drain_args(dump, out, "speculators", "--workers", "2", "--worker-mode", "processes", "--exit-when-done")
-    done = subprocess.run(
-        [sys.executable, "-c", _NOTING_START, *args], env=env(), capture_output=True, text=True, timeout=240
-    )
+    done, out = _drain_three_samples_noting(tmp_path, _NOTING_START)
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("forkserver started with torch imported:") == 1, done.stderr[-3000:]
@@ -298,16 +290,21 @@ runpy.run_module("hsextract", run_name="__main__")
 def test_a_drain_with_worker_processes_takes_its_first_sample_before_importing_the_arrow_library(tmp_path: Path):
     """Importing `datasets` (for the speculators Arrow dataset, built at finalize) took a second at
     start, before the first sample; with worker processes it is imported once they are up."""
+    done, _ = _drain_three_samples_noting(tmp_path, _NOTING_FIRST_SAMPLE)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "first sample taken with datasets imported: False" in done.stderr, done.stderr[-3000:]
+    assert list(out.glob("data-*.arrow")), "the Arrow dataset was built at the end"
+
+
+def _drain_three_samples_noting(tmp_path: Path, script: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`script` (a wrapper of ``python -m hsextract drain`` that notes something on stderr) run on three
+    staged samples of a finished client, with two worker processes; its result and the output."""
     dump, out = tmp_path / "dump", tmp_path / "out"
     run = load_or_create_run_id(out)
     for i in range(3):
         stage_sample(dump, run, i, tokens=50)
     finish_client(out, 3)
     args = drain_args(dump, out, "speculators", "--workers", "2", "--worker-mode", "processes", "--exit-when-done")
-    done = subprocess.run(
-        [sys.executable, "-c", _NOTING_FIRST_SAMPLE, *args], env=env(), capture_output=True, text=True, timeout=240
-    )
-
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "first sample taken with datasets imported: False" in done.stderr, done.stderr[-3000:]
-    assert list(out.glob("data-*.arrow")), "the Arrow dataset was built at the end"
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env(), capture_output=True, text=True, timeout=240)
+    return done, out
