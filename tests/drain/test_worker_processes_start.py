@@ -290,7 +290,7 @@ runpy.run_module("hsextract", run_name="__main__")
 def test_a_drain_with_worker_processes_takes_its_first_sample_before_importing_the_arrow_library(tmp_path: Path):
     """Importing `datasets` (for the speculators Arrow dataset, built at finalize) took a second at
     start, before the first sample; with worker processes it is imported once they are up."""
-    done, _ = _drain_three_samples_noting(tmp_path, _NOTING_FIRST_SAMPLE)
+    done, out = _drain_three_samples_noting(tmp_path, _NOTING_FIRST_SAMPLE)
 
     assert done.returncode == 0, done.stderr[-3000:]
     assert "first sample taken with datasets imported: False" in done.stderr, done.stderr[-3000:]
