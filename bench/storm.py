@@ -42,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
+from hsextract.capture.writer_child import CHILD_MODULE  # noqa: E402
 from support import client_run  # noqa: E402
 from support.sglang_server import free_port, process_tree, start_server  # noqa: E402
 
@@ -138,12 +139,12 @@ class Storm:
 
 
 def writer_pids(server_pid: int) -> list[int]:
-    """The capture's writer processes (``python -m hsextract.capture.writer_process``) of this storm's
+    """The capture's writer processes (``python -m hsextract.capture.writer_child``) of this storm's
     server: its own process tree only, never another server's on the machine."""
     found = []
     for pid in process_tree(server_pid):
         with contextlib.suppress(OSError):
-            if b"hsextract.capture.writer_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if CHILD_MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(pid)
     return found
 

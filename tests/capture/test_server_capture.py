@@ -18,6 +18,7 @@ import requests
 import torch
 from hsextract import fingerprint
 from hsextract.capture.selfcheck import check_dump
+from hsextract.capture.writer_child import CHILD_MODULE
 from hsextract.staging.dumps import (
     CAPTURE_SERVER_ABORTED,
     DONE_FILE,
@@ -318,7 +319,7 @@ def test_a_sample_resent_after_its_dump_was_drained_is_captured_again(llama_serv
 def writer_processes(server) -> list[psutil.Process]:
     """The capture's writer processes among the server's processes."""
     root = psutil.Process(server.proc.pid)
-    return [p for p in root.children(recursive=True) if "hsextract.capture.writer_process" in " ".join(p.cmdline())]
+    return [p for p in root.children(recursive=True) if CHILD_MODULE in " ".join(p.cmdline())]
 
 
 def send_concurrently_and_check(server, prompts: dict[str, list[int]], workers: int) -> None:

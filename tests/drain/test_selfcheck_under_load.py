@@ -161,11 +161,17 @@ def test_in_a_storm_of_kills_the_self_checks_requests_never_become_samples(storm
     assert len(asked) >= len(storm.expected.samples), "every sample was checked against the server"
     assert not any("rid" in body for body in asked), "a check carries no rid"
     # A dump is a directory named by its rid (dot names are the staging's own: trash, write probes).
+    # The shared server's staging may also take late dumps of an earlier test's killed client, named
+    # for that test's run and left alone by this drain as a user's other run's are; a check's request
+    # would be staged under SGLang's own rid (it carries none) or under one of this run's.
     ours = re.compile(rf"hsx-{run}-(\d+|p[0-9a-f]+)")
+    earlier_run = re.compile(r"hsx-(?!" + run + r"-)[0-9a-f]{8}-(\d+|p[0-9a-f]+)")
     others = {n for n in storm.staged_names if n[0] not in "._" and not ours.fullmatch(n)}
-    assert not others, f"staged during the storm, and not a sample or probe of the run: {sorted(others)[:5]}"
+    strays = {n for n in others if not earlier_run.fullmatch(n)}
+    assert not strays, f"staged during the storm, and a sample or probe of no run: {sorted(strays)[:5]}"
     assert_training_set_matches(storm.out, storm.expected)  # each sample once, with its own tokens
-    assert not drain_status(storm.out).get("foreign"), "the drain met no dump of another run"
+    foreign = drain_status(storm.out).get("foreign") or {}
+    assert "unknown" not in foreign, f"the drain met dumps named for no run: {foreign}"
 
 
 def test_in_a_storm_of_kills_the_self_checks_requests_never_count_in_the_accounts(storm):

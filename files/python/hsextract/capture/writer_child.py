@@ -32,6 +32,10 @@ from hsextract.capture.writer import CaptureWriter
 
 log = logging.getLogger("hsextract.capture")
 
+#: The module the child runs as (``python -m``): what its command line names, and how a test or a
+#: bench finds the writer processes among a server's.
+CHILD_MODULE = "hsextract.capture.writer_child"
+
 
 def spawn_child(child_sock: socket.socket) -> subprocess.Popen:
     """Start the child on the parent's interpreter, with this hsextract package importable."""
@@ -43,7 +47,7 @@ def spawn_child(child_sock: socket.socket) -> subprocess.Popen:
     env["CUDA_VISIBLE_DEVICES"] = ""  # the child writes files; it never touches the GPU
     fd = child_sock.fileno()
     return subprocess.Popen(
-        [sys.executable, "-m", "hsextract.capture.writer_child", "--fd", str(fd)],
+        [sys.executable, "-m", CHILD_MODULE, "--fd", str(fd)],
         pass_fds=(fd,),
         env=env,
         stdin=subprocess.DEVNULL,
