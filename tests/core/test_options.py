@@ -7,6 +7,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hsextract.config_file import add_config_argument, apply_config
 from hsextract.options import add_options, missing_options, option, options_from
 
@@ -60,3 +61,50 @@ def test_the_config_files_keys_are_the_flags_names(tmp_path):
 def test_the_flags_a_command_needs_are_named_when_missing():
     assert missing_options(Settings, _parse([])) == ["--dump-dir", "--format"]
     assert missing_options(Settings, _parse(["--dump-dir", "/d", "--format", "specforge"])) == []
+
+
+@dataclass(kw_only=True)
+class Capture:
+    model_path: str = option(flag="--model", aliases=("--model-path",), dest="model", help="model directory")
+    architecture: str = option(required=False, help="default: the model's")  # the command derives it
+    layers: list[str] = option(default_factory=list, positional=True, nargs="*", metavar="LAYER")
+
+
+@dataclass
+class Render:
+    out_dir: str = option(help="where to render")
+    capture: Capture = option(nested=Capture)
+    link: bool = option(False, action="store_true", exclusive="how")
+    move: bool = option(False, action="store_true", exclusive="how")
+
+
+def _parser(cls: type) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cmd")
+    add_options(parser, cls)
+    return parser
+
+
+def test_a_nested_settings_class_gives_its_flags_in_its_place_and_is_built_from_them():
+    text = _parser(Render).format_help()
+    assert text.index("--out-dir") < text.index("--model MODEL") < text.index("--link")
+    args = _parser(Render).parse_args(["--out-dir", "/o", "--model", "/m", "--architecture", "Llama", "1", "2"])
+    assert options_from(Render, args) == Render(
+        out_dir="/o", capture=Capture(model_path="/m", architecture="Llama", layers=["1", "2"])
+    )
+
+
+def test_an_older_spelling_of_a_flag_is_still_accepted():
+    args = _parser(Render).parse_args(["--model-path", "/m"])
+    assert options_from(Capture, args, architecture="Llama").model_path == "/m"
+    assert "--model MODEL, --model-path MODEL" in _parser(Render).format_help()
+
+
+def test_a_flag_the_command_derives_is_not_needed_though_its_field_has_no_default():
+    assert missing_options(Render, _parser(Render).parse_args([])) == ["--out-dir", "--model"]
+
+
+def test_flags_that_exclude_each_other_are_refused_together(capsys):
+    assert "[--link | --move]" in _parser(Render).format_usage()
+    with pytest.raises(SystemExit):
+        _parser(Render).parse_args(["--out-dir", "/o", "--link", "--move"])
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -10,12 +10,14 @@ command runs with cannot drift apart.
 
 A field without `option` is not a flag: the command derives it (from the model, say) or a caller
 sets it. A flag given no value, or one whose argparse default is None, leaves the field at its own
-default.
+default. A field may also be a whole settings class of its own (``option(nested=CaptureConfig)``):
+its flags stand at the field's place, and the field holds the settings built from them.
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins  # `type` is a field of Option
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass
@@ -31,21 +33,29 @@ class Option:
 
     help: str | None = None
     flag: str = ""  # "" = --<the field's name with dashes>
+    aliases: tuple[str, ...] = ()  # older spellings of the flag, still accepted
+    positional: bool = False  # an argument without a flag (the field's name), e.g. ``HOST ...``
     dest: str = ""  # the namespace's (and the config file's) key; "" = argparse's, from the flag
     group: str = ""  # the argument group's title; "" = the parser's own options
+    exclusive: str = ""  # the flags that share a name here may not be given together (``--link | --move``)
     type: Callable[[str], Any] | None = None
     choices: Sequence[Any] | None = None
     metavar: str | None = None
     nargs: str | int | None = None
-    action: str | None = None  # "store_true", "append"
+    action: str | builtins.type[argparse.Action] | None = None  # "store_true", "append", argparse.BooleanOptionalAction
     # The parser's default where it is not the field's: None where "not given" means the field's own
     # default (an option whose help names a default the parser cannot hold: "one per core").
     parser_default: Any = _FIELD_DEFAULT
     convert: Callable[[Any], Any] | None = None  # the flag's value -> the field's (a path, a parsed size)
-    required: bool = False  # the command needs it (from a flag or the config file): no default there
+    # Whether the command needs it (from a flag or the config file): None = a field without a default;
+    # True for one that has a default for other callers, False for one the command derives when not given.
+    required: bool | None = None
+    nested: builtins.type | None = None  # a settings class whose flags stand here (the field holds its settings)
 
     def flag_of(self, name: str) -> str:
-        """The flag of the field `name`."""
+        """The flag of the field `name` (a positional argument's name)."""
+        if self.positional:
+            return name
         return self.flag or f"--{name.replace('_', '-')}"
 
     def key(self, name: str) -> str:
@@ -83,35 +93,60 @@ def _field_default(f: dataclasses.Field[Any]) -> Any:
     return None
 
 
+def _flat(cls: type) -> list[tuple[dataclasses.Field[Any], Option]]:
+    """`options_of` with the fields of every nested settings class in its place."""
+    flat = []
+    for f, opt in options_of(cls):
+        flat += _flat(opt.nested) if opt.nested is not None else [(f, opt)]
+    return flat
+
+
 def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add every flag of the settings class `cls` to `parser`, in the fields' order."""
-    groups: dict[str, Any] = {}
-    for f, opt in options_of(cls):
-        target: Any = parser
-        if opt.group:
-            if opt.group not in groups:
-                groups[opt.group] = parser.add_argument_group(opt.group)
-            target = groups[opt.group]
-        kwargs: dict[str, Any] = {"help": opt.help}
-        if opt.dest:
-            kwargs["dest"] = opt.dest
-        if opt.action:
-            kwargs["action"] = opt.action
-        if opt.action not in ("store_true", "store_false"):
-            for key in ("type", "choices", "metavar", "nargs"):
-                if getattr(opt, key) is not None:
-                    kwargs[key] = getattr(opt, key)
-        kwargs["default"] = _parser_default(f, opt)
-        target.add_argument(opt.flag_of(f.name), **kwargs)
+    groups: dict[tuple[str, str], Any] = {}
+    for f, opt in _flat(cls):
+        flags = [opt.flag_of(f.name), *opt.aliases]
+        _container(parser, groups, opt).add_argument(*flags, **_argument_kwargs(f, opt))
+
+
+def _container(parser: argparse.ArgumentParser, groups: dict[tuple[str, str], Any], opt: Option) -> Any:
+    """Where the flag goes: the parser, its argument group, or the mutually exclusive group in either."""
+    target: Any = parser
+    if opt.group:
+        if (opt.group, "") not in groups:
+            groups[opt.group, ""] = parser.add_argument_group(opt.group)
+        target = groups[opt.group, ""]
+    if opt.exclusive:
+        if (opt.group, opt.exclusive) not in groups:
+            groups[opt.group, opt.exclusive] = target.add_mutually_exclusive_group()
+        target = groups[opt.group, opt.exclusive]
+    return target
+
+
+def _argument_kwargs(f: dataclasses.Field[Any], opt: Option) -> dict[str, Any]:
+    """`argparse.ArgumentParser.add_argument`'s keywords for the field `f`."""
+    kwargs: dict[str, Any] = {"help": opt.help}
+    if opt.dest and not opt.positional:
+        kwargs["dest"] = opt.dest
+    if opt.action:
+        kwargs["action"] = opt.action
+    if opt.action not in ("store_true", "store_false"):
+        for key in ("type", "choices", "metavar", "nargs"):
+            if getattr(opt, key) is not None:
+                kwargs[key] = getattr(opt, key)
+    kwargs["default"] = _parser_default(f, opt)
+    return kwargs
 
 
 def _needed(f: dataclasses.Field[Any], opt: Option) -> bool:
-    return opt.required or (f.default is MISSING and f.default_factory is MISSING)
+    if opt.required is not None:
+        return opt.required
+    return f.default is MISSING and f.default_factory is MISSING
 
 
 def required_keys(cls: type) -> list[str]:
     """The namespace keys (and config file keys) of the flags the command needs."""
-    return [opt.key(f.name) for f, opt in options_of(cls) if _needed(f, opt)]
+    return [opt.key(f.name) for f, opt in _flat(cls) if _needed(f, opt)]
 
 
 def _parser_default(f: dataclasses.Field[Any], opt: Option) -> Any:
@@ -126,18 +161,19 @@ def missing_options(cls: type, args: argparse.Namespace) -> list[str]:
     """The flags of `cls` the command needs that were given neither on the command line nor in the
     config file, e.g. ``["--dump-dir", "--format"]``."""
     return [
-        opt.flag_of(f.name)
-        for f, opt in options_of(cls)
-        if _needed(f, opt) and not getattr(args, opt.key(f.name), None)
+        opt.flag_of(f.name) for f, opt in _flat(cls) if _needed(f, opt) and not getattr(args, opt.key(f.name), None)
     ]
 
 
 def options_from(cls: type, args: argparse.Namespace, **given: Any) -> Any:
     """The settings `cls` from the parsed flags; `given` sets fields the command derived itself (and
-    wins over a flag of the same field)."""
+    wins over a flag of the same field). A nested settings class not given is built from the flags alone."""
     values: dict[str, Any] = {}
     for f, opt in options_of(cls):
         if f.name in given or not f.init:
+            continue
+        if opt.nested is not None:
+            values[f.name] = options_from(opt.nested, args)
             continue
         value = getattr(args, opt.key(f.name), None)
         if value is None:
