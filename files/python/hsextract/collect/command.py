@@ -15,89 +15,34 @@ import json
 import sys
 from pathlib import Path
 
-from hsextract.collect.config import DEFAULT_WORKERS, CollectConfig
-from hsextract.collect.hosts import parse_host_argument
+from hsextract.collect.config import CollectConfig
 from hsextract.errors import ConfigError
 from hsextract.objectstore.settings import add_store_arguments
+from hsextract.options import add_options, missing_options, options_from
 from hsextract.vocab.arguments import add_draft_vocab_arguments, draft_vocab_settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "hosts",
-        nargs="*",
-        metavar="[NAME=]HOST_OUTPUT",
-        help="each host's output directory (the drain's --output, or rsync's copy of it); NAME "
-        "defaults to the directory's name. After --draft-vocab-size, put them after --",
-    )
-    parser.add_argument(
-        "--into",
-        help="the collected set's directory (created; collecting again adds what is new), "
-        "or s3://bucket/prefix: the hosts' s3:// prefixes merged in place, by "
-        "server-side copies (docs/object-store.md)",
-    )
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--link",
-        action="store_true",
-        help="hard-link the hosts' sample files instead of copying them (no space used; the host "
-        "outputs must be on the collected set's filesystem, else it is refused)",
-    )
-    mode.add_argument(
-        "--move",
-        action="store_true",
-        help="move the hosts' sample files (a hard link on one filesystem, else a copy; each host "
-        "file is removed once its sample is committed); refused for a host a drain runs on",
-    )
-    parser.add_argument(
-        "--final",
-        action="store_true",
-        help="the last collect of the run: refuse a host whose client has not finished or whose "
-        "drain has not caught up with it, and fail (exit 3) unless the shards cover the "
-        "dataset exactly once and every sample is accounted for",
-    )
-    parser.add_argument(
-        "--wait-for-space",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="when the collected set's volume is full, say so and retry every SECONDS "
-        "(default 0: stop with the numbers, exit 5; run it again once there is room)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=DEFAULT_WORKERS,
-        help="samples fetched and verified at once (default: one per core, at most 4)",
-    )
-    parser.add_argument(
-        "--stale-after",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="a host drain's status older than this no longer counts as a drain at work (default 60)",
-    )
+    add_options(parser, CollectConfig)
     add_draft_vocab_arguments(parser)
     add_store_arguments(parser)
 
 
+def check_workers(workers: int) -> None:
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: give at least 1")
+
+
 def config_from_args(args: argparse.Namespace) -> CollectConfig:
-    if not args.into:
+    """A collect into a directory: its settings from its flags."""
+    if missing_options(CollectConfig, args):
         raise ConfigError("collect needs --into DIR, the collected set's directory")
-    if args.workers < 1:
-        raise ConfigError(f"--workers {args.workers}: give at least 1")
+    check_workers(args.workers)
     sizes, vocab_size = draft_vocab_settings(args)
-    return CollectConfig(
-        into=Path(args.into),
-        hosts=[parse_host_argument(h) for h in args.hosts],
-        mode="link" if args.link else "move" if args.move else "copy",
-        final=bool(args.final),
-        wait_for_space_s=max(0.0, float(args.wait_for_space)),
-        workers=int(args.workers),
-        draft_vocab_sizes=None if args.no_draft_vocab else sizes,
-        vocab_size=vocab_size,
-        stale_after_s=float(args.stale_after),
+    cfg: CollectConfig = options_from(
+        CollectConfig, args, draft_vocab_sizes=None if args.no_draft_vocab else sizes, vocab_size=vocab_size
     )
+    return cfg
 
 
 def run_in_bucket(args: argparse.Namespace) -> int:
@@ -110,8 +55,7 @@ def run_in_bucket(args: argparse.Namespace) -> int:
 
     if args.link or args.move:
         raise ConfigError("--link and --move are for directories: a bucket's samples are copied by the server")
-    if args.workers < 1:
-        raise ConfigError(f"--workers {args.workers}: give at least 1")
+    check_workers(args.workers)
     sizes, vocab_size = draft_vocab_settings(args)
     work, target = resolve_output(args.into, args)
     assert target is not None

@@ -61,6 +61,8 @@ def check_arguments(cfg: CollectConfig) -> None:
     the collected set inside a host output (or one inside it)."""
     if not cfg.hosts:
         raise ConfigError("collect needs at least one host output (PATH or NAME=PATH)")
+    if cfg.link and cfg.move:
+        raise ConfigError("--link and --move: give one of them, or neither (the samples are then copied)")
     names = [n for n, _ in cfg.hosts]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
