@@ -18,7 +18,7 @@ from gpu_env import REPO, GpuEnv
 
 sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
-from hsextract.capture.config import WRITER_PROCESS_DEFAULT  # noqa: E402
+from hsextract.capture.config import WRITER_PROCESS_DEFAULT, CaptureConfig  # noqa: E402
 from hsextract.capture.patch import DEFAULT_PACKAGE, render_patch, server_launch  # noqa: E402
 from hsextract.model_info import read_model_info  # noqa: E402
 from support.sglang_server import ServerHandle, ServerStartError, log_tail, wait_healthy  # noqa: E402
@@ -55,8 +55,7 @@ class ServerSpec:
 
 def render_capture_patch(spec: ServerSpec, out: Path) -> Path:
     """The capture patch of ``spec``'s server, rendered under ``out`` (for its PYTHONPATH)."""
-    return render_patch(
-        out,
+    capture = CaptureConfig(
         architecture=read_model_info(spec.model).architecture,
         model_path=str(spec.model),
         dump_dir=str(dump_dir_for(spec.name)),
@@ -64,6 +63,7 @@ def render_capture_patch(spec: ServerSpec, out: Path) -> Path:
         writer_threads=spec.writer_threads,
         writer_process=spec.writer_process,
     )
+    return render_patch(out, capture)
 
 
 def start(spec: ServerSpec, env: GpuEnv, work: Path) -> ServerHandle:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hsextract.archs import SUPPORTED
+from hsextract.capture.config import CaptureConfig
 from hsextract.capture.patch import comment_filter, render_patch, server_launch
 from hsextract.capture.sglang_hook import load_base_class, load_base_class_or_refusal
 from hsextract.errors import ConfigError, UnsupportedArchitecture
@@ -19,19 +20,19 @@ from hsextract.errors import ConfigError, UnsupportedArchitecture
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+LLAMA = {"architecture": "LlamaForCausalLM", "model_path": "/m", "dump_dir": "/d"}
 
 
 def test_rendered_package_subclasses_the_architecture_and_carries_the_config(tmp_path, tiny_llama):
-    out = render_patch(
-        tmp_path,
+    capture = CaptureConfig(
         architecture="LlamaForCausalLM",
-        model_path=tiny_llama,
+        model_path=str(tiny_llama),
         aux_layer_ids=[1, 2],
         dump_dir="/dev/shm/x",
         rid_prefix="run7",
         final_hidden="pre_norm",
-        ansible_managed="Ansible managed: do not edit",
     )
+    out = render_patch(tmp_path, capture, ansible_managed="Ansible managed: do not edit")
     pkg = out / "hsextract_capture_patch"
     init = (pkg / "__init__.py").read_text()
     model = (pkg / "model.py").read_text()
@@ -48,7 +49,9 @@ def test_rendered_package_subclasses_the_architecture_and_carries_the_config(tmp
 
 def test_config_survives_awkward_characters(tmp_path):
     odd = '/dev/shm/it\'s "quoted" <&> \\ ünï'
-    out = render_patch(tmp_path, architecture="LlamaForCausalLM", model_path="/nonexistent", dump_dir=odd)
+    out = render_patch(
+        tmp_path, CaptureConfig(architecture="LlamaForCausalLM", model_path="/nonexistent", dump_dir=odd)
+    )
     namespace: dict = {}
     exec((out / "hsextract_capture_patch" / "__init__.py").read_text(), namespace)
     assert namespace["CONFIG"]["dump_dir"] == odd
@@ -56,12 +59,14 @@ def test_config_survives_awkward_characters(tmp_path):
 
 def test_patch_for_another_architecture_than_the_models_is_refused(tmp_path, tiny_llama):
     with pytest.raises(ConfigError, match="is a 'LlamaForCausalLM'"):
-        render_patch(tmp_path, architecture="Qwen3ForCausalLM", model_path=tiny_llama, dump_dir="/dev/shm/x")
+        render_patch(
+            tmp_path, CaptureConfig(architecture="Qwen3ForCausalLM", model_path=str(tiny_llama), dump_dir="/dev/shm/x")
+        )
 
 
 def test_architecture_must_be_a_class_name(tmp_path):
     with pytest.raises(ConfigError, match="not a Python class name"):
-        render_patch(tmp_path, architecture="Llama; import os", model_path="/nonexistent", dump_dir="/d")
+        render_patch(tmp_path, CaptureConfig(architecture="Llama; import os", model_path="/nonexistent", dump_dir="/d"))
 
 
 def test_comment_filter_matches_ansibles_default_style():
@@ -149,8 +154,6 @@ def test_supported_architectures_resolve_to_sglang_classes_with_the_capture_hook
 
 
 def test_config_values_rendered_as_text_are_normalised():
-    from hsextract.capture.config import CaptureConfig
-
     cfg = CaptureConfig.from_dict(
         {
             "architecture": "LlamaForCausalLM",
@@ -162,9 +165,9 @@ def test_config_values_rendered_as_text_are_normalised():
         }
     )
     assert cfg.aux_layer_ids == [1, 29, 57] and cfg.writer_threads == 0 and cfg.max_bytes_in_flight == 1 << 30
-    assert CaptureConfig("LlamaForCausalLM", "/m", "/d", aux_layer_ids="None").aux_layer_ids is None
+    assert CaptureConfig(**LLAMA, aux_layer_ids="None").aux_layer_ids is None
     with pytest.raises(ConfigError, match="final_hidden='middle'"):
-        CaptureConfig("LlamaForCausalLM", "/m", "/d", final_hidden="middle")
+        CaptureConfig(**LLAMA, final_hidden="middle")
 
 
 def test_capture_patch_reads_the_same_run_config_keys_as_the_other_subcommands(tmp_path, tiny_llama):
@@ -206,15 +209,9 @@ def _rendered_config(out: Path) -> dict:
 
 
 def test_writer_process_is_on_by_default_and_rendered_only_when_off_so_a_default_patch_keeps_its_bytes(tmp_path):
-    from hsextract.capture.config import CaptureConfig
-
-    default = render_patch(tmp_path / "default", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d")
-    on = render_patch(
-        tmp_path / "on", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d", writer_process=True
-    )
-    off = render_patch(
-        tmp_path / "off", architecture="LlamaForCausalLM", model_path="/m", dump_dir="/d", writer_process=False
-    )
+    default = render_patch(tmp_path / "default", CaptureConfig(**LLAMA))
+    on = render_patch(tmp_path / "on", CaptureConfig(**LLAMA, writer_process=True))
+    off = render_patch(tmp_path / "off", CaptureConfig(**LLAMA, writer_process=False))
     assert "writer_process" not in _rendered_config(default)
     assert (on / "hsextract_capture_patch" / "__init__.py").read_bytes() == (
         default / "hsextract_capture_patch" / "__init__.py"
@@ -271,13 +268,9 @@ def test_the_cli_writes_from_a_writer_process_unless_told_no_writer_process(tmp_
     ],
 )
 def test_writer_process_given_as_text_is_normalised_and_unset_is_the_default(text, value):
-    from hsextract.capture.config import CaptureConfig
-
-    assert CaptureConfig("LlamaForCausalLM", "/m", "/d", writer_process=text).writer_process is value
+    assert CaptureConfig(**LLAMA, writer_process=text).writer_process is value
 
 
 def test_writer_process_that_is_not_a_yes_or_no_is_refused_with_its_name():
-    from hsextract.capture.config import CaptureConfig
-
     with pytest.raises(ConfigError, match="writer_process='sometimes' is not a yes/no value"):
-        CaptureConfig("LlamaForCausalLM", "/m", "/d", writer_process="sometimes")
+        CaptureConfig(**LLAMA, writer_process="sometimes")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 import requests
-from hsextract.capture.config import WRITER_PROCESS_DEFAULT
+from hsextract.capture.config import WRITER_PROCESS_DEFAULT, CaptureConfig
 from hsextract.capture.patch import DEFAULT_PACKAGE, render_patch, server_launch
 from hsextract.model_info import read_model_info
 
@@ -232,19 +232,18 @@ def start_server(
     run_env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_EXTERNAL_MODEL_PACKAGE",)}
     args = ["--disable-radix-cache", "--skip-server-warmup", "--sleep-on-idle"]
     if capture:
-        patch_dir = render_patch(
-            log_dir / f"patch-{port}",
+        capture_config = CaptureConfig(
             architecture=architecture or read_model_info(model_dir).architecture,
             model_path=str(model_dir),
-            aux_layer_ids=aux_layer_ids,
+            aux_layer_ids=None if aux_layer_ids is None else list(aux_layer_ids),
             layer_convention=layer_convention,
             dump_dir=str(dump_dir),
             rid_prefix=rid_prefix,
             final_hidden=final_hidden,
-            extra=capture_extra,
-            check_layers=check_layers,
+            extra=dict(capture_extra or {}),
             writer_process=writer_process,
         )
+        patch_dir = render_patch(log_dir / f"patch-{port}", capture_config, check_layers=check_layers)
         launch = server_launch(patch_dir, package_name=DEFAULT_PACKAGE, device="cpu", pythonpath=pythonpath)
         run_env.update(launch.env)
         args = launch.args

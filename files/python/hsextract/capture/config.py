@@ -1,13 +1,20 @@
-"""The capture's configuration, as rendered into the patch package and read by the hook."""
+"""The capture's configuration, as rendered into the patch package and read by the hook.
+
+Its fields that a person sets are ``hsextract capture-patch``'s flags, declared once
+(hsextract.options; the command's other flags: hsextract.capture.patch.PatchSettings). The Ansible
+role writes the same keys into the package it renders.
+"""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hsextract.errors import ConfigError
-from hsextract.formats import FINAL_HIDDEN_PLACEMENTS, final_hidden_for
+from hsextract.formats import FINAL_HIDDEN_PLACEMENTS, FORMAT_NAMES, final_hidden_for
 from hsextract.layers import CONVENTIONS, parse_ids
+from hsextract.options import option
 from hsextract.staging.records import check_prefix
 
 # Settings only the tests change, kept out of the roles' interface.
@@ -43,27 +50,57 @@ def _flag(name: str, value: Any, default: bool) -> bool:
     raise ConfigError(f"capture config: {name}={value!r} is not a yes/no value (true or false)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CaptureConfig:
-    """What one server's capture does. Rendered as a literal dict into the patch package."""
+    """What one server's capture does. Rendered as a literal dict into the patch package; its flags
+    in ``hsextract capture-patch --help``'s order."""
 
-    architecture: str
-    model_path: str
-    dump_dir: str
-    aux_layer_ids: list[int] | None = None  # None: the EAGLE-3 default for the model's depth
-    layer_convention: str = "eagle"
-    rid_prefix: str = "hsx"
-    final_hidden: str = "post_norm"
-    format: str = ""  # the training-set format the capture serves ("": not said); fixes final_hidden
-    writer_threads: int = 0  # 0: 8 on CUDA, 2 on CPU
-    max_bytes_in_flight: int = 0  # 0: 4 GiB on CUDA, 256 MiB on CPU
-    max_tracked_requests: int = 4096
+    # --model as in every other subcommand (one shared run config); --model-path stays accepted.
+    model_path: str = option(
+        flag="--model",
+        aliases=("--model-path",),
+        dest="model",
+        help="model directory (its config.json names the architecture)",
+    )
+    # The command reads it from the model's config.json when not given.
+    architecture: str = option(required=False, help="override the architecture read from the model's config.json")
+    aux_layer_ids: list[int] | None = option(  # None: the EAGLE-3 default for the model's depth
+        None,
+        flag="--aux-layers",
+        aliases=("--aux-layer-ids",),
+        dest="aux_layers",
+        help="comma-separated aux layer ids (default: EAGLE-3's [1, L//2-1, L-4])",
+    )
+    layer_convention: str = option("eagle", choices=CONVENTIONS)
+    dump_dir: str = option(help="staging directory, e.g. /dev/shm/hsextract")
+    rid_prefix: str = option("hsx")
+    # The training-set format the capture serves ("": not said); fixes final_hidden.
+    format: str = option(
+        "",
+        parser_default=None,
+        choices=FORMAT_NAMES,
+        help="the training-set format; sets the final-norm placement it needs",
+    )
+    final_hidden: str = option(
+        "post_norm",
+        parser_default=None,
+        choices=FINAL_HIDDEN_PLACEMENTS,
+        help="final hidden state post- or pre-norm (default: what --format needs, else post_norm)",
+    )
     # Writes from a child process (hsextract.capture.writer_process), so that the scheduler's
     # process does O(1) work per batch; off: writer threads in the scheduler's process. On by
     # default since it measured 0.984 of a plain server's throughput with short prompts on an H200,
     # where the in-process writer measured 0.91-1.06 (bench/results/capture_server_gpu_writer_process_series.json,
     # bench/results/capture_server_gpu_short_series.json; docs/benchmarks.md).
-    writer_process: bool = WRITER_PROCESS_DEFAULT
+    writer_process: bool = option(
+        WRITER_PROCESS_DEFAULT,
+        action=argparse.BooleanOptionalAction,
+        help="write the staged dumps from a child process of the server's scheduler (the "
+        "default); --no-writer-process: from threads inside it",
+    )
+    writer_threads: int = 0  # 0: 8 on CUDA, 2 on CPU
+    max_bytes_in_flight: int = 0  # 0: 4 GiB on CUDA, 256 MiB on CPU
+    max_tracked_requests: int = 4096
     # Test-only tunables, never set by the roles (see TEST_TUNABLES).
     extra: dict[str, Any] = field(default_factory=dict)
 
