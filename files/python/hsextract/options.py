@@ -101,12 +101,14 @@ def _flat(cls: type) -> list[tuple[dataclasses.Field[Any], Option]]:
     return flat
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add every flag of the settings class `cls` to `parser`, in the fields' order."""
+def add_options(parser: argparse.ArgumentParser, cls: type) -> dict[str, Any]:
+    """Add every flag of the settings class `cls` to `parser`, in the fields' order; the argument
+    groups made for them, by title (a command may add a flag of its own to one)."""
     groups: dict[tuple[str, str], Any] = {}
     for f, opt in _flat(cls):
         flags = [opt.flag_of(f.name), *opt.aliases]
         _container(parser, groups, opt).add_argument(*flags, **_argument_kwargs(f, opt))
+    return {title: group for (title, exclusive), group in groups.items() if not exclusive}
 
 
 def _container(parser: argparse.ArgumentParser, groups: dict[tuple[str, str], Any], opt: Option) -> Any:
@@ -165,9 +167,10 @@ def missing_options(cls: type, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def options_from(cls: type, args: argparse.Namespace, **given: Any) -> Any:
-    """The settings `cls` from the parsed flags; `given` sets fields the command derived itself (and
-    wins over a flag of the same field). A nested settings class not given is built from the flags alone."""
+def options_from(cls: type, args: object, **given: Any) -> Any:
+    """The settings `cls` from the parsed flags (or another command's settings: a flag it lacks leaves
+    the field at its default); `given` sets fields the command derived itself (and wins over a flag of
+    the same field). A nested settings class not given is built from the flags alone."""
     values: dict[str, Any] = {}
     for f, opt in options_of(cls):
         if f.name in given or not f.init:

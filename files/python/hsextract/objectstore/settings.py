@@ -20,30 +20,65 @@ from __future__ import annotations
 import argparse
 import configparser
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from hsextract.errors import ConfigError
 from hsextract.objectstore.retries import DEFAULT_ATTEMPTS
-from hsextract.options import Option
+from hsextract.options import Option, add_options, option, options_from
 
 DEFAULT_READ_TIMEOUT_S = 120.0
 
 CREDENTIAL_KEYS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 
 
+STORE = "object store (an --output of s3://bucket/prefix)"  # the flags' group in --help
+
+
 @dataclass(frozen=True)
 class StoreSettings:
-    """The endpoint and region (not secret) and where the credentials come from."""
+    """The endpoint and region (not secret) and where the credentials come from: the object-store
+    flags of every command that may take ``--output s3://...``, declared once (hsextract.options)."""
 
-    endpoint: str = ""  # "" = boto3's (AWS, or AWS_ENDPOINT_URL)
-    region: str = ""
-    credentials_file: str = ""  # "" = boto3's own chain
+    endpoint: str = option(  # "" = boto3's (AWS, or AWS_ENDPOINT_URL)
+        "",
+        flag="--s3-endpoint",
+        group=STORE,
+        metavar="URL",
+        parser_default=None,
+        help="the S3 server (default: boto3's: AWS, or AWS_ENDPOINT_URL)",
+    )
+    region: str = option(
+        "", flag="--s3-region", group=STORE, metavar="NAME", parser_default=None, help="the region (default: boto3's)"
+    )
+    credentials_file: str = option(  # "" = boto3's own chain
+        "",
+        flag="--s3-credentials",
+        group=STORE,
+        metavar="FILE",
+        parser_default=None,
+        help="an INI file like ~/.aws/credentials, mode 0600 (default: boto3's credential chain)",
+    )
     # How long an answer is waited for, and how many times a request the server fails is tried
     # (hsextract.objectstore.retries; an unreachable server is waited for without a bound).
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    attempts: int = DEFAULT_ATTEMPTS
+    read_timeout_s: float = option(
+        DEFAULT_READ_TIMEOUT_S,
+        flag="--s3-timeout",
+        group=STORE,
+        metavar="SECONDS",
+        type=float,
+        help=f"how long an answer is waited for before the request is tried again (default {DEFAULT_READ_TIMEOUT_S:g})",
+    )
+    attempts: int = option(
+        DEFAULT_ATTEMPTS,
+        flag="--s3-attempts",
+        group=STORE,
+        metavar="N",
+        type=int,
+        help="how many times a request the server fails (a 5xx, a reset, an answer cut short or late) is tried "
+        f"before the command stops saying so (default {DEFAULT_ATTEMPTS}; an unreachable server is waited for)",
+    )
     # Read from credentials_file; kept out of repr, so a logged or raised settings object shows no secret.
     _secrets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -106,48 +141,32 @@ def settings_from(
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     attempts: int = DEFAULT_ATTEMPTS,
 ) -> StoreSettings:
-    """Settings from the flags; the credentials file read and checked now, before anything is sent."""
-    if not read_timeout_s > 0:
-        raise ConfigError(f"--s3-timeout {read_timeout_s}: give the seconds an answer is waited for, above 0")
-    if attempts < 1:
-        raise ConfigError(f"--s3-attempts {attempts}: give at least 1")
-    secrets: dict[str, str] = {}
-    if credentials_file:
-        values = read_credentials_file(credentials_file)
+    """Settings from their values; the credentials file read and checked now, before anything is sent."""
+    return checked(StoreSettings(endpoint, region, str(credentials_file or ""), float(read_timeout_s), int(attempts)))
+
+
+def checked(settings: StoreSettings) -> StoreSettings:
+    """`settings` once checked, with the secrets of its credentials file (and the endpoint and region
+    the file names, where the settings name none); ConfigError naming the flag at fault."""
+    if not settings.read_timeout_s > 0:
+        raise ConfigError(f"--s3-timeout {settings.read_timeout_s}: give the seconds an answer is waited for, above 0")
+    if settings.attempts < 1:
+        raise ConfigError(f"--s3-attempts {settings.attempts}: give at least 1")
+    endpoint, region, secrets = settings.endpoint, settings.region, {}
+    if settings.credentials_file:
+        values = read_credentials_file(settings.credentials_file)
         secrets = {k: values[k] for k in CREDENTIAL_KEYS if values.get(k)}
         endpoint = endpoint or values.get("endpoint_url", "")
         region = region or values.get("region", "")
     if endpoint and not endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"--s3-endpoint {endpoint!r}: give the server's URL, e.g. http://127.0.0.1:8333")
-    return StoreSettings(endpoint, region, str(credentials_file or ""), float(read_timeout_s), int(attempts), secrets)
+    return replace(settings, endpoint=endpoint, region=region, _secrets=secrets)
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     """The object-store flags, for every command that may take ``--output s3://...``."""
-    g = parser.add_argument_group("object store (an --output of s3://bucket/prefix)")
-    g.add_argument("--s3-endpoint", metavar="URL", help="the S3 server (default: boto3's: AWS, or AWS_ENDPOINT_URL)")
-    g.add_argument("--s3-region", metavar="NAME", help="the region (default: boto3's)")
-    g.add_argument(
-        "--s3-credentials",
-        metavar="FILE",
-        help="an INI file like ~/.aws/credentials, mode 0600 (default: boto3's credential chain)",
-    )
-    g.add_argument(
-        "--s3-timeout",
-        metavar="SECONDS",
-        type=float,
-        default=DEFAULT_READ_TIMEOUT_S,
-        help=f"how long an answer is waited for before the request is tried again (default {DEFAULT_READ_TIMEOUT_S:g})",
-    )
-    g.add_argument(
-        "--s3-attempts",
-        metavar="N",
-        type=int,
-        default=DEFAULT_ATTEMPTS,
-        help="how many times a request the server fails (a 5xx, a reset, an answer cut short or late) is tried "
-        f"before the command stops saying so (default {DEFAULT_ATTEMPTS}; an unreachable server is waited for)",
-    )
-    add_work_dir_argument(g)
+    groups = add_options(parser, StoreSettings)
+    add_work_dir_argument(groups[STORE])
 
 
 # ``--work-dir``: where a bucket output's local bookkeeping lives, a flag of every command that
@@ -166,14 +185,6 @@ def add_work_dir_argument(parser: Any) -> None:
 
 
 def settings_from_args(args: object) -> StoreSettings:
-    return settings_from(
-        getattr(args, "s3_endpoint", None) or "",
-        getattr(args, "s3_region", None) or "",
-        getattr(args, "s3_credentials", None) or "",
-        _given(getattr(args, "s3_timeout", None), DEFAULT_READ_TIMEOUT_S),
-        int(_given(getattr(args, "s3_attempts", None), DEFAULT_ATTEMPTS)),
-    )
-
-
-def _given(value: Any, default: float) -> float:
-    return default if value is None else float(value)
+    """The object-store settings from a command's parsed flags, or from its settings (a flag it lacks
+    is the setting's default), checked."""
+    return checked(options_from(StoreSettings, args))
