@@ -197,7 +197,8 @@ def _check_accounted(lines: list[bytes]) -> None:
             else:
                 assert item.messages and any(m.role == "assistant" for m in item.messages)
                 assert all(m.role in ("system", "user", "assistant", "tool") for m in item.messages)
-                assert all(m.content.strip() for m in item.messages if m.role in ("system", "user"))
+                # An unset system prompt renders empty (OpenAI's null content); an empty user turn asks nothing.
+                assert all(m.content.strip() for m in item.messages if m.role == "user")
                 assert all(
                     m.content.strip() or m.tool_calls or (m.reasoning_content or "").strip()
                     for m in item.messages
