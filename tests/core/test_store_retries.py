@@ -49,3 +49,7 @@ def test_a_refused_connection_is_unreachable_and_a_5xx_or_a_reset_is_a_failed_re
 
 def test_the_backoff_doubles_from_half_a_second_to_twenty():
     assert [backoff(n) for n in range(1, 10)] == [0.5, 1, 2, 4, 8, 16, 20, 20, 20]
+
+
+def test_a_shorter_first_wait_doubles_to_the_same_cap():
+    assert [backoff(n, first_s=0.05) for n in (1, 2, 3, 10, 20)] == [0.05, 0.1, 0.2, 20, 20]

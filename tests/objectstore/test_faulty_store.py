@@ -34,6 +34,7 @@ from support.drain_proc import drain_args, finish_client, hsextract
 from support.faulty_store import (
     ANSWER_LOST,
     CLIENT_TIMEOUT_S,
+    FIRST_WAIT_S,
     KINDS,
     RESET_DOWNLOAD,
     RESET_UPLOAD,
@@ -79,7 +80,8 @@ def _stage_twice(tmp_path: Path, n: int, big: frozenset[int] = frozenset()) -> t
 
 def _store_args(endpoint: str, credentials: Path) -> list[str]:
     """A command's flags for the server at `endpoint` (a faulty store's: its slow answers given up on)."""
-    return ["--s3-endpoint", endpoint, "--s3-credentials", str(credentials), "--s3-timeout", str(CLIENT_TIMEOUT_S)]
+    timing = ["--s3-timeout", str(CLIENT_TIMEOUT_S), "--s3-first-wait", str(FIRST_WAIT_S)]
+    return ["--s3-endpoint", endpoint, "--s3-credentials", str(credentials), *timing]
 
 
 def _collect(into, work: Path, faulty, credentials: Path, *hosts: str) -> int:

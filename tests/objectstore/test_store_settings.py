@@ -43,8 +43,8 @@ def test_without_store_flags_boto3s_chain_is_used_with_the_default_bounds():
 
 def test_every_store_flag_is_the_setting_it_names():
     flags = ["--s3-endpoint", "http://x:1", "--s3-region", "r", "--s3-timeout", "5", "--s3-attempts", "3"]
-    assert _settings(*flags) == StoreSettings(
-        endpoint="http://x:1", region="r", credentials_file="", read_timeout_s=5.0, attempts=3
+    assert _settings(*flags, "--s3-first-wait", "0.05") == StoreSettings(
+        endpoint="http://x:1", region="r", credentials_file="", read_timeout_s=5.0, attempts=3, first_wait_s=0.05
     )
 
 
@@ -78,6 +78,8 @@ def test_a_commands_settings_without_store_flags_reach_the_bucket_with_the_defau
     [
         (["--s3-timeout", "0"], "--s3-timeout 0.0: give the seconds an answer is waited for, above 0"),
         (["--s3-attempts", "0"], "--s3-attempts 0: give at least 1"),
+        (["--s3-first-wait", "0"], "--s3-first-wait 0.0: give seconds above 0, at most 20"),
+        (["--s3-first-wait", "30"], "--s3-first-wait 30.0: give seconds above 0, at most 20"),
         (["--s3-endpoint", "ftp://x"], "--s3-endpoint 'ftp://x': give the server's URL"),
         (["--s3-credentials", "/no/such/file"], "--s3-credentials /no/such/file: no such file"),
     ],

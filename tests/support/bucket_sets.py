@@ -23,9 +23,11 @@ def target(weed, bucket: str, prefix: str, credentials: Path, uploads: int = 4) 
 def through(proxy, bucket: str, prefix: str, credentials: Path, attempts: int = 10, **kw) -> ObjectOutput:
     """The bucket prefix reached through `proxy` (support.faulty_store), whose slow answers its
     client gives up on."""
-    from support.faulty_store import CLIENT_TIMEOUT_S
+    from support.faulty_store import CLIENT_TIMEOUT_S, FIRST_WAIT_S
 
-    settings = settings_from(proxy.url, "", str(credentials), read_timeout_s=CLIENT_TIMEOUT_S, attempts=attempts)
+    settings = settings_from(
+        proxy.url, "", str(credentials), read_timeout_s=CLIENT_TIMEOUT_S, attempts=attempts, first_wait_s=FIRST_WAIT_S
+    )
     return ObjectOutput(ObjectURL(bucket, prefix), settings, **{"uploads": 4, **kw})
 
 

@@ -53,6 +53,9 @@ KINDS = (RESET_UPLOAD, RESET_DOWNLOAD, TRUNCATED, STATUS_500, STATUS_503, SLOW, 
 # one (``--s3-timeout``), so every slow answer is one it gave up on.
 SLOW_S = 2.5
 CLIENT_TIMEOUT_S = 1.0
+# The proxy's faults pass at once, as a loaded server's hiccups do: a client under test asks again
+# after 0.05 s (``--s3-first-wait``), doubling, instead of a remote server's 0.5 s.
+FIRST_WAIT_S = 0.05
 
 _ERRORS = {STATUS_500: (500, "InternalError"), STATUS_503: (503, "SlowDown")}
 

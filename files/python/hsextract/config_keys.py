@@ -77,6 +77,7 @@ KNOWN_KEYS = frozenset(
         "s3_attempts",
         "s3_credentials",
         "s3_endpoint",
+        "s3_first_wait",
         "s3_part_size",
         "s3_region",
         "s3_timeout",

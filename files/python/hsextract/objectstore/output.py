@@ -27,7 +27,7 @@ from pathlib import Path
 
 from hsextract.durable import atomic_write_bytes
 from hsextract.errors import ConfigError
-from hsextract.objectstore.retries import DEFAULT_ATTEMPTS
+from hsextract.objectstore.retries import BACKOFF_FIRST_S, DEFAULT_ATTEMPTS
 from hsextract.objectstore.segments import (
     HEADER_KEY,
     RUN_KEY,
@@ -103,6 +103,7 @@ def record_target(work: Path, target: ObjectOutput) -> None:
         "credentials_file": s.credentials_file,
         "read_timeout_s": s.read_timeout_s,
         "attempts": s.attempts,
+        "first_wait_s": s.first_wait_s,
     }
     state_dir(work).mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(target_path(work), (json.dumps(data, indent=2) + "\n").encode())
@@ -122,6 +123,7 @@ def recorded_target(work: Path) -> ObjectOutput | None:
             data.get("credentials_file", ""),
             float(data.get("read_timeout_s") or DEFAULT_READ_TIMEOUT_S),
             int(data.get("attempts") or DEFAULT_ATTEMPTS),
+            float(data.get("first_wait_s") or BACKOFF_FIRST_S),
         ),
     )
 

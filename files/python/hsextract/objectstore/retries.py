@@ -110,9 +110,10 @@ def request_of(what: str) -> str:
     return _REQUESTS.get(first, first.upper())
 
 
-def backoff(attempt: int) -> float:
-    """The wait before attempt ``attempt + 1`` (1-based): 0.5 s doubling to 20 s."""
-    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, attempt - 1))
+def backoff(attempt: int, first_s: float = BACKOFF_FIRST_S) -> float:
+    """The wait before attempt ``attempt + 1`` (1-based): `first_s` (``--s3-first-wait``, 0.5 s)
+    doubling to 20 s."""
+    return min(BACKOFF_MAX_S, first_s * 2 ** max(0, attempt - 1))
 
 
 class RetryLog:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.errors import ConfigError
-from hsextract.objectstore.retries import DEFAULT_ATTEMPTS
+from hsextract.objectstore.retries import BACKOFF_FIRST_S, BACKOFF_MAX_S, DEFAULT_ATTEMPTS
 from hsextract.options import Option, add_options, option, options_from
 
 DEFAULT_READ_TIMEOUT_S = 120.0
@@ -78,6 +78,15 @@ class StoreSettings:
         type=int,
         help="how many times a request the server fails (a 5xx, a reset, an answer cut short or late) is tried "
         f"before the command stops saying so (default {DEFAULT_ATTEMPTS}; an unreachable server is waited for)",
+    )
+    first_wait_s: float = option(
+        BACKOFF_FIRST_S,
+        flag="--s3-first-wait",
+        group=STORE,
+        metavar="SECONDS",
+        type=float,
+        help=f"the wait before a failed request is tried again the first time; it doubles at each try, to at "
+        f"most {BACKOFF_MAX_S:g} s (default {BACKOFF_FIRST_S:g}; a store on the same host may be asked sooner)",
     )
     # Read from credentials_file; kept out of repr, so a logged or raised settings object shows no secret.
     _secrets: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -140,9 +149,14 @@ def settings_from(
     credentials_file: str = "",
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     attempts: int = DEFAULT_ATTEMPTS,
+    first_wait_s: float = BACKOFF_FIRST_S,
 ) -> StoreSettings:
     """Settings from their values; the credentials file read and checked now, before anything is sent."""
-    return checked(StoreSettings(endpoint, region, str(credentials_file or ""), float(read_timeout_s), int(attempts)))
+    return checked(
+        StoreSettings(
+            endpoint, region, str(credentials_file or ""), float(read_timeout_s), int(attempts), float(first_wait_s)
+        )
+    )
 
 
 def checked(settings: StoreSettings) -> StoreSettings:
@@ -152,6 +166,8 @@ def checked(settings: StoreSettings) -> StoreSettings:
         raise ConfigError(f"--s3-timeout {settings.read_timeout_s}: give the seconds an answer is waited for, above 0")
     if settings.attempts < 1:
         raise ConfigError(f"--s3-attempts {settings.attempts}: give at least 1")
+    if not 0 < settings.first_wait_s <= BACKOFF_MAX_S:
+        raise ConfigError(f"--s3-first-wait {settings.first_wait_s}: give seconds above 0, at most {BACKOFF_MAX_S:g}")
     endpoint, region, secrets = settings.endpoint, settings.region, {}
     if settings.credentials_file:
         values = read_credentials_file(settings.credentials_file)

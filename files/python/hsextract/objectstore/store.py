@@ -176,8 +176,9 @@ class ObjectStore:
                 waits += 1
                 if unreachable:
                     self._outage.begin(what, exc)
-                before_retry(self.retries, str(self.url), what, exc, unreachable, failed, self.patient, backoff(waits))
-                if self.stop.wait(backoff(waits)):
+                delay = backoff(waits, self.settings.first_wait_s)
+                before_retry(self.retries, str(self.url), what, exc, unreachable, failed, self.patient, delay)
+                if self.stop.wait(delay):
                     raise Stopped(f"stopped while {self.url} did not answer ({what})") from exc
                 continue
             self._outage.end()
