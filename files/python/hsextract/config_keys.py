@@ -64,6 +64,7 @@ KNOWN_KEYS = frozenset(
         "parallel",
         "poll_interval",
         "port",
+        "precision",
         "probe_timeout",
         "process",
         "quarantine_dir",

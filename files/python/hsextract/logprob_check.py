@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hsextract.greedy_check import GreedyHead, GreedyVerdict, HeadQuery
+from hsextract.greedy_check import BF16_REL_TIE, GreedyHead, GreedyVerdict, HeadQuery
 from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, DEFAULT_MAX_POSITIONS, ServerLogprobs
 
 
@@ -140,6 +140,7 @@ class SampleRows:
     positions: list[int]
     final_hidden: str
     token: int  # the server's greedy token
+    tie: float = BF16_REL_TIE  # the greedy check's relative tolerance (FP8_REL_TIE for dequantized FP8 rows)
 
 
 def check_samples(
@@ -155,7 +156,7 @@ def check_samples(
     passes: list[LogprobPass | None] = []
     for s, server in samples:
         if server is None:
-            queries.append(HeadQuery(s.rows[-1:], s.final_hidden, s.token))
+            queries.append(HeadQuery(s.rows[-1:], s.final_hidden, s.token, tie=s.tie))
             passes.append(None)
             continue
         if server.positions != s.positions[-1] + 1:
@@ -163,7 +164,7 @@ def check_samples(
                 f"the server's logprobs cover {server.positions} positions, the dump {s.positions[-1] + 1}"
             )
         lp = LogprobPass(server, s.positions)
-        queries.append(HeadQuery(s.rows, s.final_hidden, s.token, also=[lp]))
+        queries.append(HeadQuery(s.rows, s.final_hidden, s.token, also=[lp], tie=s.tie))
         passes.append(lp)
     verdicts = head.check_many(queries)
     return [(g, None if lp is None else lp.verdict(bound)) for g, lp in zip(verdicts, passes, strict=True)]

@@ -87,7 +87,7 @@ class Drainer:
         self.cfg = cfg
         self.fmt: OutputFormat = get_format(cfg.format)
         self.out = Path(cfg.output)
-        self.stats = DrainStats(format=cfg.format)
+        self.stats = DrainStats(format=cfg.format, precision=cfg.precision)
         self.stop_event = threading.Event()
         self.run_id = ""  # the output's, once recovered
         self._inflight = InFlight(max_preparing=cfg.worker_threads * 2)
@@ -183,7 +183,9 @@ class Drainer:
             together=committer.together,
         )
         if cfg.worker_processes:
-            self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir, on_ready=self._import_late)
+            self._processes = WorkerProcesses(
+                cfg.worker_processes, cfg.format, tmp_dir, on_ready=self._import_late, precision=cfg.precision
+            )
             if cfg.wait_for_worker_processes:
                 self._processes.wait_ready()
         vocab = self._vocab
@@ -199,6 +201,7 @@ class Drainer:
             processes=self._processes,
             count_vocab=lambda: vocab.counting,
             durable_tmp=self._target.durable_tmp,
+            precision=cfg.precision,
         )
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
@@ -233,7 +236,7 @@ class Drainer:
             # GB's drain rate by a fifth). With worker processes, `_import_late` does.
             importlib.import_module("datasets")
         # Warm before "running": the first real sample pays nothing once-only (hsextract.drain.warmup).
-        warm_up(self.fmt, drain_tmp_dir(self.out))
+        warm_up(self.fmt, drain_tmp_dir(self.out), self.cfg.precision)
         port = self.cfg.metrics_port
         metrics = self._metrics = MetricsServer(self.stats, port) if port is not None else None
         if metrics is not None:
@@ -246,10 +249,11 @@ class Drainer:
         self.stats.set(state="running")
         age = process_age_s()
         log.info(
-            "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)%s",
+            "draining %s -> %s (%s, %s rows, run %s, %d samples already written, %d workers in %s)%s",
             self.cfg.dump_dir,
             self.out,
             self.cfg.format,
+            self.cfg.precision,
             self.run_id,
             len(committer.entries),
             self.cfg.workers,
