@@ -179,11 +179,13 @@ def check_final_rows(
     *,
     most: int = DEFAULT_MAX_POSITIONS,
     bound: float = DEFAULT_MAX_MEAN_ABS_ERROR,
+    tie: float = BF16_REL_TIE,
 ) -> tuple[GreedyVerdict, LogprobVerdict | None]:
-    """The greedy verdict on the last of a sample's final rows ``[P, H]``, and, given the server's
-    logprobs of its prompt, the logprob verdict on its checked positions: one pass over the head."""
+    """The greedy verdict on the last of a sample's final rows ``[P, H]`` (within `tie`: FP8_REL_TIE for
+    dequantized FP8 rows), and, given the server's logprobs of its prompt, the logprob verdict on its
+    checked positions: one pass over the head."""
     if server is not None and server.positions != final_rows.shape[0]:
         raise ValueError(f"the server's logprobs cover {server.positions} positions, the dump {final_rows.shape[0]}")
     positions = checked_positions(final_rows.shape[0], most if server is not None else 1)
-    sample = SampleRows(final_rows[positions], positions, final_hidden, token)
+    sample = SampleRows(final_rows[positions], positions, final_hidden, token, tie)
     return check_samples(head, [(sample, server)], bound=bound)[0]
