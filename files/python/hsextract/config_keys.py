@@ -96,6 +96,7 @@ KNOWN_KEYS = frozenset(
         "stale_after",
         "temperature",
         "term_timeout",
+        "to_bf16",
         "tokens_per_s",
         "top_k",
         "top_p",

@@ -175,7 +175,7 @@ def _client_done_headline(view: RunView, in_set: str) -> str:
 
 
 def set_kind(fmt: str | None, precision: str | None) -> str:
-    """" (speculators)", or " (speculators, fp8 rows)" for a set that does not store the rows as captured."""
+    """ " (speculators)", or " (speculators, fp8 rows)" for a set that does not store the rows as captured."""
     if not fmt:
         return ""
     return f" ({fmt}, {precision} rows)" if precision and precision != "bf16" else f" ({fmt})"

@@ -96,7 +96,7 @@ def _about_lines(
         f"{header.sglang_layers_to_capture} (sglang) |",
         f"| final hidden state | {header.final_hidden} |",
         f"| dtype, hidden size | {header.dtype}, {header.hidden_size} |",
-        f"| precision | {_precision(header.precision)} |",
+        f"| precision | {_precision(header)} |",
         f"| model config sha256 | `{header.model_config_sha256 or '?'}` |",
         f"| model fingerprint | {_fingerprint(header.model_fingerprint)} |",
         f"| dataset | `{(dataset or {}).get('path', '?')}`, {'?' if dataset_lines is None else dataset_lines} lines |",
@@ -105,11 +105,14 @@ def _about_lines(
     ]
 
 
-def _precision(precision: str) -> str:
+def _precision(header: ManifestHeader) -> str:
     """How the set stores the rows, in a table cell."""
-    if precision == "fp8":
+    if header.precision == "fp8":
         return "fp8: float8_e4m3fn rows, one float32 scale per token (`hidden_states_scales`); read dequantized to bf16"
-    return f"{precision}: the rows as captured"
+    converted = header.extra.get("converted_from")
+    if converted:
+        return f"{header.precision}: {converted} (`hsextract collect --to-bf16`)"
+    return f"{header.precision}: the rows as captured"
 
 
 def _loading(spec: Any, header: ManifestHeader) -> str:
