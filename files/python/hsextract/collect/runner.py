@@ -122,9 +122,11 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     if ref.header is None:
         return finish(Collected(cfg, ref, None, entries, adm, notes=notes))
     host_headers = {h.name: h.header or ref.header for h in adm.admitted}
-    if cfg.to_bf16 and ref.header.precision == "fp8":  # the collected set's rows are bf16 ones
-        ref = replace(ref, header=bf16_header(ref.header))
-    fmt = get_format(ref.header.format)
+    set_header = ref.header
+    if cfg.to_bf16 and set_header.precision == "fp8":  # the collected set's rows are bf16 ones
+        set_header = bf16_header(set_header)
+        ref = replace(ref, header=set_header)
+    fmt = get_format(set_header.format)
     removed = remove_orphans(out, fmt.relative_path, len(entries))
     if removed:
         notes.append(f"removed {len(removed)} file(s) a killed collect renamed but never recorded")
@@ -132,9 +134,9 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     fetcher = _fetcher(cfg, out, adm, fmt, host_headers)
     plan = select_entries(entries, {h.name: h.entries for h in adm.admitted})
     fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
-    write_identity(out, ref.header.run_id, ref.dataset)
+    write_identity(out, set_header.run_id, ref.dataset)
     if header is None and plan.pending:
-        write_header(out, ref.header)
+        write_header(out, set_header)
     journal = FailureJournal(out)
     journal.record(_fail_twins(plan, entries, fetcher), SpacePolicy(out, cfg.wait_for_space_s))
     new = _fetch_and_commit(cfg, out, fmt, len(entries), plan, fetcher, journal)

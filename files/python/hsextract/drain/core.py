@@ -183,11 +183,7 @@ class Drainer:
             together=committer.together,
         )
         if cfg.worker_processes:
-            self._processes = WorkerProcesses(
-                cfg.worker_processes, cfg.format, tmp_dir, on_ready=self._import_late, precision=cfg.precision
-            )
-            if cfg.wait_for_worker_processes:
-                self._processes.wait_ready()
+            self._start_processes(tmp_dir)
         vocab = self._vocab
         worker = SampleWorker(
             self.fmt,
@@ -224,6 +220,14 @@ class Drainer:
         )
         scanner.sweep_records(time.time(), force=True)
         return committer, scanner
+
+    def _start_processes(self, tmp_dir: Path) -> None:
+        """The worker processes (hsextract.drain.worker_processes): started in the background, or waited for."""
+        cfg = self.cfg
+        procs = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir, self._import_late, cfg.precision)
+        self._processes = procs
+        if cfg.wait_for_worker_processes:
+            procs.wait_ready()
 
     def _start(self, committer: Committer) -> MetricsServer | None:
         # The workers are the parallelism; torch's own intra-op threads in each of them only

@@ -66,7 +66,7 @@ class FP8Rows:
         values = fingerprint.row_values_np(stored, self._ids[first : first + n], stored.shape[1])
         self._sum = fingerprint.add(self._sum, fingerprint.combine(values, first))
         self._done += n
-        return memoryview(raw.reshape(-1))
+        return raw.reshape(-1).data
 
     def finish(self) -> tuple[torch.Tensor, str]:
         """(scales float32 [T, 1, 1], the stored rows' fingerprint), once every row went by and what

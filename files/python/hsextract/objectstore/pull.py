@@ -125,7 +125,7 @@ def pull(
     todo = [
         (src, e)
         for src, e in zip(everything[first:last], chosen, strict=True)
-        if pulled[e.file] is None or not _whole(dest / e.file, pulled[e.file])
+        if not _whole(dest / e.file, pulled[e.file])
     ]
     tmp = tmp_dir(dest)
     one = _OneSample(store, dest, tmp, SampleCheck(found.fmt, found.header) if convert else None, pulled)
@@ -231,7 +231,10 @@ def _pulled_entry(e: ManifestEntry, row: dict | None, convert: bool) -> Manifest
     return replace(e, bytes=int(bf16["bytes"]), checksum=str(bf16["checksum"]), fingerprint=str(bf16["fingerprint"]))
 
 
-def _whole(path: Path, e: ManifestEntry) -> bool:
+def _whole(path: Path, e: ManifestEntry | None) -> bool:
+    """Whether `path` is there with the size of its line `e` (None: not pulled yet)."""
+    if e is None:
+        return False
     try:
         return path.stat().st_size == e.bytes
     except FileNotFoundError:
