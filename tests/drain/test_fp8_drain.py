@@ -34,6 +34,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def _drain(dump: Path, out: Path, lines: int, precision: str = "fp8", fmt: str = "speculators", **kw) -> Drainer:
     finish_client(out, lines)
+    kw.setdefault("worker_mode", "threads")
     d = Drainer(
         DrainConfig(
             dump_dir=dump,
@@ -41,7 +42,6 @@ def _drain(dump: Path, out: Path, lines: int, precision: str = "fp8", fmt: str =
             format=fmt,
             precision=precision,
             workers=2,
-            worker_mode="threads",
             poll_interval_s=0.05,
             status_interval_s=0.2,
             finalize_idle_s=0.5,
@@ -93,6 +93,20 @@ def test_an_fp8_set_holds_the_drains_quantization_of_the_checked_rows_in_the_rea
     assert "verified 5/5 samples (name, size, checksum, shapes, FP8 scales, fingerprint of the stored FP8 rows)" in (
         verified
     )
+
+
+@pytest.mark.slow
+def test_the_drains_worker_processes_write_the_fp8_files_its_threads_write(tmp_path):
+    """Each process warms up on an FP8 sample of its own and prepares the samples as the threads do."""
+    files = {}
+    for mode in ("threads", "processes"):
+        dump, out, _ = _stage(tmp_path, 4, f"-{mode}", seed=3)
+        extra = {"wait_for_worker_processes": True} if mode == "processes" else {}
+        d = _drain(dump, out, 4, worker_mode=mode, **extra)
+        assert d.stats.samples == 4 and dict(d.stats.quarantined) == {}
+        assert (d.cfg.worker_processes > 0) == (mode == "processes")
+        files[mode] = {e.dataset_index: (e.checksum, e.fingerprint) for e in iter_entries(out)}
+    assert files["processes"] == files["threads"]
 
 
 def test_fp8_rows_take_half_the_bytes_of_bf16_rows_at_an_8b_width(tmp_path):
