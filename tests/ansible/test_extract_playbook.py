@@ -231,8 +231,8 @@ def test_extract_converges_from_nothing(host):
 def test_the_settings_are_validated_once_per_play(host):
     names = [name for name, _ in host["first"].task_results()]
     for check in (
-        "hsextract : Check the rid prefix, the shard, the client processes, the aux layer ids and the "
-        "regenerated dataset's path with hsextract's own code.",
+        "hsextract : Check the rid prefix, the shard, the client processes, the aux layer ids, the precision and "
+        "the regenerated dataset's path with hsextract's own code.",
         "hsextract : Check the aux layer ids against the model's depth.",
     ):
         assert names.count(check) == 1, f"{check!r} ran {names.count(check)} times"

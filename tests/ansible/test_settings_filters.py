@@ -38,6 +38,7 @@ def test_ansible_sees_the_filters_under_their_hsextract_names():
     assert checks.FilterModule().filters() == {
         "hsextract_rid_prefix_problem": checks.rid_prefix_problem,
         "hsextract_shard_problem": checks.shard_problem,
+        "hsextract_precision_problem": checks.precision_problem,
         "hsextract_aux_layer_problem": checks.aux_layer_problem,
         "hsextract_regenerated_dir_problem": checks.regenerated_dir_problem,
         "hsextract_dataset_switch_problem": checks.dataset_switch_problem,
@@ -47,6 +48,21 @@ def test_ansible_sees_the_filters_under_their_hsextract_names():
         "hsextract_summary_path": checks.summary_path,
         "hsextract_output_problem": checks.output_problem,
     }
+
+
+@pytest.mark.parametrize(("precision", "fmt"), [("bf16", "specforge"), ("bf16", "speculators"), ("fp8", "speculators")])
+def test_a_precision_the_formats_reader_reads_passes(precision, fmt):
+    assert checks.precision_problem(precision, fmt) == ""
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "speculators-v1", "modelopt"])
+def test_fp8_for_a_format_whose_reader_reads_bf16_only_is_refused_as_the_drain_refuses_it(fmt):
+    from hsextract.formats import check_precision
+
+    with pytest.raises(ConfigError) as refused:
+        check_precision(fmt, "fp8")
+    problem = checks.precision_problem("fp8", fmt)
+    assert problem.startswith(f"hsextract_precision=fp8: {refused.value}"), problem
 
 
 def test_a_bad_bucket_url_and_a_credentials_file_others_can_read_are_refused_naming_the_variable(tmp_path):

@@ -53,6 +53,14 @@ def test_model_without_tokenizer_stops_at_once(capsys, tmp_path, tiny_llama):
     assert not (tmp_path / "out").exists(), "nothing is written before the setup is known to be usable"
 
 
+def test_fp8_for_a_format_whose_reader_reads_bf16_only_stops_at_once(capsys, tmp_path, tiny_llama):
+    (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
+    code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "d.jsonl"), "--precision", "fp8")
+    assert code == 2
+    assert "precision fp8: the specforge format's reader (SpecForge) reads bf16 rows only" in err, err
+    assert not (tmp_path / "out").exists(), "nothing is written before the setup is known to be usable"
+
+
 def test_missing_required_settings_are_named(capsys):
     code, err = _run(capsys, "--server", "http://127.0.0.1:9")
     assert code == 2

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hsextract.formats import DEFAULT_FORMAT, FINAL_HIDDEN_PLACEMENTS, FORMAT_NAMES, FORMATS, get_format
+from hsextract.formats import (
+    DEFAULT_FORMAT,
+    DEFAULT_PRECISION,
+    FINAL_HIDDEN_PLACEMENTS,
+    FORMAT_NAMES,
+    FORMATS,
+    PRECISIONS,
+    get_format,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "hsextract"
@@ -22,6 +30,12 @@ def _options() -> dict:
 
 def test_the_roles_format_choices_are_the_registrys_names():
     assert _options()["hsextract_format"]["choices"] == list(FORMAT_NAMES)
+
+
+def test_the_roles_precision_choices_and_default_are_the_registrys():
+    assert _options()["hsextract_precision"]["choices"] == list(PRECISIONS)
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert defaults["hsextract_precision"] == DEFAULT_PRECISION
 
 
 def test_the_roles_final_hidden_choices_are_the_registrys_placements():
@@ -56,6 +70,44 @@ def test_every_cli_offers_the_registrys_formats(module):
     importlib.import_module(module).add_arguments(parser)
     action = next(a for a in parser._actions if "--format" in a.option_strings)
     assert tuple(action.choices) == FORMAT_NAMES
+
+
+@pytest.mark.parametrize("module", ["hsextract.client.command", "hsextract.drain.command", "hsextract.plan.command"])
+def test_every_cli_that_takes_a_format_offers_the_registrys_precisions(module):
+    import importlib
+
+    parser = argparse.ArgumentParser()
+    importlib.import_module(module).add_arguments(parser)
+    action = next(a for a in parser._actions if "--precision" in a.option_strings)
+    assert tuple(action.choices) == PRECISIONS and action.default in (DEFAULT_PRECISION, None)
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+def test_each_entry_states_the_precisions_its_trainers_released_reader_reads(name):
+    spec = FORMATS[name]
+    assert "bf16" in spec.precisions and set(spec.precisions) <= set(PRECISIONS)
+    assert bool(spec.fp8_loading) == ("fp8" in spec.precisions), "how its trainer is told a set holds FP8 rows"
+
+
+def test_only_the_speculators_reader_reads_fp8_rows():
+    """hs_connectors 0.9's FP8Transfer (tests/formats/test_fp8_readers.py); SpecForge 0.2, speculators
+    0.7's v1 reader and ModelOpt 0.47 read the rows as stored, so FP8 bytes would be misread."""
+    assert {n for n, s in FORMATS.items() if "fp8" in s.precisions} == {"speculators"}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "trainer"), [("specforge", "SpecForge"), ("speculators-v1", "speculators 0.7"), ("modelopt", "ModelOpt")]
+)
+def test_fp8_is_refused_for_a_format_whose_reader_reads_bf16_rows_only(fmt, trainer):
+    from hsextract.errors import ConfigError
+    from hsextract.formats import check_precision
+
+    check_precision("speculators", "fp8")
+    check_precision(fmt, "bf16")
+    with pytest.raises(ConfigError) as err:
+        check_precision(fmt, "fp8")
+    assert str(err.value).startswith(f"precision fp8: the {fmt} format's reader ({trainer}")
+    assert str(err.value).endswith("reads bf16 rows only; fp8 is read by: speculators"), err.value
 
 
 @pytest.mark.parametrize("name", FORMAT_NAMES)

@@ -93,6 +93,7 @@ def test_status_json_of_a_collected_set_not_final_is_the_object_it_printed_befor
         "accounts": _accounts(False),
         "collected": {
             "final": False,
+            "precision": "bf16",
             "samples": 3,
             "tokens": 10 + 13 + 11,
             "bytes": 100 + 103 + 101,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hsextract import fp8
 from hsextract.formats import FORMAT_NAMES, get_format
 from hsextract.formats.base import Sample, SampleShape, _CountingSink, _probe_hidden
 from hsextract.formats.index_width import same_size_index
@@ -23,6 +24,7 @@ def _encoded_bytes(fmt: str, s: SampleShape) -> int:
         torch.arange(s.tokens),
         torch.ones(s.tokens, dtype=torch.int64),
         torch.zeros(s.tokens, s.num_aux + 1, s.hidden_size, dtype=s.dtype),
+        scales=torch.ones(s.tokens, 1, 1) if s.dtype == fp8.DTYPE else None,
     )
     sink = _CountingSink()
     get_format(fmt).encode(sample).write_to(sink)
@@ -51,6 +53,17 @@ def test_the_sized_file_is_the_encoded_file(fmt, shape):
 def test_sizes_at_kimi_width_are_exact(fmt, tokens):
     shape = SampleShape(tokens, 3, 7168, torch.bfloat16, tokens * 1000)
     assert get_format(fmt).sample_file_bytes(shape) == _encoded_bytes(fmt, shape)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=shapes)
+def test_an_fp8_file_is_sized_exactly_at_one_byte_an_element_and_four_a_token_beside_the_header(shape):
+    """What the plan counts for a set of FP8 rows (the speculators format's, hsextract.fp8)."""
+    fp8_shape = SampleShape(shape.tokens, shape.num_aux, shape.hidden_size, fp8.DTYPE, shape.dataset_index)
+    sized = get_format("speculators").sample_file_bytes(fp8_shape)
+    assert sized == _encoded_bytes("speculators", fp8_shape)
+    t, elements = shape.tokens, shape.tokens * (shape.num_aux + 1) * shape.hidden_size
+    assert 0 < sized - elements - 20 * t < 512, "the rest is the header: ids and mask (16 bytes a token), scale (4)"
 
 
 def test_wide_samples_are_sized_at_a_narrow_probe_width():

@@ -23,6 +23,7 @@ from hsextract.dataset.chat_template import load_tokenizer
 from hsextract.formats import FORMAT_NAMES, FORMATS
 from hsextract.output.manifest import ManifestAppender, ManifestEntry, iter_entries
 from hsextract.output.run_id import load_or_create_run_id
+from hsextract.plan.report import bytes_key
 from hsextract.staging.dumps import iter_complete
 from hsextract.staging.records import parse_rid
 from support.client_run import env, extract_args, start_client, stop, tail, wait_exit, wait_for, write_mixed_dataset
@@ -101,8 +102,9 @@ def test_plan_equals_what_a_real_extract_sends_and_writes_in_every_format(llama_
         shutil.move(str(llama_server.dump_dir / "_records" / f"{d.name}.json"), staged / "_records")
 
     written: dict[str, list] = {}
-    for fmt in FORMAT_NAMES:
-        dump, fout = tmp_path / f"dump-{fmt}", tmp_path / f"out-{fmt}"
+    for fmt, precision in ((n, p) for n in FORMAT_NAMES for p in FORMATS[n].precisions):
+        key = bytes_key(fmt, precision)
+        dump, fout = tmp_path / f"dump-{key.replace(' ', '-')}", tmp_path / f"out-{key.replace(' ', '-')}"
         shutil.copytree(staged, dump)
         fout.mkdir()
         shutil.copy(out / "run.json", fout / "run.json")
@@ -123,12 +125,14 @@ def test_plan_equals_what_a_real_extract_sends_and_writes_in_every_format(llama_
             fmt,
             "--model",
             str(tiny_llama),
+            "--precision",
+            precision,
             "--exit-when-done",
             "--poll-interval",
             "0.1",
         )
-        assert r.returncode == 0, f"{fmt} drain exited {r.returncode}:\n{r.stderr[-3000:]}"
-        written[fmt] = list(iter_entries(fout))
+        assert r.returncode == 0, f"{key} drain exited {r.returncode}:\n{r.stderr[-3000:]}"
+        written[key] = list(iter_entries(fout))
     masked = json.loads((tmp_path / "out-specforge" / "draft_vocab.json").read_text())["masked_tokens"]
 
     r, report = plan(tmp_path / "data.jsonl", tiny_llama, tmp_path / "plan.json", "--workers", "2")
@@ -140,14 +144,22 @@ def test_plan_equals_what_a_real_extract_sends_and_writes_in_every_format(llama_
     assert report["loss_masked_tokens"] == masked == sum(sum(m) for _, m in exp.samples.values())
     assert report["length_percentiles"]["max"] == max(e.tokens for e in entries)
     assert report["overlong"]["skipped"] == 1 and report["overlong"]["samples"] == 1
-    for fmt in FORMAT_NAMES:
-        assert report["formats"][fmt]["sample_bytes"] == sum(e.bytes for e in written[fmt]), fmt
+    assert list(report["formats"]) == list(written)  # every format, and FP8 where its reader reads it
+    for key, entries in written.items():
+        assert report["formats"][key]["sample_bytes"] == sum(e.bytes for e in entries), key
     assert "samples" in r.stdout and "speculators" in r.stdout
 
 
 def _dataset(tmp_path: Path, tiny_llama: Path, n: int = 60) -> tuple[Path, object]:
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=n, seed=2)
     return tmp_path / "data.jsonl", exp
+
+
+def test_fp8_for_a_format_whose_reader_reads_bf16_only_is_refused_before_the_scan(tiny_llama, tmp_path):
+    data, _ = _dataset(tmp_path, tiny_llama, n=4)
+    r, report = plan(data, tiny_llama, tmp_path / "plan.json", "--format", "modelopt", "--precision", "fp8")
+    assert r.returncode != 0 and report == {}
+    assert "precision fp8: the modelopt format's reader (ModelOpt) reads bf16 rows only" in r.stderr, r.stderr
 
 
 def test_plan_in_several_processes_equals_plan_in_one(tiny_llama, tmp_path):

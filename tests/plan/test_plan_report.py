@@ -22,6 +22,7 @@ WRITTEN: dict = {
     "model": "/models/tiny-llama",
     "shard": "0/1",
     "format": "speculators",
+    "precision": "bf16",
     "dataset_fingerprint": {
         "method": "sha256-of-heads-v1",
         "files": [
@@ -56,6 +57,12 @@ WRITTEN: dict = {
             "bookkeeping_bytes_estimate": 172480,
             "total_bytes": 2643520,
             "remaining_bytes": 2643520,
+        },
+        "speculators fp8": {
+            "sample_bytes": 1295556,
+            "bookkeeping_bytes_estimate": 172480,
+            "total_bytes": 1468036,
+            "remaining_bytes": 1468036,
         },
         "speculators-v1": {
             "sample_bytes": 2518628,
@@ -114,6 +121,7 @@ PRINTED = [
     "  overlong  12 samples over 300 tokens (11 truncated, 1 skipped)",
     "  specforge           2.5 MiB (2.4 MiB of sample files)",
     "  speculators         2.5 MiB (2.4 MiB of sample files) <-",
+    "  speculators fp8     1.4 MiB (1.2 MiB of sample files)",
     "  speculators-v1      2.5 MiB (2.4 MiB of sample files)",
     "  modelopt            2.5 MiB (2.4 MiB of sample files)",
     "  /dev/shm  needs 2.4 GiB for 256 requests x 300 tokens at /dev/shm; 23.5 GiB free",
@@ -133,6 +141,7 @@ PRINTED_WORST = [
     "  overlong  12 samples over 300 tokens (11 truncated, 1 skipped)",
     "  specforge           2.5 MiB (2.4 MiB of sample files)",
     "  speculators         2.5 MiB (2.4 MiB of sample files) <-",
+    "  speculators fp8     1.4 MiB (1.2 MiB of sample files)",
     "  speculators-v1      2.5 MiB (2.4 MiB of sample files)",
     "  modelopt            2.5 MiB (2.4 MiB of sample files)",
     "  /dev/shm  needs 2.4 GiB for 256 requests x 300 tokens at /dev/shm; 23.5 GiB free (TOO SMALL)",
@@ -164,7 +173,30 @@ def test_the_report_reads_as_fields():
     assert (r.format_bytes.remaining_bytes, r.output_volume.ok, r.time.seconds) == (2643520, True, 4671.0)
     assert (r.shm.need_bytes, r.overlong.skipped, r.model_layout.hidden_size) == (2527620300, 1, 64)
     assert r.disk is not None and (r.disk.paced_by, r.disk.ceiling["best_writers"]) == ("gpu", 8)
-    assert list(r.formats) == ["specforge", "speculators", "speculators-v1", "modelopt"]
+    assert list(r.formats) == ["specforge", "speculators", "speculators fp8", "speculators-v1", "modelopt"]
+
+
+def fp8_run(data: dict) -> dict:
+    """`data` as the plan of a run with --precision fp8 writes it: its room checked for the FP8 files."""
+    fp8 = data["formats"]["speculators fp8"]["remaining_bytes"]
+    volume = {**data["output_volume"], "format": "speculators", "need_bytes": fp8, "margin_bytes": fp8 // 20}
+    return {**copy.deepcopy(data), "precision": "fp8", "output_volume": volume}
+
+
+def test_a_run_of_fp8_rows_is_planned_with_its_fp8_bytes_and_bf16_staging():
+    """The plan sizes FP8 files as the drain writes them (tests/plan/test_plan.py); the room, the fleet
+    and the text take the run's own entry, and /dev/shm is sized for the staged rows as captured."""
+    data = fp8_run(WRITTEN)
+    r = PlanReport.from_json(data)
+    assert r.format_bytes.remaining_bytes == 1468036 and r.shm.bytes_per_token == 520
+    text = render(r).splitlines()
+    assert "  speculators fp8     1.4 MiB (1.2 MiB of sample files) <-" in text
+    assert "  speculators         2.5 MiB (2.4 MiB of sample files)" in text
+    assert text[9].endswith("23.5 GiB free (staged as captured: the drain quantizes to fp8)"), text[9]
+    assert text[11].endswith("the run needs 1.4 MiB + 71.7 KiB margin (speculators fp8)"), text[11]
+    assert report_problem(data) == ""
+    hosts = host_plans({"a": {"shard": "0/1", "report": data, "rc": 0, "error": ""}})
+    assert plan_fleet("gpu", hosts).totals()["remaining_bytes"] == 1468036
 
 
 def test_the_report_prints_as_the_plan_printed_it():

@@ -104,6 +104,7 @@ def drain_fleet(
     hidden_size: int = 64,
     tokens: int = 5,
     via=None,
+    precision: str = "bf16",
 ) -> dict:
     """Hosts of one run, host k drains shard k/len(hosts) of an n-line dataset into s3://bucket/run/<host>,
     as extract.yml's hosts do (through `via`, a support.faulty_store, where given; sample i has
@@ -131,7 +132,7 @@ def drain_fleet(
             if via is None
             else through(via, bucket, f"run/{host}", credentials)
         )
-        assert Drainer(drain_config(dump, work, out)).run() == 0
+        assert Drainer(drain_config(dump, work, out, precision=precision)).run() == 0
     return staged
 
 

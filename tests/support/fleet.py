@@ -102,6 +102,7 @@ def drain_host(
     run_id: str = RUN_ID,
     finished: bool = True,
     model: Path | None = None,
+    precision: str = "bf16",
 ) -> dict[int, Staged]:
     """Stage the host's samples of `indices` (those of its shard), drain them with the real drain
     (given ``--model model`` when there is one), and record the client's files; return the staged
@@ -145,6 +146,7 @@ def drain_host(
         dump_dir=dump,
         output=out,
         format=fmt,
+        precision=precision,
         workers=2,
         poll_interval_s=0.05,
         status_interval_s=0.2,
@@ -189,8 +191,10 @@ class Fleet:
         return Fleet(self.fmt, self.lines, self.dataset, hosts, self.plans, dict(self.samples))
 
 
-def make_fleet(root: Path, fmt: str, plans: list[HostPlan], lines: int, *, dataset: Path | None = None) -> Fleet:
-    """Every host of `plans` drained in full into ``root/<name>``."""
+def make_fleet(
+    root: Path, fmt: str, plans: list[HostPlan], lines: int, *, dataset: Path | None = None, precision: str = "bf16"
+) -> Fleet:
+    """Every host of `plans` drained in full into ``root/<name>`` (its rows stored in `precision`)."""
     dataset = dataset or write_dataset(root / "train.jsonl", lines)
     hosts, samples = {}, {}
     for plan in plans:
@@ -198,7 +202,7 @@ def make_fleet(root: Path, fmt: str, plans: list[HostPlan], lines: int, *, datas
         out.mkdir(parents=True)
         check_and_record(out, dataset, has_samples=False)
         indices = sorted({x for s in plan.client_shards() for x in s.indices(lines)})
-        samples.update(drain_host(out, root / f"dump-{plan.name}", fmt, plan, lines, indices))
+        samples.update(drain_host(out, root / f"dump-{plan.name}", fmt, plan, lines, indices, precision=precision))
         hosts[plan.name] = out
     return Fleet(fmt, lines, dataset, hosts, {p.name: p for p in plans}, samples)
 

@@ -6,8 +6,9 @@ Usage: python load_with_reader.py FORMAT OUTPUT_DIR RESULT.pt --num-aux K --hidd
 
 Runs with PYTHONPATH=<the reader's --target dir>, because the readers conflict as one install.
 The call chains are the trainers' own (see the facts on trainer readers): SpecForge's offline
-reader + feature store + loader + eagle3 normalizer; speculators' ArrowDataset (0.9.0) or
-SampleFileDataset (0.7.0.1, v1), each through `_setup_dataloader` with `shift_batch`; ModelOpt's
+reader + feature store + loader + eagle3 normalizer; speculators' ArrowDataset (0.9.0, its hidden
+states through the trainer's `--hidden-states-backend`, file or fp8) or SampleFileDataset (0.7.0.1,
+v1), each through `_setup_dataloader` with `shift_batch`; ModelOpt's
 OfflineSupervisedDataset + EagleOfflineDataCollator (nvidia-modelopt 0.47.0).
 
 RESULT.pt gets {"samples": {key: {tensor name: tensor}}, "batches": n, "error_records": n,
@@ -91,10 +92,19 @@ def _collate_all(ds, num_aux: int, hidden: int) -> tuple[int, int]:
     return batches, errors
 
 
-def load_speculators(root: str, num_aux: int, hidden: int) -> dict:
+def load_speculators(root: str, num_aux: int, hidden: int, backend: str = "file") -> dict:
+    """speculators 0.9's ArrowDataset over the set, its hidden states through the trainer's backend
+    (`--hidden-states-backend`: "file", FileTransfer, its default; "fp8", hs_connectors' FP8Transfer)."""
+    from pathlib import Path
+
+    from hs_connectors.transfer import HiddenStatesBackend
     from speculators.train.data import ArrowDataset
 
-    ds = ArrowDataset(max_len=1 << 20, datapath=root, on_missing="raise")
+    # As the trainer's cli builds it: the backend's class from its registry, then from_train_args.
+    args = argparse.Namespace(hidden_states_path=None)
+    transfer = HiddenStatesBackend.registry[backend].from_train_args(args, root)
+    assert transfer.hidden_states_path == Path(root) / "hidden_states", transfer.hidden_states_path
+    ds = ArrowDataset(max_len=1 << 20, datapath=root, on_missing="raise", transfer=transfer)
     samples = {}
     for i in range(len(ds)):
         item = ds[i]
@@ -107,6 +117,7 @@ def load_speculators(root: str, num_aux: int, hidden: int) -> dict:
         "error_records": errors,
         "approx_lengths": list(ds.approx_lengths),
         "keys": list(range(len(ds))),
+        "transfer": type(transfer).__name__,
     }
 
 
@@ -176,8 +187,8 @@ def _save(out: dict, result: str) -> None:
     torch.save(out, result)
 
 
-def load(fmt: str, root: str, result: str, num_aux: int, hidden: int) -> str:
-    out = LOADERS[fmt](root, num_aux, hidden)
+def load(fmt: str, root: str, result: str, num_aux: int, hidden: int, backend: str = "") -> str:
+    out = LOADERS[fmt](root, num_aux, hidden, backend) if backend else LOADERS[fmt](root, num_aux, hidden)
     _save(out, result)
     return f"loaded {len(out['samples'])} samples, {out['batches']} batches, {out['error_records']} error records"
 
@@ -191,7 +202,7 @@ def answer(fmt: str, req: dict) -> str:
         out = vocab_mappings(fmt, req["root"], req["sizes"], req["vocab_size"], req["suffix"], req.get("model"))
         _save(out, req["result"])
         return f"{fmt}: loaded {len(out['mappings'])} mappings"
-    return load(fmt, req["root"], req["result"], req["num_aux"], req["hidden"])
+    return load(fmt, req["root"], req["result"], req["num_aux"], req["hidden"], req.get("backend", ""))
 
 
 def serve(fmt: str) -> int:

@@ -94,10 +94,12 @@ def _loader(readers: Path, fmt: str) -> _Loader:
     return loader
 
 
-def load_with_reader(readers: Path, fmt: str, root: Path, num_aux: int, hidden: int) -> dict:
-    """What the trainer's own reader of `fmt` yields for the output `root` (see load_with_reader.py)."""
-    result = root.parent / f"{fmt}-reader.pt"
-    _loader(readers, fmt).request({"root": str(root), "result": str(result), "num_aux": num_aux, "hidden": hidden})
+def load_with_reader(readers: Path, fmt: str, root: Path, num_aux: int, hidden: int, backend: str = "") -> dict:
+    """What the trainer's own reader of `fmt` yields for the output `root` (see load_with_reader.py);
+    `backend`: speculators' ``--hidden-states-backend`` (file, fp8), where it is not the default."""
+    result = root.parent / f"{fmt}{'-' + backend if backend else ''}-reader.pt"
+    request = {"root": str(root), "result": str(result), "num_aux": num_aux, "hidden": hidden}
+    _loader(readers, fmt).request({**request, "backend": backend} if backend else request)
     return torch.load(result, weights_only=False)
 
 

@@ -31,6 +31,17 @@ Tolerance (bf16 ties): the server's logits come from a bf16 matmul, ours from fl
 bf16-rounded hidden state. The check passes when our argmax is the server's token, or when the
 server's token is within ``2**-7 * max(1, |top logit|)`` (one bf16 ulp, relative) of our top
 logit; such a near-tie pass is reported.
+
+FP8 rows (a set stored in FP8, hsextract.fp8) are checked as the trainer reads them, dequantized:
+each value then differs from the server's by up to half an e4m3 step (2**-4 of its token's
+largest value), which moves the logits far more than bf16's rounding. Measured on the suite's tiny
+Llama (transformers' rows of 20 prompts of 3 to 300 tokens as the pre-norm capture stages them,
+every position; tests/drain/test_fp8_selfcheck.py): the gap of any token to the argmax moved by up
+to 0.096 of the top logit, against 2**-7 = 0.0078 for bf16. So FP8 rows pass within
+`FP8_REL_TIE` = 2**-3 (one e4m3 step) of the top logit: a near tie then, never a false
+``greedy_mismatch``. It makes the greedy check more lenient (rows of the layer before fail it on 13
+of those 20 prompts with bf16's tie, on 11 with FP8's): the logprob check, whose bound FP8's error
+(0.026-0.027 against the real server) leaves far from, is what catches those (0.37-0.53).
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ import torch
 from hsextract.errors import ConfigError
 
 BF16_REL_TIE = 2.0**-7
+FP8_REL_TIE = 2.0**-3  # rows stored as FP8 and checked dequantized (the module docstring)
 DEFAULT_CHUNK_BYTES = 64 << 20
 CANDIDATES = 16
 _ST_DTYPES = {"BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2), "F32": (torch.float32, 4)}
@@ -70,6 +82,7 @@ class HeadQuery:
     final_hidden: str
     token: int
     also: Sequence[ChunkConsumer] = ()
+    tie: float = BF16_REL_TIE  # the relative tolerance of a near tie: FP8_REL_TIE for dequantized FP8 rows
 
 
 @dataclass(frozen=True)
@@ -260,7 +273,7 @@ class GreedyHead:
         try:
             self.scan(fd, torch.cat(states).to(self._head.dtype), consumers)
             return [
-                _verdict(*cands.exact(self._head, fd, h[-1], q.token), q.token)
+                _verdict(*cands.exact(self._head, fd, h[-1], q.token), q.token, q.tie)
                 for q, h, cands in zip(queries, states, candidates, strict=True)
             ]
         finally:
@@ -289,10 +302,11 @@ def _rows_of(consume: ChunkConsumer, rows: slice) -> ChunkConsumer:
     return lambda first, logits: consume(first, logits[rows])
 
 
-def _verdict(top: int, top_logit: float, token_logit: float, token: int) -> GreedyVerdict:
-    """Our argmax against the server's token, within one bf16 ulp of the top logit (the module docstring)."""
+def _verdict(top: int, top_logit: float, token_logit: float, token: int, tie: float = BF16_REL_TIE) -> GreedyVerdict:
+    """Our argmax against the server's token, within `tie` of the top logit (one bf16 ulp, relative;
+    FP8 rows: the module docstring)."""
     gap = top_logit - token_logit if token_logit == token_logit else float("inf")
-    tol = BF16_REL_TIE * max(1.0, abs(top_logit))
+    tol = tie * max(1.0, abs(top_logit))
     if top == token:
         return GreedyVerdict(True, top, token, 0.0, tol)
     return GreedyVerdict(gap <= tol, top, token, gap, tol, near_tie=gap <= tol)

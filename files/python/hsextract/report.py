@@ -174,9 +174,16 @@ def _client_done_headline(view: RunView, in_set: str) -> str:
     return f"The run is done: {in_set} samples are in the training set."
 
 
+def set_kind(fmt: str | None, precision: str | None) -> str:
+    """ " (speculators)", or " (speculators, fp8 rows)" for a set that does not store the rows as captured."""
+    if not fmt:
+        return ""
+    return f" ({fmt}, {precision} rows)" if precision and precision != "bf16" else f" ({fmt})"
+
+
 def _progress_rows(view: RunView) -> list[tuple[str, str]]:
     client, drain = view.client or {}, view.drain or {}
-    rows = [("training set", f"{view.output}" + (f" ({drain['format']})" if drain.get("format") else ""))]
+    rows = [("training set", f"{view.output}" + set_kind(drain.get("format"), drain.get("precision")))]
     rows.append(("drain", view.health.removeprefix("drain ")))
     samples = f"{count(drain.get('samples_total', 0))} in the set"
     if client:

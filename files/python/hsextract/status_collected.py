@@ -25,7 +25,7 @@ from hsextract.collect.report_file import CollectedHost, CollectReport
 from hsextract.output.accounts import Accounts, read_accounts
 from hsextract.output.layout import ProblemFiles
 from hsextract.output.manifest import iter_entries, read_header
-from hsextract.report import RunView, count_rows, problem_rows, sentence, table
+from hsextract.report import RunView, count_rows, problem_rows, sentence, set_kind, table
 from hsextract.status_report import CollectedStatus, StatusReport
 from hsextract.units import count, plural, size
 
@@ -46,6 +46,7 @@ class CollectedView:
     problems: list[str] = field(default_factory=list)  # what fails a final set's check
     counts: list[str] = field(default_factory=list)
     accounts: Accounts | None = None  # the set's own reconciliation
+    precision: str = "bf16"  # how the set stores its rows (its manifest header's)
 
     @property
     def final(self) -> bool:
@@ -82,7 +83,7 @@ def _last_collect_rows(report: CollectReport) -> list[tuple[str, str]]:
 def collected_status_lines(view: CollectedView) -> list[str]:
     """`hsextract status` on a collected set: where it stands, its totals, its hosts, its counts."""
     rows = [
-        ("training set", f"{view.output}" + (f" ({view.format})" if view.format else "")),
+        ("training set", f"{view.output}" + set_kind(view.format, view.precision)),
         (
             "samples",
             f"{count(view.samples)} in the set, collected from {_host_list(view.report.hosts) or 'no host'}",
@@ -105,6 +106,7 @@ def collected_view(output: Path, report: CollectReport, files: ProblemFiles, max
         output=str(output),
         files=files,
         format=header.format if header else "",
+        precision=header.precision if header else "bf16",
         samples=len(entries),
         tokens=sum(e.tokens for e in entries),
         bytes=sum(e.bytes for e in entries),
@@ -126,7 +128,7 @@ def collected_status_report(view: CollectedView) -> StatusReport:
         dataset_lines=view.accounts.lines if view.accounts else None,
         accounts=view.accounts,
         dataset_files=None,
-        collected=CollectedStatus(view.samples, view.tokens, view.bytes, view.report),
+        collected=CollectedStatus(view.samples, view.tokens, view.bytes, view.report, view.precision),
     )
 
 

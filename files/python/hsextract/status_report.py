@@ -29,11 +29,13 @@ class CollectedStatus:
     tokens: int
     bytes: int
     report: CollectReport  # the last collect's (hsextract.collect.report_file)
+    precision: str = "bf16"  # how the set stores its rows (its manifest header's)
 
     def to_json(self) -> dict[str, Any]:
         r = self.report
         return {
             "final": r.final,
+            "precision": self.precision,
             "samples": self.samples,
             "tokens": self.tokens,
             "bytes": self.bytes,

@@ -27,7 +27,7 @@ _SOURCE = Path(__file__).resolve().parents[3] / "files" / "python"
 if str(_SOURCE) not in sys.path:
     sys.path.insert(0, str(_SOURCE))
 
-from hsextract import layers, model_info, shard  # noqa: E402
+from hsextract import formats, layers, model_info, shard  # noqa: E402
 from hsextract.errors import ConfigError  # noqa: E402
 from hsextract.objectstore import settings as store_settings  # noqa: E402
 from hsextract.objectstore import url as store_url  # noqa: E402
@@ -43,6 +43,16 @@ def rid_prefix_problem(prefix: str) -> str:
         records.check_prefix(str(prefix))
     except ConfigError as exc:
         return f"hsextract_rid_prefix: {exc}."
+    return ""
+
+
+def precision_problem(precision: str, fmt: str) -> str:
+    """hsextract_precision against hsextract_format: the refusal of the drain, the client and the plan
+    (`hsextract.formats.check_precision`), or ""."""
+    try:
+        formats.check_precision(fmt, precision)
+    except ConfigError as exc:
+        return f"hsextract_precision={precision}: {exc}; set hsextract_precision: bf16 or a format that reads it."
     return ""
 
 
@@ -238,6 +248,7 @@ class FilterModule:
         return {
             "hsextract_rid_prefix_problem": rid_prefix_problem,
             "hsextract_shard_problem": shard_problem,
+            "hsextract_precision_problem": precision_problem,
             "hsextract_aux_layer_problem": aux_layer_problem,
             "hsextract_regenerated_dir_problem": regenerated_dir_problem,
             "hsextract_dataset_switch_problem": dataset_switch_problem,

@@ -10,7 +10,7 @@ from hsextract.client.backpressure import Watermark, parse_watermark
 from hsextract.dataset import defaults
 from hsextract.dataset.chat_template import OVERLONG_POLICIES, read_template_file
 from hsextract.dataset.reader import MAX_ROW_BYTES_OPTION
-from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from hsextract.formats import DEFAULT_FORMAT, DEFAULT_PRECISION, FORMAT_NAMES, PRECISION_OPTION
 from hsextract.layers import parse_ids
 from hsextract.objectstore.settings import WORK_DIR_OPTION
 from hsextract.options import option
@@ -62,6 +62,8 @@ class ExtractConfig:
         required=True,
         help="the training set's format (the drain's); the capture must stage what it needs",
     )
+    # The drain's: the client only refuses one the format's reader cannot read, before it sends anything.
+    precision: str = option(DEFAULT_PRECISION, group="run", like=PRECISION_OPTION)
     rid_prefix: str = option(
         defaults.RID_PREFIX, group="run", help=f"request id prefix the capture writes (default: {defaults.RID_PREFIX})"
     )

@@ -49,7 +49,7 @@ from hsextract.dataset.chat_template import build_encoder
 from hsextract.dataset.reader import DatasetReader, Reject, Sample, count_rows, dataset_files, read_dataset
 from hsextract.durable import check_writable
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats import final_hidden_for
+from hsextract.formats import check_precision, final_hidden_for
 from hsextract.model_info import read_model_info
 from hsextract.output.dataset_record import check_and_record
 from hsextract.output.layout import client_summary_path, failures_path, rejects_path, state_dir
@@ -82,6 +82,7 @@ class ExtractRun:
         if cfg.max_in_flight < 1:
             raise ConfigError(f"max in flight {cfg.max_in_flight}: must be at least 1")
         final_hidden_for(cfg.format)  # an unknown format stops the run here
+        check_precision(cfg.format, cfg.precision)  # and so does a precision its reader cannot read
         dataset_files(cfg.dataset)  # a missing or unusable dataset stops the run before anything else
         self.model = read_model_info(cfg.model)  # the same refusal as the drain's and the patch's
         # Up to seconds (the tokenizer's files; transformers' import where the direct path cannot be
@@ -230,6 +231,11 @@ class ExtractRun:
             raise ConfigError(
                 f"output directory {out} holds a {header.format!r} training set, but this client runs "
                 f"with --format {cfg.format}; use the format of the set, or a new output directory"
+            )
+        if header is not None and header.precision != cfg.precision:
+            raise ConfigError(
+                f"output directory {out} holds a training set of {header.precision} rows, but this client runs "
+                f"with --precision {cfg.precision}; use the precision of the set, or a new output directory"
             )
         # Before anything in the output changes: resuming by index from another dataset is refused,
         # and so is a shard whose run would drop the accounts of an earlier, wider one.

@@ -61,11 +61,12 @@ def choose_reference(
     return Reference(first.header, first.dataset, lines, f"host {first.name}")
 
 
-def differences(ref: Reference, h: HostOutput) -> list[Difference]:
-    """How `h` differs from the reference in what makes samples interchangeable."""
+def differences(ref: Reference, h: HostOutput, to_bf16: bool = False) -> list[Difference]:
+    """How `h` differs from the reference in what makes samples interchangeable (its precision and
+    dtype not, where the collect makes every row bf16)."""
     out = []
     if ref.header is not None and h.header is not None:
-        out += header_differences(ref.header, h.header)
+        out += header_differences(ref.header, h.header, ("precision", "dtype") if to_bf16 else ())
     if h.header is not None or h.dataset is not None:
         d = dataset_difference(ref.dataset, h.dataset)
         if d is not None:
@@ -78,16 +79,21 @@ def differences(ref: Reference, h: HostOutput) -> list[Difference]:
     return out
 
 
-def admit(hosts: Sequence[HostOutput], ref: Reference, *, final: bool, move: bool) -> Admission:
+def admit(hosts: Sequence[HostOutput], ref: Reference, *, final: bool, move: bool, to_bf16: bool = False) -> Admission:
     """Split `hosts` into those collected and those refused (see the module docstring)."""
     result = Admission()
     for h in hosts:
-        diffs = differences(ref, h)
+        diffs = differences(ref, h, to_bf16)
         if diffs:
             what = "; ".join(d.describe() for d in diffs)
+            hint = (
+                " (`--to-bf16` writes FP8 rows as bf16 files)"
+                if any(d.field == "precision" and d.actual == "fp8" for d in diffs)
+                else ""
+            )
             result.refused.append(
                 f"host {h.name} ({h.path}) refused: {what} (as {ref.source} has it); "
-                "it is not of this training set, nothing of it was collected"
+                f"it is not of this training set, nothing of it was collected{hint}"
             )
         elif final and not h.finished:
             result.refused.append(f"host {h.name} ({h.path}) refused for --final: {_unfinished(h)}")

@@ -58,7 +58,7 @@ def card_text(
         *_vocab_lines(vocab),
         "## Loading it",
         "",
-        (spec.loading if spec else "").replace("<set>", path),
+        _loading(spec, header).replace("<set>", path),
         "",
         "`manifest.jsonl` maps each sample's output index to its dataset index, its host (`host`) and its index "
         "there (`host_index`), with its size, checksum and fingerprint; `hsextract finalize --output <set> "
@@ -96,12 +96,30 @@ def _about_lines(
         f"{header.sglang_layers_to_capture} (sglang) |",
         f"| final hidden state | {header.final_hidden} |",
         f"| dtype, hidden size | {header.dtype}, {header.hidden_size} |",
+        f"| precision | {_precision(header)} |",
         f"| model config sha256 | `{header.model_config_sha256 or '?'}` |",
         f"| model fingerprint | {_fingerprint(header.model_fingerprint)} |",
         f"| dataset | `{(dataset or {}).get('path', '?')}`, {'?' if dataset_lines is None else dataset_lines} lines |",
         f"| run id | `{header.run_id}` |",
         "",
     ]
+
+
+def _precision(header: ManifestHeader) -> str:
+    """How the set stores the rows, in a table cell."""
+    if header.precision == "fp8":
+        return "fp8: float8_e4m3fn rows, one float32 scale per token (`hidden_states_scales`); read dequantized to bf16"
+    converted = header.extra.get("converted_from")
+    if converted:
+        return f"{header.precision}: {converted} (`hsextract collect --to-bf16`)"
+    return f"{header.precision}: the rows as captured"
+
+
+def _loading(spec: Any, header: ManifestHeader) -> str:
+    """How the format's trainer loads the set: its own line, and what it is told of FP8 rows."""
+    if spec is None:
+        return ""
+    return spec.loading + (f" FP8 rows: {spec.fp8_loading}" if header.precision == "fp8" else "")
 
 
 def _vocab_lines(vocab: dict[str, Any] | None) -> list[str]:

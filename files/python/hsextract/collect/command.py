@@ -55,6 +55,11 @@ def run_in_bucket(args: argparse.Namespace) -> int:
 
     if args.link or args.move:
         raise ConfigError("--link and --move are for directories: a bucket's samples are copied by the server")
+    if args.to_bf16:
+        raise ConfigError(
+            "--to-bf16 is for directories: a collect in a bucket copies each sample on the server, unread; "
+            "pull the collected set with `hsextract pull --to-bf16` for bf16 files"
+        )
     check_workers(args.workers)
     sizes, vocab_size = draft_vocab_settings(args)
     work, target = resolve_output(args.into, args)

@@ -69,6 +69,13 @@ class CollectConfig:
         help="move the hosts' sample files (a hard link on one filesystem, else a copy; each host "
         "file is removed once its sample is committed); refused for a host a drain runs on",
     )
+    to_bf16: bool = option(
+        False,
+        action="store_true",
+        help="write the samples of hosts whose sets hold FP8 rows (--precision fp8) as bf16 files, dequantized "
+        "as the trainer's reader does (the speculators format's files, each verified; not with --link); "
+        "the collected set is then a bf16 set whatever the hosts' precision",
+    )
     final: bool = option(
         False,
         action="store_true",

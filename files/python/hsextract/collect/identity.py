@@ -2,7 +2,8 @@
 
 Samples of one training set must be interchangeable for the trainer: the same model, the same
 layers in both conventions, the final hidden state taken at the same place, the same dtype,
-hidden size and format, the same dataset (so that dataset index x is the same row everywhere)
+hidden size, format and precision (``collect --to-bf16`` makes every host's rows bf16, so it does
+not compare the precision), the same dataset (so that dataset index x is the same row everywhere)
 and the same run (so that the hosts are the shards of one run, not outputs that happen to
 look alike). A host output that differs in any of them is refused as a whole, naming the host,
 the field, the value expected and the value found; nothing of it is collected.
@@ -30,6 +31,7 @@ from hsextract.output.manifest import ManifestHeader
 # sides have one (a model may sit at another path on each host), else by its path.
 HEADER_FIELDS: tuple[tuple[str, str], ...] = (
     ("format", "format"),
+    ("precision", "precision"),
     ("final_hidden", "final-norm placement"),
     ("dtype", "dtype"),
     ("hidden_size", "hidden size"),
@@ -54,12 +56,13 @@ class Difference:
         return f"{self.field} is {self.actual!r}, expected {self.expected!r}"
 
 
-def header_differences(ref: ManifestHeader, other: ManifestHeader) -> list[Difference]:
-    """How `other` differs from `ref` in what makes samples interchangeable; empty when it does not."""
+def header_differences(ref: ManifestHeader, other: ManifestHeader, ignore: tuple[str, ...] = ()) -> list[Difference]:
+    """How `other` differs from `ref` in what makes samples interchangeable; empty when it does not.
+    The fields `ignore` are not compared (a collect that converts the rows: the precision, the dtype)."""
     out = [
         Difference(name, getattr(ref, f), getattr(other, f))
         for f, name in HEADER_FIELDS
-        if getattr(ref, f) != getattr(other, f)
+        if f not in ignore and getattr(ref, f) != getattr(other, f)
     ]
     if ref.model_config_sha256 and other.model_config_sha256:
         if ref.model_config_sha256 != other.model_config_sha256:

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
 from hsextract.formats import get_format
 from hsextract.formats.sample_check import SampleCheck
+from hsextract.formats.to_bf16 import bf16_header
 from hsextract.output.collect_reasons import SAME_BYTES
 from hsextract.output.commit import OrderedCommit, ToCommit, stop_short
 from hsextract.output.dataset_record import read_record
@@ -63,6 +65,10 @@ def check_arguments(cfg: CollectConfig) -> None:
         raise ConfigError("collect needs at least one host output (PATH or NAME=PATH)")
     if cfg.link and cfg.move:
         raise ConfigError("--link and --move: give one of them, or neither (the samples are then copied)")
+    if cfg.link and cfg.to_bf16:
+        raise ConfigError(
+            "--link and --to-bf16: a converted sample is a new file, not the host's; collect without --link"
+        )
     names = [n for n, _ in cfg.hosts]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -101,7 +107,12 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     hosts, unreadable = _read_hosts(cfg)
     fleet_lines = next((c.dataset_lines for c in read_clients(out)), None)
     ref = choose_reference(header, read_record(out), fleet_lines, hosts)
-    adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move")
+    if cfg.to_bf16 and header is not None and header.precision != "bf16":
+        raise ConfigError(
+            f"--to-bf16: the collected set {out} holds {header.precision} rows; "
+            "collect the bf16 set into a new directory"
+        )
+    adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move", to_bf16=cfg.to_bf16)
     adm.refused[:0] = unreadable
     if not adm.admitted:  # nothing to add: the set, its bookkeeping and its report stay as they are
         return nothing_admitted(Collected(cfg, ref, None, entries, adm))
@@ -110,17 +121,22 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
         notes.append("cut off a torn last manifest line left by a killed collect")
     if ref.header is None:
         return finish(Collected(cfg, ref, None, entries, adm, notes=notes))
-    fmt = get_format(ref.header.format)
+    host_headers = {h.name: h.header or ref.header for h in adm.admitted}
+    set_header = ref.header
+    if cfg.to_bf16 and set_header.precision == "fp8":  # the collected set's rows are bf16 ones
+        set_header = bf16_header(set_header)
+        ref = replace(ref, header=set_header)
+    fmt = get_format(set_header.format)
     removed = remove_orphans(out, fmt.relative_path, len(entries))
     if removed:
         notes.append(f"removed {len(removed)} file(s) a killed collect renamed but never recorded")
     clear_temporary(collect_tmp_dir(out))
-    fetcher = _fetcher(cfg, out, adm, fmt, ref.header)
+    fetcher = _fetcher(cfg, out, adm, fmt, host_headers)
     plan = select_entries(entries, {h.name: h.entries for h in adm.admitted})
     fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
-    write_identity(out, ref.header.run_id, ref.dataset)
+    write_identity(out, set_header.run_id, ref.dataset)
     if header is None and plan.pending:
-        write_header(out, ref.header)
+        write_header(out, set_header)
     journal = FailureJournal(out)
     journal.record(_fail_twins(plan, entries, fetcher), SpacePolicy(out, cfg.wait_for_space_s))
     new = _fetch_and_commit(cfg, out, fmt, len(entries), plan, fetcher, journal)
@@ -158,7 +174,7 @@ def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
     return hosts, unreadable
 
 
-def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, header: ManifestHeader) -> Fetcher:
+def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, headers: dict[str, ManifestHeader]) -> Fetcher:
     same = {h.name: same_filesystem(h.path, out) for h in adm.admitted}
     if cfg.mode == "link":
         other = [h for h in adm.admitted if not same[h.name]]
@@ -169,9 +185,8 @@ def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, header: Manifes
                 f"(device {os.stat(h.path).st_dev} versus {os.stat(out).st_dev}), and hard links cannot cross "
                 "filesystems. Collect without --link (a copy), or into a directory on that filesystem"
             )
-    return Fetcher(
-        cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same, SampleCheck(fmt, header)
-    )
+    checks = {name: SampleCheck(fmt, header) for name, header in headers.items()}
+    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same, checks, cfg.to_bf16)
 
 
 def _fetch_and_commit(
@@ -229,4 +244,4 @@ def _commit_batch(
 def _to_commit(r: Fetched) -> ToCommit:
     """A verified sample's temporary file, and its row in the collected set once it has its place."""
     assert r.tmp is not None
-    return ToCommit(r.tmp, partial(collected_entry, r.pending))
+    return ToCommit(r.tmp, partial(collected_entry, r.pending, converted=r.converted))

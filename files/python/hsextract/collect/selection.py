@@ -76,8 +76,12 @@ def select_entries(collected: Iterable[ManifestEntry], hosts: Mapping[str, Seque
     return plan
 
 
-def collected_entry(p: Pending, output_index: int, relative_path: str) -> ManifestEntry:
+def collected_entry(
+    p: Pending, output_index: int, relative_path: str, converted: ManifestEntry | None = None
+) -> ManifestEntry:
     """The collected set's entry for a host sample committed as `output_index` at `relative_path`:
-    the host's entry (tokens, bytes, checksum, fingerprint, when it was written) with its new
-    number and name, and where it came from."""
-    return replace(p.entry, output_index=output_index, file=relative_path, host=p.host, host_index=p.entry.output_index)
+    the host's entry (tokens, bytes, checksum, fingerprint, when it was written), or the entry of its
+    file `converted` to bf16 (its bytes, checksum and fingerprint: hsextract.formats.to_bf16), with its
+    new number and name, and where it came from."""
+    base = converted if converted is not None else p.entry
+    return replace(base, output_index=output_index, file=relative_path, host=p.host, host_index=p.entry.output_index)

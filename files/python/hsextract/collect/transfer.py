@@ -20,6 +20,10 @@ sample's own name and a regular file inside the host output, reached without fol
 read, so no size or checksum of it is ever printed. A placed file must also hold the row's sample
 (hsextract.formats.sample_check: its token count, its fingerprint), else `collect_wrong_sample`.
 Neither is fetched a second time: another read gives the same.
+
+With ``--to-bf16`` a host file of FP8 rows, once verified as above, is converted to a bf16 file
+(hsextract.formats.to_bf16: dequantized as the trainer's reader does), which is verified in turn
+against its own new row before it takes the host file's place; the collected row is the new file's.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from hsextract.contained import UnsafePath, link_regular, open_regular, unlink_r
 from hsextract.durable import fsync_dir, is_no_space, write_file_durably
 from hsextract.formats.sample_check import SampleCheck
 from hsextract.output.collect_reasons import REASONS, UNREADABLE, UNSAFE, WRONG_SAMPLE
-from hsextract.output.manifest import file_problem
+from hsextract.output.manifest import ManifestEntry, file_problem
 
 log = logging.getLogger("hsextract.collect")
 
@@ -54,6 +58,7 @@ class Fetched:
     detail: str = ""
     no_space: OSError | None = None  # the collected set's volume is full: retry later, not a failure
     attempts: int = 0
+    converted: ManifestEntry | None = None  # the row of the bf16 file made of FP8 rows (--to-bf16)
 
 
 class Fetcher:
@@ -65,12 +70,21 @@ class Fetcher:
     sample (`SampleCheck.content_problem`), not only of its size and checksum.
     """
 
-    def __init__(self, mode: str, tmp_dir: Path, hosts: dict[str, Path], same_fs: dict[str, bool], check: SampleCheck):
+    def __init__(
+        self,
+        mode: str,
+        tmp_dir: Path,
+        hosts: dict[str, Path],
+        same_fs: dict[str, bool],
+        checks: dict[str, SampleCheck],
+        to_bf16: bool = False,
+    ):
         self.mode = mode
         self.tmp_dir = tmp_dir
         self.hosts = hosts
         self.same_fs = same_fs
-        self.check = check
+        self.checks = checks  # each host's rows checked against its own header (its precision)
+        self.to_bf16 = to_bf16  # FP8 rows become bf16 files (hsextract.formats.to_bf16)
 
     def source(self, p: Pending) -> str:
         """The host's file of `p`, as a refusal or failure names it (never opened by this name)."""
@@ -80,7 +94,7 @@ class Fetcher:
         """(reason, detail) when the row of `p` is not to be read at all: its file is no plain path
         inside the host output, or not its sample's name."""
         try:
-            wrong = self.check.name_problem(p.entry)
+            wrong = self.checks[p.host].name_problem(p.entry)
         except UnsafePath as exc:
             return UNSAFE, f"host output {self.hosts[p.host]}: {exc}; not read"
         return (WRONG_SAMPLE, f"host output {self.hosts[p.host]}: {wrong}; not read") if wrong else None
@@ -97,12 +111,7 @@ class Fetcher:
         for out.attempts in (1, 2):
             try:
                 self.place(p, tmp)
-                problem = file_problem(tmp, p.entry)
-                if problem is not None:  # say it of the host's file, the temporary name means nothing later
-                    problem = (problem[0], f"{src} as fetched: {problem[1].removeprefix(f'{tmp}: ')}")
-                else:
-                    wrong = self.check.content_problem(tmp, p.entry)
-                    problem = None if wrong is None else ("wrong_sample", f"{src}: {wrong}")
+                problem = self._placed_problem(p, tmp, src, out)
             except UnsafePath as exc:
                 problem = ("unsafe", f"host output {self.hosts[p.host]}: {exc}")
             except FileNotFoundError:
@@ -121,6 +130,31 @@ class Fetcher:
             if problem[0] in ("unsafe", "wrong_sample"):
                 break  # what the host holds, not a read gone wrong: another read gives the same
         return out
+
+    def _placed_problem(self, p: Pending, tmp: Path, src: str, out: Fetched) -> tuple[str, str] | None:
+        """Why the placed file `tmp` is not the row's sample (its size, checksum, contents), or None;
+        with --to-bf16, a verified FP8 file is then converted in place (`out.converted`)."""
+        problem = file_problem(tmp, p.entry)
+        if problem is not None:  # say it of the host's file, the temporary name means nothing later
+            return problem[0], f"{src} as fetched: {problem[1].removeprefix(f'{tmp}: ')}"
+        wrong = self.checks[p.host].content_problem(tmp, p.entry)
+        if wrong is None and self._converts(p):
+            out.converted, wrong = self._convert(p, tmp)
+        return ("wrong_sample", f"{src}: {wrong}") if wrong else None
+
+    def _converts(self, p: Pending) -> bool:
+        return self.to_bf16 and self.checks[p.host].header.precision == "fp8"
+
+    def _convert(self, p: Pending, tmp: Path) -> tuple[ManifestEntry | None, str]:
+        """The verified FP8 file `tmp` made a verified bf16 file in its place: (its row, "") or (None, why)."""
+        from hsextract.formats.to_bf16 import verified_conversion
+
+        check = self.checks[p.host]
+        bf16 = tmp.with_name(f"{tmp.name}.bf16")
+        converted, wrong = verified_conversion(check.fmt, tmp, bf16, p.entry, check.header)
+        if converted is not None:
+            os.replace(bf16, tmp)
+        return converted, wrong
 
     def place(self, p: Pending, tmp: Path) -> None:
         """Make `tmp` a durable copy of, or link to, the host's file of `p` (a regular file inside

@@ -55,15 +55,20 @@ class CheckRows:
     positions: tuple[int, ...]
     final_hidden: str  # "pre_norm" or "post_norm", as the dump stores them
     token: int  # the server's greedy token
+    # Rows of an FP8 set, dequantized as the trainer reads them: the greedy check's wider tie
+    # (hsextract.greedy_check.FP8_REL_TIE).
+    fp8: bool = False
 
     def sample_rows(self):  # -> hsextract.logprob_check.SampleRows
         import torch
 
+        from hsextract.greedy_check import BF16_REL_TIE, FP8_REL_TIE
         from hsextract.logprob_check import SampleRows
 
         rows = torch.frombuffer(bytearray(self.data), dtype=getattr(torch, self.dtype))
+        tie = FP8_REL_TIE if self.fp8 else BF16_REL_TIE
         return SampleRows(
-            rows.view(len(self.positions), self.hidden_size), list(self.positions), self.final_hidden, self.token
+            rows.view(len(self.positions), self.hidden_size), list(self.positions), self.final_hidden, self.token, tie
         )
 
 

@@ -17,7 +17,7 @@ from hsextract.draft_config import serving_layer_ids
 from hsextract.drain import forkserver
 from hsextract.drain.config import DrainConfig
 from hsextract.errors import ConfigError
-from hsextract.formats import check_dtype
+from hsextract.formats import check_dtype, check_precision
 from hsextract.layers import parse_ids, resolve
 from hsextract.objectstore.output import resolve_output
 from hsextract.objectstore.settings import add_store_arguments
@@ -67,6 +67,7 @@ def build_config(args: argparse.Namespace) -> DrainConfig:
 
 def check_settings(cfg: DrainConfig) -> None:
     """ConfigError for a setting the drain cannot run with, naming its flag."""
+    check_precision(cfg.format, cfg.precision)
     if cfg.workers < 1:
         raise ConfigError(f"--workers {cfg.workers}: give at least 1")
     if cfg.uploads < 1:

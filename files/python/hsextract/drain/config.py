@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hsextract.formats import FORMAT_NAMES
+from hsextract.formats import DEFAULT_PRECISION, FORMAT_NAMES, PRECISION_OPTION
 from hsextract.layers import CONVENTIONS
 from hsextract.options import option
 from hsextract.output.accounts import DEFAULT_MAX_FAILURE_SHARE
@@ -42,6 +42,7 @@ class DrainConfig:
     dump_dir: Path = option(help="staging directory the capture writes (in /dev/shm)", convert=Path)
     output: Path = option(help="training-set directory to write, or s3://bucket/prefix (docs/object-store.md)")
     format: str = option(choices=FORMAT_NAMES, help="trainer format of the training set")
+    precision: str = option(DEFAULT_PRECISION, like=PRECISION_OPTION)
     # The model's directory, resolved; what every dump must look like is read from it (below).
     model_path: str = option(
         "",

@@ -87,7 +87,7 @@ class Drainer:
         self.cfg = cfg
         self.fmt: OutputFormat = get_format(cfg.format)
         self.out = Path(cfg.output)
-        self.stats = DrainStats(format=cfg.format)
+        self.stats = DrainStats(format=cfg.format, precision=cfg.precision)
         self.stop_event = threading.Event()
         self.run_id = ""  # the output's, once recovered
         self._inflight = InFlight(max_preparing=cfg.worker_threads * 2)
@@ -183,9 +183,7 @@ class Drainer:
             together=committer.together,
         )
         if cfg.worker_processes:
-            self._processes = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir, on_ready=self._import_late)
-            if cfg.wait_for_worker_processes:
-                self._processes.wait_ready()
+            self._start_processes(tmp_dir)
         vocab = self._vocab
         worker = SampleWorker(
             self.fmt,
@@ -199,6 +197,7 @@ class Drainer:
             processes=self._processes,
             count_vocab=lambda: vocab.counting,
             durable_tmp=self._target.durable_tmp,
+            precision=cfg.precision,
         )
         self._clients.recover()
         self.stats.set(finished_client_runs=sorted(self._clients.consumed))
@@ -222,6 +221,14 @@ class Drainer:
         scanner.sweep_records(time.time(), force=True)
         return committer, scanner
 
+    def _start_processes(self, tmp_dir: Path) -> None:
+        """The worker processes (hsextract.drain.worker_processes): started in the background, or waited for."""
+        cfg = self.cfg
+        procs = WorkerProcesses(cfg.worker_processes, cfg.format, tmp_dir, self._import_late, cfg.precision)
+        self._processes = procs
+        if cfg.wait_for_worker_processes:
+            procs.wait_ready()
+
     def _start(self, committer: Committer) -> MetricsServer | None:
         # The workers are the parallelism; torch's own intra-op threads in each of them only
         # oversubscribe the cores (measured: a finite check runs 10-20x slower under load).
@@ -233,7 +240,7 @@ class Drainer:
             # GB's drain rate by a fifth). With worker processes, `_import_late` does.
             importlib.import_module("datasets")
         # Warm before "running": the first real sample pays nothing once-only (hsextract.drain.warmup).
-        warm_up(self.fmt, drain_tmp_dir(self.out))
+        warm_up(self.fmt, drain_tmp_dir(self.out), self.cfg.precision)
         port = self.cfg.metrics_port
         metrics = self._metrics = MetricsServer(self.stats, port) if port is not None else None
         if metrics is not None:
@@ -246,10 +253,11 @@ class Drainer:
         self.stats.set(state="running")
         age = process_age_s()
         log.info(
-            "draining %s -> %s (%s, run %s, %d samples already written, %d workers in %s)%s",
+            "draining %s -> %s (%s, %s rows, run %s, %d samples already written, %d workers in %s)%s",
             self.cfg.dump_dir,
             self.out,
             self.cfg.format,
+            self.cfg.precision,
             self.run_id,
             len(committer.entries),
             self.cfg.workers,

@@ -104,9 +104,11 @@ def _verify(out: Path, fmt, sizes, check_vocab: bool) -> int:
             bad_samples += 1
             print(f"BAD {e.output_index} ({e.rid}): {problem}")
     unchecked = sum(not check.checks_fingerprint(e) for e in entries)
+    fp8 = header.precision == "fp8"  # its fingerprints are of the stored FP8 rows (hsextract.drain.fp8_rows)
     print(
         f"verified {len(entries) - bad_samples}/{len(entries)} samples (name, size, checksum, shapes"
-        f"{', fingerprint' if unchecked < len(entries) else ''})"
+        f"{', FP8 scales' if fp8 else ''}"
+        f"{(', fingerprint of the stored FP8 rows' if fp8 else ', fingerprint') if unchecked < len(entries) else ''})"
         + (
             f"; {unchecked} carry no fingerprint this version computes: their rows were not recomputed"
             if unchecked

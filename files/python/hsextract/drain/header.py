@@ -56,6 +56,7 @@ def header_from_marker(cfg: DrainConfig, marker: DoneMarker, run_id: str) -> Man
         format=c.format,
         final_hidden=m.final_hidden,
         dtype=c.expected_dtype or m.dtype,
+        precision=c.precision,
         hidden_size=c.expected_hidden_size or m.hidden_size,
         num_aux=len(eagle),
         eagle_aux_hidden_state_layer_ids=eagle,

@@ -29,6 +29,7 @@ class DrainStats:
     """Counters shared by the drain's threads (every update under one lock)."""
 
     format: str = ""
+    precision: str = ""
     run_id: str = ""
     samples: int = 0  # written by this process
     tokens: int = 0
@@ -93,6 +94,7 @@ class DrainStats:
             return DrainStatus(
                 state=self.state,
                 format=self.format,
+                precision=self.precision,
                 run_id=self.run_id,
                 samples=self.samples,
                 samples_total=self.samples_total,

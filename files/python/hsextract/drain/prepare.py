@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hsextract import fingerprint
+from hsextract import fingerprint, fp8
 from hsextract.direct_write import write_payload_direct
 from hsextract.drain import validate as v
 from hsextract.drain.check_queue import CheckRows
+from hsextract.drain.fp8_rows import FP8Rows, quantize_whole
 from hsextract.drain.staged_io import StagedReader
 from hsextract.durable import is_no_space, write_payload_durably
 from hsextract.errors import StagingError
@@ -48,6 +49,9 @@ class Job:
     # Chosen for the self-check: the final rows of up to this many prompt positions come back with
     # the sample (`Ready.check`; 1: the last one, for the greedy check alone). 0: not chosen.
     check_positions: int = 0
+    # How the file stores the rows (hsextract.formats.PRECISIONS): "fp8" quantizes the checked rows
+    # (hsextract.drain.fp8_rows), and the self-check reads them dequantized, as the trainer will.
+    precision: str = "bf16"
 
 
 @dataclass
@@ -93,8 +97,11 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job) -> Outcome:
     check reads (`Ready.check`): the check itself runs later, off the sample's way
     (hsextract.drain.check_queue)."""
     checked = job.check_positions > 0
+    quantized = job.precision == "fp8"
     stream = bool(getattr(fmt, "streams_staged", False)) and not checked
     groups = getattr(fmt, "slot_groups", None) if not checked else None
+    if quantized and groups is not None:  # the drain refuses it at start (hsextract.formats.check_precision)
+        raise RuntimeError(f"format {fmt.name} stores slot groups apart: it has no FP8 files")
     check = None
     try:
         marker = read_done_marker(job.dump)
@@ -102,15 +109,14 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job) -> Outcome:
             v.validate(marker, reader.layout, reader.input_ids, job.record, job.expected)
             v.check_fingerprint_stamp(marker)
             checks = v.RowChecks(marker, reader.layout, reader.input_ids)
+            rows = FP8Rows(*reader.layout.shape(), reader.layout.dtype, reader.input_ids) if quantized else None
             if stream:
-                ready = _write_streamed(fmt, Path(tmp_dir), job, reader, checks)
+                ready = _write_streamed(fmt, Path(tmp_dir), job, reader, checks, rows)
             elif groups is not None:
                 slot_rows = _read_slot_groups(reader, checks, groups(reader.layout.slots))
                 ready = _write_temporary(fmt, Path(tmp_dir), job, _sample(job, reader, _meta(reader), None, slot_rows))
             else:
-                hidden = _read_whole(reader, checks)
-                check = _check_rows(marker, hidden, job.check_positions) if checked else None
-                ready = _write_temporary(fmt, Path(tmp_dir), job, _sample(job, reader, hidden, None))
+                ready, check = _write_whole(fmt, Path(tmp_dir), job, reader, checks, marker, quantized)
     except StagingError as exc:
         return Invalid(v.UNREADABLE, str(exc))
     except v.InvalidDump as exc:  # from the checks, or met while streaming the rows
@@ -119,19 +125,42 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job) -> Outcome:
         if is_no_space(exc):
             return NoSpace(exc)
         raise
-    ready.prepared.fingerprint = checks.fingerprint
+    # Of the rows as the file stores them: the staged rows' (checked against the capture's), or the FP8 rows'.
+    ready.prepared.fingerprint = ready.fingerprint or checks.fingerprint
     return Ready(ready.prepared, marker, ready.counts, check)
 
 
-def _check_rows(marker: DoneMarker, hidden, most: int) -> CheckRows | None:  # hidden: torch.Tensor [T, K + 1, H]
-    """The final rows the self-check reads, at up to `most` prompt positions (the last one last);
-    None where the capture recorded no greedy token to check them against."""
+def _write_whole(
+    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: v.RowChecks, marker, quantized: bool
+) -> tuple[_Written, CheckRows | None]:
+    """Every row read into the drain's memory and checked, quantized where the set is FP8, written; and
+    the self-check's rows of a chosen sample, as the trainer will read them (dequantized for FP8)."""
+    hidden = _read_whole(reader, checks)
+    if not quantized:
+        check = _check_rows(marker, hidden, job.check_positions) if job.check_positions else None
+        return _write_temporary(fmt, tmp_dir, job, _sample(job, reader, hidden, None)), check
+    q, scales, stored = quantize_whole(hidden, reader.input_ids)
+    check = None
+    if job.check_positions:
+        check = _check_rows(marker, q, job.check_positions, scales)
+    written = _write_temporary(fmt, tmp_dir, job, _sample(job, reader, q, None, scales=scales))
+    written.fingerprint = stored
+    return written, check
+
+
+def _check_rows(marker: DoneMarker, hidden, most: int, scales=None) -> CheckRows | None:
+    """The final rows the self-check reads, at up to `most` prompt positions (the last one last), as
+    the trainer will read them: of `hidden` ``[T, K + 1, H]``, or given its `scales`, of FP8 rows
+    dequantized as hs_connectors' FP8Transfer does (per token, so these rows alone give what the whole
+    would). None where the capture recorded no greedy token to check them against."""
     import torch
 
     if marker.greedy_token < 0:
         return None
     positions = checked_positions(hidden.shape[0], most)
     rows = hidden[positions, -1].contiguous()
+    if scales is not None:
+        rows = fp8.dequantize(rows, scales[positions].reshape(-1, 1))
     return CheckRows(
         data=rows.view(-1).view(torch.uint8).numpy().tobytes(),
         dtype=str(rows.dtype).removeprefix("torch."),
@@ -139,6 +168,7 @@ def _check_rows(marker: DoneMarker, hidden, most: int) -> CheckRows | None:  # h
         positions=tuple(positions),
         final_hidden=marker.final_hidden,
         token=marker.greedy_token,
+        fp8=scales is not None,
     )
 
 
@@ -146,6 +176,7 @@ def _check_rows(marker: DoneMarker, hidden, most: int) -> CheckRows | None:  # h
 class _Written:
     prepared: Prepared
     counts: tuple | None
+    fingerprint: str = ""  # of the stored rows, where they are not the staged ones (FP8)
 
 
 def _read_whole(reader: StagedReader, checks: v.RowChecks):  # -> torch.Tensor
@@ -197,28 +228,41 @@ def _meta(reader: StagedReader):  # -> torch.Tensor
     return torch.empty(reader.layout.shape(), dtype=reader.layout.dtype, device="meta")
 
 
-def _write_streamed(fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: v.RowChecks) -> _Written:
+def _write_streamed(
+    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: v.RowChecks, rows: FP8Rows | None
+) -> _Written:
     """The format's file with the staged rows and ids streamed through it, each piece checked, then
-    hashed and written; the fingerprint is settled before the ids, so a mismatch fails the write."""
+    hashed and written (quantized first, given `rows`: an FP8 set); the fingerprint is settled before
+    the ids, and the FP8 scales checked, so a mismatch fails the write."""
+    import torch
+
+    stored = [""]
 
     def pieces():  # -> Iterator[memoryview]
         for first, piece in reader.pieces():
             checks.piece(first, piece)
-            yield piece
+            yield piece if rows is None else rows.piece(first, piece)
         checks.finish()
+        if rows is not None:
+            stored[0] = rows.finish()[1]
         yield reader.ids_bytes
 
-    written = _write_temporary(
-        fmt, tmp_dir, job, _sample(job, reader, _meta(reader), SourceRange(reader.data_len, pieces()))
-    )
-    if not checks.fingerprint:
+    if rows is None:
+        sample = _sample(job, reader, _meta(reader), SourceRange(reader.data_len, pieces()))
+    else:
+        hidden = torch.empty(rows.shape, dtype=fp8.DTYPE, device="meta")
+        body = SourceRange(rows.fp8_bytes + len(reader.ids_bytes), pieces())
+        sample = _sample(job, reader, hidden, body, scales=SourceRange(4 * reader.layout.rows, rows.scale_bytes()))
+    written = _write_temporary(fmt, tmp_dir, job, sample)
+    if not checks.fingerprint or (rows is not None and not stored[0]):
         raise RuntimeError(
             f"format {fmt.name} wrote {job.record.rid} without streaming every staged row through the checks"
         )
+    written.fingerprint = stored[0]
     return written
 
 
-def _sample(job: Job, reader: StagedReader, hidden, staged: SourceRange | None, slot_rows=None) -> Sample:
+def _sample(job: Job, reader: StagedReader, hidden, staged: SourceRange | None, slot_rows=None, scales=None) -> Sample:
     record = job.record
     return Sample(
         rid=record.rid,
@@ -228,6 +272,7 @@ def _sample(job: Job, reader: StagedReader, hidden, staged: SourceRange | None, 
         hidden=hidden,
         staged=staged,
         slot_rows=slot_rows,
+        scales=scales,
     )
 
 

@@ -13,7 +13,7 @@ written and recorded once, or still staged. What a crash leaves behind is repair
 
 The checks refuse a staging directory that does not exist, an unwritable output directory, a
 running capture whose final-norm placement the format cannot use, and an output directory
-written with another format, dtype, hidden size or layers.
+written with another format, precision, dtype, hidden size or layers.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from hsextract.drain.config import DrainConfig
 from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
-from hsextract.formats import FORMATS
+from hsextract.formats import FORMATS, check_precision
 from hsextract.formats.base import OutputFormat
 from hsextract.model_fingerprint import PART_NAMES, differing_parts, model_fingerprint
 from hsextract.output.manifest import ManifestEntry, ManifestError, ManifestHeader, iter_entries, read_header
@@ -51,6 +51,7 @@ class Recovered:
 def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
     """Check the setup, repair what a crash left, and return the manifest as it now stands."""
     out, dump_dir = Path(cfg.output), Path(cfg.dump_dir)
+    check_precision(cfg.format, cfg.precision)  # never a set its trainer would misread
     if not dump_dir.is_dir():
         raise ConfigError(
             f"staging directory {dump_dir} does not exist: the capture creates it when the server starts. "
@@ -107,6 +108,8 @@ def check_header_matches_config(out: Path, h: ManifestHeader, c: DrainConfig) ->
     problems = []
     if h.format != c.format:
         problems.append(f"format {h.format!r} (configured {c.format!r})")
+    if h.precision != c.precision:
+        problems.append(f"precision {h.precision} (configured {c.precision})")
     if c.expected_dtype and h.dtype != c.expected_dtype:
         problems.append(f"dtype {h.dtype} (configured {c.expected_dtype})")
     if c.expected_hidden_size and h.hidden_size != c.expected_hidden_size:

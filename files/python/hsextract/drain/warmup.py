@@ -26,9 +26,9 @@ from hsextract.staging.records import SampleRecord
 _ROWS, _SLOTS, _HIDDEN = 2, 2, 64
 
 
-def warm_up(fmt: OutputFormat, tmp_dir: Path) -> None:
-    """Prepare one made-up sample of `fmt` in `tmp_dir`, then remove everything it made; RuntimeError
-    saying what went wrong if the preparation did not produce a sample."""
+def warm_up(fmt: OutputFormat, tmp_dir: Path, precision: str = "bf16") -> None:
+    """Prepare one made-up sample of `fmt` (its rows stored in `precision`) in `tmp_dir`, then remove
+    everything it made; RuntimeError saying what went wrong if the preparation did not produce a sample."""
     import numpy as np
 
     from hsextract import fingerprint
@@ -61,7 +61,8 @@ def warm_up(fmt: OutputFormat, tmp_dir: Path) -> None:
         )
         (dump / DONE_FILE).write_text(marker.to_json())
         record = SampleRecord(rid=rid, index=0, input_ids=ids.tolist(), loss_mask=[0, 1])
-        job = Job(dump, record, v.Expected(final_hidden=fmt.final_hidden), default_checksum_algorithm(), True)
+        expected = v.Expected(final_hidden=fmt.final_hidden)
+        job = Job(dump, record, expected, default_checksum_algorithm(), True, precision=precision)
         outcome = prepare(fmt, work, job)
         if not isinstance(outcome, Ready):
             raise RuntimeError(f"the drain's warm-up sample of format {fmt.name} was not prepared: {outcome}")

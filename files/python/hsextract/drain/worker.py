@@ -106,6 +106,7 @@ class SampleWorker:
         processes: WorkerProcesses | None = None,
         count_vocab: Callable[[], bool] = lambda: False,
         durable_tmp: bool = True,
+        precision: str = "bf16",
     ):
         self.fmt = fmt
         # The format's file body is the staged bytes, streamed through piece by piece (see SourceRange).
@@ -121,6 +122,7 @@ class SampleWorker:
         self._processes = processes
         self._count_vocab = count_vocab  # whether the draft vocabulary is counted (it may stop)
         self._durable_tmp = durable_tmp  # fsync the temporary files (not when they only go up to a bucket)
+        self._precision = precision  # how the files store the rows ("fp8": quantized by the preparation)
 
     def process(self, d: Path, record: SampleRecord) -> None:
         """Prepare the staged dump `d` of `record` within the byte budget, and commit or quarantine it."""
@@ -131,8 +133,10 @@ class SampleWorker:
         else:
             # Every row is read into the drain's memory: into the format's own tensors, or for the
             # self-check into one buffer, from which a format that reorders the rows copies them.
+            # (An FP8 set holds the FP8 rows, half the staged bytes, beside them.)
+            copies = 2 if checked and self._slot_groups else 1.5 if self._precision == "fp8" else 1
             try:
-                size = os.stat(d / STATES_FILE).st_size * (2 if checked and self._slot_groups else 1)
+                size = int(os.stat(d / STATES_FILE).st_size * copies)
             except FileNotFoundError:
                 size = 0
         self._budget.acquire(size)
@@ -153,6 +157,7 @@ class SampleWorker:
                 self._count_vocab(),
                 self._durable_tmp,
                 checker.positions if checker is not None else 0,
+                self._precision,
             )
             if self._processes is None or not self._processes.ready():
                 outcome = prepare(self.fmt, self.tmp_dir, job)

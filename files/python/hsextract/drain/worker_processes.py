@@ -64,7 +64,14 @@ class WorkerProcessDied(RuntimeError):
 class WorkerProcesses:
     """`n` processes that prepare samples of one format into one temporary directory."""
 
-    def __init__(self, n: int, fmt_name: str, tmp_dir: Path, on_ready: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        n: int,
+        fmt_name: str,
+        tmp_dir: Path,
+        on_ready: Callable[[], None] = lambda: None,
+        precision: str = "bf16",
+    ):
         self.n = n
         self._on_ready = on_ready  # called once, from the pool's thread, when every process is up
         self._spawned_at = time.monotonic()
@@ -79,11 +86,11 @@ class WorkerProcesses:
         # of its own, so the drain goes on meanwhile. `ready` says when they are up.
         self._launched = threading.Event()
         self._launcher = threading.Thread(
-            target=self._launch, args=(fmt_name, tmp_dir), name="drain-worker-start", daemon=True
+            target=self._launch, args=(fmt_name, tmp_dir, precision), name="drain-worker-start", daemon=True
         )
         self._launcher.start()
 
-    def _launch(self, fmt_name: str, tmp_dir: Path) -> None:
+    def _launch(self, fmt_name: str, tmp_dir: Path, precision: str) -> None:
         """Start the forkserver (under `hsextract drain` it runs already: forkserver.start) and all n
         processes, each waiting in its start for the others (the pool would start them on demand,
         later, while a stop's SIGTERM may be on its way)."""
@@ -94,7 +101,7 @@ class WorkerProcesses:
                 max_workers=self.n,
                 mp_context=ctx,
                 initializer=_start,
-                initargs=(fmt_name, str(tmp_dir), ctx.Barrier(self.n), os.getpid()),
+                initargs=(fmt_name, str(tmp_dir), ctx.Barrier(self.n), os.getpid(), precision),
             )
             started = [pool.submit(os.getpid) for _ in range(self.n)]
         except BaseException as exc:  # said by `ready`, in the drain's own thread
@@ -221,7 +228,7 @@ def _kill(pool: ProcessPoolExecutor) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _start(fmt_name: str, tmp_dir: str, barrier, drain_pid: int) -> None:
+def _start(fmt_name: str, tmp_dir: str, barrier, drain_pid: int, precision: str) -> None:
     global _fmt, _tmp_dir
     for sig in forkserver.STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
@@ -231,7 +238,7 @@ def _start(fmt_name: str, tmp_dir: str, barrier, drain_pid: int) -> None:
 
     torch.set_num_threads(1)  # the processes are the parallelism
     _fmt, _tmp_dir = get_format(fmt_name), Path(tmp_dir)
-    warm_up(_fmt, _tmp_dir)  # "started" means warm: the first real sample pays nothing once-only
+    warm_up(_fmt, _tmp_dir, precision)  # "started" means warm: the first real sample pays nothing once-only
     barrier.wait(timeout=600)
 
 

@@ -109,7 +109,15 @@ def _same_shard(a: str, b: str) -> bool:
 
 
 def _format_bytes(report: dict[str, Any]) -> int:
-    return int(report["formats"][report["format"]]["remaining_bytes"])
+    return int(report["formats"][format_key(report)]["remaining_bytes"])
+
+
+def format_key(report: dict[str, Any]) -> str:
+    """The report's own entry of its `formats`: its format in its precision (a report from before the
+    precision, bf16)."""
+    from hsextract.plan.report import bytes_key
+
+    return bytes_key(report["format"], report.get("precision") or "bf16")
 
 
 def _dataset_problems(planned: list[HostPlan]) -> list[str]:

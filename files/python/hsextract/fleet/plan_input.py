@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hsextract.errors import ConfigError
-from hsextract.fleet.plan import HostPlan, read_shard
+from hsextract.fleet.plan import HostPlan, format_key, read_shard
 
 ENTRY_FIELDS = "shard, report, rc and error"
 # The fields of `hsextract plan --json` that the fleet's plan reads, in the order it reads them.
@@ -135,10 +135,15 @@ def report_problem(report: Any) -> str:
 
 
 def _format_problem(report: dict[str, Any]) -> str:
-    fmt, formats = report["format"], report["formats"]
-    entry = formats.get(fmt) if isinstance(formats, dict) and isinstance(fmt, str) else None
+    formats = report["formats"]
+    fmt = (
+        format_key(report)
+        if isinstance(report["format"], str) and isinstance(report.get("precision", ""), str)
+        else None
+    )
+    entry = formats.get(fmt) if isinstance(formats, dict) and fmt is not None else None
     if not isinstance(entry, dict):
-        return f"its report's formats has no entry for its format {shown(fmt)}"
+        return f"its report's formats has no entry for its format {shown(fmt or report['format'])}"
     if not is_count(entry.get("remaining_bytes")):
         return f"its report's formats.{fmt}.remaining_bytes is {shown(entry.get('remaining_bytes'))}, not a count"
     return ""

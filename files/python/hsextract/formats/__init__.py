@@ -14,7 +14,14 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from hsextract.options import Option
+
 STAGED_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")  # what the capture stages (staging.dumps)
+# How a set stores its rows (``--precision``): "bf16", the rows as captured (the model's dtype, bf16
+# for every model served so far), or "fp8", float8_e4m3fn with one float32 scale per token
+# (hsextract.fp8), which only a format whose released reader dequantizes it may hold.
+PRECISIONS: tuple[str, ...] = ("bf16", "fp8")
+DEFAULT_PRECISION = "bf16"
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,9 @@ class FormatSpec:
     writer: str  # "module:Class" of its OutputFormat (imported lazily: the writers pull in torch)
     # The dtypes of the captured states its files hold (the drain refuses a model of another).
     dtypes: tuple[str, ...]
+    # The precisions (`PRECISIONS`) its trainer's released reader reads: "fp8" only where that reader
+    # dequantizes FP8 rows itself (the drain, the client and the plan refuse any other at start).
+    precisions: tuple[str, ...]
     # The dataset-level files its finalize writes beside the samples (the paths it returns), and an
     # estimate of their size for the plan: bytes per sample and per token.
     dataset_files: tuple[str, ...]
@@ -57,6 +67,8 @@ class FormatSpec:
     vocab_files: tuple[VocabFile, ...]
     # How its trainer is pointed at a set, for a collected set's card ("<set>": the set's path).
     loading: str
+    # What its trainer is told besides `loading` for a set of FP8 rows (where "fp8" is in `precisions`).
+    fp8_loading: str = ""
 
     def load_writer(self) -> Any:  # -> hsextract.formats.base.OutputFormat
         module, cls = self.writer.split(":")
@@ -77,6 +89,7 @@ FORMATS: dict[str, FormatSpec] = {
             final_hidden="post_norm",
             writer="hsextract.formats.specforge:SpecForgeFormat",
             dtypes=STAGED_DTYPES,
+            precisions=("bf16",),
             dataset_files=(),
             dataset_bytes_per_sample=0,
             dataset_bytes_per_token=0,
@@ -91,6 +104,7 @@ FORMATS: dict[str, FormatSpec] = {
             final_hidden="pre_norm",
             writer="hsextract.formats.speculators:SpeculatorsFormat",
             dtypes=STAGED_DTYPES,
+            precisions=("bf16", "fp8"),  # fp8: hs_connectors 0.9's FP8Transfer (`--hidden-states-backend fp8`)
             # The Arrow dataset (datasets.save_to_disk): state.json names its data files.
             dataset_files=("state.json",),
             dataset_bytes_per_sample=32,  # list offsets and seq_len
@@ -99,6 +113,8 @@ FORMATS: dict[str, FormatSpec] = {
             vocab_files=SPECULATORS_VOCAB,
             loading="speculators >= 0.8: `--data-path <set>` (`hidden_states/hs_{i}.safetensors` is row i of the "
             "Arrow dataset); it finds `d2t.npy`/`t2d.npy` (or `d2t-<N>.npy` with `--draft-vocab-size N`) there.",
+            fp8_loading="`--hidden-states-backend fp8` (hs_connectors' FP8Transfer dequantizes each file's "
+            "rows to bf16 as it loads them).",
         ),
         FormatSpec(
             name="speculators-v1",
@@ -106,6 +122,7 @@ FORMATS: dict[str, FormatSpec] = {
             final_hidden="pre_norm",
             writer="hsextract.formats.speculators_v1:SpeculatorsV1Format",
             dtypes=STAGED_DTYPES,
+            precisions=("bf16",),
             dataset_files=("sample_lengths.json", "data_config.json"),
             dataset_bytes_per_sample=16,  # its sample_lengths.json entry
             dataset_bytes_per_token=0,
@@ -119,6 +136,7 @@ FORMATS: dict[str, FormatSpec] = {
             final_hidden="post_norm",
             writer="hsextract.formats.modelopt:ModelOptFormat",
             dtypes=STAGED_DTYPES,
+            precisions=("bf16",),
             dataset_files=(),
             dataset_bytes_per_sample=0,
             dataset_bytes_per_token=0,
@@ -131,6 +149,13 @@ FORMATS: dict[str, FormatSpec] = {
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 DEFAULT_FORMAT = "speculators"  # the client's and the planner's (the roles' hsextract_format default too)
 FINAL_HIDDEN_PLACEMENTS: tuple[str, ...] = ("post_norm", "pre_norm")
+# The flag of the drain, the client and the plan (hsextract.options), declared once.
+PRECISION_OPTION = Option(
+    choices=PRECISIONS,
+    help="how the training set stores the rows: bf16 as captured, or fp8 (float8_e4m3fn with one float32 scale "
+    "per token: about half the bytes; only in a format whose trainer's reader reads FP8 rows: "
+    f"{', '.join(n for n, s in FORMATS.items() if 'fp8' in s.precisions)}; default {DEFAULT_PRECISION})",
+)
 
 
 def format_spec(name: str) -> FormatSpec:
@@ -165,6 +190,22 @@ def check_dtype(fmt: str, dtype: str, *, where: str) -> None:
     if dtype not in held:
         raise ConfigError(
             f"{where} has {dtype} states, which the format {fmt!r} does not hold (it holds {', '.join(held)})"
+        )
+
+
+def check_precision(fmt: str, precision: str) -> None:
+    """ConfigError unless the format's released reader reads rows of `precision`, naming the formats
+    whose readers do: a set its trainer would misread is never written."""
+    from hsextract.errors import ConfigError
+
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    spec = format_spec(fmt)
+    if precision not in spec.precisions:
+        readers = [name for name, s in FORMATS.items() if precision in s.precisions]
+        raise ConfigError(
+            f"precision {precision}: the {fmt} format's reader ({spec.trainer}) reads "
+            f"{', '.join(spec.precisions)} rows only; {precision} is read by: {', '.join(readers)}"
         )
 
 

@@ -53,6 +53,9 @@ class Sample:
     # The rows of slots [a, b) as [T, (b - a) * H] tensors of their own, keyed (a, b): the groups the
     # format names in `slot_groups`, which the drain fills as it reads the rows (`hidden` is then meta).
     slot_rows: dict[tuple[int, int], torch.Tensor] | None = None
+    # FP8 rows (`hidden` of dtype float8_e4m3fn, hsextract.fp8): each token's float32 scale, [T, 1, 1],
+    # as a tensor or, where the rows stream, as the bytes the drain yields once the last row went by.
+    scales: torch.Tensor | SourceRange | None = None
 
     def slots(self, start: int, stop: int) -> torch.Tensor:
         """Slots [start, stop) of every row, as a new [T, (stop - start) * H] tensor owning its memory."""

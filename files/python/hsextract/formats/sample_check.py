@@ -14,7 +14,11 @@ does a row whose file was swapped with another's. So each row is also held to:
 * its fingerprint (hsextract.fingerprint): recomputed from the file's rows and token ids, a piece at
   a time, where the row holds one of the definition this code computes. Every format keeps every
   staged row unchanged (speculators as one tensor, the others in groups of slots), so the rows the
-  drain fingerprinted can always be put back together.
+  drain fingerprinted can always be put back together;
+* an FP8 set's rows (hsextract.fp8) are not the staged rows: the drain checked those against the
+  capture's fingerprint before it quantized them, and records the fingerprint of what it stores,
+  each token's FP8 row followed by its float32 scale, by the same definition; so that is what is
+  recomputed here, and each scale must be a finite number above 0.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hsextract import fingerprint
+from hsextract import fingerprint, fp8
 from hsextract.contained import UnsafePath, checked_parts, fd_path, open_regular
 from hsextract.formats.base import SampleShape
 from hsextract.formats.stored import StoredSample
@@ -67,9 +71,19 @@ class SampleCheck:
         tokens = len(stored.input_ids)
         if tokens != entry.tokens:
             return f"its file holds {tokens} tokens, the row says {entry.tokens}"
-        want = self.fmt.stored_shapes(SampleShape(entry.tokens, self.header.num_aux, self.header.hidden_size))
+        shape = SampleShape(entry.tokens, self.header.num_aux, self.header.hidden_size, stored_dtype(self.header))
+        want = self.fmt.stored_shapes(shape)
         if stored.shapes != want:
             return f"its tensors have the shapes {stored.shapes}, a sample of {entry.tokens} tokens of this set {want}"
+        if (stored.scales is not None) != (self.header.precision == "fp8"):
+            held = "FP8" if stored.scales is not None else "unscaled"
+            return f"its file holds {held} rows, the set's are {self.header.precision}"
+        if stored.scales is not None:
+            import torch
+
+            problem = fp8.scales_problem(torch.from_numpy(np.array(stored.scales())), entry.tokens)
+            if problem:
+                return f"its FP8 rows cannot be read back: {problem}"
         if stored.dataset_index is not None and stored.dataset_index != entry.dataset_index:
             return f"its file holds dataset index {stored.dataset_index}, the row says {entry.dataset_index}"
         if self.checks_fingerprint(entry):
@@ -98,6 +112,17 @@ class SampleCheck:
             return self.content_problem(fd_path(fd), entry)
         finally:
             os.close(fd)
+
+
+def stored_dtype(header: ManifestHeader):  # -> torch.dtype
+    """The dtype of a set's stored rows: float8_e4m3fn for an FP8 set, else the captured dtype."""
+    import torch
+
+    from hsextract.staging.dumps import DTYPES
+
+    if header.precision == "fp8":
+        return fp8.DTYPE
+    return DTYPES[header.dtype][0] if header.dtype in DTYPES else torch.bfloat16
 
 
 def recomputed_fingerprint(stored: StoredSample) -> str:

@@ -14,6 +14,18 @@
 manifest's output index). The staged rows already have the ``[T, K + 1, H]`` layout, so a sample
 is written with a new header and the staged bytes, no tensor copy.
 
+A set of FP8 rows (``--precision fp8``, hsextract.fp8) holds, in the layout hs_connectors 0.9's
+``FP8Transfer`` reads (speculators' ``--hidden-states-backend fp8``)::
+
+        hidden_states         float8_e4m3fn [T, K + 1, H]
+        token_ids, loss_mask  int64 [T], as above
+        hidden_states_scales  float32 [T, 1, 1]   one scale per token; the reader's rows are
+                                                  hidden_states.to(bf16) * scales.to(bf16)
+
+The writer writes what the drain hands it (rows of the dtype of `Sample.hidden`, quantized by the
+drain, with `Sample.scales`); the scales come last so that the FP8 rows stream through piece by
+piece before every scale is known.
+
 The Arrow dataset is brought up to the manifest at finalize (and by the daemon when idle): only
 the new rows are read, appended to the last data file or written as a new one. Data files get
 build-unique names and ``state.json`` is replaced last, so a reader sees either the old dataset
@@ -36,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hsextract import fp8
 from hsextract.durable import atomic_write_bytes, fsync_dir
 from hsextract.formats.base import ChunksPayload, Payload, Sample, SampleShape, SourceRange, TokenReader, tensor_bytes
 from hsextract.formats.stored import StoredSample
@@ -92,18 +105,27 @@ def _mapped(
     return np.memmap(path, dtype=dtype, mode="r", offset=start + off[0], shape=shape)
 
 
+FP8_CODE = "F8_E4M3"  # safetensors' name of float8_e4m3fn
+
+
+def _codes() -> dict[torch.dtype, tuple[str, int]]:
+    """Each dtype the files hold: its safetensors code and element size (the staged dtypes, and FP8)."""
+    return {**{dt: (code, size) for _, (dt, code, size) in DTYPES.items()}, fp8.DTYPE: (FP8_CODE, 1)}
+
+
 def _header(tokens: int, slots: int, hidden_size: int, dtype: torch.dtype) -> tuple[bytes, int]:
-    """The file's safetensors header and the byte count of its hidden rows (shared by encode and sizing)."""
-    code, elem = next((code, size) for _, (dt, code, size) in DTYPES.items() if dt == dtype)
+    """The file's safetensors header and the byte count of its hidden rows (shared by encode and sizing):
+    FP8 rows (`dtype` float8_e4m3fn) have their scales after the token ids."""
+    code, elem = _codes()[dtype]
     hidden_nbytes = tokens * slots * hidden_size * elem
-    header = safetensors_header(
-        [
-            ("hidden_states", code, [tokens, slots, hidden_size], hidden_nbytes),
-            ("token_ids", "I64", [tokens], 8 * tokens),
-            ("loss_mask", "I64", [tokens], 8 * tokens),
-        ]
-    )
-    return header, hidden_nbytes
+    tensors = [
+        ("hidden_states", code, [tokens, slots, hidden_size], hidden_nbytes),
+        ("token_ids", "I64", [tokens], 8 * tokens),
+        ("loss_mask", "I64", [tokens], 8 * tokens),
+    ]
+    if dtype == fp8.DTYPE:
+        tensors.append((fp8.SCALES_KEY, "F32", [tokens, 1, 1], 4 * tokens))
+    return safetensors_header(tensors), hidden_nbytes
 
 
 class SpeculatorsFormat:
@@ -119,7 +141,8 @@ class SpeculatorsFormat:
 
     def sample_file_bytes(self, shape: SampleShape) -> int:
         header, hidden_nbytes = _header(shape.tokens, shape.num_aux + 1, shape.hidden_size, shape.dtype)
-        return len(header) + hidden_nbytes + 16 * shape.tokens
+        scales = 4 * shape.tokens if shape.dtype == fp8.DTYPE else 0
+        return len(header) + hidden_nbytes + 16 * shape.tokens + scales
 
     def read_tokens(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         from safetensors import safe_open
@@ -130,28 +153,38 @@ class SpeculatorsFormat:
     def stored_shapes(self, shape: SampleShape) -> dict[str, list[int]]:
         """The shapes `encode` gives a sample of this shape, by tensor name."""
         t = shape.tokens
-        return {"hidden_states": [t, shape.num_aux + 1, shape.hidden_size], "token_ids": [t], "loss_mask": [t]}
+        shapes = {"hidden_states": [t, shape.num_aux + 1, shape.hidden_size], "token_ids": [t], "loss_mask": [t]}
+        if shape.dtype == fp8.DTYPE:
+            shapes[fp8.SCALES_KEY] = [t, 1, 1]
+        return shapes
 
     def read_stored(self, path: Path) -> StoredSample:
-        """The sample's tensors mapped from the file, after its header (no tensor is read here)."""
+        """The sample's tensors mapped from the file, after its header (no tensor is read here). The rows
+        of an FP8 file are each token's FP8 row followed by its float32 scale (what its fingerprint is of)."""
         meta, start, size = read_safetensors_header(path)
         shapes = {
             name: list(meta[name]["shape"])
-            for name in ("hidden_states", "token_ids", "loss_mask")
+            for name in ("hidden_states", "token_ids", "loss_mask", fp8.SCALES_KEY)
             if isinstance(meta.get(name), dict)
         }
         t = int((shapes.get("token_ids") or [0])[0])
         ids = _mapped(path, meta, "token_ids", start, size, (t,), np.dtype("<i8"))
+        code = meta["hidden_states"]["dtype"] if isinstance(meta.get("hidden_states"), dict) else None
+
+        def scales() -> np.ndarray:  # float32 [T, 1, 1], once the shapes are right
+            return _mapped(path, meta, fp8.SCALES_KEY, start, size, (t, 1, 1), np.dtype("<f4"))
 
         def pieces() -> list[np.ndarray]:
             rows, slots, hidden = shapes["hidden_states"]
-            code = meta["hidden_states"]["dtype"]
-            elem = next((n for _, (_, c, n) in DTYPES.items() if c == code), None)
+            elem = next((n for c, n in _codes().values() if c == code), None)
             if elem is None:
                 raise ValueError(f"hidden_states has dtype {code!r}, not one the drain writes")
-            return [_mapped(path, meta, "hidden_states", start, size, (rows, slots * hidden * elem), np.uint8)]
+            out = [_mapped(path, meta, "hidden_states", start, size, (rows, slots * hidden * elem), np.uint8)]
+            if code == FP8_CODE:
+                out.append(scales().reshape(rows, 1).view(np.uint8))
+            return out
 
-        return StoredSample(shapes, ids, pieces)
+        return StoredSample(shapes, ids, pieces, scales=scales if code == FP8_CODE else None)
 
     def encode(self, sample: Sample) -> Payload:
         mask = tensor_bytes(sample.loss_mask.to(torch.int64))
@@ -160,11 +193,16 @@ class SpeculatorsFormat:
         ids_nbytes = 8 * sample.tokens
         body: list[bytes | memoryview | SourceRange]
         if sample.staged is not None and sample.staged.length == hidden_nbytes + ids_nbytes:
-            # The staged rows + ids are already this file's layout: let the kernel copy them.
+            # The staged rows + ids (or the FP8 rows the drain made of them) are this file's layout.
             body = [sample.staged]
         else:
             body = [tensor_bytes(sample.hidden), tensor_bytes(sample.input_ids.to(torch.int64))]
-        return ChunksPayload([header, *body, mask])
+        if sample.hidden.dtype != fp8.DTYPE:
+            return ChunksPayload([header, *body, mask])
+        scales = sample.scales
+        if scales is None:
+            raise ValueError(f"{sample.rid}: FP8 rows without their scales")
+        return ChunksPayload([header, *body, mask, scales if isinstance(scales, SourceRange) else tensor_bytes(scales)])
 
     def finalize(
         self,

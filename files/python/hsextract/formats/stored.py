@@ -28,6 +28,9 @@ class StoredSample:
     # (the aux layers low to high, then the final hidden state); called only once the shapes are right.
     pieces: Callable[[], list[np.ndarray]]
     dataset_index: int | None = None  # where the file records it (ModelOpt's conversation_id)
+    # A file of FP8 rows (hsextract.fp8): its scales, float32 [T, 1, 1], mapped when called (once the
+    # shapes are right); each row of `pieces` then ends with its token's scale. None: rows as captured.
+    scales: Callable[[], np.ndarray] | None = None
 
 
 def byte_rows(t: Any) -> np.ndarray:

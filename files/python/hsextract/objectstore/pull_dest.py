@@ -62,6 +62,12 @@ def claim(dest: Path, source: dict) -> None:
             f"{dest} holds a pull of {before.get('source')} samples {before.get('samples')}: resume it "
             "with the same source and --samples, or pull into a new directory"
         )
+    if bool(before.get("to_bf16")) != bool(source.get("to_bf16")):
+        held = "bf16 files converted from its FP8 rows" if before.get("to_bf16") else "its FP8 rows as they are"
+        raise ConfigError(
+            f"{dest} holds a pull of {before.get('source')} as {held}: resume it "
+            f"{'with' if before.get('to_bf16') else 'without'} --to-bf16, or pull into a new directory"
+        )
     _write_source(dest, source)
 
 

@@ -6,7 +6,7 @@
                               format, model path + config hash + fingerprint (weights, tokenizer,
                               chat template: hsextract.model_fingerprint), SGLang version, layer ids
                               in both conventions, final-norm placement, dtype, hidden size,
-                              checksum algorithm
+                              precision of the stored rows, checksum algorithm
     <output>/manifest.jsonl   one JSON line per written sample, appended (and fsynced) only after
                               the sample's file is durable: output index, dataset index, rid,
                               token count, file, bytes, checksum
@@ -48,12 +48,15 @@ class ManifestHeader:
 
     format: str
     final_hidden: str  # "post_norm" or "pre_norm": where the last hidden state was taken
-    dtype: str
+    dtype: str  # of the captured states (what the capture stages)
     hidden_size: int
     num_aux: int
     eagle_aux_hidden_state_layer_ids: list[int]
     sglang_layers_to_capture: list[int]
     num_hidden_layers: int
+    # How the files store the rows (hsextract.formats.PRECISIONS): "bf16", as captured, or "fp8"
+    # (hsextract.fp8: float8_e4m3fn and one float32 scale per token). A set from before it is "bf16".
+    precision: str = "bf16"
     model_path: str = ""
     model_config_sha256: str = ""
     # hsextract.model_fingerprint of the model directory: {"method", "weights", "tokenizer",
@@ -170,7 +173,7 @@ def check_header_matches_fields(where: str, theirs: ManifestHeader, ours: Manife
     bucket against the one a drain writes, or a host's set against the one collect merges it into."""
     problems = [
         f"{name} {getattr(theirs, name)!r} (this drain's: {getattr(ours, name)!r})"
-        for name in ("format", "final_hidden", "dtype", "hidden_size", "eagle_aux_hidden_state_layer_ids")
+        for name in ("format", "precision", "final_hidden", "dtype", "hidden_size", "eagle_aux_hidden_state_layer_ids")
         if getattr(theirs, name) != getattr(ours, name)
     ]
     if problems:

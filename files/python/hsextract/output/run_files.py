@@ -239,6 +239,7 @@ class DrainStatus(_Record):
 
     state: str | None = None  # starting, running, paused, stopping, stopped, done, failed
     format: str | None = None
+    precision: str | None = None  # how the set stores its rows: bf16 or fp8 (absent: a drain before it, bf16)
     run_id: str | None = None
     samples: int | None = None  # written by this process
     samples_total: int | None = None  # in the manifest

@@ -26,7 +26,7 @@ from hsextract.config_file import add_config_argument
 from hsextract.dataset.chat_template import read_template_file
 from hsextract.durable import atomic_write_bytes, free_bytes
 from hsextract.errors import ConfigError, HsextractError
-from hsextract.formats import DEFAULT_FORMAT
+from hsextract.formats import DEFAULT_FORMAT, check_precision
 from hsextract.objectstore.output import resolve_output
 from hsextract.options import add_options, missing_options, options_from
 from hsextract.output.layout import plan_path
@@ -39,6 +39,7 @@ from hsextract.plan.report import (
     TimeEstimate,
     Tokenization,
     VolumeRoom,
+    bytes_key,
 )
 from hsextract.plan.settings import PlanSettings
 from hsextract.plan.text import render
@@ -91,6 +92,7 @@ def build_report(args: PlanSettings, kept: Kept | None = None) -> PlanReport:
     from hsextract.output.manifest import completed_indices
 
     fmt = args.format or DEFAULT_FORMAT
+    check_precision(fmt, args.precision)  # as the drain and the client refuse it
     dataset_files(args.dataset)  # a missing or unusable dataset fails here, before the tokenizer loads
     layout = _model_layout(args)
     # A bucket's run is planned in its work directory: the drain's temporary files and bookkeeping.
@@ -106,7 +108,7 @@ def build_report(args: PlanSettings, kept: Kept | None = None) -> PlanReport:
     shm = _staging_room(args, layout, res)
     time_ = _time_estimate(args, layout, res)
     volume_path = out if out is not None else Path(".")
-    room = _volume_room(args, volume_path, fmt, formats[fmt])
+    room = _volume_room(args, volume_path, fmt, formats[bytes_key(fmt, args.precision)])
     report = _report(args, fmt, layout, res, formats, (shm, time_, room))
     if args.measure_disk:
         from hsextract.plan.disk_pace import disk_pace
@@ -173,6 +175,7 @@ def _report(
         model=str(args.model),
         shard=args.shard,
         format=fmt,
+        precision=args.precision,
         dataset_fingerprint=head_digest(Path(args.dataset)),
         rows=res.lines,
         rows_in_shard=res.in_shard,

@@ -2,9 +2,10 @@
 
 Sample files are sized exactly by each format's own layout (`OutputFormat.sample_file_bytes`:
 the safetensors header, or the ``torch.save`` zip with its alignment and pickle), from the
-tokens and the model's hidden size, aux layer count and dtype. The bookkeeping beside them (the
-manifest lines, each format's dataset-level files as its registry entry sizes them, the draft
-vocabulary files) is estimated.
+tokens and the model's hidden size, aux layer count and dtype; in FP8 too, for a format whose
+reader reads FP8 rows (one byte an element, four a token for its scale, and the header). The
+bookkeeping beside them (the manifest lines, each format's dataset-level files as its registry
+entry sizes them, the draft vocabulary files) is estimated.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.formats import FORMAT_NAMES, FORMATS, get_format
-from hsextract.plan.report import FormatBytes
+from hsextract.plan.report import FormatBytes, bytes_key
 
 MANIFEST_LINE_BYTES = 260  # one manifest.jsonl line: indices, rid, tokens, file, bytes, checksum, time
 
@@ -67,13 +68,17 @@ def per_format_bytes(
     vocab_size: int,
     draft_sizes: list[int],
 ) -> dict[str, FormatBytes]:
-    """Every format's bytes, in the registry's order."""
+    """Every format's bytes in each precision its reader reads, in the registry's order (keyed by
+    `hsextract.plan.report.bytes_key`)."""
+    from hsextract import fp8
+
     out = {}
-    for name in FORMAT_NAMES:
-        files = sample_bytes(name, shapes, layout)
+    for name, precision in ((n, p) for n in FORMAT_NAMES for p in FORMATS[n].precisions):
+        stored = layout if precision == "bf16" else Layout(layout.num_aux, layout.hidden_size, fp8.DTYPE)
+        files = sample_bytes(name, shapes, stored)
         rest = bookkeeping_bytes(name, samples, tokens, vocab_size, draft_sizes)
-        left = sample_bytes(name, pending, layout) if pending != shapes else files
-        out[name] = FormatBytes(
+        left = sample_bytes(name, pending, stored) if pending != shapes else files
+        out[bytes_key(name, precision)] = FormatBytes(
             sample_bytes=files,
             bookkeeping_bytes_estimate=rest,
             total_bytes=files + rest,

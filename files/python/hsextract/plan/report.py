@@ -22,6 +22,12 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound="_Flat")
 
 
+def bytes_key(fmt: str, precision: str = "bf16") -> str:
+    """A format's entry in the report's `formats` for rows stored in `precision`: its name for bf16,
+    ``"<name> fp8"`` for FP8 rows (an entry only for a format whose reader reads them)."""
+    return fmt if precision == "bf16" else f"{fmt} {precision}"
+
+
 @dataclass(frozen=True)
 class _Flat:
     """A record of plain JSON values: its object is its fields, in their order."""
@@ -157,6 +163,7 @@ class PlanReport:
     model: str
     shard: str  # --shard as given
     format: str  # the format the room is checked for
+    precision: str  # ... in this precision (its bytes: formats[bytes_key(format, precision)])
     # What the client will record of the dataset: a fleet's hosts must all read the same one.
     dataset_fingerprint: dict[str, Any]
     rows: int  # of the whole dataset
@@ -171,7 +178,7 @@ class PlanReport:
     length_percentiles: dict[str, float]  # p50, p90, p99, max, min, mean; empty without samples
     overlong: Overlong
     model_layout: ModelLayout
-    formats: dict[str, FormatBytes]  # every format, in the registry's order
+    formats: dict[str, FormatBytes]  # every format and precision its reader reads, in the registry's order
     shm: StagingRoom
     time: TimeEstimate
     output_volume: VolumeRoom
@@ -180,8 +187,8 @@ class PlanReport:
 
     @property
     def format_bytes(self) -> FormatBytes:
-        """The bytes of the report's own format."""
-        return self.formats[self.format]
+        """The bytes of the report's own format, in its precision."""
+        return self.formats[bytes_key(self.format, self.precision)]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -189,6 +196,7 @@ class PlanReport:
             "model": self.model,
             "shard": self.shard,
             "format": self.format,
+            "precision": self.precision,
             "dataset_fingerprint": self.dataset_fingerprint,
             "rows": self.rows,
             "rows_in_shard": self.rows_in_shard,
@@ -221,6 +229,7 @@ class PlanReport:
             model=data["model"],
             shard=data["shard"],
             format=data["format"],
+            precision=data["precision"],
             dataset_fingerprint=data["dataset_fingerprint"],
             rows=data["rows"],
             rows_in_shard=data["rows_in_shard"],

@@ -12,7 +12,7 @@ from pathlib import Path
 from hsextract.dataset import defaults
 from hsextract.dataset.chat_template import OVERLONG_POLICIES
 from hsextract.dataset.reader import MAX_ROW_BYTES_OPTION
-from hsextract.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from hsextract.formats import DEFAULT_FORMAT, DEFAULT_PRECISION, FORMAT_NAMES, PRECISION_OPTION
 from hsextract.objectstore.settings import WORK_DIR_OPTION
 from hsextract.options import option
 
@@ -35,6 +35,7 @@ class PlanSettings:
         help=f"the training set's format (default {DEFAULT_FORMAT}); "
         "bytes are printed for every format, the room check uses this one",
     )
+    precision: str = option(DEFAULT_PRECISION, group=WHAT, like=PRECISION_OPTION)
     output: str | None = option(
         None,
         group=WHAT,

@@ -3,7 +3,7 @@ hsextract.plan.report's record instead)."""
 
 from __future__ import annotations
 
-from hsextract.plan.report import PlanReport
+from hsextract.plan.report import PlanReport, bytes_key
 from hsextract.units import binary_size, duration
 
 
@@ -27,7 +27,7 @@ def render(r: PlanReport) -> str:
         f"({o.truncated:,} truncated, {o.skipped:,} skipped)"
     )
     for name, f in r.formats.items():
-        mark = " <-" if name == r.format else ""
+        mark = " <-" if name == bytes_key(r.format, r.precision) else ""
         lines.append(
             f"  {name:15s} {binary_size(f.total_bytes):>11s} ({binary_size(f.sample_bytes)} of sample files){mark}"
         )
@@ -44,7 +44,7 @@ def render(r: PlanReport) -> str:
     verdict = "room" if v.ok else "NOT ENOUGH ROOM"
     lines.append(
         f"  output    {verdict}: {binary_size(v.free_bytes)} free at {v.path}, the run needs "
-        f"{binary_size(v.need_bytes)} + {binary_size(v.margin_bytes)} margin ({r.format})"
+        f"{binary_size(v.need_bytes)} + {binary_size(v.margin_bytes)} margin ({bytes_key(r.format, r.precision)})"
     )
     if r.disk is not None:
         from hsextract.plan.disk_pace import render as render_disk
@@ -72,4 +72,6 @@ def _staging_line(r: PlanReport) -> str:
         f"  /dev/shm  needs {binary_size(s.need_bytes)} for {s.requests} requests x "
         f"{s.tokens_per_request} tokens at {s.path}; {binary_size(s.free_bytes)} free"
         f"{'' if s.ok else ' (TOO SMALL)'}"
+        # The drain quantizes: what the capture stages stays as captured.
+        f"{' (staged as captured: the drain quantizes to fp8)' if r.precision != 'bf16' else ''}"
     )
