@@ -10,9 +10,9 @@ dequantizes with ``fp8.to(bf16) * scale.to(bf16)``, a product in bf16.
 `quantize` is a pure function of a tensor: no file, no staging, no device of its own. It runs in
 the drain today, on the staged bf16 rows of the CPU (hsextract.drain.prepare); the capture is to
 call it on the GPU before the copy to the host, which would halve the bytes through /dev/shm as
-well (a later step: /dev/shm stays bf16 while the drain quantizes). Whatever calls it, the bytes
-are the same: the division, the amax and the cast are exact per element in float32, so CPU and
-GPU give the same FP8 values.
+well (a later step: /dev/shm stays bf16 while the drain quantizes). The amax is exact and the
+division and the cast are correctly rounded float32 operations, so the GPU should give the CPU's
+FP8 values; that is expected, not yet measured on a GPU.
 """
 
 from __future__ import annotations
