@@ -16,7 +16,7 @@ import torch
 from hsextract import fingerprint, fp8
 from hsextract.cli import main
 from hsextract.drain import validate as v
-from hsextract.drain.core import DrainConfig, Drainer
+from hsextract.drain.core import Drainer
 from hsextract.drain.prepare import Job, Ready, prepare
 from hsextract.errors import ConfigError
 from hsextract.formats import get_format
@@ -26,6 +26,7 @@ from hsextract.output.run_files import read_drain_status
 from hsextract.output.run_id import load_or_create_run_id
 from hsextract.staging.records import read_record
 from safetensors.torch import load_file
+from support.bucket_sets import drain_config
 from support.drain_proc import finish_client
 from support.staged_dumps import Staged, mark_done, restamp_fingerprint, stage_sample
 
@@ -35,21 +36,7 @@ pytestmark = pytest.mark.timeout(300)
 def _drain(dump: Path, out: Path, lines: int, precision: str = "fp8", fmt: str = "speculators", **kw) -> Drainer:
     finish_client(out, lines)
     kw.setdefault("worker_mode", "threads")
-    d = Drainer(
-        DrainConfig(
-            dump_dir=dump,
-            output=out,
-            format=fmt,
-            precision=precision,
-            workers=2,
-            poll_interval_s=0.05,
-            status_interval_s=0.2,
-            finalize_idle_s=0.5,
-            exit_when_done=True,
-            max_failure_share=1.0,
-            **kw,
-        )
-    )
+    d = Drainer(drain_config(dump, out, None, fmt, precision=precision, max_failure_share=1.0, **kw))
     d.run()
     return d
 

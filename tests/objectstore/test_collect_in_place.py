@@ -9,7 +9,7 @@ import argparse
 import pytest
 from hsextract.objectstore import store as store_mod
 from hsextract.output.manifest import iter_entries, verify_entry
-from support.bucket_sets import drain_fleet, published, store_of, target
+from support.bucket_sets import collect_in_place_args, drain_fleet, published, store_of, target
 from support.drain_proc import hsextract
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -20,27 +20,10 @@ def _fleet(weed, bucket, credentials, tmp_path, **kw):
     return drain_fleet(weed, bucket, credentials, tmp_path, **kw)
 
 
-def _collect_args(weed, bucket, credentials, tmp_path):
-    return [
-        "collect",
-        "--into",
-        f"s3://{bucket}/run/set",
-        "--work-dir",
-        str(tmp_path / "set-work"),
-        "--s3-endpoint",
-        weed.endpoint,
-        "--s3-credentials",
-        str(credentials),
-        "--",
-        f"a=s3://{bucket}/run/a",
-        f"b=s3://{bucket}/run/b",
-    ]
-
-
 def test_two_hosts_prefixes_are_merged_in_place_in_dataset_order_every_sample_once(weed, bucket, credentials, tmp_path):
     staged = _fleet(weed, bucket, credentials, tmp_path)
     weed.client().put_object(Bucket=bucket, Key="run/b/hidden_states/hs_50.safetensors", Body=b"an orphan")
-    r = hsextract(*_collect_args(weed, bucket, credentials, tmp_path))
+    r = hsextract(*collect_in_place_args(weed, bucket, credentials, tmp_path))
     assert r.returncode == 0, r.stderr
     assert "orphans: host b" in r.stderr and "hs_50.safetensors" in r.stderr
     into = target(weed, bucket, "run/set", credentials)
@@ -69,7 +52,7 @@ def test_two_hosts_prefixes_are_merged_in_place_in_dataset_order_every_sample_on
     )
     assert verify.returncode == 0, verify.stdout
     # Again: nothing new, nothing copied twice.
-    again = hsextract(*_collect_args(weed, bucket, credentials, tmp_path))
+    again = hsextract(*collect_in_place_args(weed, bucket, credentials, tmp_path))
     assert again.returncode == 0 and '"collected_now": 0' in again.stdout
     assert len(published(into)) == len(staged)
 
@@ -95,7 +78,7 @@ def test_no_sample_bytes_pass_through_the_collecting_process(weed, bucket, crede
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
-    args = parser.parse_args(_collect_args(weed, bucket, credentials, tmp_path)[1:])
+    args = parser.parse_args(collect_in_place_args(weed, bucket, credentials, tmp_path)[1:])
     assert command.run(args) == 0
     sample_bytes = sum(e.bytes for e in published(target(weed, bucket, "run/set", credentials)))
     assert len(published(target(weed, bucket, "run/set", credentials))) == len(staged)

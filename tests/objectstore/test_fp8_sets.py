@@ -12,7 +12,7 @@ from hsextract import fp8
 from hsextract.output.manifest import iter_entries, read_header, verify_entry
 from hsextract.output.run_id import load_or_create_run_id
 from safetensors.torch import load_file
-from support.bucket_sets import drain, drain_fleet, published, target
+from support.bucket_sets import collect_in_place_args, drain, drain_fleet, published, target
 from support.drain_proc import hsextract
 from support.staged_dumps import stage_sample
 
@@ -64,21 +64,9 @@ def test_an_fp8_set_verifies_in_its_bucket_and_is_pulled_as_it_is_or_as_bf16_fil
 
 def test_an_fp8_fleet_is_collected_in_place_and_to_bf16_is_left_to_the_pull(weed, bucket, credentials, tmp_path):
     staged = drain_fleet(weed, bucket, credentials, tmp_path, n=8, precision="fp8")
-    args = [
-        "collect",
-        "--into",
-        f"s3://{bucket}/run/set",
-        "--work-dir",
-        str(tmp_path / "set-work"),
-        "--s3-endpoint",
-        weed.endpoint,
-        "--s3-credentials",
-        str(credentials),
-    ]
-    hosts = ["--", f"a=s3://{bucket}/run/a", f"b=s3://{bucket}/run/b"]
-    refused = hsextract(*args, "--to-bf16", *hosts)
+    refused = hsextract(*collect_in_place_args(weed, bucket, credentials, tmp_path, "--to-bf16"))
     assert refused.returncode != 0 and "pull the collected set with `hsextract pull --to-bf16`" in refused.stderr
-    r = hsextract(*args, *hosts)
+    r = hsextract(*collect_in_place_args(weed, bucket, credentials, tmp_path))
     assert r.returncode == 0, r.stderr
     into = target(weed, bucket, "run/set", credentials)
     assert [e.dataset_index for e in published(into)] == sorted(staged)

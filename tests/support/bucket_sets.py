@@ -52,6 +52,14 @@ def drain(dump: Path, work: Path, out: ObjectOutput | None, lines: int, fmt: str
     return Drainer(drain_config(dump, work, out, fmt, **kw)).run()
 
 
+def collect_in_place_args(weed, bucket: str, credentials: Path, work: Path, *flags: str) -> list[str]:
+    """``hsextract collect`` of `drain_fleet`'s hosts a and b into ``s3://<bucket>/run/set``, in place,
+    with `flags` before the hosts (its work directory: ``<work>/set-work``)."""
+    into = ["--into", f"s3://{bucket}/run/set", "--work-dir", str(work / "set-work")]
+    store = ["--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
+    return ["collect", *into, *store, *flags, "--", f"a=s3://{bucket}/run/a", f"b=s3://{bucket}/run/b"]
+
+
 def store_of(out: ObjectOutput) -> ObjectStore:
     return ObjectStore(out.url, out.settings)
 
