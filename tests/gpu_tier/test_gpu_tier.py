@@ -404,6 +404,7 @@ def test_the_ceilings_files_are_the_runs_samples_at_their_length_quantiles():
         ("pipeline_2_processes", 2, False, False),
         ("client_alone", 1, True, False),
         ("pipeline_drain_first", 1, False, True),
+        ("pipeline_drain_first_fp8", 1, False, True),
     ],
 )
 def test_each_product_side_runs_its_case_as_its_name_says(tmp_path, side, processes, drain_after, drain_first):
@@ -419,6 +420,58 @@ def test_each_product_side_runs_its_case_as_its_name_says(tmp_path, side, proces
         0.01,
         True,
     )
+
+
+def test_the_fp8_side_runs_the_drain_and_the_client_in_fp8_and_its_twin_in_bf16(tmp_path):
+    from pipeline.processes import client_command, drain_command
+
+    server = types.SimpleNamespace(dump_dir=tmp_path / "dump", url="http://127.0.0.1:1")
+    from pipeline.case import Case
+
+    base = Case(tmp_path / "model", tmp_path / "data.jsonl", tmp_path / "bench-8", 8, 2032, format="speculators")
+    for side, precision in (("pipeline_drain_first_fp8", "fp8"), ("pipeline_drain_first", "bf16")):
+        run = base.for_side(side, tmp_path / side)
+        client = client_command(["hsx"], server, run)
+        drain = drain_command(["hsx"], server, run.model, run.out, 0.01, None, run.format, run.precision)
+        for cmd in (client, drain):
+            assert cmd[cmd.index("--precision") + 1] == precision
+            assert cmd[cmd.index("--format") + 1] == "speculators"
+
+
+def test_a_case_with_the_fp8_side_gives_its_bytes_and_pace_beside_its_bf16_twin():
+    import pipeline_gpu
+
+    def run(tokens_per_s: float, gb: float) -> dict:
+        return {
+            "pipeline_tokens_per_s": tokens_per_s,
+            "samples": 10,
+            "tokens": 1000,
+            "gb": gb,
+            "pipeline_wall_s": 1.0,
+            "drain_gb_per_s": gb,
+            "tail_s": 0.5,
+            "ok": True,
+        }
+
+    rows = {
+        "plain_loop": [{"tokens_per_s": 1000.0, "samples": 10, "wall_s": 1.0}],
+        "pipeline_drain_first": [run(800.0, 0.032), run(820.0, 0.032)],
+        "pipeline_drain_first_fp8": [run(840.0, 0.016), run(860.0, 0.016)],
+    }
+    res = pipeline_gpu.case_result(32, rows)
+    assert (res["bf16_bytes_per_token"], res["fp8_bytes_per_token"], res["fp8_bytes_over_bf16"]) == (
+        32_000.0,
+        16_000.0,
+        0.5,
+    )
+    assert res["fp8_whole_over_bf16"] == round(850 / 810, 4) and res["all_validated"]
+
+
+def test_a_case_without_the_fp8_side_has_no_fp8_figures():
+    import pipeline_gpu
+
+    rows = {"plain_loop": [{"tokens_per_s": 1000.0, "samples": 10, "wall_s": 1.0}]}
+    assert not any(k.startswith("fp8_") for k in pipeline_gpu.case_result(32, rows))
 
 
 def test_a_loop_side_is_no_case_of_the_product(tmp_path):

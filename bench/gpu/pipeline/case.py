@@ -11,7 +11,7 @@ from pathlib import Path
 from .settings import FORMAT
 
 # The throughput rounds' sides that run the product (the others are the plain loop's).
-PRODUCT_SIDES = ("pipeline", "pipeline_2_processes", "client_alone", "pipeline_drain_first")
+PRODUCT_SIDES = ("pipeline", "pipeline_2_processes", "client_alone", "pipeline_drain_first", "pipeline_drain_first_fp8")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class Case:
     is up with its worker processes. ``profile``: py-spy samples the (first) client into that file
     (its raw format); ``profile_drain``: the drain and its worker processes into that one.
     ``reap``: each sample's file deleted once the drain has recorded it (`sampling.OutputReaper`).
+    ``precision``: how the set stores the rows (``--precision`` of the drain and the client; "fp8"
+    needs a format whose reader reads FP8, the speculators layout).
     """
 
     model: Path
@@ -39,12 +41,15 @@ class Case:
     profile: Path | None = None
     profile_drain: Path | None = None
     reap: bool = False
+    precision: str = "bf16"
 
     def for_side(
         self, side: str, out: Path, profile: Path | None = None, profile_drain: Path | None = None, reap: bool = False
     ) -> Case:
         """This case as one throughput round's product ``side`` runs it, its set written to ``out``
-        (the rounds self-check 1 % of the samples, the correctness runs 5 %)."""
+        (the rounds self-check 1 % of the samples, the correctness runs 5 %). ``pipeline_drain_first_fp8``
+        is ``pipeline_drain_first`` with the rows stored in FP8: the two side by side are what FP8 costs
+        or saves the whole pipeline."""
         if side not in PRODUCT_SIDES:
             raise ValueError(f"{side!r} is not a side that runs the product; those are {PRODUCT_SIDES}")
         return dataclasses.replace(
@@ -53,7 +58,8 @@ class Case:
             selfcheck_share=0.01,
             processes=2 if side == "pipeline_2_processes" else 1,
             drain_after=side == "client_alone",
-            drain_first=side == "pipeline_drain_first",
+            drain_first=side in ("pipeline_drain_first", "pipeline_drain_first_fp8"),
+            precision="fp8" if side == "pipeline_drain_first_fp8" else "bf16",
             profile=profile,
             profile_drain=profile_drain,
             reap=reap,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .orchestrate import run
 from .result import new_result, write_result
-from .settings import ALL_SIDES, DEFAULT_MODELS, MODEL_KINDS, REPO
+from .settings import ALL_SIDES, DEFAULT_MODELS, FORMAT, MODEL_KINDS, REPO
 
 DESCRIPTION = (
     "The product end to end on a GPU: `hsextract extract` and `hsextract drain` as the units run "
@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the models whose correctness runs are made (default: every model of --models; the "
         "throughput rounds' pipelines are validated all the same)",
+    )
+    ap.add_argument(
+        "--throughput-format",
+        default=FORMAT,
+        help="the format of the throughput rounds' sets (speculators for the side pipeline_drain_first_fp8, "
+        "so that its bf16 twin pipeline_drain_first writes the same layout)",
     )
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--dp-attention", type=int, default=1)

@@ -45,6 +45,7 @@ def drain_command(
     selfcheck_share: float,
     metrics_port: int | None,
     fmt: str = FORMAT,
+    precision: str = "bf16",
 ) -> list[str]:
     """`hsextract drain` as its unit runs it: the self-check asks the server for the checked prompts' logprobs."""
     metrics = [] if metrics_port is None else ["--metrics-port", str(metrics_port)]
@@ -57,6 +58,8 @@ def drain_command(
         str(out),
         "--format",
         fmt,
+        "--precision",
+        precision,
         "--model",
         str(model),
         "--exit-when-done",
@@ -85,6 +88,8 @@ def client_command(py: list[str], server: ServerHandle, case: Case) -> list[str]
         str(case.out),
         "--format",
         case.format,
+        "--precision",
+        case.precision,
         "--max-in-flight",
         str(case.in_flight),
         "--max-tokens",
@@ -110,7 +115,9 @@ def run_case(env: gpu_env.GpuEnv, server: ServerHandle, case: Case) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     py = [sys.executable, "-m", "hsextract"]
     metrics_port = free_port()
-    drain_cmd = drain_command(py, server, case.model, case.out, case.selfcheck_share, metrics_port, case.format)
+    drain_cmd = drain_command(
+        py, server, case.model, case.out, case.selfcheck_share, metrics_port, case.format, case.precision
+    )
     if case.profile_drain is not None:
         drain_cmd = [
             *py_spy(case.profile_drain, "-r", "50", "--nonblocking", "--subprocesses", "--threads"),

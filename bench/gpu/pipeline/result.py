@@ -137,8 +137,36 @@ def _case_figures(in_flight: int, rows: dict[str, list[dict]]) -> dict:
         else None,
         "client_startup_s": spread([x["client_startup_s"] for x in pipeline if x.get("client_startup_s")]),
         "drain_gb_per_s_spread": spread([x["drain_gb_per_s"] for x in pipeline if x.get("drain_gb_per_s")]),
+        **_fp8_figures(rows),
         "all_validated": all(x["ok"] for side in ALL_SIDES[1:] for x in rows.get(side, [])),
         "per_round": rows,
+    }
+
+
+def _fp8_figures(rows: dict[str, list[dict]]) -> dict:
+    """The FP8 side beside its bf16 twin (both with the drain up first, the same format): the whole
+    pipeline's tokens/s, the set's bytes per token (the files as written, scales and headers included)
+    and the drain's GB/s. Empty where the FP8 side did not run."""
+    fp8 = [x for x in rows.get("pipeline_drain_first_fp8", []) if x.get("pipeline_tokens_per_s")]
+    if not fp8:
+        return {}
+    bf16 = [x for x in rows.get("pipeline_drain_first", []) if x.get("pipeline_tokens_per_s")]
+    med = statistics.median
+
+    def per_token(side: list[dict]) -> float | None:
+        return round(med([x["gb"] * 1e9 / x["tokens"] for x in side if x.get("tokens")]), 1) if side else None
+
+    whole_fp8 = [x["pipeline_tokens_per_s"] for x in fp8]
+    whole_bf16 = [x["pipeline_tokens_per_s"] for x in bf16]
+    b_fp8, b_bf16 = per_token(fp8), per_token(bf16)
+    return {
+        "fp8_whole_tokens_per_s": {"median": med(whole_fp8), "min": min(whole_fp8), "max": max(whole_fp8)},
+        "fp8_whole_over_bf16": round(med(whole_fp8) / med(whole_bf16), 4) if whole_bf16 else None,
+        "fp8_bytes_per_token": b_fp8,
+        "bf16_bytes_per_token": b_bf16,
+        "fp8_bytes_over_bf16": round(b_fp8 / b_bf16, 4) if b_fp8 and b_bf16 else None,
+        "fp8_drain_gb_per_s": med([x["drain_gb_per_s"] for x in fp8 if x.get("drain_gb_per_s")] or [0]),
+        "fp8_tail_s": med([x["tail_s"] for x in fp8 if "tail_s" in x] or [0]),
     }
 
 

@@ -15,6 +15,7 @@ DEFAULT_MODELS = "llama8b,dsv3"  # "tiny": the client's ceiling (a tiny Llama on
 # "pipeline_drain_first": the drain started first and up (its worker processes too) before the client starts, as
 # the units run them (the drain's unit runs from the converge; the client's starts after the server's minutes of
 # loading): the whole pipeline from the client's start, without the drain's own start-up.
+# "pipeline_drain_first_fp8": the same with the rows stored in FP8 (--precision fp8; the format must read it).
 # "client_alone": the client with no staging limit and the drain started after it: the client's own ceiling and the
 # drain's, each apart from the other (the tiny model only: everything it sends stays staged until the drain runs)
 ALL_SIDES = (
@@ -25,4 +26,5 @@ ALL_SIDES = (
     "pipeline_2_processes",
     "client_alone",
     "pipeline_drain_first",
+    "pipeline_drain_first_fp8",
 )

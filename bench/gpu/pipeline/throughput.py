@@ -21,6 +21,7 @@ from .machine import ceiling_sizes, disk_ceiling, disk_speed, sample_bytes_per_t
 from .processes import run_case
 from .result import brief, case_result
 from .servers import ModelPlan, Say
+from .settings import ALL_SIDES
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ def throughput(
     max_tokens = plan.context - 16
     prompts = encode(dataset, plan.path, max_tokens)
     res["output_root"] = str(args.output_root)
+    res["format"] = args.throughput_format
     res["disk"] = disk_speed(args.output_root / "dd")
     per_token = sample_bytes_per_token(plan.path)
     sizes = ceiling_sizes(prompts, per_token)
@@ -69,14 +71,15 @@ def throughput(
     res["tokenizer_load"] = tokenizer_load(env, plan.path)
     say(f"{plan.kind}: the client's tokenizer phase, apart: {res['tokenizer_load']}")
     say(f"{plan.kind}: disk {res['disk']}")
-    sides = tuple(x for x in plan.sides if x in args.sides.split(",")) if args.sides else plan.sides
+    sides = _sides(args.sides, plan.sides)
 
     def cases(bounds: list[Rounds]) -> list[dict]:
         return [case_result(b.case.in_flight, b.rows, _ceiling(res), **on_disk) for b in bounds]
 
     done: list[Rounds] = []
     for n in args.throughput_in_flight:
-        case = Case(plan.path, dataset, args.output_root / f"{plan.kind}-bench-{n}", n, max_tokens)
+        out = args.output_root / f"{plan.kind}-bench-{n}"
+        case = Case(plan.path, dataset, out, n, max_tokens, format=args.throughput_format)
         bound = Rounds(case, {side: [] for side in sides})
         for r in range(args.rounds):
             if time.monotonic() > deadline:
@@ -124,6 +127,18 @@ def run_side(
     res = run_case(env, plan.servers["capture"], run)
     shutil.rmtree(run.out, ignore_errors=True)
     return res
+
+
+def _sides(asked: str, own: tuple[str, ...]) -> tuple[str, ...]:
+    """The rounds' sides: those ``--sides`` names, in its order (any of ALL_SIDES: the FP8 side runs
+    only where asked), else the model's own."""
+    if not asked:
+        return own
+    names = tuple(x for x in asked.split(",") if x)
+    unknown = [x for x in names if x not in ALL_SIDES]
+    if unknown:
+        raise ValueError(f"unknown sides {unknown}; the sides are {ALL_SIDES}")
+    return names
 
 
 def _ceiling(res: dict) -> float:
