@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hsextract.output.manifest import iter_entries, verify_entry
+from hsextract.output.manifest import iter_entries, read_header, verify_entry
 from support import ansiballz_cache
 from support.fleet import make_fleet, three_hosts
 
@@ -104,6 +104,17 @@ def test_the_play_pulls_every_host_and_collects_them_fetching_a_damaged_copy_aga
     ), "the staged copy is linked into the set"
     again = play(tmp_path, fleet.hosts, collect_final=True)
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
+
+
+def test_fp8_hosts_are_collected_as_verified_bf16_files_when_the_play_is_asked_to(tmp_path):
+    fleet = make_fleet(tmp_path / "hosts", "speculators", three_hosts(), 12, precision="fp8")
+    r = play(tmp_path, fleet.hosts, collect_final=True, collect_to_bf16=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    into = tmp_path / "collected"
+    assert (read_header(into).precision, read_header(into).dtype) == ("bf16", "bfloat16")
+    entries = list(iter_entries(into))
+    assert sorted(e.dataset_index for e in entries) == sorted(fleet.samples)
+    assert all(verify_entry(into, e) is None for e in entries)
 
 
 def test_a_host_of_another_run_and_one_not_pulled_stop_the_play_naming_each_after_the_others_are_collected(tmp_path):
