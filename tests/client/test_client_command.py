@@ -106,3 +106,23 @@ def test_malformed_aux_layers_are_refused(capsys, tmp_path, tiny_llama):
     (tmp_path / "d.jsonl").write_text("")
     code, err = _run(capsys, *_flags(tmp_path, tiny_llama, tmp_path / "d.jsonl"), "--aux-layers", "1,x")
     assert code == 2 and "aux layer ids" in err and "1,29,57" in err
+
+
+def test_a_client_resuming_a_set_of_fp8_rows_in_bf16_stops_naming_both_before_it_records_anything(
+    capsys, tmp_path, tiny_llama
+):
+    from hsextract.output.manifest import write_header
+    from support.manifests import tiny_header
+
+    out = tmp_path / "out"
+    out.mkdir()
+    write_header(out, tiny_header(precision="fp8"))
+    header = (out / "manifest.json").read_bytes()
+    (tmp_path / "d.jsonl").write_text('{"input_ids": [1, 2]}\n')
+    flags = _flags(tmp_path, tiny_llama, tmp_path / "d.jsonl")
+    flags[flags.index("--format") + 1] = "speculators"
+    code, err = _run(capsys, *flags)
+    assert code == 2
+    assert "holds a training set of fp8 rows, but this client runs with --precision bf16" in err, err
+    assert (out / "manifest.json").read_bytes() == header
+    assert not (out / "run.json").exists() and not list(out.glob("*.jsonl")), "no run recorded, no sample"
