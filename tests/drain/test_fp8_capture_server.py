@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hsextract.capture.selfcheck import check_dump
 from hsextract.output.manifest import iter_entries, read_header
 from hsextract.staging.dumps import DONE_FILE, STATES_FILE, StateFileLayout, iter_dump_dirs
 from support.client_run import env, extract_args
@@ -108,3 +109,18 @@ def test_the_fp8_capture_stages_half_the_bytes_of_its_rows_and_says_fp8(llama_fp
     finally:
         shutil.rmtree(d, ignore_errors=True)
     assert not [p for p in iter_dump_dirs(server.dump_dir) if p.name == rid]
+
+
+def test_the_smoke_tests_self_check_passes_an_fp8_dump_on_its_rows_dequantized(llama_fp8_server):
+    server = llama_fp8_server
+    ids = [random.Random(11).randrange(10, 300) for _ in range(30)]
+    rid = f"{server.rid_prefix}-{'fd' * 4}-0"
+    token = server.generate(ids, rid=rid)["output_ids"][0]
+    d = wait_done(server.dump_dir, rid)
+    try:
+        result = check_dump(server.dump_dir, rid, server.model_dir, ids, token, server.url)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    assert result.ok, result.reasons
+    assert result.details["precision"] == "fp8" and result.details["tie_tolerance"] > 0
+    assert result.details["logprobs"]["compared"] > 0, result.details
