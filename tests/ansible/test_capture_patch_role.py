@@ -120,7 +120,7 @@ def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_
         (False, "bf16", {}),
         (True, "bf16", {}),
         (True, "fp8", {"hsextract_precision": "fp8"}),  # the capture stages as the set stores
-        (True, "bf16", {"hsextract_precision": "fp8", "capture_patch_precision": "bf16"}),  # the drain quantizes
+        (True, "bf16", {"hsextract_precision": "fp8", "hsextract_capture_precision": "bf16"}),  # the drain quantizes
     ],
     ids=["in-process-writer", "writer-process", "fp8-set-fp8-staging", "fp8-set-bf16-staging"],
 )

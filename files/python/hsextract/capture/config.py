@@ -29,7 +29,7 @@ TEST_TUNABLES: dict[str, str] = {
 }
 
 
-PRECISION_DEFAULT = "bf16"  # the capture stages the rows as computed; the role's capture_patch_precision follows it
+PRECISION_DEFAULT = "bf16"  # the capture stages the rows as computed (the play's: hsextract_capture_precision)
 WRITER_PROCESS_DEFAULT = True  # the role's capture_patch_writer_process and the CLI's --writer-process follow it
 
 
@@ -103,8 +103,11 @@ class CaptureConfig:
     # "fp8": the rows quantized on the server's device before the copy to the host (hsextract.fp8),
     # so /dev/shm, the copy, the writer and the drain carry half the bytes; the drain then writes them
     # as staged (its --precision fp8), and a bf16 drain quarantines them.
+    # Its key in a run's config file is capture_precision: the file's "precision" is the set's (the drain's).
     precision: str = option(
         PRECISION_DEFAULT,
+        aliases=("--capture-precision",),
+        dest="capture_precision",
         choices=STAGED_PRECISIONS,
         help="how the capture stages the rows: bf16 as computed (the default), or fp8: float8_e4m3fn with one "
         "float32 scale per token, quantized on the server's device before the copy to the host (half the "

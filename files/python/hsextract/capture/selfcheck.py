@@ -75,6 +75,25 @@ def check_dump(
         sglang_layers_to_capture=marker.sglang_layers_to_capture,
         eagle_aux_hidden_state_layer_ids=marker.eagle_aux_hidden_state_layer_ids,
     )
+    _check_form(res, marker, hidden, ids, expected_input_ids)
+    model_path = Path(model_path)
+    try:
+        config = json.loads((model_path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        res.reasons.append(f"cannot read {model_path / 'config.json'}: {exc}")
+        return res
+    text_cfg = config.get("text_config") or config
+    if int(text_cfg.get("hidden_size", marker.hidden_size)) != marker.hidden_size:
+        res.reasons.append(f"dump hidden size {marker.hidden_size} != model's {text_cfg.get('hidden_size')}")
+    if server_token is not None and not res.reasons:
+        tie = FP8_REL_TIE if states.scales is not None else BF16_REL_TIE
+        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token), server_url, ids.tolist(), tie)
+    res.ok = not res.reasons
+    return res
+
+
+def _check_form(res: SelfCheckResult, marker, hidden: torch.Tensor, ids: torch.Tensor, expected_input_ids) -> None:
+    """The dump's form: the shape and dtype done.json promises, finite values, the request's token ids."""
     expected_shape = [marker.prompt_len, marker.num_aux + 1, marker.hidden_size]
     if list(hidden.shape) != expected_shape:
         res.reasons.append(f"hidden shape {list(hidden.shape)} != {expected_shape} promised by done.json")
@@ -92,20 +111,6 @@ def check_dump(
             f"token ids differ from the request's at position {first} "
             f"(dump has {len(ids)} ids, request had {len(expected_input_ids)})"
         )
-    model_path = Path(model_path)
-    try:
-        config = json.loads((model_path / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        res.reasons.append(f"cannot read {model_path / 'config.json'}: {exc}")
-        return res
-    text_cfg = config.get("text_config") or config
-    if int(text_cfg.get("hidden_size", marker.hidden_size)) != marker.hidden_size:
-        res.reasons.append(f"dump hidden size {marker.hidden_size} != model's {text_cfg.get('hidden_size')}")
-    if server_token is not None and not res.reasons:
-        tie = FP8_REL_TIE if states.scales is not None else BF16_REL_TIE
-        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token), server_url, ids.tolist(), tie)
-    res.ok = not res.reasons
-    return res
 
 
 def _rows_read(res: SelfCheckResult, marker, states):  # -> tuple[torch.Tensor, torch.Tensor]
