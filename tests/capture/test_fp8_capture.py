@@ -170,3 +170,14 @@ def test_the_stored_row_values_are_the_same_from_host_bytes_and_from_a_tensor():
     )
     assert np.array_equal(fp8.stored_row_values_np(raw, scales.numpy(), ids.numpy()), want)
     assert np.array_equal(fp8.stored_row_values(q, scales.reshape(9), ids).numpy(), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_own_batch_with_fp8_gives_the_cpus_fp8_rows_scales_and_row_values():
+    aux, final, ids = rows_of(300)
+    req = [BatchRequest(RID, 0, 0, 300, 0)]
+    cpu = own_batch(settings(), req, aux, final, ids, [300])
+    gpu = own_batch(settings(), req, aux.cuda(), final.cuda(), ids.cuda(), torch.tensor([300]).cuda())
+    assert torch.equal(gpu.block.cpu().view(torch.uint8), cpu.block.view(torch.uint8))
+    assert gpu.scales is not None and torch.equal(gpu.scales.cpu(), cpu.scales)
+    assert torch.equal(gpu.row_values.cpu(), cpu.row_values)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,13 @@ from hsextract.capture.writer import CaptureWriter
 from hsextract.drain import validate as v
 from hsextract.drain.core import Drainer
 from hsextract.drain.prepare import Invalid, Job, Ready, prepare
+from hsextract.errors import ConfigError
 from hsextract.formats import get_format
 from hsextract.layers import resolve
 from hsextract.output.layout import run_file_path
 from hsextract.output.manifest import iter_entries
 from hsextract.output.run_id import load_or_create_run_id
+from hsextract.staging.announcements import CaptureAnnouncement, process_start_ticks, write_announcement
 from hsextract.staging.dumps import STATES_FILE
 from hsextract.staging.records import SampleRecord, make_rid, read_record, write_record
 from support.bucket_sets import drain_config
@@ -194,3 +197,39 @@ def test_fp8_quantize_of_the_staged_bf16_rows_is_what_the_capture_staged(tmp_pat
         a, b = read_states(tmp_path / "fp8" / rid), read_states(tmp_path / "bf16" / rid)
         q, scales = fp8.quantize(b.hidden)
         assert torch.equal(a.hidden.view(torch.uint8), q.view(torch.uint8)) and torch.equal(a.scales, scales)
+
+
+def _announce_fp8_capture(dump: Path) -> None:
+    """A running capture (this process) that stages FP8 rows into `dump`."""
+    pid = os.getpid()
+    write_announcement(
+        dump,
+        CaptureAnnouncement(
+            dump_dir=str(dump),
+            rid_prefix="hsx",
+            final_hidden="pre_norm",
+            host=socket.gethostname(),
+            pid=pid,
+            port=30000,
+            proc_start=process_start_ticks(pid) or 0,
+            precision="fp8",
+        ),
+    )
+
+
+def test_a_bf16_drain_refuses_to_start_beside_a_running_capture_that_stages_fp8(tmp_path):
+    dump, out = tmp_path / "dump", tmp_path / "out"
+    dump.mkdir(mode=0o700)
+    _announce_fp8_capture(dump)
+    finish_client(out, 1)
+    with pytest.raises(ConfigError, match=r"stages fp8 rows into .*configured bf16 \(--precision bf16\)"):
+        Drainer(drain_config(dump, out, None, "speculators", precision="bf16", worker_mode="threads")).run()
+
+
+def test_an_fp8_drain_starts_beside_a_running_capture_that_stages_fp8(tmp_path):
+    out = tmp_path / "out"
+    run_id = load_or_create_run_id(out)
+    stage_with_the_capture(tmp_path / "dump", run_id, "fp8", n=1)
+    _announce_fp8_capture(tmp_path / "dump")
+    d = _drain(tmp_path / "dump", out, "fp8")
+    assert d.stats.samples == 1

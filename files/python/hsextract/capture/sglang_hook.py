@@ -309,6 +309,7 @@ def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts)
                 port=facts.port,
                 started_at=time.time(),
                 proc_start=process_start_ticks(os.getpid()) or 0,
+                precision=settings.precision,
             ),
         )
         atexit.register(remove_announcement, path, os.getpid())
