@@ -64,6 +64,17 @@ def test_own_batch_with_fp8_keeps_the_drains_quantization_and_its_stored_rows_fi
     assert fingerprint.to_text(fingerprint.combine(batch.row_values.numpy(), 0)) == stored
 
 
+def test_own_batch_quantizes_a_piece_of_rows_at_a_time_into_what_the_whole_block_gives(monkeypatch):
+    from hsextract.capture import host_stage
+
+    aux, final, ids = rows_of(50)
+    whole = own_batch(settings(), [BatchRequest(RID, 0, 0, 50, 0)], aux, final, ids, [50])
+    monkeypatch.setattr(host_stage, "_QUANTIZE_PIECE", 7 * 4 * (K + 1) * H)  # pieces of 7 rows
+    pieces = own_batch(settings(), [BatchRequest(RID, 0, 0, 50, 0)], aux, final, ids, [50])
+    assert torch.equal(pieces.block.view(torch.uint8), whole.block.view(torch.uint8))
+    assert torch.equal(pieces.scales, whole.scales) and torch.equal(pieces.row_values, whole.row_values)
+
+
 def test_own_batch_in_bf16_keeps_the_rows_as_computed_and_no_scales():
     aux, final, ids = rows_of(8)
     batch = own_batch(settings("bf16"), [BatchRequest(RID, 0, 0, 8, 0)], aux, final, ids, [8])

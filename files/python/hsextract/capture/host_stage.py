@@ -46,6 +46,7 @@ log = logging.getLogger("hsextract.capture")
 _ALIGN = 64
 _MiB = 1 << 20
 UNKNOWN_TOKEN = -1
+_QUANTIZE_PIECE = 64 * _MiB  # float32 bytes of rows quantized at once on the device (precision fp8)
 
 
 def _round_up(n: int, a: int) -> int:
@@ -264,8 +265,15 @@ def _as_staged(settings: CaptureSettings, block: torch.Tensor, ids: torch.Tensor
     of its FP8 bytes and its scale's, as the drain takes them of a stored FP8 row."""
     if settings.precision != "fp8":
         return block, None, fingerprint.row_values(block, ids)
-    q, scales = fp8.quantize(block)
-    scales = scales.reshape(block.shape[0])
+    rows = block.shape[0]
+    q = torch.empty(block.shape, dtype=fp8.DTYPE, device=block.device)
+    scales = torch.empty(rows, dtype=torch.float32, device=block.device)
+    # A piece of rows at a time: quantize's float32 temporaries are twice the block's bf16 bytes, and a
+    # token's scale depends on its own rows only, so the pieces give what the whole would.
+    step = max(1, _QUANTIZE_PIECE // max(1, 4 * block.shape[1] * block.shape[2]))
+    for a in range(0, rows, step):
+        q[a : a + step], piece_scales = fp8.quantize(block[a : a + step])
+        scales[a : a + step] = piece_scales.reshape(-1)
     return q, scales, fp8.stored_row_values(q, scales, ids)
 
 
