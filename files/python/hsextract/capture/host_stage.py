@@ -386,11 +386,11 @@ class HostStager:
         meta_off, total = StagedBatch.layout(rows, row_bytes, bsz, scale_bytes)
         buf = self.pool.acquire(total)
         staged = StagedBatch(batch.requests, buf, rows, row_bytes, meta_off, bsz, scale_bytes=scale_bytes)
-        copies = [(buf[: rows * row_bytes].view(batch.block.dtype).view(batch.block.shape), batch.block)]
-        if batch.scales is not None:
-            copies.append((staged.scales, batch.scales))
-        copies.append((buf[meta_off : meta_off + 8 * meta.numel()].view(torch.int64), meta))
         try:
+            copies = [(buf[: rows * row_bytes].view(batch.block.dtype).view(batch.block.shape), batch.block)]
+            if batch.scales is not None:
+                copies.append((staged.scales, batch.scales))
+            copies.append((buf[meta_off : meta_off + 8 * meta.numel()].view(torch.int64), meta))
             staged.event = self._copy_to_host(copies)
         except BaseException:
             self.pool.release(buf)

@@ -34,6 +34,9 @@ from hsextract.vocab.counts import masked_counts
 
 __all__ = ["Invalid", "Job", "NoSpace", "Ready", "prepare"]
 
+# The checks of a dump's rows as the drain reads them: of rows as computed, or of FP8 rows the capture staged.
+RowChecker = v.RowChecks | StagedFP8Checks
+
 
 @dataclass(frozen=True)
 class Job:
@@ -137,7 +140,7 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job) -> Outcome:
     return Ready(ready.prepared, marker, ready.counts, check)
 
 
-def _row_checks(marker: DoneMarker, reader: StagedReader, quantized: bool) -> v.RowChecks | StagedFP8Checks:
+def _row_checks(marker: DoneMarker, reader: StagedReader, quantized: bool) -> RowChecker:
     """The checks of the dump's rows as they are read: of FP8 rows the capture staged (only for an FP8
     set: InvalidDump ``precision`` for a bf16 one), else of the staged rows as computed."""
     if reader.scales is None:
@@ -154,7 +157,7 @@ def _row_checks(marker: DoneMarker, reader: StagedReader, quantized: bool) -> v.
 
 
 def _write_whole(
-    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks, marker, quantized: bool
+    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: RowChecker, marker, quantized: bool
 ) -> tuple[_Written, CheckRows | None]:
     """Every row read into the drain's memory and checked, quantized where the set is FP8 and the capture
     staged bf16, written (FP8-staged rows as staged, with their scales); and the self-check's rows of a
@@ -200,7 +203,7 @@ class _Written:
     fingerprint: str = ""  # of the stored rows, where they are not the staged ones (FP8)
 
 
-def _read_whole(reader: StagedReader, checks):  # -> torch.Tensor
+def _read_whole(reader: StagedReader, checks: RowChecker):  # -> torch.Tensor
     """Every row into one buffer of the drain's own, each piece checked as it lands; the rows as a
     ``[T, K + 1, H]`` tensor of that buffer, once the fingerprint and the values passed."""
     import numpy as np
@@ -250,7 +253,7 @@ def _meta(reader: StagedReader):  # -> torch.Tensor
 
 
 def _write_streamed(
-    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks, rows: FP8Rows | None
+    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: RowChecker, rows: FP8Rows | None
 ) -> _Written:
     """The format's file with the staged rows and ids streamed through it, each piece checked, then
     hashed and written (quantized first, given `rows`: an FP8 set of bf16 staging; FP8-staged rows as
