@@ -183,3 +183,20 @@ def llama_prenorm_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
         skip_warmup=False,
         writer_process=False,
     )
+
+
+@pytest.fixture(scope="session")
+def llama_fp8_server(request, tmp_path_factory, tiny_llama) -> ServerHandle:
+    """`llama_prenorm_server`'s model, final placement and layers, with the capture staging FP8 rows
+    (its ``precision: fp8``: quantized before the copy to the host) and writing from its writer
+    process (the default): the same prompts through both give the two stagings of one FP8 set."""
+    return _session_server(
+        request,
+        tmp_path_factory,
+        tiny_llama,
+        "llama-fp8",
+        final_hidden="pre_norm",
+        aux_layer_ids=PRENORM_SGLANG_LAYERS,
+        layer_convention="sglang",
+        precision="fp8",
+    )

@@ -37,6 +37,7 @@ CASES: dict[str, dict] = {
     "too-deep": {"hsextract_aux_layer_ids": [1, 3, 40]},
     "fp8-specforge": {"hsextract_format": "specforge", "hsextract_precision": "fp8"},
     "fp8-speculators": {"hsextract_precision": "fp8"},
+    "fp8-staging-bf16-set": {"hsextract_capture_precision": "fp8"},
     "no-model": {"hsextract_model_path": "/nonexistent/model"},
     "regenerated-inside": {"hsextract_regenerate": True, "hsextract_regenerated_dir": "{{ hsextract_dataset }}/regen"},
     # An object store output: "@creds" and "@loose-creds" become credentials files of mode 0600 and 0644.
@@ -168,6 +169,13 @@ def test_fp8_for_speculators_passes_and_goes_into_the_run_config(play):
     assert play.failed_tasks("fp8-speculators") == []
     ran = [name for name, _ in play.task_results("fp8-speculators")]
     assert "hsextract : Write the run config that every hsextract subcommand reads." in ran
+
+
+def test_a_capture_staging_fp8_for_a_bf16_set_stops_the_play_before_the_drain_would_quarantine_all(play):
+    task, msg = refusal(play, "fp8-staging-bf16-set")
+    assert task == PARSERS and msg.startswith(
+        "hsextract_capture_precision=fp8 stages FP8 rows, which a bf16 set (hsextract_precision: bf16) cannot hold"
+    ), msg
 
 
 def test_aux_layer_ids_past_the_models_depth_stop_the_play_with_the_range(play):

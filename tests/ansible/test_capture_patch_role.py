@@ -114,10 +114,19 @@ def test_the_rendered_package_is_python_with_the_configured_capture_and_a_rerun_
     assert "CAPTURE-CHANGED" not in second.stdout, "an unchanged package must not restart the server"
 
 
-@pytest.mark.parametrize("writer_process", [False, True], ids=["in-process-writer", "writer-process"])
-def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model, writer_process):
+@pytest.mark.parametrize(
+    ("writer_process", "precision", "roles"),
+    [
+        (False, "bf16", {}),
+        (True, "bf16", {}),
+        (True, "fp8", {"hsextract_precision": "fp8"}),  # the capture stages as the set stores
+        (True, "bf16", {"hsextract_precision": "fp8", "hsextract_capture_precision": "bf16"}),  # the drain quantizes
+    ],
+    ids=["in-process-writer", "writer-process", "fp8-set-fp8-staging", "fp8-set-bf16-staging"],
+)
+def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model, writer_process, precision, roles):
     ansible_out, cli_out = tmp_path / "ansible", tmp_path / "cli"
-    result = render_with_ansible(tmp_path, model, ansible_out, capture_patch_writer_process=writer_process)
+    result = render_with_ansible(tmp_path, model, ansible_out, capture_patch_writer_process=writer_process, **roles)
     assert result.returncode == 0, result.stdout[-3000:]
     cli = subprocess.run(
         [
@@ -140,6 +149,8 @@ def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model, writer_proce
             "--ansible-managed",
             "Ansible managed",
             *([] if writer_process else ["--no-writer-process"]),
+            "--precision",
+            precision,
         ],
         env={**os.environ, "PYTHONPATH": str(REPO / "files" / "python")},
         capture_output=True,
@@ -151,4 +162,7 @@ def test_ansible_and_the_cli_render_the_same_bytes(tmp_path, model, writer_proce
     # On by default: only the in-process writer is spelled out in the package.
     assert ('"writer_process": false' in (ansible_out / PACKAGE / "__init__.py").read_text().replace('\\"', '"')) == (
         not writer_process
+    )
+    assert ('"precision": "fp8"' in (ansible_out / PACKAGE / "__init__.py").read_text().replace('\\"', '"')) == (
+        precision == "fp8"
     )

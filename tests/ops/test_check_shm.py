@@ -22,6 +22,30 @@ def test_a_kimi_token_with_three_aux_layers_costs_57_kb_of_staging():
     assert need.bytes_per_token == 7168 * 4 * 2 + 8 == 57352
 
 
+def test_a_token_staged_in_fp8_costs_its_fp8_rows_its_id_and_its_scale_as_the_staged_file_lays_them_out():
+    from hsextract.staging.dumps import StateFileLayout
+
+    need = estimate_need(hidden_size=7168, aux_layers=3, requests_in_flight=1, tokens_per_request=1, precision="fp8")
+    assert need.bytes_per_token == 7168 * 4 + 8 + 4 == 28684
+    layout = StateFileLayout(100, 4, 7168, precision="fp8")
+    assert layout.file_size - layout.data_start == 100 * need.bytes_per_token
+
+
+def test_check_shm_sizes_a_capture_that_stages_fp8(tmp_path):
+    args = ["--hidden-size", "64", "--max-in-flight", "2", "--max-tokens", "100", "--dump-dir", str(tmp_path)]
+    got = {}
+    for precision in ("bf16", "fp8"):
+        r = subprocess.run(
+            [sys.executable, "-m", "hsextract", "check-shm", *args, "--capture-precision", precision],
+            env=ENV,
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr
+        got[precision] = json.loads(r.stdout)["bytes_per_token"]
+    assert got == {"bf16": 64 * 4 * 2 + 8, "fp8": 64 * 4 + 12}
+
+
 def test_the_estimate_is_requests_times_tokens_times_bytes_plus_pages_per_request():
     need = estimate_need(hidden_size=64, aux_layers=3, requests_in_flight=8, tokens_per_request=100)
     assert need.estimate_bytes == 8 * 100 * (64 * 4 * 2 + 8) + 8 * PAGES_PER_REQUEST * PAGE

@@ -278,6 +278,34 @@ def test_staging_need_is_check_shms_estimate_for_the_longest_sample(tiny_llama, 
     assert json.loads(check.stdout)["need_bytes"] == s["need_bytes"]
 
 
+def test_staging_need_of_a_capture_that_stages_fp8_is_check_shms_fp8_estimate(tiny_llama, tmp_path):
+    data, _ = _dataset(tmp_path, tiny_llama, n=20)
+    args = ("--max-in-flight", "3", "--max-staged", "5", "--shm-min-free", "1", "--capture-precision")
+    bf16 = plan(data, tiny_llama, tmp_path / "bf16.json", "--workers", "1", *args, "bf16")[1]["shm"]
+    r, report = plan(data, tiny_llama, tmp_path / "fp8.json", "--workers", "1", "--precision", "fp8", *args, "fp8")
+    assert r.returncode == 0, r.stderr
+    s = report["shm"]
+    assert (s["bytes_per_token"], bf16["bytes_per_token"]) == (64 * 4 + 12, 64 * 4 * 2 + 8)
+    assert s["need_bytes"] < bf16["need_bytes"]
+    check = hsextract(
+        "check-shm",
+        "--model",
+        str(tiny_llama),
+        "--max-in-flight",
+        "3",
+        "--max-staged",
+        "5",
+        "--max-tokens",
+        str(s["tokens_per_request"]),
+        "--shm-min-free",
+        "1",
+        "--capture-precision",
+        "fp8",
+    )
+    assert check.returncode == 0, check.stderr
+    assert json.loads(check.stdout)["need_bytes"] == s["need_bytes"]
+
+
 def test_a_missing_dataset_is_an_error_naming_it(tiny_llama, tmp_path):
     r, _ = plan(tmp_path / "nope.jsonl", tiny_llama, tmp_path / "plan.json", "--workers", "1")
     assert r.returncode == 2 and "nope.jsonl does not exist" in r.stderr

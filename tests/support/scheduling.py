@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # The session's shared servers (fixtures of tests/conftest.py).
-SESSION_SERVERS = ("llama_server", "llama_prenorm_server", "dsv3_server")
+SESSION_SERVERS = ("llama_server", "llama_prenorm_server", "llama_fp8_server", "dsv3_server")
 
 # The trainers' readers, which a pytest process loads once per reader (`support.reader_check`): about
 # 10-30 CPU-seconds of imports each. The small modules that use them go with the shared servers'

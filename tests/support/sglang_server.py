@@ -213,6 +213,7 @@ def start_server(
     check_layers: bool = True,
     radix_cache: bool = False,
     writer_process: bool = WRITER_PROCESS_DEFAULT,
+    precision: str = "bf16",
 ) -> ServerHandle:
     """Start ``sglang.launch_server`` on CPU and wait for /health (unless ``wait=False``).
 
@@ -242,6 +243,7 @@ def start_server(
             final_hidden=final_hidden,
             extra=dict(capture_extra or {}),
             writer_process=writer_process,
+            precision=precision,
         )
         patch_dir = render_patch(log_dir / f"patch-{port}", capture_config, check_layers=check_layers)
         launch = server_launch(patch_dir, package_name=DEFAULT_PACKAGE, device="cpu", pythonpath=pythonpath)

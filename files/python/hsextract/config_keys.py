@@ -13,6 +13,7 @@ KNOWN_KEYS = frozenset(
         "architecture",
         "aux_layers",
         "bench_results",
+        "capture_precision",
         "capture_timeout",
         "chat_template",
         "concurrency",

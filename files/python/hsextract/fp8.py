@@ -8,16 +8,25 @@ values are the rows divided by their token's scale (in float32), cast to float8_
 dequantizes with ``fp8.to(bf16) * scale.to(bf16)``, a product in bf16.
 
 `quantize` is a pure function of a tensor: no file, no staging, no device of its own. It runs in
-the drain today, on the staged bf16 rows of the CPU (hsextract.drain.prepare); the capture is to
-call it on the GPU before the copy to the host, which would halve the bytes through /dev/shm as
-well (a later step: /dev/shm stays bf16 while the drain quantizes). The amax is exact and the
-division and the cast are correctly rounded float32 operations, so the GPU should give the CPU's
-FP8 values; that is expected, not yet measured on a GPU.
+one of two places. In the drain (hsextract.drain.fp8_rows), on the staged bf16 rows, on the CPU.
+Or, with the capture's ``precision: fp8``, in the capture (hsextract.capture.host_stage.own_batch),
+on the server's device before the copy to the host: /dev/shm, the copy and the drain then carry
+the FP8 rows and their scales, half the bytes, and the drain writes them as staged. The amax is
+exact and the division and the cast are correctly rounded float32 operations, so a GPU should give
+the CPU's FP8 values; that is expected, not yet measured on a GPU (the tests run the capture on the
+CPU, where both places give the same bytes).
+
+A stored FP8 row's fingerprint (hsextract.fingerprint) is of its FP8 bytes followed by its scale's
+four bytes (`stored_row_values`): the one definition of the capture, the drain and ``finalize
+--verify``, so the capture's fingerprint of a request is the one its set records.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from hsextract import fingerprint
 
 DTYPE = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(DTYPE).max)  # 448
@@ -50,3 +59,33 @@ def scales_problem(scales: torch.Tensor, tokens: int) -> str | None:
         bad = int((~(torch.isfinite(scales) & (scales > 0))).reshape(-1).nonzero()[0, 0])
         return f"token {bad}'s scale is {float(scales.reshape(-1)[bad])!r}, not a finite number above 0"
     return None
+
+
+def nan_rows_np(raw: np.ndarray) -> np.ndarray:
+    """bool ``[n]``: which rows of a uint8 ``[n, row bytes]`` array of e4m3fn codes hold a NaN (its only
+    NaN codes are 0x7F and 0xFF; it has no infinity)."""
+    return ((raw & 0x7F) == 0x7F).any(axis=1)
+
+
+def stored_row_values_np(raw: np.ndarray, scales: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """int64 ``[n]``: each stored row's fingerprint value, of its FP8 bytes (uint8 ``[n, row bytes]``)
+    followed by its float32 scale's bytes (``scales``: ``n`` float32, any shape)."""
+    n = raw.shape[0]
+    tail = np.ascontiguousarray(scales, dtype=np.float32).reshape(n, 1).view(np.uint8)
+    row_bytes = raw.shape[1] + 4
+    try:  # each part's own words: no copy of the rows
+        return fingerprint.row_values_parts_np([np.ascontiguousarray(raw), tail], ids, row_bytes)
+    except ValueError:  # a row width that splits the words: the rows copied whole
+        return fingerprint.row_values_np(np.concatenate([raw, tail], axis=1), ids, row_bytes)
+
+
+def stored_row_values(q: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """`stored_row_values_np` of FP8 rows ``q`` ``[T, ...]`` and their ``T`` float32 scales, on their
+    device (int64 ``[T]``): the capture's, inside the forward pass. On a GPU the stored rows are put
+    together once (a temporary of the FP8 block's size plus 4 bytes a row)."""
+    rows = q.shape[0]
+    raw = q.reshape(rows, -1).view(torch.uint8)
+    tail = scales.reshape(rows, 1).to(torch.float32).contiguous().view(torch.uint8)
+    if q.device.type == "cpu":
+        return torch.from_numpy(stored_row_values_np(raw.numpy(), tail.view(torch.float32).numpy(), ids.numpy()))
+    return fingerprint.row_values(torch.cat([raw, tail], dim=1), ids)

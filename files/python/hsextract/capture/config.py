@@ -15,6 +15,7 @@ from hsextract.errors import ConfigError
 from hsextract.formats import FINAL_HIDDEN_PLACEMENTS, FORMAT_NAMES, final_hidden_for
 from hsextract.layers import CONVENTIONS, parse_ids
 from hsextract.options import option
+from hsextract.staging.dumps import STAGED_PRECISIONS
 from hsextract.staging.records import check_prefix
 
 # Settings only the tests change, kept out of the roles' interface.
@@ -28,6 +29,7 @@ TEST_TUNABLES: dict[str, str] = {
 }
 
 
+PRECISION_DEFAULT = "bf16"  # the capture stages the rows as computed (the play's: hsextract_capture_precision)
 WRITER_PROCESS_DEFAULT = True  # the role's capture_patch_writer_process and the CLI's --writer-process follow it
 
 
@@ -98,6 +100,19 @@ class CaptureConfig:
         help="write the staged dumps from a child process of the server's scheduler (the "
         "default); --no-writer-process: from threads inside it",
     )
+    # "fp8": the rows quantized on the server's device before the copy to the host (hsextract.fp8),
+    # so /dev/shm, the copy, the writer and the drain carry half the bytes; the drain then writes them
+    # as staged (its --precision fp8), and a bf16 drain quarantines them.
+    # Its key in a run's config file is capture_precision: the file's "precision" is the set's (the drain's).
+    precision: str = option(
+        PRECISION_DEFAULT,
+        aliases=("--capture-precision",),
+        dest="capture_precision",
+        choices=STAGED_PRECISIONS,
+        help="how the capture stages the rows: bf16 as computed (the default), or fp8: float8_e4m3fn with one "
+        "float32 scale per token, quantized on the server's device before the copy to the host (half the "
+        "bytes through /dev/shm); its drain must run with --precision fp8",
+    )
     writer_threads: int = 0  # 0: 8 on CUDA, 2 on CPU
     max_bytes_in_flight: int = 0  # 0: 4 GiB on CUDA, 256 MiB on CPU
     max_tracked_requests: int = 4096
@@ -122,6 +137,11 @@ class CaptureConfig:
             )
         if self.format:
             final_hidden_for(self.format, self.final_hidden, what="capture final_hidden")
+        if self.precision not in STAGED_PRECISIONS:
+            raise ConfigError(
+                f"capture config: precision={self.precision!r}: expected one of {', '.join(STAGED_PRECISIONS)} "
+                "(how the capture stages the rows; fp8 needs a drain with --precision fp8)"
+            )
         if self.layer_convention not in CONVENTIONS:
             raise ConfigError(f"layer_convention={self.layer_convention!r}: expected one of {', '.join(CONVENTIONS)}")
         unknown = sorted(set(self.extra) - set(TEST_TUNABLES))
@@ -144,6 +164,8 @@ class CaptureConfig:
         data = self.as_dict()
         if self.writer_process == WRITER_PROCESS_DEFAULT:
             del data["writer_process"]
+        if self.precision == PRECISION_DEFAULT:
+            del data["precision"]
         return data
 
     @classmethod

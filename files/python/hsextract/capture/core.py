@@ -49,7 +49,13 @@ import numpy as np
 
 from hsextract import fingerprint
 from hsextract.layers import CaptureLayers
-from hsextract.staging.dumps import CAPTURE_MISSING_ROWS, CAPTURE_SERVER_ABORTED, DoneMarker, StateFileLayout
+from hsextract.staging.dumps import (
+    CAPTURE_MISSING_ROWS,
+    CAPTURE_SERVER_ABORTED,
+    STAGED_PRECISIONS,
+    DoneMarker,
+    StateFileLayout,
+)
 from hsextract.staging.records import parse_rid
 
 log = logging.getLogger("hsextract.capture")
@@ -70,6 +76,17 @@ class CaptureSettings:
     hsextract_version: str = ""
     attn_dp_rank: int = 0
     max_tracked: int = 4096
+    # How the rows are staged: "bf16" as computed (in `dtype`), or "fp8": quantized on the device before
+    # the copy to the host (hsextract.fp8; the staged file: hsextract.staging.dumps).
+    precision: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.precision not in STAGED_PRECISIONS:
+            raise ValueError(f"capture precision {self.precision!r}: expected one of {', '.join(STAGED_PRECISIONS)}")
+
+    def layout(self, prompt_len: int) -> StateFileLayout:
+        """The staged file of a request of `prompt_len` tokens."""
+        return StateFileLayout(prompt_len, self.num_slots, self.hidden_size, self.dtype, self.precision)
 
     @property
     def num_aux(self) -> int:
@@ -270,8 +287,7 @@ class CapturePlanner:
         of it are ignored until it is sent again from row 0."""
         state = self._tracked.get(rid)
         if state is None:
-            s = self.settings
-            state = RequestState(rid, StateFileLayout(0, s.num_slots, s.hidden_size, s.dtype))
+            state = RequestState(rid, self.settings.layout(0))
             self._track(state)
         with state.lock:
             if not state.failed:
@@ -357,8 +373,7 @@ class CapturePlanner:
             self.fail(req.rid, CAPTURE_MISSING_ROWS)
             self._failures.append(Failure(req.rid, CAPTURE_MISSING_ROWS, detail))
             return None
-        s = self.settings
-        state = RequestState(req.rid, StateFileLayout(prompt_len, s.num_slots, s.hidden_size, s.dtype))
+        state = RequestState(req.rid, self.settings.layout(prompt_len))
         self._track(state)
         return state
 
@@ -446,6 +461,7 @@ class CapturePlanner:
             hsextract_version=s.hsextract_version,
             attn_dp_rank=s.attn_dp_rank,
             completed_at=time.time(),
+            precision=s.precision,
         )
 
     def _track(self, state: RequestState) -> None:

@@ -19,6 +19,12 @@ Two steps, both inside SGLang's forward pass, both on its current (forward) stre
 
 The metadata is one int64 array: ids ``[T]``, prompt lengths ``[B]``, row fingerprint values
 ``[T]``, greedy tokens ``[B]`` (-1 where unknown). On a CPU-only server the copies are synchronous.
+
+With the capture's ``precision: fp8``, `own_batch` quantizes the block on its device
+(`hsextract.fp8.quantize`): the block is float8_e4m3fn, half the bytes of bf16, with one float32
+scale per token, and a row's fingerprint value is of its FP8 bytes followed by its scale's
+(`hsextract.fp8.stored_row_values`, the drain's definition of a stored FP8 row). The host buffer
+then holds the rows, their scales, and the metadata.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hsextract import fingerprint
+from hsextract import fingerprint, fp8
 from hsextract.capture.core import BatchRequest, CaptureSettings, Failure
 from hsextract.staging.dumps import DTYPES
 
@@ -40,6 +46,7 @@ log = logging.getLogger("hsextract.capture")
 _ALIGN = 64
 _MiB = 1 << 20
 UNKNOWN_TOKEN = -1
+_QUANTIZE_PIECE = 64 * _MiB  # float32 bytes of rows quantized at once on the device (precision fp8)
 
 
 def _round_up(n: int, a: int) -> int:
@@ -203,10 +210,11 @@ class OwnedBatch:
     docstring)."""
 
     requests: list[BatchRequest]
-    block: torch.Tensor  # [T, K + 1, H] in the staging dtype
+    block: torch.Tensor  # [T, K + 1, H] in the staging dtype (float8_e4m3fn with precision fp8)
     ids: torch.Tensor  # int64 [T]
     prompt_lens: torch.Tensor  # int64 [B]
-    row_values: torch.Tensor  # int64 [T]: hsextract.fingerprint.row_values(block, ids)
+    row_values: torch.Tensor  # int64 [T]: hsextract.fingerprint.row_values(block, ids), or fp8.stored_row_values
+    scales: torch.Tensor | None = None  # float32 [T]: each token's FP8 scale (precision fp8), else None
 
     @property
     def rows(self) -> int:
@@ -227,7 +235,7 @@ def own_batch(
 ) -> OwnedBatch:
     """The batch's rows (``aux`` packed ``[T, K*H]`` or K tensors ``[T, H]``; ``final`` ``[T, H]``),
     ids and prompt lengths, as new tensors of the capture's own (always copies: `torch.cat`,
-    `torch.stack` and ``clone`` allocate)."""
+    `torch.stack` and ``clone`` allocate); with precision fp8, the block quantized on its device."""
     k, h = settings.num_aux, settings.hidden_size
     rows = max(r.batch_row + r.extend_len for r in requests)
     dtype = DTYPES[settings.dtype][0]
@@ -247,8 +255,26 @@ def own_batch(
             lens = prompt_lens.to(torch.int64, copy=True)
         else:
             lens = torch.tensor(list(prompt_lens), dtype=torch.int64, device=block.device)
-        values = fingerprint.row_values(block, ids)
-    return OwnedBatch(list(requests), block, ids, lens, values)
+        block, scales, values = _as_staged(settings, block, ids)
+    return OwnedBatch(list(requests), block, ids, lens, values, scales)
+
+
+def _as_staged(settings: CaptureSettings, block: torch.Tensor, ids: torch.Tensor) -> tuple:
+    """(rows as staged, their scales or None, each row's fingerprint value): the block as computed, or
+    with precision fp8 quantized on its own device (its float32 scales ``[T]``), each row's value then
+    of its FP8 bytes and its scale's, as the drain takes them of a stored FP8 row."""
+    if settings.precision != "fp8":
+        return block, None, fingerprint.row_values(block, ids)
+    rows = block.shape[0]
+    q = torch.empty(block.shape, dtype=fp8.DTYPE, device=block.device)
+    scales = torch.empty(rows, dtype=torch.float32, device=block.device)
+    # A piece of rows at a time: quantize's float32 temporaries are twice the block's bf16 bytes, and a
+    # token's scale depends on its own rows only, so the pieces give what the whole would.
+    step = max(1, _QUANTIZE_PIECE // max(1, 4 * block.shape[1] * block.shape[2]))
+    for a in range(0, rows, step):
+        q[a : a + step], piece_scales = fp8.quantize(block[a : a + step])
+        scales[a : a + step] = piece_scales.reshape(-1)
+    return q, scales, fp8.stored_row_values(q, scales, ids)
 
 
 def greedy_tokens(next_token_logits: torch.Tensor | None, batch_size: int) -> torch.Tensor | None:
@@ -262,7 +288,8 @@ def greedy_tokens(next_token_logits: torch.Tensor | None, batch_size: int) -> to
 
 @dataclass
 class StagedBatch:
-    """One batch in a host buffer: its rows, then its int64 metadata (see the module docstring).
+    """One batch in a host buffer: its rows, its FP8 scales (``scale_bytes`` a row: 4 with precision
+    fp8, else 0 and none), then its int64 metadata (see the module docstring).
 
     ``event`` says when the asynchronous copy has landed (None: it has). ``on_finish`` is called
     once the batch is written, in place of giving ``buf`` back to the writer's pool (a batch
@@ -278,12 +305,23 @@ class StagedBatch:
     remaining: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     on_finish: Callable[[StagedBatch], None] | None = None
+    scale_bytes: int = 0
 
     @staticmethod
-    def layout(rows: int, row_bytes: int, batch_size: int) -> tuple[int, int]:
+    def layout(rows: int, row_bytes: int, batch_size: int, scale_bytes: int = 0) -> tuple[int, int]:
         """(meta offset, total bytes) of a batch of this shape in a host buffer."""
-        meta = _round_up(rows * row_bytes, _ALIGN)
+        meta = _round_up(_round_up(rows * row_bytes, _ALIGN) + rows * scale_bytes, _ALIGN)
         return meta, meta + 8 * (2 * rows + 2 * batch_size)
+
+    @property
+    def scales_offset(self) -> int:
+        """Byte offset in ``buf`` of the first row's scale (where `scale_bytes` is not 0)."""
+        return _round_up(self.rows * self.row_bytes, _ALIGN)
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """float32 ``[T]``: each row's FP8 scale (precision fp8 only)."""
+        return self.buf[self.scales_offset : self.scales_offset + 4 * self.rows].view(torch.float32)
 
     def _meta(self, start: int, n: int) -> torch.Tensor:
         off = self.meta_offset + 8 * start
@@ -344,35 +382,37 @@ class HostStager:
         with torch.no_grad():
             meta = torch.cat([batch.ids, batch.prompt_lens, batch.row_values, tokens.to(torch.int64)])
         row_bytes = batch.block[0].numel() * batch.block.element_size() if rows else 0
-        meta_off, total = StagedBatch.layout(rows, row_bytes, bsz)
+        scale_bytes = 0 if batch.scales is None else 4
+        meta_off, total = StagedBatch.layout(rows, row_bytes, bsz, scale_bytes)
         buf = self.pool.acquire(total)
+        staged = StagedBatch(batch.requests, buf, rows, row_bytes, meta_off, bsz, scale_bytes=scale_bytes)
         try:
-            event = self._copy_to_host(buf, batch.block, meta, rows * row_bytes, meta_off)
+            copies = [(buf[: rows * row_bytes].view(batch.block.dtype).view(batch.block.shape), batch.block)]
+            if batch.scales is not None:
+                copies.append((staged.scales, batch.scales))
+            copies.append((buf[meta_off : meta_off + 8 * meta.numel()].view(torch.int64), meta))
+            staged.event = self._copy_to_host(copies)
         except BaseException:
             self.pool.release(buf)
             raise
-        return StagedBatch(batch.requests, buf, rows, row_bytes, meta_off, bsz, event)
+        return staged
 
-    def _copy_to_host(
-        self, buf: torch.Tensor, block: torch.Tensor, meta: torch.Tensor, block_bytes: int, meta_off: int
-    ) -> object | None:
-        """Copy into ``buf`` (asynchronously on the side stream on CUDA); the event that says it
-        landed, or None when the copy was synchronous."""
-        host_block = buf[:block_bytes].view(block.dtype).view(block.shape)
-        host_meta = buf[meta_off : meta_off + 8 * meta.numel()].view(torch.int64)
+    def _copy_to_host(self, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> object | None:
+        """Copy each (host view of the buffer, the capture's tensor), asynchronously on the side
+        stream on CUDA; the event that says they landed, or None when the copies were synchronous."""
         if not self.cuda:
-            host_block.copy_(block)
-            host_meta.copy_(meta)
+            for host, t in copies:
+                host.copy_(t)
             return None
         stream = self._side_stream
         assert stream is not None  # made with the stager on CUDA
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            host_block.copy_(block, non_blocking=True)
-            host_meta.copy_(meta, non_blocking=True)
+            for host, t in copies:
+                host.copy_(t, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        for t in (block, meta):  # the capture's own tensors: kept from the allocator until copied
+        for _, t in copies:  # the capture's own tensors: kept from the allocator until copied
             if t.device.type == "cuda":
                 t.record_stream(stream)
         return event

@@ -11,7 +11,9 @@ weights needed are read from the model's safetensors files, by name, so the chec
 CPU in seconds even for a 1T-parameter model.
 
 The token check and its bf16 tolerance are `hsextract.greedy_check`'s, the logprob check and its
-bound `hsextract.logprob_check`'s; the drain runs both on a share of real samples too.
+bound `hsextract.logprob_check`'s; the drain runs both on a share of real samples too. A dump the
+capture staged in FP8 (its ``precision: fp8``) is checked on its rows dequantized as the trainer
+will read them (`hsextract.fp8.dequantize`), with the greedy check's FP8 tolerance.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from typing import Any
 
 import torch
 
-from hsextract import server_logprobs
+from hsextract import fp8, server_logprobs
 from hsextract.errors import ConfigError, StagingError
-from hsextract.greedy_check import GreedyHead
+from hsextract.greedy_check import BF16_REL_TIE, FP8_REL_TIE, GreedyHead
 from hsextract.logprob_check import check_final_rows
 from hsextract.server_logprobs import LogprobsUnavailable
 from hsextract.staging.dumps import DTYPES, read_done_marker, read_states, rid_dir
@@ -63,15 +65,35 @@ def check_dump(
     except StagingError as exc:
         res.reasons.append(f"states unreadable: {exc}")
         return res
-    hidden, ids = states.hidden, states.input_ids
+    hidden, ids = _rows_read(res, marker, states)
     res.details.update(
         prompt_len=marker.prompt_len,
         shape=list(hidden.shape),
         dtype=marker.dtype,
+        precision=marker.precision,
         final_hidden=marker.final_hidden,
         sglang_layers_to_capture=marker.sglang_layers_to_capture,
         eagle_aux_hidden_state_layer_ids=marker.eagle_aux_hidden_state_layer_ids,
     )
+    _check_form(res, marker, hidden, ids, expected_input_ids)
+    model_path = Path(model_path)
+    try:
+        config = json.loads((model_path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        res.reasons.append(f"cannot read {model_path / 'config.json'}: {exc}")
+        return res
+    text_cfg = config.get("text_config") or config
+    if int(text_cfg.get("hidden_size", marker.hidden_size)) != marker.hidden_size:
+        res.reasons.append(f"dump hidden size {marker.hidden_size} != model's {text_cfg.get('hidden_size')}")
+    if server_token is not None and not res.reasons:
+        tie = FP8_REL_TIE if states.scales is not None else BF16_REL_TIE
+        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token), server_url, ids.tolist(), tie)
+    res.ok = not res.reasons
+    return res
+
+
+def _check_form(res: SelfCheckResult, marker, hidden: torch.Tensor, ids: torch.Tensor, expected_input_ids) -> None:
+    """The dump's form: the shape and dtype done.json promises, finite values, the request's token ids."""
     expected_shape = [marker.prompt_len, marker.num_aux + 1, marker.hidden_size]
     if list(hidden.shape) != expected_shape:
         res.reasons.append(f"hidden shape {list(hidden.shape)} != {expected_shape} promised by done.json")
@@ -89,19 +111,20 @@ def check_dump(
             f"token ids differ from the request's at position {first} "
             f"(dump has {len(ids)} ids, request had {len(expected_input_ids)})"
         )
-    model_path = Path(model_path)
-    try:
-        config = json.loads((model_path / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        res.reasons.append(f"cannot read {model_path / 'config.json'}: {exc}")
-        return res
-    text_cfg = config.get("text_config") or config
-    if int(text_cfg.get("hidden_size", marker.hidden_size)) != marker.hidden_size:
-        res.reasons.append(f"dump hidden size {marker.hidden_size} != model's {text_cfg.get('hidden_size')}")
-    if server_token is not None and not res.reasons:
-        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token), server_url, ids.tolist())
-    res.ok = not res.reasons
-    return res
+
+
+def _rows_read(res: SelfCheckResult, marker, states):  # -> tuple[torch.Tensor, torch.Tensor]
+    """(the rows as a trainer reads them, the ids): an FP8-staged dump's dequantized (its scales checked
+    first), else the staged rows; a marker that says other than the file holds is a reason."""
+    if (states.scales is not None) != (marker.precision == "fp8"):
+        res.reasons.append(f"done.json says {marker.precision} rows, the file holds {states.hidden.dtype}")
+    if states.scales is None:
+        return states.hidden, states.input_ids
+    problem = fp8.scales_problem(states.scales, states.hidden.shape[0])
+    if problem is not None:
+        res.reasons.append(f"FP8 scales: {problem}")
+    dtype = DTYPES[marker.dtype][0] if marker.dtype in DTYPES else torch.bfloat16
+    return fp8.dequantize(states.hidden, states.scales, dtype), states.input_ids
 
 
 def _check_token(
@@ -112,10 +135,12 @@ def _check_token(
     server_token: int,
     server_url: str | None,
     input_ids: list[int],
+    tie: float = BF16_REL_TIE,
 ) -> None:
     try:
         server = server_logprobs.fetch(server_url, input_ids) if server_url else None
-        verdict, logprobs = check_final_rows(GreedyHead(model_path), hidden[:, -1], final_hidden, server_token, server)
+        head = GreedyHead(model_path)
+        verdict, logprobs = check_final_rows(head, hidden[:, -1], final_hidden, server_token, server, tie=tie)
     except (ConfigError, LogprobsUnavailable) as exc:
         res.reasons.append(
             f"the server's logprobs of the probe: {exc}" if isinstance(exc, LogprobsUnavailable) else str(exc)

@@ -309,6 +309,7 @@ def _announce(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFacts)
                 port=facts.port,
                 started_at=time.time(),
                 proc_start=process_start_ticks(os.getpid()) or 0,
+                precision=settings.precision,
             ),
         )
         atexit.register(remove_announcement, path, os.getpid())
@@ -369,6 +370,25 @@ def _make_writer(cfg: CaptureConfig, settings: CaptureSettings, facts: ServerFac
     return kind(Path(cfg.dump_dir), settings, options, device=device)
 
 
+def _log_on(cfg: CaptureConfig, layers: CaptureLayers, attn_tp_rank: int, attn_dp_rank: int, writes: bool) -> None:
+    """Say in the server's log what this scheduler's capture does."""
+    log.warning(
+        "hsextract capture on: %s, layers_to_capture=%s (eagle ids %s), final hidden %s, staged in %s, "
+        "rid prefix %r, attn_tp_rank %d attn_dp_rank %d, %s",
+        cfg.architecture,
+        list(layers.sglang_layers_to_capture),
+        list(layers.eagle_aux_hidden_state_layer_ids),
+        cfg.final_hidden,
+        cfg.precision,
+        cfg.rid_prefix,
+        attn_tp_rank,
+        attn_dp_rank,
+        (f"writing to {cfg.dump_dir}" + (" through a writer process" if cfg.writer_process else ""))
+        if writes
+        else "not writing (another rank writes)",
+    )
+
+
 def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     """Switch the capture on for a freshly built SGLang model; raise ConfigError on bad settings."""
     cfg = config if isinstance(config, CaptureConfig) else CaptureConfig.from_dict(config)
@@ -394,6 +414,7 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
         hsextract_version=hsextract_version,
         attn_dp_rank=attn_dp_rank,
         max_tracked=cfg.max_tracked_requests,
+        precision=cfg.precision,
     )
     writer = _make_writer(cfg, settings, facts) if writes_dumps(attn_tp_rank) else None
     fault_every = cfg.tunable("testonly_fail_every_kth_batch", 0)
@@ -413,19 +434,6 @@ def install(model: Any, config: CaptureConfig | dict) -> CaptureHook:
     if isinstance(logits_processor, torch.nn.Module):
         logits_processor.register_forward_hook(hook.on_logits, with_kwargs=True)
         hook.tokens_hooked = True
-    log.warning(
-        "hsextract capture on: %s, layers_to_capture=%s (eagle ids %s), final hidden %s, rid prefix %r, "
-        "attn_tp_rank %d attn_dp_rank %d, %s",
-        cfg.architecture,
-        list(layers.sglang_layers_to_capture),
-        list(layers.eagle_aux_hidden_state_layer_ids),
-        cfg.final_hidden,
-        cfg.rid_prefix,
-        attn_tp_rank,
-        attn_dp_rank,
-        (f"writing to {cfg.dump_dir}" + (" through a writer process" if cfg.writer_process else ""))
-        if writer
-        else "not writing (another rank writes)",
-    )
+    _log_on(cfg, layers, attn_tp_rank, attn_dp_rank, writes=writer is not None)
     model._hsextract_capture = hook
     return hook

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hsextract import fingerprint
+from hsextract import fingerprint, fp8
 from hsextract.capture.core import Segment
 from hsextract.capture.file_io import MappedFile
 from hsextract.capture.host_stage import StagedBatch
@@ -94,11 +94,21 @@ class SliceTask:
         start = job.ids_offset(self.seg.batch_row)
         return mv[start : start + 8 * self.seg.rows]
 
+    def scales_in(self, job: StagedBatch, mv: memoryview) -> memoryview:
+        """The whole segment's FP8 scales in the batch's host buffer ``mv`` (empty without them)."""
+        start = job.scales_offset + job.scale_bytes * self.seg.batch_row
+        return mv[start : start + job.scale_bytes * self.seg.rows]
+
     def mismatch(self, job: StagedBatch, mv: memoryview) -> str:
-        """ "" if the slice's rows in the host buffer have the values the forward pass computed on
-        the device; else what differs."""
+        """ "" if the slice's rows in the host buffer (FP8 rows: with their scales) have the values the
+        forward pass computed on the device; else what differs."""
         first, stop = self.first_batch_row, self.seg.batch_row + self.end
-        got = fingerprint.row_values_np(self.rows_in(job, mv), job.ids.numpy()[first:stop], job.row_bytes)
+        ids = job.ids.numpy()[first:stop]
+        if job.scale_bytes:
+            raw = np.frombuffer(self.rows_in(job, mv), dtype=np.uint8).reshape(stop - first, job.row_bytes)
+            got = fp8.stored_row_values_np(raw, job.scales.numpy()[first:stop], ids)
+        else:
+            got = fingerprint.row_values_np(self.rows_in(job, mv), ids, job.row_bytes)
         bad = np.flatnonzero(got != job.row_values.numpy()[first:stop])
         if not len(bad):
             return ""

@@ -61,11 +61,14 @@ class StatesFileWriter:
         finally:
             os.close(fd)
 
-    def create_whole(self, rid: str, layout: StateFileLayout, rows: memoryview, ids: memoryview) -> None:
-        """Create a request's file and write all of it (header, rows, ids: contiguous) in one call."""
+    def create_whole(
+        self, rid: str, layout: StateFileLayout, rows: memoryview, ids: memoryview, scales: memoryview | None = None
+    ) -> None:
+        """Create a request's file and write all of it (header, rows, ids, an FP8 file's scales:
+        contiguous) in one call."""
         fd = staging_fs.create_file(f"{self._open_dir(rid)}/{STATES_FILE}")
         try:
-            parts = [memoryview(layout.header), rows, ids]
+            parts = [memoryview(layout.header), rows, ids, *([scales] if scales is not None else [])]
             written = os.pwritev(fd, parts, 0)
             if written < layout.file_size:  # a short write: the rest, piece by piece
                 flat = b"".join(parts)
@@ -74,15 +77,16 @@ class StatesFileWriter:
             os.close(fd)
 
     def write(self, task: SliceTask, job: StagedBatch, mv: memoryview) -> int:
-        """Write a task's rows of the batch in host buffer ``mv`` (and its segment's ids, with its
-        first slice) into the request's file; the bytes written. Raises OSError."""
+        """Write a task's rows of the batch in host buffer ``mv`` (and its segment's ids and FP8 scales,
+        with its first slice) into the request's file; the bytes written. Raises OSError."""
         seg = task.seg
         layout = seg.state.layout
         rows = task.rows_in(job, mv)
         ids = task.ids_in(job, mv) if task.with_ids else None
+        scales = task.scales_in(job, mv) if task.with_ids and job.scale_bytes else None
         if task.whole:
             assert ids is not None  # a whole request's one slice is its first
-            self.create_whole(seg.state.rid, layout, rows, ids)
+            self.create_whole(seg.state.rid, layout, rows, ids, scales)
         else:
             dst = layout.hidden_offset(task.dst_row)
             if task.mapped is not None:  # parallel: page faults do not take the inode lock
@@ -92,9 +96,11 @@ class StatesFileWriter:
             pieces = [] if task.mapped is not None else [(rows, dst)]
             if ids is not None:
                 pieces.append((ids, layout.ids_offset(seg.dst_row)))
+            if scales is not None:
+                pieces.append((scales, layout.scales_offset(seg.dst_row)))
             if pieces:
                 self._pwrite(seg.state.rid, pieces)
-        return len(rows) + (len(ids) if ids is not None else 0)
+        return len(rows) + (len(ids) if ids is not None else 0) + (len(scales) if scales is not None else 0)
 
     def _pwrite(self, rid: str, pieces: list[tuple[memoryview, int]]) -> None:
         """Write each ``(data, file offset)`` into the request's existing file (tmpfs serialises

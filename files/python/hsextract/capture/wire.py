@@ -57,6 +57,7 @@ class Batch:
     meta_offset: int
     batch_size: int
     requests: tuple[tuple[str, int, int, int, int], ...]  # BatchRequest fields, plain
+    scale_bytes: int = 0  # 4: the rows are FP8, their scales after them (StagedBatch.scales_offset)
 
     def batch_requests(self) -> list[BatchRequest]:
         return [BatchRequest(*r) for r in self.requests]
@@ -96,7 +97,13 @@ class Flushed:
 
 
 def batch_message(
-    buffer_id: int, rows: int, row_bytes: int, meta_offset: int, batch_size: int, requests: list[BatchRequest]
+    buffer_id: int,
+    rows: int,
+    row_bytes: int,
+    meta_offset: int,
+    batch_size: int,
+    requests: list[BatchRequest],
+    scale_bytes: int = 0,
 ) -> Batch:
     """A batch's message, its requests as plain tuples (built field by field:
     `dataclasses.astuple` deep-copies, 2.5 ms for 256 requests against 0.03 ms)."""
@@ -107,6 +114,7 @@ def batch_message(
         meta_offset,
         batch_size,
         tuple((r.rid, r.batch_row, r.prefix_len, r.extend_len, r.index) for r in requests),
+        scale_bytes,
     )
 
 

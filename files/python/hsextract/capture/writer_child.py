@@ -86,6 +86,7 @@ class _Child:
                         msg.meta_offset,
                         msg.batch_size,
                         on_finish=lambda job: self.send(wire.Released(bid)),
+                        scale_bytes=msg.scale_bytes,
                     )
                 )
             case wire.NewBuffer(buffer_id=bid, nbytes=nbytes):

@@ -203,7 +203,10 @@ class ProcessCaptureWriter(CounterAttributes, BatchQueue):
             self._write_here(job)
             return
         if self.buffers.tell_child(
-            self._sock, wire.batch_message(bid, job.rows, job.row_bytes, job.meta_offset, job.batch_size, job.requests)
+            self._sock,
+            wire.batch_message(
+                bid, job.rows, job.row_bytes, job.meta_offset, job.batch_size, job.requests, job.scale_bytes
+            ),
         ):
             with self._cond:
                 self._handed_over += 1

@@ -1,5 +1,7 @@
-"""The drain's side of an FP8 set (``--precision fp8``): the staged rows, once checked, quantized a piece
-at a time (hsextract.fp8), and what the drain checks of what it writes.
+"""The drain's side of an FP8 set (``--precision fp8``) staged in bf16: the staged rows, once checked,
+quantized a piece at a time (hsextract.fp8), and what the drain checks of what it writes. (A capture
+that quantizes on its device stages the FP8 rows themselves: hsextract.drain.fp8_staged checks those,
+and the drain writes them as staged.)
 
 The staged rows are checked as for any set (the capture's fingerprint, finite values: hsextract.drain.
 validate) from the very bytes read; each piece of whole rows is then quantized on its own (a token's
@@ -9,9 +11,10 @@ checked before the file is made durable: the FP8 rows ``[T, K + 1, H]`` hold no 
 (``non_finite``), never a file the trainer would read.
 
 The manifest's fingerprint of an FP8 sample is of what the file stores: each token's FP8 row followed
-by its float32 scale, by the fingerprint's own definition (hsextract.fingerprint), taken from the bytes
-written. ``finalize --verify``, collect and pull recompute it from the file
-(hsextract.formats.sample_check); the capture's fingerprint, of the bf16 rows, was checked before.
+by its float32 scale, by the fingerprint's own definition (`hsextract.fp8.stored_row_values_np`), taken
+from the bytes written. ``finalize --verify``, collect and pull recompute it from the file
+(hsextract.formats.sample_check); the capture's fingerprint, of the bf16 rows, was checked before. A
+capture that quantizes takes this same fingerprint of the rows it stages, so its sets are the same.
 """
 
 from __future__ import annotations
@@ -59,11 +62,10 @@ class FP8Rows:
         q, scales = fp8.quantize(rows)
         self._scales[first : first + n] = scales
         raw = q.reshape(n, slots * hidden).view(torch.uint8).numpy()
-        nan = ((raw & 0x7F) == 0x7F).any(axis=1)  # e4m3fn's only NaN codes; it has no infinity
+        nan = fp8.nan_rows_np(raw)
         if self._nan_row is None and nan.any():
             self._nan_row = first + int(np.argmax(nan))
-        stored = np.concatenate([raw, scales.reshape(n, 1).numpy().view(np.uint8)], axis=1)
-        values = fingerprint.row_values_np(stored, self._ids[first : first + n], stored.shape[1])
+        values = fp8.stored_row_values_np(raw, scales.numpy(), self._ids[first : first + n])
         self._sum = fingerprint.add(self._sum, fingerprint.combine(values, first))
         self._done += n
         return raw.reshape(-1).data

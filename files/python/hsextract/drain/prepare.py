@@ -20,6 +20,7 @@ from hsextract.direct_write import write_payload_direct
 from hsextract.drain import validate as v
 from hsextract.drain.check_queue import CheckRows
 from hsextract.drain.fp8_rows import FP8Rows, quantize_whole
+from hsextract.drain.fp8_staged import StagedFP8Checks
 from hsextract.drain.staged_io import StagedReader
 from hsextract.durable import is_no_space, write_payload_durably
 from hsextract.errors import StagingError
@@ -32,6 +33,9 @@ from hsextract.staging.records import SampleRecord
 from hsextract.vocab.counts import masked_counts
 
 __all__ = ["Invalid", "Job", "NoSpace", "Ready", "prepare"]
+
+# The checks of a dump's rows as the drain reads them: of rows as computed, or of FP8 rows the capture staged.
+RowChecker = v.RowChecks | StagedFP8Checks
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,10 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job) -> Outcome:
     encoded once every row passed. A sample chosen for the self-check reads every row into one
     buffer of the drain's own, checked, is encoded from it, and brings back the final rows the
     check reads (`Ready.check`): the check itself runs later, off the sample's way
-    (hsextract.drain.check_queue)."""
+    (hsextract.drain.check_queue).
+
+    A dump the capture staged in FP8 (its ``precision: fp8``) is checked by `StagedFP8Checks` and
+    written as staged, never quantized again; a bf16 drain quarantines it (``precision``)."""
     checked = job.check_positions > 0
     quantized = job.precision == "fp8"
     stream = bool(getattr(fmt, "streams_staged", False)) and not checked
@@ -108,11 +115,14 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job) -> Outcome:
         with StagedReader(job.dump / STATES_FILE) as reader:
             v.validate(marker, reader.layout, reader.input_ids, job.record, job.expected)
             v.check_fingerprint_stamp(marker)
-            checks = v.RowChecks(marker, reader.layout, reader.input_ids)
-            rows = FP8Rows(*reader.layout.shape(), reader.layout.dtype, reader.input_ids) if quantized else None
+            checks = _row_checks(marker, reader, quantized)
+            rows = None
+            if quantized and reader.scales is None:  # staged bf16: the drain quantizes
+                rows = FP8Rows(*reader.layout.shape(), reader.layout.dtype, reader.input_ids)
             if stream:
                 ready = _write_streamed(fmt, Path(tmp_dir), job, reader, checks, rows)
             elif groups is not None:
+                assert isinstance(checks, v.RowChecks)  # FP8 rows never reach a format of slot groups
                 slot_rows = _read_slot_groups(reader, checks, groups(reader.layout.slots))
                 ready = _write_temporary(fmt, Path(tmp_dir), job, _sample(job, reader, _meta(reader), None, slot_rows))
             else:
@@ -130,20 +140,34 @@ def prepare(fmt: OutputFormat, tmp_dir: Path, job: Job) -> Outcome:
     return Ready(ready.prepared, marker, ready.counts, check)
 
 
-def _write_whole(
-    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: v.RowChecks, marker, quantized: bool
-) -> tuple[_Written, CheckRows | None]:
-    """Every row read into the drain's memory and checked, quantized where the set is FP8, written; and
-    the self-check's rows of a chosen sample, as the trainer will read them (dequantized for FP8)."""
-    hidden = _read_whole(reader, checks)
+def _row_checks(marker: DoneMarker, reader: StagedReader, quantized: bool) -> RowChecker:
+    """The checks of the dump's rows as they are read: of FP8 rows the capture staged (only for an FP8
+    set: InvalidDump ``precision`` for a bf16 one), else of the staged rows as computed."""
+    if reader.scales is None:
+        return v.RowChecks(marker, reader.layout, reader.input_ids)
     if not quantized:
-        check = _check_rows(marker, hidden, job.check_positions) if job.check_positions else None
-        return _write_temporary(fmt, tmp_dir, job, _sample(job, reader, hidden, None)), check
-    q, scales, stored = quantize_whole(hidden, reader.input_ids)
-    check = None
-    if job.check_positions:
-        check = _check_rows(marker, q, job.check_positions, scales)
-    written = _write_temporary(fmt, tmp_dir, job, _sample(job, reader, q, None, scales=scales))
+        raise v.InvalidDump(
+            v.PRECISION,
+            "the capture stages fp8 (its precision: fp8 quantized these rows on the server) and the drain was "
+            "configured bf16 (--precision bf16), so this set cannot hold them; the dump is kept in the "
+            "quarantine. Drain with --precision fp8 (hsextract_precision: fp8), or render the capture with "
+            "precision bf16, so that the capture and the drain agree",
+        )
+    return StagedFP8Checks(marker, reader.layout, reader.input_ids, reader.scales)
+
+
+def _write_whole(
+    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: RowChecker, marker, quantized: bool
+) -> tuple[_Written, CheckRows | None]:
+    """Every row read into the drain's memory and checked, quantized where the set is FP8 and the capture
+    staged bf16, written (FP8-staged rows as staged, with their scales); and the self-check's rows of a
+    chosen sample, as the trainer will read them (dequantized for FP8)."""
+    hidden = _read_whole(reader, checks)
+    scales, stored = reader.scales, ""
+    if quantized and scales is None:
+        hidden, scales, stored = quantize_whole(hidden, reader.input_ids)
+    check = _check_rows(marker, hidden, job.check_positions, scales) if job.check_positions else None
+    written = _write_temporary(fmt, tmp_dir, job, _sample(job, reader, hidden, None, scales=scales))
     written.fingerprint = stored
     return written, check
 
@@ -179,7 +203,7 @@ class _Written:
     fingerprint: str = ""  # of the stored rows, where they are not the staged ones (FP8)
 
 
-def _read_whole(reader: StagedReader, checks: v.RowChecks):  # -> torch.Tensor
+def _read_whole(reader: StagedReader, checks: RowChecker):  # -> torch.Tensor
     """Every row into one buffer of the drain's own, each piece checked as it lands; the rows as a
     ``[T, K + 1, H]`` tensor of that buffer, once the fingerprint and the values passed."""
     import numpy as np
@@ -229,11 +253,12 @@ def _meta(reader: StagedReader):  # -> torch.Tensor
 
 
 def _write_streamed(
-    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: v.RowChecks, rows: FP8Rows | None
+    fmt: OutputFormat, tmp_dir: Path, job: Job, reader: StagedReader, checks: RowChecker, rows: FP8Rows | None
 ) -> _Written:
     """The format's file with the staged rows and ids streamed through it, each piece checked, then
-    hashed and written (quantized first, given `rows`: an FP8 set); the fingerprint is settled before
-    the ids, and the FP8 scales checked, so a mismatch fails the write."""
+    hashed and written (quantized first, given `rows`: an FP8 set of bf16 staging; FP8-staged rows as
+    staged, their scales after); the fingerprint is settled before the ids, and the FP8 scales
+    checked, so a mismatch fails the write."""
     import torch
 
     stored = [""]
@@ -247,9 +272,15 @@ def _write_streamed(
             stored[0] = rows.finish()[1]
         yield reader.ids_bytes
 
-    if rows is None:
+    staged_scales = reader.scales
+    if rows is None and staged_scales is None:  # staged bf16, stored bf16
         sample = _sample(job, reader, _meta(reader), SourceRange(reader.data_len, pieces()))
+    elif rows is None and staged_scales is not None:  # FP8-staged: rows and ids, then the scales (checked by then)
+        scale_bytes = staged_scales.reshape(-1).view(torch.uint8).numpy().data
+        scales = SourceRange(len(scale_bytes), iter([scale_bytes]))
+        sample = _sample(job, reader, _meta(reader), SourceRange(reader.data_len, pieces()), scales=scales)
     else:
+        assert rows is not None
         hidden = torch.empty(rows.shape, dtype=fp8.DTYPE, device="meta")
         body = SourceRange(rows.fp8_bytes + len(reader.ids_bytes), pieces())
         sample = _sample(job, reader, hidden, body, scales=SourceRange(4 * reader.layout.rows, rows.scale_bytes()))

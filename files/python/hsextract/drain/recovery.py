@@ -59,7 +59,7 @@ def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
         )
     prepare_root(dump_dir, create=False)  # another user's, or one others may write: refused
     check_writable(out, "output directory", "--output")
-    check_captures(dump_dir, cfg.format)
+    check_captures(dump_dir, cfg.format, cfg.precision)
     run_id = load_or_create_run_id(out)
     torn = repair_torn_tail(out)
     if torn:
@@ -89,10 +89,18 @@ def recover(cfg: DrainConfig, fmt: OutputFormat, tmp_dir: Path) -> Recovered:
     return Recovered(run_id, entries, header)
 
 
-def check_captures(dump_dir: Path, fmt_name: str) -> None:
-    """Refuse to start beside a running capture that writes what this format cannot use."""
+def check_captures(dump_dir: Path, fmt_name: str, precision: str = "bf16") -> None:
+    """Refuse to start beside a running capture that writes what this format (or a set of this
+    precision) cannot use."""
     needed = FORMATS[fmt_name].final_hidden
     for ann in live_announcements(dump_dir):
+        if ann.precision == "fp8" and precision != "fp8":
+            raise ConfigError(
+                f"the capture of the server on port {ann.port} (pid {ann.pid}) stages fp8 rows into {dump_dir} "
+                f"(its precision: fp8), and this drain was configured {precision} (--precision {precision}): "
+                "every sample would be quarantined. Drain with --precision fp8 (Ansible: hsextract_precision), or "
+                "render the capture patch with --precision bf16 and restart the server"
+            )
         if ann.final_hidden != needed:
             raise ConfigError(
                 f"the capture of the server on port {ann.port} (pid {ann.pid}) writes {ann.final_hidden} final "

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from hsextract.errors import StagingError
-from hsextract.staging.dumps import DTYPES, STATES_FILE, parse_header
+from hsextract.staging.dumps import DTYPES, FP8_CODE, SCALES_TENSOR, STATES_FILE, parse_header
 
-_ST_TO_TORCH = {code: dt for _, (dt, code, _) in DTYPES.items()}
+# The staged dtypes of `hidden`, and FP8 rows (a capture that quantizes: then `hidden_scales` follows the ids).
+_ST_TO_TORCH = {code: dt for _, (dt, code, _) in DTYPES.items()} | {FP8_CODE: torch.float8_e4m3fn}
 _MAX_HEADER = 100_000_000
 PIECE = 1 << 20  # bytes of rows read, checked, hashed and written at a time (at least one row)
 _IOV_MAX = 1024  # buffers per preadv (Linux's UIO_MAXIOV; POSIX guarantees at least 16)
@@ -41,6 +42,11 @@ class RowsLayout:
     slots: int
     hidden: int
     dtype: torch.dtype
+
+    @property
+    def fp8(self) -> bool:
+        """The capture quantized the rows (float8_e4m3fn, their scales beside them)."""
+        return self.dtype == torch.float8_e4m3fn
 
     @property
     def row_bytes(self) -> int:
@@ -77,6 +83,17 @@ class StagedReader:
             raise
         self.ids_bytes = memoryview(ids)
         self.input_ids = torch.frombuffer(ids, dtype=torch.int64) if ids else torch.empty(0, dtype=torch.int64)
+        # float32 [rows, 1, 1]: an FP8-staged file's scales, read whole at once (4 bytes a token); else None.
+        self.scales: torch.Tensor | None = None
+        if self.layout.fp8:
+            raw = bytearray(4 * self.layout.rows)
+            try:
+                self._read_exact(memoryview(raw), self._data_start + self.data_len)
+            except BaseException:
+                self.close()
+                raise
+            scales = torch.frombuffer(raw, dtype=torch.float32) if raw else torch.empty(0, dtype=torch.float32)
+            self.scales = scales.reshape(self.layout.rows, 1, 1)
 
     @property
     def data_len(self) -> int:
@@ -107,8 +124,17 @@ class StagedReader:
         layout = RowsLayout(rows, slots, hidden, dtype)
         if layout.rows_bytes != he or (ie - he) != 8 * int(ids["shape"][0]) or int(ids["shape"][0]) != rows:
             raise StagingError(f"{p}: header shapes {h['shape']} / {ids['shape']} do not match their byte ranges")
-        if size < start + ie:
-            raise StagingError(f"{p}: truncated: {size} bytes, header promises {start + ie}")
+        end = ie
+        if layout.fp8:  # its scales, float32 [rows, 1, 1], right after the ids
+            sc = header.get(SCALES_TENSOR)
+            want = {"dtype": "F32", "shape": [rows, 1, 1], "data_offsets": [ie, ie + 4 * rows]}
+            if sc != want:
+                raise StagingError(f"{p}: FP8 rows with {SCALES_TENSOR} {sc!r}, expected {want!r}")
+            end = ie + 4 * rows
+        elif SCALES_TENSOR in header:
+            raise StagingError(f"{p}: {h['dtype']} rows with {SCALES_TENSOR}: only FP8 rows have scales")
+        if size < start + end:
+            raise StagingError(f"{p}: truncated: {size} bytes, header promises {start + end}")
         return layout, start
 
     def _read_exact(self, into: memoryview, offset: int) -> None:

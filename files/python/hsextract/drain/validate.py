@@ -31,6 +31,7 @@ RECORD = "record"  # the client's record itself is inconsistent
 FINGERPRINT = "fingerprint_mismatch"  # the staged rows are not those the forward pass fingerprinted
 GREEDY = "greedy_mismatch"  # the final hidden state does not give the token the server sampled
 LOGPROB = "logprob_mismatch"  # the final hidden states do not give the server's own prompt logprobs
+PRECISION = "precision"  # the capture staged FP8 rows, and this drain writes bf16 sets
 
 
 class InvalidDump(Exception):
@@ -127,11 +128,17 @@ def _check_marker(marker: DoneMarker, record: SampleRecord, expected: Expected) 
 def _check_layout(marker: DoneMarker, layout: RowsLayout, expected: Expected) -> None:
     """The rows' shape and dtype are what the marker and the configuration say."""
     _, slots, width = layout.shape()
-    dtype = layout.dtype
-    if expected.dtype is not None and dtype != DTYPES[expected.dtype][0]:
-        raise InvalidDump(DTYPE, f"hidden is {dtype}, configured {expected.dtype}")
-    if marker.dtype != next((n for n, v in DTYPES.items() if v[0] == dtype), marker.dtype):
-        raise InvalidDump(DTYPE, f"done marker says {marker.dtype}, file holds {dtype}")
+    if layout.fp8 != (marker.precision == "fp8"):
+        raise InvalidDump(DTYPE, f"done marker says {marker.precision} rows, file holds {layout.dtype}")
+    if layout.fp8:  # quantized by the capture: the marker says from which dtype
+        if expected.dtype is not None and marker.dtype != expected.dtype:
+            raise InvalidDump(DTYPE, f"FP8 rows quantized from {marker.dtype}, configured {expected.dtype}")
+    else:
+        dtype = layout.dtype
+        if expected.dtype is not None and dtype != DTYPES[expected.dtype][0]:
+            raise InvalidDump(DTYPE, f"hidden is {dtype}, configured {expected.dtype}")
+        if marker.dtype != next((n for n, v in DTYPES.items() if v[0] == dtype), marker.dtype):
+            raise InvalidDump(DTYPE, f"done marker says {marker.dtype}, file holds {dtype}")
     if expected.hidden_size is not None and width != expected.hidden_size:
         raise InvalidDump(SHAPE, f"hidden size {width}, configured {expected.hidden_size}")
     if expected.num_aux is not None and slots != expected.num_aux + 1:

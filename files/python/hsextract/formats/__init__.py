@@ -157,6 +157,16 @@ PRECISION_OPTION = Option(
     f"{', '.join(n for n, s in FORMATS.items() if 'fp8' in s.precisions)}; default {DEFAULT_PRECISION})",
 )
 
+# How the capture stages the rows in /dev/shm (hsextract.capture.config's precision), for the commands
+# that size staging (plan, check-shm): a run config's ``capture_precision``, as the roles write it.
+CAPTURE_PRECISION_OPTION = Option(
+    flag="--capture-precision",
+    dest="capture_precision",
+    choices=("bf16", "fp8"),
+    help="how the capture stages the rows in the staging directory: bf16 as computed (the default), or fp8 "
+    "(capture-patch --precision fp8: quantized on the server's device, about half the bytes a token)",
+)
+
 
 def format_spec(name: str) -> FormatSpec:
     """The registry's entry for a ``--format`` name; ConfigError naming the known ones otherwise."""

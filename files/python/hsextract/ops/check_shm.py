@@ -23,6 +23,7 @@ from dataclasses import asdict
 from hsextract.config_file import add_config_argument
 from hsextract.dataset import defaults
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.formats import CAPTURE_PRECISION_OPTION
 from hsextract.staging.dumps import DTYPE_BYTES
 from hsextract.staging.room import ShmNeed, aux_count, estimate_need, mount_point, parse_size
 from hsextract.units import binary_size
@@ -105,6 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {defaults.SHM_MIN_FREE.replace('%', '%%')})",
     )
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES), help="dtype of the captured states")
+    spec = CAPTURE_PRECISION_OPTION
+    parser.add_argument(spec.flag_of(""), dest=spec.dest, default="bf16", choices=spec.choices, help=spec.help)
     add_config_argument(parser)
 
 
@@ -143,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         tokens_per_request=max_tokens,
         watermark_bytes=watermark,
         dtype=args.dtype,
+        precision=args.capture_precision,
     )
     print(json.dumps(check(probe, need, requests, max_tokens)))
     return 0

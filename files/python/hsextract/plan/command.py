@@ -226,6 +226,7 @@ def _staging_room(args: PlanSettings, layout: ModelLayout, res: ScanResult) -> S
         tokens_per_request=per_request,
         watermark_bytes=parse_size(args.shm_min_free, st.f_blocks * st.f_frsize),
         dtype=layout.dtype,
+        precision=args.capture_precision,
     )
     shm_free = st.f_bavail * st.f_frsize
     need_bytes = need.need_bytes if requests else 0

@@ -12,7 +12,13 @@ from pathlib import Path
 from hsextract.dataset import defaults
 from hsextract.dataset.chat_template import OVERLONG_POLICIES
 from hsextract.dataset.reader import MAX_ROW_BYTES_OPTION
-from hsextract.formats import DEFAULT_FORMAT, DEFAULT_PRECISION, FORMAT_NAMES, PRECISION_OPTION
+from hsextract.formats import (
+    CAPTURE_PRECISION_OPTION,
+    DEFAULT_FORMAT,
+    DEFAULT_PRECISION,
+    FORMAT_NAMES,
+    PRECISION_OPTION,
+)
 from hsextract.objectstore.settings import WORK_DIR_OPTION
 from hsextract.options import option
 
@@ -74,6 +80,7 @@ class PlanSettings:
     max_in_flight: int = option(defaults.MAX_IN_FLIGHT, group=STAGING, type=int)
     max_staged: int = option(defaults.MAX_STAGED, group=STAGING, type=int)
     shm_min_free: str = option(defaults.SHM_MIN_FREE, group=STAGING)
+    capture_precision: str = option("bf16", group=STAGING, like=CAPTURE_PRECISION_OPTION)
     tokens_per_s: float | None = option(
         None,
         group=TIME_AND_ROOM,

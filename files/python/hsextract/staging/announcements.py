@@ -47,6 +47,7 @@ class CaptureAnnouncement:
     # The process's start time in clock ticks since boot (/proc/<pid>/stat): with the pid, it names
     # the process, where a pid alone may be reused by another one after it died. 0: not known.
     proc_start: int = 0
+    precision: str = "bf16"  # how it stages the rows: "fp8" quantized on its device (hsextract.staging.dumps)
 
     @property
     def file_name(self) -> str:

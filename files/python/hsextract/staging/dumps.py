@@ -16,6 +16,13 @@
   final hidden state (post- or pre-norm, as ``done.json`` says), one row per prompt token;
 * ``input_ids`` ``int64 [P]``: the token ids the server actually ran.
 
+With the capture's ``precision: fp8`` (it quantizes on its device, hsextract.fp8), ``hidden`` is
+``float8_e4m3fn [P, K + 1, H]`` and a third tensor follows the ids: ``hidden_scales`` ``float32
+[P, 1, 1]``, one scale per token, as a speculators FP8 file stores them; ``done.json`` then says
+``"precision": "fp8"`` (a bf16 dump's file and marker are the same bytes as before FP8 staging
+existed). A reader that knows no FP8 staging cannot misread such a file: its ``hidden`` dtype,
+``F8_E4M3``, is none of the staged dtypes it knows, so it refuses the file.
+
 ``P`` is the prompt length. The file is created at its full size when the first chunk of a
 request arrives and each (chunked-prefill) chunk is written at its row offset, so a request of
 any number of chunks is one file and the drain reads one contiguous block per sample. The rows
@@ -60,6 +67,9 @@ if TYPE_CHECKING:
 _DTYPE_CODES: dict[str, tuple[str, int]] = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32", 4)}
 _ST_TO_NAME = {st: name for name, (st, _) in _DTYPE_CODES.items()}
 DTYPE_BYTES = {name: size for name, (_, size) in _DTYPE_CODES.items()}  # what a staged element takes
+STAGED_PRECISIONS = ("bf16", "fp8")  # how the capture stages the rows: as computed, or quantized (hsextract.fp8)
+FP8_CODE = "F8_E4M3"  # the safetensors code of float8_e4m3fn: a staged FP8 file's `hidden`
+SCALES_TENSOR = "hidden_scales"  # a staged FP8 file's float32 [P, 1, 1] scales
 
 
 @functools.cache
@@ -85,23 +95,31 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 @functools.lru_cache(maxsize=1024)  # 4 KiB each: prompt lengths recur, most of all in a stress
-def _header_bytes(prompt_len: int, num_slots: int, hidden_size: int, dtype: str) -> bytes:
+def _header_bytes(prompt_len: int, num_slots: int, hidden_size: int, dtype: str, precision: str = "bf16") -> bytes:
     """The safetensors header of a states file of this shape (see `StateFileLayout.header`)."""
-    row_bytes = num_slots * hidden_size * _DTYPE_CODES[dtype][1]
+    fp8 = precision == "fp8"
+    row_bytes = num_slots * hidden_size * (1 if fp8 else _DTYPE_CODES[dtype][1])
     hidden_len = prompt_len * row_bytes
-    meta = {
+    ids_end = hidden_len + 8 * prompt_len
+    meta: dict[str, Any] = {
         "hidden": {
-            "dtype": _DTYPE_CODES[dtype][0],
+            "dtype": FP8_CODE if fp8 else _DTYPE_CODES[dtype][0],
             "shape": [prompt_len, num_slots, hidden_size],
             "data_offsets": [0, hidden_len],
         },
         "input_ids": {
             "dtype": "I64",
             "shape": [prompt_len],
-            "data_offsets": [hidden_len, hidden_len + 8 * prompt_len],
+            "data_offsets": [hidden_len, ids_end],
         },
-        "__metadata__": {"hsextract_staging": str(FORMAT_VERSION)},
     }
+    if fp8:  # after the ids: a bf16 file's offsets, and its bytes, stay as they were
+        meta[SCALES_TENSOR] = {
+            "dtype": "F32",
+            "shape": [prompt_len, 1, 1],
+            "data_offsets": [ids_end, ids_end + 4 * prompt_len],
+        }
+    meta["__metadata__"] = {"hsextract_staging": str(FORMAT_VERSION)}
     body = json.dumps(meta, separators=(",", ":")).encode()
     total = 8 + len(body)
     pad = (-total) % _ALIGN
@@ -116,11 +134,22 @@ class StateFileLayout:
     prompt_len: int
     num_slots: int  # K aux layers + 1 final hidden state
     hidden_size: int
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # the model's: what the rows are, or with fp8 what they were quantized from
+    precision: str = "bf16"  # "fp8": the rows stored as float8_e4m3fn, each token's float32 scale after the ids
+
+    def __post_init__(self) -> None:
+        if self.precision not in STAGED_PRECISIONS:
+            raise StagingError(f"staged precision {self.precision!r}: expected one of {', '.join(STAGED_PRECISIONS)}")
 
     @property
     def elem_size(self) -> int:
-        return _DTYPE_CODES[self.dtype][1]
+        """Bytes of one stored element of ``hidden``."""
+        return 1 if self.precision == "fp8" else _DTYPE_CODES[self.dtype][1]
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes of one token's scale (0: a bf16 file has none)."""
+        return 4 if self.precision == "fp8" else 0
 
     @property
     def row_bytes(self) -> int:
@@ -132,7 +161,7 @@ class StateFileLayout:
         """The 8-byte length prefix plus the JSON header, padded so data starts aligned (shared by
         every layout of the same shape: the capture asks once per request, and short prompts of one
         length are thousands of requests a minute)."""
-        return _header_bytes(self.prompt_len, self.num_slots, self.hidden_size, self.dtype)
+        return _header_bytes(self.prompt_len, self.num_slots, self.hidden_size, self.dtype, self.precision)
 
     @property
     def data_start(self) -> int:
@@ -146,9 +175,13 @@ class StateFileLayout:
         """File offset of element ``row`` of ``input_ids``."""
         return self.data_start + self.prompt_len * self.row_bytes + 8 * row
 
+    def scales_offset(self, row: int) -> int:
+        """File offset of token ``row``'s scale in ``hidden_scales`` (an FP8 file's; past the ids)."""
+        return self.ids_offset(self.prompt_len) + self.scale_bytes * row
+
     @property
     def file_size(self) -> int:
-        return self.ids_offset(self.prompt_len)
+        return self.scales_offset(self.prompt_len)
 
 
 @dataclass
@@ -176,6 +209,9 @@ class DoneMarker:
     # that took none), and the token SGLang's greedy sampler picked after the prompt (-1: not seen).
     fingerprint: str = ""
     greedy_token: int = -1
+    # How the rows are staged: "bf16" (as computed, in `dtype`) or "fp8" (quantized by the capture; the
+    # fingerprint then of each FP8 row followed by its scale, hsextract.fp8.stored_row_values).
+    precision: str = "bf16"
 
     def to_json(self, shared_json: str | None = None) -> str:
         """The marker as one JSON object.
@@ -195,7 +231,10 @@ class DoneMarker:
     def shared_json(self) -> str:
         """``{"architecture": ..., ...}``: every field but the request's own (rid, prompt length,
         chunks, completion time), which all the markers of one capture have in common."""
-        return json.dumps({k: getattr(self, k) for k in _SHARED_FIELDS}, sort_keys=True)
+        shared = {k: getattr(self, k) for k in _SHARED_FIELDS}
+        if self.precision == "bf16":  # a bf16 marker is the bytes it was before FP8 staging existed
+            del shared["precision"]
+        return json.dumps(shared, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DoneMarker:
@@ -379,6 +418,7 @@ class StagedStates:
     hidden: torch.Tensor  # [P, K + 1, H]
     input_ids: torch.Tensor  # int64 [P]
     raw: bytearray | None = None  # the whole file, for a byte-exact copy
+    scales: torch.Tensor | None = None  # float32 [P, 1, 1] of an FP8-staged file (`hidden` float8_e4m3fn)
 
 
 def parse_header(buf: bytes | bytearray, path: str | Path = "?") -> tuple[dict[str, Any], int]:
@@ -408,18 +448,25 @@ def read_states(path: str | Path) -> StagedStates:
     except OSError as exc:
         raise StagingError(f"{p}: cannot read ({exc})") from exc
     header, start = parse_header(buf, p)
-    try:
-        h, ids = header["hidden"], header["input_ids"]
-        dtype_name_ = _ST_TO_NAME[h["dtype"]]
-    except KeyError as exc:
-        raise StagingError(f"{p}: header lacks {exc.args[0]!r}") from exc
-    end = start + ids["data_offsets"][1]
-    if len(buf) < end:
-        raise StagingError(f"{p}: truncated: {len(buf)} bytes, header promises {end}")
     import torch
 
-    torch_dtype = _torch_dtypes()[dtype_name_][0]
+    try:
+        h, ids = header["hidden"], header["input_ids"]
+        torch_dtype = torch.float8_e4m3fn if h["dtype"] == FP8_CODE else _torch_dtypes()[_ST_TO_NAME[h["dtype"]]][0]
+    except KeyError as exc:
+        raise StagingError(f"{p}: header lacks {exc.args[0]!r}") from exc
+    sc = header.get(SCALES_TENSOR)
+    end = start + max(ids["data_offsets"][1], sc["data_offsets"][1] if sc else 0)
+    if len(buf) < end:
+        raise StagingError(f"{p}: truncated: {len(buf)} bytes, header promises {end}")
     mv = memoryview(buf)
+    scales = None
+    if sc is not None:
+        a, b = sc["data_offsets"]
+        scales = (
+            torch.frombuffer(mv[start + a : start + b], dtype=torch.float32).reshape(sc["shape"]) if b > a else None
+        )
+        scales = torch.empty(sc["shape"], dtype=torch.float32) if scales is None else scales
     hs, he = h["data_offsets"]
     is_, ie = ids["data_offsets"]
     if he > hs:
@@ -430,4 +477,4 @@ def read_states(path: str | Path) -> StagedStates:
         input_ids = torch.frombuffer(mv[start + is_ : start + ie], dtype=torch.int64)
     else:
         input_ids = torch.empty(0, dtype=torch.int64)
-    return StagedStates(hidden=hidden, input_ids=input_ids, raw=buf)
+    return StagedStates(hidden=hidden, input_ids=input_ids, raw=buf, scales=scales)

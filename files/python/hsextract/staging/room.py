@@ -3,7 +3,9 @@
 The capture stages every request's hidden states in RAM until the drain has written them, so the
 run's staging filesystem must hold the requests in flight (or the staged limit, if larger) x tokens
 per request x bytes per token, where a token costs ``hidden_size x (aux layers + 1) x dtype bytes``
-plus its 8-byte id, and each request also costs a few pages (header, done marker, record). The
+plus its 8-byte id (a capture that stages FP8 rows: one byte an element, plus the id and its 4-byte
+scale, `hsextract.staging.dumps.StateFileLayout`), and each request also costs a few pages (header,
+done marker, record). The
 model is pure: ``hsextract check-shm`` (hsextract.ops.check_shm) checks a host against it, and
 ``hsextract plan`` sizes a run with it.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from hsextract.dataset import defaults
 from hsextract.errors import ConfigError
-from hsextract.staging.dumps import DTYPE_BYTES
+from hsextract.staging.dumps import DTYPE_BYTES, STAGED_PRECISIONS
 
 PAGE = 4096
 PAGES_PER_REQUEST = 3  # states file header page, done.json, the client's record
@@ -69,10 +71,14 @@ def estimate_need(
     tokens_per_request: int,
     watermark_bytes: int = 0,
     dtype: str = "bfloat16",
+    precision: str = "bf16",
 ) -> ShmNeed:
-    """The staging space of ``requests_in_flight`` requests of ``tokens_per_request`` tokens each."""
+    """The staging space of ``requests_in_flight`` requests of ``tokens_per_request`` tokens each, their
+    rows staged as computed (`dtype`) or, with the capture's ``precision`` fp8, as FP8 rows and scales."""
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
+    if precision not in STAGED_PRECISIONS:
+        raise ConfigError(f"capture precision {precision!r}: expected one of {', '.join(STAGED_PRECISIONS)}")
     for name, value in (
         ("hidden size", hidden_size),
         ("requests in flight", requests_in_flight),
@@ -82,7 +88,8 @@ def estimate_need(
             raise ConfigError(f"{name} must be >= 1, got {value}")
     if aux_layers < 1:
         raise ConfigError(f"aux layers must be >= 1, got {aux_layers}")
-    per_token = hidden_size * (aux_layers + 1) * DTYPE_BYTES[dtype] + 8
+    fp8 = precision == "fp8"
+    per_token = hidden_size * (aux_layers + 1) * (1 if fp8 else DTYPE_BYTES[dtype]) + 8 + (4 if fp8 else 0)
     tokens = requests_in_flight * tokens_per_request
     estimate = tokens * per_token + requests_in_flight * PAGES_PER_REQUEST * PAGE
     return ShmNeed(per_token, tokens, estimate, watermark_bytes)
