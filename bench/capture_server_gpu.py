@@ -153,6 +153,17 @@ def start_pair(
     return servers
 
 
+def staged_fingerprint(states) -> str:
+    """The fingerprint of a staged dump's rows as the capture took it: of the bf16 rows, or of an FP8
+    dump's stored rows (each FP8 row followed by its scale, hsextract.fp8.stored_row_values)."""
+    if states.scales is None:
+        return fingerprint.of_states(states.hidden, states.input_ids)
+    from hsextract import fp8
+
+    values = fp8.stored_row_values(states.hidden, states.scales, states.input_ids)
+    return fingerprint.to_text(fingerprint.combine(values.numpy(), 0))
+
+
 class StagingCounter:
     """Checks, counts and removes the dumps of one round as they complete (a stand-in for the drain):
     a dump counts as complete only if its ids are its request's and its rows have the fingerprint
@@ -212,9 +223,7 @@ class StagingCounter:
         except Exception:
             return False
         index = int(d.name.rsplit("-", 1)[1])
-        return states.input_ids.tolist() == self.prompts[index] and marker.fingerprint == fingerprint.of_states(
-            states.hidden, states.input_ids
-        )
+        return states.input_ids.tolist() == self.prompts[index] and marker.fingerprint == staged_fingerprint(states)
 
     def _read(self) -> None:
         with self._shared.get_lock():

@@ -9,9 +9,11 @@ The two places a sample's rows can become FP8 (`hsextract.fp8.quantize`, one flo
   place): the forward pass is untouched, the drain's workers pay the quantization per byte.
 
 This times both for a full prefill batch (8,192 tokens) at Llama-3-8B's width (3 aux layers + final,
-hidden 4,096) and Kimi-K2.5's (7,168), with CUDA events on the GPU: `own_batch` as the capture runs it
-now (concatenation, ids, fingerprint), the quantization and the fingerprint of the FP8 rows it would
-add, and the copy to pinned host memory of the bf16 block against the FP8 rows and scales. On the CPU,
+hidden 4,096) and Kimi-K2.5's (7,168), with CUDA events on the GPU: the capture's `own_batch` in bf16
+(concatenation, ids, fingerprint) and in FP8 (the capture's ``precision: fp8``: the same, the block
+quantized a piece at a time and the stored rows fingerprinted), its parts apart (the quantization, the
+stored rows' fingerprint against the bf16 rows'), and the copy to pinned host memory of the bf16 block
+against the FP8 rows and scales. On the CPU,
 one thread's rate of the drain's quantization (`FP8Rows.piece`, the fingerprint of the stored rows
 included) against its bf16 path's fingerprint alone. It also says whether the GPU's FP8 bytes and
 scales equal the CPU's for the same rows (expected: amax is exact, the division and the cast are
@@ -22,6 +24,7 @@ correctly rounded float32 operations).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -55,17 +58,10 @@ def timed(fn, repeats: int = 20) -> float:
     return times[len(times) // 2]
 
 
-def stored_row_values(q: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Each token's value over [its FP8 row | its float32 scale]: the stored rows' fingerprint definition
-    (hsextract.drain.fp8_rows), on the rows' device."""
-    t = q.shape[0]
-    stored = torch.cat([q.reshape(t, -1).view(torch.uint8), scales.reshape(t, 1).view(torch.uint8)], dim=1)
-    return fingerprint.row_values(stored, ids)
-
-
 def gpu_case(tokens: int, hidden: int) -> dict:
     """The capture's device work and its copy to the host, bf16 against FP8, for one batch."""
     settings = CaptureSettings(rid_prefix="hsx", layers=resolve(None, 32), hidden_size=hidden)
+    settings_fp8 = dataclasses.replace(settings, precision="fp8")
     gen = torch.Generator(device="cuda").manual_seed(0)
     aux = torch.randn(tokens, K * hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
     final = 8 * torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -87,30 +83,34 @@ def gpu_case(tokens: int, hidden: int) -> dict:
         host_fp8[q.numel() :].copy_(scales.view(-1).view(torch.uint8), non_blocking=True)
 
     own = timed(lambda: own_batch(settings, reqs, aux, final, ids, lens))
+    own_fp8 = timed(lambda: own_batch(settings_fp8, reqs, aux, final, ids, lens))
     quant = timed(lambda: fp8.quantize(block))
-    values = timed(lambda: stored_row_values(q, scales, row_ids))
+    values = timed(lambda: fp8.stored_row_values(q, scales, row_ids))
     bf16_values = timed(lambda: fingerprint.row_values(block, row_ids))
     cb, cf = timed(copy_bf16), timed(copy_fp8)
     matmul = timed(lambda: final @ weight.t())
     cpu_q, cpu_s = fp8.quantize(block.cpu())
     same_rows = int((q.cpu().view(torch.uint8) != cpu_q.view(torch.uint8)).sum())
     same_scales = int((scales.cpu() != cpu_s).sum())
-    added = quant + values - bf16_values  # what an FP8 own_batch adds: quantize, and fingerprint FP8 rows instead
+    owned = own_batch(settings_fp8, reqs, aux, final, ids, lens)  # the capture's own FP8 rows, as staged
+    staged_differ = int((owned.block.cpu().view(torch.uint8) != cpu_q.view(torch.uint8)).sum())
     return {
         "tokens": tokens,
         "hidden": hidden,
         "bf16_block_mb": round(block.numel() * 2 / 1e6, 1),
         "fp8_rows_and_scales_mb": round((q.numel() + 4 * tokens) / 1e6, 1),
         "own_batch_bf16_ms": round(own, 3),
+        "own_batch_fp8_ms": round(own_fp8, 3),
+        "fp8_adds_to_own_batch_ms": round(own_fp8 - own, 3),
         "quantize_ms": round(quant, 3),
         "fp8_row_values_ms": round(values, 3),
         "bf16_row_values_ms": round(bf16_values, 3),
-        "fp8_adds_to_own_batch_ms": round(added, 3),
         "copy_to_host_bf16_ms": round(cb, 3),
         "copy_to_host_fp8_ms": round(cf, 3),
         "one_up_projection_matmul_ms": round(matmul, 3),
         "gpu_fp8_bytes_differing_from_cpu": same_rows,
         "gpu_scales_differing_from_cpu": same_scales,
+        "own_batch_fp8_bytes_differing_from_cpu": staged_differ,
     }
 
 

@@ -51,6 +51,7 @@ class ServerSpec:
     writer_threads: int = 0  # the capture's writer threads (0: its default)
     # The capture writes from a child process (hsextract.capture.writer_process); False: from threads.
     writer_process: bool = WRITER_PROCESS_DEFAULT
+    precision: str = "bf16"  # how the capture stages the rows ("fp8": quantized on the GPU, hsextract.fp8)
 
 
 def render_capture_patch(spec: ServerSpec, out: Path) -> Path:
@@ -62,6 +63,7 @@ def render_capture_patch(spec: ServerSpec, out: Path) -> Path:
         rid_prefix=spec.rid_prefix,
         writer_threads=spec.writer_threads,
         writer_process=spec.writer_process,
+        precision=spec.precision,
     )
     return render_patch(out, capture)
 

@@ -405,6 +405,7 @@ def test_the_ceilings_files_are_the_runs_samples_at_their_length_quantiles():
         ("client_alone", 1, True, False),
         ("pipeline_drain_first", 1, False, True),
         ("pipeline_drain_first_fp8", 1, False, True),
+        ("pipeline_drain_first_fp8_capture", 1, False, True),
     ],
 )
 def test_each_product_side_runs_its_case_as_its_name_says(tmp_path, side, processes, drain_after, drain_first):
@@ -422,14 +423,15 @@ def test_each_product_side_runs_its_case_as_its_name_says(tmp_path, side, proces
     )
 
 
-def test_the_fp8_side_runs_the_drain_and_the_client_in_fp8_and_its_twin_in_bf16(tmp_path):
+def test_the_fp8_sides_run_the_drain_and_the_client_in_fp8_and_their_twin_in_bf16(tmp_path):
     from pipeline.processes import client_command, drain_command
 
     server = types.SimpleNamespace(dump_dir=tmp_path / "dump", url="http://127.0.0.1:1")
     from pipeline.case import Case
 
     base = Case(tmp_path / "model", tmp_path / "data.jsonl", tmp_path / "bench-8", 8, 2032, format="speculators")
-    for side, precision in (("pipeline_drain_first_fp8", "fp8"), ("pipeline_drain_first", "bf16")):
+    sides = (("pipeline_drain_first_fp8", "fp8"), ("pipeline_drain_first_fp8_capture", "fp8"))
+    for side, precision in (*sides, ("pipeline_drain_first", "bf16")):
         run = base.for_side(side, tmp_path / side)
         client = client_command(["hsx"], server, run)
         drain = drain_command(["hsx"], server, run.model, run.out, 0.01, None, run.format, run.precision)
@@ -458,6 +460,9 @@ def test_a_case_with_the_fp8_side_gives_its_bytes_and_pace_beside_its_bf16_twin(
         "pipeline_drain_first": [run(800.0, 0.032), run(820.0, 0.032)],
         "pipeline_drain_first_fp8": [run(840.0, 0.016), run(860.0, 0.016)],
     }
+    rows["pipeline_drain_first_fp8_capture"] = [run(900.0, 0.016)]
+    rows["loop_on_capture"] = [{"tokens_per_s": 990.0, "ok": True}]
+    rows["loop_on_capture_fp8"] = [{"tokens_per_s": 980.1, "ok": True}]
     res = pipeline_gpu.case_result(32, rows)
     assert (res["bf16_bytes_per_token"], res["fp8_bytes_per_token"], res["fp8_bytes_over_bf16"]) == (
         32_000.0,
@@ -465,6 +470,8 @@ def test_a_case_with_the_fp8_side_gives_its_bytes_and_pace_beside_its_bf16_twin(
         0.5,
     )
     assert res["fp8_whole_over_bf16"] == round(850 / 810, 4) and res["all_validated"]
+    assert (res["fp8_capture_bytes_over_bf16"], res["fp8_capture_whole_over_bf16"]) == (0.5, round(900 / 810, 4))
+    assert (res["capture_fp8_over_capture"], res["capture_fp8_over_plain"]) == (0.99, 0.9801)
 
 
 def test_a_case_without_the_fp8_side_has_no_fp8_figures():

@@ -11,7 +11,15 @@ from pathlib import Path
 from .settings import FORMAT
 
 # The throughput rounds' sides that run the product (the others are the plain loop's).
-PRODUCT_SIDES = ("pipeline", "pipeline_2_processes", "client_alone", "pipeline_drain_first", "pipeline_drain_first_fp8")
+PRODUCT_SIDES = (
+    "pipeline",
+    "pipeline_2_processes",
+    "client_alone",
+    "pipeline_drain_first",
+    "pipeline_drain_first_fp8",
+    "pipeline_drain_first_fp8_capture",
+)
+_FP8_SIDES = ("pipeline_drain_first_fp8", "pipeline_drain_first_fp8_capture")
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,9 @@ class Case:
     ) -> Case:
         """This case as one throughput round's product ``side`` runs it, its set written to ``out``
         (the rounds self-check 1 % of the samples, the correctness runs 5 %). ``pipeline_drain_first_fp8``
-        is ``pipeline_drain_first`` with the rows stored in FP8: the two side by side are what FP8 costs
-        or saves the whole pipeline."""
+        is ``pipeline_drain_first`` with the rows stored in FP8, quantized by the drain
+        (``pipeline_drain_first_fp8_capture``: by the capture, on its own server): side by side, what FP8
+        costs or saves the whole pipeline in each place."""
         if side not in PRODUCT_SIDES:
             raise ValueError(f"{side!r} is not a side that runs the product; those are {PRODUCT_SIDES}")
         return dataclasses.replace(
@@ -58,8 +67,8 @@ class Case:
             selfcheck_share=0.01,
             processes=2 if side == "pipeline_2_processes" else 1,
             drain_after=side == "client_alone",
-            drain_first=side in ("pipeline_drain_first", "pipeline_drain_first_fp8"),
-            precision="fp8" if side == "pipeline_drain_first_fp8" else "bf16",
+            drain_first=side in ("pipeline_drain_first", *_FP8_SIDES),
+            precision="fp8" if side in _FP8_SIDES else "bf16",
             profile=profile,
             profile_drain=profile_drain,
             reap=reap,

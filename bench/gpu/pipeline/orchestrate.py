@@ -20,7 +20,7 @@ import gpu_env
 from .correctness import correctness
 from .rows import compare_with_transformers
 from .servers import Say, parallel_args, plan_models, start_servers, stop_servers, wait_servers
-from .settings import GPU_DIR, PORT, REPO, SITE
+from .settings import FP8_CAPTURE_SIDES, GPU_DIR, PORT, REPO, SITE
 from .throughput import throughput
 
 
@@ -67,12 +67,25 @@ def run(args: argparse.Namespace, result: dict, say: Say, save: Callable[[], Non
 
     def start_model(k: int) -> None:
         # The throughput rounds run on the 8B-shaped model and, for the client's ceiling, the tiny one.
-        plain = args.rounds > 0 and plans[k].kind in args.throughput_models
+        rounds = args.rounds > 0 and plans[k].kind in args.throughput_models
+        asked = args.sides.split(",") if args.sides else []
+        plain = rounds and (not asked or "plain_loop" in asked)
+        capture_fp8 = rounds and any(x in FP8_CAPTURE_SIDES for x in asked)
         # The no-overlap server only where something uses it: three 8B servers fill an H100's 80 GB.
         no_overlap = plans[k].kind in args.compare_no_overlap.split(",") or (
-            plain and (not args.sides or "loop_on_capture_no_overlap" in args.sides.split(","))
+            rounds and (not asked or "loop_on_capture_no_overlap" in asked)
         )
-        start_servers(plans[k], env, args.work, gpus, PORT + 10 * k, extra, plain=plain, no_overlap=no_overlap)
+        start_servers(
+            plans[k],
+            env,
+            args.work,
+            gpus,
+            PORT + 10 * k,
+            extra,
+            plain=plain,
+            no_overlap=no_overlap,
+            capture_fp8=capture_fp8,
+        )
 
     # One model's servers start together; the next model's once these are up, while these run: SGLang
     # sizes its KV cache from the memory that loading its weights took, which another model loading at

@@ -144,30 +144,44 @@ def _case_figures(in_flight: int, rows: dict[str, list[dict]]) -> dict:
 
 
 def _fp8_figures(rows: dict[str, list[dict]]) -> dict:
-    """The FP8 side beside its bf16 twin (both with the drain up first, the same format): the whole
-    pipeline's tokens/s, the set's bytes per token (the files as written, scales and headers included)
-    and the drain's GB/s. Empty where the FP8 side did not run."""
-    fp8 = [x for x in rows.get("pipeline_drain_first_fp8", []) if x.get("pipeline_tokens_per_s")]
-    if not fp8:
-        return {}
-    bf16 = [x for x in rows.get("pipeline_drain_first", []) if x.get("pipeline_tokens_per_s")]
+    """The FP8 sides beside their bf16 twin (all with the drain up first, the same format): for rows
+    quantized by the drain (``fp8_``) and by the capture on the GPU (``fp8_capture_``), the whole
+    pipeline's tokens/s over the bf16 side's, the set's bytes per token (the files as written, scales
+    and headers included) and the drain's GB/s; and the FP8 capture server's own pace over the bf16
+    capture server's and the plain server's. Empty where no FP8 side ran."""
     med = statistics.median
+    bf16 = [x for x in rows.get("pipeline_drain_first", []) if x.get("pipeline_tokens_per_s")]
+    out: dict = {}
+    for side, key in (("pipeline_drain_first_fp8", "fp8"), ("pipeline_drain_first_fp8_capture", "fp8_capture")):
+        fp8 = [x for x in rows.get(side, []) if x.get("pipeline_tokens_per_s")]
+        if not fp8:
+            continue
+        whole = [x["pipeline_tokens_per_s"] for x in fp8]
+        per_token, bf16_per_token = _per_token(fp8), _per_token(bf16)
+        out["bf16_bytes_per_token"] = bf16_per_token
+        out |= {
+            f"{key}_whole_tokens_per_s": {"median": med(whole), "min": min(whole), "max": max(whole)},
+            f"{key}_whole_over_bf16": round(med(whole) / med(x["pipeline_tokens_per_s"] for x in bf16), 4)
+            if bf16
+            else None,
+            f"{key}_bytes_per_token": per_token,
+            f"{key}_bytes_over_bf16": round(per_token / bf16_per_token, 4) if per_token and bf16_per_token else None,
+            f"{key}_drain_gb_per_s": med([x["drain_gb_per_s"] for x in fp8 if x.get("drain_gb_per_s")] or [0]),
+            f"{key}_tail_s": med([x["tail_s"] for x in fp8 if "tail_s" in x] or [0]),
+        }
+    loops = {side: [x["tokens_per_s"] for x in rows.get(side, [])] for side in (*ALL_SIDES[:2], "loop_on_capture_fp8")}
+    if loops["loop_on_capture_fp8"]:
+        fp8_loop = med(loops["loop_on_capture_fp8"])
+        out["loop_on_capture_fp8_tokens_per_s"] = fp8_loop
+        for base, key in (("loop_on_capture", "capture_fp8_over_capture"), ("plain_loop", "capture_fp8_over_plain")):
+            out[key] = round(fp8_loop / med(loops[base]), 4) if loops[base] else None
+    return out
 
-    def per_token(side: list[dict]) -> float | None:
-        return round(med([x["gb"] * 1e9 / x["tokens"] for x in side if x.get("tokens")]), 1) if side else None
 
-    whole_fp8 = [x["pipeline_tokens_per_s"] for x in fp8]
-    whole_bf16 = [x["pipeline_tokens_per_s"] for x in bf16]
-    b_fp8, b_bf16 = per_token(fp8), per_token(bf16)
-    return {
-        "fp8_whole_tokens_per_s": {"median": med(whole_fp8), "min": min(whole_fp8), "max": max(whole_fp8)},
-        "fp8_whole_over_bf16": round(med(whole_fp8) / med(whole_bf16), 4) if whole_bf16 else None,
-        "fp8_bytes_per_token": b_fp8,
-        "bf16_bytes_per_token": b_bf16,
-        "fp8_bytes_over_bf16": round(b_fp8 / b_bf16, 4) if b_fp8 and b_bf16 else None,
-        "fp8_drain_gb_per_s": med([x["drain_gb_per_s"] for x in fp8 if x.get("drain_gb_per_s")] or [0]),
-        "fp8_tail_s": med([x["tail_s"] for x in fp8 if "tail_s" in x] or [0]),
-    }
+def _per_token(side: list[dict]) -> float | None:
+    """The median bytes per token of the sets of a side's rounds (None: no round counted its tokens)."""
+    per = [x["gb"] * 1e9 / x["tokens"] for x in side if x.get("tokens")]
+    return round(statistics.median(per), 1) if per else None
 
 
 def brief(r: dict) -> str:

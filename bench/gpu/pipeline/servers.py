@@ -150,9 +150,10 @@ def start_servers(
     extra: tuple[str, ...],
     plain: bool,
     no_overlap: bool = True,
+    capture_fp8: bool = False,
 ) -> None:
-    """Overlap capture, no-overlap capture (where ``no_overlap``) and (for the throughput rounds)
-    plain servers of ``plan``."""
+    """Overlap capture, no-overlap capture (where ``no_overlap``), (for the throughput rounds) plain,
+    and (where ``capture_fp8``) a capture server staging FP8 rows, of ``plan``."""
     if not env.cuda:  # the CPU engine has no overlap scheduler to switch off: two capture servers alike
         extra = ()
     specs = {"capture": ServerSpec(f"{plan.kind}-capture", plan.path, port, gpus, True, (*plan.server_args, *extra))}
@@ -164,6 +165,10 @@ def start_servers(
             gpus,
             True,
             (*plan.server_args, *extra, "--disable-overlap-schedule"),
+        )
+    if capture_fp8:
+        specs["capture_fp8"] = ServerSpec(
+            f"{plan.kind}-capture-fp8", plan.path, port + 3, gpus, True, (*plan.server_args, *extra), precision="fp8"
         )
     if plain:
         specs["plain"] = ServerSpec(f"{plan.kind}-plain", plan.path, port + 2, gpus, False, (*plan.server_args, *extra))

@@ -21,7 +21,7 @@ from .machine import ceiling_sizes, disk_ceiling, disk_speed, sample_bytes_per_t
 from .processes import run_case
 from .result import brief, case_result
 from .servers import ModelPlan, Say
-from .settings import ALL_SIDES
+from .settings import ALL_SIDES, FP8_CAPTURE_SIDES
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,8 @@ def run_side(
         return run_loop_on_capture(plan.servers["capture"], prompts, n)
     if side == "loop_on_capture_no_overlap":
         return run_loop_on_capture(plan.servers["no_overlap"], prompts, n)
+    if side == "loop_on_capture_fp8":
+        return run_loop_on_capture(plan.servers["capture_fp8"], prompts, n)
     profile = args.profile_client / f"pyspy-{plan.kind}-{side}-{n}-{r}.txt" if args.profile_client else None
     drain_profile = (
         args.profile_drain / f"pyspy-drain-{plan.kind}-{side}-{n}-{r}.txt" if args.profile_drain and r == 0 else None
@@ -124,7 +126,8 @@ def run_side(
         profile_drain=drain_profile,
         reap=args.reap_output,
     )
-    res = run_case(env, plan.servers["capture"], run)
+    server = plan.servers["capture_fp8" if side in FP8_CAPTURE_SIDES else "capture"]
+    res = run_case(env, server, run)
     shutil.rmtree(run.out, ignore_errors=True)
     return res
 
