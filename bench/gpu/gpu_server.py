@@ -20,6 +20,7 @@ sys.path[:0] = [str(REPO / "files" / "python"), str(REPO / "tests")]
 
 from hsextract.capture.config import WRITER_PROCESS_DEFAULT, CaptureConfig  # noqa: E402
 from hsextract.capture.patch import DEFAULT_PACKAGE, render_patch, server_launch  # noqa: E402
+from hsextract.formats import final_hidden_for  # noqa: E402
 from hsextract.model_info import read_model_info  # noqa: E402
 from support.sglang_server import ServerHandle, ServerStartError, log_tail, wait_healthy  # noqa: E402
 
@@ -52,6 +53,7 @@ class ServerSpec:
     # The capture writes from a child process (hsextract.capture.writer_process); False: from threads.
     writer_process: bool = WRITER_PROCESS_DEFAULT
     precision: str = "bf16"  # how the capture stages the rows ("fp8": quantized on the GPU, hsextract.fp8)
+    format: str = ""  # the set's format, which places the final hidden state ("": the capture's default)
 
 
 def render_capture_patch(spec: ServerSpec, out: Path) -> Path:
@@ -64,6 +66,8 @@ def render_capture_patch(spec: ServerSpec, out: Path) -> Path:
         writer_threads=spec.writer_threads,
         writer_process=spec.writer_process,
         precision=spec.precision,
+        format=spec.format,
+        final_hidden=final_hidden_for(spec.format) if spec.format else "post_norm",
     )
     return render_patch(out, capture)
 

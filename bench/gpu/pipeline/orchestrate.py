@@ -85,6 +85,7 @@ def run(args: argparse.Namespace, result: dict, say: Say, save: Callable[[], Non
             plain=plain,
             no_overlap=no_overlap,
             capture_fp8=capture_fp8,
+            fmt=args.throughput_format if rounds else "",
         )
 
     # One model's servers start together; the next model's once these are up, while these run: SGLang
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace, result: dict, say: Say, save: Callable[[], Non
                 )
                 oks.append(model_res["correctness"]["ok"])
                 save()
-            if args.rounds > 0 and "plain" in plan.servers:
+            if args.rounds > 0 and plan.kind in args.throughput_models:
                 model_res["throughput"] = throughput(
                     plan,
                     env,

@@ -103,7 +103,7 @@ def _case_figures(in_flight: int, rows: dict[str, list[dict]]) -> dict:
 
     return {
         "in_flight": in_flight,
-        "rounds": len(plain),
+        "rounds": max((len(v) for v in rows.values()), default=0),  # the sides run the same rounds
         "plain_loop_tokens_per_s": spread(plain),
         "client_phase_tokens_per_s": spread(client),
         "whole_pipeline_tokens_per_s": spread(whole),

@@ -151,12 +151,15 @@ def start_servers(
     plain: bool,
     no_overlap: bool = True,
     capture_fp8: bool = False,
+    fmt: str = "",
 ) -> None:
     """Overlap capture, no-overlap capture (where ``no_overlap``), (for the throughput rounds) plain,
-    and (where ``capture_fp8``) a capture server staging FP8 rows, of ``plan``."""
+    and (where ``capture_fp8``) a capture server staging FP8 rows, of ``plan``; the capture servers place
+    the final hidden state as ``fmt`` needs (the throughput rounds' format)."""
     if not env.cuda:  # the CPU engine has no overlap scheduler to switch off: two capture servers alike
         extra = ()
-    specs = {"capture": ServerSpec(f"{plan.kind}-capture", plan.path, port, gpus, True, (*plan.server_args, *extra))}
+    args = (*plan.server_args, *extra)
+    specs = {"capture": ServerSpec(f"{plan.kind}-capture", plan.path, port, gpus, True, args, format=fmt)}
     if no_overlap:
         specs["no_overlap"] = ServerSpec(
             f"{plan.kind}-capture-no-overlap",
@@ -164,11 +167,12 @@ def start_servers(
             port + 1,
             gpus,
             True,
-            (*plan.server_args, *extra, "--disable-overlap-schedule"),
+            (*args, "--disable-overlap-schedule"),
+            format=fmt,
         )
     if capture_fp8:
         specs["capture_fp8"] = ServerSpec(
-            f"{plan.kind}-capture-fp8", plan.path, port + 3, gpus, True, (*plan.server_args, *extra), precision="fp8"
+            f"{plan.kind}-capture-fp8", plan.path, port + 3, gpus, True, args, precision="fp8", format=fmt
         )
     if plain:
         specs["plain"] = ServerSpec(f"{plan.kind}-plain", plan.path, port + 2, gpus, False, (*plan.server_args, *extra))
