@@ -40,22 +40,10 @@ from hsextract.capture.host_stage import own_batch  # noqa: E402
 from hsextract.drain.fp8_rows import PIECE_BYTES, FP8Rows  # noqa: E402
 from hsextract.layers import resolve  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fingerprint_cost import timed  # noqa: E402  (median ms by CUDA events)
+
 K = 3  # aux layers; rows per token K + 1
-
-
-def timed(fn, repeats: int = 20) -> float:
-    """Median milliseconds of ``fn`` on the current stream (CUDA events)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def gpu_case(tokens: int, hidden: int) -> dict:

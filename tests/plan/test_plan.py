@@ -261,21 +261,7 @@ def test_staging_need_is_check_shms_estimate_for_the_longest_sample(tiny_llama, 
     assert r.returncode == 0, r.stderr
     s = report["shm"]
     assert s["tokens_per_request"] == report["length_percentiles"]["max"] and s["requests"] == 5
-    check = hsextract(
-        "check-shm",
-        "--model",
-        str(tiny_llama),
-        "--max-in-flight",
-        "3",
-        "--max-staged",
-        "5",
-        "--max-tokens",
-        str(s["tokens_per_request"]),
-        "--shm-min-free",
-        "1M",
-    )
-    assert check.returncode == 0, check.stderr
-    assert json.loads(check.stdout)["need_bytes"] == s["need_bytes"]
+    assert check_shm_need(tiny_llama, s["tokens_per_request"], "--shm-min-free", "1M") == s["need_bytes"]
 
 
 def test_staging_need_of_a_capture_that_stages_fp8_is_check_shms_fp8_estimate(tiny_llama, tmp_path):
@@ -287,23 +273,26 @@ def test_staging_need_of_a_capture_that_stages_fp8_is_check_shms_fp8_estimate(ti
     s = report["shm"]
     assert (s["bytes_per_token"], bf16["bytes_per_token"]) == (64 * 4 + 12, 64 * 4 * 2 + 8)
     assert s["need_bytes"] < bf16["need_bytes"]
+    need = check_shm_need(tiny_llama, s["tokens_per_request"], "--shm-min-free", "1", "--capture-precision", "fp8")
+    assert need == s["need_bytes"]
+
+
+def check_shm_need(model, tokens_per_request: int, *flags: str) -> int:
+    """`hsextract check-shm`'s staging need for 3 requests in flight and 5 staged of this length."""
     check = hsextract(
         "check-shm",
         "--model",
-        str(tiny_llama),
+        str(model),
         "--max-in-flight",
         "3",
         "--max-staged",
         "5",
         "--max-tokens",
-        str(s["tokens_per_request"]),
-        "--shm-min-free",
-        "1",
-        "--capture-precision",
-        "fp8",
+        str(tokens_per_request),
+        *flags,
     )
     assert check.returncode == 0, check.stderr
-    assert json.loads(check.stdout)["need_bytes"] == s["need_bytes"]
+    return json.loads(check.stdout)["need_bytes"]
 
 
 def test_a_missing_dataset_is_an_error_naming_it(tiny_llama, tmp_path):

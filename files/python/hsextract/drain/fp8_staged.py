@@ -17,7 +17,7 @@ import torch
 
 from hsextract import fingerprint, fp8
 from hsextract.drain.staged_io import RowsLayout
-from hsextract.drain.validate import FINGERPRINT, NON_FINITE, InvalidDump
+from hsextract.drain.validate import NON_FINITE, InvalidDump, matching_fingerprint
 from hsextract.staging.dumps import DoneMarker
 
 
@@ -60,13 +60,7 @@ class StagedFP8Checks:
         """The fingerprint, once every row was checked (InvalidDump as the class says)."""
         if self._rows != self._layout.rows:
             raise ValueError(f"{self._rows} of {self._layout.rows} rows checked")
-        got = fingerprint.to_text(self._sum)
-        if got != self._want:
-            raise InvalidDump(
-                FINGERPRINT,
-                f"the staged FP8 rows and scales have fingerprint {got}, the forward pass computed "
-                f"{self._want}: the rows changed between the GPU and the file",
-            )
+        got = matching_fingerprint(self._sum, self._want, "the staged FP8 rows and scales")
         problem = fp8.scales_problem(self._scales, self._layout.rows)
         if problem is None and self._nan_row is not None:
             problem = f"token {self._nan_row}'s FP8 row holds a NaN"

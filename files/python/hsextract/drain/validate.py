@@ -192,6 +192,19 @@ def check_fingerprint_stamp(marker: DoneMarker) -> None:
         )
 
 
+def matching_fingerprint(total: int, want: str, what: str) -> str:
+    """The fingerprint (text) of the rows whose partial fingerprints summed to `total`, if it is the one
+    the forward pass computed (`want`); InvalidDump ``fingerprint`` naming `what` otherwise."""
+    got = fingerprint.to_text(total)
+    if got != want:
+        raise InvalidDump(
+            FINGERPRINT,
+            f"{what} have fingerprint {got}, the forward pass computed {want}: the rows changed between "
+            "the GPU and the file",
+        )
+    return got
+
+
 class RowChecks:
     """The checks of a dump's rows, fed each piece as the drain reads it (hsextract.drain.staged_io):
     finite values, and the piece's share of the fingerprint. `finish`, after the last piece, raises
@@ -242,13 +255,7 @@ class RowChecks:
         """The fingerprint, once every row was checked (InvalidDump as the class says)."""
         if self._rows != self._layout.rows:
             raise ValueError(f"{self._rows} of {self._layout.rows} rows checked")
-        got = fingerprint.to_text(self._sum)
-        if got != self._want:
-            raise InvalidDump(
-                FINGERPRINT,
-                f"the staged rows have fingerprint {got}, the forward pass computed "
-                f"{self._want}: the rows changed between the GPU and the file",
-            )
+        got = matching_fingerprint(self._sum, self._want, "the staged rows")
         if self._non_finite is not None:
             raise self._non_finite
         self.fingerprint = got
