@@ -25,11 +25,13 @@ from .throughput import throughput
 
 
 def gpu_tests(env: gpu_env.GpuEnv, work: Path) -> dict:
-    """The CUDA-only unit tests of the capture (the overwrite race, the shared buffers) on this GPU."""
+    """The CUDA-only unit tests of the capture (the overwrite race, the shared buffers, the FP8 rows equal
+    to the CPU's) on this GPU."""
     tests = [
         "tests/capture/test_owned_batch.py",
         "tests/capture/test_writer_process.py::"
         "test_on_cuda_the_shared_buffers_are_registered_and_the_rows_land_exactly",
+        "tests/capture/test_fp8_capture.py::test_on_cuda_own_batch_with_fp8_gives_the_cpus_fp8_rows_scales_and_row_values",
     ]
     run_env = env.server_env((0,))
     run_env["PYTHONPATH"] += os.pathsep + str(REPO / "tests")
