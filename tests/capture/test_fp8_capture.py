@@ -184,11 +184,21 @@ def test_the_stored_row_values_are_the_same_from_host_bytes_and_from_a_tensor():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_cuda_own_batch_with_fp8_gives_the_cpus_fp8_rows_scales_and_row_values():
+def test_on_cuda_own_batch_with_fp8_gives_the_devices_own_quantization_and_the_cpus_rows_within_a_step():
+    """On an H100 (2026-12-07) the GPU's scales differed from the CPU's in the last bit for 3,946 of 8,192
+    tokens, and 0.016 % of the FP8 codes by one step: torch divides a CUDA tensor by a Python number as
+    a multiply by its reciprocal. So the capture's rows on a GPU are that GPU's own `fp8.quantize` (what
+    hs_connectors computes there), bit for bit, and the CPU's within a step; the fingerprint is of them."""
     aux, final, ids = rows_of(300)
     req = [BatchRequest(RID, 0, 0, 300, 0)]
     cpu = own_batch(settings(), req, aux, final, ids, [300])
     gpu = own_batch(settings(), req, aux.cuda(), final.cuda(), ids.cuda(), torch.tensor([300]).cuda())
-    assert torch.equal(gpu.block.cpu().view(torch.uint8), cpu.block.view(torch.uint8))
-    assert gpu.scales is not None and torch.equal(gpu.scales.cpu(), cpu.scales)
-    assert torch.equal(gpu.row_values.cpu(), cpu.row_values)
+    q, scales = fp8.quantize(block_of(aux, final).cuda())
+    assert torch.equal(gpu.block.view(torch.uint8), q.view(torch.uint8))
+    assert gpu.scales is not None and torch.equal(gpu.scales, scales.reshape(-1))
+    assert torch.equal(gpu.row_values, fp8.stored_row_values(q, scales.reshape(-1), ids.cuda()))
+    assert torch.allclose(gpu.scales.cpu(), cpu.scales, rtol=2**-22, atol=0)
+    got = fp8.dequantize(gpu.block.cpu(), gpu.scales.cpu().reshape(300, 1, 1), torch.float32)
+    want = fp8.dequantize(cpu.block, cpu.scales.reshape(300, 1, 1), torch.float32)
+    top_step = 32 * cpu.scales.reshape(300, 1, 1)  # e4m3's step at its largest values (416 to 448), in the rows' units
+    assert bool(((got - want).abs() <= 1.01 * top_step).all())
