@@ -64,10 +64,21 @@ def scales_problem(scales: torch.Tensor, tokens: int) -> str | None:
     return None
 
 
-def nan_rows_np(raw: np.ndarray) -> np.ndarray:
-    """bool ``[n]``: which rows of a uint8 ``[n, row bytes]`` array of e4m3fn codes hold a NaN (its only
-    NaN codes are 0x7F and 0xFF; it has no infinity)."""
-    return ((raw & 0x7F) == 0x7F).any(axis=1)
+def first_nan_row(raw: np.ndarray) -> int | None:
+    """The first row of a uint8 ``[n, row bytes]`` array of e4m3fn codes that holds a NaN (its only NaN
+    codes are 0x7F and 0xFF; it has no infinity), or None."""
+    nan = ((raw & 0x7F) == 0x7F).any(axis=1)
+    return int(np.argmax(nan)) if nan.any() else None
+
+
+def unreadable(scales: torch.Tensor, tokens: int, nan_row: int | None) -> str | None:
+    """Why FP8 rows with these `scales` and their first NaN row (`first_nan_row`, None: none) are not a
+    sample a trainer can read, else None: the scales (`scales_problem`) first, then the NaN. What the
+    drain checks of the FP8 rows it quantizes and of those a capture staged."""
+    problem = scales_problem(scales, tokens)
+    if problem is None and nan_row is not None:
+        problem = f"token {nan_row}'s FP8 row holds a NaN"
+    return problem
 
 
 def stored_row_values_np(raw: np.ndarray, scales: np.ndarray, ids: np.ndarray) -> np.ndarray:

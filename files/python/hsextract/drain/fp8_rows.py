@@ -19,7 +19,6 @@ capture that quantizes takes this same fingerprint of the rows it stages, so its
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from hsextract import fingerprint, fp8
@@ -62,9 +61,8 @@ class FP8Rows:
         q, scales = fp8.quantize(rows)
         self._scales[first : first + n] = scales
         raw = q.reshape(n, slots * hidden).view(torch.uint8).numpy()
-        nan = fp8.nan_rows_np(raw)
-        if self._nan_row is None and nan.any():
-            self._nan_row = first + int(np.argmax(nan))
+        if self._nan_row is None and (row := fp8.first_nan_row(raw)) is not None:
+            self._nan_row = first + row
         values = fp8.stored_row_values_np(raw, scales.numpy(), self._ids[first : first + n])
         self._sum = fingerprint.add(self._sum, fingerprint.combine(values, first))
         self._done += n
@@ -75,9 +73,7 @@ class FP8Rows:
         is written is an FP8 sample a trainer can read (InvalidDump ``non_finite`` otherwise)."""
         if self._done != self.shape[0]:
             raise ValueError(f"{self._done} of {self.shape[0]} rows quantized")
-        problem = fp8.scales_problem(self._scales, self.shape[0])
-        if problem is None and self._nan_row is not None:
-            problem = f"token {self._nan_row}'s FP8 row holds a NaN"
+        problem = fp8.unreadable(self._scales, self.shape[0], self._nan_row)
         if problem is not None:
             raise InvalidDump(NON_FINITE, f"the rows quantized to FP8 are not readable: {problem}")
         return self._scales, fingerprint.to_text(self._sum)

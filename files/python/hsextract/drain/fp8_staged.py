@@ -48,9 +48,8 @@ class StagedFP8Checks:
         if first_row != self._rows:
             raise ValueError(f"rows {first_row}.. given after {self._rows} rows: the pieces must come in order")
         raw = np.frombuffer(piece, dtype=np.uint8, count=n * row_bytes).reshape(n, row_bytes)
-        nan = fp8.nan_rows_np(raw)
-        if self._nan_row is None and nan.any():
-            self._nan_row = first_row + int(np.argmax(nan))
+        if self._nan_row is None and (row := fp8.first_nan_row(raw)) is not None:
+            self._nan_row = first_row + row
         stop = first_row + n
         values = fp8.stored_row_values_np(raw, self._flat_scales[first_row:stop], self._ids[first_row:stop])
         self._sum = fingerprint.add(self._sum, fingerprint.combine(values, first_row))
@@ -61,9 +60,7 @@ class StagedFP8Checks:
         if self._rows != self._layout.rows:
             raise ValueError(f"{self._rows} of {self._layout.rows} rows checked")
         got = matching_fingerprint(self._sum, self._want, "the staged FP8 rows and scales")
-        problem = fp8.scales_problem(self._scales, self._layout.rows)
-        if problem is None and self._nan_row is not None:
-            problem = f"token {self._nan_row}'s FP8 row holds a NaN"
+        problem = fp8.unreadable(self._scales, self._layout.rows, self._nan_row)
         if problem is not None:
             raise InvalidDump(NON_FINITE, f"the FP8 rows the capture staged are not readable: {problem}")
         self.fingerprint = got
