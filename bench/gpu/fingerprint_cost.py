@@ -95,6 +95,17 @@ def case(tokens: int, hidden: int) -> dict:
     }
 
 
+def best_gb_per_s(fn, nbytes: int, repeats: int) -> float:
+    """GB/s of ``nbytes`` by ``fn``'s best time of ``repeats`` on the CPU, after one run to warm it."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return nbytes / min(times) / 1e9
+
+
 def cpu_case(tokens: int, hidden: int, repeats: int = 7) -> dict:
     """One thread's rate of `row_values_np` (version 2), of version 1's plain sums, and of a copy."""
     torch.set_num_threads(1)
@@ -104,13 +115,7 @@ def cpu_case(tokens: int, hidden: int, repeats: int = 7) -> dict:
     out = np.empty_like(raw)
 
     def best(fn) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return raw.nbytes / min(times) / 1e9
+        return best_gb_per_s(fn, raw.nbytes, repeats)
 
     v2 = best(lambda: fingerprint.row_values_np(raw, ids, row_bytes))
     v1 = best(lambda: raw.view(np.int64).reshape(tokens, -1).sum(axis=1) + ids * 7)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +40,7 @@ from hsextract.drain.fp8_rows import PIECE_BYTES, FP8Rows  # noqa: E402
 from hsextract.layers import resolve  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fingerprint_cost import timed  # noqa: E402  (median ms by CUDA events)
+from fingerprint_cost import best_gb_per_s, timed  # noqa: E402  (median ms by CUDA events)
 
 K = 3  # aux layers; rows per token K + 1
 
@@ -121,20 +120,11 @@ def cpu_case(tokens: int, hidden: int, repeats: int = 5) -> dict:
     def bf16_path() -> None:
         fingerprint.row_values_np(raw, ids.numpy(), row_bytes)
 
-    def best(fn) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return raw.nbytes / min(times) / 1e9
-
     return {
         "tokens": tokens,
         "hidden": hidden,
-        "drain_fp8_gb_per_s_one_thread": round(best(fp8_path), 3),
-        "drain_bf16_fingerprint_gb_per_s_one_thread": round(best(bf16_path), 3),
+        "drain_fp8_gb_per_s_one_thread": round(best_gb_per_s(fp8_path, raw.nbytes, repeats), 3),
+        "drain_bf16_fingerprint_gb_per_s_one_thread": round(best_gb_per_s(bf16_path, raw.nbytes, repeats), 3),
     }
 
 

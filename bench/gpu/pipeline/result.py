@@ -151,19 +151,19 @@ def _fp8_figures(rows: dict[str, list[dict]]) -> dict:
     capture server's and the plain server's. Empty where no FP8 side ran."""
     med = statistics.median
     bf16 = [x for x in rows.get("pipeline_drain_first", []) if x.get("pipeline_tokens_per_s")]
+    bf16_whole = med(x["pipeline_tokens_per_s"] for x in bf16) if bf16 else None
+    bf16_per_token = _per_token(bf16)
     out: dict = {}
     for side, key in (("pipeline_drain_first_fp8", "fp8"), ("pipeline_drain_first_fp8_capture", "fp8_capture")):
         fp8 = [x for x in rows.get(side, []) if x.get("pipeline_tokens_per_s")]
         if not fp8:
             continue
         whole = [x["pipeline_tokens_per_s"] for x in fp8]
-        per_token, bf16_per_token = _per_token(fp8), _per_token(bf16)
+        per_token = _per_token(fp8)
         out["bf16_bytes_per_token"] = bf16_per_token
         out |= {
             f"{key}_whole_tokens_per_s": {"median": med(whole), "min": min(whole), "max": max(whole)},
-            f"{key}_whole_over_bf16": round(med(whole) / med(x["pipeline_tokens_per_s"] for x in bf16), 4)
-            if bf16
-            else None,
+            f"{key}_whole_over_bf16": round(med(whole) / bf16_whole, 4) if bf16_whole else None,
             f"{key}_bytes_per_token": per_token,
             f"{key}_bytes_over_bf16": round(per_token / bf16_per_token, 4) if per_token and bf16_per_token else None,
             f"{key}_drain_gb_per_s": med([x["drain_gb_per_s"] for x in fp8 if x.get("drain_gb_per_s")] or [0]),
