@@ -22,7 +22,7 @@ def drained(weed, bucket, credentials, tmp_path):
         stage_sample(dump, run, i, tokens=6 + i)
     out = target(weed, bucket, "runs/one", credentials)
     assert drain(dump, work, out, lines=8) == 0
-    return out, work, [f"s3://{bucket}/runs/one", "--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
+    return out, work, [f"s3://{bucket}/runs/one", *weed.cli_args(credentials)]
 
 
 def test_status_of_a_bucket_run_shows_its_accounts_from_the_work_directory(drained, weed):

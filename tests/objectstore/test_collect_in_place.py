@@ -33,12 +33,7 @@ def test_two_hosts_prefixes_are_merged_in_place_in_dataset_order_every_sample_on
     assert {e.host for e in entries} == {"a", "b"}
     # The collected set, pulled and checked against its manifest, is the hosts' samples.
     dest = tmp_path / "pulled"
-    assert (
-        hsextract(
-            "pull", str(into.url), str(dest), "--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)
-        ).returncode
-        == 0
-    )
+    assert hsextract("pull", str(into.url), str(dest), *weed.cli_args(credentials)).returncode == 0
     assert all(verify_entry(dest, e) is None for e in iter_entries(dest))
     verify = hsextract(
         "finalize",

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _where(weed, credentials) -> list[str]:
-    return ["--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
+    return weed.cli_args(credentials)
 
 
 def _collect(weed, bucket, credentials, tmp_path):

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _s3(weed, credentials: Path, work: Path) -> list[str]:
-    return ["--work-dir", str(work), "--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
+    return ["--work-dir", str(work), *weed.cli_args(credentials)]
 
 
 def test_a_drain_refused_at_start_leaves_the_drain_at_work_on_the_prefix_running(weed, bucket, credentials, tmp_path):

@@ -28,7 +28,7 @@ def test_a_whole_extraction_lands_in_the_bucket_with_exactly_the_valid_samples(
     exp = write_mixed_dataset(tmp_path / "data.jsonl", load_tokenizer(tiny_llama), n_lines=40)
     url, work, logs = f"s3://{bucket}/runs/e2e", tmp_path / "work", tmp_path / "logs"
     logs.mkdir()
-    store = ["--work-dir", str(work), "--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
+    store = ["--work-dir", str(work), *weed.cli_args(credentials)]
     drain = start_client(
         logs / "drain.log",
         sys.executable,
@@ -77,7 +77,7 @@ def test_a_whole_extraction_lands_in_the_bucket_with_exactly_the_valid_samples(
     status = hsextract("status", "--output", url, "--work-dir", str(work))
     assert status.returncode == 0, status.stdout + status.stderr
     pulled = tmp_path / "pulled"
-    r = hsextract("pull", url, str(pulled), "--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials))
+    r = hsextract("pull", url, str(pulled), *weed.cli_args(credentials))
     assert r.returncode == 0, r.stderr
     assert_training_set_matches(pulled, exp)
     assert weed.secret_key not in (logs / "drain.log").read_text() + status.stdout

@@ -25,7 +25,7 @@ def _drained(weed, bucket, credentials, tmp_path, n: int = 5, **kw) -> tuple[str
         stage_sample(dump, run, i, **kw)
     out = target(weed, bucket, "set", credentials)
     assert drain(dump, work, out, lines=n) == 0
-    return str(out.url), ["--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
+    return str(out.url), weed.cli_args(credentials)
 
 
 def _plant_journal_link(dest: Path, victim: Path, elsewhere: Path) -> None:

@@ -14,10 +14,12 @@ from hsextract.objectstore.url import ObjectURL
 from hsextract.output.manifest import ManifestEntry, new_hasher
 
 from support.drain_proc import finish_client
+from support.s3_server import CLIENT_READ_TIMEOUT_S
 
 
 def target(weed, bucket: str, prefix: str, credentials: Path, uploads: int = 4) -> ObjectOutput:
-    return ObjectOutput(ObjectURL(bucket, prefix), settings_from(weed.endpoint, "", str(credentials)), uploads)
+    settings = settings_from(weed.endpoint, "", str(credentials), read_timeout_s=CLIENT_READ_TIMEOUT_S)
+    return ObjectOutput(ObjectURL(bucket, prefix), settings, uploads)
 
 
 def through(proxy, bucket: str, prefix: str, credentials: Path, attempts: int = 10, **kw) -> ObjectOutput:
@@ -56,7 +58,7 @@ def collect_in_place_args(weed, bucket: str, credentials: Path, work: Path, *fla
     """``hsextract collect`` of `drain_fleet`'s hosts a and b into ``s3://<bucket>/run/set``, in place,
     with `flags` before the hosts (its work directory: ``<work>/set-work``)."""
     into = ["--into", f"s3://{bucket}/run/set", "--work-dir", str(work / "set-work")]
-    store = ["--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
+    store = weed.cli_args(credentials)
     return ["collect", *into, *store, *flags, "--", f"a=s3://{bucket}/run/a", f"b=s3://{bucket}/run/b"]
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 START_TIMEOUT_S = 60.0
+CLIENT_READ_TIMEOUT_S = 30.0  # hsextract's --s3-timeout in the tests (`WeedServer.cli_args`)
 
 
 def tool(name: str) -> str | None:
@@ -79,6 +80,19 @@ class WeedServer:
         )
         path.chmod(0o600)
         return path
+
+    def cli_args(self, credentials: Path) -> list[str]:
+        """A command's flags for this server: its endpoint, the credentials file, and an answer waited
+        for `CLIENT_READ_TIMEOUT_S`, so a request the loaded test machine's server leaves unanswered is
+        retried well within a test's time (the default, 120 s, is a whole test's)."""
+        return [
+            "--s3-endpoint",
+            self.endpoint,
+            "--s3-credentials",
+            str(credentials),
+            "--s3-timeout",
+            str(CLIENT_READ_TIMEOUT_S),
+        ]
 
     def client(self, **kw):
         import boto3
