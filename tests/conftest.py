@@ -113,6 +113,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
+def readers() -> Path:
+    """The trainers' readers' environment (requirements/readers.txt), where reader tests load sets."""
+    root = os.environ.get("HSEXTRACT_READERS")
+    if not root:
+        pytest.skip("HSEXTRACT_READERS is not set: install requirements/readers.txt (make venv) to run reader tests")
+    return Path(root)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama() -> Path:
     return _tiny_model("llama")
 

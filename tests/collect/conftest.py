@@ -6,7 +6,6 @@ Tests that change a host output work on a copy (`Fleet.copy`); the others read t
 from __future__ import annotations
 
 import pytest
-from formats.conftest import readers  # noqa: F401  (the trainers' reader installs, shared with tests/formats)
 from hsextract.cli import main
 from support.fleet import Fleet, make_fleet, three_hosts
 

@@ -11,7 +11,9 @@ from hsextract import fingerprint, fp8
 from hsextract.cli import main
 from hsextract.output.manifest import checksum_file, iter_entries, read_header
 from safetensors.torch import load_file
-from support.fleet import make_fleet, three_hosts
+from support.fleet import VOCAB_SIZE, make_fleet, three_hosts
+from support.head_model import write_head_model
+from support.staged_dumps import HIDDEN
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -94,3 +96,33 @@ def test_precisions_are_never_mixed_and_to_bf16_takes_both(fleet, collect, tmp_p
     assert code != 0 and "holds fp8 rows; collect the bf16 set into a new directory" in err, err
     code, err = collect("--into", str(tmp_path / "linked"), "--to-bf16", "--link", "--", *hosts)
     assert code != 0 and "--link and --to-bf16" in err, err
+
+
+def test_to_bf16_into_specforge_gives_its_files_with_the_final_state_through_the_models_norm(fleet, collect, tmp_path):
+    model = tmp_path / "model"
+    weight = torch.rand(HIDDEN, generator=torch.Generator().manual_seed(3)) + 0.5
+    write_head_model(model, vocab=VOCAB_SIZE, norm=weight)
+    into = tmp_path / "specforge"
+    args = ("--into", str(into), "--to-bf16", "--format", "specforge")
+    code, err = collect(*args, "--final", "--", *fleet.args())
+    assert code != 0 and "give --model" in err, err
+    code, err = collect(*args, "--model", str(model), "--final", "--", *fleet.args())
+    assert code == 0, err
+    header = read_header(into)
+    assert (header.format, header.final_hidden, header.precision) == ("specforge", "post_norm", "bf16")
+    assert str(model) in header.extra["converted_from"]
+    entries = list(iter_entries(into))
+    assert sorted(e.dataset_index for e in entries) == sorted(fleet.samples)
+    for e in entries:
+        staged = fleet.samples[e.dataset_index]
+        held = torch.load(into / e.file, weights_only=True)
+        rows = fp8.dequantize(*fp8.quantize(staged.hidden))  # what FP8Transfer reads of the host's file
+        t, k = rows.shape[0], rows.shape[1] - 1
+        assert e.file.endswith(f"data_{e.output_index}.ckpt")
+        assert torch.equal(held["aux_hidden_state"], rows[:, :k].reshape(1, t, k * HIDDEN)), "aux rows bit for bit"
+        eps = 1e-6  # write_head_model's rms_norm_eps
+        post = torch.nn.functional.rms_norm(rows[:, k].float(), (HIDDEN,), weight.to(torch.bfloat16).float(), eps)
+        torch.testing.assert_close(held["hidden_state"][0].float(), post, rtol=2**-7, atol=1e-6)
+        assert torch.equal(held["input_ids"], staged.input_ids) and torch.equal(held["loss_mask"], staged.loss_mask)
+    assert main(["finalize", "--output", str(into), "--verify", "--draft-vocab-size", "16", "64"]) == 0
+    assert (into / "vocab_mapping").is_dir(), "SpecForge's draft vocabulary files, not speculators'"

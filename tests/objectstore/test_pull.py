@@ -3,9 +3,6 @@ set, every object checked against its manifest line, resumable, whole or a slice
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from hsextract.output.manifest import iter_entries, verify_entry
 from hsextract.output.run_id import load_or_create_run_id
@@ -19,21 +16,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 FINAL = {"specforge": "post_norm", "modelopt": "post_norm", "speculators": "pre_norm", "speculators-v1": "pre_norm"}
 
 
-@pytest.fixture
-def readers() -> Path:
-    root = os.environ.get("HSEXTRACT_READERS")
-    if not root:
-        pytest.skip("HSEXTRACT_READERS is not set: install requirements/readers.txt (make venv) to run reader tests")
-    return Path(root)
-
-
 def _drained(weed, bucket, credentials, tmp_path, fmt: str, n: int = 7):
     dump, work = tmp_path / "dump", tmp_path / "work"
     run = load_or_create_run_id(work)
     staged = {i: stage_sample(dump, run, i, tokens=4 + i, final_hidden=FINAL[fmt]) for i in range(n)}
     out = target(weed, bucket, f"sets/{fmt}", credentials)
     assert drain(dump, work, out, lines=n, fmt=fmt) == 0
-    where = ["--s3-endpoint", weed.endpoint, "--s3-credentials", str(credentials)]
+    where = weed.cli_args(credentials)
     return out, staged, where
 
 

@@ -19,9 +19,12 @@ from support.staged_dumps import EAGLE_IDS, HIDDEN
 LAYERS = 8  # the depth whose default aux layers are the staged dumps' EAGLE_IDS ([1, L//2-1, L-4])
 
 
-def write_head_model(path: Path, vocab: int, hidden: int = HIDDEN, seed: int = 0) -> torch.Tensor:
+def write_head_model(
+    path: Path, vocab: int, hidden: int = HIDDEN, seed: int = 0, norm: torch.Tensor | None = None
+) -> torch.Tensor:
     """Write the model directory; return its head ``[vocab, hidden]`` (bf16). Its final norm is all
-    ones, so a post-norm row and its pre-norm form differ only by the RMS normalisation."""
+    ones, so a post-norm row and its pre-norm form differ only by the RMS normalisation, unless
+    `norm` gives its weight."""
     assert hidden == HIDDEN and len(EAGLE_IDS) == 3, "the staged dumps' shape"
     path.mkdir(parents=True, exist_ok=True)
     config = {
@@ -39,8 +42,9 @@ def write_head_model(path: Path, vocab: int, hidden: int = HIDDEN, seed: int = 0
     }
     (path / "config.json").write_text(json.dumps(config))
     head = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    weight = torch.ones(hidden) if norm is None else norm
     save_file(
-        {"lm_head.weight": head, "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)},
+        {"lm_head.weight": head, "model.norm.weight": weight.to(torch.bfloat16)},
         str(path / "model.safetensors"),
     )
     return head

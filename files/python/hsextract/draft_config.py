@@ -35,6 +35,7 @@ from typing import Any
 
 from hsextract.durable import atomic_write_bytes
 from hsextract.errors import LayerConfigError
+from hsextract.output.manifest import ManifestEntry
 
 DRAFT_CONFIG_FILE = "draft_config.json"
 SPECFORGE_RUN_FILE = "specforge-train.yaml"
@@ -199,6 +200,16 @@ def specforge_run(out: Path, model_dir: Path, draft_vocab_size: int, max_length:
         "run_id: eagle3",
     ]
     return "\n".join(lines) + "\n"
+
+
+LENGTH_STEP = 1024
+
+
+def max_length_for(entries: Sequence[ManifestEntry]) -> int:
+    """SpecForge's ``data.max_length`` for the set: its longest sample, rounded up to a step
+    (a shorter limit cuts the longest samples' ends out of training)."""
+    longest = max((e.tokens for e in entries), default=1)
+    return -(-longest // LENGTH_STEP) * LENGTH_STEP
 
 
 def write_draft_files(

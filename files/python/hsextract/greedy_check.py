@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -60,13 +59,14 @@ from typing import Any
 import torch
 
 from hsextract.errors import ConfigError
+from hsextract.model_weights import DEFAULT_RMS_NORM_EPS, PREFIXES, read_header, rms_norm, weight_map
 
 BF16_REL_TIE = 2.0**-7
 FP8_REL_TIE = 2.0**-3  # rows stored as FP8 and checked dequantized (the module docstring)
 DEFAULT_CHUNK_BYTES = 64 << 20
 CANDIDATES = 16
 _ST_DTYPES = {"BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2), "F32": (torch.float32, 4)}
-_PREFIXES = ("", "language_model.", "model.language_model.")
+
 
 # Sees each chunk of the head's logits in one pass: (the chunk's first vocabulary id, float32 logits [n, rows]).
 ChunkConsumer = Callable[[int, torch.Tensor], None]
@@ -103,35 +103,12 @@ class GreedyVerdict:
         )
 
 
-def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = h.float()
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-
-
-def _weight_map(model_path: Path) -> dict[str, Path]:
-    """Tensor name -> safetensors file, from the index or by reading every file's header."""
-    index = model_path / "model.safetensors.index.json"
-    if index.is_file():
-        return {k: model_path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
-    found: dict[str, Path] = {}
-    for p in sorted(model_path.glob("*.safetensors")):
-        found.update((k, p) for k in _read_header(p)[0] if k != "__metadata__")
-    return found
-
-
-def _read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """A safetensors file's header and the offset its data starts at."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(n)), 8 + n
-
-
 class _Rows:
     """Rows of a tensor in a safetensors file (a 1-D one is one row), read with pread: no mapping,
     no whole load."""
 
     def __init__(self, path: Path, name: str):
-        header, start = _read_header(path)
+        header, start = read_header(path)
         meta = header[name]
         shape = list(meta["shape"])
         if meta["dtype"] not in _ST_DTYPES or len(shape) not in (1, 2):
@@ -166,18 +143,18 @@ class GreedyHead:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"greedy self-check: cannot read {self.model_path / 'config.json'}: {exc}") from exc
         text = config.get("text_config") or config
-        self.eps = float(text.get("rms_norm_eps", 1e-6))
+        self.eps = float(text.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS))
         tied = bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
-        names = _weight_map(self.model_path)
-        heads = [f"{p}lm_head.weight" for p in _PREFIXES] + (
-            [f"{p}model.embed_tokens.weight" for p in _PREFIXES] if tied else []
+        names = weight_map(self.model_path)
+        heads = [f"{p}lm_head.weight" for p in PREFIXES] + (
+            [f"{p}model.embed_tokens.weight" for p in PREFIXES] if tied else []
         )
         self.head_name = next((n for n in heads if n in names), "")
         if not self.head_name:
             raise ConfigError(f"greedy self-check: no lm_head weight in {self.model_path} (looked for {heads[0]})")
         self.head_file = names[self.head_name]
         self._head = _Rows(self.head_file, self.head_name)
-        self.norm_name = next((n for n in (f"{p}model.norm.weight" for p in _PREFIXES) if n in names), "")
+        self.norm_name = next((n for n in (f"{p}model.norm.weight" for p in PREFIXES) if n in names), "")
         self.norm_file = names.get(self.norm_name)
         self.chunk_bytes = max(1, int(chunk_bytes))
         self._norm: torch.Tensor | None = None

@@ -16,13 +16,20 @@ Without ``--final`` a host that is still being extracted is collected as far as 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hsextract.collect.hosts import HostOutput
 from hsextract.collect.identity import Difference, dataset_difference, header_differences, lines_difference
 from hsextract.output.manifest import ManifestHeader
+
+# A header as the collect writes its host's rows (hsextract.collect.runner: --to-bf16 converts FP8 ones).
+HeaderMap = Callable[[ManifestHeader], ManifestHeader]
+
+
+def same_header(header: ManifestHeader) -> ManifestHeader:
+    return header
 
 
 @dataclass
@@ -61,12 +68,13 @@ def choose_reference(
     return Reference(first.header, first.dataset, lines, f"host {first.name}")
 
 
-def differences(ref: Reference, h: HostOutput, to_bf16: bool = False) -> list[Difference]:
-    """How `h` differs from the reference in what makes samples interchangeable (its precision and
-    dtype not, where the collect makes every row bf16)."""
+def differences(ref: Reference, h: HostOutput, as_collected: HeaderMap = same_header) -> list[Difference]:
+    """How `h` differs from the reference in what makes samples interchangeable, each header taken
+    as the collect writes its rows (`as_collected`: FP8 rows as bf16 ones, in the format they become,
+    where the collect converts them)."""
     out = []
     if ref.header is not None and h.header is not None:
-        out += header_differences(ref.header, h.header, ("precision", "dtype") if to_bf16 else ())
+        out += header_differences(as_collected(ref.header), as_collected(h.header))
     if h.header is not None or h.dataset is not None:
         d = dataset_difference(ref.dataset, h.dataset)
         if d is not None:
@@ -79,11 +87,13 @@ def differences(ref: Reference, h: HostOutput, to_bf16: bool = False) -> list[Di
     return out
 
 
-def admit(hosts: Sequence[HostOutput], ref: Reference, *, final: bool, move: bool, to_bf16: bool = False) -> Admission:
+def admit(
+    hosts: Sequence[HostOutput], ref: Reference, *, final: bool, move: bool, as_collected: HeaderMap = same_header
+) -> Admission:
     """Split `hosts` into those collected and those refused (see the module docstring)."""
     result = Admission()
     for h in hosts:
-        diffs = differences(ref, h, to_bf16)
+        diffs = differences(ref, h, as_collected)
         if diffs:
             what = "; ".join(d.describe() for d in diffs)
             hint = (

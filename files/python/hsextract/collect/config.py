@@ -17,6 +17,7 @@ from hsextract.collect.failures import FailureJournal
 from hsextract.collect.hosts import parse_host_argument
 from hsextract.collect.report_file import CollectReport
 from hsextract.collect.selection import Selection
+from hsextract.formats import FORMAT_NAMES
 from hsextract.options import option
 from hsextract.output.manifest import ManifestEntry
 
@@ -73,8 +74,20 @@ class CollectConfig:
         False,
         action="store_true",
         help="write the samples of hosts whose sets hold FP8 rows (--precision fp8) as bf16 files, dequantized "
-        "as the trainer's reader does (the speculators format's files, each verified; not with --link); "
-        "the collected set is then a bf16 set whatever the hosts' precision",
+        "as the trainer's reader does (each verified; not with --link), in the format of --format; the "
+        "collected set is then a bf16 set whatever the hosts' precision",
+    )
+    format: str | None = option(
+        None,
+        choices=FORMAT_NAMES,
+        help="with --to-bf16: the format of the bf16 files (default: the hosts' own, speculators); specforge, "
+        "modelopt and speculators-v1 are read by trainers that read bf16 rows only",
+    )
+    model: Path | None = option(
+        None,
+        help="with --to-bf16 --format specforge or modelopt: the hosts' model directory, whose final norm turns "
+        "the pre-norm final state of FP8 rows into the post-norm one those formats hold",
+        convert=Path,
     )
     final: bool = option(
         False,

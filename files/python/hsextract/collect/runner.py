@@ -37,7 +37,7 @@ from hsextract.durable import check_writable
 from hsextract.errors import ConfigError
 from hsextract.formats import get_format
 from hsextract.formats.sample_check import SampleCheck
-from hsextract.formats.to_bf16 import bf16_header
+from hsextract.formats.to_bf16 import Bf16Conversion, bf16_conversion
 from hsextract.output.collect_reasons import SAME_BYTES
 from hsextract.output.commit import OrderedCommit, ToCommit, stop_short
 from hsextract.output.dataset_record import read_record
@@ -69,6 +69,8 @@ def check_arguments(cfg: CollectConfig) -> None:
         raise ConfigError(
             "--link and --to-bf16: a converted sample is a new file, not the host's; collect without --link"
         )
+    if (cfg.format or cfg.model) and not cfg.to_bf16:
+        raise ConfigError("--format and --model choose what --to-bf16 writes: give --to-bf16 with them")
     names = [n for n, _ in cfg.hosts]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -112,7 +114,9 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
             f"--to-bf16: the collected set {out} holds {header.precision} rows; "
             "collect the bf16 set into a new directory"
         )
-    adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move", to_bf16=cfg.to_bf16)
+    conversion = _conversion(cfg, [h.header for h in hosts if h.header is not None])
+    as_collected = conversion.header_of if conversion is not None else (lambda h: h)
+    adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move", as_collected=as_collected)
     adm.refused[:0] = unreadable
     if not adm.admitted:  # nothing to add: the set, its bookkeeping and its report stay as they are
         return nothing_admitted(Collected(cfg, ref, None, entries, adm))
@@ -122,16 +126,14 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
     if ref.header is None:
         return finish(Collected(cfg, ref, None, entries, adm, notes=notes))
     host_headers = {h.name: h.header or ref.header for h in adm.admitted}
-    set_header = ref.header
-    if cfg.to_bf16 and set_header.precision == "fp8":  # the collected set's rows are bf16 ones
-        set_header = bf16_header(set_header)
-        ref = replace(ref, header=set_header)
+    set_header = as_collected(ref.header)  # FP8 rows converted: the collected set's are bf16 ones
+    ref = replace(ref, header=set_header)
     fmt = get_format(set_header.format)
     removed = remove_orphans(out, fmt.relative_path, len(entries))
     if removed:
         notes.append(f"removed {len(removed)} file(s) a killed collect renamed but never recorded")
     clear_temporary(collect_tmp_dir(out))
-    fetcher = _fetcher(cfg, out, adm, fmt, host_headers)
+    fetcher = _fetcher(cfg, out, adm, host_headers, conversion)
     plan = select_entries(entries, {h.name: h.entries for h in adm.admitted})
     fetcher.release(plan.already)  # --move: files a killed collect committed but had not removed yet
     write_identity(out, set_header.run_id, ref.dataset)
@@ -174,7 +176,21 @@ def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
     return hosts, unreadable
 
 
-def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, headers: dict[str, ManifestHeader]) -> Fetcher:
+def _conversion(cfg: CollectConfig, headers: list[ManifestHeader]) -> Bf16Conversion | None:
+    """What --to-bf16 makes of the hosts' FP8 rows (None: no host holds any, or no --to-bf16)."""
+    fp8 = next((h for h in headers if h.precision == "fp8"), None)
+    if not cfg.to_bf16 or fp8 is None:
+        return None
+    return bf16_conversion(fp8, cfg.format, cfg.model, "collect --to-bf16")
+
+
+def _fetcher(
+    cfg: CollectConfig,
+    out: Path,
+    adm: Admission,
+    headers: dict[str, ManifestHeader],
+    conversion: Bf16Conversion | None,
+) -> Fetcher:
     same = {h.name: same_filesystem(h.path, out) for h in adm.admitted}
     if cfg.mode == "link":
         other = [h for h in adm.admitted if not same[h.name]]
@@ -185,8 +201,9 @@ def _fetcher(cfg: CollectConfig, out: Path, adm: Admission, fmt, headers: dict[s
                 f"(device {os.stat(h.path).st_dev} versus {os.stat(out).st_dev}), and hard links cannot cross "
                 "filesystems. Collect without --link (a copy), or into a directory on that filesystem"
             )
-    checks = {name: SampleCheck(fmt, header) for name, header in headers.items()}
-    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same, checks, cfg.to_bf16)
+    # each host's rows checked as its own set holds them (FP8 rows in the FP8 set's format)
+    checks = {name: SampleCheck(get_format(header.format), header) for name, header in headers.items()}
+    return Fetcher(cfg.mode, collect_tmp_dir(out), {h.name: h.path for h in adm.admitted}, same, checks, conversion)
 
 
 def _fetch_and_commit(

@@ -34,6 +34,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hsextract.collect.selection import Pending
 from hsextract.contained import UnsafePath, link_regular, open_regular, unlink_regular
@@ -41,6 +42,9 @@ from hsextract.durable import fsync_dir, is_no_space, write_file_durably
 from hsextract.formats.sample_check import SampleCheck
 from hsextract.output.collect_reasons import REASONS, UNREADABLE, UNSAFE, WRONG_SAMPLE
 from hsextract.output.manifest import ManifestEntry, file_problem
+
+if TYPE_CHECKING:
+    from hsextract.formats.to_bf16 import Bf16Conversion
 
 log = logging.getLogger("hsextract.collect")
 
@@ -77,14 +81,14 @@ class Fetcher:
         hosts: dict[str, Path],
         same_fs: dict[str, bool],
         checks: dict[str, SampleCheck],
-        to_bf16: bool = False,
+        conversion: Bf16Conversion | None = None,
     ):
         self.mode = mode
         self.tmp_dir = tmp_dir
         self.hosts = hosts
         self.same_fs = same_fs
         self.checks = checks  # each host's rows checked against its own header (its precision)
-        self.to_bf16 = to_bf16  # FP8 rows become bf16 files (hsextract.formats.to_bf16)
+        self.conversion = conversion  # --to-bf16: FP8 rows become bf16 files (hsextract.formats.to_bf16)
 
     def source(self, p: Pending) -> str:
         """The host's file of `p`, as a refusal or failure names it (never opened by this name)."""
@@ -143,15 +147,13 @@ class Fetcher:
         return ("wrong_sample", f"{src}: {wrong}") if wrong else None
 
     def _converts(self, p: Pending) -> bool:
-        return self.to_bf16 and self.checks[p.host].header.precision == "fp8"
+        return self.conversion is not None and self.checks[p.host].header.precision == "fp8"
 
     def _convert(self, p: Pending, tmp: Path) -> tuple[ManifestEntry | None, str]:
         """The verified FP8 file `tmp` made a verified bf16 file in its place: (its row, "") or (None, why)."""
-        from hsextract.formats.to_bf16 import verified_conversion
-
-        check = self.checks[p.host]
+        assert self.conversion is not None
         bf16 = tmp.with_name(f"{tmp.name}.bf16")
-        converted, wrong = verified_conversion(check.fmt, tmp, bf16, p.entry, check.header)
+        converted, wrong = self.conversion.verified(tmp, bf16, p.entry)
         if converted is not None:
             os.replace(bf16, tmp)
         return converted, wrong

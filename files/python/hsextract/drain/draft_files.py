@@ -13,22 +13,13 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from hsextract.draft_config import write_draft_files
+from hsextract.draft_config import max_length_for, write_draft_files
 from hsextract.durable import is_no_space
 from hsextract.errors import HsextractError
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
 from hsextract.vocab.mapping import resolve_sizes
 
 log = logging.getLogger("hsextract.drain")
-
-LENGTH_STEP = 1024
-
-
-def max_length_for(entries: Sequence[ManifestEntry]) -> int:
-    """SpecForge's ``data.max_length`` for the set: its longest sample, rounded up to a step
-    (a shorter limit cuts the longest samples' ends out of training)."""
-    longest = max((e.tokens for e in entries), default=1)
-    return -(-longest // LENGTH_STEP) * LENGTH_STEP
 
 
 def write_draft_files_logged(

@@ -12,11 +12,14 @@ written for the samples pulled, and the dataset-level files are the bucket's whe
 pulled and the bucket's cover it, else rebuilt here from the pulled files, as ``hsextract finalize``
 would.
 
-``--to-bf16`` pulls a set of FP8 rows as bf16 files (hsextract.formats.to_bf16): each object, once
-it matches its manifest line and holds its sample (shapes, scales, fingerprint), is dequantized as
-the trainer's reader does into a bf16 file verified in turn; the pulled manifest's lines are the new
-files' (size, checksum, fingerprint), its header says bf16, and the journal keeps both checksums, so
-a resumed pull knows what it converted. A pull of a bf16 set is unchanged by it.
+``--to-bf16`` pulls a set of FP8 rows as bf16 files (hsextract.formats.to_bf16), in the format of
+``--format`` (SpecForge's, ModelOpt's, speculators 0.7's: readers that read bf16 rows only; with
+``--model`` where that format wants the final state post-norm), the set's own by default: each
+object, once it matches its manifest line and holds its sample (shapes, scales, fingerprint), is
+dequantized as the trainer's reader does into a bf16 file verified in turn; the pulled manifest's
+lines are the new files' (name, size, checksum, fingerprint), its header says bf16 and the format,
+and the journal keeps both checksums, so a resumed pull knows what it converted. The dataset-level
+files are then the new format's, written here. A pull of a bf16 set is unchanged by it.
 """
 
 from __future__ import annotations
@@ -30,14 +33,15 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hsextract.config_file import add_config_argument
 from hsextract.durable import atomic_write_bytes, fsync_dir, is_no_space
 from hsextract.errors import ConfigError, HsextractError
+from hsextract.formats import FORMAT_NAMES
 from hsextract.formats.sample_check import SampleCheck
-from hsextract.formats.to_bf16 import bf16_header, verified_conversion
+from hsextract.formats.to_bf16 import Bf16Conversion, bf16_conversion
 from hsextract.objectstore.pull_dest import append_journal, claim, journal_text, tmp_dir
 from hsextract.objectstore.retries import describe
 from hsextract.objectstore.settings import add_store_arguments, settings_from_args
@@ -70,7 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--to-bf16",
         action="store_true",
         help="pull a set of FP8 rows (--precision fp8) as bf16 files, dequantized as the trainer's reader does "
-        "(each verified; the manifest says bf16), for a consumer that reads bf16 rows",
+        "(each verified; the manifest says bf16), for a trainer that reads bf16 rows (with --format)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMAT_NAMES,
+        help="with --to-bf16: the format of the bf16 files (default: the set's own, speculators); specforge, "
+        "modelopt and speculators-v1 are read by trainers that read bf16 rows only",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="with --to-bf16 --format specforge or modelopt: the set's model directory, whose final norm turns "
+        "the set's pre-norm final state into the post-norm one those formats hold",
     )
     add_store_arguments(parser)
     add_config_argument(parser)
@@ -94,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--parallel {args.parallel}: give at least 1")
     store = ObjectStore(parse_object_url(args.source, "source"), settings_from_args(args), pool=args.parallel + 4)
     dest = Path(args.dest)
-    n, nbytes, fetched = pull(store, dest, args.samples, args.parallel, to_bf16=args.to_bf16)
+    if (args.format or args.model) and not args.to_bf16:
+        raise ConfigError("--format and --model choose what --to-bf16 writes: give --to-bf16 with them")
+    as_bf16 = Bf16Request(args.format, args.model) if args.to_bf16 else None
+    n, nbytes, fetched = pull(store, dest, args.samples, args.parallel, as_bf16=as_bf16)
     print(
         f"pulled {n} samples ({size(nbytes)}, {fetched} downloaded now) from {store.url} into {dest}, "
         "each checked against the manifest"
@@ -103,23 +122,39 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Bf16Request:
+    """``--to-bf16``: FP8 rows as bf16 files of `format` (the set's own by default), through the final
+    norm of `model` where that format wants the final state post-norm."""
+
+    format: str | None = None
+    model: Path | None = None
+
+
 def pull(
-    store: ObjectStore, dest: Path, samples: str | None = None, parallel: int = 8, *, to_bf16: bool = False
+    store: ObjectStore,
+    dest: Path,
+    samples: str | None = None,
+    parallel: int = 8,
+    *,
+    as_bf16: Bf16Request | None = None,
 ) -> tuple[int, int, int]:
-    """Pull the set (or the slice) into `dest`, FP8 rows as bf16 files given `to_bf16`; (samples,
+    """Pull the set (or the slice) into `dest`, FP8 rows as bf16 files given `as_bf16`; (samples,
     bytes, objects downloaded by this call)."""
     found = read_bucket_set(store)
     if found.header is None:
         raise ConfigError(f"{store.url}: no manifest.json: nothing was drained into this prefix yet")
+    conversion = _conversion(found.header, as_bf16)
+    fmt = conversion.target if conversion else found.fmt
     everything = found.published.entries
     first, last = parse_slice(samples, len(everything))
     chosen = [
-        replace(e, output_index=i, file=found.fmt.relative_path(i), etag="")  # an ETag is the bucket's, not a file's
+        replace(e, output_index=i, file=fmt.relative_path(i), etag="")  # an ETag is the bucket's, not a file's
         for i, e in enumerate(everything[first:last])
     ]
-    convert = to_bf16 and found.header.precision == "fp8"
+    convert = conversion is not None
     source = {"source": str(store.url), "samples": [first, last], "segments": len(found.published.heads)}
-    claim(dest, {**source, "to_bf16": True} if convert else source)
+    claim(dest, {**source, "to_bf16": True, "format": fmt.name} if convert else source)
     done = _verified(dest)
     pulled = {e.file: _pulled_entry(e, done.get(e.file), convert) for e in chosen}
     todo = [
@@ -128,14 +163,15 @@ def pull(
         if not _whole(dest / e.file, pulled[e.file])
     ]
     tmp = tmp_dir(dest)
-    one = _OneSample(store, dest, tmp, SampleCheck(found.fmt, found.header) if convert else None, pulled)
+    check = SampleCheck(found.fmt, found.header)
+    one = _OneSample(store, dest, tmp, (check, conversion) if conversion else None, pulled)
     _fetch_all(dest, one.fetch, todo, parallel)
     for d in {(dest / e.file).parent for e in chosen}:
         fsync_dir(d)
     whole = (first, last) == (0, len(everything))
     written = [pulled[e.file] or e for e in chosen]
-    header = bf16_header(found.header) if convert else found.header
-    _write_set(store, dest, replace(found, header=header), written, whole, convert)
+    header = conversion.header if conversion else found.header
+    _write_set(store, dest, replace(found, header=header, fmt=fmt), written, whole, conversion)
     with contextlib.suppress(OSError):
         tmp.rmdir()
     return len(chosen), sum(e.bytes for e in written), len(todo)
@@ -145,8 +181,15 @@ class _OneSample:
     """Downloads one sample object into the pull: checked against its manifest line, converted to a
     verified bf16 file where the pull converts (`check`: the FP8 set's), renamed into place, journaled."""
 
-    def __init__(self, store: ObjectStore, dest: Path, tmp: Path, check: SampleCheck | None, pulled: dict):
-        self.store, self.dest, self.tmp, self.check = store, dest, tmp, check
+    def __init__(
+        self,
+        store: ObjectStore,
+        dest: Path,
+        tmp: Path,
+        convert: tuple[SampleCheck, Bf16Conversion] | None,
+        pulled: dict,
+    ):
+        self.store, self.dest, self.tmp, self.convert = store, dest, tmp, convert
         self.pulled = pulled  # file -> its line in the pulled manifest (the bf16 file's, once converted)
         self._lock = threading.Lock()
 
@@ -163,8 +206,8 @@ class _OneSample:
                 f"(`hsextract finalize --output {store.url} --verify` checks them all)"
             )
         row: dict = {"file": e.file, "checksum": e.checksum}
-        if self.check is not None:
-            part, converted = _converted(self.check, store, src, part, e)
+        if self.convert is not None:
+            part, converted = _converted(*self.convert, store, src, part, e)
             self.pulled[e.file] = converted
             row["bf16"] = {
                 "bytes": converted.bytes,
@@ -196,12 +239,28 @@ def _fetch_all(dest: Path, fetch, todo: list, parallel: int) -> None:
     log.info("downloaded %d objects in %.1f s", len(todo), time.monotonic() - started)
 
 
-def _converted(check: SampleCheck, store: ObjectStore, src: ManifestEntry, part: Path, e: ManifestEntry):
+def _conversion(header, as_bf16: Bf16Request | None) -> Bf16Conversion | None:
+    """How the pull converts the set's files (None: it copies them as they are)."""
+    if as_bf16 is None:
+        return None
+    if header.precision != "fp8":
+        if as_bf16.format not in (None, header.format):
+            raise ConfigError(
+                f"--to-bf16 --format {as_bf16.format}: the set holds bf16 rows in the {header.format} format, "
+                "which the pull keeps; --format chooses the format of bf16 files made of FP8 rows"
+            )
+        return None
+    return bf16_conversion(header, as_bf16.format, as_bf16.model)
+
+
+def _converted(
+    check: SampleCheck, conversion: Bf16Conversion, store: ObjectStore, src: ManifestEntry, part: Path, e: ManifestEntry
+):
     """The downloaded FP8 object `part` (its size and checksum checked), checked to hold its sample and
     converted to a verified bf16 file beside it: (that file, its manifest line); PullError otherwise."""
     bf16 = part.with_suffix(".bf16")
     wrong = check.content_problem(part, e)
-    converted, why = (None, wrong) if wrong else verified_conversion(check.fmt, part, bf16, e, check.header)
+    converted, why = (None, wrong) if wrong else conversion.verified(part, bf16, e)
     part.unlink(missing_ok=True)
     if converted is None:
         raise PullError(f"{store.url}/{src.file}: {why}; nothing of it was kept")
@@ -242,30 +301,37 @@ def _whole(path: Path, e: ManifestEntry | None) -> bool:
 
 
 def _write_set(
-    store: ObjectStore, dest: Path, found, chosen: Sequence[ManifestEntry], whole: bool, converted: bool = False
+    store: ObjectStore,
+    dest: Path,
+    found,
+    chosen: Sequence[ManifestEntry],
+    whole: bool,
+    conversion: Bf16Conversion | None = None,
 ) -> None:
     """The manifest of the pulled samples, then the dataset-level files: the bucket's, where they
-    cover exactly these samples, else rebuilt from the pulled files. Files `converted` to bf16 are
-    not the bucket's: the draft vocabulary's checkpoint, which names the files' checksums, is then
-    written anew from them (the counts are the same)."""
+    cover exactly these samples, else rebuilt from the pulled files. Files converted to bf16 are not
+    the bucket's: the draft vocabulary's checkpoint, which names the files' checksums, is then written
+    anew from them (the counts are the same); files converted into another format get every
+    dataset-level file of that format written here (none of the bucket's is theirs)."""
     from hsextract.output.finalized import finalized_samples, record_finalized
 
     write_header(dest, found.header)
     atomic_write_bytes(entries_path(dest), b"".join(e.to_line() for e in chosen))
-    if whole and _bucket_files_cover(store, len(chosen)):
+    reformatted = conversion is not None and conversion.reformats
+    if whole and not reformatted and _bucket_files_cover(store, len(chosen)):
         for info in store.list_objects():
             rel = store.url.rel(info.key)
             if (
                 found.fmt.file_pattern.match(rel)
                 or rel == "manifest.json"
                 or (rel.startswith(f"{STATE_DIR}/") and rel not in KEEP_STATE)
-                or (converted and rel == f"{STATE_DIR}/{VOCAB_CHECKPOINT}")
+                or (conversion is not None and rel == f"{STATE_DIR}/{VOCAB_CHECKPOINT}")
             ):
                 continue
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             store.download(info.key, target)
-        if finalized_samples(dest) == len(chosen) and not converted:
+        if finalized_samples(dest) == len(chosen) and conversion is None:
             return
     found.fmt.finalize(dest, found.header, list(chosen))
     from hsextract.vocab.mapping import DEFAULT_DRAFT_VOCAB_SIZE
@@ -275,7 +341,26 @@ def _write_set(
     tracker.recover(list(chosen))
     if found.header.vocab_size:
         tracker.write_files(found.header.vocab_size)
+    if reformatted:
+        _write_draft_files(dest, conversion)
     record_finalized(dest, len(chosen))
+
+
+def _write_draft_files(dest: Path, conversion: Bf16Conversion) -> None:
+    """The new format's draft config (and SpecForge's run file), from the model the conversion read,
+    else the one the manifest names; a model that cannot be read is said, with the command to run."""
+    from hsextract.draft_command import write_set_draft_files
+
+    model = conversion.final_norm.model if conversion.final_norm is not None else None
+    try:
+        write_set_draft_files(dest, model)
+    except (OSError, ValueError, HsextractError) as exc:
+        log.error(
+            "draft_config.json not written (%s); write it with `hsextract draft-config --output %s --model "
+            "<the model directory>`",
+            exc,
+            dest,
+        )
 
 
 def _bucket_files_cover(store: ObjectStore, n: int) -> bool:

@@ -68,6 +68,11 @@ def claim(dest: Path, source: dict) -> None:
             f"{dest} holds a pull of {before.get('source')} as {held}: resume it "
             f"{'with' if before.get('to_bf16') else 'without'} --to-bf16, or pull into a new directory"
         )
+    if before.get("to_bf16") and before.get("format") != source.get("format"):
+        raise ConfigError(
+            f"{dest} holds a pull of {before.get('source')} as bf16 files of the {before.get('format')} format: "
+            f"resume it with --format {before.get('format')}, or pull into a new directory"
+        )
     _write_source(dest, source)
 
 
