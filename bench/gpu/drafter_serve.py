@@ -165,22 +165,28 @@ def criteria(tau: dict, differences: dict) -> dict:
     floor = at_least("floor", 0.5, strict=True)
     floor["difference"] = diff("floor")
     floor["met"] = None if floor["lower_bound"] is None else floor["met"] and floor["difference"] >= 0.5
-    ab, aa2 = differences.get("A-B", {}).get("gsm8k"), diff("A2")
-    same_as_reference = None
-    if ab and aa2 is not None:
-        inside = ab["interval_95"][0] >= -0.06 and ab["interval_95"][1] <= 0.06
-        same_as_reference = {
-            "A-B": ab,
+    def within_noise(arm: str) -> dict | None:
+        """`arm` as good as A: its paired interval within +-0.06, and its difference within A2's (a
+        second seed of A: the training's own noise) plus 0.03."""
+        got, aa2 = differences.get(f"A-{arm}", {}).get("gsm8k"), diff("A2")
+        if not got or aa2 is None:
+            return None
+        inside = got["interval_95"][0] >= -0.06 and got["interval_95"][1] <= 0.06
+        close = abs(got["difference"]) <= abs(aa2) + 0.03
+        return {
+            f"A-{arm}": got,
             "A-A2": aa2,
             "interval_within_0.06": inside,
-            "abs_A-B_within_noise_plus_0.03": abs(ab["difference"]) <= abs(aa2) + 0.03,
-            "met": inside and abs(ab["difference"]) <= abs(aa2) + 0.03,
+            f"abs_A-{arm}_within_noise_plus_0.03": close,
+            "met": inside and close,
         }
+
     return {
         "1_A_above_floor_by_0.5": floor,
         "2_states_carry_the_signal_A-D2": at_least("D2", 0.20),
         "3_off_by_one_capture_A-S1": at_least("S1", 0.30),
         "3_far_layers_at_serving_A-C_far": at_least("C_far", 0.30),
         "3_next_layers_at_serving_A-C": at_least("C", 0.0, strict=True),
-        "4_rows_as_good_as_the_reference": same_as_reference,
+        "4_rows_as_good_as_the_reference": within_noise("B"),
+        "5_fp8_rows_as_good_as_bf16_A-F8": within_noise("F8"),
     }

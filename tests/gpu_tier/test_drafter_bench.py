@@ -194,10 +194,18 @@ def test_rows_unlike_the_references_fail_the_fourth_criterion_on_either_count():
     assert noisy["met"] is False
 
 
+def test_fp8_rows_pass_the_fifth_criterion_only_within_the_second_seeds_noise():
+    same = drafter_serve.criteria({}, _differences(F8=-0.05, A2=0.0))["5_fp8_rows_as_good_as_bf16_A-F8"]
+    worse = drafter_serve.criteria({}, _differences(F8=0.02, A2=0.0))["5_fp8_rows_as_good_as_bf16_A-F8"]
+    assert same["met"] is True  # F8's interval -0.05 to 0.05, A2's noise 0.05
+    assert worse["interval_within_0.06"] is False and worse["met"] is False  # F8 0.02 to 0.12 below A
+
+
 def test_an_arm_not_served_leaves_its_criterion_unjudged():
     got = drafter_serve.criteria({}, _differences(floor=0.9))
     assert got["2_states_carry_the_signal_A-D2"]["met"] is None
     assert got["4_rows_as_good_as_the_reference"] is None
+    assert got["5_fp8_rows_as_good_as_bf16_A-F8"] is None
 
 
 def test_the_histogram_sums_each_requests_verify_steps_by_drafts_accepted():
