@@ -14,8 +14,8 @@ run it, SpecForge's own trainer, and the accept length measured in SGLang itself
    other training sets, the same sequences with other rows (``drafter_data``): F8 (the replies
    captured again by a capture that quantizes to FP8 on the GPU, into a speculators FP8 set, then
    ``hsextract collect --to-bf16 --format specforge --model``: what a SpecForge user trains on from
-   an FP8 set), B (transformers' rows), D2 (another sample's aux states, its own targets), S1 (aux states one token late) and,
-   with ``--arms``, D (another sample's aux and final states);
+   an FP8 set), B (transformers' rows), D2 (another sample's aux states, its own targets), S1 (aux
+   states one token late) and, with ``--arms``, D (another sample's aux and final states);
 3. ``train``: SpecForge trains every arm side by side with the same run file (the drain's
    ``specforge-train.yaml``) and settings, A2 being A with another seed; the step count is set from
    the steps per second a short calibration of all arms measured and the time the budget leaves.
