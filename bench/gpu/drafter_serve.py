@@ -165,6 +165,7 @@ def criteria(tau: dict, differences: dict) -> dict:
     floor = at_least("floor", 0.5, strict=True)
     floor["difference"] = diff("floor")
     floor["met"] = None if floor["lower_bound"] is None else floor["met"] and floor["difference"] >= 0.5
+
     def within_noise(arm: str) -> dict | None:
         """`arm` as good as A: its paired interval within +-0.06, and its difference within A2's (a
         second seed of A: the training's own noise) plus 0.03."""
