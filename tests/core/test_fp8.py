@@ -71,3 +71,13 @@ def test_a_token_of_zeros_keeps_a_scale_above_zero_and_comes_back_as_zeros():
 def test_scales_a_trainer_cannot_use_are_named(scales, says):
     problem = fp8.scales_problem(scales, 3)
     assert (problem is None) if says is None else (says in problem), problem
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_cpus_lookup_dequantizes_every_code_as_the_readers_own_expression(dtype):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8.DTYPE)
+    q = codes.repeat(40, 1).reshape(40, 2, 128)  # every code under each of 40 tokens' scales
+    scales = fp8.quantize(_rows(tokens=40, slots=2, hidden=128))[1]
+    got, want = fp8.dequantize(q, scales, dtype), q.to(dtype) * scales.to(dtype)
+    width = torch.int16 if dtype != torch.float32 else torch.int32
+    assert got.dtype == dtype and torch.equal(got.view(width), want.view(width)), "bit for bit, NaN codes too"

@@ -49,8 +49,27 @@ def quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(fp8: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """The rows a trainer reads back: ``fp8.to(dtype) * scales.to(dtype)``, as FP8Transfer computes them."""
-    return fp8.to(dtype) * scales.to(dtype)
+    """The rows a trainer reads back: ``fp8.to(dtype) * scales.to(dtype)``, as FP8Transfer computes them.
+    On a CPU the cast is a lookup in the 256 values torch's own cast gives each code (the same values,
+    bit for bit, in a fifth of the time: torch casts float8 to bf16 at about 0.1 G values/s a core)."""
+    if fp8.device.type != "cpu" or dtype not in _INT_VIEW:
+        return fp8.to(dtype) * scales.to(dtype)
+    table = _cast_table(dtype)
+    codes = fp8.contiguous().view(torch.uint8).numpy()
+    values = torch.from_numpy(table[codes]).view(dtype)
+    return values * scales.to(dtype)
+
+
+_INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+_TABLES: dict[torch.dtype, np.ndarray] = {}
+
+
+def _cast_table(dtype: torch.dtype) -> np.ndarray:
+    """torch's cast of each of the 256 e4m3fn codes to `dtype`, as integers of its width (numpy has no bf16)."""
+    if dtype not in _TABLES:
+        cast = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(DTYPE).to(dtype)
+        _TABLES[dtype] = cast.view(_INT_VIEW[dtype]).numpy().copy()
+    return _TABLES[dtype]
 
 
 def scales_problem(scales: torch.Tensor, tokens: int) -> str | None:
