@@ -18,6 +18,7 @@ import yaml
 from hsextract.output.manifest import iter_entries, read_header, verify_entry
 from support import ansiballz_cache
 from support.fleet import make_fleet, three_hosts
+from support.head_model import write_head_model
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -106,12 +107,22 @@ def test_the_play_pulls_every_host_and_collects_them_fetching_a_damaged_copy_aga
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
 
 
-def test_fp8_hosts_are_collected_as_verified_bf16_files_when_the_play_is_asked_to(tmp_path):
+def test_fp8_hosts_are_collected_as_verified_specforge_files_when_the_play_is_asked_to(tmp_path):
     fleet = make_fleet(tmp_path / "hosts", "speculators", three_hosts(), 12, precision="fp8")
-    r = play(tmp_path, fleet.hosts, collect_final=True, collect_to_bf16=True)
+    model = tmp_path / "model"
+    write_head_model(model, vocab=100)
+    r = play(
+        tmp_path,
+        fleet.hosts,
+        collect_final=True,
+        collect_to_bf16=True,
+        collect_to_bf16_format="specforge",
+        collect_to_bf16_model=str(model),
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     into = tmp_path / "collected"
-    assert (read_header(into).precision, read_header(into).dtype) == ("bf16", "bfloat16")
+    header = read_header(into)
+    assert (header.format, header.final_hidden, header.precision) == ("specforge", "post_norm", "bf16")
     entries = list(iter_entries(into))
     assert sorted(e.dataset_index for e in entries) == sorted(fleet.samples)
     assert all(verify_entry(into, e) is None for e in entries)

@@ -96,6 +96,11 @@ def test_precisions_are_never_mixed_and_to_bf16_takes_both(fleet, collect, tmp_p
     assert code != 0 and "holds fp8 rows; collect the bf16 set into a new directory" in err, err
     code, err = collect("--into", str(tmp_path / "linked"), "--to-bf16", "--link", "--", *hosts)
     assert code != 0 and "--link and --to-bf16" in err, err
+    bf16_hosts = [f"b={bf16.hosts['b']}"]
+    code, err = collect(
+        "--into", str(tmp_path / "as-specforge"), "--to-bf16", "--format", "specforge", "--", *bf16_hosts
+    )
+    assert code != 0 and "no host holds FP8 rows" in err, err
 
 
 def test_to_bf16_into_specforge_gives_its_files_with_the_final_state_through_the_models_norm(fleet, collect, tmp_path):

@@ -179,6 +179,11 @@ def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
 def _conversion(cfg: CollectConfig, headers: list[ManifestHeader]) -> Bf16Conversion | None:
     """What --to-bf16 makes of the hosts' FP8 rows (None: no host holds any, or no --to-bf16)."""
     fp8 = next((h for h in headers if h.precision == "fp8"), None)
+    if cfg.to_bf16 and fp8 is None and cfg.format and any(h.format != cfg.format for h in headers):
+        raise ConfigError(
+            f"--to-bf16 --format {cfg.format}: no host holds FP8 rows, and --format chooses the format of bf16 "
+            "files made of FP8 rows; a bf16 set keeps its format (drain the run in that format)"
+        )
     if not cfg.to_bf16 or fp8 is None:
         return None
     return bf16_conversion(fp8, cfg.format, cfg.model, "collect --to-bf16")
