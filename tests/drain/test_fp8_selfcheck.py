@@ -11,8 +11,12 @@ the same rows through FP8               0.026 - 0.027        0.066 - 0.110      
 the layer before, through FP8           0.37 - 0.53          -                   -
 =====================================  ===================  ==================  ===========
 
-FP8 leaves the logprob check's bound (0.1) well above its error and well below a one-layer offset's;
-the greedy check allows FP8's rounding (FP8_REL_TIE), so the logprob check is what fails the offset.
+On a trained model FP8 moves the logprobs further: SmolLM2-135M-Instruct on 12 GSM8K prompts
+(bench/fp8_logprob_error.py) gave 0.020-0.031 for the captured bf16 rows, 0.088-0.104 through FP8
+(three of twelve above bf16's bound, 0.1) and 2.6-4.0 for the layer before. So FP8 rows have a bound of
+their own, FP8_MAX_MEAN_ABS_ERROR = 0.25: above the trained model's FP8 error, below every one-layer
+offset measured; the greedy check allows FP8's rounding (FP8_REL_TIE), so the logprob check is what
+fails the offset.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 from hsextract import fp8, server_logprobs
 from hsextract.greedy_check import BF16_REL_TIE, FP8_REL_TIE, GreedyHead
 from hsextract.logprob_check import check_final_rows
-from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
+from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, FP8_MAX_MEAN_ABS_ERROR
 from hsextract.staging.dumps import read_states
 from support.hf_reference import reference
 from support.server_dumps import wait_done
@@ -67,8 +71,9 @@ def test_fp8_rows_pass_both_checks_and_a_one_layer_offset_still_fails_them(llama
         assert plain is not None and logprobs.mean_abs_error > 3 * plain.mean_abs_error, "the FP8 rows were checked"
         offset = rows.clone()
         offset[:, -1] = reference(server.model_dir, ids).hidden_states[-2].bfloat16()  # the layer before, pre-norm
-        _, wrong = check_final_rows(head, _through_fp8(offset), "pre_norm", token, given, tie=FP8_REL_TIE)
-        assert wrong is not None and not wrong.ok and wrong.mean_abs_error > 2 * DEFAULT_MAX_MEAN_ABS_ERROR, wrong
+        fp8_check = {"tie": FP8_REL_TIE, "bound": FP8_MAX_MEAN_ABS_ERROR}
+        _, wrong = check_final_rows(head, _through_fp8(offset), "pre_norm", token, given, **fp8_check)
+        assert wrong is not None and not wrong.ok and wrong.mean_abs_error > FP8_MAX_MEAN_ABS_ERROR, wrong
 
 
 def test_fp8s_rounding_moves_the_greedy_checks_logit_gaps_by_less_than_its_fp8_tie(tiny_llama):

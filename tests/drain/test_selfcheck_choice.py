@@ -74,3 +74,26 @@ def test_a_share_of_one_checks_every_sample_whatever_waits(tmp_path):
         held.submit(f"hsx-run-{i}")
     summary = held.finish()
     assert summary["checked"] == 4 and summary["queue"]["skipped_for_load"] == 0
+
+
+def test_an_fp8_sets_logprob_bound_is_fp8s_own_unless_one_is_given(tmp_path):
+    from hsextract.drain.config import DrainConfig
+    from hsextract.drain.selfcheck import make_selfcheck
+    from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, FP8_MAX_MEAN_ABS_ERROR
+
+    write_head_model(tmp_path / "model", 64)
+
+    def bound(**kw) -> float:
+        model = str(tmp_path / "model")
+        cfg = DrainConfig(
+            dump_dir=tmp_path / "dump", output=tmp_path / "out", format="speculators", model_path=model, **kw
+        )
+        check = make_selfcheck(cfg)
+        try:
+            return check.bound
+        finally:
+            check.close()
+
+    assert bound() == DEFAULT_MAX_MEAN_ABS_ERROR == 0.1
+    assert bound(precision="fp8") == FP8_MAX_MEAN_ABS_ERROR == 0.25
+    assert bound(precision="fp8", selfcheck_logprob_bound=0.12) == 0.12

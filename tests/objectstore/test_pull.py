@@ -4,12 +4,15 @@ set, every object checked against its manifest line, resumable, whole or a slice
 from __future__ import annotations
 
 import pytest
-from hsextract.output.manifest import iter_entries, verify_entry
+import torch
+from hsextract.output.manifest import iter_entries, read_header, verify_entry
 from hsextract.output.run_id import load_or_create_run_id
 from support.bucket_sets import drain, published, target
 from support.drain_proc import hsextract
+from support.fleet import VOCAB_SIZE
+from support.head_model import write_head_model
 from support.reader_check import assert_reader_sees_captured, load_with_reader
-from support.staged_dumps import stage_sample
+from support.staged_dumps import HIDDEN, Staged, stage_sample
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -76,3 +79,46 @@ def test_a_slice_is_renumbered_from_zero_with_its_own_dataset_files(weed, bucket
     assert [e.rid for e in entries] == [e.rid for e in source[2:5]]
     assert all(verify_entry(dest, e) is None for e in entries)
     assert (dest / "state.json").exists()
+
+
+@pytest.mark.readers
+def test_an_fp8_set_is_pulled_as_a_specforge_set_the_specforge_reader_loads(
+    weed, bucket, credentials, tmp_path, readers
+):
+    dump, work = tmp_path / "dump", tmp_path / "work"
+    run = load_or_create_run_id(work)
+    staged = {i: stage_sample(dump, run, i, tokens=4 + i) for i in range(5)}
+    out = target(weed, bucket, "sets/fp8", credentials)
+    assert drain(dump, work, out, lines=5, precision="fp8") == 0
+    where = weed.cli_args(credentials)
+    model = tmp_path / "model"
+    write_head_model(model, vocab=VOCAB_SIZE, norm=torch.linspace(0.5, 1.5, HIDDEN))
+    dest = tmp_path / "specforge"
+    r = hsextract("pull", str(out.url), str(dest), "--format", "specforge", *where)
+    assert r.returncode != 0 and "give --to-bf16 with them" in r.stderr, r.stderr
+    pull = ("pull", str(out.url), str(dest), "--to-bf16", "--format", "specforge", "--model", str(model), *where)
+    r = hsextract(*pull)
+    assert r.returncode == 0, r.stderr
+    header = read_header(dest)
+    assert (header.format, header.final_hidden, header.precision) == ("specforge", "post_norm", "bf16")
+    assert (dest / "specforge-train.yaml").is_file() and (dest / "draft_config.json").is_file()
+    assert not (dest / "state.json").exists() and not list(dest.glob("d2t*.npy")), "no file of the bucket's format"
+    entries = list(iter_entries(dest))
+    as_written = {}
+    for e in entries:
+        held = torch.load(dest / e.file, weights_only=True)
+        s = staged[e.dataset_index]
+        t = s.hidden.shape[0]
+        rows = torch.cat(
+            [held["aux_hidden_state"][0].view(t, -1, HIDDEN), held["hidden_state"][0].view(t, 1, HIDDEN)], 1
+        )
+        as_written[e.dataset_index] = Staged(s.rid, s.index, s.input_ids, s.loss_mask, rows)
+    loaded = load_with_reader(readers, "specforge", dest, num_aux=3, hidden=HIDDEN)
+    assert_reader_sees_captured("specforge", dest, loaded, as_written)
+    assert hsextract("finalize", "--output", str(dest), "--verify").returncode == 0
+
+    (dest / entries[2].file).unlink()  # as if the pull had stopped before it
+    r = hsextract(*pull)
+    assert r.returncode == 0 and "1 downloaded now" in r.stdout, r.stdout + r.stderr
+    r = hsextract("pull", str(out.url), str(dest), "--to-bf16", *where)
+    assert r.returncode != 0 and "resume it with --format specforge" in r.stderr, r.stderr

@@ -34,6 +34,19 @@ from typing import Any
 DEFAULT_TOP_K = 5  # the server's best k tokens compared at each position, beside the next token
 DEFAULT_MAX_POSITIONS = 64  # prompt positions checked: all of a shorter prompt, this many spread over a longer one
 DEFAULT_MAX_MEAN_ABS_ERROR = 0.1  # the bound on the mean absolute error (measured: hsextract.logprob_check)
+# The bound for FP8 rows checked dequantized: FP8's rounding alone moved a trained model's logprobs by up
+# to 0.104 (SmolLM2-135M, bench/fp8_logprob_error.py), a one-layer offset by 0.37 and more.
+FP8_MAX_MEAN_ABS_ERROR = 0.25
+
+
+def bound_for(fp8: bool, given: float | None = None) -> float:
+    """The logprob check's bound for rows of a set: the one given (``--selfcheck-logprob-bound``), else
+    the precision's own."""
+    if given is not None:
+        return given
+    return FP8_MAX_MEAN_ABS_ERROR if fp8 else DEFAULT_MAX_MEAN_ABS_ERROR
+
+
 DEFAULT_TIMEOUT_S = 60.0
 
 

@@ -140,7 +140,10 @@ def _check_token(
     try:
         server = server_logprobs.fetch(server_url, input_ids) if server_url else None
         head = GreedyHead(model_path)
-        verdict, logprobs = check_final_rows(head, hidden[:, -1], final_hidden, server_token, server, tie=tie)
+        bound = server_logprobs.bound_for(tie == FP8_REL_TIE)
+        verdict, logprobs = check_final_rows(
+            head, hidden[:, -1], final_hidden, server_token, server, tie=tie, bound=bound
+        )
     except (ConfigError, LogprobsUnavailable) as exc:
         res.reasons.append(
             f"the server's logprobs of the probe: {exc}" if isinstance(exc, LogprobsUnavailable) else str(exc)

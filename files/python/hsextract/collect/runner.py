@@ -114,7 +114,7 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
             f"--to-bf16: the collected set {out} holds {header.precision} rows; "
             "collect the bf16 set into a new directory"
         )
-    conversion = _conversion(cfg, [h.header for h in hosts if h.header is not None])
+    conversion = _conversion(cfg, [h.header for h in (ref, *hosts) if h.header is not None])
     as_collected = conversion.header_of if conversion is not None else (lambda h: h)
     adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move", as_collected=as_collected)
     adm.refused[:0] = unreadable
@@ -177,7 +177,8 @@ def _read_hosts(cfg: CollectConfig) -> tuple[list[HostOutput], list[str]]:
 
 
 def _conversion(cfg: CollectConfig, headers: list[ManifestHeader]) -> Bf16Conversion | None:
-    """What --to-bf16 makes of the hosts' FP8 rows (None: no host holds any, or no --to-bf16)."""
+    """What --to-bf16 makes of the hosts' FP8 rows (None: no host holds any, or no --to-bf16), made
+    for the first FP8 set of `headers` (the reference's first: the model is checked against it)."""
     fp8 = next((h for h in headers if h.precision == "fp8"), None)
     if cfg.to_bf16 and fp8 is None and cfg.format and any(h.format != cfg.format for h in headers):
         raise ConfigError(

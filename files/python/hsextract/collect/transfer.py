@@ -153,7 +153,7 @@ class Fetcher:
         """The verified FP8 file `tmp` made a verified bf16 file in its place: (its row, "") or (None, why)."""
         assert self.conversion is not None
         bf16 = tmp.with_name(f"{tmp.name}.bf16")
-        converted, wrong = self.conversion.verified(tmp, bf16, p.entry)
+        converted, wrong = self.conversion.verified(tmp, bf16, p.entry, self.checks[p.host].header)
         if converted is not None:
             os.replace(bf16, tmp)
         return converted, wrong

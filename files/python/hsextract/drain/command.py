@@ -34,12 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
 
 
-def check_selfcheck_server(url: str, bound: float) -> None:
+def check_selfcheck_server(url: str, bound: float | None) -> None:
     """ConfigError unless the logprob check's URL and bound can be used."""
     parts = urlsplit(url)
     if url and (parts.scheme not in ("http", "https") or not parts.hostname):
         raise ConfigError(f"--selfcheck-server {url!r}: give the server's URL, e.g. http://127.0.0.1:30000")
-    if not bound > 0:
+    if bound is not None and not bound > 0:
         raise ConfigError(f"--selfcheck-logprob-bound {bound}: give a mean absolute error above 0")
 
 

@@ -16,7 +16,7 @@ from hsextract.layers import CONVENTIONS
 from hsextract.options import option
 from hsextract.output.accounts import DEFAULT_MAX_FAILURE_SHARE
 from hsextract.output.layout import FAILURES, default_quarantine_dir
-from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR
+from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, FP8_MAX_MEAN_ABS_ERROR
 
 if TYPE_CHECKING:
     from hsextract.objectstore.output import ObjectOutput
@@ -134,11 +134,13 @@ class DrainConfig:
         "none, the greedy check alone; the drain's unit passes the run's server)",
         convert=str.strip,
     )
-    selfcheck_logprob_bound: float = option(
-        DEFAULT_MAX_MEAN_ABS_ERROR,
+    # None: the precision's own (hsextract.server_logprobs.bound_for)
+    selfcheck_logprob_bound: float | None = option(
+        None,
         type=float,
         help="the mean absolute error of a sample's compared logprobs above which it is quarantined "
-        f"as logprob_mismatch (default {DEFAULT_MAX_MEAN_ABS_ERROR:g})",
+        f"as logprob_mismatch (default {DEFAULT_MAX_MEAN_ABS_ERROR:g}, {FP8_MAX_MEAN_ABS_ERROR:g} for FP8 rows, "
+        "checked dequantized: their rounding moves a trained model's logprobs by up to 0.1)",
     )
     uploads: int = option(8, type=int, help="with --output s3://...: samples uploaded at once (default 8)")
     s3_part_size: int = option(

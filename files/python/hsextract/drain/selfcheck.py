@@ -37,7 +37,7 @@ from hsextract.drain.logprob_source import LogprobSource
 from hsextract.drain.validate import GREEDY, LOGPROB, InvalidDump
 from hsextract.greedy_check import GreedyHead, GreedyVerdict
 from hsextract.logprob_check import LogprobVerdict, check_samples
-from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, DEFAULT_MAX_POSITIONS, ServerLogprobs
+from hsextract.server_logprobs import DEFAULT_MAX_MEAN_ABS_ERROR, DEFAULT_MAX_POSITIONS, ServerLogprobs, bound_for
 
 log = logging.getLogger("hsextract.drain")
 
@@ -289,7 +289,7 @@ def make_selfcheck(
         cfg.selfcheck_share,
         cfg.selfcheck_first,
         logprobs=source,
-        bound=cfg.selfcheck_logprob_bound,
+        bound=bound_for(cfg.precision == "fp8", cfg.selfcheck_logprob_bound),
         publish=publish,
         fail=fail,
         together=together,

@@ -93,17 +93,21 @@ class Bf16Conversion:
             fingerprint=fingerprint.of_states(rows, ids),
         )
 
-    def verified(self, src: Path, dest: Path, entry: ManifestEntry) -> tuple[ManifestEntry | None, str]:
+    def verified(
+        self, src: Path, dest: Path, entry: ManifestEntry, source: ManifestHeader | None = None
+    ) -> tuple[ManifestEntry | None, str]:
         """`convert`, then the new file read back from the disk against its new row (size, checksum,
-        shapes, fingerprint of the bf16 rows): (the new row, "") or (None, what is wrong); `dest` is
-        removed when it is wrong."""
+        shapes, fingerprint of the bf16 rows) and the converted header of its set (`source`: the FP8
+        set's header, where it is not the one this conversion was made for: one host's of many):
+        (the new row, "") or (None, what is wrong); `dest` is removed when it is wrong."""
         try:
             converted = self.convert(src, dest, entry)
         except ValueError as exc:
             dest.unlink(missing_ok=True)
             return None, f"not converted to bf16: {exc}"
         problem = file_problem(dest, converted)
-        wrong = problem[1] if problem else SampleCheck(self.target, self.header).content_problem(dest, converted)
+        header = self.header if source is None else self.header_of(source)
+        wrong = problem[1] if problem else SampleCheck(self.target, header).content_problem(dest, converted)
         if wrong:
             dest.unlink(missing_ok=True)
             return None, f"its bf16 file, read back, is not its sample: {wrong}"
