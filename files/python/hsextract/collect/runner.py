@@ -114,7 +114,8 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
             f"--to-bf16: the collected set {out} holds {header.precision} rows; "
             "collect the bf16 set into a new directory"
         )
-    conversion = _conversion(cfg, [h.header for h in (ref, *hosts) if h.header is not None])
+    headers = [ref.header, *(h.header for h in hosts)]
+    conversion = _conversion(cfg, [h for h in headers if h is not None])
     as_collected = conversion.header_of if conversion is not None else (lambda h: h)
     adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move", as_collected=as_collected)
     adm.refused[:0] = unreadable

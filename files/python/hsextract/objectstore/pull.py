@@ -317,8 +317,8 @@ def _write_set(
 
     write_header(dest, found.header)
     atomic_write_bytes(entries_path(dest), b"".join(e.to_line() for e in chosen))
-    reformatted = conversion is not None and conversion.reformats
-    if whole and not reformatted and _bucket_files_cover(store, len(chosen)):
+    reformatted = conversion if conversion is not None and conversion.reformats else None
+    if whole and reformatted is None and _bucket_files_cover(store, len(chosen)):
         for info in store.list_objects():
             rel = store.url.rel(info.key)
             if (
@@ -341,8 +341,8 @@ def _write_set(
     tracker.recover(list(chosen))
     if found.header.vocab_size:
         tracker.write_files(found.header.vocab_size)
-    if reformatted:
-        _write_draft_files(dest, conversion)
+    if reformatted is not None:
+        _write_draft_files(dest, reformatted)
     record_finalized(dest, len(chosen))
 
 
