@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench" / "gpu"), str(REPO / "files" / "python")]
 
 import gpu_env  # noqa: E402
-from gpu_server import ServerHandle, ServerSpec, start, wait_healthy  # noqa: E402
+from gpu_server import ServerHandle, ServerSpec, capture_flags, start, wait_healthy  # noqa: E402
 from hsextract import fingerprint  # noqa: E402
 from hsextract.capture.config import WRITER_PROCESS_DEFAULT  # noqa: E402
 from hsextract.staging import dumps as staging  # noqa: E402
@@ -90,18 +90,7 @@ def server_args(env: gpu_env.GpuEnv) -> tuple[str, ...]:
         return ("--chunked-prefill-size", "512", "--max-total-tokens", "8192", "--max-running-requests", "16")
     # Two 8B servers share one GPU: a capped KV pool (131072 tokens, 16 GiB) each, and a high static
     # fraction so SGLang's headroom (the rest of the memory it found free at start) stays small.
-    return (
-        "--chunked-prefill-size",
-        "8192",
-        "--max-total-tokens",
-        "131072",
-        "--max-running-requests",
-        "256",
-        "--mem-fraction-static",
-        "0.9",
-        "--cuda-graph-max-bs-decode",
-        "8",
-    )
+    return capture_flags(0.9)
 
 
 def start_pair(

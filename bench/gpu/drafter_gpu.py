@@ -76,7 +76,7 @@ import drafter_serve  # noqa: E402
 import drafter_train  # noqa: E402
 import gpu_env  # noqa: E402
 import pipeline_gpu  # noqa: E402
-from gpu_server import ServerSpec, start, wait_healthy  # noqa: E402
+from gpu_server import ServerSpec, capture_flags, start, wait_healthy  # noqa: E402
 from hsextract.output.manifest import iter_entries  # noqa: E402
 
 CARRY = REPO / ".drafter"
@@ -360,18 +360,7 @@ class Bench:
     def _capture_flags(self) -> tuple[str, ...]:
         if not self.cuda:
             return ("--chunked-prefill-size", "512", "--max-total-tokens", "16384", "--max-running-requests", "16")
-        return (
-            "--chunked-prefill-size",
-            "8192",
-            "--max-total-tokens",
-            "131072",
-            "--max-running-requests",
-            "256",
-            "--mem-fraction-static",
-            "0.3",
-            "--cuda-graph-max-bs-decode",
-            "8",
-        )
+        return capture_flags(0.3)
 
     def _case(self, out: Path, **kw) -> pipeline_gpu.Case:
         """The extraction of the regenerated replies into `out`, as set A's."""

@@ -29,6 +29,25 @@ __all__ = ["ServerHandle", "ServerSpec", "ServerStartError", "dump_dir_for", "lo
 STAGING_ROOT = Path("/dev/shm") / "hsx-gpu-tier"
 
 
+def capture_flags(mem_fraction: float) -> tuple[str, ...]:
+    """A capture server's batch and memory flags on one GPU: prefill in chunks of 8,192 tokens, a KV
+    pool capped at 131,072 tokens (16 GiB at 8B), up to 256 requests at once, `mem_fraction` of the
+    memory SGLang finds free at its start, and decode graphs up to batch 8 (a capture's replies are
+    one token)."""
+    return (
+        "--chunked-prefill-size",
+        "8192",
+        "--max-total-tokens",
+        "131072",
+        "--max-running-requests",
+        "256",
+        "--mem-fraction-static",
+        str(mem_fraction),
+        "--cuda-graph-max-bs-decode",
+        "8",
+    )
+
+
 def dump_dir_for(name: str) -> Path:
     """The staging directory of the server named ``name``."""
     return STAGING_ROOT / name

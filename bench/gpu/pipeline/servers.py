@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gpu_env
-from gpu_server import ServerHandle, ServerSpec, start, wait_healthy
+from gpu_server import ServerHandle, ServerSpec, capture_flags, start, wait_healthy
 
 from .settings import ALL_SIDES
 
@@ -64,18 +64,7 @@ def plan_models(kinds: list[str], env: gpu_env.GpuEnv, work: Path, gpu: int, say
                     32768,
                     "w",
                     8192,
-                    (
-                        "--chunked-prefill-size",
-                        "8192",
-                        "--max-total-tokens",
-                        "131072",
-                        "--max-running-requests",
-                        "256",
-                        "--mem-fraction-static",
-                        "0.9",
-                        "--cuda-graph-max-bs-decode",
-                        "8",
-                    ),
+                    capture_flags(0.9),
                 )
             )
         elif kind == "llama8b":  # the dry run: the tiny Llama in its place
