@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hsextract import fp8
 from hsextract.output.manifest import iter_entries, read_header, verify_entry
 from hsextract.output.run_id import load_or_create_run_id
 from support.bucket_sets import drain, published, target
@@ -19,12 +20,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 FINAL = {"specforge": "post_norm", "modelopt": "post_norm", "speculators": "pre_norm", "speculators-v1": "pre_norm"}
 
 
-def _drained(weed, bucket, credentials, tmp_path, fmt: str, n: int = 7):
+def _drained(weed, bucket, credentials, tmp_path, fmt: str, n: int = 7, precision: str = "bf16"):
     dump, work = tmp_path / "dump", tmp_path / "work"
     run = load_or_create_run_id(work)
     staged = {i: stage_sample(dump, run, i, tokens=4 + i, final_hidden=FINAL[fmt]) for i in range(n)}
     out = target(weed, bucket, f"sets/{fmt}", credentials)
-    assert drain(dump, work, out, lines=n, fmt=fmt) == 0
+    assert drain(dump, work, out, lines=n, fmt=fmt, precision=precision) == 0
     where = weed.cli_args(credentials)
     return out, staged, where
 
@@ -85,12 +86,7 @@ def test_a_slice_is_renumbered_from_zero_with_its_own_dataset_files(weed, bucket
 def test_an_fp8_set_is_pulled_as_a_specforge_set_the_specforge_reader_loads(
     weed, bucket, credentials, tmp_path, readers
 ):
-    dump, work = tmp_path / "dump", tmp_path / "work"
-    run = load_or_create_run_id(work)
-    staged = {i: stage_sample(dump, run, i, tokens=4 + i) for i in range(5)}
-    out = target(weed, bucket, "sets/fp8", credentials)
-    assert drain(dump, work, out, lines=5, precision="fp8") == 0
-    where = weed.cli_args(credentials)
+    out, staged, where = _drained(weed, bucket, credentials, tmp_path, "speculators", n=5, precision="fp8")
     model = tmp_path / "model"
     write_head_model(model, vocab=VOCAB_SIZE, norm=torch.linspace(0.5, 1.5, HIDDEN))
     dest = tmp_path / "specforge"
@@ -112,6 +108,7 @@ def test_an_fp8_set_is_pulled_as_a_specforge_set_the_specforge_reader_loads(
         rows = torch.cat(
             [held["aux_hidden_state"][0].view(t, -1, HIDDEN), held["hidden_state"][0].view(t, 1, HIDDEN)], 1
         )
+        assert torch.equal(rows[:, :-1], fp8.dequantize(*fp8.quantize(s.hidden))[:, :-1]), "FP8Transfer's aux rows"
         as_written[e.dataset_index] = Staged(s.rid, s.index, s.input_ids, s.loss_mask, rows)
     loaded = load_with_reader(readers, "specforge", dest, num_aux=3, hidden=HIDDEN)
     assert_reader_sees_captured("specforge", dest, loaded, as_written)
