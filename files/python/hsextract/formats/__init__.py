@@ -213,9 +213,15 @@ def check_precision(fmt: str, precision: str) -> None:
     spec = format_spec(fmt)
     if precision not in spec.precisions:
         readers = [name for name, s in FORMATS.items() if precision in s.precisions]
+        back = (
+            f" (a set of FP8 rows becomes {fmt} files with `hsextract pull --to-bf16 --format {fmt}` or "
+            f"`hsextract collect --to-bf16 --format {fmt}`)"
+            if precision == "fp8" and "bf16" in spec.precisions
+            else ""
+        )
         raise ConfigError(
             f"precision {precision}: the {fmt} format's reader ({spec.trainer}) reads "
-            f"{', '.join(spec.precisions)} rows only; {precision} is read by: {', '.join(readers)}"
+            f"{', '.join(spec.precisions)} rows only; {precision} is read by: {', '.join(readers)}{back}"
         )
 
 
