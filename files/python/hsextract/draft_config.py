@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hsextract.durable import atomic_write_bytes
-from hsextract.errors import LayerConfigError
-from hsextract.output.manifest import ManifestEntry
+from hsextract.errors import ConfigError, LayerConfigError
+from hsextract.output.manifest import ManifestEntry, ManifestHeader
 
 DRAFT_CONFIG_FILE = "draft_config.json"
 SPECFORGE_RUN_FILE = "specforge-train.yaml"
@@ -238,3 +238,22 @@ def write_draft_files(
             atomic_write_bytes(path, data)
             written.append(path)
     return written
+
+
+def write_set_draft_files(
+    out: Path, header: ManifestHeader, entries: Sequence[ManifestEntry], model_dir: str | Path, draft_vocab_size: int
+) -> list[Path]:
+    """`write_draft_files` for the set `out` of manifest `header` and `entries` (its layers, format and
+    longest sample), from the model directory `model_dir`; ConfigError where it has no config.json."""
+    model = Path(model_dir)
+    if not (model / "config.json").is_file():
+        raise ConfigError(f"{model}: no config.json; give the target model's directory with --model")
+    return write_draft_files(
+        out,
+        model_dir=model,
+        architecture=header.architecture,
+        sglang_layers=header.sglang_layers_to_capture,
+        draft_vocab_size=draft_vocab_size,
+        fmt=header.format,
+        max_length=max_length_for(entries),
+    )

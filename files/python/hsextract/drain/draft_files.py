@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from hsextract.draft_config import max_length_for, write_draft_files
+from hsextract.draft_config import write_set_draft_files
 from hsextract.durable import is_no_space
 from hsextract.errors import HsextractError
 from hsextract.output.manifest import ManifestEntry, ManifestHeader
@@ -36,15 +36,7 @@ def write_draft_files_logged(
     else:
         size = resolve_sizes(draft_vocab_sizes, header.vocab_size)[0].size
     try:
-        return write_draft_files(
-            out,
-            model_dir=model,
-            architecture=header.architecture,
-            sglang_layers=header.sglang_layers_to_capture,
-            draft_vocab_size=size or 32000,
-            fmt=header.format,
-            max_length=max_length_for(entries),
-        )
+        return write_set_draft_files(out, header, entries, model, size or 32000)
     except (OSError, ValueError, HsextractError) as exc:
         if is_no_space(exc):
             raise  # a full volume: the drain waits for space for every dataset-level file alike

@@ -342,18 +342,23 @@ def _write_set(
     if found.header.vocab_size:
         tracker.write_files(found.header.vocab_size)
     if reformatted is not None:
-        _write_draft_files(dest, reformatted)
+        _write_draft_files(dest, found.header, chosen, reformatted)
     record_finalized(dest, len(chosen))
 
 
-def _write_draft_files(dest: Path, conversion: Bf16Conversion) -> None:
-    """The new format's draft config (and SpecForge's run file), from the model the conversion read,
-    else the one the manifest names; a model that cannot be read is said, with the command to run."""
-    from hsextract.draft_command import write_set_draft_files
+def _write_draft_files(dest: Path, header, entries: Sequence[ManifestEntry], conversion: Bf16Conversion) -> None:
+    """The new format's draft config (and SpecForge's run file) for the default draft vocabulary,
+    from the model the conversion read, else the one the manifest names; a model that cannot be read
+    is said, with the command to run."""
+    from hsextract.draft_config import write_set_draft_files
+    from hsextract.vocab.mapping import DEFAULT_DRAFT_VOCAB_SIZE, resolve_sizes
 
-    model = conversion.final_norm.model if conversion.final_norm is not None else None
+    norm = conversion.final_norm
+    size = resolve_sizes([DEFAULT_DRAFT_VOCAB_SIZE], header.vocab_size)[0].size if header.vocab_size else None
     try:
-        write_set_draft_files(dest, model)
+        write_set_draft_files(
+            dest, header, entries, norm.model if norm else header.model_path, size or DEFAULT_DRAFT_VOCAB_SIZE
+        )
     except (OSError, ValueError, HsextractError) as exc:
         log.error(
             "draft_config.json not written (%s); write it with `hsextract draft-config --output %s --model "
