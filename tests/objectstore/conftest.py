@@ -35,6 +35,7 @@ def own_weed(tmp_path) -> Iterator[WeedServer]:
 
 @pytest.fixture
 def bucket(weed) -> str:
+    weed.ensure_answering()
     return weed.new_bucket()
 
 

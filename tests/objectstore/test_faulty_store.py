@@ -222,7 +222,10 @@ def test_a_random_mix_of_faults_over_300_samples_drained_collected_and_pulled_lo
 ):
     n, fleet = 300, tmp_path / "fleet"
     faulty.mix(seed=53, rate=0.05)
-    staged = drain_fleet(weed, bucket, credentials, fleet, n=n, tokens=2, via=faulty)  # hosts a and b
+    # 20 attempts of a request (4 minutes of backoff): the proxy's faults are retried at once, and a
+    # test machine that stalls the real server behind it for a while is waited for, not failed.
+    attempts = ["--s3-attempts", "20"]
+    staged = drain_fleet(weed, bucket, credentials, fleet, n=n, tokens=2, via=faulty, attempts=20)  # hosts a and b
     assert sorted(staged) == list(range(n))
     drained = faulty.fired.total()
     assert {kind for kind, _ in faulty.fired} == set(KINDS), faulty.fired
@@ -234,6 +237,7 @@ def test_a_random_mix_of_faults_over_300_samples_drained_collected_and_pulled_lo
         "--work-dir",
         str(tmp_path / "set-work"),
         *_store_args(faulty.url, credentials),
+        *attempts,
         "--",
         f"a=s3://{bucket}/run/a",
         f"b=s3://{bucket}/run/b",
@@ -248,7 +252,7 @@ def test_a_random_mix_of_faults_over_300_samples_drained_collected_and_pulled_lo
         assert re.search(r"object store +s3://\S+: \d+ retries \(", said.stdout), said.stdout
 
     pulled = tmp_path / "pulled"
-    r = hsextract("pull", str(into.url), str(pulled), *_store_args(faulty.url, credentials), timeout=600)
+    r = hsextract("pull", str(into.url), str(pulled), *_store_args(faulty.url, credentials), *attempts, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"pulled {n} samples" in r.stdout and re.search(r"object store .*: \d+ retries \(", r.stdout), r.stdout
     directory, twin = tmp_path / "set-dir", tmp_path / "dump-dir"

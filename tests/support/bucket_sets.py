@@ -115,10 +115,12 @@ def drain_fleet(
     tokens: int = 5,
     via=None,
     precision: str = "bf16",
+    attempts: int = 10,
 ) -> dict:
     """Hosts of one run, host k drains shard k/len(hosts) of an n-line dataset into s3://bucket/run/<host>,
     as extract.yml's hosts do (through `via`, a support.faulty_store, where given; sample i has
-    `tokens` + i % 16 tokens); the staged samples by dataset index."""
+    `tokens` + i % 16 tokens, each request through `via` tried `attempts` times); the staged samples by
+    dataset index."""
     from hsextract.output.layout import client_summary_path
     from hsextract.output.run_id import load_or_create_run_id
     from hsextract.shard import Shard
@@ -140,7 +142,7 @@ def drain_fleet(
         out = (
             target(weed, bucket, f"run/{host}", credentials)
             if via is None
-            else through(via, bucket, f"run/{host}", credentials)
+            else through(via, bucket, f"run/{host}", credentials, attempts=attempts)
         )
         assert Drainer(drain_config(dump, work, out, precision=precision)).run() == 0
     return staged

@@ -28,7 +28,13 @@ def env() -> dict[str, str]:
     return e
 
 
-def hsextract(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+# A command's time before the test gives up on it: above an object-store command's own retries of one
+# request (10 attempts of 30 s, tests/support/s3_server.CLIENT_READ_TIMEOUT_S, and 91.5 s of backoff),
+# so a server that stops answering for a while is met by the product's retries and its own error.
+COMMAND_TIMEOUT_S = 420
+
+
+def hsextract(*args: str, timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "hsextract", *args], env=env(), capture_output=True, text=True, timeout=timeout
     )
