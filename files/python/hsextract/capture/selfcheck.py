@@ -86,8 +86,8 @@ def check_dump(
     if int(text_cfg.get("hidden_size", marker.hidden_size)) != marker.hidden_size:
         res.reasons.append(f"dump hidden size {marker.hidden_size} != model's {text_cfg.get('hidden_size')}")
     if server_token is not None and not res.reasons:
-        tie = FP8_REL_TIE if states.scales is not None else BF16_REL_TIE
-        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token), server_url, ids.tolist(), tie)
+        fp8 = states.scales is not None
+        _check_token(res, hidden, marker.final_hidden, model_path, int(server_token), server_url, ids.tolist(), fp8)
     res.ok = not res.reasons
     return res
 
@@ -135,12 +135,12 @@ def _check_token(
     server_token: int,
     server_url: str | None,
     input_ids: list[int],
-    tie: float = BF16_REL_TIE,
+    fp8: bool = False,
 ) -> None:
     try:
         server = server_logprobs.fetch(server_url, input_ids) if server_url else None
         head = GreedyHead(model_path)
-        bound = server_logprobs.bound_for(tie == FP8_REL_TIE)
+        tie, bound = FP8_REL_TIE if fp8 else BF16_REL_TIE, server_logprobs.bound_for(fp8)
         verdict, logprobs = check_final_rows(
             head, hidden[:, -1], final_hidden, server_token, server, tie=tie, bound=bound
         )

@@ -22,7 +22,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from hsextract.collect.admit import Admission, admit, choose_reference
+from hsextract.collect.admit import Admission, admit, choose_reference, same_header
 from hsextract.collect.bookkeeping import write_identity
 from hsextract.collect.config import CollectConfig, Collected, CollectResult
 from hsextract.collect.failures import FailureJournal
@@ -116,7 +116,7 @@ def _collect_locked(cfg: CollectConfig, out: Path) -> CollectResult:
         )
     headers = [ref.header, *(h.header for h in hosts)]
     conversion = _conversion(cfg, [h for h in headers if h is not None])
-    as_collected = conversion.header_of if conversion is not None else (lambda h: h)
+    as_collected = conversion.header_of if conversion is not None else same_header
     adm = admit(hosts, ref, final=cfg.final, move=cfg.mode == "move", as_collected=as_collected)
     adm.refused[:0] = unreadable
     if not adm.admitted:  # nothing to add: the set, its bookkeeping and its report stay as they are
